@@ -1,0 +1,7 @@
+"""The shared walk suite on the step-wise XLA reference."""
+
+from walk_suite import WalkSuite
+
+
+class TestWalkXla(WalkSuite):
+  IMPL = "xla"

@@ -1,0 +1,18 @@
+"""wts_jax: Weights That Stay — the serial head of parallel drafters as one persistent kernel.
+
+Public surface: ``walk`` and its ``WalkOutput``, the heads, ``WalkConfig``, ``load``.
+"""
+
+from wts_jax.api import chosen_implementation, walk
+from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
+                           VanillaMarkovHead, make_head)
+from wts_jax.output import WalkError, WalkOutput, check
+from wts_jax.walk_config import WalkConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
+    "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",
+    "make_head", "walk",
+]

@@ -1,0 +1,76 @@
+"""What every serial head shares: the token embedding W1 and the vocabulary projection W2.
+
+A serial head is described to the walks by four pieces, so the reference walk, the
+teacher-forced block and the kernels all run the same math:
+
+- ``hoist(hidden)``: every term that depends only on the backbone hidden states, for all
+  K positions at once (one batched matmul before the serial loop);
+- ``init_state(batch)``: the carried state before step 0;
+- ``advance(state, e, hoisted_k)``: one serial step from ``e_k = W1[x_{k-1}]``, returning
+  the new state and the r-vector ``z_k`` that W2 multiplies;
+- ``vocab_bias(z)``: ``W2 · z`` — ``z`` rounded to W2's operand dtype (bf16 for bf16 and
+  quantized W2), products accumulated in fp32, times the per-row scale when quantized.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wts_jax.heads.config import HeadConfig
+from wts_jax.heads.layers import Embedding, Linear
+
+
+def w2_operand_dtype(weight_dtype) -> jnp.dtype:
+  """The dtype ``z`` is rounded to before it meets W2 (tensor-core operand dtype)."""
+  weight_dtype = jnp.dtype(weight_dtype)
+  if weight_dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16)):
+    return weight_dtype
+  return jnp.dtype(jnp.bfloat16)  # bf16, and int8/fp8 whose values bf16 holds exactly
+
+
+class SerialHead(nnx.Module):
+  """Base of the vanilla, gated and recurrent heads (``markov_head.*`` in DeepSpec)."""
+
+  head_type: str = ""
+
+  def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16):
+    self.config = config
+    self.markov_w1 = Embedding(config.vocab_size, config.rank, rngs=rngs,
+                               param_dtype=param_dtype)
+    self.markov_w2 = Linear(config.rank, config.vocab_size, use_bias=False, rngs=rngs,
+                            param_dtype=param_dtype)
+
+  # --- the four pieces (overridden where the head differs) ---
+  def hoist(self, hidden: jax.Array | None):
+    return None
+
+  def init_state(self, batch: int):
+    return None
+
+  def advance(self, state, e: jax.Array, hoisted_k):
+    raise NotImplementedError
+
+  def vocab_bias(self, z: jax.Array) -> jax.Array:
+    """``W2 · z`` for z [..., r] → [..., V] fp32 (the kernels' exact contract)."""
+    w2 = self.markov_w2
+    weight = w2.weight[...]
+    z = z.astype(w2_operand_dtype(weight.dtype)).astype(jnp.float32)
+    bias = jnp.einsum("...r,vr->...v", z, weight.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)
+    scale = getattr(w2, "scale", None)
+    if scale is not None:
+      bias = bias * scale[...]
+    return bias
+
+  def embed(self, tokens: jax.Array) -> jax.Array:
+    return self.markov_w1(tokens)
+
+  @property
+  def w2_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.markov_w2.weight.dtype)
+
+  def hoisted_at(self, hoisted, k):
+    """Position k of the hoisted terms (a pytree of [B, K, ...] arrays)."""
+    return jax.tree_util.tree_map(lambda a: a[:, k], hoisted)

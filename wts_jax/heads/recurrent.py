@@ -1,0 +1,54 @@
+"""The recurrent (rnn) head: a small gated recurrence carried across the walk.
+
+``[a ; c ; o] = J_s s_{k-1} + J_e e_k + J_h h_k + j_b`` with ``joint_proj.weight``
+[3r, 2r + d] (input order ``[s ; e ; h]``, output chunks ``(gate, candidate, output)``),
+``u = σ(a)``, ``s_k = u ⊙ s_{k-1} + (1 − u) ⊙ tanh(c)``, ``b_k = W2 · tanh(o)``,
+``s_{-1} = 0``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wts_jax.heads.base import SerialHead
+from wts_jax.heads.config import HeadConfig
+from wts_jax.heads.layers import Linear
+
+
+class RecurrentHead(SerialHead):
+  head_type = "rnn"
+
+  def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16):
+    super().__init__(config, rngs=rngs, param_dtype=param_dtype)
+    r, d = config.rank, config.hidden_size
+    self.joint_proj = Linear(2 * r + d, 3 * r, use_bias=True, rngs=rngs,
+                             param_dtype=param_dtype)
+
+  def joint_weights(self):
+    """(J_s [3r, r], J_e [3r, r], J_h [3r, d], j_b [3r]) as fp32."""
+    weight = self.joint_proj.weight[...].astype(jnp.float32)
+    r = self.config.rank
+    return (weight[:, :r], weight[:, r:2 * r], weight[:, 2 * r:],
+            self.joint_proj.bias[...].astype(jnp.float32))
+
+  def hoist(self, hidden):
+    _, _, joint_h, joint_b = self.joint_weights()
+    return jnp.einsum("bkd,jd->bkj", hidden.astype(jnp.float32), joint_h,
+                      precision=jax.lax.Precision.HIGHEST) + joint_b
+
+  def init_state(self, batch):
+    return jnp.zeros((batch, self.config.rank), jnp.float32)
+
+  def advance(self, state, e, hoisted_k):
+    joint_s, joint_e, _, _ = self.joint_weights()
+    r = self.config.rank
+    pre = hoisted_k + jnp.einsum(
+        "br,jr->bj", state, joint_s, precision=jax.lax.Precision.HIGHEST) + jnp.einsum(
+            "br,jr->bj", e.astype(jnp.float32), joint_e,
+            precision=jax.lax.Precision.HIGHEST)
+    gate, candidate, output = pre[:, :r], pre[:, r:2 * r], pre[:, 2 * r:]
+    update = jax.nn.sigmoid(gate)
+    state = update * state + (1.0 - update) * jnp.tanh(candidate)
+    return state, jnp.tanh(output)

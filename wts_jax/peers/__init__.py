@@ -1,0 +1,1 @@
+"""Peer implementations the benchmark measures against (and the tests check against)."""

@@ -1,0 +1,119 @@
+"""Checks of ``walk``'s inputs: every error names the offending value.
+
+Shape, rank and dtype checks run at trace time. Value checks (token ids in range,
+temperatures) run when the values are concrete; under ``jit`` the walk reports
+out-of-range tokens and NaN logits through ``WalkOutput.status`` instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wts_jax import sampling
+from wts_jax.heads.base import SerialHead
+from wts_jax.heads.draft_head import DraftHead
+
+
+def is_concrete(value) -> bool:
+  return not isinstance(value, jax.core.Tracer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How tokens are chosen: ``greedy`` (no noise at all) or Gumbel-max per row."""
+
+  greedy: bool
+  score_scale: jax.Array | None = None   # [B] fp32: 1/T, or 1.0 on greedy rows
+  noise_on: jax.Array | None = None      # [B] bool: False on greedy rows
+  seed: jax.Array | None = None          # uint32[2]
+
+
+def as_draft_head(head) -> DraftHead:
+  if isinstance(head, DraftHead):
+    return head
+  if isinstance(head, SerialHead):
+    return DraftHead.wrap(head)   # a bare serial head walks without a confidence head
+  raise TypeError(f"head must be a wts_jax DraftHead or serial head, got {type(head)!r}")
+
+
+def _check_floating(name: str, array) -> None:
+  if not jnp.issubdtype(array.dtype, jnp.floating):
+    raise TypeError(f"{name}.dtype={array.dtype} must be a floating dtype")
+
+
+def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden) -> None:
+  config = head.config
+  if getattr(base_logits, "ndim", None) != 3:
+    raise ValueError(f"base_logits must be [B, K, V]; got shape "
+                     f"{getattr(base_logits, 'shape', None)}")
+  _check_floating("base_logits", base_logits)
+  batch, steps, vocab = base_logits.shape
+  if vocab != config.vocab_size:
+    raise ValueError(f"base_logits vocabulary {vocab} != head vocab_size "
+                     f"{config.vocab_size}")
+  if steps < 1:
+    raise ValueError(f"walk length K={steps} must be >= 1")
+  if batch < 1:
+    raise ValueError(f"batch B={batch} must be >= 1")
+  if batch > sampling.MAX_ROWS or steps > sampling.MAX_STEPS:
+    raise ValueError(f"B={batch}, K={steps} exceed the generator's counter "
+                     f"({sampling.MAX_ROWS} rows, {sampling.MAX_STEPS} steps)")
+
+  if getattr(first_tokens, "ndim", None) != 1 or first_tokens.shape[0] != batch:
+    raise ValueError(f"first_tokens must be [B={batch}]; got shape "
+                     f"{getattr(first_tokens, 'shape', None)}")
+  if not jnp.issubdtype(first_tokens.dtype, jnp.integer):
+    raise TypeError(f"first_tokens.dtype={first_tokens.dtype} must be an integer dtype")
+  if is_concrete(first_tokens):
+    ids = np.asarray(first_tokens)
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    if bad.size:
+      raise ValueError(f"first_tokens[{bad[0]}]={ids[bad[0]]} is outside [0, {vocab})")
+
+  if config.needs_hidden:
+    if hidden is None:
+      raise ValueError(f"the {config.head_type} head"
+                       f"{' with a confidence head' if config.confidence else ''} "
+                       f"needs hidden [B, K, d={config.hidden_size}]; got hidden=None")
+  if hidden is not None:
+    expected = (batch, steps, config.hidden_size)
+    if getattr(hidden, "shape", None) != expected:
+      raise ValueError(f"hidden must be [B, K, d]={expected}; got shape "
+                       f"{getattr(hidden, 'shape', None)}")
+    _check_floating("hidden", hidden)
+
+
+def make_sampling(temperature, key, batch: int) -> Sampling:
+  """Turn ``temperature`` (a number or [B] array) and ``key`` into a ``Sampling``."""
+  if isinstance(temperature, (int, float, np.integer, np.floating)) and not isinstance(
+      temperature, bool):
+    temperature = float(temperature)
+    if not np.isfinite(temperature) or temperature < 0:
+      raise ValueError(f"temperature={temperature} must be finite and >= 0")
+    if temperature == 0.0:
+      return Sampling(greedy=True)
+    temps = jnp.full((batch,), temperature, jnp.float32)
+  else:
+    temps = jnp.asarray(temperature)
+    if temps.ndim == 0:
+      temps = jnp.broadcast_to(temps, (batch,))
+    if temps.shape != (batch,):
+      raise ValueError(f"temperature must be a number or [B={batch}]; got shape "
+                       f"{temps.shape}")
+    _check_floating("temperature", temps)
+    if is_concrete(temps):
+      values = np.asarray(temps, dtype=np.float64)
+      bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+      if bad.size:
+        raise ValueError(f"temperature[{bad[0]}]={values[bad[0]]} must be finite and >= 0")
+    temps = temps.astype(jnp.float32)
+  if key is None:
+    raise ValueError("temperature > 0 samples tokens and needs key=jax.random.key(...)")
+  noise_on = temps > 0
+  score_scale = jnp.where(noise_on, 1.0 / jnp.where(noise_on, temps, 1.0), 1.0)
+  return Sampling(greedy=False, score_scale=score_scale.astype(jnp.float32),
+                  noise_on=noise_on, seed=sampling.seed_words(key))

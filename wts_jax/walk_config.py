@@ -1,0 +1,46 @@
+"""``WalkConfig``: the options of the Weights-That-Stay kernel (frozen, validated)."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+RESIDENCY_MODES = ("auto", "full", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class WalkConfig:
+  """Kernel options; the defaults pick everything from the device and the shapes.
+
+  residency: how much of each program's W2 shard stays on chip for the whole walk:
+    ``"auto"`` (the planner's choice), ``"full"`` (all of it, or an error if it does
+    not fit), ``"none"`` (stream every step), a fraction in [0, 1], or a row count per
+    program.
+  num_programs: the persistent grid size (default: one program per SM).
+  interpret: run the kernel's own code in Pallas interpret mode (CPU tests).
+  sync_spin_limit: polls of the grid barrier before the kernel gives up and reports
+    ``STATUS_SYNC_TIMEOUT`` instead of hanging.
+  """
+
+  residency: str | float | int = "auto"
+  num_programs: int | None = None
+  interpret: bool = False
+  sync_spin_limit: int = 1 << 22
+
+  def __post_init__(self):
+    residency = self.residency
+    if isinstance(residency, str):
+      if residency not in RESIDENCY_MODES:
+        raise ValueError(f"residency={residency!r} must be one of {RESIDENCY_MODES}, "
+                         "a fraction in [0, 1] or a row count")
+    elif isinstance(residency, bool) or not isinstance(residency, numbers.Real):
+      raise TypeError(f"residency={residency!r} must be a mode, a fraction or a row count")
+    elif isinstance(residency, numbers.Integral):
+      if residency < 0:
+        raise ValueError(f"residency={residency} rows must be >= 0")
+    elif not 0.0 <= float(residency) <= 1.0:
+      raise ValueError(f"residency={residency} as a fraction must be in [0, 1]")
+    if self.num_programs is not None and self.num_programs < 1:
+      raise ValueError(f"num_programs={self.num_programs} must be >= 1")
+    if self.sync_spin_limit < 1:
+      raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")
