@@ -1,7 +1,8 @@
 """A float64 NumPy walk written from DESIGN.md §1, independent of wts_jax's code.
 
-Same contract as the library: ``z`` is rounded to bf16 (W2's operand dtype) before W2,
-everything else in float64; ties go to the lowest index.
+Same contract as the library: ``z`` is rounded to bf16 (W2's operand dtype) before W2
+and the rnn state to bf16 before ``J_s``; everything else in float64; ties go to the
+lowest index.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def walk(head, base_logits, first_tokens, hidden=None, *, temperature=0.0, gumbe
       z = gate * e
     else:
       w = arrays["joint_proj.w"]
-      pre = (state @ w[:, :r].T + e @ w[:, r:2 * r].T + h[:, k] @ w[:, 2 * r:].T
+      pre = (round_bf16(state) @ w[:, :r].T + e @ w[:, r:2 * r].T + h[:, k] @ w[:, 2 * r:].T
              + arrays["joint_proj.b"])
       update = sigmoid(pre[:, :r])
       state = update * state + (1 - update) * np.tanh(pre[:, r:2 * r])

@@ -50,8 +50,11 @@ def seed_words(key: jax.Array) -> jax.Array:
   return jax.random.bits(key, (2,), jnp.uint32)
 
 
-def stream_key(seed: jax.Array, row: jax.Array, step: jax.Array) -> jax.Array:
-  """The per-(row, step) stream word. Distinct (row, step) give distinct streams."""
+def stream_key(seed, row: jax.Array, step: jax.Array) -> jax.Array:
+  """The per-(row, step) stream word. Distinct (row, step) give distinct streams.
+
+  ``seed``: the two words, as a uint32[2] array or a pair of uint32 scalars.
+  """
   counter = lax.shift_left(row.astype(jnp.uint32), _u32(16)) | step.astype(jnp.uint32)
   return mix32(mix32(counter ^ seed[0]) + seed[1])
 

@@ -8,8 +8,8 @@ DeepSpec's order), and ``sample_block_tokens`` runs DeepSpec's per-step loop:
 
 Two precisions: ``dtype=torch.bfloat16`` is what DeepSpec runs (the bias is rounded to
 bf16 before the add); ``dtype=torch.float32`` keeps bf16 weights' values but computes in
-fp32 and rounds ``z`` to ``operand_dtype`` before W2 — the wts_jax contract — so tokens
-can be compared exactly. ``gumbel_noise_torch`` re-implements the wts_jax generator with
+fp32 and rounds ``z`` (before W2) and the rnn state (before ``joint_proj``) to
+``operand_dtype`` — the wts_jax contract — so tokens can be compared exactly. ``gumbel_noise_torch`` re-implements the wts_jax generator with
 int64 arithmetic, an independent check of its specification.
 
 torch is imported by this module only; nothing else in wts_jax needs it.
@@ -46,8 +46,9 @@ class DeepSpecMarkovHead(nn.Module):
       gate = torch.sigmoid(self.gate_proj(torch.cat([hidden_k, e], dim=-1)))
       z = gate * e
     else:
+      state_in = state if operand_dtype is None else state.to(operand_dtype).to(state.dtype)
       gate, candidate, output = self.joint_proj(
-          torch.cat([state, e, hidden_k], dim=-1)).chunk(3, dim=-1)
+          torch.cat([state_in, e, hidden_k], dim=-1)).chunk(3, dim=-1)
       update = torch.sigmoid(gate)
       state = update * state + (1 - update) * torch.tanh(candidate)
       z = torch.tanh(output)

@@ -1,0 +1,166 @@
+"""The residency plan: how the vocabulary is sharded over the persistent grid, and how
+much of each shard stays on chip for the whole walk.
+
+Program ``p`` owns rows ``[p·S, (p+1)·S)`` of W2 (``S = rows_per_program``, a multiple of
+``tile_rows``; rows ≥ V are masked). The first ``resident_tiles`` tiles of the shard are
+loaded once at walk start and kept on chip; the other ``streamed_tiles`` are re-read every
+step (from L2 when the streamed set fits there).
+
+The plan is a frozen dataclass: ``plan_walk(...)`` computes it from the device and the
+shapes, ``WalkPlan.describe()`` prints it, and ``kernel_walk`` launches exactly it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+
+from wts_jax.walk_config import WalkConfig
+
+# Hopper (H100/H200) figures, used when the device does not report them (CPU lowering).
+H200_NUM_SMS = 132
+H200_SMEM_PER_BLOCK = 227 * 1024
+H200_L2_BYTES = 60 * 1024 * 1024
+REGISTER_FILE_BYTES = 256 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+  kind: str
+  num_sms: int
+  smem_per_block: int
+  l2_bytes: int
+
+  @classmethod
+  def current(cls) -> "DeviceInfo":
+    device = jax.devices()[0]
+    sms = getattr(device, "core_count", None) or H200_NUM_SMS
+    return cls(kind=device.device_kind, num_sms=int(sms),
+               smem_per_block=int(getattr(device, "shared_memory_per_block_optin", 0)
+                                  or H200_SMEM_PER_BLOCK),
+               l2_bytes=H200_L2_BYTES)
+
+
+@dataclasses.dataclass(frozen=True)
+class WalkPlan:
+  """A launch of the persistent walk kernel (all sizes static)."""
+
+  num_programs: int          # persistent grid size (co-resident: <= SM count)
+  rows_per_program: int      # S: the W2 shard of one program
+  tile_rows: int             # rows per GEMV tile (power of two)
+  resident_tiles: int        # tiles of the shard kept on chip for all K steps
+  padded_batch: int          # batch rows inside the kernel (power of two)
+  num_warps: int
+  vocab_size: int
+  rank: int
+  w2_itemsize: int
+  resident_budget_bytes: int  # on-chip bytes per program the planner allowed for W2
+
+  @property
+  def tiles_per_program(self) -> int:
+    return self.rows_per_program // self.tile_rows
+
+  @property
+  def streamed_tiles(self) -> int:
+    return self.tiles_per_program - self.resident_tiles
+
+  @property
+  def resident_rows(self) -> int:
+    return self.resident_tiles * self.tile_rows
+
+  @property
+  def resident_bytes_per_program(self) -> int:
+    return self.resident_rows * self.rank * self.w2_itemsize
+
+  @property
+  def resident_fraction(self) -> float:
+    rows = min(self.vocab_size, self.num_programs * self.resident_rows)
+    return rows / self.vocab_size
+
+  @property
+  def streamed_bytes_per_step(self) -> int:
+    """W2 bytes re-read per step (all programs): the non-resident rows."""
+    rows = max(0, self.vocab_size - self.num_programs * self.resident_rows)
+    return rows * self.rank * self.w2_itemsize
+
+  def describe(self) -> str:
+    return (f"grid={self.num_programs} programs x {self.rows_per_program} rows "
+            f"({self.tiles_per_program} tiles of {self.tile_rows}); resident "
+            f"{self.resident_tiles} tiles/program = "
+            f"{self.resident_bytes_per_program / 1024:.0f} KiB/program, "
+            f"{self.resident_fraction:.0%} of W2 on chip; streamed "
+            f"{self.streamed_bytes_per_step / 2**20:.1f} MiB/step; batch padded to "
+            f"{self.padded_batch}; {self.num_warps} warps")
+
+
+def next_power_of_two(n: int) -> int:
+  return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def padded_batch(batch: int) -> int:
+  """B=1 runs GEMVs on CUDA cores; B>1 runs tensor-core dots, which need >= 16 rows."""
+  return 1 if batch == 1 else max(16, next_power_of_two(batch))
+
+
+def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
+              config: WalkConfig, device: DeviceInfo | None = None,
+              register_budget_bytes: int = REGISTER_FILE_BYTES // 2) -> WalkPlan:
+  """Shard the vocabulary over the grid and choose the resident tiles.
+
+  The Triton backend keeps resident tiles in registers (loop-carried values), so the
+  budget is half the register file: the rest holds the working set of one tile.
+  """
+  if config.interpret:
+    # Interpret mode runs programs one after another: a cross-program barrier could
+    # never complete, so one program owns every shard (the per-step code is the same).
+    num_programs = 1
+  else:
+    device = DeviceInfo.current() if device is None else device
+    num_programs = config.num_programs or device.num_sms
+    if num_programs > device.num_sms:
+      raise ValueError(
+          f"num_programs={num_programs} exceeds the {device.num_sms} SMs of "
+          f"{device.kind}: the persistent grid must be co-resident or its barrier hangs")
+  if rank & (rank - 1):
+    raise ValueError(f"rank={rank} must be a power of two for the Pallas kernel")
+  tile_rows = 64 if vocab_size >= 64 * num_programs * 4 else 32
+  rows_per_program = -(-vocab_size // num_programs)
+  rows_per_program = -(-rows_per_program // tile_rows) * tile_rows
+  tiles = rows_per_program // tile_rows
+  tile_bytes = tile_rows * rank * w2_itemsize
+  budget_tiles = register_budget_bytes // tile_bytes
+
+  residency = config.residency
+  if residency == "auto":
+    resident = min(tiles, budget_tiles)
+  elif residency == "full":
+    resident = tiles
+    if tiles > budget_tiles and not config.interpret:
+      raise ValueError(
+          f"residency='full' needs {tiles * tile_bytes // 1024} KiB of W2 per program "
+          f"but the on-chip budget is {budget_tiles * tile_bytes // 1024} KiB "
+          f"(V={vocab_size}, r={rank}, {w2_itemsize}-byte W2, {num_programs} programs); "
+          "use residency='auto', a quantized W2, or a smaller rank")
+  elif residency == "none":
+    resident = 0
+  elif isinstance(residency, float):
+    resident = int(round(residency * tiles))
+  else:  # a row count per program
+    resident = min(tiles, -(-int(residency) // tile_rows))
+  if resident > budget_tiles and not config.interpret:
+    raise ValueError(f"residency={residency!r} asks for {resident} resident tiles; "
+                     f"only {budget_tiles} fit on chip per program")
+  return WalkPlan(num_programs=num_programs, rows_per_program=rows_per_program,
+                  tile_rows=tile_rows, resident_tiles=int(resident),
+                  padded_batch=padded_batch(batch), num_warps=8, vocab_size=vocab_size,
+                  rank=rank, w2_itemsize=w2_itemsize,
+                  resident_budget_bytes=int(budget_tiles * tile_bytes))
+
+
+def rows_of_program(plan: WalkPlan, program: int) -> np.ndarray:
+  """The vocabulary ids program ``program`` owns (for tests and the diff tool)."""
+  start = program * plan.rows_per_program
+  return np.arange(start, min(plan.vocab_size, start + plan.rows_per_program))

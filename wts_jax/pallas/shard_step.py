@@ -1,0 +1,236 @@
+"""One program's work for one walk step over its W2 shard (Pallas Triton), shared by the
+persistent kernel (``triton_walk``) and the step-wise ablation kernel (``stepwise``).
+
+A ``ShardStep`` is built inside a kernel from its refs (by name) and its static spec;
+its methods are the pieces of a step: the head's serial update, the scan of the shard's
+tiles into a program's candidates, publishing them, and reducing all programs' slots to
+the chosen tokens with the per-step outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from wts_jax import sampling
+from wts_jax.pallas import tile_math
+from wts_jax.pallas.plan import WalkPlan, next_power_of_two
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+  """Everything static about one kernel build."""
+
+  plan: WalkPlan
+  batch: int
+  steps: int
+  hidden_size: int
+  head_type: str            # vanilla | gated | rnn
+  quantized: bool           # W2 stored int8/fp8 with a per-row scale
+  greedy: bool
+  confidence: bool          # the head has a confidence head reading e_k
+  return_logits: bool
+  return_logprobs: bool
+  spin_limit: int
+  interpret: bool
+  num_stages: int = 3
+
+
+def weight_input_names(spec: KernelSpec) -> list[str]:
+  """Inputs both kernels take, in order (each kernel adds its own around them)."""
+  names = ["w2"] + (["w2_scale"] if spec.quantized else []) + ["w1", "base_logits"]
+  if spec.head_type == "gated":
+    names += ["gate_hoisted", "gate_weight"]
+  elif spec.head_type == "rnn":
+    names += ["joint_hoisted", "joint_weight"]
+  if spec.confidence:
+    names += ["conf_hoisted", "conf_weight"]
+  if not spec.greedy:
+    names += ["seed", "score_scale", "noise_on"]
+  return names
+
+
+class ShardStep:
+  """The per-step work of program ``pl.program_id(0)`` (see the module docstring)."""
+
+  def __init__(self, refs: dict, spec: KernelSpec):
+    self.refs, self.spec = refs, spec
+    plan = self.plan = spec.plan
+    self.rank, self.tile = plan.rank, plan.tile_rows
+    self.program = pl.program_id(0)
+    self.zero = self.program * 0       # a traced 0: see tile_math's note on indices
+    self.row0 = pl.multiple_of(self.program * plan.rows_per_program, plan.tile_rows)
+    self.batch_ids = lax.broadcasted_iota(jnp.int32, (plan.padded_batch,), 0)
+    self.batch_valid = self.batch_ids < spec.batch
+    self.cols = lax.broadcasted_iota(jnp.int32, (plan.rank,), 0)
+    self.tile_iota = lax.broadcasted_iota(jnp.int32, (plan.tile_rows,), 0)
+    if spec.confidence:
+      self.conf_w_e = pl_triton.load(refs["conf_weight"].at[
+          self.zero, spec.hidden_size + self.cols]).astype(jnp.float32)
+    if not spec.greedy:
+      # Two scalar words (a vector would need a slice, which Triton cannot lower).
+      self.seed = (pl_triton.load(refs["seed"].at[self.zero]),
+                   pl_triton.load(refs["seed"].at[self.zero + 1]))
+      self.score_scale = pl_triton.load(refs["score_scale"].at[self.batch_ids],
+                                        mask=self.batch_valid, other=1.0)
+      self.noise_on = pl_triton.load(refs["noise_on"].at[self.batch_ids],
+                                     mask=self.batch_valid, other=0) != 0
+
+  # --- W2 tiles ----------------------------------------------------------------------
+  def tile_rows(self, t):
+    rows = self.row0 + t * self.tile + self.tile_iota
+    return rows, rows < self.plan.vocab_size
+
+  def load_w2_tile(self, t):
+    rows, valid = self.tile_rows(t)
+    weights = pl_triton.load(self.refs["w2"].at[rows[:, None], self.cols[None, :]],
+                             mask=valid[:, None], other=0)
+    scale = (pl_triton.load(self.refs["w2_scale"].at[rows], mask=valid, other=0.0)
+             if self.spec.quantized else None)
+    return weights, scale
+
+  # --- the head ----------------------------------------------------------------------
+  def gather_embedding(self, tokens):
+    """``e = W1[tokens]`` [BP, r] fp32 (bf16 values)."""
+    return pl_triton.load(self.refs["w1"].at[tokens[:, None], self.cols[None, :]]).astype(
+        jnp.float32)
+
+  def _hoisted(self, name, step, offset):
+    return pl_triton.load(
+        self.refs[name].at[self.batch_ids[:, None], step, offset + self.cols[None, :]],
+        mask=self.batch_valid[:, None], other=0.0)
+
+  def advance(self, step, e, state):
+    """The head's serial update: (state, z [BP, r] fp32). The small weight blocks are
+    read from L2 each step rather than held, so registers go to W2."""
+    spec, rank, cols = self.spec, self.rank, self.cols
+    if spec.head_type == "vanilla":
+      return state, e
+    if spec.head_type == "gated":
+      gate_e = pl_triton.load(self.refs["gate_weight"].at[
+          cols[:, None], spec.hidden_size + cols[None, :]])
+      gate = jax.nn.sigmoid(self._hoisted("gate_hoisted", step, 0)
+                            + tile_math.matvec_rows(e, gate_e))
+      return state, gate * e
+    weight = self.refs["joint_weight"]
+    chunks = []
+    for chunk in range(3):  # (gate, candidate, output) blocks of J, each [r, r]
+      out_rows = chunk * rank + cols
+      j_s = pl_triton.load(weight.at[out_rows[:, None], cols[None, :]])
+      j_e = pl_triton.load(weight.at[out_rows[:, None], rank + cols[None, :]])
+      chunks.append(self._hoisted("joint_hoisted", step, chunk * rank)
+                    + tile_math.matvec_rows(state, j_s) + tile_math.matvec_rows(e, j_e))
+    update = jax.nn.sigmoid(chunks[0])
+    state = update * state + (1.0 - update) * jnp.tanh(chunks[1])
+    return state, jnp.tanh(chunks[2])
+
+  def initial_state(self):
+    rows = self.plan.padded_batch
+    return (jnp.zeros((rows, self.rank), jnp.float32) if self.spec.head_type == "rnn"
+            else jnp.zeros((rows, 1), jnp.float32))
+
+  # --- the shard scan ----------------------------------------------------------------
+  def selection(self, step) -> tile_math.Selection:
+    if self.spec.greedy:
+      return tile_math.Selection(greedy=True, track_lse=self.spec.return_logprobs)
+    return tile_math.Selection(
+        greedy=False, track_lse=self.spec.return_logprobs, score_scale=self.score_scale,
+        noise_on=self.noise_on,
+        streams=sampling.stream_key(self.seed, self.batch_ids, self.zero + step))
+
+  def _process_tile(self, step, z_operand, selection, cand, t, weights, scale):
+    rows, valid = self.tile_rows(t)
+    partial = tile_math.gemv(z_operand, weights)
+    if scale is not None:
+      partial = partial * scale[None, :]
+    out_mask = self.batch_valid[:, None] & valid[None, :]
+    index = (self.batch_ids[:, None], step, rows[None, :])
+    base = pl_triton.load(self.refs["base_logits"].at[index], mask=out_mask, other=0.0)
+    logits = base.astype(jnp.float32) + partial
+    if self.spec.return_logits:
+      pl_triton.store(self.refs["logits"].at[index], logits, mask=out_mask)
+    return tile_math.update_candidates(cand, logits, rows, valid, self.batch_valid,
+                                       selection)
+
+  def scan_shard(self, step, z, resident) -> tile_math.Candidates:
+    """All tiles of the shard: the resident ones (values already on chip), then the
+    streamed ones (loaded now)."""
+    z_operand = z.astype(jnp.bfloat16)
+    selection = self.selection(step)
+    cand = tile_math.Candidates.empty(self.plan.padded_batch)
+    for t, (weights, scale) in enumerate(resident):
+      cand = self._process_tile(step, z_operand, selection, cand, t, weights, scale)
+
+    def streamed(t, cand):
+      weights, scale = self.load_w2_tile(t)
+      return self._process_tile(step, z_operand, selection, cand, t, weights, scale)
+
+    return lax.fori_loop(len(resident), self.plan.tiles_per_program, streamed, cand)
+
+  # --- the exchange ------------------------------------------------------------------
+  def publish(self, slot, cand: tile_math.Candidates):
+    """Store this program's candidates in slot row ``slot`` of ``slot_scores``
+    [S, 4, G, BP] and ``slot_index`` [S, G, BP]."""
+    fields = (cand.best_score, cand.chosen_scaled, cand.lse_max, cand.lse_sum)
+    for field, value in enumerate(fields):
+      pl_triton.store(self.refs["slot_scores"].at[
+          slot, self.zero + field, self.program, self.batch_ids], value)
+    pl_triton.store(self.refs["slot_index"].at[slot, self.program, self.batch_ids],
+                    cand.best_index)
+
+  def reduce_slots(self, slot):
+    """All programs' candidates → (token, chosen_scaled, lse) [BP]. Loads are volatile:
+    the slots were written by other SMs and L1 is not coherent."""
+    num_programs = self.plan.num_programs
+    programs = lax.broadcasted_iota(jnp.int32, (next_power_of_two(num_programs),), 0)
+    program_valid = programs < num_programs
+    mask = program_valid[:, None]
+
+    def read(field, other):
+      return pl_triton.load(self.refs["slot_scores"].at[
+          slot, self.zero + field, programs[:, None], self.batch_ids[None, :]],
+          mask=mask, other=other, volatile=True)
+
+    index_all = pl_triton.load(
+        self.refs["slot_index"].at[slot, programs[:, None], self.batch_ids[None, :]],
+        mask=mask, other=tile_math.INDEX_SENTINEL, volatile=True)
+    return tile_math.reduce_candidates(
+        read(0, tile_math.NEG_INF), index_all, read(1, tile_math.NEG_INF),
+        read(2, tile_math.NEG_INF), read(3, 0.0), program_valid, self.plan.vocab_size)
+
+  def write_step_outputs(self, step, token, chosen, lse, e, mask):
+    """Tokens, log-probabilities and confidence of step ``step`` (rows where ``mask``)."""
+    refs, index = self.refs, (self.batch_ids, step)
+    pl_triton.store(refs["tokens"].at[index], token, mask=mask)
+    if self.spec.return_logprobs:
+      pl_triton.store(refs["logprobs"].at[index], chosen - lse, mask=mask)
+    if self.spec.confidence:
+      conf = pl_triton.load(refs["conf_hoisted"].at[index], mask=self.batch_valid,
+                            other=0.0) + jnp.sum(e * self.conf_w_e[None, :], axis=1)
+      pl_triton.store(refs["confidence"].at[index], conf, mask=mask)
+
+
+def step_output_shapes(spec: KernelSpec, num_programs_padded: int, slot_steps: int):
+  """Shapes of the outputs both kernels share (slot rows per step: ``slot_steps``)."""
+  batch, steps, plan = spec.batch, spec.steps, spec.plan
+  return {
+      "tokens": jax.ShapeDtypeStruct((batch, steps), jnp.int32),
+      "slot_scores": jax.ShapeDtypeStruct(
+          (slot_steps, 4, num_programs_padded, plan.padded_batch), jnp.float32),
+      "slot_index": jax.ShapeDtypeStruct(
+          (slot_steps, num_programs_padded, plan.padded_batch), jnp.int32),
+      "confidence": jax.ShapeDtypeStruct((batch, steps), jnp.float32),
+      "logits": jax.ShapeDtypeStruct((batch, steps, plan.vocab_size), jnp.float32),
+      "logprobs": jax.ShapeDtypeStruct((batch, steps), jnp.float32),
+  }
+
+
+def optional_output_names(spec: KernelSpec) -> list[str]:
+  return ((["confidence"] if spec.confidence else [])
+          + (["logits"] if spec.return_logits else [])
+          + (["logprobs"] if spec.return_logprobs else []))
