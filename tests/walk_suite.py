@@ -28,11 +28,12 @@ class WalkSuite:
   STEPS = (1, 2, 7)
   SHAPE_NAMES = ("small_v1000",)
   RESIDENCIES = ("auto",)
+  RESIDENCY_SPLITS = ()    # extra residency settings, checked on one case each
   LOGIT_ATOL = 2e-4        # fp32 accumulation order differs between implementations
   SEED = 0
 
   def config(self, residency="auto"):
-    return None
+    return None if self.IMPL == "xla" else wts_jax.WalkConfig(residency=residency)
 
   def run(self, head, *args, residency="auto", **kwargs):
     return wts_jax.walk(head, *args, impl=self.IMPL, config=self.config(residency),
@@ -68,6 +69,17 @@ class WalkSuite:
         None if hidden is None else _torch(hidden), operand_dtype=torch.bfloat16)
     np.testing.assert_array_equal(np.asarray(out.tokens), t_tokens.numpy())
     np.testing.assert_allclose(np.asarray(out.confidence), t_conf.numpy(), atol=1e-4)
+
+  def test_residency_splits(self, head_type):
+    """Each residency split gives the reference's tokens and logits."""
+    head, (base, first, hidden) = self.make_case("small_v517", head_type, 3, 7)
+    ref = wts_jax.walk(head, base, first, hidden, impl="xla", return_logits=True)
+    for residency in self.RESIDENCY_SPLITS:
+      out = self.run(head, base, first, hidden, residency=residency, return_logits=True)
+      np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens),
+                                    err_msg=f"residency={residency!r}")
+      np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits),
+                                 atol=self.LOGIT_ATOL, err_msg=f"residency={residency!r}")
 
   # --- sampling ---------------------------------------------------------------------
   def test_sampled_matches_oracles(self, head_type, residency):

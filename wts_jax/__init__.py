@@ -4,14 +4,19 @@ Public surface: ``walk`` and its ``WalkOutput``, the heads, ``WalkConfig``, ``lo
 """
 
 from wts_jax.api import chosen_implementation, walk
+from wts_jax.convert.errors import ConversionError
 from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
                            VanillaMarkovHead, make_head)
+from wts_jax.loading import DrafterWeights, from_torch_state_dict, load, load_drafter
 from wts_jax.output import WalkError, WalkOutput, check
+from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import WalkConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConversionError", "DrafterWeights", "from_torch_state_dict", "load", "load_drafter",
+    "quantize_w2",
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
     "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",
     "make_head", "walk",

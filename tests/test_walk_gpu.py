@@ -1,0 +1,147 @@
+"""The kernels on the GPU (H200): run with ``WTS_GPU_TESTS=1 python -m pytest -m gpu``.
+
+The shared walk suite against both oracles at small shapes, then the real Qwen3 DSpark
+shapes against the XLA reference on the GPU, a stress run of 1000 fresh walks,
+bit-identical repeats, the one-launch check on the compiled HLO, and the no-hang
+guarantees (grid larger than the SMs refused; a starved barrier reports a timeout).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import wts_jax
+from walk_suite import WalkSuite
+from wts_jax import validation
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+from wts_jax.quantize import quantize_w2
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not os.environ.get("WTS_GPU_TESTS") or jax.default_backend() != "gpu",
+                       reason="needs an NVIDIA GPU and WTS_GPU_TESTS=1"),
+]
+
+
+class TestWalkPallasGpu(WalkSuite):
+  IMPL = "pallas"
+  RESIDENCY_SPLITS = ("none", 0.5, "full", 100)
+
+
+def _real_case(head_type, batch, steps=7, seed=0, rank=256):
+  config = HeadConfig.qwen3_4b(head_type, rank=rank)
+  head = wts_jax.make_head(config, seed=seed)
+  return head, random_inputs(config, batch, steps, jax.random.key(seed + 1))
+
+
+def _assert_matches_reference(head, inputs, temperature=0.0, config=None):
+  base, first, hidden = inputs
+  key = jax.random.key(11) if temperature else None
+  kwargs = dict(temperature=temperature, key=key, return_logits=True,
+                return_logprobs=True)
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config, **kwargs)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", **kwargs)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits), atol=1e-3,
+                             rtol=0)
+  np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-3)
+  if ref.confidence is not None:
+    np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
+                               atol=1e-3)
+  assert int(out.status) == 0
+
+
+@pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("batch", [1, 16, 64])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_real_shapes_match_reference(head_type, batch, temperature):
+  head, inputs = _real_case(head_type, batch)
+  _assert_matches_reference(head, inputs, temperature)
+
+
+@pytest.mark.parametrize("residency", ["none", 0.25, "auto"])
+@pytest.mark.parametrize("rank", [64, 128])
+def test_other_ranks_and_residency(rank, residency):
+  head, inputs = _real_case("vanilla", 4, rank=rank)
+  _assert_matches_reference(head, inputs, config=wts_jax.WalkConfig(residency=residency))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_quantized_w2_matches_its_reference(scheme):
+  head, inputs = _real_case("vanilla", 1)
+  _assert_matches_reference(quantize_w2(head, scheme), inputs)
+
+
+def test_stepwise_kernel_matches_reference():
+  from wts_jax.pallas.stepwise import stepwise_walk
+  for head_type in ("vanilla", "gated", "rnn"):
+    head, (base, first, hidden) = _real_case(head_type, 4)
+    mode = validation.make_sampling(0.8, jax.random.key(2), 4)
+    out = stepwise_walk(head, base, first, hidden, mode, return_logprobs=True)
+    ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=0.8,
+                       key=jax.random.key(2), return_logprobs=True)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+def test_stress_1000_fresh_walks_equal_reference():
+  config = HeadConfig.qwen3_4b("vanilla")
+  head = wts_jax.make_head(config, seed=3)
+  kernel = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas").tokens)
+  reference = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="xla").tokens)
+  mismatches = []
+  for i in range(1000):
+    base, first, _ = random_inputs(config, 2, 7, jax.random.key(1000 + i))
+    got, want = kernel(head, base, first), reference(head, base, first)
+    if not np.array_equal(np.asarray(got), np.asarray(want)):
+      mismatches.append(i)
+  assert not mismatches, f"walks {mismatches[:10]} differ from the reference"
+
+
+def test_repeated_runs_are_bit_identical():
+  head, (base, first, hidden) = _real_case("gated", 16)
+  runs = [wts_jax.walk(head, base, first, hidden, impl="pallas", temperature=1.0,
+                       key=jax.random.key(5), return_logits=True) for _ in range(10)]
+  for run in runs[1:]:
+    np.testing.assert_array_equal(np.asarray(run.tokens), np.asarray(runs[0].tokens))
+    np.testing.assert_array_equal(np.asarray(run.logits), np.asarray(runs[0].logits))
+
+
+def test_one_kernel_launch_in_compiled_hlo():
+  head, (base, first, _) = _real_case("vanilla", 1)
+  compiled = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas")).lower(
+      head, base, first).compile()
+  text = compiled.as_text()
+  launches = re.findall(r"custom_call_target=\"([^\"]+)\"", text)
+  assert len(launches) == 1, launches
+  assert not re.search(r"\bfusion\b.*kind=k(Loop|Input|Output)", text) or all(
+      "broadcast" in line or "memset" in line
+      for line in text.splitlines() if re.search(r"kind=k(Loop|Input|Output)", line)), text
+
+
+def test_grid_larger_than_the_device_is_refused():
+  head, (base, first, _) = _real_case("vanilla", 1)
+  sms = jax.devices()[0].core_count
+  with pytest.raises(ValueError, match=f"exceeds the {sms} SMs"):
+    wts_jax.walk(head, base, first, impl="pallas",
+                 config=wts_jax.WalkConfig(num_programs=sms + 1))
+
+
+def test_starved_barrier_reports_timeout_instead_of_hanging():
+  head, (base, first, _) = _real_case("vanilla", 1)
+  config = wts_jax.WalkConfig(sync_spin_limit=1)
+  statuses = []
+  for _ in range(20):
+    out = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas", config=config))(
+        head, base, first)
+    statuses.append(int(out.status))
+  assert any(status & wts_jax.output.STATUS_SYNC_TIMEOUT for status in statuses), statuses
+  with pytest.raises(wts_jax.WalkError, match="timed out"):
+    for _ in range(20):
+      wts_jax.walk(head, base, first, impl="pallas", config=config)

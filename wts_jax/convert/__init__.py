@@ -1,0 +1,15 @@
+"""Converting DeepSpec Qwen3 DSpark/DFlash drafter checkpoints (PyTorch) to wts_jax.
+
+``convert(src, dst)`` writes an orbax directory that ``wts_jax.load`` reads;
+``inspect_checkpoint(src)`` reports what a checkpoint holds and whether it converts;
+the ``wts-convert`` console script (``wts_jax.convert.cli``) wraps both. Every refusal
+raises ``ConversionError`` naming the key, file or config value.
+"""
+
+from wts_jax.convert.converter import convert
+from wts_jax.convert.drafter_config import DrafterConfig, parse_config
+from wts_jax.convert.errors import ConversionError
+from wts_jax.convert.report import inspect_checkpoint
+
+__all__ = ["ConversionError", "DrafterConfig", "convert", "inspect_checkpoint",
+           "parse_config"]

@@ -1,0 +1,84 @@
+"""``wts-convert``: DeepSpec Qwen3 DSpark/DFlash drafter checkpoints to wts_jax.
+
+  wts-convert SRC DST [--full] [--dtype bfloat16|float16|float32] [--force] [--progress]
+  wts-convert inspect SRC
+
+A refused checkpoint prints one ``error:`` line naming the key, file or value, exits
+with status 2 and leaves no DST behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from wts_jax.convert.drafter_config import FLOAT_DTYPES
+from wts_jax.convert.errors import ConversionError
+
+EXIT_REFUSED = 2
+INSPECT_COMMAND = "inspect"
+
+
+def _convert_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="wts-convert",
+      description="Convert a DeepSpec Qwen3 DSpark/DFlash drafter checkpoint (PyTorch) "
+                  "into an orbax directory that wts_jax.load reads. "
+                  "`wts-convert inspect SRC` reports on a checkpoint without converting.")
+  parser.add_argument("src", metavar="SRC",
+                      help="checkpoint directory (config.json + model.safetensors, a "
+                           "sharded index, or pytorch_model*.bin) or one weights file")
+  parser.add_argument("dst", metavar="DST", help="output directory (must not exist)")
+  parser.add_argument("--full", action="store_true",
+                      help="also convert the drafter backbone (embed_tokens, fc, "
+                           "hidden_norm, layers.*, norm, lm_head)")
+  parser.add_argument("--dtype", choices=("keep",) + FLOAT_DTYPES, default="keep",
+                      help="cast the weights (default: keep the checkpoint's dtype)")
+  parser.add_argument("--force", action="store_true",
+                      help="replace DST if it is an earlier wts-convert output")
+  progress = parser.add_mutually_exclusive_group()
+  progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                        help="draw a progress bar on stderr (default: when it is a terminal)")
+  progress.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="never draw the progress bar")
+  return parser
+
+
+def _inspect_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="wts-convert inspect",
+      description="Report a checkpoint's format, head type, rank, shapes and dtype, what "
+                  "would be converted, what is ignored, and why it would be refused.")
+  parser.add_argument("src", metavar="SRC", help="checkpoint directory or weights file")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Run the CLI; returns the exit status (0 converted/convertible, 2 refused)."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  # A checkpoint directory literally named "inspect" is reachable as ./inspect.
+  if argv and argv[0] == INSPECT_COMMAND:
+    args = _inspect_parser().parse_args(argv[1:])
+    from wts_jax.convert.report import inspect_checkpoint
+    report, refusal = inspect_checkpoint(args.src)
+    print(report)
+    return EXIT_REFUSED if refusal is not None else 0
+
+  args = _convert_parser().parse_args(argv)
+  from wts_jax.convert.converter import convert
+  show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+  try:
+    dst = convert(args.src, args.dst, full=args.full, dtype=args.dtype, force=args.force,
+                  progress=show_progress)
+  except ConversionError as err:
+    print(f"wts-convert: error: {err}", file=sys.stderr)
+    return EXIT_REFUSED
+  except KeyboardInterrupt:
+    print("wts-convert: interrupted; nothing was written", file=sys.stderr)
+    return 130
+  print(f"wrote {dst}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
