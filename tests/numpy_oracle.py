@@ -1,13 +1,11 @@
 """A float64 NumPy walk written from DESIGN.md §1, independent of wts_jax's code.
 
-Same contract as the library: ``z`` is rounded to bf16 (W2's operand dtype) before W2
-and the rnn state to bf16 before ``J_s``; everything else in float64; ties go to the
-lowest index.
+Same contract as the library, in float64 throughout (the library accumulates in fp32);
+ties go to the lowest index.
 """
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 
@@ -34,16 +32,11 @@ def head_arrays(head) -> dict:
   return arrays
 
 
-def round_bf16(x: np.ndarray) -> np.ndarray:
-  return x.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-
-
 def sigmoid(x):
   return 1.0 / (1.0 + np.exp(-x))
 
 
 def vocab_bias(arrays, z):
-  z = round_bf16(z)
   if "w2_q" in arrays:
     return (z @ arrays["w2_q"].T) * arrays["w2_scale"]
   return z @ arrays["w2"].T
@@ -76,7 +69,7 @@ def walk(head, base_logits, first_tokens, hidden=None, *, temperature=0.0, gumbe
       z = gate * e
     else:
       w = arrays["joint_proj.w"]
-      pre = (round_bf16(state) @ w[:, :r].T + e @ w[:, r:2 * r].T + h[:, k] @ w[:, 2 * r:].T
+      pre = (state @ w[:, :r].T + e @ w[:, r:2 * r].T + h[:, k] @ w[:, 2 * r:].T
              + arrays["joint_proj.b"])
       update = sigmoid(pre[:, :r])
       state = update * state + (1 - update) * np.tanh(pre[:, r:2 * r])

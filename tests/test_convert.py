@@ -98,8 +98,7 @@ def assert_walks_like_deepspec(head: DraftHead, oracle, seed: int) -> None:
                 jnp.asarray(hidden), impl="xla")
   # fp32 math on the bf16 weights, z rounded to bf16 before W2: the wts_jax contract.
   tokens, confidence, _ = sample_block_tokens(
-      oracle, torch.from_numpy(base), torch.from_numpy(first), torch.from_numpy(hidden),
-      operand_dtype=torch.bfloat16)
+      oracle, torch.from_numpy(base), torch.from_numpy(first), torch.from_numpy(hidden))
   np.testing.assert_array_equal(np.asarray(output.tokens), tokens.numpy())
   if oracle.confidence_head is None:
     assert output.confidence is None

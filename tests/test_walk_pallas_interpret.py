@@ -75,5 +75,6 @@ def test_plan_shards_cover_the_vocabulary_and_respect_the_budget():
     plan_walk(vocab_size=151936, rank=256, batch=1, w2_itemsize=2, device=device,
               config=wts_jax.WalkConfig(num_programs=132, residency="full"))
   full = plan_walk(vocab_size=151936, rank=64, batch=1, w2_itemsize=1, device=device,
-                   config=wts_jax.WalkConfig(num_programs=132, residency="full"))
+                   config=wts_jax.WalkConfig(num_programs=132, residency="full"),
+                   register_budget_bytes=96 * 1024)
   assert full.streamed_tiles == 0 and full.resident_fraction == 1.0

@@ -66,7 +66,7 @@ class WalkSuite:
     torch_head = deepspec_torch.from_wts_head(head)
     t_tokens, t_conf, _ = deepspec_torch.sample_block_tokens(
         torch_head, _torch(base), torch.from_numpy(np.array(first)),
-        None if hidden is None else _torch(hidden), operand_dtype=torch.bfloat16)
+        None if hidden is None else _torch(hidden))
     np.testing.assert_array_equal(np.asarray(out.tokens), t_tokens.numpy())
     np.testing.assert_allclose(np.asarray(out.confidence), t_conf.numpy(), atol=1e-4)
 
@@ -97,7 +97,7 @@ class WalkSuite:
     t_tokens, _, t_logits = deepspec_torch.sample_block_tokens(
         torch_head, _torch(base), torch.from_numpy(np.array(first)),
         None if hidden is None else _torch(hidden), temperature=temperature,
-        gumbel=noise, operand_dtype=torch.bfloat16)
+        gumbel=noise)
     np.testing.assert_array_equal(np.asarray(out.tokens), t_tokens.numpy())
     scaled = t_logits.numpy().astype(np.float64) / np.float32(temperature)
     expected = np.take_along_axis(scaled - _logsumexp(scaled)[..., None],

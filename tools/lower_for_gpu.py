@@ -21,6 +21,24 @@ from wts_jax.pallas import walk_kernel
 from wts_jax.walk_config import WalkConfig
 
 
+def verify_triton_modules():
+  """Run the MLIR verifier on every Triton module Pallas builds: type errors that the GPU
+  compiler would reject (e.g. an i1 operand of an i32 ``arith.ori``) fail here."""
+  from jax._src.pallas.triton import lowering
+
+  original = lowering.lower_jaxpr_to_triton_module
+  if getattr(original, "verifies", False):
+    return
+
+  def lower_and_verify(*args, **kwargs):
+    result = original(*args, **kwargs)
+    result.module.operation.verify()
+    return result
+
+  lower_and_verify.verifies = True
+  lowering.lower_jaxpr_to_triton_module = lower_and_verify
+
+
 def cuda_target():
   """jax >= 0.11 needs an abstract GPU to lower Triton kernels without one."""
   try:
@@ -57,6 +75,7 @@ def lower_walk(head_type, batch, steps, *, temperature=0.0, logits=False, logpro
     return walk_kernel.kernel_walk(head, base, first, hidden, mode, config=config,
                                    return_logits=logits, return_logprobs=logprobs)
 
+  verify_triton_modules()
   with cuda_target():
     return jax.jit(run).trace(head, base, first, hidden).lower(
         lowering_platforms=("cuda",)).as_text()

@@ -20,12 +20,16 @@ class WalkConfig:
   interpret: run the kernel's own code in Pallas interpret mode (CPU tests).
   sync_spin_limit: polls of the grid barrier before the kernel gives up and reports
     ``STATUS_SYNC_TIMEOUT`` instead of hanging.
+  tile_rows, num_warps, num_stages: tuning overrides (None: the planner's choice).
   """
 
   residency: str | float | int = "auto"
   num_programs: int | None = None
   interpret: bool = False
   sync_spin_limit: int = 1 << 22
+  tile_rows: int | None = None
+  num_warps: int | None = None
+  num_stages: int | None = None
 
   def __post_init__(self):
     residency = self.residency
@@ -42,5 +46,12 @@ class WalkConfig:
       raise ValueError(f"residency={residency} as a fraction must be in [0, 1]")
     if self.num_programs is not None and self.num_programs < 1:
       raise ValueError(f"num_programs={self.num_programs} must be >= 1")
+    if self.tile_rows is not None and (self.tile_rows < 16 or
+                                       self.tile_rows & (self.tile_rows - 1)):
+      raise ValueError(f"tile_rows={self.tile_rows} must be a power of two >= 16")
+    if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16, 32):
+      raise ValueError(f"num_warps={self.num_warps} must be a power of two <= 32")
+    if self.num_stages is not None and self.num_stages < 1:
+      raise ValueError(f"num_stages={self.num_stages} must be >= 1")
     if self.sync_spin_limit < 1:
       raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")

@@ -1,6 +1,6 @@
 """Flax NNX modules for the DSpark serial heads."""
 
-from wts_jax.heads.base import SerialHead, w2_operand_dtype
+from wts_jax.heads.base import SerialHead
 from wts_jax.heads.confidence import ConfidenceHead
 from wts_jax.heads.config import HEAD_TYPES, HeadConfig
 from wts_jax.heads.draft_head import HEAD_CLASSES, DraftHead, make_head
@@ -11,5 +11,5 @@ from wts_jax.heads.recurrent import RecurrentHead
 __all__ = [
     "ConfidenceHead", "DraftHead", "Embedding", "GatedMarkovHead", "HEAD_CLASSES",
     "HEAD_TYPES", "HeadConfig", "Linear", "RecurrentHead", "SerialHead",
-    "VanillaMarkovHead", "make_head", "w2_operand_dtype",
+    "VanillaMarkovHead", "make_head",
 ]

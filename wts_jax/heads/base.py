@@ -8,8 +8,10 @@ teacher-forced block and the kernels all run the same math:
 - ``init_state(batch)``: the carried state before step 0;
 - ``advance(state, e, hoisted_k)``: one serial step from ``e_k = W1[x_{k-1}]``, returning
   the new state and the r-vector ``z_k`` that W2 multiplies;
-- ``vocab_bias(z)``: ``W2 · z`` — ``z`` rounded to W2's operand dtype (bf16 for bf16 and
-  quantized W2), products accumulated in fp32, times the per-row scale when quantized.
+- ``vocab_bias(z)``: ``W2 · z`` — W2's stored values against fp32 ``z``, accumulated in
+  fp32, times the per-row scale when quantized. (The kernels meet this on tensor cores
+  by splitting fp32 vectors into two bf16 parts; rounding ``z`` to bf16 instead would let
+  last-ulp differences in σ/tanh flip whole bf16 steps and, at near-ties, tokens.)
 """
 
 from __future__ import annotations
@@ -20,14 +22,6 @@ from flax import nnx
 
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.layers import Embedding, Linear
-
-
-def w2_operand_dtype(weight_dtype) -> jnp.dtype:
-  """The dtype ``z`` is rounded to before it meets W2 (tensor-core operand dtype)."""
-  weight_dtype = jnp.dtype(weight_dtype)
-  if weight_dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16)):
-    return weight_dtype
-  return jnp.dtype(jnp.bfloat16)  # bf16, and int8/fp8 whose values bf16 holds exactly
 
 
 class SerialHead(nnx.Module):
@@ -56,7 +50,7 @@ class SerialHead(nnx.Module):
     """``W2 · z`` for z [..., r] → [..., V] fp32 (the kernels' exact contract)."""
     w2 = self.markov_w2
     weight = w2.weight[...]
-    z = z.astype(w2_operand_dtype(weight.dtype)).astype(jnp.float32)
+    z = z.astype(jnp.float32)
     bias = jnp.einsum("...r,vr->...v", z, weight.astype(jnp.float32),
                       precision=jax.lax.Precision.HIGHEST)
     scale = getattr(w2, "scale", None)

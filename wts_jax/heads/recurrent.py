@@ -4,10 +4,6 @@
 [3r, 2r + d] (input order ``[s ; e ; h]``, output chunks ``(gate, candidate, output)``),
 ``u = σ(a)``, ``s_k = u ⊙ s_{k-1} + (1 − u) ⊙ tanh(c)``, ``b_k = W2 · tanh(o)``,
 ``s_{-1} = 0``.
-
-Precision contract (shared with the kernels): the state is carried in fp32 but enters
-``J_s`` rounded to bf16 — like every serial matvec here, bf16 operands (the tensor-core
-dtype, and what DeepSpec computes in) with fp32 accumulation.
 """
 
 from __future__ import annotations
@@ -48,9 +44,8 @@ class RecurrentHead(SerialHead):
   def advance(self, state, e, hoisted_k):
     joint_s, joint_e, _, _ = self.joint_weights()
     r = self.config.rank
-    state_operand = state.astype(jnp.bfloat16).astype(jnp.float32)
     pre = hoisted_k + jnp.einsum(
-        "br,jr->bj", state_operand, joint_s, precision=jax.lax.Precision.HIGHEST) + jnp.einsum(
+        "br,jr->bj", state, joint_s, precision=jax.lax.Precision.HIGHEST) + jnp.einsum(
             "br,jr->bj", e.astype(jnp.float32), joint_e,
             precision=jax.lax.Precision.HIGHEST)
     gate, candidate, output = pre[:, :r], pre[:, r:2 * r], pre[:, 2 * r:]

@@ -107,11 +107,13 @@ def padded_batch(batch: int) -> int:
 
 def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
               config: WalkConfig, device: DeviceInfo | None = None,
-              register_budget_bytes: int = REGISTER_FILE_BYTES // 2) -> WalkPlan:
+              register_budget_bytes: int = REGISTER_FILE_BYTES // 4) -> WalkPlan:
   """Shard the vocabulary over the grid and choose the resident tiles.
 
-  The Triton backend keeps resident tiles in registers (loop-carried values), so the
-  budget is half the register file: the rest holds the working set of one tile.
+  The Triton backend keeps resident tiles in registers (values live across the step
+  loop), so the budget is a quarter of the register file: the streamed tile in flight,
+  the lane candidates and the products need the rest. (On the H200, four resident
+  64-row bf16 tiles ran slower than two: NOTES.md, kernel v1.)
   """
   if config.interpret:
     # Interpret mode runs programs one after another: a cross-program barrier could
@@ -126,7 +128,7 @@ def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
           f"{device.kind}: the persistent grid must be co-resident or its barrier hangs")
   if rank & (rank - 1):
     raise ValueError(f"rank={rank} must be a power of two for the Pallas kernel")
-  tile_rows = 64 if vocab_size >= 64 * num_programs * 4 else 32
+  tile_rows = config.tile_rows or (64 if vocab_size >= 64 * num_programs * 4 else 32)
   rows_per_program = -(-vocab_size // num_programs)
   rows_per_program = -(-rows_per_program // tile_rows) * tile_rows
   tiles = rows_per_program // tile_rows
@@ -155,7 +157,8 @@ def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
                      f"only {budget_tiles} fit on chip per program")
   return WalkPlan(num_programs=num_programs, rows_per_program=rows_per_program,
                   tile_rows=tile_rows, resident_tiles=int(resident),
-                  padded_batch=padded_batch(batch), num_warps=8, vocab_size=vocab_size,
+                  padded_batch=padded_batch(batch), num_warps=config.num_warps or 8,
+                  vocab_size=vocab_size,
                   rank=rank, w2_itemsize=w2_itemsize,
                   resident_budget_bytes=int(budget_tiles * tile_bytes))
 

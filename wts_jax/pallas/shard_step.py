@@ -38,7 +38,7 @@ class KernelSpec:
   return_logprobs: bool
   spin_limit: int
   interpret: bool
-  num_stages: int = 3
+  num_stages: int = 1  # the streamed loop prefetches by hand
 
 
 def weight_input_names(spec: KernelSpec) -> list[str]:
@@ -56,22 +56,27 @@ def weight_input_names(spec: KernelSpec) -> list[str]:
 
 
 class ShardStep:
-  """The per-step work of program ``pl.program_id(0)`` (see the module docstring)."""
+  """The per-step work of program ``pl.program_id(0)`` (see the module docstring).
+
+  r-vectors, tiles and weight blocks are lists of column chunks (``tile_math``)."""
 
   def __init__(self, refs: dict, spec: KernelSpec):
     self.refs, self.spec = refs, spec
     plan = self.plan = spec.plan
     self.rank, self.tile = plan.rank, plan.tile_rows
+    self.width = tile_math.chunk_width(plan.rank)
+    self.num_chunks = plan.rank // self.width
     self.program = pl.program_id(0)
     self.zero = self.program * 0       # a traced 0: see tile_math's note on indices
     self.row0 = pl.multiple_of(self.program * plan.rows_per_program, plan.tile_rows)
     self.batch_ids = lax.broadcasted_iota(jnp.int32, (plan.padded_batch,), 0)
     self.batch_valid = self.batch_ids < spec.batch
-    self.cols = lax.broadcasted_iota(jnp.int32, (plan.rank,), 0)
+    self.cols = lax.broadcasted_iota(jnp.int32, (self.width,), 0)
     self.tile_iota = lax.broadcasted_iota(jnp.int32, (plan.tile_rows,), 0)
     if spec.confidence:
-      self.conf_w_e = pl_triton.load(refs["conf_weight"].at[
-          self.zero, spec.hidden_size + self.cols]).astype(jnp.float32)
+      self.conf_w_e = [pl_triton.load(refs["conf_weight"].at[
+          self.zero, spec.hidden_size + self.chunk_cols(c)]).astype(jnp.float32)
+                       for c in range(self.num_chunks)]
     if not spec.greedy:
       # Two scalar words (a vector would need a slice, which Triton cannot lower).
       self.seed = (pl_triton.load(refs["seed"].at[self.zero]),
@@ -81,58 +86,75 @@ class ShardStep:
       self.noise_on = pl_triton.load(refs["noise_on"].at[self.batch_ids],
                                      mask=self.batch_valid, other=0) != 0
 
+  def chunk_cols(self, chunk: int):
+    return chunk * self.width + self.cols
+
   # --- W2 tiles ----------------------------------------------------------------------
   def tile_rows(self, t):
     rows = self.row0 + t * self.tile + self.tile_iota
     return rows, rows < self.plan.vocab_size
 
   def load_w2_tile(self, t):
+    """Tile ``t`` of the shard: ([T, c] column chunks, per-row scale [T] or None)."""
     rows, valid = self.tile_rows(t)
-    weights = pl_triton.load(self.refs["w2"].at[rows[:, None], self.cols[None, :]],
+    chunks = [pl_triton.load(self.refs["w2"].at[rows[:, None], self.chunk_cols(c)[None, :]],
                              mask=valid[:, None], other=0)
+              for c in range(self.num_chunks)]
     scale = (pl_triton.load(self.refs["w2_scale"].at[rows], mask=valid, other=0.0)
              if self.spec.quantized else None)
-    return weights, scale
+    return chunks, scale
 
   # --- the head ----------------------------------------------------------------------
   def gather_embedding(self, tokens):
-    """``e = W1[tokens]`` [BP, r] fp32 (bf16 values)."""
-    return pl_triton.load(self.refs["w1"].at[tokens[:, None], self.cols[None, :]]).astype(
-        jnp.float32)
+    """``e = W1[tokens]``: chunks [BP, c] fp32 (bf16 values)."""
+    return [pl_triton.load(self.refs["w1"].at[tokens[:, None], self.chunk_cols(c)[None, :]])
+            .astype(jnp.float32) for c in range(self.num_chunks)]
 
   def _hoisted(self, name, step, offset):
     return pl_triton.load(
         self.refs[name].at[self.batch_ids[:, None], step, offset + self.cols[None, :]],
         mask=self.batch_valid[:, None], other=0.0)
 
+  def _weight_block(self, name, out_chunk, in_offset):
+    """[c, c] block of a [out, in] weight: output chunk ``out_chunk``, inputs from
+    ``in_offset``. Read from L2 each step, so registers go to W2."""
+    out_rows = self.chunk_cols(out_chunk)
+    return [pl_triton.load(self.refs[name].at[
+        out_rows[:, None], in_offset + self.chunk_cols(c)[None, :]])
+            for c in range(self.num_chunks)]
+
   def advance(self, step, e, state):
-    """The head's serial update: (state, z [BP, r] fp32). The small weight blocks are
-    read from L2 each step rather than held, so registers go to W2."""
-    spec, rank, cols = self.spec, self.rank, self.cols
+    """The head's serial update: (state chunks, z chunks [BP, c] fp32)."""
+    spec, n = self.spec, self.num_chunks
     if spec.head_type == "vanilla":
       return state, e
+    e_ops = [tile_math.make_operand(chunk, exact_in_bf16=True) for chunk in e]
     if spec.head_type == "gated":
-      gate_e = pl_triton.load(self.refs["gate_weight"].at[
-          cols[:, None], spec.hidden_size + cols[None, :]])
-      gate = jax.nn.sigmoid(self._hoisted("gate_hoisted", step, 0)
-                            + tile_math.matvec_rows(e, gate_e))
-      return state, gate * e
-    weight = self.refs["joint_weight"]
-    chunks = []
-    for chunk in range(3):  # (gate, candidate, output) blocks of J, each [r, r]
-      out_rows = chunk * rank + cols
-      j_s = pl_triton.load(weight.at[out_rows[:, None], cols[None, :]])
-      j_e = pl_triton.load(weight.at[out_rows[:, None], rank + cols[None, :]])
-      chunks.append(self._hoisted("joint_hoisted", step, chunk * rank)
-                    + tile_math.matvec_rows(state, j_s) + tile_math.matvec_rows(e, j_e))
-    update = jax.nn.sigmoid(chunks[0])
-    state = update * state + (1.0 - update) * jnp.tanh(chunks[1])
-    return state, jnp.tanh(chunks[2])
+      z = []
+      for j in range(n):
+        pre = self._hoisted("gate_hoisted", step, j * self.width) + tile_math.small_product(
+            e_ops, self._weight_block("gate_weight", j, spec.hidden_size))
+        z.append(jax.nn.sigmoid(pre) * e[j])
+      return state, z
+    s_ops = [tile_math.make_operand(chunk, exact_in_bf16=False) for chunk in state]
+    pre = []
+    for j in range(3 * n):  # output chunks of (gate, candidate, output), [s ; e ; h] in
+      pre.append(self._hoisted("joint_hoisted", step, j * self.width)
+                 + tile_math.small_product(s_ops, self._weight_block("joint_weight", j, 0))
+                 + tile_math.small_product(e_ops, self._weight_block("joint_weight", j,
+                                                                     self.rank)))
+    new_state, z = [], []
+    for j in range(n):
+      update = jax.nn.sigmoid(pre[j])
+      new_state.append(update * state[j] + (1.0 - update) * jnp.tanh(pre[n + j]))
+      z.append(jnp.tanh(pre[2 * n + j]))
+    return new_state, z
 
   def initial_state(self):
     rows = self.plan.padded_batch
-    return (jnp.zeros((rows, self.rank), jnp.float32) if self.spec.head_type == "rnn"
-            else jnp.zeros((rows, 1), jnp.float32))
+    if self.spec.head_type == "rnn":
+      return [jnp.zeros((rows, self.width), jnp.float32) for _ in range(self.num_chunks)]
+    return [jnp.zeros((rows, 1), jnp.float32)]
 
   # --- the shard scan ----------------------------------------------------------------
   def selection(self, step) -> tile_math.Selection:
@@ -143,9 +165,10 @@ class ShardStep:
         noise_on=self.noise_on,
         streams=sampling.stream_key(self.seed, self.batch_ids, self.zero + step))
 
-  def _process_tile(self, step, z_operand, selection, cand, t, weights, scale):
+  def _process_tile(self, step, operands, selection, cand, t, tile):
+    chunks, scale = tile
     rows, valid = self.tile_rows(t)
-    partial = tile_math.gemv(z_operand, weights)
+    partial = tile_math.product(operands, chunks)
     if scale is not None:
       partial = partial * scale[None, :]
     out_mask = self.batch_valid[:, None] & valid[None, :]
@@ -154,28 +177,32 @@ class ShardStep:
     logits = base.astype(jnp.float32) + partial
     if self.spec.return_logits:
       pl_triton.store(self.refs["logits"].at[index], logits, mask=out_mask)
-    return tile_math.update_candidates(cand, logits, rows, valid, self.batch_valid,
-                                       selection)
+    return tile_math.update_lanes(cand, logits, rows, valid, self.batch_valid, selection)
 
   def scan_shard(self, step, z, resident) -> tile_math.Candidates:
-    """All tiles of the shard: the resident ones (values already on chip), then the
-    streamed ones (loaded now)."""
-    z_operand = z.astype(jnp.bfloat16)
+    """All tiles of the shard — the resident ones (already on chip), then the streamed
+    ones, each loaded one iteration ahead — into per-row candidates [BP]."""
+    exact = self.spec.head_type == "vanilla"  # z = e: bf16 values, no lo part needed
+    operands = [tile_math.make_operand(chunk, exact_in_bf16=exact) for chunk in z]
     selection = self.selection(step)
-    cand = tile_math.Candidates.empty(self.plan.padded_batch)
-    for t, (weights, scale) in enumerate(resident):
-      cand = self._process_tile(step, z_operand, selection, cand, t, weights, scale)
+    cand = tile_math.Candidates.empty((self.plan.padded_batch, self.tile))
+    for t, tile in enumerate(resident):
+      cand = self._process_tile(step, operands, selection, cand, t, tile)
+    first_streamed, tiles = len(resident), self.plan.tiles_per_program
+    if first_streamed < tiles:
+      def streamed(t, carry):
+        cand, tile = carry
+        upcoming = self.load_w2_tile(t + 1)  # in flight while this tile computes
+        return self._process_tile(step, operands, selection, cand, t, tile), upcoming
 
-    def streamed(t, cand):
-      weights, scale = self.load_w2_tile(t)
-      return self._process_tile(step, z_operand, selection, cand, t, weights, scale)
-
-    return lax.fori_loop(len(resident), self.plan.tiles_per_program, streamed, cand)
+      cand, _ = lax.fori_loop(first_streamed, tiles, streamed,
+                              (cand, self.load_w2_tile(first_streamed)))
+    return tile_math.reduce_lanes(cand, axis=1)
 
   # --- the exchange ------------------------------------------------------------------
   def publish(self, slot, cand: tile_math.Candidates):
-    """Store this program's candidates in slot row ``slot`` of ``slot_scores``
-    [S, 4, G, BP] and ``slot_index`` [S, G, BP]."""
+    """Store this program's per-row candidates in slot row ``slot`` of
+    ``slot_scores`` [S, 4, G, BP] and ``slot_index`` [S, G, BP]."""
     fields = (cand.best_score, cand.chosen_scaled, cand.lse_max, cand.lse_sum)
     for field, value in enumerate(fields):
       pl_triton.store(self.refs["slot_scores"].at[
@@ -188,20 +215,22 @@ class ShardStep:
     the slots were written by other SMs and L1 is not coherent."""
     num_programs = self.plan.num_programs
     programs = lax.broadcasted_iota(jnp.int32, (next_power_of_two(num_programs),), 0)
-    program_valid = programs < num_programs
-    mask = program_valid[:, None]
+    valid = (programs < num_programs)[:, None]
 
     def read(field, other):
       return pl_triton.load(self.refs["slot_scores"].at[
           slot, self.zero + field, programs[:, None], self.batch_ids[None, :]],
-          mask=mask, other=other, volatile=True)
+          mask=valid, other=other, volatile=True)
 
-    index_all = pl_triton.load(
+    index = pl_triton.load(
         self.refs["slot_index"].at[slot, programs[:, None], self.batch_ids[None, :]],
-        mask=mask, other=tile_math.INDEX_SENTINEL, volatile=True)
-    return tile_math.reduce_candidates(
-        read(0, tile_math.NEG_INF), index_all, read(1, tile_math.NEG_INF),
-        read(2, tile_math.NEG_INF), read(3, 0.0), program_valid, self.plan.vocab_size)
+        mask=valid, other=tile_math.INDEX_SENTINEL, volatile=True)
+    every = tile_math.Candidates(
+        best_score=read(0, tile_math.NEG_INF), best_index=index,
+        chosen_scaled=read(1, tile_math.NEG_INF), lse_max=read(2, tile_math.NEG_INF),
+        lse_sum=read(3, 0.0), nan_seen=jnp.zeros(index.shape, jnp.int32))
+    return tile_math.chosen_token(tile_math.reduce_lanes(every, axis=0, valid=valid),
+                                  self.plan.vocab_size)
 
   def write_step_outputs(self, step, token, chosen, lse, e, mask):
     """Tokens, log-probabilities and confidence of step ``step`` (rows where ``mask``)."""
@@ -211,8 +240,15 @@ class ShardStep:
       pl_triton.store(refs["logprobs"].at[index], chosen - lse, mask=mask)
     if self.spec.confidence:
       conf = pl_triton.load(refs["conf_hoisted"].at[index], mask=self.batch_valid,
-                            other=0.0) + jnp.sum(e * self.conf_w_e[None, :], axis=1)
+                            other=0.0)
+      for chunk, weight in zip(e, self.conf_w_e):
+        conf = conf + jnp.sum(chunk * weight[None, :], axis=1)
       pl_triton.store(refs["confidence"].at[index], conf, mask=mask)
+
+
+def status_bit(flag: jax.Array, bit: int) -> jax.Array:
+  """``bit`` where ``flag`` else 0, as int32 (Triton needs both operands of ``|`` i32)."""
+  return jnp.where(flag, jnp.int32(bit), jnp.int32(0)).astype(jnp.int32)
 
 
 def step_output_shapes(spec: KernelSpec, num_programs_padded: int, slot_steps: int):

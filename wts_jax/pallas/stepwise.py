@@ -29,7 +29,8 @@ from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, WalkOut
 from wts_jax.pallas import walk_kernel
 from wts_jax.pallas.plan import WalkPlan, next_power_of_two, padded_batch
 from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, optional_output_names,
-                                       step_output_shapes, weight_input_names)
+                                       status_bit, step_output_shapes,
+                                       weight_input_names)
 from wts_jax.validation import Sampling
 from wts_jax.walk_config import WalkConfig
 
@@ -72,7 +73,8 @@ def _step_kernel(*refs, spec: KernelSpec, step: int):
     prev = pl_triton.load(refs["first_tokens"].at[shard.batch_ids], mask=shard.batch_valid,
                           other=0)
     out_of_range = shard.batch_valid & ((prev < 0) | (prev >= vocab))
-    status = jnp.max(jnp.where(out_of_range, STATUS_TOKEN_OUT_OF_RANGE, 0))
+    status = status_bit(jnp.max(out_of_range.astype(jnp.int32)) > 0,
+                        STATUS_TOKEN_OUT_OF_RANGE)
     prev = jnp.clip(prev, 0, vocab - 1)
   else:
     prev = pl_triton.load(refs["tokens"].at[shard.batch_ids, step_index - 1],
@@ -80,13 +82,14 @@ def _step_kernel(*refs, spec: KernelSpec, step: int):
   state = shard.initial_state()
   if spec.head_type == "rnn" and step > 0:
     # Double-buffered by step parity: launch k reads what launch k-1 wrote.
-    state = pl_triton.load(refs["state"].at[
-        zero + step % 2, shard.batch_ids[:, None], shard.cols[None, :]])
+    state = [pl_triton.load(refs["state"].at[
+        zero + step % 2, shard.batch_ids[:, None], shard.chunk_cols(c)[None, :]])
+             for c in range(shard.num_chunks)]
   e = shard.gather_embedding(prev)
   state, z = shard.advance(step_index, e, state)
   cand = shard.scan_shard(step_index, z, resident=[])
   shard.publish(zero, cand)
-  status = status | jnp.where(jnp.max(cand.nan_seen) > 0, STATUS_NAN_LOGITS, 0)
+  status = status | status_bit(jnp.max(cand.nan_seen) > 0, STATUS_NAN_LOGITS)
   if not spec.interpret:
     pl_triton.debug_barrier()  # every thread's slot stores precede the release below
   arrived = pl_triton.atomic_add(refs["counters"], step_index, zero + 1)
@@ -97,8 +100,9 @@ def _step_kernel(*refs, spec: KernelSpec, step: int):
     token, chosen, lse = shard.reduce_slots(zero)
     shard.write_step_outputs(step_index, token, chosen, lse, e, mask=shard.batch_valid)
     if spec.head_type == "rnn":
-      pl_triton.store(refs["state"].at[zero + (step + 1) % 2, shard.batch_ids[:, None],
-                                       shard.cols[None, :]], state)
+      for c, chunk in enumerate(state):
+        pl_triton.store(refs["state"].at[zero + (step + 1) % 2, shard.batch_ids[:, None],
+                                         shard.chunk_cols(c)[None, :]], chunk)
 
 
 def stepwise_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Sampling, *,

@@ -29,7 +29,8 @@ from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.plan import next_power_of_two
 from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, optional_output_names,
-                                       step_output_shapes, weight_input_names)
+                                       status_bit, step_output_shapes,
+                                       weight_input_names)
 
 KERNEL_NAME = "wts_persistent_walk"
 
@@ -55,7 +56,8 @@ def _walk_kernel(*refs, spec: KernelSpec):
   first = pl_triton.load(refs["first_tokens"].at[shard.batch_ids], mask=shard.batch_valid,
                          other=0)
   out_of_range = shard.batch_valid & ((first < 0) | (first >= plan.vocab_size))
-  status0 = jnp.max(jnp.where(out_of_range, STATUS_TOKEN_OUT_OF_RANGE, 0))
+  status0 = status_bit(jnp.max(out_of_range.astype(jnp.int32)) > 0,
+                       STATUS_TOKEN_OUT_OF_RANGE)
   first = jnp.clip(first, 0, plan.vocab_size - 1)
 
   def step_body(step, carry):
@@ -64,12 +66,12 @@ def _walk_kernel(*refs, spec: KernelSpec):
     state, z = shard.advance(step, e, state)
     cand = shard.scan_shard(step, z, resident)
     shard.publish(step, cand)  # slot row `step` is never reused within a walk
-    status = status | jnp.where(jnp.max(cand.nan_seen) > 0, STATUS_NAN_LOGITS, 0)
+    status = status | status_bit(jnp.max(cand.nan_seen) > 0, STATUS_NAN_LOGITS)
     if num_programs > 1:
       timed_out = grid_sync.arrive_and_wait(refs["counters_out"], step,
                                             num_programs=num_programs,
                                             spin_limit=spec.spin_limit, zero=zero)
-      status = status | jnp.where(timed_out, STATUS_SYNC_TIMEOUT, 0)
+      status = status | status_bit(timed_out, STATUS_SYNC_TIMEOUT)
     token, chosen, lse = shard.reduce_slots(step)
     shard.write_step_outputs(step, token, chosen, lse, e,
                              mask=shard.batch_valid & (shard.program == 0))

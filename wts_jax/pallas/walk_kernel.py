@@ -70,7 +70,8 @@ def kernel_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Sampli
       quantized=w2_arrays(head)[1] is not None, greedy=mode.greedy,
       confidence=head.confidence_head is not None and head.confidence_head.with_markov,
       return_logits=return_logits, return_logprobs=return_logprobs,
-      spin_limit=config.sync_spin_limit, interpret=config.interpret)
+      spin_limit=config.sync_spin_limit, interpret=config.interpret,
+      num_stages=config.num_stages or 1)
   return _launch(spec, head, base_logits, first_tokens, hidden, mode.score_scale,
                  mode.noise_on, mode.seed)
 

@@ -8,9 +8,9 @@ DeepSpec's order), and ``sample_block_tokens`` runs DeepSpec's per-step loop:
 
 Two precisions: ``dtype=torch.bfloat16`` is what DeepSpec runs (the bias is rounded to
 bf16 before the add); ``dtype=torch.float32`` keeps bf16 weights' values but computes in
-fp32 and rounds ``z`` (before W2) and the rnn state (before ``joint_proj``) to
-``operand_dtype`` — the wts_jax contract — so tokens can be compared exactly. ``gumbel_noise_torch`` re-implements the wts_jax generator with
-int64 arithmetic, an independent check of its specification.
+fp32 — the wts_jax contract — so tokens can be compared exactly.
+``gumbel_noise_torch`` re-implements the wts_jax generator with int64 arithmetic, an
+independent check of its specification.
 
 torch is imported by this module only; nothing else in wts_jax needs it.
 """
@@ -37,7 +37,7 @@ class DeepSpecMarkovHead(nn.Module):
     elif head_type == "rnn":
       self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
-  def step(self, prev_tokens, hidden_k, state, operand_dtype=None):
+  def step(self, prev_tokens, hidden_k, state):
     """One walk step: returns (bias [B, V], new state)."""
     e = self.markov_w1(prev_tokens)
     if self.head_type == "vanilla":
@@ -46,14 +46,11 @@ class DeepSpecMarkovHead(nn.Module):
       gate = torch.sigmoid(self.gate_proj(torch.cat([hidden_k, e], dim=-1)))
       z = gate * e
     else:
-      state_in = state if operand_dtype is None else state.to(operand_dtype).to(state.dtype)
       gate, candidate, output = self.joint_proj(
-          torch.cat([state_in, e, hidden_k], dim=-1)).chunk(3, dim=-1)
+          torch.cat([state, e, hidden_k], dim=-1)).chunk(3, dim=-1)
       update = torch.sigmoid(gate)
       state = update * state + (1 - update) * torch.tanh(candidate)
       z = torch.tanh(output)
-    if operand_dtype is not None:
-      z = z.to(operand_dtype).to(self.markov_w2.weight.dtype)
     return self.markov_w2(z), state, e
 
 
@@ -136,8 +133,7 @@ def gumbel_noise_torch(seed_words, batch: int, steps: int, vocab: int) -> torch.
 
 @torch.no_grad()
 def sample_block_tokens(head: DeepSpecHead, base_logits, first_tokens, hidden=None, *,
-                        temperature: float = 0.0, gumbel=None, generator=None,
-                        operand_dtype=None):
+                        temperature: float = 0.0, gumbel=None, generator=None):
   """DeepSpec's walk: K steps of embed → head → W2 → add → select, nothing hoisted.
 
   Selection: argmax at temperature 0; with ``gumbel`` [B, K, V] given,
@@ -155,7 +151,7 @@ def sample_block_tokens(head: DeepSpecHead, base_logits, first_tokens, hidden=No
   tokens, confidences, all_logits = [], [], []
   for k in range(steps):
     hidden_k = None if hidden is None else hidden[:, k]
-    bias, state, e = markov.step(prev, hidden_k, state, operand_dtype)
+    bias, state, e = markov.step(prev, hidden_k, state)
     logits = base_logits[:, k] + bias
     if temperature == 0.0:
       prev = torch.argmax(logits, dim=-1)

@@ -1,0 +1,269 @@
+"""The benchmark harness on CPU: the CLI end to end on a small shape, the correctness
+gate, the JSON schema, the tables; the floor and timing arithmetic. GPU-only checks of
+the timing chain's compiled form are marked ``gpu``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import wts_jax
+from wts_jax import sampling
+from wts_jax.bench import cli, floor, paths, report, timing
+from wts_jax.inputs import random_inputs
+from wts_jax.shapes import SHAPES
+
+TOP_LEVEL_KEYS = ("device_kind", "jax_version", "jaxlib_version", "torch_version",
+                  "triton_version", "timestamp", "command", "ceilings", "method",
+                  "sanity", "records")
+RECORD_KEYS = ("path", "head", "batch", "k", "rank", "vocab", "hidden", "w2_dtype", "mode",
+               "l2", "median_us", "min_us", "p90_us", "floor_us", "x_floor", "check")
+CEILING_KEYS = ("hbm_gbps", "l2_gbps", "sync_us", "sync_source")
+
+
+def _prepare_wrong(head, base_logits, first_tokens, hidden, mode, *, return_logits=False):
+  """The XLA walk with every token shifted by one: the gate must catch it."""
+  xla = paths.prepare_xla(head, base_logits, first_tokens, hidden, mode,
+                          return_logits=return_logits)
+  vocab = base_logits.shape[-1]
+
+  def walk_fn(operands, first):
+    out = xla.walk_fn(operands, first)
+    return {"tokens": (out.tokens + 1) % vocab}
+
+  return paths.jax_prepared(walk_fn, xla.operands, first_tokens)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+  out_dir = tmp_path_factory.mktemp("bench")
+  out = str(out_dir / "quick.json")
+  paths.register_path("wrong-tokens", lambda: None, _prepare_wrong, replace=True)
+  stdout = io.StringIO()
+  try:
+    with contextlib.redirect_stdout(stdout):
+      code = cli.main(["--platform", "cpu", "--quick", "--shape", "small_v1000",
+                       "--paths", "xla,torch-eager,torch-graph,wrong-tokens",
+                       "--out", out, "--plot", str(out_dir / "quick.png")])
+  finally:
+    paths.unregister_path("wrong-tokens")
+  assert code == 0
+  with open(out) as handle:
+    results = json.load(handle)
+  return results, stdout.getvalue(), out
+
+
+def _records(results, path):
+  return [r for r in results["records"] if r["path"] == path]
+
+
+def test_json_schema(quick_run):
+  results, _, _ = quick_run
+  for key in TOP_LEVEL_KEYS:
+    assert key in results, key
+  assert results["device_kind"] and results["jax_version"] == jax.__version__
+  for key in CEILING_KEYS:
+    assert key in results["ceilings"], key
+  assert results["ceilings"]["hbm_gbps"] > 0 and results["ceilings"]["l2_gbps"] > 0
+  assert "optimization_barrier" in results["method"]
+  assert results["records"]
+  for record in results["records"]:
+    for key in RECORD_KEYS:
+      assert key in record, (key, record["path"])
+    assert record["mode"] in ("greedy", "sample") and record["l2"] in ("cold", "warm")
+  # --quick on CPU: B 1,4 × K 4 × vanilla × greedy × cold,warm, for each of 4 paths.
+  assert len(results["records"]) == 2 * 2 * 4
+  assert {r["batch"] for r in results["records"]} == {1, 4}
+  sanity = [s for s in results["sanity"] if s["framework"] == "jax"]
+  assert sanity and all("median_us" in s or "error" in s for s in sanity)
+
+
+def _has_torch() -> bool:
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def test_reference_and_torch_paths_are_checked_and_timed(quick_run):
+  results, _, _ = quick_run
+  if not _has_torch():
+    pytest.skip("torch is not installed")
+  for path in ("xla", "torch-eager"):
+    for record in _records(results, path):
+      assert record["check"].startswith("ok"), record["check"]
+      assert record["median_us"] is not None and record["n_walks"] >= 1
+      assert record["floor_us"] > 0 and record["x_floor"] is not None
+      assert record["stepwise_floor_us"] > 0
+  xla = _records(results, "xla")[0]
+  assert set(xla["speedup_vs"]) == {"torch-eager"}
+  eager = _records(results, "torch-eager")[0]
+  assert eager["notes"]["torch_dtype"] == "bfloat16"
+
+
+def test_torch_graph_skipped_with_reason_on_cpu(quick_run):
+  results, _, _ = quick_run
+  for record in _records(results, "torch-graph"):
+    assert record["check"].startswith("skipped:") and "CUDA" in record["check"]
+    assert record["median_us"] is None
+
+
+def test_wrong_path_caught_by_gate_and_not_timed(quick_run):
+  results, stdout, _ = quick_run
+  records = _records(results, "wrong-tokens")
+  assert records
+  for record in records:
+    assert record["check"].startswith("mismatch:"), record["check"]
+    assert record["median_us"] is None and record["x_floor"] is None
+    assert "speedup_vs" not in record
+  assert "MISMATCH" in stdout
+
+
+def test_table_printed(quick_run):
+  _, stdout, _ = quick_run
+  assert "median µs per walk" in stdout
+  for name in ("xla", "torch-eager", "torch-graph", "floor µs"):
+    assert name in stdout
+  assert "ceilings (measured in this run)" in stdout
+
+
+def test_render_markdown(quick_run, capsys):
+  _, _, out = quick_run
+  assert cli.main(["--render", out]) == 0
+  text = capsys.readouterr().out
+  lines = text.splitlines()
+  table = [line for line in lines if line.startswith("| ")]
+  assert table[0].startswith("| shape | head |") and "xla" in table[0]
+  assert set(table[1].replace("|", "").split()) <= {"---", "---:"}
+  assert len(table) == 2 + 4   # header, rule, 2 batches × 2 L2 states
+  assert "MISMATCH" in text
+
+
+def test_compare_tokens_exact_and_with_margin():
+  reference = np.array([[1, 2, 3], [4, 5, 6]])
+  gaps = np.array([[1.0, 0.1, 1.0], [1.0, 1.0, 1.0]])
+  assert paths.compare_tokens(reference, reference.copy())[0]
+  tokens = reference.copy()
+  tokens[0, 1:] = [9, 9]          # diverges at a near-tie, then differs after it
+  passed, check, agreement = paths.compare_tokens(reference, tokens)
+  assert not passed and check.startswith("mismatch: row 0 step 1")
+  passed, check, agreement = paths.compare_tokens(reference, tokens, gaps, margin=0.25)
+  assert passed and "near-tie" in check and agreement == pytest.approx(4 / 6)
+  tokens[1, 0] = 7                # diverges where the reference's choice was clear
+  passed, check, _ = paths.compare_tokens(reference, tokens, gaps, margin=0.25)
+  assert not passed and "row 1 step 0" in check
+
+
+def test_floor_arithmetic():
+  ceilings = floor.Ceilings(hbm_gbps=1000.0, l2_gbps=4000.0, sync_us=2.0,
+                            sync_source="given")
+  nbytes = floor.WalkBytes(w2=8_000_000, base_logits=1_000_000, read_once=500_000,
+                           outputs=500_000)
+  terms = floor.walk_floor(nbytes, steps=5, ceilings=ceilings, resident_fraction=0.25)
+  assert terms["floor_hbm_us"] == pytest.approx(10.0)              # 10 MB / 1 TB/s
+  assert terms["floor_l2_us"] == pytest.approx(4 * 6_000_000 / 4000e3)
+  assert terms["floor_sync_us"] == pytest.approx(10.0)
+  assert terms["floor_us"] == pytest.approx(10.0 + 6.0 + 10.0)
+  assert terms["stepwise_floor_us"] == pytest.approx((5 * 8e6 + 1e6) / 1000e3)
+  assert floor.default_resident_fraction(132 * 200 * 1024 * 4, num_sms=132) == 0.25
+  assert floor.default_resident_fraction(1000, num_sms=132) == 1.0
+
+
+def test_walk_bytes_reads_the_head():
+  config = SHAPES["small_v1000"].head_config("rnn", confidence=True)
+  head = wts_jax.make_head(config)
+  base, _, hidden = random_inputs(config, 2, 3, jax.random.key(0))
+  nbytes = floor.walk_bytes(head, base, hidden)
+  assert nbytes.w2 == 1000 * 32 * 2 and nbytes.base_logits == 2 * 3 * 1000 * 2
+  joint = 3 * 32 * (2 * 32 + 48) * 2 + 3 * 32 * 2
+  confidence = (48 + 32) * 2
+  assert nbytes.read_once == joint + confidence + 2 * 3 * 32 * 2 + 2 * 3 * 48 * 2
+  assert nbytes.outputs == 2 * 3 * 4 * 2
+
+
+def test_summarize_subtracts_the_flush_only_chain():
+  result = timing.summarize([1.0e-3, 1.2e-3, 1.1e-3], [0.5e-3, 0.7e-3, 0.6e-3], n_walks=10)
+  assert result.median_us == pytest.approx(50.0)
+  assert result.min_us == pytest.approx(40.0)
+  assert result.flush_us == pytest.approx(60.0)
+
+
+def test_torch_loop_matches_deepspec_sample_block_tokens():
+  torch = pytest.importorskip("torch")
+  from wts_jax.peers import deepspec_torch
+  config = SHAPES["small_v1000"].head_config("gated", confidence=True)
+  head = wts_jax.make_head(config, seed=3)
+  base, first, hidden = random_inputs(config, 3, 5, jax.random.key(4))
+  mode = paths.BenchMode("sample", 0.7, jax.random.key(5))
+  prepared = paths.prepare_torch_eager(head, base, first, hidden, mode)
+  tokens = prepared.tokens(prepared.run())
+  torch_head = deepspec_torch.from_wts_head(head, dtype=torch.bfloat16)
+  noise = deepspec_torch.gumbel_noise_torch(sampling.seed_words(mode.key), 3, 5,
+                                            config.vocab_size)
+  expected, _, _ = deepspec_torch.sample_block_tokens(
+      torch_head, paths.to_torch(base, torch.device("cpu")),
+      torch.from_numpy(np.array(first)), paths.to_torch(hidden, torch.device("cpu")),
+      temperature=0.7, gumbel=noise)
+  np.testing.assert_array_equal(tokens, expected.numpy())
+
+
+def test_chain_keeps_every_walk_on_cpu():
+  config = SHAPES["small_v1000"].head_config("vanilla", confidence=False)
+  head = wts_jax.make_head(config)
+  base, first, hidden = random_inputs(config, 2, 3, jax.random.key(0))
+  prepared = paths.prepare_xla(head, base, first, hidden, paths.BenchMode("greedy"))
+  chain = jax.jit(timing.build_chain(prepared.walk_fn, 3, cold=True))
+  outputs, carry, flush = chain(prepared.operands, first, timing.make_jax_flush_buffer(64))
+  assert len(outputs) == 3
+  for out in outputs:
+    np.testing.assert_array_equal(np.asarray(out.tokens),
+                                  np.asarray(prepared.run().tokens))
+  assert int(flush[0]) == 3          # one flush before each walk
+
+
+@pytest.mark.gpu
+def test_gpu_chain_is_not_cse_d():
+  """On the GPU each of the N walks keeps its own loop and its own hoisted matmul."""
+  config = SHAPES["qwen3_4b"].head_config("rnn", confidence=False)
+  head = wts_jax.make_head(config)
+  base, first, hidden = random_inputs(config, 4, 7, jax.random.key(0))
+  prepared = paths.prepare_xla(head, base, first, hidden, paths.BenchMode("greedy"))
+  single = jax.jit(timing.build_chain(prepared.walk_fn, 1, cold=True)).lower(
+      prepared.operands, first, timing.make_jax_flush_buffer(1 << 20)).compile().as_text()
+  chained = jax.jit(timing.build_chain(prepared.walk_fn, 4, cold=True)).lower(
+      prepared.operands, first, timing.make_jax_flush_buffer(1 << 20)).compile().as_text()
+  for op in (" while(", "custom-call(", "__triton_gemm"):
+    print(op, single.count(op), chained.count(op))
+    assert chained.count(op) == 4 * single.count(op), op
+  assert single.count(" while(") >= 1
+
+
+@pytest.mark.gpu
+def test_gpu_quick_run(tmp_path):
+  out = str(tmp_path / "gpu.json")
+  assert cli.main(["--quick", "--paths", "xla,torch-eager,torch-graph", "--out", out]) == 0
+  with open(out) as handle:
+    results = json.load(handle)
+  for record in results["records"]:
+    if record["path"] in ("xla", "torch-eager", "torch-graph"):
+      assert record["check"].startswith("ok"), record
+      assert record["median_us"] > 0
+
+
+def test_merge_keeps_records_of_every_run(quick_run, tmp_path, capsys):
+  _, _, out = quick_run
+  merged_path = str(tmp_path / "merged.json")
+  assert cli.main(["--merge", out, out, "--out", merged_path]) == 0
+  capsys.readouterr()
+  with open(merged_path) as handle:
+    merged = json.load(handle)
+  single = report.read_json(out)
+  assert len(merged["records"]) == 2 * len(single["records"])
+  assert len(merged["runs"]) == 2 and merged["device_kind"] == single["device_kind"]

@@ -1,0 +1,219 @@
+"""The floor model of one walk, and the ceilings it needs, measured in the same run.
+
+For one walk of K steps (DESIGN.md §3):
+
+  floor = bytes(W2 once + base logits + the rest read once + outputs) / BW_hbm
+        + (K - 1) * bytes(non-resident W2) / BW_L2
+        + K * t_sync
+
+"The rest read once" is the hidden states and the head's small weights (gate / joint /
+confidence projections) when the head reads them, and the K·B gathered W1 rows. The
+non-resident bytes are ``(1 - resident_fraction) * bytes(W2)``; the default
+``resident_fraction`` is the capacity arithmetic of DESIGN.md: ``num_sms × usable shared
+memory per SM / bytes(W2)``, capped at 1. ``stepwise_floor_us`` (K × bytes(W2) / BW_hbm
+plus the base logits) is what any walk that re-reads W2 from HBM each step must pay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DESIGN_SYNC_US = 2.1             # DESIGN.md §4: one grid-wide sync on the H200
+DEFAULT_NUM_SMS = 132            # H200
+USABLE_SMEM_PER_SM = 200 * 1024  # of 227 KB per block, leaving room for staging buffers
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceilings:
+  hbm_gbps: float            # read bandwidth (large reduction); what the floor divides by
+  l2_gbps: float
+  sync_us: float
+  sync_source: str           # "measured" or "design-doc"
+  details: dict = dataclasses.field(default_factory=dict)
+
+  def as_record(self) -> dict:
+    return {"hbm_gbps": self.hbm_gbps, "l2_gbps": self.l2_gbps, "sync_us": self.sync_us,
+            "sync_source": self.sync_source, **self.details}
+
+
+# --- ceilings --------------------------------------------------------------------------
+
+def _best_time(fn, *args, repeats: int) -> float:
+  """Median wall time of ``fn(*args)`` after one warm-up (seconds)."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+def _chained_sums(passes: int):
+  """``passes`` full reductions of x, each forced to re-read it (no CSE, no fusion)."""
+  barrier = jax.lax.optimization_barrier
+
+  def run(x):
+    total = jnp.zeros((), jnp.float32)
+    for _ in range(passes):
+      x, total = barrier((x, total))
+      total = total + jnp.sum(x, dtype=jnp.float32)
+    return total
+
+  return jax.jit(run)
+
+
+def _copy_passes(passes: int):
+  barrier = jax.lax.optimization_barrier
+
+  def run(x):
+    for _ in range(passes):
+      x = barrier(x + 1.0)
+    return x
+
+  return jax.jit(run)
+
+
+def _broadcast_sum(rows: int):
+  """One fused reduction reading x ``rows`` times ([rows, n] row sums of x + w_i)."""
+  def run(x, w):
+    return jnp.sum(x[None, :] + w[:, None], axis=1, dtype=jnp.float32)
+  return jax.jit(run)
+
+
+def measure_hbm_gbps(nbytes: int, *, passes: int = 4, repeats: int = 5) -> dict:
+  """Read bandwidth (chained reductions) and copy bandwidth (read + write), in GB/s."""
+  n = max(1, nbytes // 4)
+  x = jax.random.uniform(jax.random.key(0), (n,), jnp.float32)
+  read_s = _best_time(_chained_sums(passes), x, repeats=repeats) / passes
+  copy_s = _best_time(_copy_passes(passes), x, repeats=repeats) / passes
+  del x
+  return {"hbm_read_gbps": 4 * n / read_s / 1e9,
+          "hbm_copy_gbps": 2 * 4 * n / copy_s / 1e9,
+          "hbm_buffer_bytes": 4 * n}
+
+
+def measure_l2_gbps(nbytes: int, *, passes: int | None = None, rows: int = 64,
+                    repeats: int = 5) -> dict:
+  """L2 read bandwidth over a buffer that fits in L2, read again and again (warm).
+
+  Two estimates, both lower bounds of the true figure: ``passes`` chained reductions
+  (each a separate launch, so launch gaps count against it) and one fused reduction
+  that reads the buffer ``rows`` times in one launch. The larger is used.
+  """
+  if passes is None:
+    passes = 200 if jax.default_backend() == "gpu" else 20
+  n = max(1, nbytes // 4)
+  x = jax.random.uniform(jax.random.key(1), (n,), jnp.float32)
+  w = jnp.arange(rows, dtype=jnp.float32)
+  chained_s = _best_time(_chained_sums(passes), x, repeats=repeats) / passes
+  fused_s = _best_time(_broadcast_sum(rows), x, w, repeats=repeats) / rows
+  return {"l2_chained_gbps": 4 * n / chained_s / 1e9,
+          "l2_fused_gbps": 4 * n / fused_s / 1e9,
+          "l2_buffer_bytes": 4 * n}
+
+
+def sync_latency(sync_latency_us: float | None = None) -> tuple[float, str, str | None]:
+  """(µs, source, why the kernel module's measurement was not used)."""
+  if sync_latency_us is not None:
+    return float(sync_latency_us), "given", None
+  try:
+    from wts_jax import pallas as wts_pallas
+    value = float(wts_pallas.measure_sync_latency_us())
+    if not np.isfinite(value) or value <= 0:
+      raise ValueError(f"measure_sync_latency_us() returned {value}")
+    return value, "measured", None
+  except Exception as err:  # noqa: BLE001 - any failure falls back to the design doc
+    return DESIGN_SYNC_US, "design-doc", f"{type(err).__name__}: {err}"
+
+
+def measure_ceilings(*, hbm_bytes: int, l2_bytes: int,
+                     sync_latency_us: float | None = None) -> Ceilings:
+  """Measure the ceilings on the default JAX device (a few seconds on the H200)."""
+  details = {}
+  hbm = measure_hbm_gbps(hbm_bytes)
+  l2 = measure_l2_gbps(l2_bytes)
+  details.update(hbm)
+  details.update(l2)
+  sync_us, source, why = sync_latency(sync_latency_us)
+  if why is not None:
+    details["sync_fallback_reason"] = why[:300]
+  return Ceilings(hbm_gbps=hbm["hbm_read_gbps"],
+                  l2_gbps=max(l2["l2_chained_gbps"], l2["l2_fused_gbps"]),
+                  sync_us=sync_us, sync_source=source, details=details)
+
+
+# --- the floor -------------------------------------------------------------------------
+
+def device_num_sms(default: int = DEFAULT_NUM_SMS) -> int:
+  try:
+    count = getattr(jax.devices()[0], "core_count", None)
+    return int(count) if count else default
+  except Exception:  # noqa: BLE001
+    return default
+
+
+def _nbytes(array) -> int:
+  if array is None:
+    return 0
+  return int(np.prod(array.shape)) * jnp.dtype(array.dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class WalkBytes:
+  w2: int               # W2 (and its per-row scales when quantized)
+  base_logits: int
+  read_once: int        # hidden states, small head weights, the gathered W1 rows
+  outputs: int          # tokens (+ confidence, + logits when asked)
+
+
+def walk_bytes(head, base_logits, hidden, *, return_logits: bool = False) -> WalkBytes:
+  """The bytes one walk must move, read off the head and the inputs."""
+  config = head.config
+  batch, steps, vocab = base_logits.shape
+  markov = head.markov_head
+  w2 = markov.markov_w2
+  w2_bytes = _nbytes(w2.weight[...]) + _nbytes(getattr(w2, "scale", None))
+  small = 0
+  for name in ("gate_proj", "joint_proj"):
+    layer = getattr(markov, name, None)
+    if layer is not None:
+      small += _nbytes(layer.weight[...]) + _nbytes(layer.bias[...])
+  if head.confidence_head is not None:
+    small += _nbytes(head.confidence_head.proj.weight[...])
+  w1 = markov.markov_w1.weight
+  gathered_w1 = batch * steps * config.rank * jnp.dtype(w1.dtype).itemsize
+  hidden_bytes = _nbytes(hidden) if config.needs_hidden else 0
+  outputs = batch * steps * 4 * (2 if head.confidence_head is not None else 1)
+  if return_logits:
+    outputs += batch * steps * vocab * 4
+  return WalkBytes(w2=w2_bytes, base_logits=_nbytes(base_logits),
+                   read_once=small + gathered_w1 + hidden_bytes, outputs=outputs)
+
+
+def default_resident_fraction(w2_bytes: int, num_sms: int | None = None,
+                              smem_per_sm: int = USABLE_SMEM_PER_SM) -> float:
+  num_sms = device_num_sms() if num_sms is None else num_sms
+  return min(1.0, num_sms * smem_per_sm / max(1, w2_bytes))
+
+
+def walk_floor(nbytes: WalkBytes, steps: int, ceilings: Ceilings, *,
+               resident_fraction: float | None = None) -> dict:
+  """The floor of one walk (µs) and its terms."""
+  if resident_fraction is None:
+    resident_fraction = default_resident_fraction(nbytes.w2)
+  once = nbytes.w2 + nbytes.base_logits + nbytes.read_once + nbytes.outputs
+  nonresident = (1.0 - resident_fraction) * nbytes.w2
+  hbm_us = once / (ceilings.hbm_gbps * 1e3)
+  l2_us = (steps - 1) * nonresident / (ceilings.l2_gbps * 1e3)
+  sync_us = steps * ceilings.sync_us
+  stepwise_us = (steps * nbytes.w2 + nbytes.base_logits) / (ceilings.hbm_gbps * 1e3)
+  return {"floor_us": hbm_us + l2_us + sync_us, "floor_hbm_us": hbm_us,
+          "floor_l2_us": l2_us, "floor_sync_us": sync_us,
+          "stepwise_floor_us": stepwise_us, "resident_fraction": resident_fraction,
+          "bytes_once": once, "bytes_nonresident_per_step": nonresident}
