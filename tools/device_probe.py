@@ -213,7 +213,7 @@ def timing(args):
     configs = {"wts": dict()}
     if head_type == "vanilla" and batch == 1:
       configs.update({
-          "wts-res0": dict(residency="none"), "wts-res2": dict(residency=128),
+          "wts-res0": dict(residency="none"), "wts-res4": dict(residency=256),
           "wts-w4": dict(num_warps=4), "wts-w16": dict(num_warps=16),
           "wts-s1": dict(num_stages=1), "wts-t32": dict(tile_rows=32),
           "wts-t128": dict(tile_rows=128, residency=256),
