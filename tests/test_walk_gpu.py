@@ -73,10 +73,17 @@ def test_other_ranks_and_residency(rank, residency):
   _assert_matches_reference(head, inputs, config=wts_jax.WalkConfig(residency=residency))
 
 
-@pytest.mark.parametrize("scheme", ["int8", "fp8"])
-def test_quantized_w2_matches_its_reference(scheme):
+def test_quantized_w2_matches_its_reference():
   head, inputs = _real_case("vanilla", 1)
-  _assert_matches_reference(quantize_w2(head, scheme), inputs)
+  _assert_matches_reference(quantize_w2(head, "int8"), inputs)
+
+
+def test_fp8_w2_is_refused_by_the_kernel_and_auto_falls_back():
+  head, (base, first, _) = _real_case("vanilla", 1)
+  head = quantize_w2(head, "fp8")
+  with pytest.raises(ValueError, match="failed the kernel's GPU check"):
+    wts_jax.walk(head, base, first, impl="pallas")
+  assert wts_jax.chosen_implementation(head, base) == "xla"
 
 
 def test_stepwise_kernel_matches_reference():

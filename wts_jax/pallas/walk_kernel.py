@@ -20,8 +20,10 @@ from wts_jax.pallas.shard_step import KernelSpec
 from wts_jax.validation import Sampling
 from wts_jax.walk_config import WalkConfig
 
-SUPPORTED_W2_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8),
-                       jnp.dtype(jnp.float8_e4m3fn))
+SUPPORTED_W2_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8))
+# An fp8 W2 runs in interpret mode but disagreed with its reference on the H200
+# (2026-11-29, cause not yet found): the kernel refuses it and "auto" uses XLA.
+UNVERIFIED_W2_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)
 MAX_RANK = 256
 MAX_BATCH = 128
 
@@ -41,7 +43,10 @@ def make_plan(head: DraftHead, batch: int, config: WalkConfig) -> WalkPlan:
 def unsupported_reason(head: DraftHead, base_logits, config: WalkConfig) -> str | None:
   weight, scale = w2_arrays(head)
   dtype = jnp.dtype(weight.dtype)
-  if dtype not in SUPPORTED_W2_DTYPES:
+  if dtype in UNVERIFIED_W2_DTYPES and not config.interpret:
+    return (f"a {dtype} W2 failed the kernel's GPU check against its reference; the "
+            "kernel refuses it until fixed (int8 is supported)")
+  if dtype not in SUPPORTED_W2_DTYPES + UNVERIFIED_W2_DTYPES:
     return (f"W2 dtype {dtype} is not supported by the kernel (bf16, or int8/fp8 from "
             "wts_jax.quantize_w2)")
   if dtype != jnp.dtype(jnp.bfloat16) and scale is None:
