@@ -9,7 +9,6 @@ import io
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -7,7 +7,7 @@ parity-double-buffered exchange, grid barrier (global semaphore, bounded spin), 
 all pairs to one token, gather e = W1[token]. Times K=1 and K=7 to separate the per-step
 cost. Prints tokens vs NumPy. Based on the research notes of the Mosaic GPU survey.
 """
-import inspect, sys, time
+import inspect, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu

@@ -35,7 +35,6 @@ program; the barrier then has nothing to wait for and is compiled out (``num_pro
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import triton as pl_triton
 

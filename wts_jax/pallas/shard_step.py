@@ -266,6 +266,22 @@ def step_output_shapes(spec: KernelSpec, num_programs_padded: int, slot_steps: i
   }
 
 
+def launch(body, spec: KernelSpec, *, name: str, inputs: dict, in_names: list[str],
+           out_names: list[str], shapes: dict, aliases: dict[int, int]) -> dict:
+  """One ``pallas_call`` of ``body`` over the plan's grid; inputs and outputs by name."""
+  call = pl.pallas_call(
+      body,
+      out_shape=[shapes[out] for out in out_names],
+      grid=(spec.plan.num_programs,),
+      input_output_aliases=aliases,
+      interpret=spec.interpret,
+      compiler_params=pl_triton.CompilerParams(num_warps=spec.plan.num_warps,
+                                               num_stages=spec.num_stages),
+      name=name,
+  )
+  return dict(zip(out_names, call(*[inputs[key] for key in in_names])))
+
+
 def optional_output_names(spec: KernelSpec) -> list[str]:
   return ((["confidence"] if spec.confidence else [])
           + (["logits"] if spec.return_logits else [])

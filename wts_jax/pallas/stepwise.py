@@ -15,12 +15,10 @@ in sequence) runs the same code with many programs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
@@ -28,11 +26,10 @@ from wts_jax.heads.draft_head import DraftHead
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, WalkOutput
 from wts_jax.pallas import walk_kernel
 from wts_jax.pallas.plan import WalkPlan, next_power_of_two, padded_batch
-from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, optional_output_names,
-                                       status_bit, step_output_shapes,
-                                       weight_input_names)
+from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, launch,
+                                       optional_output_names, status_bit,
+                                       step_output_shapes, weight_input_names)
 from wts_jax.validation import Sampling
-from wts_jax.walk_config import WalkConfig
 
 KERNEL_NAME = "wts_stepwise_walk_step"
 ROWS_PER_PROGRAM = 1024
@@ -140,18 +137,10 @@ def _launch_steps(spec: KernelSpec, head, base_logits, first_tokens, hidden, sco
   in_names, out_names = _input_names(spec), _output_names(spec)
   aliases = {in_names.index(name + "_in"): out_names.index(name) for name in carried}
   for step in range(spec.steps):
-    call = pl.pallas_call(
-        functools.partial(_step_kernel, spec=spec, step=step),
-        out_shape=[shapes[name] for name in out_names],
-        grid=(plan.num_programs,),
-        input_output_aliases=aliases,
-        interpret=spec.interpret,
-        compiler_params=pl_triton.CompilerParams(num_warps=plan.num_warps,
-                                                 num_stages=spec.num_stages),
-        name=KERNEL_NAME,
-    )
     args = dict(inputs, **{name + "_in": value for name, value in carried.items()})
-    outputs = dict(zip(out_names, call(*[args[name] for name in in_names])))
+    outputs = launch(functools.partial(_step_kernel, spec=spec, step=step), spec,
+                     name=KERNEL_NAME, inputs=args, in_names=in_names,
+                     out_names=out_names, shapes=shapes, aliases=aliases)
     carried = {name: outputs[name] for name in carried}
   confidence = carried.get("confidence", inputs.get("conf_hoisted_only"))
   return WalkOutput(tokens=carried["tokens"], status=carried["status"].reshape(()),

@@ -21,16 +21,15 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                             STATUS_TOKEN_OUT_OF_RANGE)
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.plan import next_power_of_two
-from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, optional_output_names,
-                                       status_bit, step_output_shapes,
-                                       weight_input_names)
+from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, launch,
+                                       optional_output_names, status_bit,
+                                       step_output_shapes, weight_input_names)
 
 KERNEL_NAME = "wts_persistent_walk"
 
@@ -101,14 +100,6 @@ def persistent_walk(spec: KernelSpec, inputs: dict[str, jax.Array]) -> dict:
   # output refs): the only kernel state that must start at a known value.
   aliases = {in_names.index("counters"): out_names.index("counters_out"),
              in_names.index("status_in"): out_names.index("status")}
-  call = pl.pallas_call(
-      functools.partial(_walk_kernel, spec=spec),
-      out_shape=[shapes[name] for name in out_names],
-      grid=(plan.num_programs,),
-      input_output_aliases=aliases,
-      interpret=spec.interpret,
-      compiler_params=pl_triton.CompilerParams(num_warps=plan.num_warps,
-                                               num_stages=spec.num_stages),
-      name=KERNEL_NAME,
-  )
-  return dict(zip(out_names, call(*[inputs[name] for name in in_names])))
+  return launch(functools.partial(_walk_kernel, spec=spec), spec, name=KERNEL_NAME,
+                inputs=inputs, in_names=in_names, out_names=out_names, shapes=shapes,
+                aliases=aliases)
