@@ -16,7 +16,6 @@ import dataclasses
 import math
 
 import jax
-import numpy as np
 
 from wts_jax.walk_config import WalkConfig
 
@@ -161,9 +160,3 @@ def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
                   vocab_size=vocab_size,
                   rank=rank, w2_itemsize=w2_itemsize,
                   resident_budget_bytes=int(budget_tiles * tile_bytes))
-
-
-def rows_of_program(plan: WalkPlan, program: int) -> np.ndarray:
-  """The vocabulary ids program ``program`` owns (for tests and the diff tool)."""
-  start = program * plan.rows_per_program
-  return np.arange(start, min(plan.vocab_size, start + plan.rows_per_program))
