@@ -107,16 +107,15 @@ def stepwise_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Samp
                   interpret: bool = False,
                   rows_per_program: int = ROWS_PER_PROGRAM) -> WalkOutput:
   """The walk as K fused step kernels (same contract and outputs as ``walk``)."""
-  weight, scale = walk_kernel.w2_arrays(head)
-  batch, steps, vocab = base_logits.shape
+  weight, _ = walk_kernel.w2_arrays(head)
+  batch, _, vocab = base_logits.shape
   plan = stepwise_plan(vocab, head.config.rank, batch, jnp.dtype(weight.dtype).itemsize,
                        rows_per_program)
-  spec = KernelSpec(
-      plan=plan, batch=batch, steps=steps, hidden_size=head.config.hidden_size,
-      head_type=head.config.head_type, quantized=scale is not None, greedy=mode.greedy,
-      confidence=head.confidence_head is not None and head.confidence_head.with_markov,
-      return_logits=return_logits, return_logprobs=return_logprobs, spin_limit=1,
-      interpret=interpret)
+  # spin_limit is unused: the step kernels never wait (last-program reduction).
+  spec = walk_kernel.kernel_spec(head, base_logits, mode, plan,
+                                 return_logits=return_logits,
+                                 return_logprobs=return_logprobs, spin_limit=1,
+                                 interpret=interpret)
   return _launch_steps(spec, head, base_logits, first_tokens, hidden, mode.score_scale,
                        mode.noise_on, mode.seed)
 

@@ -64,19 +64,27 @@ def unsupported_reason(head: DraftHead, base_logits, config: WalkConfig) -> str 
   return None
 
 
+def kernel_spec(head: DraftHead, base_logits, mode: Sampling, plan: WalkPlan, *,
+                return_logits: bool, return_logprobs: bool, spin_limit: int,
+                interpret: bool, num_stages: int = 1) -> KernelSpec:
+  """The static description of a kernel build for this head, these inputs and plan."""
+  batch, steps, _ = base_logits.shape
+  conf_head = head.confidence_head
+  return KernelSpec(
+      plan=plan, batch=batch, steps=steps, hidden_size=head.config.hidden_size,
+      head_type=head.config.head_type, quantized=w2_arrays(head)[1] is not None,
+      greedy=mode.greedy, confidence=conf_head is not None and conf_head.with_markov,
+      return_logits=return_logits, return_logprobs=return_logprobs,
+      spin_limit=spin_limit, interpret=interpret, num_stages=num_stages)
+
+
 def kernel_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Sampling, *,
                 config: WalkConfig, return_logits: bool = False,
                 return_logprobs: bool = False) -> WalkOutput:
-  batch, steps, _ = base_logits.shape
-  plan = make_plan(head, batch, config)
-  spec = KernelSpec(
-      plan=plan, batch=batch, steps=steps, hidden_size=head.config.hidden_size,
-      head_type=head.config.head_type,
-      quantized=w2_arrays(head)[1] is not None, greedy=mode.greedy,
-      confidence=head.confidence_head is not None and head.confidence_head.with_markov,
-      return_logits=return_logits, return_logprobs=return_logprobs,
-      spin_limit=config.sync_spin_limit, interpret=config.interpret,
-      num_stages=config.num_stages or 1)
+  plan = make_plan(head, base_logits.shape[0], config)
+  spec = kernel_spec(head, base_logits, mode, plan, return_logits=return_logits,
+                     return_logprobs=return_logprobs, spin_limit=config.sync_spin_limit,
+                     interpret=config.interpret, num_stages=config.num_stages or 1)
   return _launch(spec, head, base_logits, first_tokens, hidden, mode.score_scale,
                  mode.noise_on, mode.seed)
 
