@@ -6,6 +6,7 @@ import dataclasses
 import numbers
 
 RESIDENCY_MODES = ("auto", "full", "none")
+BACKENDS = ("auto", "mosaic", "triton")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +21,12 @@ class WalkConfig:
   interpret: run the kernel's own code in Pallas interpret mode (CPU tests).
   sync_spin_limit: polls of the grid barrier before the kernel gives up and reports
     ``STATUS_SYNC_TIMEOUT`` instead of hanging.
-  tile_rows, num_warps, num_stages: tuning overrides (None: the planner's choice).
+  tile_rows, num_warps, num_stages: tuning overrides (None: the planner's choice);
+    for the Mosaic GPU kernel ``num_stages`` is its TMA ring's slot count.
+  backend: ``"mosaic"`` (the Mosaic GPU kernel: shared-memory residency and a TMA
+    ring; the vanilla head, bf16 W2, B <= 4, no per-step logits), ``"triton"`` (the
+    Triton kernel: every head and option), or ``"auto"`` (Mosaic where it applies and
+    not interpreting, else Triton).
   """
 
   residency: str | float | int = "auto"
@@ -30,6 +36,11 @@ class WalkConfig:
   tile_rows: int | None = None
   num_warps: int | None = None
   num_stages: int | None = None
+  backend: str = "auto"
+  # The gated/rnn serial update in the persistent Triton kernel: "split" over the
+  # programs (a second grid barrier per step), "redundant" (every program computes all
+  # of it), or "auto" (the planner's choice: split; see pallas.plan.serial_split).
+  serial_update: str = "auto"
 
   def __post_init__(self):
     residency = self.residency
@@ -53,5 +64,10 @@ class WalkConfig:
       raise ValueError(f"num_warps={self.num_warps} must be a power of two <= 32")
     if self.num_stages is not None and self.num_stages < 1:
       raise ValueError(f"num_stages={self.num_stages} must be >= 1")
+    if self.backend not in BACKENDS:
+      raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
     if self.sync_spin_limit < 1:
       raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")
+    if self.serial_update not in ("auto", "split", "redundant"):
+      raise ValueError(f"serial_update={self.serial_update!r} must be 'auto', 'split' "
+                       "or 'redundant'")

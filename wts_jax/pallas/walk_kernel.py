@@ -41,6 +41,8 @@ def make_plan(head: DraftHead, batch: int, config: WalkConfig) -> WalkPlan:
 
 
 def unsupported_reason(head: DraftHead, base_logits, config: WalkConfig) -> str | None:
+  if config.backend == "mosaic":
+    return mosaic_reason(head, base_logits.shape[0], config)
   weight, scale = w2_arrays(head)
   dtype = jnp.dtype(weight.dtype)
   if dtype in UNVERIFIED_W2_DTYPES and not config.interpret:
@@ -78,9 +80,41 @@ def kernel_spec(head: DraftHead, base_logits, mode: Sampling, plan: WalkPlan, *,
       spin_limit=spin_limit, interpret=interpret, num_stages=num_stages)
 
 
+def mosaic_reason(head: DraftHead, batch: int, config: WalkConfig, *,
+                  return_logits: bool = False, return_logprobs: bool = False):
+  """Why the Mosaic GPU kernel cannot run this walk (None when it can)."""
+  from wts_jax.pallas import mosaic_walk
+  return mosaic_walk.unsupported_reason(head, batch, config, return_logits=return_logits,
+                                        return_logprobs=return_logprobs)
+
+
+def chosen_backend(head: DraftHead, batch: int, config: WalkConfig, *,
+                   return_logits: bool = False, return_logprobs: bool = False) -> str:
+  """``"mosaic"`` or ``"triton"``: the kernel ``walk(..., impl="pallas")`` launches."""
+  if config.backend == "triton":
+    return "triton"
+  reason = mosaic_reason(head, batch, config, return_logits=return_logits,
+                         return_logprobs=return_logprobs)
+  if config.backend == "mosaic":
+    if reason is not None:
+      raise ValueError(f"backend='mosaic' cannot run this walk: {reason}")
+    return "mosaic"
+  # "auto": Mosaic where it was measured faster (NOTES.md); interpret mode keeps the
+  # Triton kernel (jax 0.10.2's Mosaic GPU interpreter cannot run this kernel; the
+  # Mosaic interpret tests ask for it by name).
+  from wts_jax.pallas.mosaic_walk import AUTO_MAX_BATCH
+  faster = batch <= AUTO_MAX_BATCH
+  return "mosaic" if reason is None and faster and not config.interpret else "triton"
+
+
 def kernel_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Sampling, *,
                 config: WalkConfig, return_logits: bool = False,
                 return_logprobs: bool = False) -> WalkOutput:
+  if chosen_backend(head, base_logits.shape[0], config, return_logits=return_logits,
+                    return_logprobs=return_logprobs) == "mosaic":
+    from wts_jax.pallas import mosaic_walk
+    return mosaic_walk.kernel_walk(head, base_logits, first_tokens, hidden, mode,
+                                   config=config)
   plan = make_plan(head, base_logits.shape[0], config)
   spec = kernel_spec(head, base_logits, mode, plan, return_logits=return_logits,
                      return_logprobs=return_logprobs, spin_limit=config.sync_spin_limit,

@@ -1,0 +1,194 @@
+"""The Mosaic GPU kernel's own code on the CPU: its plan, its CUDA lowering at the real
+shape (132 blocks), and its walk in Mosaic GPU interpret mode against the oracles.
+
+Interpret mode runs blocks one after another and has no semaphores, so the walk runs
+here with one block owning every chunk (the barrier is compiled out); the GPU suite
+covers the 132-block exchange. jax 0.10.2's Mosaic GPU interpreter cannot run tiled
+shared-memory loads, so the interpret cases need jax >= 0.11.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_oracle
+import wts_jax
+from wts_jax import sampling
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+from wts_jax.pallas import mosaic_walk
+
+H200_SMEM = 232448
+NEEDS_INTERPRETER = pytest.mark.skipif(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
+    reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
+
+
+def _case(vocab, rank, batch, steps, seed=0, confidence=False):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48, head_type="vanilla",
+                      confidence=confidence)
+  head = wts_jax.make_head(config, seed=seed)
+  return head, random_inputs(config, batch, steps, jax.random.key(seed + 1))
+
+
+def _run(head, base, first, hidden=None, residency="auto", num_stages=None, **kwargs):
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
+                              num_stages=num_stages)
+  return wts_jax.walk(head, base, first, hidden, impl="pallas", config=config, **kwargs)
+
+
+# --- the plan (no interpreter needed) -----------------------------------------------
+def test_plan_at_the_qwen3_shape_fills_shared_memory():
+  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                                 smem_per_block=H200_SMEM)
+  assert (plan.num_blocks, plan.chunks) == (132, 18)   # 132·18·64 ≥ V
+  # 7 × 32 KB fit in 227 KB; 3 resident + a 3-slot ring: 15 streamed = 5 whole rounds.
+  assert (plan.resident_chunks, plan.ring_stages) == (3, 3)
+  assert "3-slot TMA ring" in plan.describe()
+  small = mosaic_walk.plan_mosaic(vocab_size=151936, rank=64, num_sms=132,
+                                  smem_per_block=H200_SMEM)
+  assert small.resident_chunks == small.chunks and small.ring_stages == 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(rank=96), "multiple of 64"),
+    (dict(num_blocks=133), "exceeds the 132 SMs"),
+    (dict(resident_chunks=7, ring_stages=1), "exceed the 7 chunks"),
+    (dict(resident_chunks=17, ring_stages=0), "need a ring slot"),
+    (dict(resident_chunks=4, ring_stages=3), "whole number of rounds"),
+    (dict(vocab_size=700), "multiple of 8"),
+])
+def test_plan_refuses_what_cannot_run(kwargs, match):
+  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match=match):
+    mosaic_walk.plan_mosaic(**{**args, **kwargs})
+
+
+def test_backend_choice_and_clear_refusals():
+  from wts_jax.pallas.walk_kernel import chosen_backend
+  head, (base, first, _) = _case(1000, 64, 2, 3)
+  gpu = wts_jax.WalkConfig()
+  assert chosen_backend(head, 1, gpu) == "mosaic"
+  assert chosen_backend(head, 1, gpu, return_logits=True) == "triton"
+  assert chosen_backend(head, 2, gpu) == "triton"    # measured slower at B > 1
+  assert chosen_backend(head, 2, wts_jax.WalkConfig(backend="mosaic")) == "mosaic"
+  assert chosen_backend(head, 1, wts_jax.WalkConfig(interpret=True)) == "triton"
+  with pytest.raises(ValueError, match="does not return per-step logits"):
+    _run(head, base, first, return_logits=True)
+  gated, (gbase, gfirst, ghidden) = _case(1000, 64, 2, 3)
+  gated_config = HeadConfig(vocab_size=1000, rank=64, hidden_size=48, head_type="gated")
+  gated = wts_jax.make_head(gated_config)
+  with pytest.raises(ValueError, match="vanilla head only"):
+    _run(gated, gbase, gfirst, jnp.zeros((2, 3, 48), jnp.bfloat16) + 0.5)
+  with pytest.raises(ValueError, match="rank=32 must be a multiple of 64"):
+    head32, (b32, f32, _) = _case(1000, 32, 1, 3)
+    _run(head32, b32, f32)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
+  """The whole 132-block kernel (semaphore barrier, TMA ring, 227 KB of shared memory)
+  lowers through Mosaic GPU's layout inference and SMEM checks on the CPU."""
+  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                                 smem_per_block=H200_SMEM)
+  spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=7, greedy=greedy,
+                                spin_limit=1 << 22, interpret=False)
+  shape = jax.ShapeDtypeStruct
+  args = [shape((151936, 256), jnp.bfloat16), shape((batch, 7, 151936), jnp.bfloat16),
+          shape((151936, 256), jnp.bfloat16), shape((batch,), jnp.int32)]
+  if not greedy:
+    args += [shape((2,), jnp.uint32), shape((batch,), jnp.float32),
+             shape((batch,), jnp.int32)]
+  lowered = jax.jit(lambda *a: mosaic_walk.mosaic_walk(spec, *a)).trace(*args).lower(
+      lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
+# --- the walk in interpret mode ------------------------------------------------------
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab, rank", [(1000, 64), (520, 128)])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("steps", [1, 7])
+def test_greedy_matches_oracles(vocab, rank, batch, steps):
+  head, (base, first, hidden) = _case(vocab, rank, batch, steps, confidence=True)
+  out = _run(head, base, first, hidden, residency=0.25)
+  tokens64, conf64, _ = numpy_oracle.walk(head, base, first, hidden, return_all=True)
+  np.testing.assert_array_equal(np.asarray(out.tokens), tokens64)
+  np.testing.assert_allclose(np.asarray(out.confidence), conf64, atol=1e-4, rtol=1e-4)
+  assert int(out.status) == 0
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("residency, stages", [("none", 4), (0.5, 1), ("full", None),
+                                               (128, 2), ("auto", None)])
+def test_residency_splits_match_reference(residency, stages):
+  head, (base, first, _) = _case(1000, 64, 3, 7, seed=2)
+  out = _run(head, base, first, residency=residency, num_stages=stages)
+  ref = wts_jax.walk(head, base, first, impl="xla")
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens),
+                                err_msg=f"residency={residency!r}")
+
+
+def test_full_residency_that_does_not_fit_is_refused():
+  head, (base, first, _) = _case(1000, 128, 1, 3)   # 16 chunks of 16 KB > 227 KB
+  with pytest.raises(ValueError, match="residency='full' does not fit"):
+    _run(head, base, first, residency="full")
+
+
+@NEEDS_INTERPRETER
+def test_sampled_matches_oracles_bit_for_bit():
+  batch, steps, temperature = 3, 7, 0.8
+  head, (base, first, _) = _case(1000, 64, batch, steps, seed=5)
+  key = jax.random.key(42)
+  out = _run(head, base, first, residency=0.5, num_stages=2, temperature=temperature,
+             key=key)
+  ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  noise = jnp.stack([sampling.gumbel_noise(sampling.seed_words(key), jnp.arange(batch),
+                                            jnp.asarray(k), jnp.arange(1000))
+                     for k in range(steps)], axis=1)   # [B, K, V]
+  tokens64 = numpy_oracle.walk(head, base, first, None, temperature=temperature,
+                               gumbel=np.asarray(noise, np.float64))
+  np.testing.assert_array_equal(np.asarray(out.tokens), tokens64)
+  other = _run(head, base, first, residency=0.5, num_stages=2, temperature=temperature,
+               key=jax.random.key(43))
+  assert (np.asarray(other.tokens) != np.asarray(out.tokens)).mean() > 0.5
+
+
+@NEEDS_INTERPRETER
+def test_per_row_temperature_zero_rows_are_greedy():
+  head, (base, first, _) = _case(1000, 64, 4, 7, seed=6)
+  temps = jnp.array([0.0, 1.0, 0.0, 2.0], jnp.float32)
+  sampled = np.asarray(_run(head, base, first, temperature=temps,
+                            key=jax.random.key(3)).tokens)
+  greedy = np.asarray(_run(head, base, first).tokens)
+  np.testing.assert_array_equal(sampled[[0, 2]], greedy[[0, 2]])
+  assert (sampled[[1, 3]] != greedy[[1, 3]]).any()
+
+
+@NEEDS_INTERPRETER
+def test_ties_lowest_index_and_all_minus_inf():
+  head, (base, first, _) = _case(1000, 64, 2, 3, seed=7)
+  w2 = head.markov_head.markov_w2.weight
+  # Row 999 sits in the last, clamped chunk that overlaps rows 936..999; rows 11 and
+  # 900 copy row 999's weights: an exact three-way tie that index 11 must win.
+  tied = jnp.array([11, 900, 999])
+  w2[...] = w2[...].at[tied[:2]].set(w2[...][999])
+  out = _run(head, base.at[:, :, tied].set(jnp.asarray(60.0, base.dtype)), first)
+  np.testing.assert_array_equal(np.asarray(out.tokens), 11)
+  out = _run(head, jnp.full_like(base, -jnp.inf), first)
+  np.testing.assert_array_equal(np.asarray(out.tokens), 0)
+  out = _run(head, base.at[:, :, 999].set(1e4), first)
+  np.testing.assert_array_equal(np.asarray(out.tokens), 999)
+
+
+@NEEDS_INTERPRETER
+def test_nan_logits_and_out_of_range_first_tokens_are_reported():
+  head, (base, first, _) = _case(1000, 64, 2, 3, seed=8)
+  out = jax.jit(lambda b, f: _run(head, b, f).status)(base.at[1, 2, 77].set(jnp.nan),
+                                                       first)
+  assert int(out) & wts_jax.output.STATUS_NAN_LOGITS
+  with pytest.raises(ValueError, match="first_tokens"):
+    _run(head, base, first.at[0].set(1000))

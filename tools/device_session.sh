@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device call: demo, Mosaic kernel sweep + side-by-side timing, GPU tests, sanitizer.
+# bash tools/device_session.sh  (writes logs and JSON under $OUT)
+set -u
+export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SECTIONS=${SECTIONS:-demo,sweep,side,tests,sanitizer}
+has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+if has demo; then
+  stamp demo
+  timeout 120 python -m wts_jax.demo 2>&1 | tee "$OUT/demo.log"
+  timeout 90 python -m wts_jax.demo --batch 4 --temperature 0.7 2>&1 | tee -a "$OUT/demo.log"
+fi
+if has sweep; then
+  stamp sweep
+  timeout ${SWEEP_S:-200} python tools/bench_variants.py --shape qwen3_4b --head vanilla \
+    --batch 1 --k 7 --mode greedy --l2 cold,warm --repeats 6 --walks-per-repeat 10 \
+    --paths torch-graph,wts-triton,${SWEEP_PATHS:-wts-m-r3s3,wts-m-r4s2,wts-m-r6s1,wts-m-r2s4,wts-m-r0s6,wts-m-r0s3} \
+    --out "$OUT/mosaic_sweep.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_sweep.log"
+fi
+if has side; then
+  stamp side
+  timeout ${SIDE_S:-200} python tools/bench_variants.py --shape qwen3_4b --head vanilla \
+    --batch 1,4 --k 7 --mode greedy,sample --l2 cold,warm \
+    --paths xla,pallas-stepwise,torch-eager,torch-graph,wts,wts-triton \
+    --out "$OUT/mosaic_side.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_side.log"
+fi
+if has tests; then
+  stamp tests
+  timeout ${TESTS_S:-200} python -m pytest -m gpu tests/test_walk_gpu.py -q -rA -x \
+    -k "${TESTS_K:-mosaic or stress or one_kernel or starved or grid_larger}" 2>&1 \
+    | tail -40 | tee "$OUT/gpu_tests.log"
+fi
+if has sanitizer; then
+  stamp sanitizer
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -z "$SAN" ]; then
+    echo "compute-sanitizer: not installed on this machine" | tee "$OUT/sanitizer.log"
+    python - <<'PY' 2>&1 | tee -a "$OUT/sanitizer.log"
+import glob, os, site
+hits = [p for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/**/compute-sanitizer*", recursive=True)]
+print("pip nvidia packages with compute-sanitizer:", hits[:5])
+PY
+  else
+    for tool in memcheck racecheck; do for be in ${SAN_BACKENDS:-mosaic triton}; do
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 120 "$SAN" --tool $tool \
+        python tools/sanitizer_case.py $be 2>&1 | tail -8 | tee -a "$OUT/sanitizer.log"
+    done; done
+  fi
+fi
+stamp done

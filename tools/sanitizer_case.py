@@ -1,0 +1,32 @@
+"""A small walk on each kernel, for compute-sanitizer (memcheck, racecheck) on the GPU.
+
+  compute-sanitizer --tool racecheck python tools/sanitizer_case.py [mosaic|triton]
+"""
+
+import sys
+
+import jax
+import numpy as np
+
+import wts_jax
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+
+
+def main(backend: str) -> int:
+  # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
+  # 2-slot ring (two streamed chunks a step): every code path runs.
+  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64, head_type="vanilla")
+  head = wts_jax.make_head(config, seed=1)
+  base, first, _ = random_inputs(config, 2, 4, jax.random.key(2))
+  walk_config = wts_jax.WalkConfig(backend=backend, num_programs=4, residency=64,
+                                   num_stages=2)
+  out = wts_jax.walk(head, base, first, impl="pallas", config=walk_config)
+  ref = wts_jax.walk(head, base, first, impl="xla")
+  same = np.array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  print(f"{backend}: tokens {'equal' if same else 'DIFFER'} status {int(out.status)}")
+  return 0 if same else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "mosaic"))

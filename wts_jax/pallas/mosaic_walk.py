@@ -1,0 +1,460 @@
+"""The Weights-That-Stay walk as one persistent Mosaic GPU kernel (``plgpu.kernel``).
+
+Why a second backend: Pallas Triton can keep W2 only in registers (a quarter of a bf16
+rank-256 W2 at best, and it spills), and streams the rest one tile ahead. Mosaic GPU gives
+us the shared memory and the TMA engine directly:
+
+- block ``p`` (one per SM) owns ``chunks`` 64-row chunks of W2; the first
+  ``resident_chunks`` are copied into shared memory once, before the step loop, and stay
+  there for all K steps;
+- the other chunks are streamed through a ring of ``ring_stages`` shared-memory slots by
+  TMA. W2 does not depend on the drafted tokens, so the ring runs ahead across step
+  boundaries: while the blocks meet at the grid barrier, the next step's first chunks
+  are already in flight (from L2 after step 0);
+- per chunk a register GEMV (fp32 products and sums of the stored W2 values and fp32
+  ``z``, the contract of ``SerialHead.vocab_bias``), plus the base logits, then the
+  chunk's greedy or Gumbel top-1 (the generator of ``wts_jax.sampling``);
+- per step each block publishes one (score, index) pair per batch row, signals a global
+  semaphore (release), polls it with a bounded spin (acquire), and reduces all blocks'
+  pairs to the same token (ties → lowest index); then gathers ``e = W1[token]``.
+
+The vocabulary is cut into chunks whose start is clamped to ``V - 64``: the last chunks
+of the last blocks overlap earlier rows instead of reading past the end. A duplicated
+row yields the same (score, index) pair in both places, so top-1 is unaffected — and no
+padded copy of W2 is ever made.
+
+Scope (``unsupported_reason`` says why otherwise): the vanilla head (``z = e``), a bf16
+W2 with rank a multiple of 64, up to ``MAX_BATCH`` rows, greedy and sampled, no
+per-step logits/log-probabilities (those runs use the Triton kernel). Confidence logits
+are computed after the kernel from the drafted tokens (an exact identity: they read
+only ``e_k = W1[x_{k-1}]`` and hoisted terms).
+
+Interpret mode (CPU tests) runs blocks one after another and has no semaphores, so the
+CPU suite runs this kernel with one block owning every chunk (the barrier is compiled
+out); the GPU suite covers the multi-block exchange.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from wts_jax import sampling
+from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
+
+CHUNK_ROWS = 64            # rows per register GEMV (the WGMMA layout's row tile)
+MAX_BATCH = 4              # register GEMV per row: more rows belong on tensor cores
+AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: measured faster at B = 1 only
+RING_STAGE_MIN = 1
+DEFAULT_RING_STAGES = 3
+BASE_PREFETCH = 2          # chunks of base logits in flight ahead of their use
+SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
+_WGMMA = plgpu.Layout.WGMMA
+_ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
+_COL_VECTOR = _WGMMA.reduce(0)   # an [r] vector (e, z), broadcast over rows
+_BIG_INDEX = 1 << 30
+_NEG_INF = float("-inf")
+_LOAD_NEEDS_INDEX = (inspect.signature(plgpu.load).parameters["idx"].default
+                     is inspect.Parameter.empty)   # jax 0.10.2
+
+
+def _load(ref, layout, **kwargs):
+  if _LOAD_NEEDS_INDEX:
+    return plgpu.load(ref, (), layout=layout, **kwargs)
+  return plgpu.load(ref, layout=layout, **kwargs)
+
+
+def _w2_transforms(itemsize: int):
+  # 128-byte swizzle: conflict-free row loads in the WGMMA layout.
+  return (plgpu.TilingTransform((8, 128 // itemsize)), plgpu.SwizzleTransform(128))
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicPlan:
+  """A launch of the Mosaic kernel (all sizes static)."""
+
+  num_blocks: int
+  chunks: int               # 64-row chunks of W2 per block
+  resident_chunks: int      # kept in shared memory for the whole walk
+  ring_stages: int          # shared-memory slots of the streaming ring
+  vocab_size: int
+  rank: int
+  smem_per_block: int
+
+  @property
+  def streamed_chunks(self) -> int:
+    return self.chunks - self.resident_chunks
+
+  @property
+  def resident_fraction(self) -> float:
+    return min(1.0, self.resident_chunks * self.num_blocks * CHUNK_ROWS / self.vocab_size)
+
+  def describe(self) -> str:
+    chunk_kb = CHUNK_ROWS * self.rank * 2 / 1024
+    return (f"Mosaic GPU walk: {self.num_blocks} blocks × {self.chunks} chunks of "
+            f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory "
+            f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
+            f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)")
+
+
+def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
+                resident_chunks: int | None = None, ring_stages: int | None = None,
+                num_blocks: int | None = None) -> MosaicPlan:
+  """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
+  shared memory between resident chunks and the streaming ring.
+
+  Default split: everything resident when it fits; otherwise a 3-slot ring (96 KB in
+  flight per SM at r = 256) and the most resident chunks that leave the streamed ones a
+  whole number of ring rounds per step (the ring restarts every step, so every slot
+  index is static)."""
+  if rank % 64 or rank > 256:
+    raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
+  if vocab_size < CHUNK_ROWS or vocab_size % 8:
+    raise ValueError(f"vocab_size={vocab_size} must be a multiple of 8 (TMA tiles W2 "
+                     f"rows by 8) and >= {CHUNK_ROWS} for the Mosaic walk")
+  blocks = num_blocks or num_sms
+  if blocks > num_sms:
+    raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
+                     "not all be co-resident and the grid barrier would time out")
+  chunks = math.ceil(math.ceil(vocab_size / blocks) / CHUNK_ROWS)
+  chunk_bytes = CHUNK_ROWS * rank * 2
+  slots = (smem_per_block - SMEM_RESERVED_BYTES) // chunk_bytes
+  if slots < 2:
+    raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
+                     f"{chunk_bytes}-byte chunks")
+  def fitting_resident(stages):
+    # The most resident chunks that leave a whole number of ring rounds per step (the
+    # ring restarts each step, so its slots are static indices).
+    for resident in range(min(chunks, slots - stages), -1, -1):
+      if resident == chunks or (stages and (chunks - resident) % stages == 0):
+        return resident
+    return None
+
+  if resident_chunks is None:
+    if chunks <= slots and ring_stages in (None, 0):
+      resident_chunks, ring_stages = chunks, 0
+    else:
+      ring_stages = DEFAULT_RING_STAGES if ring_stages is None else ring_stages
+      ring_stages = min(ring_stages, slots - 1)
+      resident_chunks = fitting_resident(ring_stages)
+      if resident_chunks is None:
+        raise ValueError(f"no split of {chunks} chunks fits {slots} shared-memory slots "
+                         f"with a {ring_stages}-slot ring")
+  elif ring_stages is None:
+    resident_chunks = min(resident_chunks, chunks)
+    streamed = chunks - resident_chunks
+    ring_stages = next((s for s in range(min(DEFAULT_RING_STAGES, streamed), 0, -1)
+                        if streamed % s == 0 and resident_chunks + s <= slots), 0)
+  resident_chunks = min(resident_chunks, chunks)
+  streamed = chunks - resident_chunks
+  if streamed == 0:
+    ring_stages = 0
+  elif ring_stages < RING_STAGE_MIN:
+    raise ValueError(f"{streamed} streamed chunks need a ring slot")
+  elif streamed % ring_stages:
+    raise ValueError(f"{streamed} streamed chunks are not a whole number of rounds of a "
+                     f"{ring_stages}-slot ring")
+  if resident_chunks + ring_stages > slots:
+    raise ValueError(f"{resident_chunks} resident chunks + {ring_stages} ring slots exceed "
+                     f"the {slots} chunks of shared memory per block")
+  return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
+                    ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
+                    smem_per_block=smem_per_block)
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicSpec:
+  plan: MosaicPlan
+  batch: int
+  steps: int
+  greedy: bool
+  spin_limit: int
+  interpret: bool
+
+
+def _chunk_scores(spec: MosaicSpec, logits, rows, stream, score_scale, noise_on):
+  """Greedy: the logits. Sampling: logits · (1/T) + Gumbel noise (when the row samples)."""
+  if spec.greedy:
+    return logits
+  noise = sampling.gumbel_from_uniform(sampling.uniform_from_stream(stream, rows))
+  return logits * score_scale + jnp.where(noise_on, noise, 0.0)
+
+
+def _walk_kernel(*refs, spec: MosaicSpec):
+  plan, batch = spec.plan, spec.batch
+  vocab, rank = plan.vocab_size, plan.rank
+  if spec.greedy:
+    (w2_g, base_g, w1_g, first_g, tok_g, flag_g, xv_g, xi_g, w_s, res_bar, ring_bar) = refs
+  else:
+    (w2_g, base_g, w1_g, first_g, seed_g, scale_g, noise_g, tok_g, flag_g, xv_g, xi_g,
+     w_s, res_bar, ring_bar) = refs
+  blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
+  streamed = plan.streamed_chunks
+  block = lax.axis_index("blocks")
+  multi_block = blocks > 1
+  sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
+  lanes = max(128, -(-blocks // 128) * 128)
+  prefetch = min(BASE_PREFETCH, plan.chunks)
+  row_iota = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS,), 0, layout=_ROW_VECTOR)
+  lane_iota = plgpu.broadcasted_iota(jnp.int32, (lanes,), 0, layout=_ROW_VECTOR)
+
+  def chunk_start(c):
+    # Clamped, so the last chunks overlap earlier rows rather than read past V.
+    return jnp.minimum(block * (plan.chunks * CHUNK_ROWS) + c * CHUNK_ROWS,
+                       vocab - CHUNK_ROWS)
+
+  def copy_chunk(c, slot_index, barrier):
+    plgpu.copy_gmem_to_smem(w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
+                            w_s.at[slot_index], barrier)
+
+  # Invariant: chunks [0, res) are copied once here and stay in shared memory.
+  for c in range(res):
+    copy_chunk(c, c, res_bar)
+  total_streamed = spec.steps * streamed
+  for g in range(min(stages, total_streamed)):
+    copy_chunk(res + g, res + g, ring_bar.at[g])
+  if res:
+    plgpu.barrier_wait(res_bar)
+
+  if not spec.greedy:
+    seed = (seed_g[0], seed_g[1])
+    score_scale = [scale_g[b] for b in range(batch)]
+    noise_on = [noise_g[b] != 0 for b in range(batch)]
+
+  def load_base(step, c):
+    """Base logits of chunk ``c`` at ``step`` for every row (a GMEM load in flight until
+    first used: issued ``BASE_PREFETCH`` chunks ahead of its use)."""
+    return [_load(base_g.at[b, step, pl.ds(chunk_start(c), CHUNK_ROWS)], _ROW_VECTOR,
+                  optimized=False) for b in range(batch)]
+
+  def gather(tokens):
+    return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
+            for b in range(batch)]
+
+  def step_body(step, carry):
+    z, base_ahead, flags = carry
+    base_ahead = list(base_ahead)
+    z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
+    if not spec.greedy:
+      streams = [sampling.stream_key(seed, jnp.uint32(b), step) for b in range(batch)]
+    # Per-lane candidates: each of the 64 lanes keeps the best (score, row) it has seen;
+    # one cross-thread reduction per step instead of three per chunk.
+    best = [(jnp.full((CHUNK_ROWS,), _NEG_INF, jnp.float32),
+             jnp.zeros((CHUNK_ROWS,), jnp.int32)) for _ in range(batch)]
+    nan_lanes = jnp.zeros((CHUNK_ROWS,), jnp.int32)
+    next_step = jnp.minimum(step + 1, spec.steps - 1)
+
+    def take_chunk(c, weights, best, nan_lanes):
+      if c + prefetch < plan.chunks:
+        base_ahead.append(load_base(step, c + prefetch))
+      else:   # the next step's first chunks: they do not depend on this step's token
+        base_ahead.append(load_base(next_step, c + prefetch - plan.chunks))
+      base = base_ahead.pop(0)
+      rows = chunk_start(c) + row_iota
+      w = weights.astype(jnp.float32)
+      new_best = []
+      for b in range(batch):
+        logits = (w * z_rows[b]).sum(axis=1) + base[b].astype(jnp.float32)
+        nan_lanes = nan_lanes | jnp.where(logits != logits, 1, 0)
+        scores = (logits if spec.greedy else
+                  _chunk_scores(spec, logits, rows, streams[b], score_scale[b],
+                                noise_on[b]))
+        better = scores > best[b][0]   # strict: rows arrive in increasing order per lane
+        new_best.append((jnp.where(better, scores, best[b][0]),
+                         jnp.where(better, rows, best[b][1])))
+      return new_best, nan_lanes
+
+    for c in range(res):
+      best, nan_lanes = take_chunk(c, _load(w_s.at[c], _WGMMA), best, nan_lanes)
+    for j in range(streamed):
+      # The ring restarts every step (streamed % stages == 0), so slots are static.
+      slot = j % stages
+      plgpu.barrier_wait(ring_bar.at[slot])
+      best, nan_lanes = take_chunk(res + j, _load(w_s.at[res + slot], _WGMMA), best,
+                                   nan_lanes)
+      # Refill the slot with the chunk `stages` ahead — across the step boundary too.
+      ahead = step * streamed + j + stages
+
+      @pl.when(ahead < total_streamed)
+      def _():
+        copy_chunk(res + (j + stages) % streamed, res + slot, ring_bar.at[slot])
+
+    parity = lax.rem(step, 2)
+    for b in range(batch):
+      values, rows = best[b]
+      top = values.max()
+      xv_g[parity, b, block] = top
+      xi_g[parity, b, block] = jnp.min(jnp.where(values == top, rows, _BIG_INDEX))
+    if multi_block:
+      plgpu.semaphore_signal(sem, 1, memory_scope="gpu")   # release our pairs
+    timed_out = jnp.int32(0)
+    if multi_block:
+      target = blocks * (step + 1)   # the counter only grows: no reset between steps
+
+      def waiting(state):
+        polls, seen = state
+        return jnp.logical_and(seen < target, polls < spec.spin_limit)
+
+      def poll(state):
+        polls, _ = state
+        return polls + 1, pl.semaphore_read(sem)
+
+      _, seen = lax.while_loop(waiting, poll, (jnp.int32(0), pl.semaphore_read(sem)))
+      timed_out = jnp.where(seen < target, 1, 0)
+    tokens = []
+    for b in range(batch):
+      valid = lane_iota < blocks
+      values = jnp.where(valid, _load(xv_g.at[parity, b], _ROW_VECTOR, optimized=False),
+                         _NEG_INF)
+      indices = jnp.where(valid, _load(xi_g.at[parity, b], _ROW_VECTOR, optimized=False),
+                          _BIG_INDEX)
+      top = values.max()
+      token = jnp.min(jnp.where(values == top, indices, _BIG_INDEX))
+      tokens.append(jnp.clip(token, 0, vocab - 1))   # a NaN row is flagged, not followed
+
+    @pl.when(block == 0)
+    def _():
+      for b in range(batch):
+        tok_g[b, step] = tokens[b]
+
+    flags = (flags | jnp.where(nan_lanes.max() > 0, STATUS_NAN_LOGITS, 0)
+             | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0))
+    return gather(tokens), tuple(base_ahead), flags
+
+  first = [jnp.clip(first_g[b], 0, vocab - 1) for b in range(batch)]
+  base0 = tuple(load_base(0, c) for c in range(prefetch))
+  _, _, flags = lax.fori_loop(0, spec.steps, step_body,
+                              (gather(first), base0, jnp.int32(0)))
+  flag_g[block] = flags
+
+
+def _interpret_params():
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  return InterpretGPUParams()
+
+
+def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
+                score_scale=None, noise_on=None):
+  """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar)."""
+  plan, batch, steps = spec.plan, spec.batch, spec.steps
+  lanes = max(128, -(-plan.num_blocks // 128) * 128)
+  slots = plan.resident_chunks + plan.ring_stages
+  transforms = _w2_transforms(jnp.dtype(w2.dtype).itemsize)
+  kernel = plgpu.kernel(
+      functools.partial(_walk_kernel, spec=spec),
+      out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
+                jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
+                jax.ShapeDtypeStruct((2, batch, lanes), jnp.float32),
+                jax.ShapeDtypeStruct((2, batch, lanes), jnp.int32)),
+      grid=(plan.num_blocks,), grid_names=("blocks",),
+      scratch_types=[
+          plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype, transforms=transforms),
+          plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
+          plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages)),
+      ],
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=_interpret_params() if spec.interpret else None,
+  )
+  operands = [w2, base_logits, w1, first_tokens.astype(jnp.int32)]
+  if not spec.greedy:
+    operands += [seed.astype(jnp.uint32), score_scale.astype(jnp.float32),
+                 noise_on.astype(jnp.int32)]
+  tokens, flags, _, _ = kernel(*operands)
+  return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
+
+
+# --- from a head and validated inputs to one launch ---------------------------------
+
+def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
+                       return_logprobs: bool = False) -> str | None:
+  """Why this walk cannot run on the Mosaic kernel (None when it can)."""
+  serial = head.markov_head
+  if head.config.head_type != "vanilla":
+    return f"the Mosaic kernel runs the vanilla head only (not {head.config.head_type!r})"
+  weight = serial.markov_w2.weight
+  if jnp.dtype(weight.dtype) != jnp.dtype(jnp.bfloat16):
+    return f"the Mosaic kernel needs a bf16 W2 (got {jnp.dtype(weight.dtype)})"
+  if batch > MAX_BATCH:
+    return f"the Mosaic kernel runs up to {MAX_BATCH} rows (B={batch})"
+  if return_logits or return_logprobs:
+    return "the Mosaic kernel does not return per-step logits or log-probabilities"
+  if config.interpret and (config.num_programs or 1) > 1:
+    return ("interpret mode runs blocks one after another and has no semaphores: "
+            "use num_programs=1")
+  try:
+    make_plan(head, config)
+  except ValueError as err:
+    return str(err)
+  return None
+
+
+def make_plan(head, config) -> MosaicPlan:
+  from wts_jax.pallas.plan import DeviceInfo
+  vocab, rank = head.config.vocab_size, head.config.rank
+  if config.interpret:
+    num_sms, smem = 1, 227 * 1024
+  else:
+    device = DeviceInfo.current()
+    num_sms, smem = device.num_sms, device.smem_per_block
+  blocks = config.num_programs or num_sms
+  chunks = math.ceil(math.ceil(vocab / blocks) / CHUNK_ROWS)
+  residency = config.residency
+  if residency == "auto":
+    resident = None
+  elif residency == "full":
+    resident = chunks
+  elif residency == "none":
+    resident = 0
+  elif isinstance(residency, float):
+    resident = round(residency * chunks)
+  else:
+    resident = math.ceil(residency / CHUNK_ROWS)
+  try:
+    return plan_mosaic(vocab_size=vocab, rank=rank, num_sms=num_sms,
+                       smem_per_block=smem, resident_chunks=resident,
+                       ring_stages=config.num_stages, num_blocks=blocks)
+  except ValueError as err:
+    if residency == "full":
+      raise ValueError(f"residency='full' does not fit the Mosaic kernel's shared "
+                       f"memory ({chunks} chunks of {CHUNK_ROWS} rows per block): {err}"
+                       ) from err
+    raise
+
+
+def kernel_walk(head, base_logits, first_tokens, hidden, mode, *, config):
+  """``walk(..., impl="pallas")`` on the Mosaic kernel (see ``unsupported_reason``)."""
+  batch, steps, _ = base_logits.shape
+  spec = MosaicSpec(plan=make_plan(head, config), batch=batch, steps=steps,
+                    greedy=mode.greedy, spin_limit=config.sync_spin_limit,
+                    interpret=config.interpret)
+  return _launch(spec, head, base_logits, first_tokens, hidden, mode.score_scale,
+                 mode.noise_on, mode.seed)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_scale,
+            noise_on, seed):
+  from wts_jax.output import WalkOutput
+  from wts_jax.reference import clamp_first_tokens
+  serial = head.markov_head
+  w1 = serial.markov_w1.weight[...]
+  first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
+  tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits, w1,
+                                      first, seed, score_scale, noise_on)
+  confidence = None
+  conf_head = head.confidence_head
+  if conf_head is not None:
+    # c_k reads e_k = W1[x_{k-1}]: the drafted tokens give all K of them at once.
+    previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
+    confidence = (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
+                                                      out_axes=1)(w1[previous]))
+  return WalkOutput(tokens=tokens, status=status | kernel_status, confidence=confidence)
