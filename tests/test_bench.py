@@ -5,10 +5,17 @@ the timing chain's compiled form are marked ``gpu``."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -81,6 +88,27 @@ def test_json_schema(quick_run):
   assert {r["batch"] for r in results["records"]} == {1, 4}
   sanity = [s for s in results["sanity"] if s["framework"] == "jax"]
   assert sanity and all("median_us" in s or "error" in s for s in sanity)
+  assert results["timing"]["flush_impl"] == "cond" and not results["timing"][
+      "flush_probe_error"]
+  assert [(p["batch"], p["k"]) for p in results["point_times"]] == [(1, 4), (4, 4)]
+  for phases in results["point_times"]:
+    assert phases["total_s"] >= phases["compile_s"] + phases["timing_s"] > 0
+  assert results["skipped_points"] == [] and results["interrupted"] is None
+  for record in _records(results, "xla"):
+    assert record["checked_walks"] == record["n_walks"]   # every walk of the chain
+
+
+def test_full_grid_defaults_state_the_method():
+  assert cli.FULL["walks_per_repeat"] == timing.DEFAULT_WALKS
+  assert cli.FULL["repeats"] == timing.DEFAULT_REPEATS
+  assert timing.DEFAULT_WALKS * timing.DEFAULT_REPEATS >= timing.MIN_WALKS_PER_FIGURE >= 50
+  assert (f"N = {timing.DEFAULT_WALKS}, R = {timing.DEFAULT_REPEATS}" in timing.METHOD)
+
+
+def test_path_names_expand_default_and_all():
+  assert cli._path_names(None) == paths.DEFAULT_PATHS
+  assert cli._path_names("default,wts-stream,xla") == (*paths.DEFAULT_PATHS, "wts-stream")
+  assert cli._path_names("all") == tuple(paths.PATHS)
 
 
 def _has_torch() -> bool:
@@ -213,11 +241,15 @@ def test_torch_loop_matches_deepspec_sample_block_tokens():
   np.testing.assert_array_equal(tokens, expected.numpy())
 
 
-def test_chain_keeps_every_walk_on_cpu():
+def _xla_walk(batch=2, steps=3):
   config = SHAPES["small_v1000"].head_config("vanilla", confidence=False)
   head = wts_jax.make_head(config)
-  base, first, hidden = random_inputs(config, 2, 3, jax.random.key(0))
-  prepared = paths.prepare_xla(head, base, first, hidden, paths.BenchMode("greedy"))
+  base, first, hidden = random_inputs(config, batch, steps, jax.random.key(0))
+  return paths.prepare_xla(head, base, first, hidden, paths.BenchMode("greedy")), first
+
+
+def test_static_chain_keeps_every_walk_on_cpu():
+  prepared, first = _xla_walk()
   chain = jax.jit(timing.build_chain(prepared.walk_fn, 3, cold=True))
   outputs, carry, flush = chain(prepared.operands, first, timing.make_jax_flush_buffer(64))
   assert len(outputs) == 3
@@ -227,6 +259,69 @@ def test_chain_keeps_every_walk_on_cpu():
   assert int(flush[0]) == 3          # one flush before each walk
 
 
+@pytest.mark.parametrize("flush_impl", ["cond", "kernel"])   # kernel: Pallas interpret
+def test_one_chain_runs_cold_and_warm(flush_impl):
+  """The runtime flush size makes one executable serve both L2 states: cold adds to the
+  whole buffer before each walk, warm to its head only; the walks are the same."""
+  prepared, first = _xla_walk()
+  flush = timing.make_jax_flush_buffer(3 * 4 * timing.FLUSH_BLOCK)
+  chain = jax.jit(timing.build_chain(prepared.walk_fn, 3, flush_impl=flush_impl))
+  expected = np.asarray(prepared.run().tokens)
+  for l2 in ("cold", "warm"):
+    outputs, _, out = chain(prepared.operands, first, flush,
+                            timing.flush_elems_for(flush, l2))
+    assert len(outputs) == 3
+    for walk in outputs:
+      np.testing.assert_array_equal(np.asarray(walk.tokens), expected)
+    out = np.asarray(out)
+    assert (out[:timing.FLUSH_HEAD] == 3).all()
+    if l2 == "cold":
+      assert (out == 3).all()
+  compiler = timing.ChainCompiler(1, flush_impl)
+  chains = compiler.chains(prepared.walk_fn, prepared.operands, first, flush, n_walks=3,
+                           l2s=["cold", "warm"])
+  assert chains["cold"] is chains["warm"]            # one executable
+  static = timing.ChainCompiler(1, "static").chains(
+      prepared.walk_fn, prepared.operands, first, flush, n_walks=3, l2s=["cold", "warm"])
+  assert static["cold"] is not static["warm"]
+  flush_only = compiler.flush_only(first, flush, n_walks=3, l2s=["cold", "warm"])
+  assert compiler.flush_only(first, flush, n_walks=3, l2s=["cold"])["cold"] is \
+      flush_only["cold"]                              # cached across paths
+  result = timing.time_chain(chains["warm"].result(), flush_only["warm"].result(), first,
+                             flush, l2="warm", repeats=2, warmup=1)
+  assert result.repeats == 2 and result.n_walks == 3
+
+
+def test_flush_kernel_touches_what_it_must():
+  flush = jnp.arange(4 * timing.FLUSH_BLOCK, dtype=jnp.int32)
+  for elems, touched in ((4 * timing.FLUSH_BLOCK, 4 * timing.FLUSH_BLOCK),
+                         (timing.FLUSH_BLOCK + 1, 2 * timing.FLUSH_BLOCK),
+                         (0, timing.FLUSH_HEAD)):
+    out = np.asarray(timing.kernel_flush(flush, jnp.int32(5), jnp.int32(elems)))
+    np.testing.assert_array_equal(out[:touched], np.asarray(flush)[:touched] + 5)
+  assert timing.check_flush_impl(flush, "kernel") is None
+  assert timing.check_flush_impl(flush, "cond") is None
+  with pytest.raises(ValueError, match="whole"):
+    timing.kernel_flush(jnp.zeros(1000, jnp.int32), jnp.int32(1), jnp.int32(0))
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_flush_kernel_lowers_for_cuda():
+  """The GPU flush step (a Pallas Triton kernel) lowers and verifies for CUDA here."""
+  spec = importlib.util.spec_from_file_location(
+      "lower_for_gpu", os.path.join(os.path.dirname(__file__), "..", "tools",
+                                    "lower_for_gpu.py"))
+  lower_for_gpu = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(lower_for_gpu)
+  lower_for_gpu.verify_triton_modules()
+  flush = jax.ShapeDtypeStruct((timing.flush_elements(256 << 20),), jnp.int32)
+  elems = jax.ShapeDtypeStruct((), jnp.int32)
+  step = lambda x, n: timing.kernel_flush(x, jnp.int32(1), n, interpret=False)
+  with lower_for_gpu.cuda_target():
+    text = jax.jit(step).trace(flush, elems).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("custom_call") == 1
+
+
 @pytest.mark.gpu
 def test_gpu_chain_is_not_cse_d():
   """On the GPU each of the N walks keeps its own loop and its own hoisted matmul."""
@@ -234,10 +329,12 @@ def test_gpu_chain_is_not_cse_d():
   head = wts_jax.make_head(config)
   base, first, hidden = random_inputs(config, 4, 7, jax.random.key(0))
   prepared = paths.prepare_xla(head, base, first, hidden, paths.BenchMode("greedy"))
-  single = jax.jit(timing.build_chain(prepared.walk_fn, 1, cold=True)).lower(
-      prepared.operands, first, timing.make_jax_flush_buffer(1 << 20)).compile().as_text()
-  chained = jax.jit(timing.build_chain(prepared.walk_fn, 4, cold=True)).lower(
-      prepared.operands, first, timing.make_jax_flush_buffer(1 << 20)).compile().as_text()
+  flush = timing.make_jax_flush_buffer(1 << 20)
+  elems = timing.flush_elems_for(flush, "cold")
+  single = jax.jit(timing.build_chain(prepared.walk_fn, 1, flush_impl="kernel")).lower(
+      prepared.operands, first, flush, elems).compile().as_text()
+  chained = jax.jit(timing.build_chain(prepared.walk_fn, 4, flush_impl="kernel")).lower(
+      prepared.operands, first, flush, elems).compile().as_text()
   for op in (" while(", "custom-call(", "__triton_gemm"):
     print(op, single.count(op), chained.count(op))
     assert chained.count(op) == 4 * single.count(op), op
@@ -266,3 +363,87 @@ def test_merge_keeps_records_of_every_run(quick_run, tmp_path, capsys):
   single = report.read_json(out)
   assert len(merged["records"]) == 2 * len(single["records"])
   assert len(merged["runs"]) == 2 and merged["device_kind"] == single["device_kind"]
+
+
+SMALL_GRID = ["--platform", "cpu", "--shape", "small_v1000", "--head", "vanilla",
+              "--k", "4", "--mode", "greedy", "--l2", "cold,warm", "--paths", "xla",
+              "--no-ceilings", "--repeats", "2", "--walks-per-repeat", "2", "--jobs", "1"]
+
+
+def test_json_rewritten_after_every_point(tmp_path, monkeypatch, capsys):
+  """The results JSON is rewritten (atomically) as the run goes: a run killed between
+  two points keeps every point before it."""
+  out = tmp_path / "run.json"
+  written = []
+  original = report.write_json
+
+  def spy(results, path):
+    original(results, path)
+    with open(path) as handle:
+      written.append(json.load(handle))
+
+  monkeypatch.setattr(report, "write_json", spy)
+  assert cli.main([*SMALL_GRID, "--batch", "1,2,3", "--out", str(out)]) == 0
+  capsys.readouterr()
+  counts = [len(snapshot["records"]) for snapshot in written]
+  assert counts == sorted(counts) and counts[-1] == 3 * 2
+  for done in (2, 4):   # the last snapshot holding exactly the first points
+    snapshot = [s for s in written if len(s["records"]) == done][-1]
+    assert len(snapshot["point_times"]) == done // 2
+  assert sorted(os.listdir(tmp_path)) == ["run.json"]   # no temporary file left behind
+
+
+def test_time_budget_stops_starting_points(tmp_path, monkeypatch, capsys):
+  out = tmp_path / "budget.json"
+  # The first point is expected to take nothing, every later one more than the budget.
+  monkeypatch.setattr(cli.Runner, "point_estimate_s",
+                      lambda self: 1e9 if self.point_times else 0.0)
+  assert cli.main([*SMALL_GRID, "--batch", "1,2,3", "--time-budget-s", "1e6",
+                   "--out", str(out)]) == 0
+  text = capsys.readouterr().out
+  results = report.read_json(str(out))
+  assert {record["batch"] for record in results["records"]} == {1}
+  assert [(p["batch"], p["k"]) for p in results["skipped_points"]] == [(2, 4), (3, 4)]
+  assert all(p["reason"].startswith("time budget") and p["modes"] == ["greedy"]
+             for p in results["skipped_points"])
+  assert results["time_budget_s"] == 1e6
+  assert "2 point(s) not run (time budget)" in text
+  merged = report.merge([results, results])
+  assert len(merged["skipped_points"]) == 4 and len(merged["point_times"]) == 2
+  assert merged["runs"][0]["time_budget_s"] == 1e6
+
+
+def test_sigterm_keeps_finished_points(tmp_path):
+  """``timeout`` sends SIGTERM: the run writes what it finished, lists the rest, exits."""
+  out = tmp_path / "term.json"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(
+             os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
+  process = subprocess.Popen(
+      [sys.executable, "-m", "wts_jax.bench.cli", *SMALL_GRID,
+       "--batch", "1,2,3,4,5,6,7,8", "--out", str(out)],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+      try:
+        if report.read_json(str(out))["point_times"]:
+          break
+      except (OSError, ValueError, KeyError):
+        pass
+      time.sleep(0.2)
+    assert process.poll() is None, process.communicate()[1].decode()[-2000:]
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 128 + signal.SIGTERM, (process.returncode,
+                                                       stderr.decode()[-3000:])
+  results = report.read_json(str(out))
+  assert results["interrupted"].startswith("SIGTERM")
+  finished = {p["batch"] for p in results["point_times"]}
+  skipped = {p["batch"] for p in results["skipped_points"]}
+  assert finished and skipped and finished | skipped == set(range(1, 9))
+  assert not finished & skipped
+  assert {r["batch"] for r in results["records"]} >= finished

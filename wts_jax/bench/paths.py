@@ -10,7 +10,11 @@ it cannot run one point (a shape its kernel does not support).
 A ``Prepared`` walk has ``run()`` (launch one walk asynchronously and return its device
 outputs) and ``tokens(outputs) -> np.ndarray [B, K]``. JAX paths also give
 ``walk_fn(operands, first_tokens)``, a traceable walk over explicit operands, which the
-timing chains N times in one executable (``timing.time_jax``).
+timing chains N times in one executable (``timing.build_chain``); the harness compiles
+that chain ahead and checks the tokens of its first run, so it never calls a JAX path's
+``run()``. A path's ``framework`` ("jax" or "torch") says when the harness prepares it:
+JAX paths before the point's compilation (``prepare`` must not launch device work), the
+others after it, just before they are checked and timed.
 
 Adding a path takes a few lines::
 
@@ -94,6 +98,7 @@ class Path:
   available_fn: Callable[[], str | None]
   prepare_fn: Callable[..., Prepared]
   description: str = ""
+  framework: str = "jax"     # "jax": prepared before compiling; else after (see above)
 
   def available(self) -> str | None:
     try:
@@ -112,10 +117,10 @@ PATHS: dict[str, Path] = {}
 
 def register_path(name: str, available_fn: Callable[[], str | None],
                   prepare_fn: Callable[..., Prepared], *, description: str = "",
-                  replace: bool = False) -> Path:
+                  replace: bool = False, framework: str = "jax") -> Path:
   if name in PATHS and not replace:
     raise ValueError(f"path {name!r} is already registered (pass replace=True)")
-  PATHS[name] = Path(name, available_fn, prepare_fn, description)
+  PATHS[name] = Path(name, available_fn, prepare_fn, description, framework)
   return PATHS[name]
 
 
@@ -429,15 +434,35 @@ def _reference_with_gaps(head, base_logits, first_tokens, hidden, key, *, temper
   return out.tokens, top2[..., 0] - top2[..., 1]
 
 
-def reference_tokens_and_gaps(head, base_logits, first_tokens, hidden, mode: BenchMode):
-  """The XLA reference's tokens [B, K] and the top-2 gap of its selection scores [B, K]."""
+def _reference_args(head, base_logits, first_tokens, hidden, mode: BenchMode):
   head = validation.as_draft_head(head)
   if not head.config.needs_hidden:
     hidden = None
-  tokens, gaps = _reference_with_gaps(
-      head, base_logits, first_tokens, hidden, mode.key,
-      temperature=None if mode.greedy else float(mode.temperature), greedy=mode.greedy)
+  return ((head, base_logits, first_tokens, hidden, mode.key),
+          {"temperature": None if mode.greedy else float(mode.temperature),
+           "greedy": mode.greedy})
+
+
+def reference_tokens_and_gaps(head, base_logits, first_tokens, hidden, mode: BenchMode):
+  """The XLA reference's tokens [B, K] and the top-2 gap of its selection scores [B, K]."""
+  args, static = _reference_args(head, base_logits, first_tokens, hidden, mode)
+  tokens, gaps = _reference_with_gaps(*args, **static)
   return np.asarray(tokens), np.asarray(gaps)
+
+
+def lower_reference(head, base_logits, first_tokens, hidden, mode: BenchMode):
+  """``reference_tokens_and_gaps`` split for compiling ahead: (lowered, finish), where
+  ``finish(lowered.compile())`` is a function of no arguments giving (tokens, gaps)."""
+  args, static = _reference_args(head, base_logits, first_tokens, hidden, mode)
+  lowered = _reference_with_gaps.lower(*args, **static)
+
+  def finish(compiled):
+    def run():
+      tokens, gaps = compiled(*args)
+      return np.asarray(tokens), np.asarray(gaps)
+    return run
+
+  return lowered, finish
 
 
 def compare_tokens(reference: np.ndarray, tokens: np.ndarray, gaps: np.ndarray | None = None,
@@ -480,9 +505,10 @@ register_path("xla", lambda: None, prepare_xla,
 register_path("pallas-stepwise", available_pallas_stepwise, prepare_pallas_stepwise,
               description="one fused Pallas kernel per step")
 register_path("torch-eager", available_torch_eager, prepare_torch_eager,
-              description="DeepSpec's PyTorch loop, eager")
+              description="DeepSpec's PyTorch loop, eager", framework="torch")
 register_path("torch-graph", available_torch_graph, prepare_torch_graph,
-              description="DeepSpec's PyTorch loop captured as one CUDA graph")
+              description="DeepSpec's PyTorch loop captured as one CUDA graph",
+              framework="torch")
 register_path("wts", available_wts, prepare_wts,
               description="the persistent Weights-That-Stay kernel (walk(impl='pallas'))")
 

@@ -85,22 +85,26 @@ def read_json(path: str) -> dict:
 def merge(results_list: list[dict]) -> dict:
   """One results dict from several runs on one device kind (e.g. one run per head, to
   keep each under a time limit). Records keep the ratios of the run that measured them;
-  ``runs`` lists each run's command, timestamp and ceilings."""
+  ``runs`` lists each run's command, timestamp, ceilings, timing settings and whether it
+  was cut short; the lists of records, sanity lines, point errors, point times and
+  skipped points are concatenated."""
   if not results_list:
     raise ValueError("merge needs at least one results JSON")
   kinds = {results.get("device_kind") for results in results_list}
   if len(kinds) != 1:
     raise ValueError(f"cannot merge runs from different devices: {sorted(map(str, kinds))}")
   merged = {key: value for key, value in results_list[0].items()
-            if key not in ("records", "sanity")}
-  merged["runs"] = [{"command": results.get("command"),
-                     "timestamp": results.get("timestamp"),
-                     "ceilings": results.get("ceilings")} for results in results_list]
-  merged["sanity"] = [entry for results in results_list
-                      for entry in results.get("sanity", [])]
-  merged["records"] = [record for results in results_list
-                       for record in results.get("records", [])]
+            if key not in MERGED_LISTS}
+  merged["runs"] = [{key: results.get(key) for key in RUN_KEYS}
+                    for results in results_list]
+  for key in MERGED_LISTS:
+    merged[key] = [entry for results in results_list for entry in results.get(key) or []]
   return merged
+
+
+MERGED_LISTS = ("records", "sanity", "point_errors", "point_times", "skipped_points")
+RUN_KEYS = ("command", "timestamp", "ceilings", "timing", "elapsed_s", "time_budget_s",
+            "interrupted")
 
 
 # --- tables ----------------------------------------------------------------------------
@@ -204,6 +208,17 @@ def _sanity_lines(results: dict) -> list[str]:
   return lines
 
 
+def _skipped_lines(results: dict) -> list[str]:
+  """One line per reason that points were not run for (time budget, interruption)."""
+  by_reason: dict[str, list[str]] = {}
+  for point in results.get("skipped_points") or []:
+    reason = _first_line(str(point.get("reason", "")))
+    by_reason.setdefault(reason.split(":")[0], []).append(
+        f"{point.get('head')} B={point.get('batch')} K={point.get('k')}")
+  return [f"{len(points)} point(s) not run ({reason}): {', '.join(points)}"
+          for reason, points in by_reason.items()]
+
+
 def render_table(results: dict) -> str:
   """The stdout table: one row per point, one column per path (µs, × floor)."""
   header, rows = _rows(results)
@@ -215,7 +230,7 @@ def render_table(results: dict) -> str:
            _ceilings_line(results), *_sanity_lines(results), "",
            "median µs per walk (× floor)", fmt(header), fmt(["-" * w for w in widths])]
   lines += [fmt(row) for row in rows]
-  problems = _problems(results)
+  problems = _problems(results) + _skipped_lines(results)
   if problems:
     lines += ["", "not timed / failed:", *(f"  {line}" for line in problems)]
   return "\n".join(lines)
@@ -242,7 +257,7 @@ def render_markdown(results_list) -> str:
               "| " + " | ".join("---:" if i >= 6 else "---" for i in range(len(header)))
               + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    problems = _problems(results)
+    problems = _problems(results) + _skipped_lines(results)
     if problems:
       lines += ["", "Not timed or failed:", "", *(f"- {line}" for line in problems)]
     sections.append("\n".join(lines))

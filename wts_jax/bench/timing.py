@@ -1,11 +1,18 @@
 """Per-walk device time of a path, with L2 flushed (cold) or not (warm) between walks.
 
 ``METHOD`` below is the method as the README and every results JSON state it.
+
+The timed executables are compiled ahead by a ``ChainCompiler`` (lowering in the calling
+thread, XLA compilation in a thread pool), then timed one at a time by ``time_chain``
+with nothing else running: compiling never overlaps a timing.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
+import threading
 import time
 import warnings
 from typing import Any, Callable
@@ -14,55 +21,83 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+DEFAULT_WALKS = 10          # N: walks chained in one timed executable
+DEFAULT_REPEATS = 10        # R: timed repetitions; the figure is their median
+MIN_WALKS_PER_FIGURE = 100  # the harness warns below N * R = this
+
 METHOD = """\
 Timing method (wts_jax.bench.timing).
 
 What is measured: the device time of one walk (K steps, one batch), as the median over
-R repetitions, each repetition timing N walks back to back (defaults N = 20, R = 15,
-so N*R = 300 walks after warm-up); min and p90 over the repetitions beside it.
+R repetitions, each repetition timing N walks back to back (defaults N = 10, R = 10, so
+N*R = 100 walks per figure after warm-up; the harness warns below 100); min and p90 over
+the repetitions beside it.
 
 JAX paths (xla, pallas-stepwise, wts): one jitted executable runs the N walks, unrolled
-in Python. Walk i takes its first tokens through `where(last_tokens_{i-1} < 0, ...,
-first_tokens)` (never true, but the compiler cannot know it), its operands (weights,
-base logits, hidden states) pass through `lax.optimization_barrier` together with those
-tokens, and every walk's outputs are outputs of the executable: nothing can be
-reordered, CSE'd across walks, hoisted out of the chain or dead-code eliminated (on the
-GPU, XLA drops the barriers only after scheduling; a test checks that the compiled
-chain of N walks holds N times the loops and library calls of one walk). For cold L2,
-a flush runs between walks: `flush = flush + bump` on an int32 buffer of 256 MB (> 4x
-the H200's 60 MB L2), where `bump` depends on the previous walk's tokens and the next
-walk's first tokens depend on `flush[0]`, both through optimization barriers, so the
-flush sits strictly between two walks. The executable is timed by host wall clock
-around `jax.block_until_ready` (one dispatch per N walks). A second executable, the
-identical chain minus the walks (flush and dependency ops only), is timed the same way,
-interleaved with the first; both are compiled ahead and called on flat argument lists,
-so their dispatch costs the same. The per-walk time of repetition r is
-(T_r - median(T_flush_only)) / N: the flush, the dependency ops and the dispatch
-cancel out.
+in Python. Before walk i a flush step runs, `bump` (which depends on walk i-1's tokens)
+is added to a flush buffer, and walk i takes its first tokens through
+`where(flush[0] < 0, last_tokens_{i-1}, first_tokens)` (never true, but the compiler
+cannot know it); its operands (weights, base logits, hidden states) pass through
+`lax.optimization_barrier` together with those tokens, and every walk's outputs are
+outputs of the executable: nothing can be reordered, CSE'd across walks, hoisted out of
+the chain or dead-code eliminated, and the flush step sits strictly between two walks
+(on the GPU, XLA drops the barriers only after scheduling; a test checks that the
+compiled chain of N walks holds N times the loops and library calls of one walk).
+
+Cold and warm L2 are the same executable: how much of the flush buffer the flush step
+adds `bump` to is an argument of the executable. Cold: all of an int32 buffer of 256 MB
+(> 4x the H200's 60 MB L2), read and written. Warm: its first 128 elements only (the
+dependency through flush[0] is kept; nothing else is touched). On the GPU the flush step
+is a small Pallas kernel whose programs skip the blocks past that size (flush_impl
+"kernel"; a probe at the start of a run checks that it adds to every element when cold
+and to the first ones when warm, else the run falls back to "static": the cold chain
+adds `bump` to the whole buffer with an XLA op and the warm chain has no flush, two
+executables); on the CPU a `lax.cond` on the size (flush_impl "cond"). The results
+JSON names the flush_impl used.
+
+The executable is timed by host wall clock around `jax.block_until_ready` (one dispatch
+per N walks). A second executable, the identical chain minus the walks (flush and
+dependency ops only, with the same flush size), is timed the same way, interleaved with
+the first; both are compiled ahead and called on flat argument lists, so their dispatch
+costs the same. The per-walk time of repetition r is (T_r - median(T_flush_only)) / N:
+the flush, the dependency ops and the dispatch cancel out. Before the R repetitions the
+executable has run at least twice (the correctness check below, then one warm-up run
+of each of the two executables).
 
 Torch paths (torch-eager, torch-graph): CUDA events recorded around N walks (N eager
 loop calls, or N CUDA-graph replays) on the current stream, with the same 256 MB
 `flush.add_(1)` before each walk for cold L2; a flush-only loop is timed the same way
-and subtracted in the same way. Eager time includes the host's launch gaps, since the
-eager loop is launch-bound as DeepSpec runs it; with cold L2 part of those launches
-overlap the preceding flush (as they would overlap the target model in serving), so
-torch-eager's cold figure can be below its warm one.
+and subtracted in the same way (3 warm-up repetitions). Eager time includes the host's
+launch gaps, since the eager loop is launch-bound as DeepSpec runs it; with cold L2 part
+of those launches overlap the preceding flush (as they would overlap the target model
+in serving), so torch-eager's cold figure can be below its warm one.
 
 Sanity lines: "empty" walks (a 1-element Pallas kernel on the GPU and a 1-element XLA
 op; for torch a 1-element `add_`) timed with exactly this method give the method's own
-per-walk overhead and resolution. On the H200 (jax 0.11.2, torch 2.11) they read about
-5-12 us for JAX (one dependent kernel launch inside an XLA executable, median of 15
-repetitions with a spread of about +-8 us), about 2 us for torch with cold L2 and about
-10 us warm (host-bound eager launches): differences of a few microseconds between
-paths are below the method's resolution.
+per-walk overhead and resolution. On the H200 (jax 0.11.2, torch 2.11, N = 20, R = 15)
+they read about 5-12 us for JAX (one dependent kernel launch inside an XLA executable,
+with a spread of about +-8 us), about 2 us for torch with cold L2 and about 10 us warm
+(host-bound eager launches): differences of a few microseconds between paths are below
+the method's resolution; with N = 10 each repetition's share of the host jitter
+doubles, which the sanity lines of the same run show.
 
-Before any timing every path's tokens are checked against the XLA reference walk on
-the same inputs; a path that disagrees is recorded as a mismatch and not timed. Each
-path's time is also reported as a multiple of the floor model (wts_jax.bench.floor),
-whose ceilings (HBM and L2 bandwidth) are measured in the same run.
+Correctness before timing: the XLA reference walk runs once per point and mode, and
+every path's tokens are checked against it on the same inputs before that path is
+timed; for a JAX path the check reads the tokens (and the status) of all N walks of the
+first run of the very executable that is then timed, for each L2 state. A path that
+disagrees is recorded as a mismatch and not timed. Each path's time is also reported as
+a multiple of the floor model (wts_jax.bench.floor), whose ceilings (HBM and L2
+bandwidth) are measured in the same run.
+
+Compilation ahead: all executables of one point (every JAX path and mode, the reference
+walks, the flush-only chains) are lowered in the main thread and compiled in a pool of
+threads before that point's first timing; nothing compiles while anything is timed.
 """
 
 FLUSH_BYTES_GPU = 256 << 20
+FLUSH_IMPLS = ("kernel", "cond", "static")
+FLUSH_BLOCK = 16384   # int32 elements per program of the flush kernel (64 KB)
+FLUSH_HEAD = 128      # elements every flush step adds to, cold or warm (flush[0] included)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,15 +131,106 @@ def summarize(total_s, flush_only_s, n_walks: int) -> Timing:
                 samples_us=tuple(float(t) for t in per_walk_us))
 
 
-# --- JAX -------------------------------------------------------------------------------
+# --- the flush step ----------------------------------------------------------------------
 
 def default_flush_bytes() -> int:
   return FLUSH_BYTES_GPU if jax.default_backend() == "gpu" else 4 << 20
 
 
-def make_jax_flush_buffer(nbytes: int) -> jax.Array:
-  return jnp.zeros((max(1, nbytes // 4),), jnp.int32)
+def default_flush_impl() -> str:
+  return "kernel" if jax.default_backend() == "gpu" else "cond"
 
+
+def flush_elements(nbytes: int) -> int:
+  """int32 elements of a flush buffer of at least ``nbytes``: whole kernel blocks."""
+  blocks = max(1, -(-int(nbytes) // (4 * FLUSH_BLOCK)))
+  return blocks * FLUSH_BLOCK
+
+
+def make_jax_flush_buffer(nbytes: int) -> jax.Array:
+  return jnp.zeros((flush_elements(nbytes),), jnp.int32)
+
+
+def _flush_kernel(params_ref, x_ref, o_ref, *, block: int):
+  """Adds params[1] to x[:128] always and to each block below params[0] elements."""
+  from jax.experimental import pallas as pl
+  program = pl.program_id(0)
+  start = pl.multiple_of(program * block, block)
+  bump = params_ref[1]
+
+  @pl.when(program == 0)
+  def _head():
+    o_ref[pl.ds(0, FLUSH_HEAD)] = x_ref[pl.ds(0, FLUSH_HEAD)] + bump
+
+  @pl.when(start < params_ref[0])
+  def _block():
+    o_ref[pl.ds(start, block)] = x_ref[pl.ds(start, block)] + bump
+
+
+def kernel_flush(flush: jax.Array, bump: jax.Array, flush_elems: jax.Array, *,
+                 interpret: bool | None = None) -> jax.Array:
+  """The flush step as one Pallas kernel: ``flush + bump`` over the first
+  ``flush_elems`` elements (whole blocks) and the first 128. The other elements of the
+  result are left unwritten: only the traffic and flush[0] matter."""
+  from jax.experimental import pallas as pl
+  size = flush.shape[0]
+  if flush.dtype != jnp.int32 or flush.ndim != 1 or size % FLUSH_BLOCK:
+    raise ValueError(f"the flush buffer must be int32 of whole {FLUSH_BLOCK}-element "
+                     f"blocks; got {flush.dtype}{list(flush.shape)}")
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  params = jnp.stack([jnp.asarray(flush_elems, jnp.int32).reshape(()),
+                      jnp.asarray(bump, jnp.int32).reshape(())])
+  options = {}
+  if not interpret:
+    from jax.experimental.pallas import triton as pl_triton
+    options["compiler_params"] = pl_triton.CompilerParams(num_warps=8)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)   # "Pallas Triton is deprecated"
+    return pl.pallas_call(
+        functools.partial(_flush_kernel, block=FLUSH_BLOCK), grid=(size // FLUSH_BLOCK,),
+        out_shape=jax.ShapeDtypeStruct(flush.shape, flush.dtype), interpret=interpret,
+        name="wts_bench_l2_flush", **options)(params, flush)
+
+
+def cond_flush(flush: jax.Array, bump: jax.Array, flush_elems: jax.Array) -> jax.Array:
+  """The flush step as a ``lax.cond`` on the size: all of the buffer, or its head."""
+  return jax.lax.cond(flush_elems > 0, lambda f: f + bump,
+                      lambda f: f.at[:FLUSH_HEAD].add(bump), flush)
+
+
+def _flush_step(flush_impl: str) -> Callable:
+  if flush_impl == "kernel":
+    return kernel_flush
+  if flush_impl == "cond":
+    return cond_flush
+  raise ValueError(f"flush_impl={flush_impl!r} must be one of {FLUSH_IMPLS}")
+
+
+def flush_elems_for(flush: jax.Array, l2: str) -> jax.Array:
+  """The executable's flush-size argument: the whole buffer (cold) or nothing (warm)."""
+  return jnp.asarray(flush.shape[0] if _is_cold(l2) else 0, jnp.int32)
+
+
+def check_flush_impl(flush: jax.Array, flush_impl: str) -> str | None:
+  """Run one cold and one warm flush step on ``flush``; None if the cold one added to
+  every element and the warm one to the head, else what went wrong."""
+  if flush_impl == "static":
+    return None
+  step = jax.jit(lambda x, elems: _flush_step(flush_impl)(x, jnp.int32(1), elems))
+  try:
+    cold = step(flush, flush_elems_for(flush, "cold"))
+    if not bool(jnp.all(cold == flush + 1)):
+      return f"flush_impl {flush_impl}: the cold flush missed elements"
+    warm = step(flush, flush_elems_for(flush, "warm"))
+    if not bool(jnp.all(warm[:FLUSH_HEAD] == flush[:FLUSH_HEAD] + 1)):
+      return f"flush_impl {flush_impl}: the warm flush did not add to the head"
+  except Exception as err:  # noqa: BLE001 - the caller falls back and records why
+    return f"flush_impl {flush_impl}: {type(err).__name__}: {err}"[:500]
+  return None
+
+
+# --- the chain of N walks ----------------------------------------------------------------
 
 def tokens_of(outputs) -> jax.Array:
   """The [B, K] tokens of a walk's outputs (a WalkOutput, a dict or a tuple)."""
@@ -117,23 +243,33 @@ def tokens_of(outputs) -> jax.Array:
   return outputs
 
 
-def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool,
-                traced_tokens: Callable = tokens_of) -> Callable:
-  """``chain(operands, first_tokens, flush) -> (all walks' outputs, tokens, flush)``.
+def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool | None = None,
+                traced_tokens: Callable = tokens_of, *,
+                flush_impl: str | None = None) -> Callable:
+  """The chain of ``n_walks`` walks, each after a flush step.
 
   ``walk_fn(operands, first_tokens)`` is one walk, traceable; ``None`` builds the
-  flush-only chain (everything but the walks), which is subtracted.
+  flush-only chain (everything but the walks), which is subtracted. With a runtime flush
+  (``flush_impl`` "kernel" or "cond"; the default when ``cold`` is not given) it is
+  ``chain(operands, first_tokens, flush, flush_elems) -> (all walks' outputs, tokens,
+  flush)``, cold or warm by ``flush_elems`` (``flush_elems_for``). With ``flush_impl``
+  "static" (the default when ``cold`` is given) ``cold`` is fixed at trace time and the
+  chain takes no ``flush_elems``.
   """
+  if flush_impl is None:
+    flush_impl = "static" if cold is not None else default_flush_impl()
+  if flush_impl == "static" and cold is None:
+    raise ValueError("flush_impl='static' needs cold=True or False")
   barrier = jax.lax.optimization_barrier
 
-  def chain(operands, first_tokens, flush):
+  def walks(operands, first_tokens, flush, flush_step):
     carry = first_tokens
     outputs = []
     for _ in range(n_walks):
-      if cold:
+      if flush_step is not None:
         # The flush depends on the previous walk, and the next walk on the flush.
         bump = jnp.where(jnp.any(carry < 0), 2, 1).astype(flush.dtype)
-        flush, carry = barrier((flush + bump, carry))
+        flush, carry = barrier((flush_step(flush, bump), carry))
         tokens_in = jnp.where(flush[0] < 0, carry, first_tokens)
       else:
         tokens_in = jnp.where(carry < 0, carry, first_tokens)
@@ -147,7 +283,144 @@ def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool,
       carry = traced_tokens(out)[:, -1].astype(first_tokens.dtype)
     return outputs, carry, flush
 
+  if flush_impl == "static":
+    def static_chain(operands, first_tokens, flush):
+      return walks(operands, first_tokens, flush,
+                   (lambda f, bump: f + bump) if cold else None)
+    return static_chain
+
+  step = _flush_step(flush_impl)
+
+  def chain(operands, first_tokens, flush, flush_elems):
+    return walks(operands, first_tokens, flush,
+                 lambda f, bump: step(f, bump, flush_elems))
   return chain
+
+
+@dataclasses.dataclass
+class CompiledChain:
+  """A chain compiled over its operands' flat leaves, ready to run cold and/or warm."""
+
+  executable: Any
+  leaves: list
+  n_walks: int
+  flush_impl: str
+  cold: bool | None = None        # "static" chains only: the L2 state they were built for
+
+  def args(self, first_tokens, flush, l2: str) -> tuple:
+    if self.flush_impl == "static":
+      if _is_cold(l2) != self.cold:
+        raise ValueError(f"this static chain was built for cold={self.cold}, not l2={l2}")
+      return (self.leaves, first_tokens, flush)
+    return (self.leaves, first_tokens, flush, flush_elems_for(flush, l2))
+
+  def __call__(self, first_tokens, flush, l2: str):
+    return self.executable(*self.args(first_tokens, flush, l2))
+
+
+def lower_chain(walk_fn: Callable | None, operands, first_tokens: jax.Array,
+                flush: jax.Array, *, n_walks: int, flush_impl: str, cold: bool | None = None,
+                traced_tokens: Callable = tokens_of):
+  """(lowered, finish): the chain lowered over the operands' flat leaves (the leanest
+  dispatch, alike for the walk and the flush-only chains); ``finish(compiled)`` gives
+  the ``CompiledChain``. Lowering traces in this thread; compile anywhere."""
+  leaves, treedef = jax.tree_util.tree_flatten(operands)
+  chain = build_chain(walk_fn, n_walks, cold if flush_impl == "static" else None,
+                      traced_tokens, flush_impl=flush_impl)
+
+  def flat_chain(leaves, *rest):
+    return chain(jax.tree_util.tree_unflatten(treedef, leaves), *rest)
+
+  extra = () if flush_impl == "static" else (flush_elems_for(flush, "warm"),)
+  lowered = jax.jit(flat_chain).lower(leaves, first_tokens, flush, *extra)
+  return lowered, lambda compiled: CompiledChain(compiled, leaves, n_walks, flush_impl,
+                                                 cold if flush_impl == "static" else None)
+
+
+def _done(value=None, error: BaseException | None = None) -> concurrent.futures.Future:
+  future: concurrent.futures.Future = concurrent.futures.Future()
+  if error is not None:
+    future.set_exception(error)
+  else:
+    future.set_result(value)
+  return future
+
+
+class ChainCompiler:
+  """Compiles ahead: ``lower`` runs in the calling thread (tracing holds the GIL), XLA
+  compilation in a pool of ``jobs`` threads (it releases the GIL). Every method returns
+  futures; a failure to lower or compile is the future's exception. Flush-only chains
+  are cached by (batch shape, N, flush buffer, flush_impl, L2 state)."""
+
+  def __init__(self, jobs: int = 1, flush_impl: str | None = None):
+    self.jobs = max(1, int(jobs))
+    self.flush_impl = flush_impl or default_flush_impl()
+    if self.flush_impl not in FLUSH_IMPLS:
+      raise ValueError(f"flush_impl={self.flush_impl!r} must be one of {FLUSH_IMPLS}")
+    self._pool = (concurrent.futures.ThreadPoolExecutor(self.jobs, "wts-bench-compile")
+                  if self.jobs > 1 else None)
+    self._flush_only: dict[tuple, concurrent.futures.Future] = {}
+    self._lock = threading.Lock()
+    self.submitted = 0
+
+  def submit(self, lower: Callable[[], tuple[Any, Callable[[Any], Any]]]
+             ) -> concurrent.futures.Future:
+    """``lower() -> (lowered, finish)`` now, here; ``finish(lowered.compile())`` in the
+    pool."""
+    self.submitted += 1
+    try:
+      lowered, finish = lower()
+    except Exception as err:  # noqa: BLE001 - reported where the result is used
+      return _done(error=err)
+
+    def compile_it():
+      return finish(lowered.compile())
+
+    if self._pool is None:
+      try:
+        return _done(compile_it())
+      except Exception as err:  # noqa: BLE001
+        return _done(error=err)
+    return self._pool.submit(compile_it)
+
+  def _l2_states(self, l2s) -> list[bool | None]:
+    return [None] if self.flush_impl != "static" else sorted({_is_cold(l2) for l2 in l2s})
+
+  def _chains(self, walk_fn, operands, first_tokens, flush, n_walks, l2s, traced_tokens):
+    by_state = {
+        cold: self.submit(functools.partial(
+            lower_chain, walk_fn, operands, first_tokens, flush, n_walks=n_walks,
+            flush_impl=self.flush_impl, cold=cold, traced_tokens=traced_tokens))
+        for cold in self._l2_states(l2s)}
+    return {l2: by_state[None if self.flush_impl != "static" else _is_cold(l2)]
+            for l2 in l2s}
+
+  def chains(self, walk_fn: Callable, operands, first_tokens: jax.Array, flush: jax.Array,
+             *, n_walks: int, l2s, traced_tokens: Callable = tokens_of
+             ) -> dict[str, concurrent.futures.Future]:
+    """{l2: future CompiledChain} of one walk; one executable for all L2 states unless
+    flush_impl is "static"."""
+    return self._chains(walk_fn, operands, first_tokens, flush, n_walks, l2s,
+                        traced_tokens)
+
+  def flush_only(self, first_tokens: jax.Array, flush: jax.Array, *, n_walks: int, l2s
+                 ) -> dict[str, concurrent.futures.Future]:
+    """{l2: future CompiledChain} of the flush-only chain (cached)."""
+    result = {}
+    for l2 in l2s:
+      cold = None if self.flush_impl != "static" else _is_cold(l2)
+      key = (tuple(first_tokens.shape), str(first_tokens.dtype), tuple(flush.shape),
+             n_walks, self.flush_impl, cold)
+      with self._lock:
+        if key not in self._flush_only:
+          self._flush_only[key] = self._chains(None, (), first_tokens, flush, n_walks,
+                                               [l2], tokens_of)[l2]
+        result[l2] = self._flush_only[key]
+    return result
+
+  def close(self, cancel: bool = False) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
 
 
 def _wall(fn, *args) -> float:
@@ -156,37 +429,38 @@ def _wall(fn, *args) -> float:
   return time.perf_counter() - start
 
 
-def _compiled(chain: Callable, operands, first_tokens, flush):
-  """The chain compiled over the operands' flat leaves: the leanest dispatch (no pytree
-  flattening of a module, no jit cache lookup) for both timed executables alike."""
-  leaves, treedef = jax.tree_util.tree_flatten(operands)
-
-  def flat_chain(leaves, first_tokens, flush):
-    return chain(jax.tree_util.tree_unflatten(treedef, leaves), first_tokens, flush)
-
-  compiled = jax.jit(flat_chain).lower(leaves, first_tokens, flush).compile()
-  return compiled, leaves
+def time_chain(chain: CompiledChain, flush_only: CompiledChain, first_tokens: jax.Array,
+               flush: jax.Array, *, l2: str, repeats: int, warmup: int = 2) -> Timing:
+  """Time a compiled chain against its flush-only chain, interleaved (see METHOD)."""
+  walks_args = chain.args(first_tokens, flush, l2)
+  base_args = flush_only.args(first_tokens, flush, l2)
+  for _ in range(warmup):
+    _wall(chain.executable, *walks_args)
+    _wall(flush_only.executable, *base_args)
+  total, base = [], []
+  for _ in range(repeats):
+    total.append(_wall(chain.executable, *walks_args))
+    base.append(_wall(flush_only.executable, *base_args))
+  return summarize(total, base, chain.n_walks)
 
 
 def time_jax(walk_fn: Callable, operands, first_tokens: jax.Array, *, l2: str,
              n_walks: int, repeats: int, flush: jax.Array | None = None,
-             traced_tokens: Callable = tokens_of, warmup: int = 2) -> Timing:
+             traced_tokens: Callable = tokens_of, warmup: int = 2,
+             flush_impl: str | None = None, compiler: ChainCompiler | None = None
+             ) -> Timing:
   """Time ``walk_fn(operands, first_tokens)`` by the chained-executable method."""
-  cold = _is_cold(l2)
   flush = make_jax_flush_buffer(default_flush_bytes()) if flush is None else flush
-  walks, leaves = _compiled(build_chain(walk_fn, n_walks, cold, traced_tokens), operands,
-                            first_tokens, flush)
-  flush_only, no_leaves = _compiled(build_chain(None, n_walks, cold), (), first_tokens,
-                                    flush)
-  for _ in range(warmup):
-    _wall(walks, leaves, first_tokens, flush)
-    _wall(flush_only, no_leaves, first_tokens, flush)
-  total, base = [], []
-  for _ in range(repeats):
-    total.append(_wall(walks, leaves, first_tokens, flush))
-    base.append(_wall(flush_only, no_leaves, first_tokens, flush))
-  return summarize(total, base, n_walks)
+  compiler = compiler or ChainCompiler(1, flush_impl)
+  chain = compiler.chains(walk_fn, operands, first_tokens, flush, n_walks=n_walks,
+                          l2s=[l2], traced_tokens=traced_tokens)[l2].result()
+  flush_only = compiler.flush_only(first_tokens, flush, n_walks=n_walks,
+                                   l2s=[l2])[l2].result()
+  return time_chain(chain, flush_only, first_tokens, flush, l2=l2, repeats=repeats,
+                    warmup=warmup)
 
+
+# --- the sanity lines: empty walks -------------------------------------------------------
 
 def _empty_pallas_walk():
   """A walk that launches one 1-element Pallas kernel (GPU), or None if Pallas fails."""
@@ -198,8 +472,11 @@ def _empty_pallas_walk():
   def walk(operands, first_tokens):
     del operands
     x = first_tokens[:1]
-    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                         name="wts_bench_empty")(x)
+    with warnings.catch_warnings():
+      # "The Pallas Triton backend is deprecated": irrelevant to a 1-element probe.
+      warnings.simplefilter("ignore", DeprecationWarning)
+      out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                           name="wts_bench_empty")(x)
     return {"tokens": jnp.broadcast_to(out[:, None], (first_tokens.shape[0], 1))}
 
   return walk
@@ -210,25 +487,27 @@ def _empty_xla_walk(operands, first_tokens):
   return {"tokens": (first_tokens + 1)[:, None]}
 
 
-def time_jax_empty(batch: int, *, l2: str, n_walks: int, repeats: int,
-                   flush: jax.Array | None = None) -> list[tuple[str, Timing | str]]:
-  """The sanity lines: [(kind, timing or error text)] of empty walks in the same
-  structure: a 1-element Pallas kernel (GPU only) and a 1-element XLA op."""
-  first_tokens = jnp.zeros((batch,), jnp.int32)
+def empty_walks() -> list[tuple[str, Callable[[], Callable]]]:
+  """[(kind, make walk)] of the sanity lines: a 1-element Pallas kernel (GPU only) and a
+  1-element XLA op, each a walk of the same structure as the timed ones."""
   candidates = []
   if jax.default_backend() == "gpu":
     candidates.append(("pallas 1-element kernel", _empty_pallas_walk))
   candidates.append(("xla 1-element op", lambda: _empty_xla_walk))
+  return candidates
+
+
+def time_jax_empty(batch: int, *, l2: str, n_walks: int, repeats: int,
+                   flush: jax.Array | None = None, flush_impl: str | None = None
+                   ) -> list[tuple[str, Timing | str]]:
+  """The sanity lines: [(kind, timing or error text)] of ``empty_walks()``."""
+  first_tokens = jnp.zeros((batch,), jnp.int32)
   results = []
-  for kind, make in candidates:
+  for kind, make in empty_walks():
     try:
-      with warnings.catch_warnings():
-        # "The Pallas Triton backend is deprecated": irrelevant to a 1-element probe.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        walk = make()
-        jax.block_until_ready(jax.jit(walk)((), first_tokens))
-        results.append((kind, time_jax(walk, (), first_tokens, l2=l2, n_walks=n_walks,
-                                       repeats=repeats, flush=flush)))
+      results.append((kind, time_jax(make(), (), first_tokens, l2=l2, n_walks=n_walks,
+                                     repeats=repeats, flush=flush,
+                                     flush_impl=flush_impl)))
     except Exception as err:  # noqa: BLE001 - recorded, the run goes on
       results.append((kind, f"{type(err).__name__}: {err}"[:500]))
   return results
