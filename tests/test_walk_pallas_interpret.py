@@ -78,3 +78,87 @@ def test_plan_shards_cover_the_vocabulary_and_respect_the_budget():
                    config=wts_jax.WalkConfig(num_programs=132, residency="full"),
                    register_budget_bytes=96 * 1024)
   assert full.streamed_tiles == 0 and full.resident_fraction == 1.0
+
+
+def _assert_kernel_equals_reference(head, base, first, hidden, config, temperature, key):
+  kwargs = dict(temperature=temperature, key=key, return_logits=True, return_logprobs=True)
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config, **kwargs)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", **kwargs)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits), atol=2e-4)
+  np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=2e-4)
+  np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
+                             atol=1e-4)
+  assert int(out.status) == 0
+
+
+def _split_plan(head, batch, config):
+  from wts_jax.pallas import walk_kernel
+  return walk_kernel.make_plan(head, batch, config)
+
+
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("steps", [1, 7])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_split_serial_update_equals_reference(head_type, batch, steps, temperature):
+  """The split serial update (one program computing every slice, in several rounds:
+  rank 32 in slices of 16) gives the reference's tokens, logits and log-probabilities,
+  greedy and sampled with the same key."""
+  suite = TestWalkPallasInterpret()
+  head, (base, first, hidden) = suite.make_case("small_v1000", head_type, batch, steps)
+  config = wts_jax.WalkConfig(interpret=True, serial_update="split")
+  plan = _split_plan(head, batch, config)
+  assert plan.serial_update == "split" and plan.serial_slice_rounds == 2
+  key = jax.random.key(5) if temperature else None
+  _assert_kernel_equals_reference(head, base, first, hidden, config, temperature, key)
+
+
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_redundant_serial_update_equals_reference(head_type, batch):
+  """The redundant update (every program computes all of z) stays selectable and exact."""
+  suite = TestWalkPallasInterpret()
+  head, (base, first, hidden) = suite.make_case("small_v517", head_type, batch, 7)
+  config = wts_jax.WalkConfig(interpret=True, serial_update="redundant")
+  assert _split_plan(head, batch, config).serial_update == "redundant"
+  for temperature, key in ((0.0, None), (0.8, jax.random.key(6))):
+    _assert_kernel_equals_reference(head, base, first, hidden, config, temperature, key)
+
+
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+def test_split_serial_update_with_streamed_weight_slices(head_type, monkeypatch):
+  """Weight slices over the on-chip budget are re-read every step: same results."""
+  from wts_jax.pallas import plan as plan_module
+  monkeypatch.setattr(plan_module, "SERIAL_RESIDENT_BYTES", 0)
+  suite = TestWalkPallasInterpret()
+  head, (base, first, hidden) = suite.make_case("small_v1000", head_type, 3, 7)
+  config = wts_jax.WalkConfig(interpret=True, serial_update="split")
+  assert not _split_plan(head, 3, config).serial_weights_resident
+  _assert_kernel_equals_reference(head, base, first, hidden, config, 0.8,
+                                  jax.random.key(8))
+
+
+def test_plan_serial_update_slices():
+  from wts_jax.pallas.plan import DeviceInfo
+  device = DeviceInfo(kind="H200", num_sms=132, smem_per_block=227 * 1024,
+                      l2_bytes=60 << 20)
+
+  def plan(rank, **config):
+    return plan_walk(vocab_size=151936, rank=rank, batch=1, w2_itemsize=2, device=device,
+                     config=wts_jax.WalkConfig(**config))
+
+  auto = plan(256, num_programs=132)  # one 2-column slice per program, 4 idle
+  assert (auto.serial_update, auto.serial_slice_cols, auto.serial_slices,
+          auto.serial_slice_rounds, auto.serial_weights_resident) == ("split", 2, 128, 1,
+                                                                      True)
+  assert "128 slices of 2 columns" in auto.describe()
+  assert plan(64, num_programs=132).serial_slices == 64
+  few = plan(256, num_programs=8)     # 16 slices of 16 columns, two per program
+  assert (few.serial_slice_cols, few.serial_slice_rounds) == (16, 2)
+  assert not few.serial_weights_resident  # 96 KiB of J per program: re-read per step
+  redundant = plan(256, num_programs=132, serial_update="redundant")
+  assert redundant.serial_update == "redundant" and redundant.serial_slices == 0
+  assert "redundant" in redundant.describe()
+  with pytest.raises(ValueError, match="serial_update"):
+    wts_jax.WalkConfig(serial_update="both")

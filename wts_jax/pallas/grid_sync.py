@@ -15,6 +15,11 @@ slot or counter is ever reused within a walk and nothing needs a reset between s
 5. read all programs' slots for step ``k`` with ``volatile`` loads (they bypass L1, which
    is not coherent across SMs and may hold a line of a neighbouring slot row).
 
+The split serial update (``plan.serial_update == "split"``) runs the same protocol a
+second time per step, before the shard scan: slices of ``z`` (and of the rnn state) in
+``serial[k]`` instead of candidates in ``slots[k]``, counter ``counters[K + k]``
+instead of ``counters[k]``.
+
 Invariants:
 - ``counters`` is zero at launch (a zero-filled input aliased to an output) and
   ``counters[k]`` only grows, to exactly ``num_programs``;

@@ -6,6 +6,12 @@ Program ``p`` owns rows ``[p·S, (p+1)·S)`` of W2 (``S = rows_per_program``, a 
 loaded once at walk start and kept on chip; the other ``streamed_tiles`` are re-read every
 step (from L2 when the streamed set fits there).
 
+The serial update of the gated and recurrent heads (``G_e e``; ``J_s s + J_e e``) is
+either recomputed by every program (``redundant``) or ``split``: program ``p`` computes
+the output columns ``[p·w, (p+1)·w)`` of the new ``z`` (and rnn state) from its own
+slice of the serial weights, kept on chip for the whole walk, publishes them, and all
+programs meet at a second grid barrier before reading the full ``z`` (``triton_walk``).
+
 The plan is a frozen dataclass: ``plan_walk(...)`` computes it from the device and the
 shapes, ``WalkPlan.describe()`` prints it, and ``kernel_walk`` launches exactly it.
 """
@@ -24,6 +30,9 @@ H200_NUM_SMS = 132
 H200_SMEM_PER_BLOCK = 227 * 1024
 H200_L2_BYTES = 60 * 1024 * 1024
 REGISTER_FILE_BYTES = 256 * 1024
+
+MAX_SLICE_COLS = 16               # serial-update columns per slice (split)
+SERIAL_RESIDENT_BYTES = 16 * 1024  # serial-weight slices kept on chip per program (split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +66,12 @@ class WalkPlan:
   rank: int
   w2_itemsize: int
   resident_budget_bytes: int  # on-chip bytes per program the planner allowed for W2
+  # The gated/rnn serial update: "split" over programs (slices of ``serial_slice_cols``
+  # output columns, ``serial_slice_rounds`` slices per program, the weight slices kept
+  # on chip when ``serial_weights_resident``) or "redundant" (every program, all of it).
+  serial_update: str = "redundant"
+  serial_slice_cols: int = 0
+  serial_weights_resident: bool = False
 
   @property
   def tiles_per_program(self) -> int:
@@ -85,14 +100,28 @@ class WalkPlan:
     rows = max(0, self.vocab_size - self.num_programs * self.resident_rows)
     return rows * self.rank * self.w2_itemsize
 
+  @property
+  def serial_slices(self) -> int:
+    """Slices of the split serial update (0 when redundant)."""
+    return self.rank // self.serial_slice_cols if self.serial_update == "split" else 0
+
+  @property
+  def serial_slice_rounds(self) -> int:
+    """Slices per program: program ``p`` computes slices ``p + i·G`` (those < count)."""
+    return -(-self.serial_slices // self.num_programs)
+
   def describe(self) -> str:
+    serial = (f"serial update split in {self.serial_slices} slices of "
+              f"{self.serial_slice_cols} columns"
+              + ("" if self.serial_weights_resident else " (weights streamed)")
+              if self.serial_update == "split" else "serial update redundant")
     return (f"grid={self.num_programs} programs x {self.rows_per_program} rows "
             f"({self.tiles_per_program} tiles of {self.tile_rows}); resident "
             f"{self.resident_tiles} tiles/program = "
             f"{self.resident_bytes_per_program / 1024:.0f} KiB/program, "
             f"{self.resident_fraction:.0%} of W2 on chip; streamed "
             f"{self.streamed_bytes_per_step / 2**20:.1f} MiB/step; batch padded to "
-            f"{self.padded_batch}; {self.num_warps} warps")
+            f"{self.padded_batch}; {self.num_warps} warps; {serial}")
 
 
 def next_power_of_two(n: int) -> int:
@@ -154,9 +183,34 @@ def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
   if resident > budget_tiles and not config.interpret:
     raise ValueError(f"residency={residency!r} asks for {resident} resident tiles; "
                      f"only {budget_tiles} fit on chip per program")
+  serial_update, slice_cols = serial_split(rank, num_programs, config)
   return WalkPlan(num_programs=num_programs, rows_per_program=rows_per_program,
                   tile_rows=tile_rows, resident_tiles=int(resident),
                   padded_batch=padded_batch(batch), num_warps=config.num_warps or 8,
                   vocab_size=vocab_size,
                   rank=rank, w2_itemsize=w2_itemsize,
-                  resident_budget_bytes=int(budget_tiles * tile_bytes))
+                  resident_budget_bytes=int(budget_tiles * tile_bytes),
+                  serial_update=serial_update, serial_slice_cols=slice_cols,
+                  serial_weights_resident=(serial_update == "split" and
+                                           serial_slice_bytes(rank, num_programs,
+                                                              slice_cols)
+                                           <= SERIAL_RESIDENT_BYTES))
+
+
+def serial_split(rank: int, num_programs: int, config: WalkConfig) -> tuple[str, int]:
+  """(mode, slice columns) of the gated/rnn serial update; ignored by the vanilla head.
+
+  ``auto`` splits: the redundant update costs every program the whole serial matvec per
+  step (rnn: 3r x 2r weights from L2, ~786 KB/program/step at r=256), the split one a
+  second grid barrier (~2-4 µs). Slices are as narrow as the grid allows: r=256 over 132
+  programs gives 128 slices of 2 columns (one per program, 4 programs idle)."""
+  if config.serial_update == "redundant":
+    return "redundant", 0
+  return "split", min(MAX_SLICE_COLS, rank, next_power_of_two(-(-rank // num_programs)))
+
+
+def serial_slice_bytes(rank: int, num_programs: int, slice_cols: int) -> int:
+  """Serial-weight bytes one program's slices need (the rnn's: for each of its slices,
+  3 output groups x ``slice_cols`` rows x 2r inputs of bf16)."""
+  rounds = -(-(rank // slice_cols) // num_programs)
+  return rounds * 3 * slice_cols * 2 * rank * 2

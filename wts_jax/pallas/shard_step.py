@@ -2,9 +2,10 @@
 persistent kernel (``triton_walk``) and the step-wise ablation kernel (``stepwise``).
 
 A ``ShardStep`` is built inside a kernel from its refs (by name) and its static spec;
-its methods are the pieces of a step: the head's serial update, the scan of the shard's
-tiles into a program's candidates, publishing them, and reducing all programs' slots to
-the chosen tokens with the per-step outputs.
+its methods are the pieces of a step: the head's serial update (all of it, or this
+program's slice of it: ``plan.serial_update``), the scan of the shard's tiles into a
+program's candidates, publishing them, and reducing all programs' slots to the chosen
+tokens with the per-step outputs.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class KernelSpec:
   spin_limit: int
   interpret: bool
   num_stages: int = 1  # the streamed loop prefetches by hand
+
+
+def splits_serial_update(spec: KernelSpec) -> bool:
+  """Whether the programs split the head's serial update (gated/rnn, plan ``split``)."""
+  return spec.head_type != "vanilla" and spec.plan.serial_update == "split"
 
 
 def weight_input_names(spec: KernelSpec) -> list[str]:
@@ -110,10 +116,13 @@ class ShardStep:
     return [pl_triton.load(self.refs["w1"].at[tokens[:, None], self.chunk_cols(c)[None, :]])
             .astype(jnp.float32) for c in range(self.num_chunks)]
 
-  def _hoisted(self, name, step, offset):
+  def _hoisted(self, name, step, columns, valid=None):
+    mask = self.batch_valid[:, None]
+    if valid is not None:
+      mask = mask & valid[None, :]
     return pl_triton.load(
-        self.refs[name].at[self.batch_ids[:, None], step, offset + self.cols[None, :]],
-        mask=self.batch_valid[:, None], other=0.0)
+        self.refs[name].at[self.batch_ids[:, None], step, columns[None, :]],
+        mask=mask, other=0.0)
 
   def _weight_block(self, name, out_chunk, in_offset):
     """[c, c] block of a [out, in] weight: output chunk ``out_chunk``, inputs from
@@ -132,14 +141,15 @@ class ShardStep:
     if spec.head_type == "gated":
       z = []
       for j in range(n):
-        pre = self._hoisted("gate_hoisted", step, j * self.width) + tile_math.small_product(
-            e_ops, self._weight_block("gate_weight", j, spec.hidden_size))
+        pre = self._hoisted("gate_hoisted", step, self.chunk_cols(j)) + (
+            tile_math.small_product(e_ops,
+                                    self._weight_block("gate_weight", j, spec.hidden_size)))
         z.append(jax.nn.sigmoid(pre) * e[j])
       return state, z
     s_ops = [tile_math.make_operand(chunk, exact_in_bf16=False) for chunk in state]
     pre = []
     for j in range(3 * n):  # output chunks of (gate, candidate, output), [s ; e ; h] in
-      pre.append(self._hoisted("joint_hoisted", step, j * self.width)
+      pre.append(self._hoisted("joint_hoisted", step, self.chunk_cols(j))
                  + tile_math.small_product(s_ops, self._weight_block("joint_weight", j, 0))
                  + tile_math.small_product(e_ops, self._weight_block("joint_weight", j,
                                                                      self.rank)))
@@ -152,9 +162,96 @@ class ShardStep:
 
   def initial_state(self):
     rows = self.plan.padded_batch
-    if self.spec.head_type == "rnn":
+    if self.spec.head_type == "rnn" and not self.split_serial:
       return [jnp.zeros((rows, self.width), jnp.float32) for _ in range(self.num_chunks)]
     return [jnp.zeros((rows, 1), jnp.float32)]
+
+  # --- the split serial update -------------------------------------------------------
+  # Slice ``i`` is output columns [i·w, (i+1)·w) of z (and of the rnn state); program p
+  # computes slices p, p + G, ... (< plan.serial_slices) in fp32 on CUDA cores, stores
+  # them in ``serial[step]`` ([K, fields, BP, r]: z, then the rnn state), and after a
+  # grid barrier every program reads the whole z back (``load_serial``).
+  @property
+  def split_serial(self) -> bool:
+    return splits_serial_update(self.spec)
+
+  def _slice(self, round_):
+    """(columns [w], valid [w]) of this program's slice in round ``round_``."""
+    plan = self.plan
+    index = self.program + round_ * plan.num_programs
+    columns = index * plan.serial_slice_cols + lax.broadcasted_iota(
+        jnp.int32, (plan.serial_slice_cols,), 0)
+    return columns, jnp.broadcast_to(index < plan.serial_slices, columns.shape)
+
+  def _serial_groups(self):
+    """(weight, hoisted, output row offsets, input column offsets) of the head."""
+    if self.spec.head_type == "gated":   # [r, d + r], inputs [h ; e]
+      return "gate_weight", "gate_hoisted", (0,), (self.spec.hidden_size,)
+    rank = self.rank                     # [3r, 2r + d], inputs [s ; e ; h]
+    return "joint_weight", "joint_hoisted", (0, rank, 2 * rank), (0, rank)
+
+  def serial_weights(self, round_):
+    """This program's slice of the serial weights in round ``round_``: for each output
+    group, for each input, column chunks [w, c] (bf16)."""
+    name, _, outputs, inputs = self._serial_groups()
+    columns, valid = self._slice(round_)
+    return [[[pl_triton.load(self.refs[name].at[
+        out + columns[:, None], offset + self.chunk_cols(c)[None, :]],
+        mask=valid[:, None], other=0) for c in range(self.num_chunks)]
+             for offset in inputs] for out in outputs]
+
+  def resident_serial_weights(self):
+    """The weight slices of every round, loaded once (or None: loaded every step)."""
+    if not (self.split_serial and self.plan.serial_weights_resident):
+      return None
+    return [self.serial_weights(i) for i in range(self.plan.serial_slice_rounds)]
+
+  def _serial_row(self, step, field, columns, mask=None, volatile=False):
+    return pl_triton.load(
+        self.refs["serial"].at[step, self.zero + field, self.batch_ids[:, None],
+                               columns[None, :]],
+        mask=mask, other=None if mask is None else 0.0, volatile=volatile)
+
+  def publish_serial(self, step, tokens, e, weights):
+    """Compute and store this program's slices of step ``step``'s z (and rnn state).
+    ``e``: the full embedding chunks of ``tokens``; ``weights``: resident slices or None.
+    The rnn state of step - 1 comes from ``serial[step - 1]`` (zero at step 0)."""
+    _, hoisted, outputs, _ = self._serial_groups()
+    rnn = self.spec.head_type == "rnn"
+    vectors = e  # the input chunks: e, or [s ; e]
+    if rnn:
+      has_state = jnp.broadcast_to(step > 0, (self.plan.padded_batch, self.width))
+      previous = jnp.maximum(step - 1, 0)
+      vectors = [self._serial_row(previous, 1, self.chunk_cols(c), mask=has_state,
+                                  volatile=True) for c in range(self.num_chunks)] + e
+    for round_ in range(self.plan.serial_slice_rounds):
+      columns, valid = self._slice(round_)
+      blocks = self.serial_weights(round_) if weights is None else weights[round_]
+      pre = [self._hoisted(hoisted, step, out + columns, valid)
+             + tile_math.slice_product(vectors, [c for chunks in group for c in chunks])
+             for out, group in zip(outputs, blocks)]
+      mask = jnp.broadcast_to(valid[None, :], (self.plan.padded_batch, columns.shape[0]))
+      if rnn:
+        state_slice = self._serial_row(previous, 1, columns, mask=mask & (step > 0),
+                                       volatile=True)
+        update = jax.nn.sigmoid(pre[0])
+        new_state = update * state_slice + (1.0 - update) * jnp.tanh(pre[1])
+        z = jnp.tanh(pre[2])
+        pl_triton.store(self.refs["serial"].at[
+            step, self.zero + 1, self.batch_ids[:, None], columns[None, :]], new_state,
+                        mask=mask)
+      else:
+        e_slice = pl_triton.load(self.refs["w1"].at[tokens[:, None], columns[None, :]],
+                                 mask=mask, other=0).astype(jnp.float32)
+        z = jax.nn.sigmoid(pre[0]) * e_slice
+      pl_triton.store(self.refs["serial"].at[
+          step, self.zero, self.batch_ids[:, None], columns[None, :]], z, mask=mask)
+
+  def load_serial(self, step):
+    """Every program's slices of step ``step``'s z: chunks [BP, c] fp32. Volatile: the
+    slices were stored by other SMs and L1 is not coherent."""
+    return [self._serial_row(step, 0, self.chunk_cols(c), volatile=True)
+            for c in range(self.num_chunks)]
 
   # --- the shard scan ----------------------------------------------------------------
   def selection(self, step) -> tile_math.Selection:
@@ -241,8 +338,10 @@ class ShardStep:
     if self.spec.confidence:
       conf = pl_triton.load(refs["conf_hoisted"].at[index], mask=self.batch_valid,
                             other=0.0)
-      for chunk, weight in zip(e, self.conf_w_e):
-        conf = conf + jnp.sum(chunk * weight[None, :], axis=1)
+      products = e[0] * self.conf_w_e[0][None, :]
+      for chunk, weight in zip(e[1:], self.conf_w_e[1:]):
+        products = products + chunk * weight[None, :]
+      conf = conf + jnp.sum(products, axis=1)  # one cross-thread reduction per step
       pl_triton.store(refs["confidence"].at[index], conf, mask=mask)
 
 

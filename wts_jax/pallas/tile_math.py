@@ -99,6 +99,18 @@ def small_product(operands: list[Operand], weight_chunks: list[jax.Array]) -> ja
   return total
 
 
+def slice_product(vectors: list[jax.Array], weight_chunks: list[jax.Array]) -> jax.Array:
+  """``Σ_c vector_c · weight_cᵀ`` for a narrow weight slice on CUDA cores in fp32:
+  vectors [BP, c] fp32, weights [w, c] (bf16, exact in fp32) → [BP, w] fp32 (one fp32
+  product per term, fp32 accumulation: the reference's arithmetic, no hi/lo split).
+  The chunks are summed elementwise first, so the step pays one cross-thread reduction."""
+  total = None
+  for vector, weight in zip(vectors, weight_chunks):
+    part = vector[:, None, :] * weight.astype(jnp.float32)[None, :, :]
+    total = part if total is None else total + part
+  return jnp.sum(total, axis=2)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Candidates:

@@ -4,14 +4,20 @@ One ``pallas_call`` with a grid of ``plan.num_programs`` co-resident programs an
 ``fori_loop`` over the K steps inside. Program ``p`` owns a shard of W2 rows; its first
 ``plan.resident_tiles`` tiles are loaded once before the loop and stay in registers for
 every step; the rest are streamed each step. Per step every program gathers
-``e = W1[x_{k-1}]`` for the batch, advances the head (redundantly in every program),
-scans its shard into local candidates (top-1 and log-sum-exp), publishes them, meets the
-others at the grid barrier of ``grid_sync``, and reduces all programs' candidates to the
-same token. Program 0 writes the per-step outputs.
+``e = W1[x_{k-1}]`` for the batch, advances the head, scans its shard into local
+candidates (top-1 and log-sum-exp), publishes them, meets the others at the grid barrier
+of ``grid_sync``, and reduces all programs' candidates to the same token. Program 0
+writes the per-step outputs.
 
-Kernel-side contract = the reference's (``wts_jax.reference``): fp32 logits, ``z`` and
-the serial matvec operands rounded to bf16, fp32 accumulation, ties to the lowest index,
-Gumbel noise from ``wts_jax.sampling``.
+The gated/rnn head advances ``redundant``-ly (every program computes all of z) or
+``split`` (``plan.serial_update``): each program computes its slice of z (and of the
+rnn state) from weight slices kept on chip, stores it in ``serial[k]``, and a second
+barrier per step (counter ``K + k``) precedes every program's read of the whole z.
+
+Kernel-side contract = the reference's (``wts_jax.reference``): fp32 logits, fp32 ``z``
+and serial state (met by bf16 weights in fp32 on CUDA cores, or as hi + lo bf16 parts
+on tensor cores), fp32 accumulation, ties to the lowest index, Gumbel noise from
+``wts_jax.sampling``.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.plan import next_power_of_two
 from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, launch,
-                                       optional_output_names, status_bit,
-                                       step_output_shapes, weight_input_names)
+                                       optional_output_names, splits_serial_update,
+                                       status_bit, step_output_shapes,
+                                       weight_input_names)
 
 KERNEL_NAME = "wts_persistent_walk"
 
@@ -40,6 +47,7 @@ def _input_names(spec: KernelSpec) -> list[str]:
 
 def _output_names(spec: KernelSpec) -> list[str]:
   return (["tokens", "status", "counters_out", "slot_scores", "slot_index"]
+          + (["serial"] if splits_serial_update(spec) else [])
           + optional_output_names(spec))
 
 
@@ -51,6 +59,7 @@ def _walk_kernel(*refs, spec: KernelSpec):
 
   # Invariant: these tiles are loaded once and stay on chip for all K steps.
   resident = [shard.load_w2_tile(t) for t in range(plan.resident_tiles)]
+  serial_weights = shard.resident_serial_weights()  # split: this program's slices
 
   first = pl_triton.load(refs["first_tokens"].at[shard.batch_ids], mask=shard.batch_valid,
                          other=0)
@@ -62,7 +71,16 @@ def _walk_kernel(*refs, spec: KernelSpec):
   def step_body(step, carry):
     prev, state, status = carry
     e = shard.gather_embedding(prev)
-    state, z = shard.advance(step, e, state)
+    if shard.split_serial:
+      shard.publish_serial(step, prev, e, serial_weights)
+      if num_programs > 1:
+        timed_out = grid_sync.arrive_and_wait(refs["counters_out"], spec.steps + step,
+                                              num_programs=num_programs,
+                                              spin_limit=spec.spin_limit, zero=zero)
+        status = status | status_bit(timed_out, STATUS_SYNC_TIMEOUT)
+      z = shard.load_serial(step)
+    else:
+      state, z = shard.advance(step, e, state)
     cand = shard.scan_shard(step, z, resident)
     shard.publish(step, cand)  # slot row `step` is never reused within a walk
     status = status | status_bit(jnp.max(cand.nan_seen) > 0, STATUS_NAN_LOGITS)
@@ -89,12 +107,17 @@ def persistent_walk(spec: KernelSpec, inputs: dict[str, jax.Array]) -> dict:
   """Launch the kernel once. ``inputs`` maps the input names (without the sync buffers)
   to arrays; returns the outputs by name."""
   plan, steps = spec.plan, spec.steps
+  # Barrier counters: one per step for the token exchange, one more for a split update.
+  counters = steps * (2 if splits_serial_update(spec) else 1)
   inputs = dict(inputs)
-  inputs["counters"] = jnp.zeros((steps,), jnp.int32)
+  inputs["counters"] = jnp.zeros((counters,), jnp.int32)
   inputs["status_in"] = jnp.zeros((1,), jnp.int32)
   shapes = step_output_shapes(spec, next_power_of_two(plan.num_programs), steps)
   shapes["status"] = jax.ShapeDtypeStruct((1,), jnp.int32)
-  shapes["counters_out"] = jax.ShapeDtypeStruct((steps,), jnp.int32)
+  shapes["counters_out"] = jax.ShapeDtypeStruct((counters,), jnp.int32)
+  fields = 2 if spec.head_type == "rnn" else 1  # z, and the rnn state
+  shapes["serial"] = jax.ShapeDtypeStruct((steps, fields, plan.padded_batch, plan.rank),
+                                          jnp.float32)
   in_names, out_names = _input_names(spec), _output_names(spec)
   # The sync buffers are zero-filled inputs aliased to outputs (the kernel uses the
   # output refs): the only kernel state that must start at a known value.
