@@ -40,8 +40,7 @@ def test_quantized_w2_kernel_equals_quantized_reference(scheme):
 
 
 @pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_stepwise_kernel_with_many_programs(head_type, batch):
+def test_stepwise_kernel_with_many_programs(head_type, batch=3):
   suite = TestWalkPallasInterpret()
   head, (base, first, hidden) = suite.make_case("small_v1000", head_type, batch, 7)
   key = jax.random.key(4)
@@ -98,13 +97,12 @@ def _split_plan(head, batch, config):
 
 
 @pytest.mark.parametrize("head_type", ["gated", "rnn"])
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("steps", [1, 7])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_split_serial_update_equals_reference(head_type, batch, steps, temperature):
+def test_split_serial_update_equals_reference(head_type, temperature, batch=3, steps=7):
   """The split serial update (one program computing every slice, in several rounds:
   rank 32 in slices of 16) gives the reference's tokens, logits and log-probabilities,
-  greedy and sampled with the same key."""
+  greedy and sampled with the same key. (It is also the default, so the shared walk
+  suite above runs it over B in {1, 3} x K in {1, 7} against both oracles.)"""
   suite = TestWalkPallasInterpret()
   head, (base, first, hidden) = suite.make_case("small_v1000", head_type, batch, steps)
   config = wts_jax.WalkConfig(interpret=True, serial_update="split")
@@ -115,8 +113,7 @@ def test_split_serial_update_equals_reference(head_type, batch, steps, temperatu
 
 
 @pytest.mark.parametrize("head_type", ["gated", "rnn"])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_redundant_serial_update_equals_reference(head_type, batch):
+def test_redundant_serial_update_equals_reference(head_type, batch=3):
   """The redundant update (every program computes all of z) stays selectable and exact."""
   suite = TestWalkPallasInterpret()
   head, (base, first, hidden) = suite.make_case("small_v517", head_type, batch, 7)
