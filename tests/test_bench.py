@@ -54,7 +54,9 @@ def quick_run(tmp_path_factory):
   stdout = io.StringIO()
   try:
     with contextlib.redirect_stdout(stdout):
+      # flush_impl kernel (Pallas interpret mode here): the GPU's one-executable chains.
       code = cli.main(["--platform", "cpu", "--quick", "--shape", "small_v1000",
+                       "--flush-impl", "kernel",
                        "--paths", "xla,torch-eager,torch-graph,wrong-tokens",
                        "--out", out, "--plot", str(out_dir / "quick.png")])
   finally:
@@ -88,7 +90,7 @@ def test_json_schema(quick_run):
   assert {r["batch"] for r in results["records"]} == {1, 4}
   sanity = [s for s in results["sanity"] if s["framework"] == "jax"]
   assert sanity and all("median_us" in s or "error" in s for s in sanity)
-  assert results["timing"]["flush_impl"] == "cond" and not results["timing"][
+  assert results["timing"]["flush_impl"] == "kernel" and not results["timing"][
       "flush_probe_error"]
   assert [(p["batch"], p["k"]) for p in results["point_times"]] == [(1, 4), (4, 4)]
   for phases in results["point_times"]:

@@ -16,10 +16,15 @@
 # Environment knobs: LIMIT_S (default 540, for a 600 s call), BUDGET_S (default
 # LIMIT_S - 60), AHEAD (points compiled together, default 3: one K sweep), JOBS
 # (compile threads, default 16), PATHS, BATCH, K, MODES, L2, PYTHON (default python3);
-# more wts-bench flags may follow OUT.
+# more wts-bench flags may follow OUT (e.g. --walks-per-repeat 20: less noise, more time).
+#
+# Time (H200, 2026-11-29, five paths, AHEAD=1): vanilla,gated 352 s; rnn 462 s, in two
+# calls. Compilation was 70-80 % of it (per point, the longest single compile: the
+# pallas-stepwise walk builds one Triton kernel per step); AHEAD=3 overlaps a K sweep's
+# compilations, expected about 260 s and 310 s. --paths all adds the wts variants.
 set -uo pipefail
 if [ $# -lt 2 ]; then
-  sed -n '2,20p' "$0"
+  awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"
   exit 2
 fi
 heads=$1

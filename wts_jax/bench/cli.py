@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
   timing.add_argument("--repeats", type=int, default=None, help="R (default 10)")
   timing.add_argument("--walks-per-repeat", type=int, default=None, help="N (default 10)")
   timing.add_argument("--flush-impl", default=None, choices=("kernel", "cond", "static"),
-                      help="the L2 flush step (default: kernel on GPU, cond on CPU; "
+                      help="the L2 flush step (default: kernel on GPU, static on CPU; "
                            "see timing.METHOD)")
   timing.add_argument("--flush-mb", type=float, default=None,
                       help="L2 flush buffer (default 256 on GPU, 4 on CPU)")
@@ -269,10 +269,11 @@ class Runner:
   """Runs the grid, building one results dict; the JSON is rewritten (atomically) after
   every point and mode, so a run that is cut short keeps every figure it finished.
 
-  Each point runs in two phases: (1) every JAX path of every mode is prepared and its
-  timing chain lowered here and compiled in a thread pool, with the reference walks and
-  the flush-only chains; (2) with nothing compiling, the reference runs, then each path
-  (torch paths are prepared now) is checked and timed, one at a time.
+  Points run in windows of ``--compile-ahead`` points, each in two phases: (1) for
+  every point of the window, every JAX path of every mode is prepared and its timing
+  chain lowered here and compiled in a thread pool, with the reference walks and the
+  flush-only chains; (2) with nothing compiling, point by point, the reference runs,
+  then each path (torch paths are prepared now) is checked and timed, one at a time.
   """
 
   def __init__(self, args, grid: dict, argv: list[str], *, clock=time.monotonic,
