@@ -32,6 +32,14 @@ only ``e_k = W1[x_{k-1}]`` and hoisted terms).
 Interpret mode (CPU tests) runs blocks one after another and has no semaphores, so the
 CPU suite runs this kernel with one block owning every chunk (the barrier is compiled
 out); the GPU suite covers the multi-block exchange.
+
+Opt-in variant (``WalkConfig(consumer_warpgroups=C)``, C in 1..3; unmeasured, see
+NOTES.md "v3c"): warp specialisation. Warpgroup 0 only issues TMA — the resident
+chunks, the streamed chunks into the ring (refilling a slot once every consumer has
+released it), and each step's base logits into a double-buffered shared-memory
+staging area one step ahead — with its registers lowered to 40; warpgroups 1..C take
+alternate chunks with the rest of the registers, each keeping its own per-lane
+candidates and publishing its own (score, row) pair in the grid exchange.
 """
 
 from __future__ import annotations
@@ -57,6 +65,13 @@ RING_STAGE_MIN = 1
 DEFAULT_RING_STAGES = 3
 BASE_PREFETCH = 2          # chunks of base logits in flight ahead of their use
 SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
+SMEM_ALIGNMENT = 1024      # every scratch allocation starts on a 1 KB boundary
+# The warp-specialised variant (``consumer_warpgroups > 0``): one producer warpgroup
+# (TMA only) + C consumer warpgroups (the GEMV). Registers move from the producer to the
+# consumers as in ``plgpu.emit_pipeline_warp_specialized``.
+MAX_CONSUMER_WARPGROUPS = 3
+PRODUCER_REGISTERS = 40
+EXCHANGE_PIECE = 64        # the exchange is reduced in [64]-pieces (warp-local layout)
 _WGMMA = plgpu.Layout.WGMMA
 _ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
 _COL_VECTOR = _WGMMA.reduce(0)   # an [r] vector (e, z), broadcast over rows
@@ -88,10 +103,19 @@ class MosaicPlan:
   vocab_size: int
   rank: int
   smem_per_block: int
+  # 0: the single-warpgroup kernel. C > 0: the warp-specialised kernel, one producer
+  # warpgroup (TMA of W2 chunks and base logits) + C consumer warpgroups.
+  consumer_warpgroups: int = 0
+  staged_batch: int = 0       # WS: base-logit rows the shared-memory staging holds
+  base_itemsize: int = 0      # WS: bytes per staged base logit
 
   @property
   def streamed_chunks(self) -> int:
     return self.chunks - self.resident_chunks
+
+  @property
+  def warp_specialized(self) -> bool:
+    return self.consumer_warpgroups > 0
 
   @property
   def resident_fraction(self) -> float:
@@ -102,19 +126,44 @@ class MosaicPlan:
     return (f"Mosaic GPU walk: {self.num_blocks} blocks × {self.chunks} chunks of "
             f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory "
             f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
-            f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)")
+            f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
+            + (f"; warp-specialised: 1 producer + {self.consumer_warpgroups} consumer "
+               "warpgroups, base logits staged by TMA" if self.warp_specialized else ""))
+
+
+def _aligned(nbytes: int) -> int:
+  return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+
+
+def ws_staging_bytes(*, chunks: int, consumer_warpgroups: int, batch: int,
+                     base_itemsize: int) -> int:
+  """Shared memory of the warp-specialised kernel besides the W2 slots: the base logits
+  of two steps ([2, chunks, B, 64]) and each consumer's candidates ([C, B, 64], f32 and
+  i32)."""
+  base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
+  candidates = consumer_warpgroups * batch * CHUNK_ROWS * 4
+  return _aligned(base) + 2 * _aligned(candidates)
 
 
 def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
                 resident_chunks: int | None = None, ring_stages: int | None = None,
-                num_blocks: int | None = None) -> MosaicPlan:
+                num_blocks: int | None = None, consumer_warpgroups: int = 0,
+                batch: int = MAX_BATCH, base_itemsize: int = 2) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
   Default split: everything resident when it fits; otherwise a 3-slot ring (96 KB in
   flight per SM at r = 256) and the most resident chunks that leave the streamed ones a
   whole number of ring rounds per step (the ring restarts every step, so every slot
-  index is static)."""
+  index is static).
+
+  ``consumer_warpgroups`` > 0 plans the warp-specialised kernel: its staging of the base
+  logits (``batch`` rows of ``base_itemsize`` bytes, two steps) and the consumers'
+  candidates come out of the same shared memory first. ``batch``/``base_itemsize`` do
+  not affect the single-warpgroup plan."""
+  if not 0 <= consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
+    raise ValueError(f"consumer_warpgroups={consumer_warpgroups} must be in "
+                     f"[0, {MAX_CONSUMER_WARPGROUPS}] (0: the single-warpgroup kernel)")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:
@@ -126,7 +175,13 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                      "not all be co-resident and the grid barrier would time out")
   chunks = math.ceil(math.ceil(vocab_size / blocks) / CHUNK_ROWS)
   chunk_bytes = CHUNK_ROWS * rank * 2
-  slots = (smem_per_block - SMEM_RESERVED_BYTES) // chunk_bytes
+  staging = 0
+  if consumer_warpgroups:
+    if not 1 <= batch <= MAX_BATCH:
+      raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
+    staging = ws_staging_bytes(chunks=chunks, consumer_warpgroups=consumer_warpgroups,
+                               batch=batch, base_itemsize=base_itemsize)
+  slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
                      f"{chunk_bytes}-byte chunks")
@@ -165,9 +220,13 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if resident_chunks + ring_stages > slots:
     raise ValueError(f"{resident_chunks} resident chunks + {ring_stages} ring slots exceed "
                      f"the {slots} chunks of shared memory per block")
+  ws = consumer_warpgroups > 0
   return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
-                    smem_per_block=smem_per_block)
+                    smem_per_block=smem_per_block,
+                    consumer_warpgroups=consumer_warpgroups,
+                    staged_batch=batch if ws else 0,
+                    base_itemsize=base_itemsize if ws else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +245,44 @@ def _chunk_scores(spec: MosaicSpec, logits, rows, stream, score_scale, noise_on)
     return logits
   noise = sampling.gumbel_from_uniform(sampling.uniform_from_stream(stream, rows))
   return logits * score_scale + jnp.where(noise_on, noise, 0.0)
+
+
+def _update_candidates(spec: MosaicSpec, weights, rows, base_of, z_rows, best, nan_lanes,
+                       sample):
+  """One 64-row chunk into the per-lane candidates: for every batch row b the logits
+  W·z_b + base_of(b) in fp32, NaN lanes flagged, the greedy or Gumbel score, and a strict
+  ``>`` update — rows arrive in increasing order per lane, so a tie keeps the lowest
+  row. ``sample``: (streams, score_scale, noise_on) per row, None when greedy."""
+  w = weights.astype(jnp.float32)
+  new_best = []
+  for b in range(spec.batch):
+    logits = (w * z_rows[b]).sum(axis=1) + base_of(b)
+    nan_lanes = nan_lanes | jnp.where(logits != logits, 1, 0)
+    scores = (logits if spec.greedy else
+              _chunk_scores(spec, logits, rows, sample[0][b], sample[1][b], sample[2][b]))
+    better = scores > best[b][0]
+    new_best.append((jnp.where(better, scores, best[b][0]),
+                     jnp.where(better, rows, best[b][1])))
+  return new_best, nan_lanes
+
+
+def _signal_and_poll(sem, participants, step, spin_limit):
+  """The grid barrier of step ``step``: release this participant's published pairs
+  (semaphore + 1), then poll it — bounded — until all ``participants`` have signalled
+  this step. Returns 1 when ``spin_limit`` polls ran out (never a hang), else 0."""
+  plgpu.semaphore_signal(sem, 1, memory_scope="gpu")   # release our pairs
+  target = participants * (step + 1)   # the counter only grows: no reset between steps
+
+  def waiting(state):
+    polls, seen = state
+    return jnp.logical_and(seen < target, polls < spin_limit)
+
+  def poll(state):
+    polls, _ = state
+    return polls + 1, pl.semaphore_read(sem)
+
+  _, seen = lax.while_loop(waiting, poll, (jnp.int32(0), pl.semaphore_read(sem)))
+  return jnp.where(seen < target, 1, 0)
 
 
 def _walk_kernel(*refs, spec: MosaicSpec):
@@ -259,18 +356,10 @@ def _walk_kernel(*refs, spec: MosaicSpec):
         base_ahead.append(load_base(next_step, c + prefetch - plan.chunks))
       base = base_ahead.pop(0)
       rows = chunk_start(c) + row_iota
-      w = weights.astype(jnp.float32)
-      new_best = []
-      for b in range(batch):
-        logits = (w * z_rows[b]).sum(axis=1) + base[b].astype(jnp.float32)
-        nan_lanes = nan_lanes | jnp.where(logits != logits, 1, 0)
-        scores = (logits if spec.greedy else
-                  _chunk_scores(spec, logits, rows, streams[b], score_scale[b],
-                                noise_on[b]))
-        better = scores > best[b][0]   # strict: rows arrive in increasing order per lane
-        new_best.append((jnp.where(better, scores, best[b][0]),
-                         jnp.where(better, rows, best[b][1])))
-      return new_best, nan_lanes
+      return _update_candidates(spec, weights, rows,
+                                lambda b: base[b].astype(jnp.float32), z_rows, best,
+                                nan_lanes, None if spec.greedy else
+                                (streams, score_scale, noise_on))
 
     for c in range(res):
       best, nan_lanes = take_chunk(c, _load(w_s.at[c], _WGMMA), best, nan_lanes)
@@ -293,22 +382,9 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       top = values.max()
       xv_g[parity, b, block] = top
       xi_g[parity, b, block] = jnp.min(jnp.where(values == top, rows, _BIG_INDEX))
-    if multi_block:
-      plgpu.semaphore_signal(sem, 1, memory_scope="gpu")   # release our pairs
     timed_out = jnp.int32(0)
     if multi_block:
-      target = blocks * (step + 1)   # the counter only grows: no reset between steps
-
-      def waiting(state):
-        polls, seen = state
-        return jnp.logical_and(seen < target, polls < spec.spin_limit)
-
-      def poll(state):
-        polls, _ = state
-        return polls + 1, pl.semaphore_read(sem)
-
-      _, seen = lax.while_loop(waiting, poll, (jnp.int32(0), pl.semaphore_read(sem)))
-      timed_out = jnp.where(seen < target, 1, 0)
+      timed_out = _signal_and_poll(sem, blocks, step, spec.spin_limit)
     tokens = []
     for b in range(batch):
       valid = lane_iota < blocks
@@ -336,6 +412,246 @@ def _walk_kernel(*refs, spec: MosaicSpec):
   flag_g[block] = flags
 
 
+def _ws_lanes(blocks: int, consumers: int) -> int:
+  """Exchange lanes of the warp-specialised kernel: one per (block, consumer), padded
+  to whole ``EXCHANGE_PIECE``s."""
+  return -(-blocks * consumers // EXCHANGE_PIECE) * EXCHANGE_PIECE
+
+
+def _ws_consumer_registers(consumers: int) -> int:
+  # As plgpu.emit_pipeline_warp_specialized: the 64K-register file is 512 registers per
+  # thread of one warpgroup; the producer's share removed, the rest split over the
+  # consumers, at most 256 and a multiple of 8 (C = 2: 232).
+  return int(min(256, (512 - PRODUCER_REGISTERS) // consumers) // 8 * 8)
+
+
+def _top_pair(values, rows):
+  """(max, lowest row at the max) of a [64] vector in the column layout, whose reduction
+  stays inside each warp: concurrent consumer warpgroups never touch Mosaic's cross-warp
+  reduction scratch (one shared-memory address for every warpgroup)."""
+  top = values.max()
+  return top, jnp.min(jnp.where(values == top, rows, _BIG_INDEX))
+
+
+def _merge_pair(best, pair):
+  """Merge two (score, index) scalar pairs: higher score, then lower index."""
+  (best_v, best_i), (v, i) = best, pair
+  return (jnp.maximum(best_v, v),
+          jnp.where(v > best_v, i, jnp.where(v == best_v, jnp.minimum(best_i, i), best_i)))
+
+
+def _ws_walk_kernel(*refs, spec: MosaicSpec):
+  """The warp-specialised walk: warpgroup 0 produces, warpgroups 1..C consume.
+
+  Producer (``PRODUCER_REGISTERS`` registers, TMA only): the resident chunks once; every
+  streamed chunk of every step, in order, into ring slot ``j % stages`` once all C
+  consumers have released that slot's previous chunk (``ring_free``: C arrivals); the
+  base logits of step k + 1 ([chunks, B, 64], one TMA per chunk for all rows) into
+  staging buffer ``(k + 1) % 2`` once every consumer is done with step k - 1
+  (``base_free``).
+
+  Consumer c owns the chunks i ≡ c (mod C). Every consumer waits on every phase of every
+  ring slot, in order (a warpgroup that waits on a barrier must observe all its phases),
+  and releases the slot — right after loading its own chunk into registers, at once for
+  the others'. Per-lane candidates as in the single-warpgroup kernel; at the end of the
+  step each consumer reduces them to one (score, row) pair per batch row through its own
+  shared-memory scratch (column layout: warp-local reductions only) and publishes the
+  pair as exchange lane ``block * C + c``; every consumer then polls the global
+  semaphore (bounded, target ``blocks * C * (step + 1)``) and reduces all lanes to the
+  same token. With one block an intra-block barrier among the consumers replaces the
+  semaphore (interpret mode has no semaphores)."""
+  plan, batch = spec.plan, spec.batch
+  vocab, rank = plan.vocab_size, plan.rank
+  consumers = plan.consumer_warpgroups
+  if spec.greedy:
+    (w2_g, base_g, w1_g, first_g, tok_g, flag_g, xv_g, xi_g, w_s, base_s, cand_v, cand_i,
+     res_bar, ring_bar, ring_free, base_bar, base_free, x_bar) = refs
+  else:
+    (w2_g, base_g, w1_g, first_g, seed_g, scale_g, noise_g, tok_g, flag_g, xv_g, xi_g,
+     w_s, base_s, cand_v, cand_i, res_bar, ring_bar, ring_free, base_bar, base_free,
+     x_bar) = refs
+  blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
+  chunks, streamed, steps = plan.chunks, plan.streamed_chunks, spec.steps
+  total_streamed = steps * streamed
+  block = lax.axis_index("blocks")
+  warpgroup = lax.axis_index("wg")
+  multi_block = blocks > 1
+  sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
+  pairs = blocks * consumers                 # exchange lanes in use
+  pieces = _ws_lanes(blocks, consumers) // EXCHANGE_PIECE
+
+  def chunk_start(c):
+    # Clamped, so the last chunks overlap earlier rows rather than read past V.
+    return jnp.minimum(block * (chunks * CHUNK_ROWS) + c * CHUNK_ROWS, vocab - CHUNK_ROWS)
+
+  def copy_chunk(c, slot_index, barrier):
+    plgpu.copy_gmem_to_smem(w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
+                            w_s.at[slot_index], barrier)
+
+  def copy_base(step, parity):
+    for c in range(chunks):
+      plgpu.copy_gmem_to_smem(base_g.at[:, step, pl.ds(chunk_start(c), CHUNK_ROWS)],
+                              base_s.at[parity, c], base_bar.at[parity])
+
+  # --- producer ------------------------------------------------------------------
+  @pl.when(warpgroup == 0)
+  def _producer():
+    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+    # Invariant: chunks [0, res) are copied once here and stay in shared memory.
+    for c in range(res):
+      copy_chunk(c, c, res_bar)
+    copy_base(0, 0)
+    for g in range(min(stages, total_streamed)):
+      copy_chunk(res + g, res + g, ring_bar.at[g])
+
+    def refill(j):
+      # Streamed chunk j of this step into slot j % stages (static: the ring restarts
+      # every step) once every consumer has released chunk j - stages (it may belong to
+      # the previous step: the ring runs ahead across the step boundary).
+      slot = j % stages
+      plgpu.barrier_wait(ring_free.at[slot])
+      copy_chunk(res + j, res + slot, ring_bar.at[slot])
+
+    def next_base(step):
+      @pl.when(step + 1 < steps)
+      def _():
+        @pl.when(step >= 1)
+        def _():
+          plgpu.barrier_wait(base_free.at[lax.rem(step + 1, 2)])   # step - 1 is done
+        copy_base(step + 1, lax.rem(step + 1, 2))
+
+    def produce_step(step, carry):
+      for j in range(streamed):
+        if j < stages:    # step 0's first round went out before the loop
+          pl.when(step > 0)(functools.partial(refill, j))
+        else:
+          refill(j)
+        if j == stages - 1:
+          next_base(step)
+      if not streamed:
+        next_base(step)
+      return carry
+
+    lax.fori_loop(0, steps, produce_step, jnp.int32(0))
+    # Observe the phases nobody waited on (every slot's last chunk, the last two steps'
+    # base buffers): every barrier ends the kernel quiescent.
+    if total_streamed:
+      for slot in range(stages):
+        plgpu.barrier_wait(ring_free.at[slot])
+    for step in range(max(0, steps - 2), steps):
+      plgpu.barrier_wait(base_free.at[step % 2])
+
+  # --- consumers -----------------------------------------------------------------
+  def consume(me):
+    plgpu.set_max_registers(_ws_consumer_registers(consumers), action="increase")
+    lane = block * consumers + me
+    row_iota = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS,), 0, layout=_ROW_VECTOR)
+    piece_iota = plgpu.broadcasted_iota(jnp.int32, (EXCHANGE_PIECE,), 0,
+                                        layout=_COL_VECTOR)
+    mine = [c for c in range(chunks) if c % consumers == me]
+    if not spec.greedy:
+      seed = (seed_g[0], seed_g[1])
+      score_scale = [scale_g[b] for b in range(batch)]
+      noise_on = [noise_g[b] != 0 for b in range(batch)]
+    if res:
+      plgpu.barrier_wait(res_bar)
+
+    def gather(tokens):
+      return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
+              for b in range(batch)]
+
+    def step_body(step, carry):
+      z, nan_lanes, flags = carry
+      parity = lax.rem(step, 2)
+      z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
+      if not spec.greedy:
+        streams = [sampling.stream_key(seed, jnp.uint32(b), step) for b in range(batch)]
+      best = [(jnp.full((CHUNK_ROWS,), _NEG_INF, jnp.float32),
+               jnp.zeros((CHUNK_ROWS,), jnp.int32)) for _ in range(batch)]
+      plgpu.barrier_wait(base_bar.at[parity])
+
+      def take_chunk(c, weights, best, nan_lanes):
+        rows = chunk_start(c) + row_iota
+        return _update_candidates(
+            spec, weights, rows,
+            lambda b: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
+            z_rows, best, nan_lanes,
+            None if spec.greedy else (streams, score_scale, noise_on))
+
+      if not mine:
+        plgpu.barrier_arrive(base_free.at[parity])
+      for c in range(chunks):
+        owned = c % consumers == me
+        if c < res:
+          if owned:
+            best, nan_lanes = take_chunk(c, _load(w_s.at[c], _WGMMA), best, nan_lanes)
+        else:
+          slot = (c - res) % stages
+          plgpu.barrier_wait(ring_bar.at[slot])
+          weights = None
+          if owned:
+            weights = _load(w_s.at[res + slot], _WGMMA)
+            # Generic-proxy reads before the slot's next TMA write (async proxy): the
+            # cross-proxy fence, then the release (the interpreter's race detector
+            # asks for exactly this; see NOTES "v3c").
+            plgpu.commit_smem()
+          plgpu.barrier_arrive(ring_free.at[slot])   # the chunk is in registers
+          if owned:
+            best, nan_lanes = take_chunk(c, weights, best, nan_lanes)
+        if mine and c == mine[-1]:
+          plgpu.commit_smem()
+          plgpu.barrier_arrive(base_free.at[parity])   # this step's base logits are read
+
+      # This consumer's pair per row: the per-lane candidates through its own scratch
+      # into the column layout, whose reductions stay inside each warp.
+      for b in range(batch):
+        cand_v.at[me, b][...] = best[b][0]
+        cand_i.at[me, b][...] = best[b][1]
+        top, row = _top_pair(_load(cand_v.at[me, b], _COL_VECTOR),
+                             _load(cand_i.at[me, b], _COL_VECTOR))
+        xv_g[parity, b, lane] = top
+        xi_g[parity, b, lane] = row
+      timed_out = jnp.int32(0)
+      if multi_block:
+        timed_out = _signal_and_poll(sem, pairs, step, spec.spin_limit)
+      elif consumers > 1:
+        plgpu.barrier_arrive(x_bar)   # one block: the consumers meet in shared memory
+        plgpu.barrier_wait(x_bar)
+      tokens = []
+      for b in range(batch):
+        top = (jnp.float32(_NEG_INF), jnp.int32(_BIG_INDEX))
+        for piece in range(pieces):
+          lanes_here = pl.ds(piece * EXCHANGE_PIECE, EXCHANGE_PIECE)
+          valid = piece * EXCHANGE_PIECE + piece_iota < pairs
+          values = jnp.where(valid, _load(xv_g.at[parity, b, lanes_here], _COL_VECTOR,
+                                          optimized=False), _NEG_INF)
+          indices = jnp.where(valid, _load(xi_g.at[parity, b, lanes_here], _COL_VECTOR,
+                                           optimized=False), _BIG_INDEX)
+          top = _merge_pair(top, _top_pair(values, indices))
+        tokens.append(jnp.clip(top[1], 0, vocab - 1))   # a NaN row is flagged, not followed
+
+      if me == 0:
+        @pl.when(block == 0)
+        def _():
+          for b in range(batch):
+            tok_g[b, step] = tokens[b]
+
+      flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
+      return gather(tokens), nan_lanes, flags
+
+    first = [jnp.clip(first_g[b], 0, vocab - 1) for b in range(batch)]
+    _, nan_lanes, flags = lax.fori_loop(
+        0, steps, step_body,
+        (gather(first), plgpu.layout_cast(jnp.zeros((CHUNK_ROWS,), jnp.int32), _ROW_VECTOR),
+         jnp.int32(0)))
+    cand_i.at[me, 0][...] = nan_lanes
+    nan_seen = _load(cand_i.at[me, 0], _COL_VECTOR).max()
+    flag_g[lane] = flags | jnp.where(nan_seen > 0, STATUS_NAN_LOGITS, 0)
+
+  for me in range(consumers):
+    pl.when(warpgroup == 1 + me)(functools.partial(consume, me))
+
+
 def _interpret_params():
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
   return InterpretGPUParams()
@@ -345,24 +661,47 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                 score_scale=None, noise_on=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar)."""
   plan, batch, steps = spec.plan, spec.batch, spec.steps
-  lanes = max(128, -(-plan.num_blocks // 128) * 128)
   slots = plan.resident_chunks + plan.ring_stages
   transforms = _w2_transforms(jnp.dtype(w2.dtype).itemsize)
+  w_slots = plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype, transforms=transforms)
+  res_bar = plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1)
+  ring_bar = plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages))
+  if not plan.warp_specialized:
+    body, status_words, threads = _walk_kernel, plan.num_blocks, {}
+    lanes = max(128, -(-plan.num_blocks // 128) * 128)
+    scratch = [w_slots, res_bar, ring_bar]
+  else:
+    consumers = plan.consumer_warpgroups
+    itemsize = jnp.dtype(base_logits.dtype).itemsize
+    if batch > plan.staged_batch or itemsize > plan.base_itemsize:
+      raise ValueError(f"the plan stages {plan.staged_batch} rows of {plan.base_itemsize}-"
+                       f"byte base logits; this walk has {batch} rows of {itemsize} bytes")
+    body, status_words = _ws_walk_kernel, plan.num_blocks * consumers
+    threads = dict(num_threads=1 + consumers, thread_name="wg")
+    lanes = _ws_lanes(plan.num_blocks, consumers)
+    scratch = [
+        w_slots,
+        plgpu.SMEM((2, plan.chunks, batch, CHUNK_ROWS), base_logits.dtype),  # base_s
+        plgpu.SMEM((consumers, batch, CHUNK_ROWS), jnp.float32),             # cand_v
+        plgpu.SMEM((consumers, batch, CHUNK_ROWS), jnp.int32),               # cand_i
+        res_bar, ring_bar,
+        plgpu.Barrier(num_arrivals=consumers, num_barriers=max(1, plan.ring_stages)),
+        plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=2),             # base_bar
+        plgpu.Barrier(num_arrivals=consumers, num_barriers=2),               # base_free
+        plgpu.Barrier(num_arrivals=consumers, num_barriers=1),               # x_bar
+    ]
   kernel = plgpu.kernel(
-      functools.partial(_walk_kernel, spec=spec),
+      functools.partial(body, spec=spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
-                jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
+                jax.ShapeDtypeStruct((status_words,), jnp.int32),
                 jax.ShapeDtypeStruct((2, batch, lanes), jnp.float32),
                 jax.ShapeDtypeStruct((2, batch, lanes), jnp.int32)),
       grid=(plan.num_blocks,), grid_names=("blocks",),
-      scratch_types=[
-          plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype, transforms=transforms),
-          plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
-          plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages)),
-      ],
+      scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane),
       interpret=_interpret_params() if spec.interpret else None,
+      **threads,
   )
   operands = [w2, base_logits, w1, first_tokens.astype(jnp.int32)]
   if not spec.greedy:
@@ -391,13 +730,17 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
     return ("interpret mode runs blocks one after another and has no semaphores: "
             "use num_programs=1")
   try:
-    make_plan(head, config)
+    make_plan(head, config, batch=batch)
   except ValueError as err:
     return str(err)
   return None
 
 
-def make_plan(head, config) -> MosaicPlan:
+def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
+              ) -> MosaicPlan:
+  """The plan of ``head`` under ``config``; ``config.consumer_warpgroups`` > 0 selects
+  the warp-specialised kernel, whose base-logit staging is sized for ``batch`` rows of
+  ``base_itemsize`` bytes."""
   from wts_jax.pallas.plan import DeviceInfo
   vocab, rank = head.config.vocab_size, head.config.rank
   if config.interpret:
@@ -421,7 +764,9 @@ def make_plan(head, config) -> MosaicPlan:
   try:
     return plan_mosaic(vocab_size=vocab, rank=rank, num_sms=num_sms,
                        smem_per_block=smem, resident_chunks=resident,
-                       ring_stages=config.num_stages, num_blocks=blocks)
+                       ring_stages=config.num_stages, num_blocks=blocks,
+                       consumer_warpgroups=getattr(config, "consumer_warpgroups", 0),
+                       batch=batch, base_itemsize=base_itemsize)
   except ValueError as err:
     if residency == "full":
       raise ValueError(f"residency='full' does not fit the Mosaic kernel's shared "
@@ -433,7 +778,9 @@ def make_plan(head, config) -> MosaicPlan:
 def kernel_walk(head, base_logits, first_tokens, hidden, mode, *, config):
   """``walk(..., impl="pallas")`` on the Mosaic kernel (see ``unsupported_reason``)."""
   batch, steps, _ = base_logits.shape
-  spec = MosaicSpec(plan=make_plan(head, config), batch=batch, steps=steps,
+  plan = make_plan(head, config, batch=batch,
+                   base_itemsize=jnp.dtype(base_logits.dtype).itemsize)
+  spec = MosaicSpec(plan=plan, batch=batch, steps=steps,
                     greedy=mode.greedy, spin_limit=config.sync_spin_limit,
                     interpret=config.interpret)
   return _launch(spec, head, base_logits, first_tokens, hidden, mode.score_scale,
