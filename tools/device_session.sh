@@ -17,7 +17,7 @@ if has sweep; then
   stamp sweep
   timeout ${SWEEP_S:-200} python tools/bench_variants.py --shape qwen3_4b --head vanilla \
     --batch 1 --k 7 --mode greedy --l2 cold,warm --repeats 6 --walks-per-repeat 10 \
-    --paths torch-graph,wts-triton,${SWEEP_PATHS:-wts-m-r3s3,wts-m-r4s2,wts-m-r6s1,wts-m-r2s4,wts-m-r0s6,wts-m-r0s3} \
+    --paths torch-graph,wts-triton,${SWEEP_PATHS:-wts-m-r3s3,wts-ws1-r3s3,wts-ws2-r3s3,wts-ws3-r3s3,wts-ws2-r4s2,wts-ws2-r2s4,wts-ws2-r0s6} \
     --out "$OUT/mosaic_sweep.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_sweep.log"
 fi
 if has side; then
