@@ -159,3 +159,17 @@ def test_plan_serial_update_slices():
   assert "redundant" in redundant.describe()
   with pytest.raises(ValueError, match="serial_update"):
     wts_jax.WalkConfig(serial_update="both")
+
+
+def test_reduced_index_outside_the_vocabulary_becomes_token_zero():
+  """After a barrier timeout a peer's slot may hold uninitialised memory: any index
+  outside [0, V) — negative included — must not become a W1 row (it was an illegal
+  address on the H200)."""
+  from wts_jax.pallas import tile_math
+  index = jax.numpy.array([-7, 0, 99, 100, 1 << 30, -(1 << 31)], jax.numpy.int32)
+  zeros = jax.numpy.zeros(index.shape, jax.numpy.float32)
+  reduced = tile_math.Candidates(best_score=zeros, best_index=index, chosen_scaled=zeros,
+                                 lse_max=zeros, lse_sum=zeros + 1,
+                                 nan_seen=index * 0)
+  token, _, _ = tile_math.chosen_token(reduced, vocab_size=100)
+  np.testing.assert_array_equal(np.asarray(token), [0, 0, 99, 0, 0, 0])

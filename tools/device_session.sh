@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One device call: demo, Mosaic kernel sweep + side-by-side timing, GPU tests, sanitizer.
+# One device call: demo, Mosaic kernel sweep + side-by-side timing, profile, GPU tests,
+# sanitizer.
 # bash tools/device_session.sh  (writes logs and JSON under $OUT)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-SECTIONS=${SECTIONS:-demo,sweep,side,tests,sanitizer}
+SECTIONS=${SECTIONS:-demo,sweep,side,profile,tests,sanitizer}
 has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -27,11 +28,24 @@ if has side; then
     --paths xla,pallas-stepwise,torch-eager,torch-graph,wts,wts-triton \
     --out "$OUT/mosaic_side.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_side.log"
 fi
+if has profile; then
+  stamp profile
+  timeout ${PROFILE_S:-150} python tools/profile_mosaic.py --out "$OUT/profile" \
+    --splits ${PROFILE_SPLITS:-3/3,0/6,4/2} --batch ${PROFILE_BATCH:-1} 2>&1 \
+    | grep -v Warning | tee "$OUT/profile.log"
+fi
 if has tests; then
   stamp tests
-  timeout ${TESTS_S:-200} python -m pytest -m gpu tests/test_walk_gpu.py -q -rA -x \
-    -k "${TESTS_K:-mosaic or stress or one_kernel or starved or grid_larger}" 2>&1 \
-    | tail -40 | tee "$OUT/gpu_tests.log"
+  # One pytest process per group: a kernel fault (illegal address) poisons the CUDA
+  # context of its process, so later groups still run. Full logs under $OUT.
+  IFS=';' read -ra groups <<< "${TESTS_K:-mosaic;stress;one_kernel or grid_larger;starved}"
+  for group in "${groups[@]}"; do
+    stamp "tests: $group"
+    timeout ${TESTS_S:-200} python -m pytest -m gpu tests/test_walk_gpu.py -v -rA -x \
+      -k "$group" > "$OUT/gpu_tests_${group// /_}.log" 2>&1
+    grep -E "PASSED|FAILED|ERROR|passed|failed|Error|error:" "$OUT/gpu_tests_${group// /_}.log" \
+      | grep -v "CUDA error: Error destroying" | head -60 | tee -a "$OUT/gpu_tests.log"
+  done
 fi
 if has sanitizer; then
   stamp sanitizer

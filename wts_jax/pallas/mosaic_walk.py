@@ -63,7 +63,6 @@ MAX_BATCH = 4              # register GEMV per row: more rows belong on tensor c
 AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: measured faster at B = 1 only
 RING_STAGE_MIN = 1
 DEFAULT_RING_STAGES = 3
-BASE_PREFETCH = 2          # chunks of base logits in flight ahead of their use
 SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
 SMEM_ALIGNMENT = 1024      # every scratch allocation starts on a 1 KB boundary
 # The warp-specialised variant (``consumer_warpgroups > 0``): one producer warpgroup
@@ -106,8 +105,8 @@ class MosaicPlan:
   # 0: the single-warpgroup kernel. C > 0: the warp-specialised kernel, one producer
   # warpgroup (TMA of W2 chunks and base logits) + C consumer warpgroups.
   consumer_warpgroups: int = 0
-  staged_batch: int = 0       # WS: base-logit rows the shared-memory staging holds
-  base_itemsize: int = 0      # WS: bytes per staged base logit
+  staged_batch: int = MAX_BATCH   # base-logit rows the shared-memory staging holds
+  base_itemsize: int = 2          # bytes per staged base logit
 
   @property
   def streamed_chunks(self) -> int:
@@ -135,11 +134,11 @@ def _aligned(nbytes: int) -> int:
   return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
-def ws_staging_bytes(*, chunks: int, consumer_warpgroups: int, batch: int,
-                     base_itemsize: int) -> int:
-  """Shared memory of the warp-specialised kernel besides the W2 slots: the base logits
-  of two steps ([2, chunks, B, 64]) and each consumer's candidates ([C, B, 64], f32 and
-  i32)."""
+def staging_bytes(*, chunks: int, consumer_warpgroups: int, batch: int,
+                  base_itemsize: int) -> int:
+  """Shared memory besides the W2 slots: the base logits of two steps
+  ([2, chunks, B, 64], staged by TMA one step ahead) and, in the warp-specialised
+  kernel, each consumer's candidates ([C, B, 64], f32 and i32)."""
   base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
   candidates = consumer_warpgroups * batch * CHUNK_ROWS * 4
   return _aligned(base) + 2 * _aligned(candidates)
@@ -158,9 +157,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   index is static).
 
   ``consumer_warpgroups`` > 0 plans the warp-specialised kernel: its staging of the base
-  logits (``batch`` rows of ``base_itemsize`` bytes, two steps) and the consumers'
-  candidates come out of the same shared memory first. ``batch``/``base_itemsize`` do
-  not affect the single-warpgroup plan."""
+  consumers' candidates come out of the same shared memory first. Both kernels stage the
+  base logits (``batch`` rows of ``base_itemsize`` bytes, two steps) there too."""
   if not 0 <= consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
     raise ValueError(f"consumer_warpgroups={consumer_warpgroups} must be in "
                      f"[0, {MAX_CONSUMER_WARPGROUPS}] (0: the single-warpgroup kernel)")
@@ -175,12 +173,10 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                      "not all be co-resident and the grid barrier would time out")
   chunks = math.ceil(math.ceil(vocab_size / blocks) / CHUNK_ROWS)
   chunk_bytes = CHUNK_ROWS * rank * 2
-  staging = 0
-  if consumer_warpgroups:
-    if not 1 <= batch <= MAX_BATCH:
-      raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
-    staging = ws_staging_bytes(chunks=chunks, consumer_warpgroups=consumer_warpgroups,
-                               batch=batch, base_itemsize=base_itemsize)
+  if not 1 <= batch <= MAX_BATCH:
+    raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
+  staging = staging_bytes(chunks=chunks, consumer_warpgroups=consumer_warpgroups,
+                          batch=batch, base_itemsize=base_itemsize)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
@@ -220,13 +216,11 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if resident_chunks + ring_stages > slots:
     raise ValueError(f"{resident_chunks} resident chunks + {ring_stages} ring slots exceed "
                      f"the {slots} chunks of shared memory per block")
-  ws = consumer_warpgroups > 0
   return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
                     smem_per_block=smem_per_block,
                     consumer_warpgroups=consumer_warpgroups,
-                    staged_batch=batch if ws else 0,
-                    base_itemsize=base_itemsize if ws else 0)
+                    staged_batch=batch, base_itemsize=base_itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +231,11 @@ class MosaicSpec:
   greedy: bool
   spin_limit: int
   interpret: bool
+  # Developer profiling (tools/profile_mosaic.py): when set, Mosaic's on-device profiler
+  # records the kernel's named regions (``jax.named_scope``) into ``profile_dir``, with
+  # room for ``profile_space`` regions per warpgroup (taken from shared memory).
+  profile_dir: str = ""
+  profile_space: int = 0
 
 
 def _chunk_scores(spec: MosaicSpec, logits, rows, stream, score_scale, noise_on):
@@ -285,60 +284,92 @@ def _signal_and_poll(sem, participants, step, spin_limit):
   return jnp.where(seen < target, 1, 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _BlockCopies:
+  """This block's rows and its TMA copies (both kernels): W2 chunks into slots, a step's
+  base logits into a staging buffer."""
+  plan: MosaicPlan
+  block: jax.Array
+  w2_g: object
+  w_s: object
+  base_g: object
+  base_s: object
+  base_bar: object
+
+  def chunk_start(self, c):
+    # Clamped, so the last chunks overlap earlier rows rather than read past V.
+    plan = self.plan
+    return jnp.minimum(self.block * (plan.chunks * CHUNK_ROWS) + c * CHUNK_ROWS,
+                       plan.vocab_size - CHUNK_ROWS)
+
+  def chunk(self, c, slot_index, barrier):
+    plgpu.copy_gmem_to_smem(self.w2_g.at[pl.ds(self.chunk_start(c), CHUNK_ROWS)],
+                            self.w_s.at[slot_index], barrier)
+
+  def base(self, step, parity):
+    """All rows' base logits of ``step`` ([chunks, B, 64]) into buffer ``parity``;
+    ``base_bar[parity]`` completes when all ``chunks`` copies have landed."""
+    for c in range(self.plan.chunks):
+      plgpu.copy_gmem_to_smem(self.base_g.at[:, step, pl.ds(self.chunk_start(c),
+                                                            CHUNK_ROWS)],
+                              self.base_s.at[parity, c], self.base_bar.at[parity])
+
+
 def _walk_kernel(*refs, spec: MosaicSpec):
   plan, batch = spec.plan, spec.batch
   vocab, rank = plan.vocab_size, plan.rank
   if spec.greedy:
-    (w2_g, base_g, w1_g, first_g, tok_g, flag_g, xv_g, xi_g, w_s, res_bar, ring_bar) = refs
+    (w2_g, base_g, w1_g, first_g, tok_g, flag_g, xv_g, xi_g, w_s, base_s, res_bar,
+     ring_bar, base_bar) = refs
   else:
     (w2_g, base_g, w1_g, first_g, seed_g, scale_g, noise_g, tok_g, flag_g, xv_g, xi_g,
-     w_s, res_bar, ring_bar) = refs
+     w_s, base_s, res_bar, ring_bar, base_bar) = refs
   blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
   streamed = plan.streamed_chunks
   block = lax.axis_index("blocks")
   multi_block = blocks > 1
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
   lanes = max(128, -(-blocks // 128) * 128)
-  prefetch = min(BASE_PREFETCH, plan.chunks)
   row_iota = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS,), 0, layout=_ROW_VECTOR)
   lane_iota = plgpu.broadcasted_iota(jnp.int32, (lanes,), 0, layout=_ROW_VECTOR)
-
-  def chunk_start(c):
-    # Clamped, so the last chunks overlap earlier rows rather than read past V.
-    return jnp.minimum(block * (plan.chunks * CHUNK_ROWS) + c * CHUNK_ROWS,
-                       vocab - CHUNK_ROWS)
-
-  def copy_chunk(c, slot_index, barrier):
-    plgpu.copy_gmem_to_smem(w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
-                            w_s.at[slot_index], barrier)
+  copies = _BlockCopies(plan, block, w2_g, w_s, base_g, base_s, base_bar)
+  chunk_start, copy_chunk = copies.chunk_start, copies.chunk
 
   # Invariant: chunks [0, res) are copied once here and stay in shared memory.
-  for c in range(res):
-    copy_chunk(c, c, res_bar)
   total_streamed = spec.steps * streamed
-  for g in range(min(stages, total_streamed)):
-    copy_chunk(res + g, res + g, ring_bar.at[g])
-  if res:
-    plgpu.barrier_wait(res_bar)
+  with jax.named_scope("prologue"):
+    # Base logits by TMA, a step ahead: a register load per chunk issued a few chunks
+    # ahead stalled every third chunk by ~1 µs behind the W2 stream (profile, NOTES v4).
+    copies.base(0, 0)
+    for c in range(res):
+      copy_chunk(c, c, res_bar)
+    for g in range(min(stages, total_streamed)):
+      copy_chunk(res + g, res + g, ring_bar.at[g])
+    if res:
+      plgpu.barrier_wait(res_bar)
 
   if not spec.greedy:
     seed = (seed_g[0], seed_g[1])
     score_scale = [scale_g[b] for b in range(batch)]
     noise_on = [noise_g[b] != 0 for b in range(batch)]
 
-  def load_base(step, c):
-    """Base logits of chunk ``c`` at ``step`` for every row (a GMEM load in flight until
-    first used: issued ``BASE_PREFETCH`` chunks ahead of its use)."""
-    return [_load(base_g.at[b, step, pl.ds(chunk_start(c), CHUNK_ROWS)], _ROW_VECTOR,
-                  optimized=False) for b in range(batch)]
-
   def gather(tokens):
     return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
             for b in range(batch)]
 
   def step_body(step, carry):
-    z, base_ahead, flags = carry
-    base_ahead = list(base_ahead)
+    z, flags = carry
+    parity = lax.rem(step, 2)
+    with jax.named_scope("base_wait"):
+      plgpu.barrier_wait(base_bar.at[parity])
+
+    @pl.when(step + 1 < spec.steps)
+    def _():
+      # Buffer 1 - parity was read in the previous step: its generic-proxy reads are
+      # ordered before the TMA's write (fence + warpgroup barrier), then the copy.
+      plgpu.commit_smem()
+      copies.base(step + 1, 1 - parity)
+
     z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
     if not spec.greedy:
       streams = [sampling.stream_key(seed, jnp.uint32(b), step) for b in range(batch)]
@@ -347,54 +378,55 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     best = [(jnp.full((CHUNK_ROWS,), _NEG_INF, jnp.float32),
              jnp.zeros((CHUNK_ROWS,), jnp.int32)) for _ in range(batch)]
     nan_lanes = jnp.zeros((CHUNK_ROWS,), jnp.int32)
-    next_step = jnp.minimum(step + 1, spec.steps - 1)
 
     def take_chunk(c, weights, best, nan_lanes):
-      if c + prefetch < plan.chunks:
-        base_ahead.append(load_base(step, c + prefetch))
-      else:   # the next step's first chunks: they do not depend on this step's token
-        base_ahead.append(load_base(next_step, c + prefetch - plan.chunks))
-      base = base_ahead.pop(0)
       rows = chunk_start(c) + row_iota
-      return _update_candidates(spec, weights, rows,
-                                lambda b: base[b].astype(jnp.float32), z_rows, best,
-                                nan_lanes, None if spec.greedy else
-                                (streams, score_scale, noise_on))
+      return _update_candidates(
+          spec, weights, rows,
+          lambda b: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
+          z_rows, best, nan_lanes,
+          None if spec.greedy else (streams, score_scale, noise_on))
 
     for c in range(res):
-      best, nan_lanes = take_chunk(c, _load(w_s.at[c], _WGMMA), best, nan_lanes)
+      with jax.named_scope("resident_chunk"):
+        best, nan_lanes = take_chunk(c, _load(w_s.at[c], _WGMMA), best, nan_lanes)
     for j in range(streamed):
       # The ring restarts every step (streamed % stages == 0), so slots are static.
       slot = j % stages
-      plgpu.barrier_wait(ring_bar.at[slot])
-      best, nan_lanes = take_chunk(res + j, _load(w_s.at[res + slot], _WGMMA), best,
-                                   nan_lanes)
+      with jax.named_scope("ring_wait"):
+        plgpu.barrier_wait(ring_bar.at[slot])
+      with jax.named_scope("streamed_chunk"):
+        best, nan_lanes = take_chunk(res + j, _load(w_s.at[res + slot], _WGMMA), best,
+                                     nan_lanes)
       # Refill the slot with the chunk `stages` ahead — across the step boundary too.
       ahead = step * streamed + j + stages
 
       @pl.when(ahead < total_streamed)
       def _():
+        plgpu.commit_smem()   # our reads of the slot before the TMA's write
         copy_chunk(res + (j + stages) % streamed, res + slot, ring_bar.at[slot])
 
-    parity = lax.rem(step, 2)
-    for b in range(batch):
-      values, rows = best[b]
-      top = values.max()
-      xv_g[parity, b, block] = top
-      xi_g[parity, b, block] = jnp.min(jnp.where(values == top, rows, _BIG_INDEX))
+    with jax.named_scope("publish"):
+      for b in range(batch):
+        values, rows = best[b]
+        top = values.max()
+        xv_g[parity, b, block] = top
+        xi_g[parity, b, block] = jnp.min(jnp.where(values == top, rows, _BIG_INDEX))
     timed_out = jnp.int32(0)
     if multi_block:
-      timed_out = _signal_and_poll(sem, blocks, step, spec.spin_limit)
+      with jax.named_scope("grid_sync"):
+        timed_out = _signal_and_poll(sem, blocks, step, spec.spin_limit)
     tokens = []
-    for b in range(batch):
-      valid = lane_iota < blocks
-      values = jnp.where(valid, _load(xv_g.at[parity, b], _ROW_VECTOR, optimized=False),
-                         _NEG_INF)
-      indices = jnp.where(valid, _load(xi_g.at[parity, b], _ROW_VECTOR, optimized=False),
-                          _BIG_INDEX)
-      top = values.max()
-      token = jnp.min(jnp.where(values == top, indices, _BIG_INDEX))
-      tokens.append(jnp.clip(token, 0, vocab - 1))   # a NaN row is flagged, not followed
+    with jax.named_scope("exchange_reduce"):
+      for b in range(batch):
+        valid = lane_iota < blocks
+        values = jnp.where(valid, _load(xv_g.at[parity, b], _ROW_VECTOR, optimized=False),
+                           _NEG_INF)
+        indices = jnp.where(valid, _load(xi_g.at[parity, b], _ROW_VECTOR,
+                                         optimized=False), _BIG_INDEX)
+        top = values.max()
+        token = jnp.min(jnp.where(values == top, indices, _BIG_INDEX))
+        tokens.append(jnp.clip(token, 0, vocab - 1))   # a NaN row is flagged, not followed
 
     @pl.when(block == 0)
     def _():
@@ -403,12 +435,12 @@ def _walk_kernel(*refs, spec: MosaicSpec):
 
     flags = (flags | jnp.where(nan_lanes.max() > 0, STATUS_NAN_LOGITS, 0)
              | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0))
-    return gather(tokens), tuple(base_ahead), flags
+    with jax.named_scope("gather"):   # issues the W1 row loads; their first use waits
+      e = gather(tokens)
+    return e, flags
 
   first = [jnp.clip(first_g[b], 0, vocab - 1) for b in range(batch)]
-  base0 = tuple(load_base(0, c) for c in range(prefetch))
-  _, _, flags = lax.fori_loop(0, spec.steps, step_body,
-                              (gather(first), base0, jnp.int32(0)))
+  _, flags = lax.fori_loop(0, spec.steps, step_body, (gather(first), jnp.int32(0)))
   flag_g[block] = flags
 
 
@@ -480,18 +512,8 @@ def _ws_walk_kernel(*refs, spec: MosaicSpec):
   pairs = blocks * consumers                 # exchange lanes in use
   pieces = _ws_lanes(blocks, consumers) // EXCHANGE_PIECE
 
-  def chunk_start(c):
-    # Clamped, so the last chunks overlap earlier rows rather than read past V.
-    return jnp.minimum(block * (chunks * CHUNK_ROWS) + c * CHUNK_ROWS, vocab - CHUNK_ROWS)
-
-  def copy_chunk(c, slot_index, barrier):
-    plgpu.copy_gmem_to_smem(w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
-                            w_s.at[slot_index], barrier)
-
-  def copy_base(step, parity):
-    for c in range(chunks):
-      plgpu.copy_gmem_to_smem(base_g.at[:, step, pl.ds(chunk_start(c), CHUNK_ROWS)],
-                              base_s.at[parity, c], base_bar.at[parity])
+  copies = _BlockCopies(plan, block, w2_g, w_s, base_g, base_s, base_bar)
+  chunk_start, copy_chunk, copy_base = copies.chunk_start, copies.chunk, copies.base
 
   # --- producer ------------------------------------------------------------------
   @pl.when(warpgroup == 0)
@@ -666,27 +688,28 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
   w_slots = plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype, transforms=transforms)
   res_bar = plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1)
   ring_bar = plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages))
+  itemsize = jnp.dtype(base_logits.dtype).itemsize
+  if batch > plan.staged_batch or itemsize > plan.base_itemsize:
+    raise ValueError(f"the plan stages {plan.staged_batch} rows of {plan.base_itemsize}-"
+                     f"byte base logits; this walk has {batch} rows of {itemsize} bytes")
+  base_staging = plgpu.SMEM((2, plan.chunks, batch, CHUNK_ROWS), base_logits.dtype)
+  base_bar = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=2)
   if not plan.warp_specialized:
     body, status_words, threads = _walk_kernel, plan.num_blocks, {}
     lanes = max(128, -(-plan.num_blocks // 128) * 128)
-    scratch = [w_slots, res_bar, ring_bar]
+    scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
   else:
     consumers = plan.consumer_warpgroups
-    itemsize = jnp.dtype(base_logits.dtype).itemsize
-    if batch > plan.staged_batch or itemsize > plan.base_itemsize:
-      raise ValueError(f"the plan stages {plan.staged_batch} rows of {plan.base_itemsize}-"
-                       f"byte base logits; this walk has {batch} rows of {itemsize} bytes")
     body, status_words = _ws_walk_kernel, plan.num_blocks * consumers
     threads = dict(num_threads=1 + consumers, thread_name="wg")
     lanes = _ws_lanes(plan.num_blocks, consumers)
     scratch = [
-        w_slots,
-        plgpu.SMEM((2, plan.chunks, batch, CHUNK_ROWS), base_logits.dtype),  # base_s
+        w_slots, base_staging,
         plgpu.SMEM((consumers, batch, CHUNK_ROWS), jnp.float32),             # cand_v
         plgpu.SMEM((consumers, batch, CHUNK_ROWS), jnp.int32),               # cand_i
         res_bar, ring_bar,
         plgpu.Barrier(num_arrivals=consumers, num_barriers=max(1, plan.ring_stages)),
-        plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=2),             # base_bar
+        base_bar,
         plgpu.Barrier(num_arrivals=consumers, num_barriers=2),               # base_free
         plgpu.Barrier(num_arrivals=consumers, num_barriers=1),               # x_bar
     ]
@@ -699,7 +722,9 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
       grid=(plan.num_blocks,), grid_names=("blocks",),
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane),
+          lowering_semantics=plgpu.LoweringSemantics.Lane,
+          **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
+             if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
       **threads,
   )

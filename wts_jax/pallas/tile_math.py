@@ -205,7 +205,12 @@ def reduce_lanes(cand: Candidates, axis: int, valid=None):
 
 def chosen_token(reduced: Candidates, vocab_size: int):
   """(token, chosen_scaled, lse) from fully reduced candidates. A row with no finite
-  score (all -inf) takes index 0, as argmax does; NaN is reported by the status."""
-  token = jnp.where(reduced.best_index < vocab_size, reduced.best_index, 0)
+  score (all -inf) takes index 0, as argmax does; NaN is reported by the status. Any
+  index outside [0, V) — the sentinel, or a slot a peer never wrote after a barrier
+  timeout (uninitialised memory, possibly negative) — becomes 0 too: the token indexes
+  W1 next, and a negative row was an illegal address on the H200 (starved-barrier
+  test)."""
+  in_range = (reduced.best_index >= 0) & (reduced.best_index < vocab_size)
+  token = jnp.where(in_range, reduced.best_index, 0)
   lse = reduced.lse_max + jnp.log(reduced.lse_sum)
   return token, reduced.chosen_scaled, lse
