@@ -89,6 +89,21 @@ def test_mosaic_kernel_matches_reference(residency, batch, temperature):
   assert int(out.status) == 0
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_mosaic_wgmma_gemv_matches_reference(batch, temperature):
+  """The tensor-core GEMV (WGMMA against W1 rows staged by TMA) at the real shape."""
+  head, (base, first, hidden) = _real_case("vanilla", batch)
+  config = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma")
+  key = jax.random.key(11) if temperature else None
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0
+
+
 def test_mosaic_kernel_confidence_and_other_ranks():
   for rank in (64, 128):
     config = HeadConfig.qwen3_4b("vanilla", rank=rank, confidence=True)
@@ -126,11 +141,13 @@ def test_stepwise_kernel_matches_reference():
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
-@pytest.mark.parametrize("backend, batch", [("mosaic", 1), ("triton", 2)])
-def test_stress_1000_fresh_walks_equal_reference(backend, batch):
+@pytest.mark.parametrize("backend, batch, gemv", [("mosaic", 1, "registers"),
+                                                  ("mosaic", 1, "wgmma"),
+                                                  ("triton", 2, "registers")])
+def test_stress_1000_fresh_walks_equal_reference(backend, batch, gemv):
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   head = wts_jax.make_head(config, seed=3)
-  walk_config = wts_jax.WalkConfig(backend=backend)
+  walk_config = wts_jax.WalkConfig(backend=backend, mosaic_gemv=gemv)
   kernel = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas",
                                                 config=walk_config).tokens)
   reference = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="xla").tokens)

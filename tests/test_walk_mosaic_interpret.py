@@ -322,3 +322,43 @@ def test_ws_ties_across_consumers_minus_inf_and_nan():
       base.at[:, :, 999].set(1e4).at[1, 2, 77].set(jnp.nan))
   np.testing.assert_array_equal(np.asarray(tokens), 999)
   assert int(status) & wts_jax.output.STATUS_NAN_LOGITS
+
+
+# --- the WGMMA GEMV (WalkConfig.mosaic_gemv="wgmma") --------------------------------
+@pytest.mark.parametrize("batch, greedy", [(1, True), (4, False)])
+def test_wgmma_gemv_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
+  """z as 8 W1 rows per batch row in shared memory (TMA), one m64 n8B k256 WGMMA per
+  chunk: lowers through Mosaic GPU with the SMEM budget the planner computed."""
+  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                                 smem_per_block=H200_SMEM, batch=batch, gemv="wgmma")
+  assert "WGMMA" in plan.describe()
+  _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
+
+
+def test_wgmma_gemv_refuses_the_warp_specialised_kernel():
+  with pytest.raises(ValueError, match="single-warpgroup kernel only"):
+    mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                            smem_per_block=H200_SMEM, gemv="wgmma", consumer_warpgroups=2)
+  with pytest.raises(ValueError, match="mosaic_gemv"):
+    wts_jax.WalkConfig(mosaic_gemv="tensor")
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", [
+    (1000, 64, 1, 4, "auto", 0.0),    # everything resident
+    (520, 128, 3, 3, "none", 0.0),    # V % 64 = 8: the clamped last chunk; all streamed
+    (1000, 64, 2, 3, 64, 0.8),        # sampled, one resident chunk + ring
+])
+def test_wgmma_gemv_matches_reference(vocab, rank, batch, steps, residency, temperature):
+  """Tokens equal the XLA walk (greedy) and, sampled, bit for bit with the same key;
+  tokens near the end of the vocabulary take their W1 tile from V - 8."""
+  head, (base, first, _) = _case(vocab, rank, batch, steps, seed=21)
+  first = first.at[0].set(vocab - 2)       # the clamped W1 tile (column 6 of 8)
+  key = jax.random.key(3) if temperature else None
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
+                              mosaic_gemv="wgmma")
+  out = wts_jax.walk(head, base, first, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0

@@ -3,7 +3,8 @@
   python tools/bench_variants.py --paths wts,wts-triton,wts-m-r4s3,... [wts-bench args]
 
 ``wts-triton`` is the Triton kernel; ``wts-m-r{R}s{S}`` the Mosaic GPU kernel with R
-resident 64-row chunks per block and an S-slot TMA ring; ``wts-ws{C}-r{R}s{S}`` its
+resident 64-row chunks per block and an S-slot TMA ring; ``wts-mw-r{R}s{S}`` the same
+with its GEMV on tensor cores (WGMMA); ``wts-ws{C}-r{R}s{S}`` its
 warp-specialised variant with C consumer warpgroups. Development sweeps only: the
 paths every report compares are registered in ``wts_jax.bench.paths``.
 """
@@ -28,6 +29,15 @@ def register_variants():
           paths._wts_variant(backend="mosaic", residency=resident * 64,
                              num_stages=stages),
           description=f"Mosaic kernel, {resident} resident chunks, {stages}-slot ring")
+  for resident, stages in MOSAIC_SPLITS:
+    name = f"wts-mw-r{resident}s{stages}"
+    if name not in paths.PATHS:
+      paths.register_path(
+          name, paths.available_wts,
+          paths._wts_variant(backend="mosaic", mosaic_gemv="wgmma",
+                             residency=resident * 64, num_stages=stages),
+          description=f"Mosaic kernel, WGMMA GEMV (NOTES v5), {resident} resident "
+                      f"chunks, {stages}-slot ring")
   for consumers in (1, 2, 3):
     for resident, stages in ((3, 3), (4, 2), (2, 4), (0, 6)):
       name = f"wts-ws{consumers}-r{resident}s{stages}"

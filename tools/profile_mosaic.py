@@ -106,6 +106,7 @@ def main(argv=None):
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--steps", type=int, default=7)
   parser.add_argument("--clock-ghz", type=float, default=1.98)
+  parser.add_argument("--gemv", default="registers", choices=("registers", "wgmma"))
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
@@ -122,8 +123,9 @@ def main(argv=None):
     resident, stages = (int(x) for x in split.split("/"))
     plan = mw.plan_mosaic(vocab_size=config.vocab_size, rank=config.rank,
                           num_sms=device.num_sms, smem_per_block=smem,
-                          resident_chunks=resident, ring_stages=stages)
-    directory = os.path.join(args.out, f"r{resident}s{stages}")
+                          resident_chunks=resident, ring_stages=stages,
+                          batch=args.batch, gemv=args.gemv)
+    directory = os.path.join(args.out, f"{args.gemv}-r{resident}s{stages}")
     os.makedirs(directory, exist_ok=True)
     spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
                          spin_limit=wts_jax.WalkConfig().sync_spin_limit, interpret=False,

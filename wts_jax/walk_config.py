@@ -7,6 +7,7 @@ import numbers
 
 RESIDENCY_MODES = ("auto", "full", "none")
 BACKENDS = ("auto", "mosaic", "triton")
+MOSAIC_GEMVS = ("registers", "wgmma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,11 @@ class WalkConfig:
   # the warp-specialised variant with one TMA producer warpgroup and this many consumer
   # warpgroups (unmeasured; see NOTES.md "v3c"). Checked by the Mosaic planner.
   consumer_warpgroups: int = 0
+  # The Mosaic GPU kernel only: how a 64-row chunk meets z. "registers": an fp32 GEMV in
+  # registers (the default); "wgmma": a tensor-core WGMMA (64 x 8B x r, bf16 operands,
+  # fp32 accumulation), z copied from W1 into shared memory by TMA — exact for the
+  # vanilla head, whose z is a bf16 row of W1 (NOTES.md "v5").
+  mosaic_gemv: str = "registers"
 
   def __post_init__(self):
     residency = self.residency
@@ -72,6 +78,8 @@ class WalkConfig:
       raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
     if self.sync_spin_limit < 1:
       raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")
+    if self.mosaic_gemv not in MOSAIC_GEMVS:
+      raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
     if self.serial_update not in ("auto", "split", "redundant"):
       raise ValueError(f"serial_update={self.serial_update!r} must be 'auto', 'split' "
                        "or 'redundant'")

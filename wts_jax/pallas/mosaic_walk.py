@@ -59,6 +59,7 @@ from wts_jax import sampling
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 
 CHUNK_ROWS = 64            # rows per register GEMV (the WGMMA layout's row tile)
+Z_TILE_ROWS = 8            # WGMMA GEMV: W1 rows per batch row in shared memory (n = 8B)
 MAX_BATCH = 4              # register GEMV per row: more rows belong on tensor cores
 AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: measured faster at B = 1 only
 RING_STAGE_MIN = 1
@@ -107,6 +108,7 @@ class MosaicPlan:
   consumer_warpgroups: int = 0
   staged_batch: int = MAX_BATCH   # base-logit rows the shared-memory staging holds
   base_itemsize: int = 2          # bytes per staged base logit
+  gemv: str = "registers"         # or "wgmma" (single-warpgroup kernel only)
 
   @property
   def streamed_chunks(self) -> int:
@@ -127,7 +129,8 @@ class MosaicPlan:
             f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
             f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
             + (f"; warp-specialised: 1 producer + {self.consumer_warpgroups} consumer "
-               "warpgroups, base logits staged by TMA" if self.warp_specialized else ""))
+               "warpgroups, base logits staged by TMA" if self.warp_specialized else "")
+            + ("; GEMV on tensor cores (WGMMA)" if self.gemv == "wgmma" else ""))
 
 
 def _aligned(nbytes: int) -> int:
@@ -135,19 +138,22 @@ def _aligned(nbytes: int) -> int:
 
 
 def staging_bytes(*, chunks: int, consumer_warpgroups: int, batch: int,
-                  base_itemsize: int) -> int:
+                  base_itemsize: int, gemv: str = "registers", rank: int = 256) -> int:
   """Shared memory besides the W2 slots: the base logits of two steps
-  ([2, chunks, B, 64], staged by TMA one step ahead) and, in the warp-specialised
-  kernel, each consumer's candidates ([C, B, 64], f32 and i32)."""
+  ([2, chunks, B, 64], staged by TMA one step ahead); in the warp-specialised kernel
+  each consumer's candidates ([C, B, 64], f32 and i32); with the WGMMA GEMV the W1 rows
+  of z ([8B, r] bf16)."""
   base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
   candidates = consumer_warpgroups * batch * CHUNK_ROWS * 4
-  return _aligned(base) + 2 * _aligned(candidates)
+  z_rows = Z_TILE_ROWS * batch * rank * 2 if gemv == "wgmma" else 0
+  return _aligned(base) + 2 * _aligned(candidates) + _aligned(z_rows)
 
 
 def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, consumer_warpgroups: int = 0,
-                batch: int = MAX_BATCH, base_itemsize: int = 2) -> MosaicPlan:
+                batch: int = MAX_BATCH, base_itemsize: int = 2,
+                gemv: str = "registers") -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -159,6 +165,11 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   ``consumer_warpgroups`` > 0 plans the warp-specialised kernel: its staging of the base
   consumers' candidates come out of the same shared memory first. Both kernels stage the
   base logits (``batch`` rows of ``base_itemsize`` bytes, two steps) there too."""
+  if gemv not in ("registers", "wgmma"):
+    raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
+  if gemv == "wgmma" and consumer_warpgroups:
+    raise ValueError("the WGMMA GEMV runs in the single-warpgroup kernel only "
+                     f"(consumer_warpgroups={consumer_warpgroups})")
   if not 0 <= consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
     raise ValueError(f"consumer_warpgroups={consumer_warpgroups} must be in "
                      f"[0, {MAX_CONSUMER_WARPGROUPS}] (0: the single-warpgroup kernel)")
@@ -176,7 +187,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
   staging = staging_bytes(chunks=chunks, consumer_warpgroups=consumer_warpgroups,
-                          batch=batch, base_itemsize=base_itemsize)
+                          batch=batch, base_itemsize=base_itemsize, gemv=gemv, rank=rank)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
@@ -220,7 +231,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
                     smem_per_block=smem_per_block,
                     consumer_warpgroups=consumer_warpgroups,
-                    staged_batch=batch, base_itemsize=base_itemsize)
+                    staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,16 +257,38 @@ def _chunk_scores(spec: MosaicSpec, logits, rows, stream, score_scale, noise_on)
   return logits * score_scale + jnp.where(noise_on, noise, 0.0)
 
 
-def _update_candidates(spec: MosaicSpec, weights, rows, base_of, z_rows, best, nan_lanes,
+def _register_products(weights, z_rows):
+  """W·z_b of a chunk as an fp32 GEMV in registers: ``b -> [64]`` (row layout)."""
+  w = weights.astype(jnp.float32)
+  return lambda b: (w * z_rows[b]).sum(axis=1)
+
+
+def _wgmma_products(weights_ref, z_s, columns):
+  """W·z_b of a chunk on the tensor cores: one WGMMA [64, r] x [r, 8B] (bf16 operands,
+  fp32 accumulation) against ``z_s``, whose 8-row tile b holds W1 rows around token b;
+  ``columns[b]`` is the column of token b's own row. The column is picked by a masked
+  sum along the row (exact: the other terms are zeros): ``b -> [64]`` (row layout)."""
+  width = z_s.shape[0]
+
+  def accumulate(acc_ref):
+    plgpu.wgmma(acc_ref, weights_ref, z_s.T)
+    return acc_ref[...]                      # waits for the WGMMA
+
+  acc = pl.run_scoped(accumulate, plgpu.ACC((CHUNK_ROWS, width), jnp.float32))
+  column = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS, width), 1, layout=_WGMMA)
+  return lambda b: jnp.where(column == columns[b], acc, 0.0).sum(axis=1)
+
+
+def _update_candidates(spec: MosaicSpec, product_of, rows, base_of, best, nan_lanes,
                        sample):
   """One 64-row chunk into the per-lane candidates: for every batch row b the logits
-  W·z_b + base_of(b) in fp32, NaN lanes flagged, the greedy or Gumbel score, and a strict
-  ``>`` update — rows arrive in increasing order per lane, so a tie keeps the lowest
-  row. ``sample``: (streams, score_scale, noise_on) per row, None when greedy."""
-  w = weights.astype(jnp.float32)
+  ``product_of(b)`` (W·z_b in fp32) + base_of(b), NaN lanes flagged, the greedy or Gumbel
+  score, and a strict ``>`` update — rows arrive in increasing order per lane, so a tie
+  keeps the lowest row. ``sample``: (streams, score_scale, noise_on) per row, None when
+  greedy."""
   new_best = []
   for b in range(spec.batch):
-    logits = (w * z_rows[b]).sum(axis=1) + base_of(b)
+    logits = product_of(b) + base_of(b)
     nan_lanes = nan_lanes | jnp.where(logits != logits, 1, 0)
     scores = (logits if spec.greedy else
               _chunk_scores(spec, logits, rows, sample[0][b], sample[1][b], sample[2][b]))
@@ -318,6 +351,9 @@ class _BlockCopies:
 def _walk_kernel(*refs, spec: MosaicSpec):
   plan, batch = spec.plan, spec.batch
   vocab, rank = plan.vocab_size, plan.rank
+  wgmma = plan.gemv == "wgmma"
+  if wgmma:
+    *refs, z_s, z_bar = refs
   if spec.greedy:
     (w2_g, base_g, w1_g, first_g, tok_g, flag_g, xv_g, xi_g, w_s, base_s, res_bar,
      ring_bar, base_bar) = refs
@@ -353,15 +389,31 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     score_scale = [scale_g[b] for b in range(batch)]
     noise_on = [noise_g[b] != 0 for b in range(batch)]
 
-  def gather(tokens):
-    return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
-            for b in range(batch)]
+  def gather(tokens, needed=True):
+    """z for the next step. Registers: the W1 rows as fp32 vectors. WGMMA: a TMA copy of
+    the 8 W1 rows from min(token, V - 8) into tile b of ``z_s`` (landing on ``z_bar``;
+    only when ``needed``: every copy must be waited for), and the column of the token's
+    own row within the tiles."""
+    if not wgmma:
+      return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
+              for b in range(batch)]
+    starts = [jnp.minimum(tokens[b], vocab - Z_TILE_ROWS) for b in range(batch)]
+
+    @pl.when(needed)
+    def _():
+      for b in range(batch):
+        plgpu.copy_gmem_to_smem(w1_g.at[pl.ds(starts[b], Z_TILE_ROWS)],
+                                z_s.at[pl.ds(b * Z_TILE_ROWS, Z_TILE_ROWS)], z_bar)
+
+    return [b * Z_TILE_ROWS + tokens[b] - starts[b] for b in range(batch)]
 
   def step_body(step, carry):
     z, flags = carry
     parity = lax.rem(step, 2)
     with jax.named_scope("base_wait"):
       plgpu.barrier_wait(base_bar.at[parity])
+      if wgmma:
+        plgpu.barrier_wait(z_bar)   # this step's W1 rows (issued at the last step's end)
 
     @pl.when(step + 1 < spec.steps)
     def _():
@@ -370,7 +422,8 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       plgpu.commit_smem()
       copies.base(step + 1, 1 - parity)
 
-    z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
+    if not wgmma:
+      z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
     if not spec.greedy:
       streams = [sampling.stream_key(seed, jnp.uint32(b), step) for b in range(batch)]
     # Per-lane candidates: each of the 64 lanes keeps the best (score, row) it has seen;
@@ -379,31 +432,35 @@ def _walk_kernel(*refs, spec: MosaicSpec):
              jnp.zeros((CHUNK_ROWS,), jnp.int32)) for _ in range(batch)]
     nan_lanes = jnp.zeros((CHUNK_ROWS,), jnp.int32)
 
-    def take_chunk(c, weights, best, nan_lanes):
+    def take_chunk(c, slot_index, best, nan_lanes):
       rows = chunk_start(c) + row_iota
+      products = (_wgmma_products(w_s.at[slot_index], z_s, z) if wgmma else
+                  _register_products(_load(w_s.at[slot_index], _WGMMA), z_rows))
       return _update_candidates(
-          spec, weights, rows,
+          spec, products, rows,
           lambda b: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
-          z_rows, best, nan_lanes,
-          None if spec.greedy else (streams, score_scale, noise_on))
+          best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
 
     for c in range(res):
       with jax.named_scope("resident_chunk"):
-        best, nan_lanes = take_chunk(c, _load(w_s.at[c], _WGMMA), best, nan_lanes)
+        best, nan_lanes = take_chunk(c, c, best, nan_lanes)
     for j in range(streamed):
       # The ring restarts every step (streamed % stages == 0), so slots are static.
       slot = j % stages
       with jax.named_scope("ring_wait"):
         plgpu.barrier_wait(ring_bar.at[slot])
       with jax.named_scope("streamed_chunk"):
-        best, nan_lanes = take_chunk(res + j, _load(w_s.at[res + slot], _WGMMA), best,
-                                     nan_lanes)
+        best, nan_lanes = take_chunk(res + j, res + slot, best, nan_lanes)
       # Refill the slot with the chunk `stages` ahead — across the step boundary too.
       ahead = step * streamed + j + stages
 
       @pl.when(ahead < total_streamed)
       def _():
-        plgpu.commit_smem()   # our reads of the slot before the TMA's write
+        if not wgmma:
+          # Every warp's generic-proxy reads of the slot before the TMA's write. (A
+          # WGMMA reads the slot in the async proxy and has completed: its result was
+          # read.)
+          plgpu.commit_smem()
         copy_chunk(res + (j + stages) % streamed, res + slot, ring_bar.at[slot])
 
     with jax.named_scope("publish"):
@@ -436,7 +493,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     flags = (flags | jnp.where(nan_lanes.max() > 0, STATUS_NAN_LOGITS, 0)
              | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0))
     with jax.named_scope("gather"):   # issues the W1 row loads; their first use waits
-      e = gather(tokens)
+      e = gather(tokens, needed=step + 1 < spec.steps)
     return e, flags
 
   first = [jnp.clip(first_g[b], 0, vocab - 1) for b in range(batch)]
@@ -595,10 +652,9 @@ def _ws_walk_kernel(*refs, spec: MosaicSpec):
       def take_chunk(c, weights, best, nan_lanes):
         rows = chunk_start(c) + row_iota
         return _update_candidates(
-            spec, weights, rows,
+            spec, _register_products(weights, z_rows), rows,
             lambda b: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
-            z_rows, best, nan_lanes,
-            None if spec.greedy else (streams, score_scale, noise_on))
+            best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
 
       if not mine:
         plgpu.barrier_arrive(base_free.at[parity])
@@ -698,6 +754,13 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
     body, status_words, threads = _walk_kernel, plan.num_blocks, {}
     lanes = max(128, -(-plan.num_blocks // 128) * 128)
     scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
+    if plan.gemv == "wgmma":   # z: 8 W1 rows per batch row, the WGMMA's B operand
+      if w1.dtype != w2.dtype:
+        raise ValueError(f"the WGMMA GEMV needs W1 and W2 of one dtype (W1 {w1.dtype}, "
+                         f"W2 {w2.dtype})")
+      scratch += [plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
+                             transforms=transforms),
+                  plgpu.Barrier(num_arrivals=batch, num_barriers=1)]
   else:
     consumers = plan.consumer_warpgroups
     body, status_words = _ws_walk_kernel, plan.num_blocks * consumers
@@ -751,6 +814,9 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
     return f"the Mosaic kernel runs up to {MAX_BATCH} rows (B={batch})"
   if return_logits or return_logprobs:
     return "the Mosaic kernel does not return per-step logits or log-probabilities"
+  w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
+  if getattr(config, "mosaic_gemv", "registers") == "wgmma" and w1_dtype != weight.dtype:
+    return f"the WGMMA GEMV needs a bf16 W1 like W2 (got {w1_dtype})"
   if config.interpret and (config.num_programs or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
             "use num_programs=1")
@@ -791,7 +857,8 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        smem_per_block=smem, resident_chunks=resident,
                        ring_stages=config.num_stages, num_blocks=blocks,
                        consumer_warpgroups=getattr(config, "consumer_warpgroups", 0),
-                       batch=batch, base_itemsize=base_itemsize)
+                       batch=batch, base_itemsize=base_itemsize,
+                       gemv=getattr(config, "mosaic_gemv", "registers"))
   except ValueError as err:
     if residency == "full":
       raise ValueError(f"residency='full' does not fit the Mosaic kernel's shared "
