@@ -41,19 +41,21 @@ def _case(vocab, rank, batch, steps, seed=0, confidence=False):
 
 
 def _run(head, base, first, hidden=None, residency="auto", num_stages=None, **kwargs):
+  # The register GEMV (the WGMMA GEMV, "auto"'s choice, has its own tests below).
   config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              num_stages=num_stages)
+                              num_stages=num_stages, mosaic_gemv="registers")
   return wts_jax.walk(head, base, first, hidden, impl="pallas", config=config, **kwargs)
 
 
 # --- the plan (no interpreter needed) -----------------------------------------------
-def test_plan_at_the_qwen3_shape_fills_shared_memory():
+def test_plan_at_the_qwen3_shape_streams_through_a_three_slot_ring():
   plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                                  smem_per_block=H200_SMEM)
   assert (plan.num_blocks, plan.chunks) == (132, 18)   # 132·18·64 ≥ V
-  # 6 × 32 KB fit in 227 KB beside the base-logit staging (B = 4: 18 KB); 3 resident +
-  # a 3-slot ring: 15 streamed = 5 whole rounds.
-  assert (plan.resident_chunks, plan.ring_stages) == (3, 3)
+  # 18 chunks do not fit: a 3-slot ring streams them all (6 whole rounds), measured
+  # faster than 3 resident + 3 ring (NOTES v5); full residency where it fits (r = 64).
+  assert (plan.resident_chunks, plan.ring_stages) == (0, 3)
+  assert plan.gemv == "wgmma"
   assert "3-slot TMA ring" in plan.describe()
   small = mosaic_walk.plan_mosaic(vocab_size=151936, rank=64, num_sms=132,
                                   smem_per_block=H200_SMEM)
@@ -63,7 +65,7 @@ def test_plan_at_the_qwen3_shape_fills_shared_memory():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(rank=96), "multiple of 64"),
     (dict(num_blocks=133), "exceeds the 132 SMs"),
-    (dict(resident_chunks=6, ring_stages=1), "exceed the 6 chunks"),
+    (dict(resident_chunks=6, ring_stages=1, gemv="registers"), "exceed the 6 chunks"),
     (dict(resident_chunks=17, ring_stages=0), "need a ring slot"),
     (dict(resident_chunks=4, ring_stages=3), "whole number of rounds"),
     (dict(vocab_size=700), "multiple of 8"),
@@ -81,6 +83,7 @@ def test_backend_choice_and_clear_refusals():
   assert chosen_backend(head, 1, gpu) == "mosaic"
   assert chosen_backend(head, 1, gpu, return_logits=True) == "triton"
   assert chosen_backend(head, 2, gpu) == "triton"    # measured slower at B > 1
+  assert chosen_backend(head, 1, gpu, greedy=False) == "triton"   # and when sampling
   assert chosen_backend(head, 2, wts_jax.WalkConfig(backend="mosaic")) == "mosaic"
   assert chosen_backend(head, 1, wts_jax.WalkConfig(interpret=True)) == "triton"
   with pytest.raises(ValueError, match="does not return per-step logits"):
@@ -101,7 +104,7 @@ def test_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
   """The whole 132-block kernel (semaphore barrier, TMA ring, 227 KB of shared memory)
   lowers through Mosaic GPU's layout inference and SMEM checks on the CPU."""
   plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
-                                 smem_per_block=H200_SMEM)
+                                 smem_per_block=H200_SMEM, gemv="registers")
   _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
 
 
@@ -237,9 +240,9 @@ def test_ws_plan_at_the_qwen3_shape():
   assert not default.warp_specialized and wts_jax.WalkConfig().consumer_warpgroups == 0
   for batch in (1, 4):
     plan = mosaic_walk.plan_mosaic(**args, consumer_warpgroups=2, batch=batch)
-    # bf16 base logits staged for two steps (≤ 18 KB) + candidates leave 6 slots: the
-    # default kernel's 3 resident + 3-slot ring.
-    assert (plan.chunks, plan.resident_chunks, plan.ring_stages) == (18, 3, 3)
+    # bf16 base logits staged for two steps (≤ 18 KB) + candidates leave 6 slots; the
+    # default split streams all 18 chunks through a 3-slot ring.
+    assert (plan.chunks, plan.resident_chunks, plan.ring_stages) == (18, 0, 3)
     assert plan.consumer_warpgroups == 2
     assert (plan.staged_batch, plan.base_itemsize) == (batch, 2)
     assert "1 producer + 2 consumer warpgroups" in plan.describe()
@@ -253,6 +256,10 @@ def test_ws_plan_at_the_qwen3_shape():
   with pytest.raises(ValueError, match="exceed the 6 chunks"):
     mosaic_walk.plan_mosaic(**args, consumer_warpgroups=2, resident_chunks=6,
                             ring_stages=3)
+  # An explicit split still keeps chunks resident.
+  split = mosaic_walk.plan_mosaic(**args, consumer_warpgroups=2, resident_chunks=3,
+                                  ring_stages=3)
+  assert (split.resident_chunks, split.ring_stages) == (3, 3)
   head, _ = _case(1000, 64, 1, 3)
   bad = wts_jax.WalkConfig(backend="mosaic", consumer_warpgroups=7)
   assert "consumer_warpgroups=7" in mosaic_walk.unsupported_reason(head, 1, bad)
@@ -266,7 +273,7 @@ def test_ws_lowers_for_cuda_at_the_qwen3_shape(consumers, batch, greedy):
   plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                                  smem_per_block=H200_SMEM, consumer_warpgroups=consumers,
                                  batch=batch)
-  assert (plan.resident_chunks, plan.ring_stages) == (3, 3)
+  assert (plan.resident_chunks, plan.ring_stages, plan.gemv) == (0, 3, "registers")
   _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
 
 

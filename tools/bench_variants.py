@@ -26,8 +26,8 @@ def register_variants():
     if name not in paths.PATHS:
       paths.register_path(
           name, paths.available_wts,
-          paths._wts_variant(backend="mosaic", residency=resident * 64,
-                             num_stages=stages),
+          paths._wts_variant(backend="mosaic", mosaic_gemv="registers",
+                             residency=resident * 64, num_stages=stages),
           description=f"Mosaic kernel, {resident} resident chunks, {stages}-slot ring")
   for resident, stages in MOSAIC_SPLITS:
     name = f"wts-mw-r{resident}s{stages}"

@@ -7,7 +7,7 @@ import numbers
 
 RESIDENCY_MODES = ("auto", "full", "none")
 BACKENDS = ("auto", "mosaic", "triton")
-MOSAIC_GEMVS = ("registers", "wgmma")
+MOSAIC_GEMVS = ("auto", "registers", "wgmma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +47,11 @@ class WalkConfig:
   # warpgroups (unmeasured; see NOTES.md "v3c"). Checked by the Mosaic planner.
   consumer_warpgroups: int = 0
   # The Mosaic GPU kernel only: how a 64-row chunk meets z. "registers": an fp32 GEMV in
-  # registers (the default); "wgmma": a tensor-core WGMMA (64 x 8B x r, bf16 operands,
-  # fp32 accumulation), z copied from W1 into shared memory by TMA — exact for the
-  # vanilla head, whose z is a bf16 row of W1 (NOTES.md "v5").
-  mosaic_gemv: str = "registers"
+  # registers; "wgmma": a tensor-core WGMMA (64 x 8B x r, bf16 operands, fp32
+  # accumulation), z copied from W1 into shared memory by TMA — exact for the vanilla
+  # head, whose z is a bf16 row of W1; "auto": wgmma where it applies (measured faster,
+  # NOTES.md "v5"), else registers.
+  mosaic_gemv: str = "auto"
 
   def __post_init__(self):
     residency = self.residency

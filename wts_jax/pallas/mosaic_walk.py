@@ -108,7 +108,7 @@ class MosaicPlan:
   consumer_warpgroups: int = 0
   staged_batch: int = MAX_BATCH   # base-logit rows the shared-memory staging holds
   base_itemsize: int = 2          # bytes per staged base logit
-  gemv: str = "registers"         # or "wgmma" (single-warpgroup kernel only)
+  gemv: str = "wgmma"             # or "registers" (the only one of the WS kernel)
 
   @property
   def streamed_chunks(self) -> int:
@@ -153,18 +153,21 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, consumer_warpgroups: int = 0,
                 batch: int = MAX_BATCH, base_itemsize: int = 2,
-                gemv: str = "registers") -> MosaicPlan:
+                gemv: str | None = None) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
   Default split: everything resident when it fits; otherwise a 3-slot ring (96 KB in
-  flight per SM at r = 256) and the most resident chunks that leave the streamed ones a
-  whole number of ring rounds per step (the ring restarts every step, so every slot
-  index is static).
+  flight per SM at r = 256) and the fewest resident chunks that leave the streamed ones
+  a whole number of ring rounds per step (the ring restarts every step, so every slot
+  index is static) — measured faster than filling the spare slots with resident chunks
+  (NOTES v5).
 
   ``consumer_warpgroups`` > 0 plans the warp-specialised kernel: its staging of the base
   consumers' candidates come out of the same shared memory first. Both kernels stage the
   base logits (``batch`` rows of ``base_itemsize`` bytes, two steps) there too."""
+  if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
+    gemv = "registers" if consumer_warpgroups else "wgmma"
   if gemv not in ("registers", "wgmma"):
     raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
   if gemv == "wgmma" and consumer_warpgroups:
@@ -193,9 +196,11 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
                      f"{chunk_bytes}-byte chunks")
   def fitting_resident(stages):
-    # The most resident chunks that leave a whole number of ring rounds per step (the
-    # ring restarts each step, so its slots are static indices).
-    for resident in range(min(chunks, slots - stages), -1, -1):
+    # The fewest resident chunks that leave a whole number of ring rounds per step (the
+    # ring restarts each step, so its slots are static indices). Fewest, not most:
+    # measured on the H200 (NOTES v5), 3 resident chunks + a 3-slot ring took 205–217
+    # µs where streaming all 18 chunks through the same ring took 186–200 µs.
+    for resident in range(0, min(chunks, slots - stages) + 1):
       if resident == chunks or (stages and (chunks - resident) % stages == 0):
         return resident
     return None
@@ -815,7 +820,7 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
   if return_logits or return_logprobs:
     return "the Mosaic kernel does not return per-step logits or log-probabilities"
   w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
-  if getattr(config, "mosaic_gemv", "registers") == "wgmma" and w1_dtype != weight.dtype:
+  if config.mosaic_gemv == "wgmma" and w1_dtype != weight.dtype:
     return f"the WGMMA GEMV needs a bf16 W1 like W2 (got {w1_dtype})"
   if config.interpret and (config.num_programs or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
@@ -825,6 +830,17 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
   except ValueError as err:
     return str(err)
   return None
+
+
+def mosaic_gemv(head, config) -> str:
+  """The GEMV of this walk: the config's, or for "auto" the tensor cores (WGMMA) where
+  they apply — the single-warpgroup kernel with W1 of W2's dtype — else registers."""
+  if config.mosaic_gemv != "auto":
+    return config.mosaic_gemv
+  serial = head.markov_head
+  same = (jnp.dtype(serial.markov_w1.weight.dtype)
+          == jnp.dtype(serial.markov_w2.weight.dtype))
+  return "wgmma" if same and not config.consumer_warpgroups else "registers"
 
 
 def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
@@ -858,7 +874,7 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        ring_stages=config.num_stages, num_blocks=blocks,
                        consumer_warpgroups=getattr(config, "consumer_warpgroups", 0),
                        batch=batch, base_itemsize=base_itemsize,
-                       gemv=getattr(config, "mosaic_gemv", "registers"))
+                       gemv=mosaic_gemv(head, config))
   except ValueError as err:
     if residency == "full":
       raise ValueError(f"residency='full' does not fit the Mosaic kernel's shared "

@@ -89,7 +89,8 @@ def mosaic_reason(head: DraftHead, batch: int, config: WalkConfig, *,
 
 
 def chosen_backend(head: DraftHead, batch: int, config: WalkConfig, *,
-                   return_logits: bool = False, return_logprobs: bool = False) -> str:
+                   return_logits: bool = False, return_logprobs: bool = False,
+                   greedy: bool = True) -> str:
   """``"mosaic"`` or ``"triton"``: the kernel ``walk(..., impl="pallas")`` launches."""
   if config.backend == "triton":
     return "triton"
@@ -103,7 +104,9 @@ def chosen_backend(head: DraftHead, batch: int, config: WalkConfig, *,
   # Triton kernel (jax 0.10.2's Mosaic GPU interpreter cannot run this kernel; the
   # Mosaic interpret tests ask for it by name).
   from wts_jax.pallas.mosaic_walk import AUTO_MAX_BATCH
-  faster = batch <= AUTO_MAX_BATCH
+  # Measured (NOTES v5): Mosaic is faster for greedy walks at B = 1 only; sampled, the
+  # Triton kernel is (231 against 242 µs at B = 1, and the register GEMV's 581–608).
+  faster = batch <= AUTO_MAX_BATCH and greedy
   return "mosaic" if reason is None and faster and not config.interpret else "triton"
 
 
@@ -111,7 +114,7 @@ def kernel_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Sampli
                 config: WalkConfig, return_logits: bool = False,
                 return_logprobs: bool = False) -> WalkOutput:
   if chosen_backend(head, base_logits.shape[0], config, return_logits=return_logits,
-                    return_logprobs=return_logprobs) == "mosaic":
+                    return_logprobs=return_logprobs, greedy=mode.greedy) == "mosaic":
     from wts_jax.pallas import mosaic_walk
     return mosaic_walk.kernel_walk(head, base_logits, first_tokens, hidden, mode,
                                    config=config)
