@@ -104,6 +104,22 @@ def test_mosaic_wgmma_gemv_matches_reference(batch, temperature):
   assert int(out.status) == 0
 
 
+@pytest.mark.parametrize("batch, temperature, residency", [(1, 0.0, "auto"),
+                                                           (4, 0.7, 9 * 64)])
+def test_mosaic_int8_w2_matches_its_reference(batch, temperature, residency):
+  """int8 W2 on the Mosaic kernel at the real shape: the quantized reference's tokens."""
+  head, (base, first, hidden) = _real_case("vanilla", batch)
+  head = quantize_w2(head, "int8")
+  config = wts_jax.WalkConfig(backend="mosaic", residency=residency)
+  key = jax.random.key(11) if temperature else None
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0
+
+
 def test_mosaic_kernel_confidence_and_other_ranks():
   for rank in (64, 128):
     config = HeadConfig.qwen3_4b("vanilla", rank=rank, confidence=True)

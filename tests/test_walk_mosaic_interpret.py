@@ -26,6 +26,7 @@ from wts_jax import sampling
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.pallas import mosaic_walk
+from wts_jax.quantize import quantize_w2
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -84,6 +85,7 @@ def test_backend_choice_and_clear_refusals():
   assert chosen_backend(head, 1, gpu, return_logits=True) == "triton"
   assert chosen_backend(head, 2, gpu) == "triton"    # measured slower at B > 1
   assert chosen_backend(head, 1, gpu, greedy=False) == "triton"   # and when sampling
+  assert chosen_backend(quantize_w2(head, "int8"), 1, gpu) == "triton"   # unmeasured
   assert chosen_backend(head, 2, wts_jax.WalkConfig(backend="mosaic")) == "mosaic"
   assert chosen_backend(head, 1, wts_jax.WalkConfig(interpret=True)) == "triton"
   with pytest.raises(ValueError, match="does not return per-step logits"):
@@ -112,11 +114,13 @@ def _assert_lowers_at_the_qwen3_shape(plan, batch, greedy, steps=7):
   spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=steps, greedy=greedy,
                                 spin_limit=1 << 22, interpret=False)
   shape = jax.ShapeDtypeStruct
-  args = [shape((151936, 256), jnp.bfloat16), shape((batch, steps, 151936), jnp.bfloat16),
+  quantized = plan.w2_itemsize == 1
+  args = [shape((151936, 256), jnp.int8 if quantized else jnp.bfloat16),
+          shape((batch, steps, 151936), jnp.bfloat16),
           shape((151936, 256), jnp.bfloat16), shape((batch,), jnp.int32)]
-  if not greedy:
-    args += [shape((2,), jnp.uint32), shape((batch,), jnp.float32),
-             shape((batch,), jnp.int32)]
+  args += ([shape((2,), jnp.uint32), shape((batch,), jnp.float32),
+            shape((batch,), jnp.int32)] if not greedy else [None] * 3)
+  args.append(shape((151936,), jnp.float32) if quantized else None)
   lowered = jax.jit(lambda *a: mosaic_walk.mosaic_walk(spec, *a)).trace(*args).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
@@ -369,3 +373,50 @@ def test_wgmma_gemv_matches_reference(vocab, rank, batch, steps, residency, temp
   ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   assert int(out.status) == 0
+
+
+# --- int8 W2 (wts_jax.quantize_w2(head, "int8")) -------------------------------------
+@pytest.mark.parametrize("batch, greedy", [(1, True), (4, False)])
+def test_int8_w2_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
+  """16 KB chunks (twice the slots), the per-row scales staged in shared memory, the
+  register GEMV (the WGMMA needs z in W2's dtype)."""
+  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM,
+              batch=batch, w2_itemsize=1)
+  plan = mosaic_walk.plan_mosaic(**args)
+  assert plan.gemv == "registers" and "int8 W2" in plan.describe()
+  _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
+  # Twice bf16's slots: 9 resident chunks + a 3-slot ring fit (bf16: at most 6 slots).
+  resident = mosaic_walk.plan_mosaic(**args, resident_chunks=9, ring_stages=3)
+  _assert_lowers_at_the_qwen3_shape(resident, batch, greedy)
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", [
+    (1000, 64, 1, 4, "auto", 0.0),    # r = 64: 64-byte rows, 64-byte swizzle
+    (520, 128, 3, 3, "none", 0.0),
+    (1000, 64, 2, 3, 64, 0.8),
+])
+def test_int8_w2_matches_its_reference(vocab, rank, batch, steps, residency, temperature):
+  """Exact tokens (greedy) and bit-identical sampled tokens against the XLA walk of the
+  same quantized head ((Σ q·z) · scale)."""
+  head, (base, first, _) = _case(vocab, rank, batch, steps, seed=31)
+  head = quantize_w2(head, "int8")
+  key = jax.random.key(3) if temperature else None
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency)
+  out = wts_jax.walk(head, base, first, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0
+
+
+def test_int8_w2_refusals():
+  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="WGMMA GEMV needs a bf16 W2"):
+    mosaic_walk.plan_mosaic(**args, w2_itemsize=1, gemv="wgmma")
+  with pytest.raises(ValueError, match="single-warpgroup kernel only"):
+    mosaic_walk.plan_mosaic(**args, w2_itemsize=1, consumer_warpgroups=2)
+  head, _ = _case(1000, 64, 1, 3)
+  fp8 = quantize_w2(head, "fp8")
+  reason = mosaic_walk.unsupported_reason(fp8, 1, wts_jax.WalkConfig(backend="mosaic"))
+  assert "bf16 or int8 W2" in reason

@@ -87,9 +87,11 @@ def _load(ref, layout, **kwargs):
   return plgpu.load(ref, layout=layout, **kwargs)
 
 
-def _w2_transforms(itemsize: int):
-  # 128-byte swizzle: conflict-free row loads in the WGMMA layout.
-  return (plgpu.TilingTransform((8, 128 // itemsize)), plgpu.SwizzleTransform(128))
+def _w2_transforms(itemsize: int, rank: int = 256):
+  # 128-byte swizzle: conflict-free row loads in the WGMMA layout; a row narrower than
+  # 128 bytes (int8 at r = 64) takes the swizzle of its width.
+  swizzle = min(128, rank * itemsize)
+  return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,7 @@ class MosaicPlan:
   staged_batch: int = MAX_BATCH   # base-logit rows the shared-memory staging holds
   base_itemsize: int = 2          # bytes per staged base logit
   gemv: str = "wgmma"             # or "registers" (the only one of the WS kernel)
+  w2_itemsize: int = 2            # 2: bf16 W2; 1: int8 W2 with a scale per row
 
   @property
   def streamed_chunks(self) -> int:
@@ -123,14 +126,16 @@ class MosaicPlan:
     return min(1.0, self.resident_chunks * self.num_blocks * CHUNK_ROWS / self.vocab_size)
 
   def describe(self) -> str:
-    chunk_kb = CHUNK_ROWS * self.rank * 2 / 1024
+    chunk_kb = CHUNK_ROWS * self.rank * self.w2_itemsize / 1024
     return (f"Mosaic GPU walk: {self.num_blocks} blocks × {self.chunks} chunks of "
             f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory "
             f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
             f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
             + (f"; warp-specialised: 1 producer + {self.consumer_warpgroups} consumer "
                "warpgroups, base logits staged by TMA" if self.warp_specialized else "")
-            + ("; GEMV on tensor cores (WGMMA)" if self.gemv == "wgmma" else ""))
+            + ("; GEMV on tensor cores (WGMMA)" if self.gemv == "wgmma" else "")
+            + ("; int8 W2, per-row scales in shared memory" if self.w2_itemsize == 1
+               else ""))
 
 
 def _aligned(nbytes: int) -> int:
@@ -138,22 +143,25 @@ def _aligned(nbytes: int) -> int:
 
 
 def staging_bytes(*, chunks: int, consumer_warpgroups: int, batch: int,
-                  base_itemsize: int, gemv: str = "registers", rank: int = 256) -> int:
+                  base_itemsize: int, gemv: str = "registers", rank: int = 256,
+                  scaled: bool = False) -> int:
   """Shared memory besides the W2 slots: the base logits of two steps
   ([2, chunks, B, 64], staged by TMA one step ahead); in the warp-specialised kernel
   each consumer's candidates ([C, B, 64], f32 and i32); with the WGMMA GEMV the W1 rows
-  of z ([8B, r] bf16)."""
+  of z ([8B, r] bf16); for an int8 W2 the block's per-row scales ([chunks, 64] f32)."""
   base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
   candidates = consumer_warpgroups * batch * CHUNK_ROWS * 4
   z_rows = Z_TILE_ROWS * batch * rank * 2 if gemv == "wgmma" else 0
-  return _aligned(base) + 2 * _aligned(candidates) + _aligned(z_rows)
+  scales = chunks * CHUNK_ROWS * 4 if scaled else 0
+  return (_aligned(base) + 2 * _aligned(candidates) + _aligned(z_rows)
+          + _aligned(scales))
 
 
 def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, consumer_warpgroups: int = 0,
                 batch: int = MAX_BATCH, base_itemsize: int = 2,
-                gemv: str | None = None) -> MosaicPlan:
+                gemv: str | None = None, w2_itemsize: int = 2) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -166,8 +174,17 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   ``consumer_warpgroups`` > 0 plans the warp-specialised kernel: its staging of the base
   consumers' candidates come out of the same shared memory first. Both kernels stage the
   base logits (``batch`` rows of ``base_itemsize`` bytes, two steps) there too."""
+  if w2_itemsize not in (1, 2):
+    raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
+                     "int8 (1) W2 rows")
+  if w2_itemsize == 1 and consumer_warpgroups:
+    raise ValueError("an int8 W2 runs in the single-warpgroup kernel only "
+                     f"(consumer_warpgroups={consumer_warpgroups})")
   if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
-    gemv = "registers" if consumer_warpgroups else "wgmma"
+    gemv = "registers" if consumer_warpgroups or w2_itemsize == 1 else "wgmma"
+  if gemv == "wgmma" and w2_itemsize == 1:
+    raise ValueError("the WGMMA GEMV needs a bf16 W2 (z is a bf16 row of W1); an int8 "
+                     "W2 uses the register GEMV")
   if gemv not in ("registers", "wgmma"):
     raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
   if gemv == "wgmma" and consumer_warpgroups:
@@ -186,11 +203,12 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
     raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
                      "not all be co-resident and the grid barrier would time out")
   chunks = math.ceil(math.ceil(vocab_size / blocks) / CHUNK_ROWS)
-  chunk_bytes = CHUNK_ROWS * rank * 2
+  chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
   staging = staging_bytes(chunks=chunks, consumer_warpgroups=consumer_warpgroups,
-                          batch=batch, base_itemsize=base_itemsize, gemv=gemv, rank=rank)
+                          batch=batch, base_itemsize=base_itemsize, gemv=gemv, rank=rank,
+                          scaled=w2_itemsize == 1)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
@@ -236,7 +254,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
                     smem_per_block=smem_per_block,
                     consumer_warpgroups=consumer_warpgroups,
-                    staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv)
+                    staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv,
+                    w2_itemsize=w2_itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,15 +375,23 @@ class _BlockCopies:
 def _walk_kernel(*refs, spec: MosaicSpec):
   plan, batch = spec.plan, spec.batch
   vocab, rank = plan.vocab_size, plan.rank
-  wgmma = plan.gemv == "wgmma"
+  wgmma, quantized = plan.gemv == "wgmma", plan.w2_itemsize == 1
+  refs = list(refs)
+  # Inputs, then outputs, then scratch (see ``mosaic_walk``), the optional ones last.
+  w2_g, base_g, w1_g, first_g = refs[:4]
+  del refs[:4]
+  if not spec.greedy:
+    seed_g, scale_g, noise_g = refs[:3]
+    del refs[:3]
+  if quantized:
+    w2_scale_g = refs.pop(0)
+  tok_g, flag_g, xv_g, xi_g, w_s, base_s, res_bar, ring_bar, base_bar = refs[:9]
+  del refs[:9]
   if wgmma:
-    *refs, z_s, z_bar = refs
-  if spec.greedy:
-    (w2_g, base_g, w1_g, first_g, tok_g, flag_g, xv_g, xi_g, w_s, base_s, res_bar,
-     ring_bar, base_bar) = refs
-  else:
-    (w2_g, base_g, w1_g, first_g, seed_g, scale_g, noise_g, tok_g, flag_g, xv_g, xi_g,
-     w_s, base_s, res_bar, ring_bar, base_bar) = refs
+    z_s, z_bar = refs[:2]
+    del refs[:2]
+  if quantized:
+    w2_scale_s, w2_scale_bar = refs
   blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
   streamed = plan.streamed_chunks
   block = lax.axis_index("blocks")
@@ -382,12 +409,18 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     # Base logits by TMA, a step ahead: a register load per chunk issued a few chunks
     # ahead stalled every third chunk by ~1 µs behind the W2 stream (profile, NOTES v4).
     copies.base(0, 0)
+    if quantized:   # the block's per-row scales, once: [chunks, 64] f32
+      for c in range(plan.chunks):
+        plgpu.copy_gmem_to_smem(w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
+                                w2_scale_s.at[c], w2_scale_bar)
     for c in range(res):
       copy_chunk(c, c, res_bar)
     for g in range(min(stages, total_streamed)):
       copy_chunk(res + g, res + g, ring_bar.at[g])
     if res:
       plgpu.barrier_wait(res_bar)
+    if quantized:
+      plgpu.barrier_wait(w2_scale_bar)
 
   if not spec.greedy:
     seed = (seed_g[0], seed_g[1])
@@ -441,6 +474,9 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       rows = chunk_start(c) + row_iota
       products = (_wgmma_products(w_s.at[slot_index], z_s, z) if wgmma else
                   _register_products(_load(w_s.at[slot_index], _WGMMA), z_rows))
+      if quantized:   # (Σ q·z) · scale, the order of SerialHead.vocab_bias
+        row_scale, unscaled = _load(w2_scale_s.at[c], _ROW_VECTOR), products
+        products = lambda b: unscaled(b) * row_scale  # noqa: E731
       return _update_candidates(
           spec, products, rows,
           lambda b: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
@@ -741,11 +777,15 @@ def _interpret_params():
 
 
 def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
-                score_scale=None, noise_on=None):
-  """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar)."""
+                score_scale=None, noise_on=None, w2_scale=None):
+  """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
+  ``w2_scale``: the per-row scales [V] of an int8 W2 (``plan.w2_itemsize == 1``)."""
+  if (w2_scale is None) != (spec.plan.w2_itemsize == 2):
+    raise ValueError(f"the plan streams {spec.plan.w2_itemsize}-byte W2 rows; "
+                     f"W2 is {w2.dtype} with{'out' if w2_scale is None else ''} scales")
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   slots = plan.resident_chunks + plan.ring_stages
-  transforms = _w2_transforms(jnp.dtype(w2.dtype).itemsize)
+  transforms = _w2_transforms(jnp.dtype(w2.dtype).itemsize, plan.rank)
   w_slots = plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype, transforms=transforms)
   res_bar = plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1)
   ring_bar = plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages))
@@ -766,6 +806,9 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
       scratch += [plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
                              transforms=transforms),
                   plgpu.Barrier(num_arrivals=batch, num_barriers=1)]
+    if w2_scale is not None:
+      scratch += [plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32),
+                  plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)]
   else:
     consumers = plan.consumer_warpgroups
     body, status_words = _ws_walk_kernel, plan.num_blocks * consumers
@@ -800,6 +843,8 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
   if not spec.greedy:
     operands += [seed.astype(jnp.uint32), score_scale.astype(jnp.float32),
                  noise_on.astype(jnp.int32)]
+  if w2_scale is not None:
+    operands.append(w2_scale.astype(jnp.float32))
   tokens, flags, _, _ = kernel(*operands)
   return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
 
@@ -813,15 +858,18 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
   if head.config.head_type != "vanilla":
     return f"the Mosaic kernel runs the vanilla head only (not {head.config.head_type!r})"
   weight = serial.markov_w2.weight
-  if jnp.dtype(weight.dtype) != jnp.dtype(jnp.bfloat16):
-    return f"the Mosaic kernel needs a bf16 W2 (got {jnp.dtype(weight.dtype)})"
+  dtype = jnp.dtype(weight.dtype)
+  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8)):
+    return f"the Mosaic kernel needs a bf16 or int8 W2 (got {dtype})"
+  if dtype == jnp.dtype(jnp.int8) and getattr(serial.markov_w2, "scale", None) is None:
+    return "an int8 W2 needs per-row scales (use wts_jax.quantize_w2)"
   if batch > MAX_BATCH:
     return f"the Mosaic kernel runs up to {MAX_BATCH} rows (B={batch})"
   if return_logits or return_logprobs:
     return "the Mosaic kernel does not return per-step logits or log-probabilities"
   w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
-  if config.mosaic_gemv == "wgmma" and w1_dtype != weight.dtype:
-    return f"the WGMMA GEMV needs a bf16 W1 like W2 (got {w1_dtype})"
+  if config.mosaic_gemv == "wgmma" and w1_dtype != dtype:
+    return f"the WGMMA GEMV needs W1 of W2's dtype (W1 {w1_dtype}, W2 {dtype})"
   if config.interpret and (config.num_programs or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
             "use num_programs=1")
@@ -874,7 +922,9 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        ring_stages=config.num_stages, num_blocks=blocks,
                        consumer_warpgroups=getattr(config, "consumer_warpgroups", 0),
                        batch=batch, base_itemsize=base_itemsize,
-                       gemv=mosaic_gemv(head, config))
+                       gemv=mosaic_gemv(head, config),
+                       w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
+                                             ).itemsize)
   except ValueError as err:
     if residency == "full":
       raise ValueError(f"residency='full' does not fit the Mosaic kernel's shared "
@@ -903,8 +953,10 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
   serial = head.markov_head
   w1 = serial.markov_w1.weight[...]
   first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
+  scale = getattr(serial.markov_w2, "scale", None)
   tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits, w1,
-                                      first, seed, score_scale, noise_on)
+                                      first, seed, score_scale, noise_on,
+                                      None if scale is None else scale[...])
   confidence = None
   conf_head = head.confidence_head
   if conf_head is not None:

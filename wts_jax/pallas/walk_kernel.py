@@ -106,7 +106,8 @@ def chosen_backend(head: DraftHead, batch: int, config: WalkConfig, *,
   from wts_jax.pallas.mosaic_walk import AUTO_MAX_BATCH
   # Measured (NOTES v5): Mosaic is faster for greedy walks at B = 1 only; sampled, the
   # Triton kernel is (231 against 242 µs at B = 1, and the register GEMV's 581–608).
-  faster = batch <= AUTO_MAX_BATCH and greedy
+  bf16 = jnp.dtype(head.markov_head.markov_w2.weight.dtype) == jnp.dtype(jnp.bfloat16)
+  faster = batch <= AUTO_MAX_BATCH and greedy and bf16
   return "mosaic" if reason is None and faster and not config.interpret else "triton"
 
 
