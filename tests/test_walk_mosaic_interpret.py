@@ -85,7 +85,7 @@ def test_backend_choice_and_clear_refusals():
   assert chosen_backend(head, 1, gpu, return_logits=True) == "triton"
   assert chosen_backend(head, 2, gpu) == "triton"    # measured slower at B > 1
   assert chosen_backend(head, 1, gpu, greedy=False) == "triton"   # and when sampling
-  assert chosen_backend(quantize_w2(head, "int8"), 1, gpu) == "triton"   # unmeasured
+  assert chosen_backend(quantize_w2(head, "int8"), 1, gpu) == "mosaic"   # int8 too
   assert chosen_backend(head, 2, wts_jax.WalkConfig(backend="mosaic")) == "mosaic"
   assert chosen_backend(head, 1, wts_jax.WalkConfig(interpret=True)) == "triton"
   with pytest.raises(ValueError, match="does not return per-step logits"):
