@@ -5,15 +5,7 @@ Interpret mode runs blocks one after another and has no semaphores, so the walk 
 here with one block owning every chunk (the barrier is compiled out); the GPU suite
 covers the 132-block exchange. jax 0.10.2's Mosaic GPU interpreter cannot run tiled
 shared-memory loads, so the interpret cases need jax >= 0.11.
-
-The warp-specialised variant (``consumer_warpgroups`` > 0, at the end) runs 1 + C
-warpgroups; the interpreter runs each as an XLA CPU computation that blocks in barrier
-callbacks, and XLA's CPU pool has one thread per core (plus the caller's), so C
-consumers need C cores or the interpreted kernel can deadlock (measured: C = 2 hung on one
-core; C = 3 hung on two in a sampled case). Those cases are skipped on smaller machines.
 """
-
-import os
 
 import jax
 import jax.numpy as jnp
@@ -214,125 +206,24 @@ def test_nan_logits_and_out_of_range_first_tokens_are_reported():
     _run(head, base, first.at[0].set(1000))
 
 
-# --- the warp-specialised variant (consumer_warpgroups > 0) -------------------------
-def _cores():
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:
-    return os.cpu_count() or 1
-
-
-def _needs_cores(consumers):
-  return pytest.mark.skipif(
-      _cores() < consumers,
-      reason=f"{consumers} consumer warpgroups + the producer need {consumers} CPU cores "
-             "in GPU interpret mode (XLA's CPU pool runs each warpgroup; fewer deadlock)")
-
-
-def _run_ws(head, base, first, consumers, residency="auto", num_stages=None, **kwargs):
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              num_stages=num_stages, consumer_warpgroups=consumers)
-  plan = mosaic_walk.make_plan(head, config, batch=base.shape[0])
-  assert plan.warp_specialized and plan.consumer_warpgroups == consumers
-  return wts_jax.walk(head, base, first, None, impl="pallas", config=config, **kwargs), plan
-
-
-def test_ws_plan_at_the_qwen3_shape():
-  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
-  default = mosaic_walk.plan_mosaic(**args)
-  assert default == mosaic_walk.plan_mosaic(**args, consumer_warpgroups=0)
-  assert not default.warp_specialized and wts_jax.WalkConfig().consumer_warpgroups == 0
+# --- shared-memory staging ------------------------------------------------------------
+def test_plan_stages_the_base_logits_beside_the_slots():
+  """The base logits of two steps ([2, chunks, B, 64]) come out of the same shared memory
+  as the W2 slots; an explicit split still keeps chunks resident."""
+  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM,
+              gemv="registers")
   for batch in (1, 4):
-    plan = mosaic_walk.plan_mosaic(**args, consumer_warpgroups=2, batch=batch)
-    # bf16 base logits staged for two steps (≤ 18 KB) + candidates leave 6 slots; the
-    # default split streams all 18 chunks through a 3-slot ring.
-    assert (plan.chunks, plan.resident_chunks, plan.ring_stages) == (18, 0, 3)
-    assert plan.consumer_warpgroups == 2
+    plan = mosaic_walk.plan_mosaic(**args, batch=batch)
     assert (plan.staged_batch, plan.base_itemsize) == (batch, 2)
-    assert "1 producer + 2 consumer warpgroups" in plan.describe()
-  # f32 base logits at B = 4 (36 KB staged) leave 5 slots: no 3-slot split fits 3 + 3.
-  wide = mosaic_walk.plan_mosaic(**args, consumer_warpgroups=2, batch=4, base_itemsize=4)
-  assert (wide.resident_chunks, wide.ring_stages) == (0, 3)
-  with pytest.raises(ValueError, match=r"consumer_warpgroups=4 must be in \[0, 3\]"):
-    mosaic_walk.plan_mosaic(**args, consumer_warpgroups=4)
-  with pytest.raises(ValueError, match="batch=5"):
-    mosaic_walk.plan_mosaic(**args, consumer_warpgroups=1, batch=5)
-  with pytest.raises(ValueError, match="exceed the 6 chunks"):
-    mosaic_walk.plan_mosaic(**args, consumer_warpgroups=2, resident_chunks=6,
+    assert (plan.resident_chunks, plan.ring_stages) == (0, 3)
+  # f32 base logits at B = 4 (36 KB staged) leave 5 slots: 3 + 3 no longer fits.
+  with pytest.raises(ValueError, match="exceed the 5 chunks"):
+    mosaic_walk.plan_mosaic(**args, batch=4, base_itemsize=4, resident_chunks=3,
                             ring_stages=3)
-  # An explicit split still keeps chunks resident.
-  split = mosaic_walk.plan_mosaic(**args, consumer_warpgroups=2, resident_chunks=3,
-                                  ring_stages=3)
+  with pytest.raises(ValueError, match="batch=5"):
+    mosaic_walk.plan_mosaic(**args, batch=5)
+  split = mosaic_walk.plan_mosaic(**args, resident_chunks=3, ring_stages=3)
   assert (split.resident_chunks, split.ring_stages) == (3, 3)
-  head, _ = _case(1000, 64, 1, 3)
-  bad = wts_jax.WalkConfig(backend="mosaic", consumer_warpgroups=7)
-  assert "consumer_warpgroups=7" in mosaic_walk.unsupported_reason(head, 1, bad)
-
-
-@pytest.mark.parametrize("consumers, batch, greedy", [
-    (2, 1, True), (2, 1, False), (2, 4, True), (2, 4, False), (1, 1, True), (3, 4, False)])
-def test_ws_lowers_for_cuda_at_the_qwen3_shape(consumers, batch, greedy):
-  """1 + C warpgroups, 132 blocks, the TMA-staged base logits and the per-consumer
-  exchange lanes lower through Mosaic GPU (layouts, SMEM budget, TMA boxes)."""
-  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
-                                 smem_per_block=H200_SMEM, consumer_warpgroups=consumers,
-                                 batch=batch)
-  assert (plan.resident_chunks, plan.ring_stages, plan.gemv) == (0, 3, "registers")
-  _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("consumers, vocab, rank, batch, steps, residency, stages", [
-    pytest.param(2, 1000, 64, 3, 7, 0.5, 2, marks=_needs_cores(2)),     # 8 + 8 streamed
-    pytest.param(2, 520, 128, 2, 4, "none", 3, marks=_needs_cores(2)),  # V % 64 = 8
-    pytest.param(1, 1000, 64, 1, 3, "full", None, marks=_needs_cores(1)),
-])
-def test_ws_greedy_matches_reference(consumers, vocab, rank, batch, steps, residency,
-                                     stages):
-  head, (base, first, _) = _case(vocab, rank, batch, steps, seed=11)
-  out, plan = _run_ws(head, base, first, consumers, residency=residency,
-                      num_stages=stages)
-  assert plan.ring_stages == (stages or 0)
-  ref = wts_jax.walk(head, base, first, impl="xla")
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  assert int(out.status) == 0
-
-
-@NEEDS_INTERPRETER
-@_needs_cores(2)
-def test_ws_sampled_matches_reference_bit_for_bit():
-  """Same Gumbel stream as the reference; row 0 has temperature 0 (greedy inside the
-  sampled kernel)."""
-  head, (base, first, _) = _case(1000, 64, 3, 7, seed=12)
-  temps = jnp.array([0.0, 0.8, 1.5], jnp.float32)
-  key = jax.random.key(7)
-  out, _ = _run_ws(head, base, first, 2, residency=0.5, num_stages=2, temperature=temps,
-                   key=key)
-  ref = wts_jax.walk(head, base, first, impl="xla", temperature=temps, key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  assert int(out.status) == 0
-
-
-@NEEDS_INTERPRETER
-@_needs_cores(2)
-def test_ws_ties_across_consumers_minus_inf_and_nan():
-  head, (base, first, _) = _case(1000, 64, 2, 3, seed=13)
-  w2 = head.markov_head.markov_w2.weight
-  # Rows 11 (chunk 0) and 900 (chunk 14) belong to consumer 0, row 999 (the clamped
-  # chunk 15, rows 936..999) to consumer 1: an exact three-way tie that 11 must win.
-  tied = jnp.array([11, 900, 999])
-  w2[...] = w2[...].at[tied[:2]].set(w2[...][999])
-  run = lambda b: _run_ws(head, b, first, 2, residency="none", num_stages=4)[0]
-  out = run(base.at[:, :, tied].set(jnp.asarray(60.0, base.dtype)))
-  np.testing.assert_array_equal(np.asarray(out.tokens), 11)
-  out = run(jnp.full_like(base, -jnp.inf))
-  np.testing.assert_array_equal(np.asarray(out.tokens), 0)
-  # Under jit the status comes back instead of raising: a NaN row is flagged, never
-  # followed.
-  tokens, status = jax.jit(lambda b: (lambda o: (o.tokens, o.status))(run(b)))(
-      base.at[:, :, 999].set(1e4).at[1, 2, 77].set(jnp.nan))
-  np.testing.assert_array_equal(np.asarray(tokens), 999)
-  assert int(status) & wts_jax.output.STATUS_NAN_LOGITS
 
 
 # --- the WGMMA GEMV (WalkConfig.mosaic_gemv="wgmma") --------------------------------
@@ -346,12 +237,12 @@ def test_wgmma_gemv_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
   _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
 
 
-def test_wgmma_gemv_refuses_the_warp_specialised_kernel():
-  with pytest.raises(ValueError, match="single-warpgroup kernel only"):
-    mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
-                            smem_per_block=H200_SMEM, gemv="wgmma", consumer_warpgroups=2)
+def test_wgmma_gemv_refusals():
   with pytest.raises(ValueError, match="mosaic_gemv"):
     wts_jax.WalkConfig(mosaic_gemv="tensor")
+  with pytest.raises(ValueError, match="gemv='tensor'"):
+    mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                            smem_per_block=H200_SMEM, gemv="tensor")
 
 
 @NEEDS_INTERPRETER
@@ -414,8 +305,6 @@ def test_int8_w2_refusals():
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="WGMMA GEMV needs a bf16 W2"):
     mosaic_walk.plan_mosaic(**args, w2_itemsize=1, gemv="wgmma")
-  with pytest.raises(ValueError, match="single-warpgroup kernel only"):
-    mosaic_walk.plan_mosaic(**args, w2_itemsize=1, consumer_warpgroups=2)
   head, _ = _case(1000, 64, 1, 3)
   fp8 = quantize_w2(head, "fp8")
   reason = mosaic_walk.unsupported_reason(fp8, 1, wts_jax.WalkConfig(backend="mosaic"))

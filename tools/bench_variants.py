@@ -4,8 +4,7 @@
 
 ``wts-triton`` is the Triton kernel; ``wts-m-r{R}s{S}`` the Mosaic GPU kernel with R
 resident 64-row chunks per block and an S-slot TMA ring; ``wts-mw-r{R}s{S}`` the same
-with its GEMV on tensor cores (WGMMA); ``wts-ws{C}-r{R}s{S}`` its
-warp-specialised variant with C consumer warpgroups. Development sweeps only: the
+with its GEMV on tensor cores (WGMMA). Development sweeps only: the
 paths every report compares are registered in ``wts_jax.bench.paths``.
 """
 
@@ -39,17 +38,6 @@ def register_variants():
                              residency=resident * 64, num_stages=stages),
           description=f"Mosaic kernel, WGMMA GEMV (NOTES v5), {resident} resident "
                       f"chunks, {stages}-slot ring")
-  for consumers in (1, 2, 3):
-    for resident, stages in ((3, 3), (4, 2), (2, 4), (0, 6)):
-      name = f"wts-ws{consumers}-r{resident}s{stages}"
-      if name not in paths.PATHS:
-        paths.register_path(
-            name, paths.available_wts,
-            paths._wts_variant(backend="mosaic", consumer_warpgroups=consumers,
-                               residency=resident * 64, num_stages=stages),
-            description=f"warp-specialised Mosaic kernel (NOTES v3c): {consumers} "
-                        f"consumer warpgroups, {resident} resident, {stages}-slot ring")
-
 
 if __name__ == "__main__":
   register_variants()

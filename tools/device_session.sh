@@ -19,7 +19,7 @@ if has sweep; then
   timeout ${SWEEP_S:-200} python tools/bench_variants.py --shape qwen3_4b --head vanilla \
     --batch ${SWEEP_BATCH:-1} --k 7 --mode ${SWEEP_MODE:-greedy} --l2 ${SWEEP_L2:-cold,warm} \
     --repeats 6 --walks-per-repeat 10 \
-    --paths torch-graph,wts-triton,${SWEEP_PATHS:-wts-m-r3s3,wts-ws1-r3s3,wts-ws2-r3s3,wts-ws3-r3s3,wts-ws2-r4s2,wts-ws2-r2s4,wts-ws2-r0s6} \
+    --paths torch-graph,wts-triton,${SWEEP_PATHS:-wts-mw-r0s3,wts-m-r0s3,wts-m-r3s3} \
     --out "$OUT/mosaic_sweep.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_sweep.log"
 fi
 if has side; then
@@ -32,8 +32,8 @@ fi
 if has profile; then
   stamp profile
   timeout ${PROFILE_S:-150} python tools/profile_mosaic.py --out "$OUT/profile" \
-    --splits ${PROFILE_SPLITS:-3/3,0/6,4/2} --batch ${PROFILE_BATCH:-1} \
-    --gemv ${PROFILE_GEMV:-registers} 2>&1 \
+    --splits ${PROFILE_SPLITS:-0/3,9/3} --batch ${PROFILE_BATCH:-1} \
+    --gemv ${PROFILE_GEMV:-registers} --dtype ${PROFILE_DTYPE:-int8} 2>&1 \
     | grep -v Warning | tee "$OUT/profile.log"
 fi
 if has tests; then

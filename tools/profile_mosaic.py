@@ -107,14 +107,20 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=7)
   parser.add_argument("--clock-ghz", type=float, default=1.98)
   parser.add_argument("--gemv", default="registers", choices=("registers", "wgmma"))
+  parser.add_argument("--dtype", default="bf16", choices=("bf16", "int8"),
+                      help="W2: bf16, or int8 with per-row scales (register GEMV)")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   head = wts_jax.make_head(config, seed=0)
+  if args.dtype == "int8":
+    from wts_jax.quantize import quantize_w2
+    head = quantize_w2(head, "int8")
   base, first, _ = random_inputs(config, args.batch, args.steps, jax.random.key(1))
   want = np.asarray(wts_jax.walk(head, base, first, impl="xla").tokens)
   serial = head.markov_head
   w2, w1 = serial.markov_w2.weight[...], serial.markov_w1.weight[...]
+  w2_scale = serial.markov_w2.scale[...] if args.dtype == "int8" else None
   device = DeviceInfo.current()
   smem = device.smem_per_block - _profile_bytes(PROFILE_SPACE) - mw.SMEM_ALIGNMENT
   flush = jnp.zeros((256 << 20) // 4, jnp.float32)
@@ -124,16 +130,17 @@ def main(argv=None):
     plan = mw.plan_mosaic(vocab_size=config.vocab_size, rank=config.rank,
                           num_sms=device.num_sms, smem_per_block=smem,
                           resident_chunks=resident, ring_stages=stages,
-                          batch=args.batch, gemv=args.gemv)
-    directory = os.path.join(args.out, f"{args.gemv}-r{resident}s{stages}")
+                          batch=args.batch, gemv=args.gemv,
+                          w2_itemsize=jnp.dtype(w2.dtype).itemsize)
+    directory = os.path.join(args.out, f"{args.dtype}-{args.gemv}-r{resident}s{stages}")
     os.makedirs(directory, exist_ok=True)
     spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
                          spin_limit=wts_jax.WalkConfig().sync_spin_limit, interpret=False,
                          profile_dir=directory, profile_space=PROFILE_SPACE)
-    run = jax.jit(lambda w2, b, w1, f: mw.mosaic_walk(spec, w2, b, w1, f))
+    run = jax.jit(lambda w2, b, w1, f, s: mw.mosaic_walk(spec, w2, b, w1, f, w2_scale=s))
     for _ in range(3):
       flush = (flush + 1).block_until_ready()   # evict W2 from the L2
-      tokens, status = run(w2, base, w1, first)
+      tokens, status = run(w2, base, w1, first, w2_scale)
       tokens.block_until_ready()
     same = np.array_equal(np.asarray(tokens), want)
     jax.effects_barrier()   # the trace is written by a host callback

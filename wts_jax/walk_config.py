@@ -42,10 +42,6 @@ class WalkConfig:
   # programs (a second grid barrier per step), "redundant" (every program computes all
   # of it), or "auto" (the planner's choice: split; see pallas.plan.serial_split).
   serial_update: str = "auto"
-  # The Mosaic GPU kernel only: 0 = its single-warpgroup kernel (the default); 1..3 =
-  # the warp-specialised variant with one TMA producer warpgroup and this many consumer
-  # warpgroups (unmeasured; see NOTES.md "v3c"). Checked by the Mosaic planner.
-  consumer_warpgroups: int = 0
   # The Mosaic GPU kernel only: how a 64-row chunk meets z. "registers": an fp32 GEMV in
   # registers; "wgmma": a tensor-core WGMMA (64 x 8B x r, bf16 operands, fp32
   # accumulation), z copied from W1 into shared memory by TMA — exact for the vanilla

@@ -33,13 +33,9 @@ Interpret mode (CPU tests) runs blocks one after another and has no semaphores, 
 CPU suite runs this kernel with one block owning every chunk (the barrier is compiled
 out); the GPU suite covers the multi-block exchange.
 
-Opt-in variant (``WalkConfig(consumer_warpgroups=C)``, C in 1..3; unmeasured, see
-NOTES.md "v3c"): warp specialisation. Warpgroup 0 only issues TMA — the resident
-chunks, the streamed chunks into the ring (refilling a slot once every consumer has
-released it), and each step's base logits into a double-buffered shared-memory
-staging area one step ahead — with its registers lowered to 40; warpgroups 1..C take
-alternate chunks with the rest of the registers, each keeping its own per-lane
-candidates and publishing its own (score, row) pair in the grid exchange.
+The warp-specialised variant (a TMA producer warpgroup + C consumer warpgroups, NOTES.md
+"v3c") was measured slower in every configuration (C = 1: as fast; C = 2, 3: +50 %) and
+was removed; commit eacf908 has it.
 """
 
 from __future__ import annotations
@@ -66,12 +62,6 @@ RING_STAGE_MIN = 1
 DEFAULT_RING_STAGES = 3
 SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
 SMEM_ALIGNMENT = 1024      # every scratch allocation starts on a 1 KB boundary
-# The warp-specialised variant (``consumer_warpgroups > 0``): one producer warpgroup
-# (TMA only) + C consumer warpgroups (the GEMV). Registers move from the producer to the
-# consumers as in ``plgpu.emit_pipeline_warp_specialized``.
-MAX_CONSUMER_WARPGROUPS = 3
-PRODUCER_REGISTERS = 40
-EXCHANGE_PIECE = 64        # the exchange is reduced in [64]-pieces (warp-local layout)
 _WGMMA = plgpu.Layout.WGMMA
 _ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
 _COL_VECTOR = _WGMMA.reduce(0)   # an [r] vector (e, z), broadcast over rows
@@ -105,21 +95,14 @@ class MosaicPlan:
   vocab_size: int
   rank: int
   smem_per_block: int
-  # 0: the single-warpgroup kernel. C > 0: the warp-specialised kernel, one producer
-  # warpgroup (TMA of W2 chunks and base logits) + C consumer warpgroups.
-  consumer_warpgroups: int = 0
   staged_batch: int = MAX_BATCH   # base-logit rows the shared-memory staging holds
   base_itemsize: int = 2          # bytes per staged base logit
-  gemv: str = "wgmma"             # or "registers" (the only one of the WS kernel)
+  gemv: str = "wgmma"             # or "registers"
   w2_itemsize: int = 2            # 2: bf16 W2; 1: int8 W2 with a scale per row
 
   @property
   def streamed_chunks(self) -> int:
     return self.chunks - self.resident_chunks
-
-  @property
-  def warp_specialized(self) -> bool:
-    return self.consumer_warpgroups > 0
 
   @property
   def resident_fraction(self) -> float:
@@ -131,8 +114,6 @@ class MosaicPlan:
             f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory "
             f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
             f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
-            + (f"; warp-specialised: 1 producer + {self.consumer_warpgroups} consumer "
-               "warpgroups, base logits staged by TMA" if self.warp_specialized else "")
             + ("; GEMV on tensor cores (WGMMA)" if self.gemv == "wgmma" else "")
             + ("; int8 W2, per-row scales in shared memory" if self.w2_itemsize == 1
                else ""))
@@ -142,25 +123,20 @@ def _aligned(nbytes: int) -> int:
   return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
-def staging_bytes(*, chunks: int, consumer_warpgroups: int, batch: int,
-                  base_itemsize: int, gemv: str = "registers", rank: int = 256,
-                  scaled: bool = False) -> int:
+def staging_bytes(*, chunks: int, batch: int, base_itemsize: int,
+                  gemv: str = "registers", rank: int = 256, scaled: bool = False) -> int:
   """Shared memory besides the W2 slots: the base logits of two steps
-  ([2, chunks, B, 64], staged by TMA one step ahead); in the warp-specialised kernel
-  each consumer's candidates ([C, B, 64], f32 and i32); with the WGMMA GEMV the W1 rows
-  of z ([8B, r] bf16); for an int8 W2 the block's per-row scales ([chunks, 64] f32)."""
+  ([2, chunks, B, 64], staged by TMA one step ahead); with the WGMMA GEMV the W1 rows of
+  z ([8B, r] bf16); for an int8 W2 the block's per-row scales ([chunks, 64] f32)."""
   base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
-  candidates = consumer_warpgroups * batch * CHUNK_ROWS * 4
   z_rows = Z_TILE_ROWS * batch * rank * 2 if gemv == "wgmma" else 0
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
-  return (_aligned(base) + 2 * _aligned(candidates) + _aligned(z_rows)
-          + _aligned(scales))
+  return _aligned(base) + _aligned(z_rows) + _aligned(scales)
 
 
 def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
                 resident_chunks: int | None = None, ring_stages: int | None = None,
-                num_blocks: int | None = None, consumer_warpgroups: int = 0,
-                batch: int = MAX_BATCH, base_itemsize: int = 2,
+                num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
                 gemv: str | None = None, w2_itemsize: int = 2) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
@@ -169,30 +145,19 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   flight per SM at r = 256) and the fewest resident chunks that leave the streamed ones
   a whole number of ring rounds per step (the ring restarts every step, so every slot
   index is static) — measured faster than filling the spare slots with resident chunks
-  (NOTES v5).
-
-  ``consumer_warpgroups`` > 0 plans the warp-specialised kernel: its staging of the base
-  consumers' candidates come out of the same shared memory first. Both kernels stage the
-  base logits (``batch`` rows of ``base_itemsize`` bytes, two steps) there too."""
+  (NOTES v5). The staging (``staging_bytes``: base logits of ``batch`` rows of
+  ``base_itemsize`` bytes, the WGMMA's z, int8 scales) comes out of the same shared
+  memory first."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
-  if w2_itemsize == 1 and consumer_warpgroups:
-    raise ValueError("an int8 W2 runs in the single-warpgroup kernel only "
-                     f"(consumer_warpgroups={consumer_warpgroups})")
   if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
-    gemv = "registers" if consumer_warpgroups or w2_itemsize == 1 else "wgmma"
+    gemv = "registers" if w2_itemsize == 1 else "wgmma"
   if gemv == "wgmma" and w2_itemsize == 1:
     raise ValueError("the WGMMA GEMV needs a bf16 W2 (z is a bf16 row of W1); an int8 "
                      "W2 uses the register GEMV")
   if gemv not in ("registers", "wgmma"):
     raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
-  if gemv == "wgmma" and consumer_warpgroups:
-    raise ValueError("the WGMMA GEMV runs in the single-warpgroup kernel only "
-                     f"(consumer_warpgroups={consumer_warpgroups})")
-  if not 0 <= consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
-    raise ValueError(f"consumer_warpgroups={consumer_warpgroups} must be in "
-                     f"[0, {MAX_CONSUMER_WARPGROUPS}] (0: the single-warpgroup kernel)")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:
@@ -206,9 +171,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
-  staging = staging_bytes(chunks=chunks, consumer_warpgroups=consumer_warpgroups,
-                          batch=batch, base_itemsize=base_itemsize, gemv=gemv, rank=rank,
-                          scaled=w2_itemsize == 1)
+  staging = staging_bytes(chunks=chunks, batch=batch, base_itemsize=base_itemsize,
+                          gemv=gemv, rank=rank, scaled=w2_itemsize == 1)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
@@ -252,9 +216,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                      f"the {slots} chunks of shared memory per block")
   return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
-                    smem_per_block=smem_per_block,
-                    consumer_warpgroups=consumer_warpgroups,
-                    staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv,
+                    smem_per_block=smem_per_block, staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv,
                     w2_itemsize=w2_itemsize)
 
 
@@ -542,235 +504,6 @@ def _walk_kernel(*refs, spec: MosaicSpec):
   flag_g[block] = flags
 
 
-def _ws_lanes(blocks: int, consumers: int) -> int:
-  """Exchange lanes of the warp-specialised kernel: one per (block, consumer), padded
-  to whole ``EXCHANGE_PIECE``s."""
-  return -(-blocks * consumers // EXCHANGE_PIECE) * EXCHANGE_PIECE
-
-
-def _ws_consumer_registers(consumers: int) -> int:
-  # As plgpu.emit_pipeline_warp_specialized: the 64K-register file is 512 registers per
-  # thread of one warpgroup; the producer's share removed, the rest split over the
-  # consumers, at most 256 and a multiple of 8 (C = 2: 232).
-  return int(min(256, (512 - PRODUCER_REGISTERS) // consumers) // 8 * 8)
-
-
-def _top_pair(values, rows):
-  """(max, lowest row at the max) of a [64] vector in the column layout, whose reduction
-  stays inside each warp: concurrent consumer warpgroups never touch Mosaic's cross-warp
-  reduction scratch (one shared-memory address for every warpgroup)."""
-  top = values.max()
-  return top, jnp.min(jnp.where(values == top, rows, _BIG_INDEX))
-
-
-def _merge_pair(best, pair):
-  """Merge two (score, index) scalar pairs: higher score, then lower index."""
-  (best_v, best_i), (v, i) = best, pair
-  return (jnp.maximum(best_v, v),
-          jnp.where(v > best_v, i, jnp.where(v == best_v, jnp.minimum(best_i, i), best_i)))
-
-
-def _ws_walk_kernel(*refs, spec: MosaicSpec):
-  """The warp-specialised walk: warpgroup 0 produces, warpgroups 1..C consume.
-
-  Producer (``PRODUCER_REGISTERS`` registers, TMA only): the resident chunks once; every
-  streamed chunk of every step, in order, into ring slot ``j % stages`` once all C
-  consumers have released that slot's previous chunk (``ring_free``: C arrivals); the
-  base logits of step k + 1 ([chunks, B, 64], one TMA per chunk for all rows) into
-  staging buffer ``(k + 1) % 2`` once every consumer is done with step k - 1
-  (``base_free``).
-
-  Consumer c owns the chunks i ≡ c (mod C). Every consumer waits on every phase of every
-  ring slot, in order (a warpgroup that waits on a barrier must observe all its phases),
-  and releases the slot — right after loading its own chunk into registers, at once for
-  the others'. Per-lane candidates as in the single-warpgroup kernel; at the end of the
-  step each consumer reduces them to one (score, row) pair per batch row through its own
-  shared-memory scratch (column layout: warp-local reductions only) and publishes the
-  pair as exchange lane ``block * C + c``; every consumer then polls the global
-  semaphore (bounded, target ``blocks * C * (step + 1)``) and reduces all lanes to the
-  same token. With one block an intra-block barrier among the consumers replaces the
-  semaphore (interpret mode has no semaphores)."""
-  plan, batch = spec.plan, spec.batch
-  vocab, rank = plan.vocab_size, plan.rank
-  consumers = plan.consumer_warpgroups
-  if spec.greedy:
-    (w2_g, base_g, w1_g, first_g, tok_g, flag_g, xv_g, xi_g, w_s, base_s, cand_v, cand_i,
-     res_bar, ring_bar, ring_free, base_bar, base_free, x_bar) = refs
-  else:
-    (w2_g, base_g, w1_g, first_g, seed_g, scale_g, noise_g, tok_g, flag_g, xv_g, xi_g,
-     w_s, base_s, cand_v, cand_i, res_bar, ring_bar, ring_free, base_bar, base_free,
-     x_bar) = refs
-  blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
-  chunks, streamed, steps = plan.chunks, plan.streamed_chunks, spec.steps
-  total_streamed = steps * streamed
-  block = lax.axis_index("blocks")
-  warpgroup = lax.axis_index("wg")
-  multi_block = blocks > 1
-  sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
-  pairs = blocks * consumers                 # exchange lanes in use
-  pieces = _ws_lanes(blocks, consumers) // EXCHANGE_PIECE
-
-  copies = _BlockCopies(plan, block, w2_g, w_s, base_g, base_s, base_bar)
-  chunk_start, copy_chunk, copy_base = copies.chunk_start, copies.chunk, copies.base
-
-  # --- producer ------------------------------------------------------------------
-  @pl.when(warpgroup == 0)
-  def _producer():
-    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-    # Invariant: chunks [0, res) are copied once here and stay in shared memory.
-    for c in range(res):
-      copy_chunk(c, c, res_bar)
-    copy_base(0, 0)
-    for g in range(min(stages, total_streamed)):
-      copy_chunk(res + g, res + g, ring_bar.at[g])
-
-    def refill(j):
-      # Streamed chunk j of this step into slot j % stages (static: the ring restarts
-      # every step) once every consumer has released chunk j - stages (it may belong to
-      # the previous step: the ring runs ahead across the step boundary).
-      slot = j % stages
-      plgpu.barrier_wait(ring_free.at[slot])
-      copy_chunk(res + j, res + slot, ring_bar.at[slot])
-
-    def next_base(step):
-      @pl.when(step + 1 < steps)
-      def _():
-        @pl.when(step >= 1)
-        def _():
-          plgpu.barrier_wait(base_free.at[lax.rem(step + 1, 2)])   # step - 1 is done
-        copy_base(step + 1, lax.rem(step + 1, 2))
-
-    def produce_step(step, carry):
-      for j in range(streamed):
-        if j < stages:    # step 0's first round went out before the loop
-          pl.when(step > 0)(functools.partial(refill, j))
-        else:
-          refill(j)
-        if j == stages - 1:
-          next_base(step)
-      if not streamed:
-        next_base(step)
-      return carry
-
-    lax.fori_loop(0, steps, produce_step, jnp.int32(0))
-    # Observe the phases nobody waited on (every slot's last chunk, the last two steps'
-    # base buffers): every barrier ends the kernel quiescent.
-    if total_streamed:
-      for slot in range(stages):
-        plgpu.barrier_wait(ring_free.at[slot])
-    for step in range(max(0, steps - 2), steps):
-      plgpu.barrier_wait(base_free.at[step % 2])
-
-  # --- consumers -----------------------------------------------------------------
-  def consume(me):
-    plgpu.set_max_registers(_ws_consumer_registers(consumers), action="increase")
-    lane = block * consumers + me
-    row_iota = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS,), 0, layout=_ROW_VECTOR)
-    piece_iota = plgpu.broadcasted_iota(jnp.int32, (EXCHANGE_PIECE,), 0,
-                                        layout=_COL_VECTOR)
-    mine = [c for c in range(chunks) if c % consumers == me]
-    if not spec.greedy:
-      seed = (seed_g[0], seed_g[1])
-      score_scale = [scale_g[b] for b in range(batch)]
-      noise_on = [noise_g[b] != 0 for b in range(batch)]
-    if res:
-      plgpu.barrier_wait(res_bar)
-
-    def gather(tokens):
-      return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
-              for b in range(batch)]
-
-    def step_body(step, carry):
-      z, nan_lanes, flags = carry
-      parity = lax.rem(step, 2)
-      z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
-      if not spec.greedy:
-        streams = [sampling.stream_key(seed, jnp.uint32(b), step) for b in range(batch)]
-      best = [(jnp.full((CHUNK_ROWS,), _NEG_INF, jnp.float32),
-               jnp.zeros((CHUNK_ROWS,), jnp.int32)) for _ in range(batch)]
-      plgpu.barrier_wait(base_bar.at[parity])
-
-      def take_chunk(c, weights, best, nan_lanes):
-        rows = chunk_start(c) + row_iota
-        return _update_candidates(
-            spec, _register_products(weights, z_rows), rows,
-            lambda b: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
-            best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
-
-      if not mine:
-        plgpu.barrier_arrive(base_free.at[parity])
-      for c in range(chunks):
-        owned = c % consumers == me
-        if c < res:
-          if owned:
-            best, nan_lanes = take_chunk(c, _load(w_s.at[c], _WGMMA), best, nan_lanes)
-        else:
-          slot = (c - res) % stages
-          plgpu.barrier_wait(ring_bar.at[slot])
-          weights = None
-          if owned:
-            weights = _load(w_s.at[res + slot], _WGMMA)
-            # Generic-proxy reads before the slot's next TMA write (async proxy): the
-            # cross-proxy fence, then the release (the interpreter's race detector
-            # asks for exactly this; see NOTES "v3c").
-            plgpu.commit_smem()
-          plgpu.barrier_arrive(ring_free.at[slot])   # the chunk is in registers
-          if owned:
-            best, nan_lanes = take_chunk(c, weights, best, nan_lanes)
-        if mine and c == mine[-1]:
-          plgpu.commit_smem()
-          plgpu.barrier_arrive(base_free.at[parity])   # this step's base logits are read
-
-      # This consumer's pair per row: the per-lane candidates through its own scratch
-      # into the column layout, whose reductions stay inside each warp.
-      for b in range(batch):
-        cand_v.at[me, b][...] = best[b][0]
-        cand_i.at[me, b][...] = best[b][1]
-        top, row = _top_pair(_load(cand_v.at[me, b], _COL_VECTOR),
-                             _load(cand_i.at[me, b], _COL_VECTOR))
-        xv_g[parity, b, lane] = top
-        xi_g[parity, b, lane] = row
-      timed_out = jnp.int32(0)
-      if multi_block:
-        timed_out = _signal_and_poll(sem, pairs, step, spec.spin_limit)
-      elif consumers > 1:
-        plgpu.barrier_arrive(x_bar)   # one block: the consumers meet in shared memory
-        plgpu.barrier_wait(x_bar)
-      tokens = []
-      for b in range(batch):
-        top = (jnp.float32(_NEG_INF), jnp.int32(_BIG_INDEX))
-        for piece in range(pieces):
-          lanes_here = pl.ds(piece * EXCHANGE_PIECE, EXCHANGE_PIECE)
-          valid = piece * EXCHANGE_PIECE + piece_iota < pairs
-          values = jnp.where(valid, _load(xv_g.at[parity, b, lanes_here], _COL_VECTOR,
-                                          optimized=False), _NEG_INF)
-          indices = jnp.where(valid, _load(xi_g.at[parity, b, lanes_here], _COL_VECTOR,
-                                           optimized=False), _BIG_INDEX)
-          top = _merge_pair(top, _top_pair(values, indices))
-        tokens.append(jnp.clip(top[1], 0, vocab - 1))   # a NaN row is flagged, not followed
-
-      if me == 0:
-        @pl.when(block == 0)
-        def _():
-          for b in range(batch):
-            tok_g[b, step] = tokens[b]
-
-      flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
-      return gather(tokens), nan_lanes, flags
-
-    first = [jnp.clip(first_g[b], 0, vocab - 1) for b in range(batch)]
-    _, nan_lanes, flags = lax.fori_loop(
-        0, steps, step_body,
-        (gather(first), plgpu.layout_cast(jnp.zeros((CHUNK_ROWS,), jnp.int32), _ROW_VECTOR),
-         jnp.int32(0)))
-    cand_i.at[me, 0][...] = nan_lanes
-    nan_seen = _load(cand_i.at[me, 0], _COL_VECTOR).max()
-    flag_g[lane] = flags | jnp.where(nan_seen > 0, STATUS_NAN_LOGITS, 0)
-
-  for me in range(consumers):
-    pl.when(warpgroup == 1 + me)(functools.partial(consume, me))
-
-
 def _interpret_params():
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
   return InterpretGPUParams()
@@ -795,39 +528,22 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                      f"byte base logits; this walk has {batch} rows of {itemsize} bytes")
   base_staging = plgpu.SMEM((2, plan.chunks, batch, CHUNK_ROWS), base_logits.dtype)
   base_bar = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=2)
-  if not plan.warp_specialized:
-    body, status_words, threads = _walk_kernel, plan.num_blocks, {}
-    lanes = max(128, -(-plan.num_blocks // 128) * 128)
-    scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
-    if plan.gemv == "wgmma":   # z: 8 W1 rows per batch row, the WGMMA's B operand
-      if w1.dtype != w2.dtype:
-        raise ValueError(f"the WGMMA GEMV needs W1 and W2 of one dtype (W1 {w1.dtype}, "
-                         f"W2 {w2.dtype})")
-      scratch += [plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
-                             transforms=transforms),
-                  plgpu.Barrier(num_arrivals=batch, num_barriers=1)]
-    if w2_scale is not None:
-      scratch += [plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32),
-                  plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)]
-  else:
-    consumers = plan.consumer_warpgroups
-    body, status_words = _ws_walk_kernel, plan.num_blocks * consumers
-    threads = dict(num_threads=1 + consumers, thread_name="wg")
-    lanes = _ws_lanes(plan.num_blocks, consumers)
-    scratch = [
-        w_slots, base_staging,
-        plgpu.SMEM((consumers, batch, CHUNK_ROWS), jnp.float32),             # cand_v
-        plgpu.SMEM((consumers, batch, CHUNK_ROWS), jnp.int32),               # cand_i
-        res_bar, ring_bar,
-        plgpu.Barrier(num_arrivals=consumers, num_barriers=max(1, plan.ring_stages)),
-        base_bar,
-        plgpu.Barrier(num_arrivals=consumers, num_barriers=2),               # base_free
-        plgpu.Barrier(num_arrivals=consumers, num_barriers=1),               # x_bar
-    ]
+  lanes = max(128, -(-plan.num_blocks // 128) * 128)
+  scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
+  if plan.gemv == "wgmma":   # z: 8 W1 rows per batch row, the WGMMA's B operand
+    if w1.dtype != w2.dtype:
+      raise ValueError(f"the WGMMA GEMV needs W1 and W2 of one dtype (W1 {w1.dtype}, "
+                       f"W2 {w2.dtype})")
+    scratch += [plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
+                           transforms=transforms),
+                plgpu.Barrier(num_arrivals=batch, num_barriers=1)]
+  if w2_scale is not None:
+    scratch += [plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32),
+                plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)]
   kernel = plgpu.kernel(
-      functools.partial(body, spec=spec),
+      functools.partial(_walk_kernel, spec=spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
-                jax.ShapeDtypeStruct((status_words,), jnp.int32),
+                jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
                 jax.ShapeDtypeStruct((2, batch, lanes), jnp.float32),
                 jax.ShapeDtypeStruct((2, batch, lanes), jnp.int32)),
       grid=(plan.num_blocks,), grid_names=("blocks",),
@@ -837,7 +553,6 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
           **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
              if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
-      **threads,
   )
   operands = [w2, base_logits, w1, first_tokens.astype(jnp.int32)]
   if not spec.greedy:
@@ -882,20 +597,19 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
 
 def mosaic_gemv(head, config) -> str:
   """The GEMV of this walk: the config's, or for "auto" the tensor cores (WGMMA) where
-  they apply — the single-warpgroup kernel with W1 of W2's dtype — else registers."""
+  they apply — W1 of W2's dtype — else registers."""
   if config.mosaic_gemv != "auto":
     return config.mosaic_gemv
   serial = head.markov_head
   same = (jnp.dtype(serial.markov_w1.weight.dtype)
           == jnp.dtype(serial.markov_w2.weight.dtype))
-  return "wgmma" if same and not config.consumer_warpgroups else "registers"
+  return "wgmma" if same else "registers"
 
 
 def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
               ) -> MosaicPlan:
-  """The plan of ``head`` under ``config``; ``config.consumer_warpgroups`` > 0 selects
-  the warp-specialised kernel, whose base-logit staging is sized for ``batch`` rows of
-  ``base_itemsize`` bytes."""
+  """The plan of ``head`` under ``config``, its base-logit staging sized for ``batch``
+  rows of ``base_itemsize`` bytes."""
   from wts_jax.pallas.plan import DeviceInfo
   vocab, rank = head.config.vocab_size, head.config.rank
   if config.interpret:
@@ -920,7 +634,6 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
     return plan_mosaic(vocab_size=vocab, rank=rank, num_sms=num_sms,
                        smem_per_block=smem, resident_chunks=resident,
                        ring_stages=config.num_stages, num_blocks=blocks,
-                       consumer_warpgroups=getattr(config, "consumer_warpgroups", 0),
                        batch=batch, base_itemsize=base_itemsize,
                        gemv=mosaic_gemv(head, config),
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
