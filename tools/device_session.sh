@@ -61,7 +61,7 @@ print("pip nvidia packages with compute-sanitizer:", hits[:5])
 PY
   else
     for tool in memcheck racecheck; do for be in ${SAN_BACKENDS:-mosaic triton}; do
-      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 120 "$SAN" --tool $tool \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${SAN_S:-90} "$SAN" --tool $tool \
         python tools/sanitizer_case.py $be 2>&1 | tail -8 | tee -a "$OUT/sanitizer.log"
     done; done
   fi
