@@ -6,17 +6,21 @@ us the shared memory and the TMA engine directly:
 
 - block ``p`` (one per SM) owns ``chunks`` 64-row chunks of W2; the first
   ``resident_chunks`` are copied into shared memory once, before the step loop, and stay
-  there for all K steps;
+  there for all K steps (the default plan keeps none unless everything fits: measured
+  faster at the Qwen3 shape, NOTES v5);
 - the other chunks are streamed through a ring of ``ring_stages`` shared-memory slots by
   TMA. W2 does not depend on the drafted tokens, so the ring runs ahead across step
   boundaries: while the blocks meet at the grid barrier, the next step's first chunks
-  are already in flight (from L2 after step 0);
-- per chunk a register GEMV (fp32 products and sums of the stored W2 values and fp32
-  ``z``, the contract of ``SerialHead.vocab_bias``), plus the base logits, then the
-  chunk's greedy or Gumbel top-1 (the generator of ``wts_jax.sampling``);
+  are already in flight;
+- the base logits of step k + 1 are copied by TMA into shared memory during step k;
+- per chunk W·z in fp32 — on tensor cores (one WGMMA against z staged in shared memory
+  as W1 rows, exact for the vanilla head's bf16 z) or as a register GEMV (fp32 products
+  and sums; int8 W2 times its row scales), the contract of ``SerialHead.vocab_bias`` —
+  plus the base logits, then the chunk's greedy or Gumbel top-1 (the generator of
+  ``wts_jax.sampling``) into per-lane candidates;
 - per step each block publishes one (score, index) pair per batch row, signals a global
   semaphore (release), polls it with a bounded spin (acquire), and reduces all blocks'
-  pairs to the same token (ties → lowest index); then gathers ``e = W1[token]``.
+  pairs to the same token (ties → lowest index); then fetches the next z from W1.
 
 The vocabulary is cut into chunks whose start is clamped to ``V - 64``: the last chunks
 of the last blocks overlap earlier rows instead of reading past the end. A duplicated
@@ -24,7 +28,7 @@ row yields the same (score, index) pair in both places, so top-1 is unaffected �
 padded copy of W2 is ever made.
 
 Scope (``unsupported_reason`` says why otherwise): the vanilla head (``z = e``), a bf16
-W2 with rank a multiple of 64, up to ``MAX_BATCH`` rows, greedy and sampled, no
+or int8 W2 with rank a multiple of 64, up to ``MAX_BATCH`` rows, greedy and sampled, no
 per-step logits/log-probabilities (those runs use the Triton kernel). Confidence logits
 are computed after the kernel from the drafted tokens (an exact identity: they read
 only ``e_k = W1[x_{k-1}]`` and hoisted terms).
