@@ -57,6 +57,19 @@ def _assert_matches_reference(head, inputs, temperature=0.0, config=None):
   assert int(out.status) == 0
 
 
+def _assert_tokens_match_reference(head, inputs, temperature, config):
+  """Tokens only (the Mosaic kernel returns no per-step logits): greedy, or sampled with
+  the same key as the reference."""
+  base, first, hidden = inputs
+  key = jax.random.key(11) if temperature else None
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0
+
+
 @pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
 @pytest.mark.parametrize("batch", [1, 16, 64])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
@@ -78,46 +91,27 @@ def test_other_ranks_and_residency(rank, residency):
 def test_mosaic_kernel_matches_reference(residency, batch, temperature):
   """The Mosaic kernel (132 blocks, shared-memory residency, TMA ring) at the real
   shape: the reference's tokens, greedy and sampled with the same key."""
-  head, (base, first, hidden) = _real_case("vanilla", batch)
+  head, inputs = _real_case("vanilla", batch)
   config = wts_jax.WalkConfig(backend="mosaic", residency=residency)
-  key = jax.random.key(11) if temperature else None
-  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
-                     temperature=temperature, key=key)
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
-                     key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  assert int(out.status) == 0
+  _assert_tokens_match_reference(head, inputs, temperature, config)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_mosaic_wgmma_gemv_matches_reference(batch, temperature):
   """The tensor-core GEMV (WGMMA against W1 rows staged by TMA) at the real shape."""
-  head, (base, first, hidden) = _real_case("vanilla", batch)
+  head, inputs = _real_case("vanilla", batch)
   config = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma")
-  key = jax.random.key(11) if temperature else None
-  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
-                     temperature=temperature, key=key)
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
-                     key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  assert int(out.status) == 0
+  _assert_tokens_match_reference(head, inputs, temperature, config)
 
 
 @pytest.mark.parametrize("batch, temperature, residency", [(1, 0.0, "auto"),
                                                            (4, 0.7, 9 * 64)])
 def test_mosaic_int8_w2_matches_its_reference(batch, temperature, residency):
   """int8 W2 on the Mosaic kernel at the real shape: the quantized reference's tokens."""
-  head, (base, first, hidden) = _real_case("vanilla", batch)
-  head = quantize_w2(head, "int8")
+  head, inputs = _real_case("vanilla", batch)
   config = wts_jax.WalkConfig(backend="mosaic", residency=residency)
-  key = jax.random.key(11) if temperature else None
-  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
-                     temperature=temperature, key=key)
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
-                     key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  assert int(out.status) == 0
+  _assert_tokens_match_reference(quantize_w2(head, "int8"), inputs, temperature, config)
 
 
 def test_mosaic_kernel_confidence_and_other_ranks():

@@ -21,23 +21,18 @@ def register_variants():
     paths.register_path("wts-triton", paths.available_wts,
                         paths._wts_variant(backend="triton"),
                         description="the persistent Triton kernel")
-  for resident, stages in MOSAIC_SPLITS:
-    name = f"wts-m-r{resident}s{stages}"
-    if name not in paths.PATHS:
-      paths.register_path(
-          name, paths.available_wts,
-          paths._wts_variant(backend="mosaic", mosaic_gemv="registers",
-                             residency=resident * 64, num_stages=stages),
-          description=f"Mosaic kernel, {resident} resident chunks, {stages}-slot ring")
-  for resident, stages in MOSAIC_SPLITS:
-    name = f"wts-mw-r{resident}s{stages}"
-    if name not in paths.PATHS:
-      paths.register_path(
-          name, paths.available_wts,
-          paths._wts_variant(backend="mosaic", mosaic_gemv="wgmma",
-                             residency=resident * 64, num_stages=stages),
-          description=f"Mosaic kernel, WGMMA GEMV (NOTES v5), {resident} resident "
-                      f"chunks, {stages}-slot ring")
+  for prefix, gemv, label in (("wts-m", "registers", "register GEMV"),
+                              ("wts-mw", "wgmma", "WGMMA GEMV (NOTES v5)")):
+    for resident, stages in MOSAIC_SPLITS:
+      name = f"{prefix}-r{resident}s{stages}"
+      if name not in paths.PATHS:
+        paths.register_path(
+            name, paths.available_wts,
+            paths._wts_variant(backend="mosaic", mosaic_gemv=gemv,
+                               residency=resident * 64, num_stages=stages),
+            description=f"Mosaic kernel, {label}, {resident} resident chunks, "
+                        f"{stages}-slot ring")
+
 
 if __name__ == "__main__":
   register_variants()

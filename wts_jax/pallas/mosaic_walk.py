@@ -60,7 +60,7 @@ from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 
 CHUNK_ROWS = 64            # rows per register GEMV (the WGMMA layout's row tile)
 Z_TILE_ROWS = 8            # WGMMA GEMV: W1 rows per batch row in shared memory (n = 8B)
-MAX_BATCH = 4              # register GEMV per row: more rows belong on tensor cores
+MAX_BATCH = 4              # rows per launch: per-row candidates, staging and exchange
 AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: measured faster at B = 1 only
 RING_STAGE_MIN = 1
 DEFAULT_RING_STAGES = 3
@@ -309,8 +309,8 @@ def _signal_and_poll(sem, participants, step, spin_limit):
 
 @dataclasses.dataclass(frozen=True)
 class _BlockCopies:
-  """This block's rows and its TMA copies (both kernels): W2 chunks into slots, a step's
-  base logits into a staging buffer."""
+  """This block's rows and its TMA copies: W2 chunks into slots, a step's base logits
+  into a staging buffer."""
   plan: MosaicPlan
   block: jax.Array
   w2_g: object
