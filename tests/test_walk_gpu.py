@@ -105,12 +105,30 @@ def test_mosaic_wgmma_gemv_matches_reference(batch, temperature):
   _assert_tokens_match_reference(head, inputs, temperature, config)
 
 
-@pytest.mark.parametrize("batch, temperature, residency", [(1, 0.0, "auto"),
-                                                           (4, 0.7, 9 * 64)])
-def test_mosaic_int8_w2_matches_its_reference(batch, temperature, residency):
-  """int8 W2 on the Mosaic kernel at the real shape: the quantized reference's tokens."""
+@pytest.mark.parametrize("batch, temperature, residency, stages, group", [
+    (2, 0.0, "none", 6, 3), (4, 0.7, 2 * 64, 4, 2), (1, 0.7, 0, 3, 3)])
+def test_mosaic_wgmma_groups_match_reference(batch, temperature, residency, stages,
+                                             group):
+  """Several chunks' WGMMAs in flight before one wait, resident groups among the
+  streamed ones, at the real shape."""
   head, inputs = _real_case("vanilla", batch)
-  config = wts_jax.WalkConfig(backend="mosaic", residency=residency)
+  config = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma", residency=residency,
+                              num_stages=stages, mosaic_group=group)
+  _assert_tokens_match_reference(head, inputs, temperature, config)
+
+
+@pytest.mark.parametrize("batch, temperature, residency, stages, gemv, group", [
+    (1, 0.0, "auto", None, "registers", 1), (4, 0.7, 9 * 64, 3, "registers", 1),
+    (1, 0.0, "none", 3, "wgmma", 1), (3, 0.7, 6 * 64, 4, "wgmma", 2),
+    (1, 0.0, 10 * 64, 2, "wgmma", 2)])
+def test_mosaic_int8_w2_matches_its_reference(batch, temperature, residency, stages, gemv,
+                                              group):
+  """int8 W2 on the Mosaic kernel at the real shape: the quantized reference's tokens,
+  with the register GEMV and with the WGMMA on the chunk upcast in registers (which the
+  CPU interpreter cannot run: this is its only execution test)."""
+  head, inputs = _real_case("vanilla", batch)
+  config = wts_jax.WalkConfig(backend="mosaic", residency=residency, num_stages=stages,
+                              mosaic_gemv=gemv, mosaic_group=group)
   _assert_tokens_match_reference(quantize_w2(head, "int8"), inputs, temperature, config)
 
 
@@ -151,12 +169,15 @@ def test_stepwise_kernel_matches_reference():
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
-@pytest.mark.parametrize("backend, batch, gemv", [("mosaic", 1, "registers"),
-                                                  ("mosaic", 1, "wgmma"),
-                                                  ("triton", 2, "registers")])
-def test_stress_1000_fresh_walks_equal_reference(backend, batch, gemv):
+@pytest.mark.parametrize("backend, batch, gemv, w2", [("mosaic", 1, "registers", "bf16"),
+                                                      ("mosaic", 1, "wgmma", "bf16"),
+                                                      ("mosaic", 1, "wgmma", "int8"),
+                                                      ("triton", 2, "registers", "bf16")])
+def test_stress_1000_fresh_walks_equal_reference(backend, batch, gemv, w2):
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   head = wts_jax.make_head(config, seed=3)
+  if w2 == "int8":   # against the quantized reference
+    head = quantize_w2(head, "int8")
   walk_config = wts_jax.WalkConfig(backend=backend, mosaic_gemv=gemv)
   kernel = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas",
                                                 config=walk_config).tokens)

@@ -1,6 +1,11 @@
 """The Mosaic GPU kernel's own code on the CPU: its plan, its CUDA lowering at the real
 shape (132 blocks), and its walk in Mosaic GPU interpret mode against the oracles.
 
+One variant lowers here but cannot be interpreted: the WGMMA GEMV of an int8 W2, whose A
+operand is the chunk upcast in registers (the interpreter's WGMMA takes shared-memory
+operands only). Its schedule and grouping are the bf16 WGMMA's, interpreted below; its
+tokens are checked on the GPU (tests/test_walk_gpu.py).
+
 Interpret mode runs blocks one after another and has no semaphores, so the walk runs
 here with one block owning every chunk (the barrier is compiled out); the GPU suite
 covers the 132-block exchange. jax 0.10.2's Mosaic GPU interpreter cannot run tiled
@@ -11,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import numpy_oracle
 import wts_jax
@@ -240,9 +246,35 @@ def test_wgmma_gemv_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
 def test_wgmma_gemv_refusals():
   with pytest.raises(ValueError, match="mosaic_gemv"):
     wts_jax.WalkConfig(mosaic_gemv="tensor")
+  with pytest.raises(ValueError, match="mosaic_group=0"):
+    wts_jax.WalkConfig(mosaic_group=0)
+  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="gemv='tensor'"):
-    mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
-                            smem_per_block=H200_SMEM, gemv="tensor")
+    mosaic_walk.plan_mosaic(**args, gemv="tensor")
+  with pytest.raises(ValueError, match="only for the WGMMA GEMV"):
+    mosaic_walk.plan_mosaic(**args, gemv="registers", group=2)
+  with pytest.raises(ValueError, match="group=3 chunks in flight need as many ring slots"):
+    mosaic_walk.plan_mosaic(**args, gemv="wgmma", resident_chunks=0, ring_stages=2,
+                            group=3)
+
+
+@pytest.mark.parametrize("resident, streamed, group", [
+    (0, 18, 1), (3, 15, 1), (6, 12, 3), (4, 0, 2), (5, 6, 2), (18, 0, 1)])
+def test_chunk_schedule_spreads_resident_chunks_among_streamed_ones(resident, streamed,
+                                                                    group):
+  """Every chunk once a step, streamed ones in ring order, groups of at most ``group``,
+  and the resident groups spread among the streamed ones (never all in front: the TMA
+  ring would sit full and idle while they are computed)."""
+  schedule = mosaic_walk._chunk_schedule(resident, streamed, group)
+  seen = {kind: [i for k, members in schedule if k == kind for i in members]
+          for kind in ("resident", "streamed")}
+  assert seen == {"resident": list(range(resident)), "streamed": list(range(streamed))}
+  assert all(1 <= len(members) <= group for _, members in schedule)
+  if streamed and resident:
+    kinds = [kind for kind, _ in schedule]
+    assert kinds[0] == "streamed"
+    gaps = [i for i, kind in enumerate(kinds) if kind == "resident"]
+    assert max(b - a for a, b in zip([-1] + gaps, gaps)) >= 2   # streamed between them
 
 
 @NEEDS_INTERPRETER
@@ -266,11 +298,41 @@ def test_wgmma_gemv_matches_reference(vocab, rank, batch, steps, residency, temp
   assert int(out.status) == 0
 
 
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab, batch, residency, stages, group, temperature", [
+    (1400, 1, 128, 2, 2, 0.0),     # 22 chunks: 2 resident + 20 streamed, groups of 2
+    (1200, 2, 192, 4, 3, 0.7),     # 3 resident + 16 streamed in groups of 3, ..., 1
+])
+def test_wgmma_groups_match_reference(vocab, batch, residency, stages, group,
+                                      temperature):
+  """Several chunks' WGMMAs in flight before one wait, resident groups between streamed
+  ones: the tokens do not depend on the order (ties to the lowest row), so they equal
+  the XLA walk's; tied logits across a resident and a streamed chunk pick the lower row."""
+  head, (base, first, _) = _case(vocab, 64, batch, 3, seed=23)
+  # A tie at step 0 between row 3 (resident) and row 643 (streamed, so computed first;
+  # the same lane of its chunk): the lane keeps the lower row.
+  serial = head.markov_head
+  w2 = serial.markov_w2.weight[...]
+  serial.markov_w2.weight[...] = w2.at[643].set(w2[3])
+  base = base.at[:, 0, 643].set(base[:, 0, 3]).at[:, 0, 3].add(50.0).at[:, 0, 643].add(50.0)
+  key = jax.random.key(5) if temperature else None
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
+                              num_stages=stages, mosaic_gemv="wgmma", mosaic_group=group)
+  out = wts_jax.walk(head, base, first, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  if not temperature:
+    assert int(out.tokens[0, 0]) == 3
+  assert int(out.status) == 0
+
+
 # --- int8 W2 (wts_jax.quantize_w2(head, "int8")) -------------------------------------
 @pytest.mark.parametrize("batch, greedy", [(1, True), (4, False)])
 def test_int8_w2_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
-  """16 KB chunks (twice the slots), the per-row scales staged in shared memory, the
-  register GEMV (the WGMMA needs z in W2's dtype)."""
+  """16 KB chunks (twice the slots), the per-row scales staged in shared memory; the
+  register GEMV and the WGMMA GEMV (the chunk upcast to bf16 in registers as its A
+  operand), one chunk or two in flight."""
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM,
               batch=batch, w2_itemsize=1)
   plan = mosaic_walk.plan_mosaic(**args)
@@ -279,6 +341,11 @@ def test_int8_w2_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
   # Twice bf16's slots: 9 resident chunks + a 3-slot ring fit (bf16: at most 6 slots).
   resident = mosaic_walk.plan_mosaic(**args, resident_chunks=9, ring_stages=3)
   _assert_lowers_at_the_qwen3_shape(resident, batch, greedy)
+  for group in (1, 2):
+    wgmma = mosaic_walk.plan_mosaic(**args, resident_chunks=6, ring_stages=4,
+                                    gemv="wgmma", group=group)
+    assert "int8 W2" in wgmma.describe() and "WGMMA" in wgmma.describe()
+    _assert_lowers_at_the_qwen3_shape(wgmma, batch, greedy)
 
 
 @NEEDS_INTERPRETER
@@ -302,10 +369,13 @@ def test_int8_w2_matches_its_reference(vocab, rank, batch, steps, residency, tem
 
 
 def test_int8_w2_refusals():
-  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
-  with pytest.raises(ValueError, match="WGMMA GEMV needs a bf16 W2"):
-    mosaic_walk.plan_mosaic(**args, w2_itemsize=1, gemv="wgmma")
   head, _ = _case(1000, 64, 1, 3)
+  int8 = quantize_w2(head, "int8")
+  w1 = int8.markov_head.markov_w1
+  w1.weight = nnx.Param(w1.weight[...].astype(jnp.float32))
+  reason = mosaic_walk.unsupported_reason(
+      int8, 1, wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma"))
+  assert "needs a bf16 W1 (got float32)" in reason
   fp8 = quantize_w2(head, "fp8")
   reason = mosaic_walk.unsupported_reason(fp8, 1, wts_jax.WalkConfig(backend="mosaic"))
   assert "bf16 or int8 W2" in reason

@@ -1,39 +1,52 @@
 """``wts-bench`` with the kernel's tuning variants registered as extra paths.
 
-  python tools/bench_variants.py --paths wts,wts-triton,wts-m-r4s3,... [wts-bench args]
+  python tools/bench_variants.py --paths wts,wts-triton,wts-mw-r0s6g3,... [wts-bench args]
 
 ``wts-triton`` is the Triton kernel; ``wts-m-r{R}s{S}`` the Mosaic GPU kernel with R
-resident 64-row chunks per block and an S-slot TMA ring; ``wts-mw-r{R}s{S}`` the same
-with its GEMV on tensor cores (WGMMA). Development sweeps only: the
-paths every report compares are registered in ``wts_jax.bench.paths``.
+resident 64-row chunks per block and an S-slot TMA ring (register GEMV);
+``wts-mw-r{R}s{S}`` the same with its GEMV on tensor cores (WGMMA), and
+``wts-mw-r{R}s{S}g{G}`` with G chunks' WGMMAs in flight before one wait. Any R, S, G
+named in ``--paths`` is registered. Development sweeps only: the paths every report
+compares are registered in ``wts_jax.bench.paths``.
 """
 
+import re
 import sys
 
 from wts_jax.bench import cli, paths
 
-# bf16 W2 fits at most 6 slots per block at the Qwen3 shape; int8 (16 KB chunks) 13.
-MOSAIC_SPLITS = ((3, 3), (4, 2), (6, 1), (2, 4), (0, 6), (0, 3), (6, 0), (9, 3), (10, 2))
+MOSAIC_VARIANT = re.compile(r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?$")
 
 
-def register_variants():
+def register_variants(names):
   if "wts-triton" not in paths.PATHS:
     paths.register_path("wts-triton", paths.available_wts,
                         paths._wts_variant(backend="triton"),
                         description="the persistent Triton kernel")
-  for prefix, gemv, label in (("wts-m", "registers", "register GEMV"),
-                              ("wts-mw", "wgmma", "WGMMA GEMV (NOTES v5)")):
-    for resident, stages in MOSAIC_SPLITS:
-      name = f"{prefix}-r{resident}s{stages}"
-      if name not in paths.PATHS:
-        paths.register_path(
-            name, paths.available_wts,
-            paths._wts_variant(backend="mosaic", mosaic_gemv=gemv,
-                               residency=resident * 64, num_stages=stages),
-            description=f"Mosaic kernel, {label}, {resident} resident chunks, "
-                        f"{stages}-slot ring")
+  for name in names:
+    match = MOSAIC_VARIANT.match(name)
+    if not match or name in paths.PATHS:
+      continue
+    wgmma, resident, stages, group = match.groups()
+    gemv = "wgmma" if wgmma else "registers"
+    paths.register_path(
+        name, paths.available_wts,
+        paths._wts_variant(backend="mosaic", mosaic_gemv=gemv,
+                           residency=int(resident) * 64, num_stages=int(stages),
+                           mosaic_group=int(group or 1)),
+        description=f"Mosaic kernel, {gemv} GEMV, {resident} resident chunks, "
+                    f"{stages}-slot ring, {group or 1} chunk(s) per WGMMA wait")
+
+
+def _named_paths(argv):
+  for i, arg in enumerate(argv):
+    if arg == "--paths" and i + 1 < len(argv):
+      return argv[i + 1].split(",")
+    if arg.startswith("--paths="):
+      return arg.split("=", 1)[1].split(",")
+  return []
 
 
 if __name__ == "__main__":
-  register_variants()
+  register_variants(_named_paths(sys.argv[1:]))
   sys.exit(cli.main(sys.argv[1:]))

@@ -16,11 +16,13 @@ if has demo; then
 fi
 if has sweep; then
   stamp sweep
+  # SWEEP_DTYPE=int8: W2 quantized per row (the paths then run the int8 kernels).
+  tag=${SWEEP_DTYPE:-bf16}
   timeout ${SWEEP_S:-200} python tools/bench_variants.py --shape qwen3_4b --head vanilla \
     --batch ${SWEEP_BATCH:-1} --k 7 --mode ${SWEEP_MODE:-greedy} --l2 ${SWEEP_L2:-cold,warm} \
-    --repeats 6 --walks-per-repeat 10 \
-    --paths torch-graph,wts-triton,${SWEEP_PATHS:-wts-mw-r0s3,wts-m-r0s3,wts-m-r3s3} \
-    --out "$OUT/mosaic_sweep.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_sweep.log"
+    --dtype $tag --repeats 6 --walks-per-repeat 10 \
+    --paths ${SWEEP_BASELINES-torch-graph,wts-triton,}${SWEEP_PATHS:-wts-mw-r0s3,wts-m-r0s3,wts-m-r3s3} \
+    --out "$OUT/mosaic_sweep_$tag.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_sweep_$tag.log"
 fi
 if has side; then
   stamp side
@@ -32,7 +34,7 @@ fi
 if has profile; then
   stamp profile
   timeout ${PROFILE_S:-150} python tools/profile_mosaic.py --out "$OUT/profile" \
-    --splits ${PROFILE_SPLITS:-0/3,9/3} --batch ${PROFILE_BATCH:-1} \
+    --splits ${PROFILE_SPLITS:-0/3,9/3/3} --batch ${PROFILE_BATCH:-1} \
     --gemv ${PROFILE_GEMV:-registers} --dtype ${PROFILE_DTYPE:-int8} 2>&1 \
     | grep -v Warning | tee "$OUT/profile.log"
 fi

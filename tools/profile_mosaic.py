@@ -2,7 +2,9 @@
 named regions (``jax.named_scope`` in ``wts_jax/pallas/mosaic_walk.py``), per block and
 per step, at the Qwen3-4B shape.
 
-  python tools/profile_mosaic.py --out $OUT/profile [--splits 3/3,0/6] [--batch 1]
+  python tools/profile_mosaic.py --out $OUT/profile [--splits 3/3,0/6/3] [--batch 1]
+
+A split is resident chunks / ring slots [/ chunks per WGMMA wait].
 
 For each resident/ring split: check the tokens against the XLA walk, run the profiled
 kernel after an L2 flush, and summarise the last trace: per region the median over
@@ -102,13 +104,13 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)
   parser.add_argument("--splits", default="3/3,0/6",
-                      help="resident/ring-slot splits, comma-separated")
+                      help="resident/ring-slot[/group] splits, comma-separated")
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--steps", type=int, default=7)
   parser.add_argument("--clock-ghz", type=float, default=1.98)
   parser.add_argument("--gemv", default="registers", choices=("registers", "wgmma"))
   parser.add_argument("--dtype", default="bf16", choices=("bf16", "int8"),
-                      help="W2: bf16, or int8 with per-row scales (register GEMV)")
+                      help="W2: bf16, or int8 with per-row scales")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
@@ -126,13 +128,14 @@ def main(argv=None):
   flush = jnp.zeros((256 << 20) // 4, jnp.float32)
   report = []
   for split in args.splits.split(","):
-    resident, stages = (int(x) for x in split.split("/"))
+    resident, stages, group = (int(x) for x in (split + "/1").split("/")[:3])
     plan = mw.plan_mosaic(vocab_size=config.vocab_size, rank=config.rank,
                           num_sms=device.num_sms, smem_per_block=smem,
                           resident_chunks=resident, ring_stages=stages,
                           batch=args.batch, gemv=args.gemv,
-                          w2_itemsize=jnp.dtype(w2.dtype).itemsize)
-    directory = os.path.join(args.out, f"{args.dtype}-{args.gemv}-r{resident}s{stages}")
+                          w2_itemsize=jnp.dtype(w2.dtype).itemsize, group=group)
+    directory = os.path.join(args.out,
+                             f"{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}")
     os.makedirs(directory, exist_ok=True)
     spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
                          spin_limit=wts_jax.WalkConfig().sync_spin_limit, interpret=False,

@@ -48,6 +48,9 @@ class WalkConfig:
   # head, whose z is a bf16 row of W1; "auto": wgmma where it applies (measured faster,
   # NOTES.md "v5"), else registers.
   mosaic_gemv: str = "auto"
+  # The Mosaic WGMMA GEMV only: how many chunks' WGMMAs are issued before one wait
+  # (None: the planner's choice). A streamed group needs as many ring slots.
+  mosaic_group: int | None = None
 
   def __post_init__(self):
     residency = self.residency
@@ -77,6 +80,8 @@ class WalkConfig:
       raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")
     if self.mosaic_gemv not in MOSAIC_GEMVS:
       raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
+    if self.mosaic_group is not None and self.mosaic_group < 1:
+      raise ValueError(f"mosaic_group={self.mosaic_group} must be >= 1")
     if self.serial_update not in ("auto", "split", "redundant"):
       raise ValueError(f"serial_update={self.serial_update!r} must be 'auto', 'split' "
                        "or 'redundant'")

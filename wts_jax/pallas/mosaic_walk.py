@@ -103,6 +103,7 @@ class MosaicPlan:
   base_itemsize: int = 2          # bytes per staged base logit
   gemv: str = "wgmma"             # or "registers"
   w2_itemsize: int = 2            # 2: bf16 W2; 1: int8 W2 with a scale per row
+  group: int = 1                  # WGMMA GEMV: chunks in flight together, one wait each
 
   @property
   def streamed_chunks(self) -> int:
@@ -118,7 +119,8 @@ class MosaicPlan:
             f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory "
             f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
             f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
-            + ("; GEMV on tensor cores (WGMMA)" if self.gemv == "wgmma" else "")
+            + (f"; GEMV on tensor cores (WGMMA, {self.group} chunk(s) per wait)"
+               if self.gemv == "wgmma" else "")
             + ("; int8 W2, per-row scales in shared memory" if self.w2_itemsize == 1
                else ""))
 
@@ -141,7 +143,8 @@ def staging_bytes(*, chunks: int, batch: int, base_itemsize: int,
 def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
-                gemv: str | None = None, w2_itemsize: int = 2) -> MosaicPlan:
+                gemv: str | None = None, w2_itemsize: int = 2, group: int = 1
+                ) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -151,17 +154,17 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   index is static) — measured faster than filling the spare slots with resident chunks
   (NOTES v5). The staging (``staging_bytes``: base logits of ``batch`` rows of
   ``base_itemsize`` bytes, the WGMMA's z, int8 scales) comes out of the same shared
-  memory first."""
+  memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
+  one wait (their latencies overlap; a streamed group's slots are refilled after it)."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
   if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
     gemv = "registers" if w2_itemsize == 1 else "wgmma"
-  if gemv == "wgmma" and w2_itemsize == 1:
-    raise ValueError("the WGMMA GEMV needs a bf16 W2 (z is a bf16 row of W1); an int8 "
-                     "W2 uses the register GEMV")
   if gemv not in ("registers", "wgmma"):
     raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
+  if group < 1 or (group > 1 and gemv != "wgmma"):
+    raise ValueError(f"group={group}: chunks are grouped (>= 1) only for the WGMMA GEMV")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:
@@ -218,10 +221,13 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if resident_chunks + ring_stages > slots:
     raise ValueError(f"{resident_chunks} resident chunks + {ring_stages} ring slots exceed "
                      f"the {slots} chunks of shared memory per block")
+  if streamed and group > ring_stages:
+    raise ValueError(f"group={group} chunks in flight need as many ring slots "
+                     f"(the ring has {ring_stages})")
   return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
                     smem_per_block=smem_per_block, staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv,
-                    w2_itemsize=w2_itemsize)
+                    w2_itemsize=w2_itemsize, group=group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,36 +259,64 @@ def _register_products(weights, z_rows):
   return lambda b: (w * z_rows[b]).sum(axis=1)
 
 
-def _wgmma_products(weights_ref, z_s, columns):
-  """W·z_b of a chunk on the tensor cores: one WGMMA [64, r] x [r, 8B] (bf16 operands,
+def _wgmma_products(operands, z_s, columns):
+  """W·z_b of a group of chunks on the tensor cores: per chunk one WGMMA [64, r] x
+  [r, 8B] (bf16 operands: a shared-memory slot, or an int8 chunk upcast in registers;
   fp32 accumulation) against ``z_s``, whose 8-row tile b holds W1 rows around token b;
-  ``columns[b]`` is the column of token b's own row. The column is picked by a masked
-  sum along the row (exact: the other terms are zeros): ``b -> [64]`` (row layout)."""
+  ``columns[b]`` is the column of token b's own row. All the group's WGMMAs are issued
+  before the one wait, so their latencies overlap (a single m64n8 WGMMA is 16 dependent
+  k-steps: latency-bound, NOTES v5). The column is picked by a masked sum along the row
+  (exact: the other terms are zeros). Per chunk ``b -> [64]`` (row layout)."""
   width = z_s.shape[0]
 
-  def accumulate(acc_ref):
-    plgpu.wgmma(acc_ref, weights_ref, z_s.T)
-    return acc_ref[...]                      # waits for the WGMMA
+  def accumulate(*acc_refs):
+    for acc_ref, weights in zip(acc_refs, operands):
+      plgpu.wgmma(acc_ref, weights, z_s.T)
+    return [acc_ref[...] for acc_ref in acc_refs]   # the first read waits for all
 
-  acc = pl.run_scoped(accumulate, plgpu.ACC((CHUNK_ROWS, width), jnp.float32))
+  accs = pl.run_scoped(accumulate,
+                       *[plgpu.ACC((CHUNK_ROWS, width), jnp.float32)] * len(operands))
   column = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS, width), 1, layout=_WGMMA)
-  return lambda b: jnp.where(column == columns[b], acc, 0.0).sum(axis=1)
+
+  def products(acc):
+    return lambda b: jnp.where(column == columns[b], acc, 0.0).sum(axis=1)
+  return [products(acc) for acc in accs]
+
+
+def _chunk_schedule(resident: int, streamed: int, group: int):
+  """A step's chunks in order, in groups of ``group``: ("streamed", [j, ...]) in ring
+  order with the ("resident", [c, ...]) groups spread evenly among them, so the TMA
+  ring keeps streaming while resident chunks are computed (resident chunks first left the
+  full ring idle for their whole duration: 3 + 3 was slower than 0 + 3, NOTES v5)."""
+  def groups(kind, n):
+    return [(kind, list(range(s, min(s + group, n)))) for s in range(0, n, group)]
+  streamed_groups, resident_groups = groups("streamed", streamed), groups("resident",
+                                                                          resident)
+  if not streamed_groups:
+    return resident_groups
+  order, placed = [], 0
+  for i, streamed_group in enumerate(streamed_groups):
+    order.append(streamed_group)
+    due = (i + 1) * len(resident_groups) // len(streamed_groups)
+    order += resident_groups[placed:due]
+    placed = due
+  return order
 
 
 def _update_candidates(spec: MosaicSpec, product_of, rows, base_of, best, nan_lanes,
                        sample):
   """One 64-row chunk into the per-lane candidates: for every batch row b the logits
   ``product_of(b)`` (W·z_b in fp32) + base_of(b), NaN lanes flagged, the greedy or Gumbel
-  score, and a strict ``>`` update — rows arrive in increasing order per lane, so a tie
-  keeps the lowest row. ``sample``: (streams, score_scale, noise_on) per row, None when
-  greedy."""
+  score, and an update to the higher score, on a tie to the lower row — so the result
+  does not depend on the order the chunks come in (``_chunk_schedule``). ``sample``:
+  (streams, score_scale, noise_on) per row, None when greedy."""
   new_best = []
   for b in range(spec.batch):
     logits = product_of(b) + base_of(b)
     nan_lanes = nan_lanes | jnp.where(logits != logits, 1, 0)
     scores = (logits if spec.greedy else
               _chunk_scores(spec, logits, rows, sample[0][b], sample[1][b], sample[2][b]))
-    better = scores > best[b][0]
+    better = (scores > best[b][0]) | ((scores == best[b][0]) & (rows < best[b][1]))
     new_best.append((jnp.where(better, scores, best[b][0]),
                      jnp.where(better, rows, best[b][1])))
   return new_best, nan_lanes
@@ -342,6 +376,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
   plan, batch = spec.plan, spec.batch
   vocab, rank = plan.vocab_size, plan.rank
   wgmma, quantized = plan.gemv == "wgmma", plan.w2_itemsize == 1
+  reads_slots_in_registers = not wgmma or quantized
   refs = list(refs)
   # Inputs, then outputs, then scratch (see ``mosaic_walk``), the optional ones last.
   w2_g, base_g, w1_g, first_g = refs[:4]
@@ -379,12 +414,12 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       for c in range(plan.chunks):
         plgpu.copy_gmem_to_smem(w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
                                 w2_scale_s.at[c], w2_scale_bar)
-    for c in range(res):
-      copy_chunk(c, c, res_bar)
+    # The ring's first slots before the resident chunks: step 0 starts on the stream
+    # and waits for the resident chunks only where its schedule first needs them.
     for g in range(min(stages, total_streamed)):
       copy_chunk(res + g, res + g, ring_bar.at[g])
-    if res:
-      plgpu.barrier_wait(res_bar)
+    for c in range(res):
+      copy_chunk(c, c, res_bar)
     if quantized:
       plgpu.barrier_wait(w2_scale_bar)
 
@@ -436,39 +471,58 @@ def _walk_kernel(*refs, spec: MosaicSpec):
              jnp.zeros((CHUNK_ROWS,), jnp.int32)) for _ in range(batch)]
     nan_lanes = jnp.zeros((CHUNK_ROWS,), jnp.int32)
 
-    def take_chunk(c, slot_index, best, nan_lanes):
-      rows = chunk_start(c) + row_iota
-      products = (_wgmma_products(w_s.at[slot_index], z_s, z) if wgmma else
-                  _register_products(_load(w_s.at[slot_index], _WGMMA), z_rows))
-      if quantized:   # (Σ q·z) · scale, the order of SerialHead.vocab_bias
-        row_scale, unscaled = _load(w2_scale_s.at[c], _ROW_VECTOR), products
-        products = lambda b: unscaled(b) * row_scale  # noqa: E731
-      return _update_candidates(
-          spec, products, rows,
-          lambda b: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
-          best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
+    def chunk_products(slot_indices):
+      """The GEMV of a group of chunks (by slot): per chunk ``b -> [64]``."""
+      if not wgmma:
+        return [_register_products(_load(w_s.at[slot], _WGMMA), z_rows)
+                for slot in slot_indices]
+      # An int8 chunk is upcast to bf16 in registers (exact: |q| <= 128 fits bf16's
+      # mantissa) and is the WGMMA's A operand from there.
+      operands = [_load(w_s.at[slot], _WGMMA).astype(jnp.bfloat16) if quantized
+                  else w_s.at[slot] for slot in slot_indices]
+      return _wgmma_products(operands, z_s, z)
 
-    for c in range(res):
-      with jax.named_scope("resident_chunk"):
-        best, nan_lanes = take_chunk(c, c, best, nan_lanes)
-    for j in range(streamed):
+    def take_group(chunk_ids, slot_indices, best, nan_lanes):
+      for c, products in zip(chunk_ids, chunk_products(slot_indices)):
+        if quantized:   # (Σ q·z) · scale, the order of SerialHead.vocab_bias
+          row_scale = _load(w2_scale_s.at[c], _ROW_VECTOR)
+          products = functools.partial(lambda unscaled, s, b: unscaled(b) * s,
+                                       products, row_scale)
+        best, nan_lanes = _update_candidates(
+            spec, products, chunk_start(c) + row_iota,
+            lambda b, c=c: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
+            best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
+      return best, nan_lanes
+
+    schedule = _chunk_schedule(res, streamed, plan.group)
+    for kind, members in schedule:
+      if kind == "resident":
+        if members[0] == 0:
+          @pl.when(step == 0)
+          def _():   # once: the resident chunks copied in the prologue have landed
+            plgpu.barrier_wait(res_bar)
+        with jax.named_scope("resident_chunk"):
+          best, nan_lanes = take_group(members, members, best, nan_lanes)
+        continue
       # The ring restarts every step (streamed % stages == 0), so slots are static.
-      slot = j % stages
+      slots = [res + j % stages for j in members]
       with jax.named_scope("ring_wait"):
-        plgpu.barrier_wait(ring_bar.at[slot])
+        for j in members:
+          plgpu.barrier_wait(ring_bar.at[j % stages])
       with jax.named_scope("streamed_chunk"):
-        best, nan_lanes = take_chunk(res + j, res + slot, best, nan_lanes)
-      # Refill the slot with the chunk `stages` ahead — across the step boundary too.
-      ahead = step * streamed + j + stages
+        best, nan_lanes = take_group([res + j for j in members], slots, best, nan_lanes)
+      for j in members:
+        # Refill the slot with the chunk `stages` ahead — across the step boundary too.
+        ahead = step * streamed + j + stages
 
-      @pl.when(ahead < total_streamed)
-      def _():
-        if not wgmma:
-          # Every warp's generic-proxy reads of the slot before the TMA's write. (A
-          # WGMMA reads the slot in the async proxy and has completed: its result was
-          # read.)
-          plgpu.commit_smem()
-        copy_chunk(res + (j + stages) % streamed, res + slot, ring_bar.at[slot])
+        @pl.when(ahead < total_streamed)
+        def _():
+          if reads_slots_in_registers:
+            # Every warp's generic-proxy reads of the slot before the TMA's write. (A
+            # WGMMA reads a shared-memory operand in the async proxy and has completed:
+            # its result was read.)
+            plgpu.commit_smem()
+          copy_chunk(res + (j + stages) % streamed, res + j % stages, ring_bar.at[j % stages])
 
     with jax.named_scope("publish"):
       for b in range(batch):
@@ -535,11 +589,10 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
   lanes = max(128, -(-plan.num_blocks // 128) * 128)
   scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
   if plan.gemv == "wgmma":   # z: 8 W1 rows per batch row, the WGMMA's B operand
-    if w1.dtype != w2.dtype:
-      raise ValueError(f"the WGMMA GEMV needs W1 and W2 of one dtype (W1 {w1.dtype}, "
-                       f"W2 {w2.dtype})")
+    if w1.dtype != jnp.bfloat16:
+      raise ValueError(f"the WGMMA GEMV needs a bf16 W1 (got {w1.dtype})")
     scratch += [plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
-                           transforms=transforms),
+                           transforms=_w2_transforms(2, plan.rank)),
                 plgpu.Barrier(num_arrivals=batch, num_barriers=1)]
   if w2_scale is not None:
     scratch += [plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32),
@@ -587,8 +640,8 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
   if return_logits or return_logprobs:
     return "the Mosaic kernel does not return per-step logits or log-probabilities"
   w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
-  if config.mosaic_gemv == "wgmma" and w1_dtype != dtype:
-    return f"the WGMMA GEMV needs W1 of W2's dtype (W1 {w1_dtype}, W2 {dtype})"
+  if config.mosaic_gemv == "wgmma" and w1_dtype != jnp.dtype(jnp.bfloat16):
+    return f"the WGMMA GEMV needs a bf16 W1 (got {w1_dtype})"
   if config.interpret and (config.num_programs or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
             "use num_programs=1")
@@ -639,7 +692,7 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        smem_per_block=smem, resident_chunks=resident,
                        ring_stages=config.num_stages, num_blocks=blocks,
                        batch=batch, base_itemsize=base_itemsize,
-                       gemv=mosaic_gemv(head, config),
+                       gemv=mosaic_gemv(head, config), group=config.mosaic_group or 1,
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
                                              ).itemsize)
   except ValueError as err:
