@@ -106,7 +106,7 @@ def test_mosaic_wgmma_gemv_matches_reference(batch, temperature):
 
 
 @pytest.mark.parametrize("batch, temperature, residency, stages, group", [
-    (2, 0.0, "none", 6, 3), (4, 0.7, 2 * 64, 4, 2), (1, 0.7, 0, 3, 3)])
+    (2, 0.0, "none", 6, 3), (4, 0.7, 2 * 64, 2, 2), (1, 0.7, 0, 3, 3)])
 def test_mosaic_wgmma_groups_match_reference(batch, temperature, residency, stages,
                                              group):
   """Several chunks' WGMMAs in flight before one wait, resident groups among the

@@ -299,14 +299,15 @@ def test_wgmma_gemv_matches_reference(vocab, rank, batch, steps, residency, temp
 
 
 @NEEDS_INTERPRETER
-@pytest.mark.parametrize("vocab, batch, residency, stages, group, temperature", [
-    (1400, 1, 128, 2, 2, 0.0),     # 22 chunks: 2 resident + 20 streamed, groups of 2
-    (1200, 2, 192, 4, 3, 0.7),     # 3 resident + 16 streamed in groups of 3, ..., 1
+@pytest.mark.parametrize("vocab, batch, residency, stages, group, temperature, snake", [
+    (1400, 1, 128, 2, 2, 0.0, True),    # 22 chunks: 2 resident + 20 streamed, groups of 2
+    (1200, 2, 192, 4, 3, 0.7, True),    # 3 resident + 16 streamed in groups of 3, ..., 1
+    (1200, 1, 192, 4, 3, 0.0, False),   # every step streamed forward
 ])
 def test_wgmma_groups_match_reference(vocab, batch, residency, stages, group,
-                                      temperature):
+                                      temperature, snake):
   """Several chunks' WGMMAs in flight before one wait, resident groups between streamed
-  ones: the tokens do not depend on the order (ties to the lowest row), so they equal
+  ones, odd steps streamed in reverse (or not): the tokens do not depend on the order (ties to the lowest row), so they equal
   the XLA walk's; tied logits across a resident and a streamed chunk pick the lower row."""
   head, (base, first, _) = _case(vocab, 64, batch, 3, seed=23)
   # A tie at step 0 between row 3 (resident) and row 643 (streamed, so computed first;
@@ -317,7 +318,8 @@ def test_wgmma_groups_match_reference(vocab, batch, residency, stages, group,
   base = base.at[:, 0, 643].set(base[:, 0, 3]).at[:, 0, 3].add(50.0).at[:, 0, 643].add(50.0)
   key = jax.random.key(5) if temperature else None
   config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              num_stages=stages, mosaic_gemv="wgmma", mosaic_group=group)
+                              num_stages=stages, mosaic_gemv="wgmma", mosaic_group=group,
+                              mosaic_snake=snake)
   out = wts_jax.walk(head, base, first, impl="pallas", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)

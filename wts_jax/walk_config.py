@@ -51,6 +51,9 @@ class WalkConfig:
   # The Mosaic WGMMA GEMV only: how many chunks' WGMMAs are issued before one wait
   # (None: the planner's choice). A streamed group needs as many ring slots.
   mosaic_group: int | None = None
+  # The Mosaic kernel only: stream odd steps' chunks in reverse, so each step starts on
+  # what the last one read last (still in the L2); False streams every step forward.
+  mosaic_snake: bool = True
 
   def __post_init__(self):
     residency = self.residency

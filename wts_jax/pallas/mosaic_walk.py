@@ -104,6 +104,7 @@ class MosaicPlan:
   gemv: str = "wgmma"             # or "registers"
   w2_itemsize: int = 2            # 2: bf16 W2; 1: int8 W2 with a scale per row
   group: int = 1                  # WGMMA GEMV: chunks in flight together, one wait each
+  snake: bool = True              # stream odd steps' chunks in reverse order (L2 reuse)
 
   @property
   def streamed_chunks(self) -> int:
@@ -121,6 +122,8 @@ class MosaicPlan:
             f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
             + (f"; GEMV on tensor cores (WGMMA, {self.group} chunk(s) per wait)"
                if self.gemv == "wgmma" else "")
+            + ("; odd steps stream in reverse (snake)" if self.snake and self.streamed_chunks
+               else "")
             + ("; int8 W2, per-row scales in shared memory" if self.w2_itemsize == 1
                else ""))
 
@@ -143,8 +146,8 @@ def staging_bytes(*, chunks: int, batch: int, base_itemsize: int,
 def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
-                gemv: str | None = None, w2_itemsize: int = 2, group: int = 1
-                ) -> MosaicPlan:
+                gemv: str | None = None, w2_itemsize: int = 2, group: int = 1,
+                snake: bool = True) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -155,7 +158,9 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   (NOTES v5). The staging (``staging_bytes``: base logits of ``batch`` rows of
   ``base_itemsize`` bytes, the WGMMA's z, int8 scales) comes out of the same shared
   memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
-  one wait (their latencies overlap; a streamed group's slots are refilled after it)."""
+  one wait (their latencies overlap; a streamed group's slots are refilled after it).
+  ``snake``: odd steps stream their chunks last to first, so a step starts on the chunks
+  the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
@@ -227,7 +232,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
                     smem_per_block=smem_per_block, staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv,
-                    w2_itemsize=w2_itemsize, group=group)
+                    w2_itemsize=w2_itemsize, group=group, snake=snake)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,6 +411,12 @@ def _walk_kernel(*refs, spec: MosaicSpec):
 
   # Invariant: chunks [0, res) are copied once here and stay in shared memory.
   total_streamed = spec.steps * streamed
+
+  def streamed_chunk(step, j):
+    """The chunk at position ``j`` of ``step``'s stream (snake: odd steps reversed)."""
+    if not plan.snake:
+      return res + j
+    return res + jnp.where(lax.rem(step, 2) == 1, streamed - 1 - j, j)
   with jax.named_scope("prologue"):
     # Base logits by TMA, a step ahead: a register load per chunk issued a few chunks
     # ahead stalled every third chunk by ~1 µs behind the W2 stream (profile, NOTES v4).
@@ -417,7 +428,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     # The ring's first slots before the resident chunks: step 0 starts on the stream
     # and waits for the resident chunks only where its schedule first needs them.
     for g in range(min(stages, total_streamed)):
-      copy_chunk(res + g, res + g, ring_bar.at[g])
+      copy_chunk(res + g, res + g, ring_bar.at[g])   # step 0's order is forward
     for c in range(res):
       copy_chunk(c, c, res_bar)
     if quantized:
@@ -510,7 +521,8 @@ def _walk_kernel(*refs, spec: MosaicSpec):
         for j in members:
           plgpu.barrier_wait(ring_bar.at[j % stages])
       with jax.named_scope("streamed_chunk"):
-        best, nan_lanes = take_group([res + j for j in members], slots, best, nan_lanes)
+        best, nan_lanes = take_group([streamed_chunk(step, j) for j in members], slots,
+                                     best, nan_lanes)
       for j in members:
         # Refill the slot with the chunk `stages` ahead — across the step boundary too.
         ahead = step * streamed + j + stages
@@ -522,7 +534,9 @@ def _walk_kernel(*refs, spec: MosaicSpec):
             # WGMMA reads a shared-memory operand in the async proxy and has completed:
             # its result was read.)
             plgpu.commit_smem()
-          copy_chunk(res + (j + stages) % streamed, res + j % stages, ring_bar.at[j % stages])
+          later, position = divmod(j + stages, streamed)   # static: same step or next
+          copy_chunk(streamed_chunk(step + later, position), res + j % stages,
+                     ring_bar.at[j % stages])
 
     with jax.named_scope("publish"):
       for b in range(batch):
@@ -693,6 +707,7 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        ring_stages=config.num_stages, num_blocks=blocks,
                        batch=batch, base_itemsize=base_itemsize,
                        gemv=mosaic_gemv(head, config), group=config.mosaic_group or 1,
+                       snake=config.mosaic_snake,
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
                                              ).itemsize)
   except ValueError as err:
