@@ -2,7 +2,8 @@
 
   python tools/bench_variants.py --paths wts,wts-triton,wts-mw-r0s6g3,... [wts-bench args]
 
-``wts-triton`` is the Triton kernel; ``wts-m-r{R}s{S}`` the Mosaic GPU kernel with R
+``wts-triton`` is the Triton kernel, ``wts-split`` / ``wts-redundant`` the same with the
+gated/rnn serial update split over the programs or done by each; ``wts-m-r{R}s{S}`` the Mosaic GPU kernel with R
 resident 64-row chunks per block and an S-slot TMA ring (register GEMV);
 ``wts-mw-r{R}s{S}`` the same with its GEMV on tensor cores (WGMMA), and
 ``wts-mw-r{R}s{S}g{G}`` with G chunks' WGMMAs in flight before one wait; a trailing
@@ -24,6 +25,11 @@ def register_variants(names):
     paths.register_path("wts-triton", paths.available_wts,
                         paths._wts_variant(backend="triton"),
                         description="the persistent Triton kernel")
+  for update in ("split", "redundant"):   # the gated/rnn serial update (Triton kernel)
+    if f"wts-{update}" not in paths.PATHS:
+      paths.register_path(f"wts-{update}", paths.available_wts,
+                          paths._wts_variant(backend="triton", serial_update=update),
+                          description=f"the Triton kernel, serial update {update}")
   for name in names:
     match = MOSAIC_VARIANT.match(name)
     if not match or name in paths.PATHS:

@@ -33,10 +33,13 @@ if has side; then
 fi
 if has profile; then
   stamp profile
-  timeout ${PROFILE_S:-150} python tools/profile_mosaic.py --out "$OUT/profile" \
-    --splits ${PROFILE_SPLITS:-0/3,9/3/3} --batch ${PROFILE_BATCH:-1} \
+  # Traces stay on the device (one file per block run would exceed what comes back);
+  # the summary comes back.
+  ptag=${PROFILE_DTYPE:-int8}-${PROFILE_GEMV:-registers}
+  timeout ${PROFILE_S:-150} python tools/profile_mosaic.py --out /tmp/profile_$ptag \
+    --splits ${PROFILE_SPLITS:-0/3,9/3} --batch ${PROFILE_BATCH:-1} \
     --gemv ${PROFILE_GEMV:-registers} --dtype ${PROFILE_DTYPE:-int8} 2>&1 \
-    | grep -v Warning | tee "$OUT/profile.log"
+    | grep -v -i warn | tee "$OUT/profile_$ptag.log"
 fi
 if has tests; then
   stamp tests

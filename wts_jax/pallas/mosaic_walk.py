@@ -63,7 +63,8 @@ Z_TILE_ROWS = 8            # WGMMA GEMV: W1 rows per batch row in shared memory 
 MAX_BATCH = 4              # rows per launch: per-row candidates, staging and exchange
 AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: measured faster at B = 1 only
 RING_STAGE_MIN = 1
-DEFAULT_RING_STAGES = 3
+DEFAULT_RING_STAGES = 2     # the default split, measured (NOTES v6): 2 resident chunks
+DEFAULT_RESIDENT_CHUNKS = 2  # + a 2-slot ring beat 0/2/4 + 2, 0 + 1/3/6, 3 + 3, 2 + 4
 SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
 SMEM_ALIGNMENT = 1024      # every scratch allocation starts on a 1 KB boundary
 _WGMMA = plgpu.Layout.WGMMA
@@ -151,11 +152,11 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
-  Default split: everything resident when it fits; otherwise a 3-slot ring (96 KB in
-  flight per SM at r = 256) and the fewest resident chunks that leave the streamed ones
-  a whole number of ring rounds per step (the ring restarts every step, so every slot
-  index is static) — measured faster than filling the spare slots with resident chunks
-  (NOTES v5). The staging (``staging_bytes``: base logits of ``batch`` rows of
+  Default split: everything resident when it fits; otherwise a 2-slot ring and 2
+  resident chunks (or the nearest count that leaves the streamed ones a whole number of
+  ring rounds per step: the ring restarts every step, so every slot index is static) —
+  the fastest split measured at the Qwen3 shape (NOTES v6); filling the spare slots with
+  resident chunks or ring slots was slower. The staging (``staging_bytes``: base logits of ``batch`` rows of
   ``base_itemsize`` bytes, the WGMMA's z, int8 scales) comes out of the same shared
   memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
   one wait (their latencies overlap; a streamed group's slots are refilled after it).
@@ -190,11 +191,13 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
                      f"{chunk_bytes}-byte chunks")
   def fitting_resident(stages):
-    # The fewest resident chunks that leave a whole number of ring rounds per step (the
-    # ring restarts each step, so its slots are static indices). Fewest, not most:
-    # measured on the H200 (NOTES v5), 3 resident chunks + a 3-slot ring took 205–217
-    # µs where streaming all 18 chunks through the same ring took 186–200 µs.
-    for resident in range(0, min(chunks, slots - stages) + 1):
+    # From DEFAULT_RESIDENT_CHUNKS up (then below it), the first count that leaves a
+    # whole number of ring rounds per step (the ring restarts each step, so its slots
+    # are static indices). Not "as many as fit": on the H200 more resident chunks and a
+    # deeper ring were slower (NOTES v5, v6).
+    most = min(chunks, slots - stages)
+    for resident in [*range(min(DEFAULT_RESIDENT_CHUNKS, most), most + 1),
+                     *range(0, min(DEFAULT_RESIDENT_CHUNKS, most))]:
       if resident == chunks or (stages and (chunks - resident) % stages == 0):
         return resident
     return None
@@ -259,7 +262,9 @@ def _chunk_scores(spec: MosaicSpec, logits, rows, stream, score_scale, noise_on)
 
 
 def _register_products(weights, z_rows):
-  """W·z_b of a chunk as an fp32 GEMV in registers: ``b -> [64]`` (row layout)."""
+  """W·z_b of a chunk as an fp32 GEMV in registers: ``b -> [64]`` (row layout).
+  (An int8 chunk converted through bf16 — Mosaic's prmt path — measured 2.7× slower
+  than int8 -> fp32 directly: NOTES v6.)"""
   w = weights.astype(jnp.float32)
   return lambda b: (w * z_rows[b]).sum(axis=1)
 
