@@ -311,8 +311,9 @@ def test_wgmma_gemv_matches_reference(vocab, rank, batch, steps, residency, temp
 def test_wgmma_groups_match_reference(vocab, batch, residency, stages, group,
                                       temperature, snake):
   """Several chunks' WGMMAs in flight before one wait, resident groups between streamed
-  ones, odd steps streamed in reverse (or not): the tokens do not depend on the order (ties to the lowest row), so they equal
-  the XLA walk's; tied logits across a resident and a streamed chunk pick the lower row."""
+  ones, odd steps streamed in reverse (or not): the tokens do not depend on the order
+  (ties to the lowest row), so they equal the XLA walk's; tied logits across a resident
+  and a streamed chunk pick the lower row."""
   head, (base, first, _) = _case(vocab, 64, batch, 3, seed=23)
   # A tie at step 0 between row 3 (resident) and row 643 (streamed, so computed first;
   # the same lane of its chunk): the lane keeps the lower row.

@@ -3,9 +3,9 @@
   python tools/bench_variants.py --paths wts,wts-triton,wts-mw-r0s6g3,... [wts-bench args]
 
 ``wts-triton`` is the Triton kernel, ``wts-split`` / ``wts-redundant`` the same with the
-gated/rnn serial update split over the programs or done by each; ``wts-m-r{R}s{S}`` the Mosaic GPU kernel with R
-resident 64-row chunks per block and an S-slot TMA ring (register GEMV);
-``wts-mw-r{R}s{S}`` the same with its GEMV on tensor cores (WGMMA), and
+gated/rnn serial update split over the programs or done by each; ``wts-m-r{R}s{S}`` the
+Mosaic GPU kernel with R resident 64-row chunks per block and an S-slot TMA ring
+(register GEMV); ``wts-mw-r{R}s{S}`` the same with its GEMV on tensor cores (WGMMA), and
 ``wts-mw-r{R}s{S}g{G}`` with G chunks' WGMMAs in flight before one wait; a trailing
 ``f`` streams every step forward (no snake order). Any R, S, G named in ``--paths`` is
 registered. Development sweeps only: the paths every report

@@ -5,17 +5,22 @@ rank-256 W2 at best, and it spills), and streams the rest one tile ahead. Mosaic
 us the shared memory and the TMA engine directly:
 
 - block ``p`` (one per SM) owns ``chunks`` 64-row chunks of W2; the first
-  ``resident_chunks`` are copied into shared memory once, before the step loop, and stay
-  there for all K steps (the default plan keeps none unless everything fits: measured
-  faster at the Qwen3 shape, NOTES v5);
+  ``resident_chunks`` are copied into shared memory once, in the prologue, and stay
+  there for all K steps (the default plan keeps 2 beside a 2-slot ring unless everything
+  fits: the fastest split measured at the Qwen3 shape, NOTES v6); a step computes them
+  between its streamed chunks, so the ring keeps streaming meanwhile;
 - the other chunks are streamed through a ring of ``ring_stages`` shared-memory slots by
   TMA. W2 does not depend on the drafted tokens, so the ring runs ahead across step
   boundaries: while the blocks meet at the grid barrier, the next step's first chunks
-  are already in flight;
+  are already in flight. Odd steps stream in reverse order ("snake"): a step starts on
+  the chunks the previous one read last, which the L2 still holds when W2 does not fit
+  it (bf16 at r = 256: 78 MB against 60 MB);
 - the base logits of step k + 1 are copied by TMA into shared memory during step k;
-- per chunk W·z in fp32 — on tensor cores (one WGMMA against z staged in shared memory
-  as W1 rows, exact for the vanilla head's bf16 z) or as a register GEMV (fp32 products
-  and sums; int8 W2 times its row scales), the contract of ``SerialHead.vocab_bias`` —
+- per chunk W·z in fp32 — on tensor cores (a WGMMA against z staged in shared memory
+  as W1 rows, exact for the vanilla head's bf16 z; an int8 chunk upcast in registers;
+  optionally several chunks' WGMMAs before one wait) or as a register GEMV (fp32
+  products and sums), int8 W2 times its row scales: the contract of
+  ``SerialHead.vocab_bias`` —
   plus the base logits, then the chunk's greedy or Gumbel top-1 (the generator of
   ``wts_jax.sampling``) into per-lane candidates;
 - per step each block publishes one (score, index) pair per batch row, signals a global
@@ -156,7 +161,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   resident chunks (or the nearest count that leaves the streamed ones a whole number of
   ring rounds per step: the ring restarts every step, so every slot index is static) —
   the fastest split measured at the Qwen3 shape (NOTES v6); filling the spare slots with
-  resident chunks or ring slots was slower. The staging (``staging_bytes``: base logits of ``batch`` rows of
+  resident chunks or ring slots was slower. The staging (``staging_bytes``: base logits
+  of ``batch`` rows of
   ``base_itemsize`` bytes, the WGMMA's z, int8 scales) comes out of the same shared
   memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
   one wait (their latencies overlap; a streamed group's slots are refilled after it).
@@ -234,7 +240,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                      f"(the ring has {ring_stages})")
   return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
-                    smem_per_block=smem_per_block, staged_batch=batch, base_itemsize=base_itemsize, gemv=gemv,
+                    smem_per_block=smem_per_block, staged_batch=batch,
+                    base_itemsize=base_itemsize, gemv=gemv,
                     w2_itemsize=w2_itemsize, group=group, snake=snake)
 
 
@@ -291,6 +298,10 @@ def _wgmma_products(operands, z_s, columns):
   def products(acc):
     return lambda b: jnp.where(column == columns[b], acc, 0.0).sum(axis=1)
   return [products(acc) for acc in accs]
+
+
+def _scaled(products, row_scale):
+  return lambda b: products(b) * row_scale
 
 
 def _chunk_schedule(resident: int, streamed: int, group: int):
@@ -501,9 +512,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     def take_group(chunk_ids, slot_indices, best, nan_lanes):
       for c, products in zip(chunk_ids, chunk_products(slot_indices)):
         if quantized:   # (Σ q·z) · scale, the order of SerialHead.vocab_bias
-          row_scale = _load(w2_scale_s.at[c], _ROW_VECTOR)
-          products = functools.partial(lambda unscaled, s, b: unscaled(b) * s,
-                                       products, row_scale)
+          products = _scaled(products, _load(w2_scale_s.at[c], _ROW_VECTOR))
         best, nan_lanes = _update_candidates(
             spec, products, chunk_start(c) + row_iota,
             lambda b, c=c: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
