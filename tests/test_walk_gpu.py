@@ -58,8 +58,8 @@ def _assert_matches_reference(head, inputs, temperature=0.0, config=None):
 
 
 def _assert_tokens_match_reference(head, inputs, temperature, config):
-  """Tokens only (the Mosaic kernel returns no per-step logits): greedy, or sampled with
-  the same key as the reference."""
+  """Tokens (the Mosaic kernel returns no per-step logits) and confidence: greedy, or
+  sampled with the same key as the reference."""
   base, first, hidden = inputs
   key = jax.random.key(11) if temperature else None
   out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
@@ -67,6 +67,9 @@ def _assert_tokens_match_reference(head, inputs, temperature, config):
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
                      key=key)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  if ref.confidence is not None:
+    np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
+                               atol=1e-3)
   assert int(out.status) == 0
 
 
@@ -102,6 +105,16 @@ def test_mosaic_wgmma_gemv_matches_reference(batch, temperature):
   """The tensor-core GEMV (WGMMA against W1 rows staged by TMA) at the real shape."""
   head, inputs = _real_case("vanilla", batch)
   config = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma")
+  _assert_tokens_match_reference(head, inputs, temperature, config)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_mosaic_gated_head_matches_reference(batch, temperature):
+  """The gated head on the Mosaic kernel (G_e resident, the gate per step, register
+  GEMV) at the real shape, confidence included."""
+  head, inputs = _real_case("gated", batch)
+  config = wts_jax.WalkConfig(backend="mosaic")
   _assert_tokens_match_reference(head, inputs, temperature, config)
 
 

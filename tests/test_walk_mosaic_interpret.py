@@ -32,8 +32,8 @@ NEEDS_INTERPRETER = pytest.mark.skipif(
     reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
 
 
-def _case(vocab, rank, batch, steps, seed=0, confidence=False):
-  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48, head_type="vanilla",
+def _case(vocab, rank, batch, steps, seed=0, confidence=False, head_type="vanilla"):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48, head_type=head_type,
                       confidence=confidence)
   head = wts_jax.make_head(config, seed=seed)
   return head, random_inputs(config, batch, steps, jax.random.key(seed + 1))
@@ -92,11 +92,9 @@ def test_backend_choice_and_clear_refusals():
   assert chosen_backend(head, 1, wts_jax.WalkConfig(interpret=True)) == "triton"
   with pytest.raises(ValueError, match="does not return per-step logits"):
     _run(head, base, first, return_logits=True)
-  gated, (gbase, gfirst, ghidden) = _case(1000, 64, 2, 3)
-  gated_config = HeadConfig(vocab_size=1000, rank=64, hidden_size=48, head_type="gated")
-  gated = wts_jax.make_head(gated_config)
-  with pytest.raises(ValueError, match="vanilla head only"):
-    _run(gated, gbase, gfirst, jnp.zeros((2, 3, 48), jnp.bfloat16) + 0.5)
+  rnn, (rbase, rfirst, rhidden) = _case(1000, 64, 2, 3, head_type="rnn")
+  with pytest.raises(ValueError, match="vanilla and gated heads"):
+    _run(rnn, rbase, rfirst, rhidden)
   with pytest.raises(ValueError, match="rank=32 must be a multiple of 64"):
     head32, (b32, f32, _) = _case(1000, 32, 1, 3)
     _run(head32, b32, f32)
@@ -123,6 +121,8 @@ def _assert_lowers_at_the_qwen3_shape(plan, batch, greedy, steps=7):
   args += ([shape((2,), jnp.uint32), shape((batch,), jnp.float32),
             shape((batch,), jnp.int32)] if not greedy else [None] * 3)
   args.append(shape((151936,), jnp.float32) if quantized else None)
+  if plan.gated:   # gate_proj.weight [r, d + r] (Qwen3-4B: d = 2560), hoisted [B, K, r]
+    args += [shape((256, 2560 + 256), jnp.bfloat16), shape((batch, steps, 256), jnp.float32)]
   lowered = jax.jit(lambda *a: mosaic_walk.mosaic_walk(spec, *a)).trace(*args).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
@@ -386,3 +386,57 @@ def test_int8_w2_refusals():
   fp8 = quantize_w2(head, "fp8")
   reason = mosaic_walk.unsupported_reason(fp8, 1, wts_jax.WalkConfig(backend="mosaic"))
   assert "bf16 or int8 W2" in reason
+
+
+# --- the gated head (g = σ(G_h h + G_e e + b), z = g ⊙ e; register GEMV) ---------------
+@pytest.mark.parametrize("batch, greedy, w2_itemsize", [(1, True, 2), (4, False, 2),
+                                                        (1, True, 1)])
+def test_gated_head_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, w2_itemsize):
+  """G_e resident in shared memory (128 KB at r = 256), the gate's relayout through
+  shared memory: lowers with the SMEM budget the planner computed."""
+  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                                 smem_per_block=H200_SMEM, batch=batch, gated=True,
+                                 w2_itemsize=w2_itemsize)
+  assert plan.gemv == "registers" and "gated head" in plan.describe()
+  if w2_itemsize == 2:   # G_e leaves W2 two 32 KB slots: a 2-slot ring, nothing resident
+    assert (plan.resident_chunks, plan.ring_stages) == (0, 2)
+  _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", [
+    (1000, 64, 1, 4, "auto", 0.0),    # everything resident
+    (520, 128, 3, 3, "none", 0.0),    # V % 64 = 8: the clamped last chunk; all streamed
+    (1000, 64, 2, 3, 64, 0.8),        # sampled, one resident chunk + ring
+])
+def test_gated_head_matches_reference(vocab, rank, batch, steps, residency, temperature):
+  """The gated walk on the Mosaic kernel: tokens equal the XLA walk's (greedy) and bit
+  for bit with the same key (sampled); confidence from the drafted tokens."""
+  head, (base, first, hidden) = _case(vocab, rank, batch, steps, seed=5,
+                                      confidence=True, head_type="gated")
+  key = jax.random.key(3) if temperature else None
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency)
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
+                             atol=1e-4)
+  assert int(out.status) == 0
+
+
+def test_gated_head_refusals_and_auto():
+  head, (base, _, _) = _case(1000, 64, 1, 3, head_type="gated")
+  reason = mosaic_walk.unsupported_reason(
+      head, 1, wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma"))
+  assert "gated head's z = g ⊙ e is fp32" in reason
+  with pytest.raises(ValueError, match="use the register GEMV"):
+    mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                            smem_per_block=H200_SMEM, gated=True, gemv="wgmma")
+  rnn, _ = _case(1000, 64, 1, 3, head_type="rnn")
+  reason = mosaic_walk.unsupported_reason(rnn, 1, wts_jax.WalkConfig(backend="mosaic"))
+  assert "vanilla and gated heads (not 'rnn')" in reason
+  # "auto" keeps the gated head on the Triton kernel until it is measured on Mosaic.
+  from wts_jax.pallas.walk_kernel import chosen_backend
+  assert chosen_backend(head, 1, wts_jax.WalkConfig()) == "triton"

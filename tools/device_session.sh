@@ -18,10 +18,10 @@ if has sweep; then
   stamp sweep
   # SWEEP_DTYPE=int8: W2 quantized per row (the paths then run the int8 kernels).
   tag=${SWEEP_DTYPE:-bf16}
-  timeout ${SWEEP_S:-200} python tools/bench_variants.py --shape qwen3_4b --head vanilla \
+  timeout ${SWEEP_S:-200} python tools/bench_variants.py --shape qwen3_4b --head ${SWEEP_HEAD:-vanilla,gated} \
     --batch ${SWEEP_BATCH:-1} --k 7 --mode ${SWEEP_MODE:-greedy} --l2 ${SWEEP_L2:-cold,warm} \
     --dtype $tag --repeats 6 --walks-per-repeat 10 \
-    --paths ${SWEEP_BASELINES-torch-graph,wts-triton,}${SWEEP_PATHS:-wts-mw-r0s3,wts-m-r0s3,wts-m-r3s3} \
+    --paths ${SWEEP_BASELINES-torch-graph,wts,wts-split,}${SWEEP_PATHS:-wts-m-r0s2,wts-m-r2s2} \
     --out "$OUT/mosaic_sweep_$tag.json" 2>&1 | grep -v Warning | tee "$OUT/mosaic_sweep_$tag.log"
 fi
 if has side; then
@@ -35,17 +35,18 @@ if has profile; then
   stamp profile
   # Traces stay on the device (one file per block run would exceed what comes back);
   # the summary comes back.
-  ptag=${PROFILE_DTYPE:-int8}-${PROFILE_GEMV:-registers}
+  ptag=${PROFILE_DTYPE:-int8}-${PROFILE_GEMV:-wgmma}
   timeout ${PROFILE_S:-150} python tools/profile_mosaic.py --out /tmp/profile_$ptag \
-    --splits ${PROFILE_SPLITS:-0/3,9/3} --batch ${PROFILE_BATCH:-1} \
-    --gemv ${PROFILE_GEMV:-registers} --dtype ${PROFILE_DTYPE:-int8} 2>&1 \
+    --splits ${PROFILE_SPLITS:-2/2,0/2} --batch ${PROFILE_BATCH:-1} \
+    --gemv ${PROFILE_GEMV:-wgmma} --dtype ${PROFILE_DTYPE:-int8} 2>&1 \
     | grep -v -i warn | tee "$OUT/profile_$ptag.log"
 fi
 if has tests; then
   stamp tests
   # One pytest process per group: a kernel fault (illegal address) poisons the CUDA
   # context of its process, so later groups still run. Full logs under $OUT.
-  IFS=';' read -ra groups <<< "${TESTS_K:-mosaic;stress;one_kernel or grid_larger;starved}"
+  # Default: the GPU tests that session 10's one-call suite run did not reach (NOTES v6).
+  IFS=';' read -ra groups <<< "${TESTS_K:-mosaic_kernel_matches or wgmma_gemv or confidence;one_kernel or grid_larger;starved;stress and triton;repeated or quantized or fp8 or stepwise}"
   for group in "${groups[@]}"; do
     stamp "tests: $group"
     timeout ${TESTS_S:-200} python -m pytest -m gpu tests/test_walk_gpu.py -v -rA -x \

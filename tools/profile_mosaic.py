@@ -109,17 +109,21 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=7)
   parser.add_argument("--clock-ghz", type=float, default=1.98)
   parser.add_argument("--gemv", default="registers", choices=("registers", "wgmma"))
+  parser.add_argument("--head", default="vanilla", choices=("vanilla", "gated"))
   parser.add_argument("--dtype", default="bf16", choices=("bf16", "int8"),
                       help="W2: bf16, or int8 with per-row scales")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
-  config = HeadConfig.qwen3_4b("vanilla", confidence=False)
+  config = HeadConfig.qwen3_4b(args.head, confidence=False)
   head = wts_jax.make_head(config, seed=0)
   if args.dtype == "int8":
     from wts_jax.quantize import quantize_w2
     head = quantize_w2(head, "int8")
-  base, first, _ = random_inputs(config, args.batch, args.steps, jax.random.key(1))
-  want = np.asarray(wts_jax.walk(head, base, first, impl="xla").tokens)
+  base, first, hidden = random_inputs(config, args.batch, args.steps, jax.random.key(1))
+  gated = args.head == "gated"
+  if not gated:
+    hidden = None
+  want = np.asarray(wts_jax.walk(head, base, first, hidden, impl="xla").tokens)
   serial = head.markov_head
   w2, w1 = serial.markov_w2.weight[...], serial.markov_w1.weight[...]
   w2_scale = serial.markov_w2.scale[...] if args.dtype == "int8" else None
@@ -133,17 +137,21 @@ def main(argv=None):
                           num_sms=device.num_sms, smem_per_block=smem,
                           resident_chunks=resident, ring_stages=stages,
                           batch=args.batch, gemv=args.gemv,
-                          w2_itemsize=jnp.dtype(w2.dtype).itemsize, group=group)
-    directory = os.path.join(args.out,
-                             f"{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}")
+                          w2_itemsize=jnp.dtype(w2.dtype).itemsize, group=group,
+                          gated=gated)
+    directory = os.path.join(
+        args.out, f"{args.head}-{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}")
     os.makedirs(directory, exist_ok=True)
     spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
                          spin_limit=wts_jax.WalkConfig().sync_spin_limit, interpret=False,
                          profile_dir=directory, profile_space=PROFILE_SPACE)
-    run = jax.jit(lambda w2, b, w1, f, s: mw.mosaic_walk(spec, w2, b, w1, f, w2_scale=s))
+    gate = (dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden))
+            if gated else {})
+    run = jax.jit(lambda w2, b, w1, f, s, gate: mw.mosaic_walk(spec, w2, b, w1, f,
+                                                                w2_scale=s, **gate))
     for _ in range(3):
       flush = (flush + 1).block_until_ready()   # evict W2 from the L2
-      tokens, status = run(w2, base, w1, first, w2_scale)
+      tokens, status = run(w2, base, w1, first, w2_scale, gate)
       tokens.block_until_ready()
     same = np.array_equal(np.asarray(tokens), want)
     jax.effects_barrier()   # the trace is written by a host callback

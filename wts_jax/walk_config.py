@@ -25,9 +25,10 @@ class WalkConfig:
   tile_rows, num_warps, num_stages: tuning overrides (None: the planner's choice);
     for the Mosaic GPU kernel ``num_stages`` is its TMA ring's slot count.
   backend: ``"mosaic"`` (the Mosaic GPU kernel: shared-memory residency and a TMA
-    ring; the vanilla head, bf16 or int8 W2, B <= 4, no per-step logits), ``"triton"``
-    (the Triton kernel: every head and option), or ``"auto"`` (Mosaic for greedy B = 1
-    walks where it applies and not interpreting — measured faster there — else Triton).
+    ring; the vanilla and gated heads, bf16 or int8 W2, B <= 4, no per-step logits),
+    ``"triton"`` (the Triton kernel: every head and option), or ``"auto"`` (Mosaic for
+    greedy B = 1 vanilla walks where it applies and not interpreting — measured faster
+    there — else Triton).
   """
 
   residency: str | float | int = "auto"

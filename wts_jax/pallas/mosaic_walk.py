@@ -32,11 +32,14 @@ of the last blocks overlap earlier rows instead of reading past the end. A dupli
 row yields the same (score, index) pair in both places, so top-1 is unaffected — and no
 padded copy of W2 is ever made.
 
-Scope (``unsupported_reason`` says why otherwise): the vanilla head (``z = e``), a bf16
-or int8 W2 with rank a multiple of 64, up to ``MAX_BATCH`` rows, greedy and sampled, no
-per-step logits/log-probabilities (those runs use the Triton kernel). Confidence logits
-are computed after the kernel from the drafted tokens (an exact identity: they read
-only ``e_k = W1[x_{k-1}]`` and hoisted terms).
+Scope (``unsupported_reason`` says why otherwise): the vanilla head (``z = e``) and the
+gated head (``z = σ(hoisted_k + G_e e) ⊙ e``, fp32, register GEMV: G_e stays in shared
+memory, each block computes the gate itself and relays it from row to column layout
+through shared memory), a bf16 or int8 W2 with rank a multiple of 64, up to
+``MAX_BATCH`` rows, greedy and sampled, no per-step logits/log-probabilities (those
+runs use the Triton kernel). Confidence logits are computed after the kernel from the
+drafted tokens (an exact identity: they read only ``e_k = W1[x_{k-1}]`` and hoisted
+terms).
 
 Interpret mode (CPU tests) runs blocks one after another and has no semaphores, so the
 CPU suite runs this kernel with one block owning every chunk (the barrier is compiled
@@ -111,6 +114,7 @@ class MosaicPlan:
   w2_itemsize: int = 2            # 2: bf16 W2; 1: int8 W2 with a scale per row
   group: int = 1                  # WGMMA GEMV: chunks in flight together, one wait each
   snake: bool = True              # stream odd steps' chunks in reverse order (L2 reuse)
+  gated: bool = False             # the gated head: G_e resident, the gate computed per step
 
   @property
   def streamed_chunks(self) -> int:
@@ -131,7 +135,8 @@ class MosaicPlan:
             + ("; odd steps stream in reverse (snake)" if self.snake and self.streamed_chunks
                else "")
             + ("; int8 W2, per-row scales in shared memory" if self.w2_itemsize == 1
-               else ""))
+               else "")
+            + ("; gated head, G_e resident in shared memory" if self.gated else ""))
 
 
 def _aligned(nbytes: int) -> int:
@@ -139,21 +144,24 @@ def _aligned(nbytes: int) -> int:
 
 
 def staging_bytes(*, chunks: int, batch: int, base_itemsize: int,
-                  gemv: str = "registers", rank: int = 256, scaled: bool = False) -> int:
+                  gemv: str = "registers", rank: int = 256, scaled: bool = False,
+                  gated: bool = False) -> int:
   """Shared memory besides the W2 slots: the base logits of two steps
   ([2, chunks, B, 64], staged by TMA one step ahead); with the WGMMA GEMV the W1 rows of
-  z ([8B, r] bf16); for an int8 W2 the block's per-row scales ([chunks, 64] f32)."""
+  z ([8B, r] bf16); for an int8 W2 the block's per-row scales ([chunks, 64] f32); for the
+  gated head G_e ([r, r] bf16, resident) and the gate's pre-activations ([B, r] f32)."""
   base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
   z_rows = Z_TILE_ROWS * batch * rank * 2 if gemv == "wgmma" else 0
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
-  return _aligned(base) + _aligned(z_rows) + _aligned(scales)
+  gate = _aligned(rank * rank * 2) + _aligned(batch * rank * 4) if gated else 0
+  return _aligned(base) + _aligned(z_rows) + _aligned(scales) + gate
 
 
 def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
                 gemv: str | None = None, w2_itemsize: int = 2, group: int = 1,
-                snake: bool = True) -> MosaicPlan:
+                snake: bool = True, gated: bool = False) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -167,12 +175,17 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
   one wait (their latencies overlap; a streamed group's slots are refilled after it).
   ``snake``: odd steps stream their chunks last to first, so a step starts on the chunks
-  the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not."""
+  the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not.
+  ``gated``: the gated head (register GEMV: its z = g ⊙ e is fp32); G_e stays in shared
+  memory (128 KB at r = 256, which leaves W2 two slots there)."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
   if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
-    gemv = "registers" if w2_itemsize == 1 else "wgmma"
+    gemv = "registers" if w2_itemsize == 1 or gated else "wgmma"
+  if gated and gemv == "wgmma":
+    raise ValueError("the WGMMA GEMV needs a bf16 z (the vanilla head's W1 row); the "
+                     "gated head's z = g ⊙ e is fp32: use the register GEMV")
   if gemv not in ("registers", "wgmma"):
     raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
   if group < 1 or (group > 1 and gemv != "wgmma"):
@@ -191,7 +204,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
   staging = staging_bytes(chunks=chunks, batch=batch, base_itemsize=base_itemsize,
-                          gemv=gemv, rank=rank, scaled=w2_itemsize == 1)
+                          gemv=gemv, rank=rank, scaled=w2_itemsize == 1, gated=gated)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
@@ -213,7 +226,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
       resident_chunks, ring_stages = chunks, 0
     else:
       ring_stages = DEFAULT_RING_STAGES if ring_stages is None else ring_stages
-      ring_stages = min(ring_stages, slots - 1)
+      ring_stages = min(ring_stages, slots)
       resident_chunks = fitting_resident(ring_stages)
       if resident_chunks is None:
         raise ValueError(f"no split of {chunks} chunks fits {slots} shared-memory slots "
@@ -242,7 +255,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
                     smem_per_block=smem_per_block, staged_batch=batch,
                     base_itemsize=base_itemsize, gemv=gemv,
-                    w2_itemsize=w2_itemsize, group=group, snake=snake)
+                    w2_itemsize=w2_itemsize, group=group, snake=snake, gated=gated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,13 +420,19 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     del refs[:3]
   if quantized:
     w2_scale_g = refs.pop(0)
+  if plan.gated:
+    gate_w_g, gate_hoisted_g = refs[:2]
+    del refs[:2]
   tok_g, flag_g, xv_g, xi_g, w_s, base_s, res_bar, ring_bar, base_bar = refs[:9]
   del refs[:9]
   if wgmma:
     z_s, z_bar = refs[:2]
     del refs[:2]
   if quantized:
-    w2_scale_s, w2_scale_bar = refs
+    w2_scale_s, w2_scale_bar = refs[:2]
+    del refs[:2]
+  if plan.gated:
+    gate_e_s, gate_e_bar, gate_pre_s = refs
   blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
   streamed = plan.streamed_chunks
   block = lax.axis_index("blocks")
@@ -447,8 +466,16 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       copy_chunk(res + g, res + g, ring_bar.at[g])   # step 0's order is forward
     for c in range(res):
       copy_chunk(c, c, res_bar)
+    if plan.gated:   # G_e: columns [d, d + r) of gate_proj.weight, resident
+      hidden_size = gate_w_g.shape[1] - rank
+      for i in range(rank // CHUNK_ROWS):
+        plgpu.copy_gmem_to_smem(
+            gate_w_g.at[pl.ds(i * CHUNK_ROWS, CHUNK_ROWS), pl.ds(hidden_size, rank)],
+            gate_e_s.at[i], gate_e_bar)
     if quantized:
       plgpu.barrier_wait(w2_scale_bar)
+    if plan.gated:
+      plgpu.barrier_wait(gate_e_bar)
 
   if not spec.greedy:
     seed = (seed_g[0], seed_g[1])
@@ -473,6 +500,22 @@ def _walk_kernel(*refs, spec: MosaicSpec):
 
     return [b * Z_TILE_ROWS + tokens[b] - starts[b] for b in range(batch)]
 
+  def gated_z(e, step):
+    """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``):
+    G_e e as register GEMVs over G_e's 64-row chunks in shared memory, each [64] result
+    (row layout) stored to ``gate_pre_s`` and read back as an [r] vector (column layout)
+    — the relayout goes through shared memory."""
+    plgpu.commit_smem()   # every warp's reads of the last step's vector before the writes
+    for b in range(batch):
+      e_rows = lax.broadcast_in_dim(e[b], (CHUNK_ROWS, rank), (1,))
+      for i in range(rank // CHUNK_ROWS):
+        gate_e = _load(gate_e_s.at[i], _WGMMA).astype(jnp.float32)
+        gate_pre_s[b, pl.ds(i * CHUNK_ROWS, CHUNK_ROWS)] = (gate_e * e_rows).sum(axis=1)
+    plgpu.commit_smem()   # every warp's writes before any thread reads the vector
+    return [jax.nn.sigmoid(
+        _load(gate_hoisted_g.at[b, step], _COL_VECTOR, optimized=False)
+        + _load(gate_pre_s.at[b], _COL_VECTOR)) * e[b] for b in range(batch)]
+
   def step_body(step, carry):
     z, flags = carry
     parity = lax.rem(step, 2)
@@ -488,6 +531,9 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       plgpu.commit_smem()
       copies.base(step + 1, 1 - parity)
 
+    if plan.gated:
+      with jax.named_scope("gate"):
+        z = gated_z(z, step)
     if not wgmma:
       z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
     if not spec.greedy:
@@ -596,12 +642,18 @@ def _interpret_params():
 
 
 def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
-                score_scale=None, noise_on=None, w2_scale=None):
+                score_scale=None, noise_on=None, w2_scale=None, gate_weight=None,
+                gate_hoisted=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
-  ``w2_scale``: the per-row scales [V] of an int8 W2 (``plan.w2_itemsize == 1``)."""
+  ``w2_scale``: the per-row scales [V] of an int8 W2 (``plan.w2_itemsize == 1``).
+  Gated head (``plan.gated``): ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16,
+  inputs [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
+  (``GatedMarkovHead.hoist``)."""
   if (w2_scale is None) != (spec.plan.w2_itemsize == 2):
     raise ValueError(f"the plan streams {spec.plan.w2_itemsize}-byte W2 rows; "
                      f"W2 is {w2.dtype} with{'out' if w2_scale is None else ''} scales")
+  if (gate_weight is None or gate_hoisted is None) == spec.plan.gated:
+    raise ValueError("a gated plan needs gate_weight and gate_hoisted, and only it")
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   slots = plan.resident_chunks + plan.ring_stages
   transforms = _w2_transforms(jnp.dtype(w2.dtype).itemsize, plan.rank)
@@ -625,6 +677,14 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
   if w2_scale is not None:
     scratch += [plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32),
                 plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)]
+  if plan.gated:
+    if gate_weight.dtype != jnp.bfloat16 or gate_weight.shape[0] != plan.rank:
+      raise ValueError(f"the gated kernel needs a bf16 gate_proj.weight [{plan.rank}, "
+                       f"d + {plan.rank}] (got {gate_weight.dtype}{list(gate_weight.shape)})")
+    scratch += [plgpu.SMEM((plan.rank // CHUNK_ROWS, CHUNK_ROWS, plan.rank), jnp.bfloat16,
+                           transforms=_w2_transforms(2, plan.rank)),
+                plgpu.Barrier(num_arrivals=plan.rank // CHUNK_ROWS, num_barriers=1),
+                plgpu.SMEM((batch, plan.rank), jnp.float32)]
   kernel = plgpu.kernel(
       functools.partial(_walk_kernel, spec=spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
@@ -645,6 +705,8 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                  noise_on.astype(jnp.int32)]
   if w2_scale is not None:
     operands.append(w2_scale.astype(jnp.float32))
+  if plan.gated:
+    operands += [gate_weight, gate_hoisted.astype(jnp.float32)]
   tokens, flags, _, _ = kernel(*operands)
   return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
 
@@ -655,8 +717,16 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
                        return_logprobs: bool = False) -> str | None:
   """Why this walk cannot run on the Mosaic kernel (None when it can)."""
   serial = head.markov_head
-  if head.config.head_type != "vanilla":
-    return f"the Mosaic kernel runs the vanilla head only (not {head.config.head_type!r})"
+  head_type = head.config.head_type
+  if head_type not in ("vanilla", "gated"):
+    return f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
+  if head_type == "gated":
+    gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
+    if gate_dtype != jnp.dtype(jnp.bfloat16):
+      return f"the Mosaic kernel's gated head needs a bf16 gate_proj (got {gate_dtype})"
+    if config.mosaic_gemv == "wgmma":
+      return ("the WGMMA GEMV needs a bf16 z (the vanilla head's W1 row); the gated "
+              "head's z = g ⊙ e is fp32")
   weight = serial.markov_w2.weight
   dtype = jnp.dtype(weight.dtype)
   if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8)):
@@ -682,13 +752,13 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
 
 def mosaic_gemv(head, config) -> str:
   """The GEMV of this walk: the config's, or for "auto" the tensor cores (WGMMA) where
-  they apply — W1 of W2's dtype — else registers."""
+  they apply — the vanilla head, W1 of W2's dtype — else registers."""
   if config.mosaic_gemv != "auto":
     return config.mosaic_gemv
   serial = head.markov_head
   same = (jnp.dtype(serial.markov_w1.weight.dtype)
           == jnp.dtype(serial.markov_w2.weight.dtype))
-  return "wgmma" if same else "registers"
+  return "wgmma" if same and head.config.head_type == "vanilla" else "registers"
 
 
 def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
@@ -722,6 +792,7 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        batch=batch, base_itemsize=base_itemsize,
                        gemv=mosaic_gemv(head, config), group=config.mosaic_group or 1,
                        snake=config.mosaic_snake,
+                       gated=head.config.head_type == "gated",
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
                                              ).itemsize)
   except ValueError as err:
@@ -753,9 +824,11 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
   w1 = serial.markov_w1.weight[...]
   first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
   scale = getattr(serial.markov_w2, "scale", None)
+  gate = ({} if not spec.plan.gated else
+          dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden)))
   tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits, w1,
                                       first, seed, score_scale, noise_on,
-                                      None if scale is None else scale[...])
+                                      None if scale is None else scale[...], **gate)
   confidence = None
   conf_head = head.confidence_head
   if conf_head is not None:
