@@ -32,6 +32,13 @@ NEEDS_INTERPRETER = pytest.mark.skipif(
     reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
 
 
+# The walks each kernel variant is checked on: everything resident (r = 64: for int8,
+# 64-byte rows and a 64-byte swizzle); V % 64 = 8 with the clamped last chunk, all
+# streamed, B = 3; sampled with one resident chunk + the ring.
+WALK_CASES = [(1000, 64, 1, 4, "auto", 0.0), (520, 128, 3, 3, "none", 0.0),
+              (1000, 64, 2, 3, 64, 0.8)]
+
+
 def _case(vocab, rank, batch, steps, seed=0, confidence=False, head_type="vanilla"):
   config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48, head_type=head_type,
                       confidence=confidence)
@@ -282,11 +289,7 @@ def test_chunk_schedule_spreads_resident_chunks_among_streamed_ones(resident, st
 
 
 @NEEDS_INTERPRETER
-@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", [
-    (1000, 64, 1, 4, "auto", 0.0),    # everything resident
-    (520, 128, 3, 3, "none", 0.0),    # V % 64 = 8: the clamped last chunk; all streamed
-    (1000, 64, 2, 3, 64, 0.8),        # sampled, one resident chunk + ring
-])
+@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", WALK_CASES)
 def test_wgmma_gemv_matches_reference(vocab, rank, batch, steps, residency, temperature):
   """Tokens equal the XLA walk (greedy) and, sampled, bit for bit with the same key;
   tokens near the end of the vocabulary take their W1 tile from V - 8."""
@@ -356,11 +359,7 @@ def test_int8_w2_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
 
 
 @NEEDS_INTERPRETER
-@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", [
-    (1000, 64, 1, 4, "auto", 0.0),    # r = 64: 64-byte rows, 64-byte swizzle
-    (520, 128, 3, 3, "none", 0.0),
-    (1000, 64, 2, 3, 64, 0.8),
-])
+@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", WALK_CASES)
 def test_int8_w2_matches_its_reference(vocab, rank, batch, steps, residency, temperature):
   """Exact tokens (greedy) and bit-identical sampled tokens against the XLA walk of the
   same quantized head ((Σ q·z) · scale)."""
@@ -404,11 +403,7 @@ def test_gated_head_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, w2_itemsiz
 
 
 @NEEDS_INTERPRETER
-@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", [
-    (1000, 64, 1, 4, "auto", 0.0),    # everything resident
-    (520, 128, 3, 3, "none", 0.0),    # V % 64 = 8: the clamped last chunk; all streamed
-    (1000, 64, 2, 3, 64, 0.8),        # sampled, one resident chunk + ring
-])
+@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature", WALK_CASES)
 def test_gated_head_matches_reference(vocab, rank, batch, steps, residency, temperature):
   """The gated walk on the Mosaic kernel: tokens equal the XLA walk's (greedy) and bit
   for bit with the same key (sampled); confidence from the drafted tokens."""
