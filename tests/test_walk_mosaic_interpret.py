@@ -23,7 +23,7 @@ import wts_jax
 from wts_jax import sampling
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import mosaic_walk
+from wts_jax.pallas import mosaic_plan, mosaic_walk
 from wts_jax.quantize import quantize_w2
 
 H200_SMEM = 232448
@@ -55,7 +55,7 @@ def _run(head, base, first, hidden=None, residency="auto", num_stages=None, **kw
 
 # --- the plan (no interpreter needed) -----------------------------------------------
 def test_plan_at_the_qwen3_shape_keeps_two_chunks_and_streams_through_two_slots():
-  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+  plan = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                                  smem_per_block=H200_SMEM)
   assert (plan.num_blocks, plan.chunks) == (132, 18)   # 132·18·64 ≥ V
   # 18 chunks do not fit: 2 stay resident, 16 stream through a 2-slot ring (8 whole
@@ -64,10 +64,10 @@ def test_plan_at_the_qwen3_shape_keeps_two_chunks_and_streams_through_two_slots(
   assert plan.gemv == "wgmma" and plan.snake
   assert "2-slot TMA ring" in plan.describe() and "snake" in plan.describe()
   # Where 2 resident chunks leave no whole rounds, the next count up that does.
-  odd = mosaic_walk.plan_mosaic(vocab_size=17 * 64 * 132, rank=256, num_sms=132,
+  odd = mosaic_plan.plan_mosaic(vocab_size=17 * 64 * 132, rank=256, num_sms=132,
                                 smem_per_block=H200_SMEM)
   assert (odd.chunks, odd.resident_chunks, odd.ring_stages) == (17, 3, 2)
-  small = mosaic_walk.plan_mosaic(vocab_size=151936, rank=64, num_sms=132,
+  small = mosaic_plan.plan_mosaic(vocab_size=151936, rank=64, num_sms=132,
                                   smem_per_block=H200_SMEM)
   assert small.resident_chunks == small.chunks and small.ring_stages == 0
 
@@ -83,7 +83,7 @@ def test_plan_at_the_qwen3_shape_keeps_two_chunks_and_streams_through_two_slots(
 def test_plan_refuses_what_cannot_run(kwargs, match):
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match=match):
-    mosaic_walk.plan_mosaic(**{**args, **kwargs})
+    mosaic_plan.plan_mosaic(**{**args, **kwargs})
 
 
 def test_backend_choice_and_clear_refusals():
@@ -112,7 +112,7 @@ def test_backend_choice_and_clear_refusals():
 def test_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
   """The whole 132-block kernel (semaphore barrier, TMA ring, 227 KB of shared memory)
   lowers through Mosaic GPU's layout inference and SMEM checks on the CPU."""
-  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+  plan = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                                  smem_per_block=H200_SMEM, gemv="registers")
   _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
 
@@ -230,16 +230,16 @@ def test_plan_stages_the_base_logits_beside_the_slots():
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM,
               gemv="registers")
   for batch in (1, 4):
-    plan = mosaic_walk.plan_mosaic(**args, batch=batch)
+    plan = mosaic_plan.plan_mosaic(**args, batch=batch)
     assert (plan.staged_batch, plan.base_itemsize) == (batch, 2)
     assert (plan.resident_chunks, plan.ring_stages) == (2, 2)
   # f32 base logits at B = 4 (36 KB staged) leave 5 slots: 3 + 3 no longer fits.
   with pytest.raises(ValueError, match="exceed the 5 chunks"):
-    mosaic_walk.plan_mosaic(**args, batch=4, base_itemsize=4, resident_chunks=3,
+    mosaic_plan.plan_mosaic(**args, batch=4, base_itemsize=4, resident_chunks=3,
                             ring_stages=3)
   with pytest.raises(ValueError, match="batch=5"):
-    mosaic_walk.plan_mosaic(**args, batch=5)
-  split = mosaic_walk.plan_mosaic(**args, resident_chunks=3, ring_stages=3)
+    mosaic_plan.plan_mosaic(**args, batch=5)
+  split = mosaic_plan.plan_mosaic(**args, resident_chunks=3, ring_stages=3)
   assert (split.resident_chunks, split.ring_stages) == (3, 3)
 
 
@@ -248,7 +248,7 @@ def test_plan_stages_the_base_logits_beside_the_slots():
 def test_wgmma_gemv_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
   """z as 8 W1 rows per batch row in shared memory (TMA), one m64 n8B k256 WGMMA per
   chunk: lowers through Mosaic GPU with the SMEM budget the planner computed."""
-  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+  plan = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                                  smem_per_block=H200_SMEM, batch=batch, gemv="wgmma")
   assert "WGMMA" in plan.describe()
   _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
@@ -261,11 +261,11 @@ def test_wgmma_gemv_refusals():
     wts_jax.WalkConfig(mosaic_group=0)
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="gemv='tensor'"):
-    mosaic_walk.plan_mosaic(**args, gemv="tensor")
+    mosaic_plan.plan_mosaic(**args, gemv="tensor")
   with pytest.raises(ValueError, match="only for the WGMMA GEMV"):
-    mosaic_walk.plan_mosaic(**args, gemv="registers", group=2)
+    mosaic_plan.plan_mosaic(**args, gemv="registers", group=2)
   with pytest.raises(ValueError, match="group=3 chunks in flight need as many ring slots"):
-    mosaic_walk.plan_mosaic(**args, gemv="wgmma", resident_chunks=0, ring_stages=2,
+    mosaic_plan.plan_mosaic(**args, gemv="wgmma", resident_chunks=0, ring_stages=2,
                             group=3)
 
 
@@ -276,7 +276,7 @@ def test_chunk_schedule_spreads_resident_chunks_among_streamed_ones(resident, st
   """Every chunk once a step, streamed ones in ring order, groups of at most ``group``,
   and the resident groups spread among the streamed ones (never all in front: the TMA
   ring would sit full and idle while they are computed)."""
-  schedule = mosaic_walk._chunk_schedule(resident, streamed, group)
+  schedule = mosaic_plan.chunk_schedule(resident, streamed, group)
   seen = {kind: [i for k, members in schedule if k == kind for i in members]
           for kind in ("resident", "streamed")}
   assert seen == {"resident": list(range(resident)), "streamed": list(range(streamed))}
@@ -345,14 +345,14 @@ def test_int8_w2_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
   operand), one chunk or two in flight."""
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM,
               batch=batch, w2_itemsize=1)
-  plan = mosaic_walk.plan_mosaic(**args)
+  plan = mosaic_plan.plan_mosaic(**args)
   assert plan.gemv == "registers" and "int8 W2" in plan.describe()
   _assert_lowers_at_the_qwen3_shape(plan, batch, greedy)
   # Twice bf16's slots: 9 resident chunks + a 3-slot ring fit (bf16: at most 6 slots).
-  resident = mosaic_walk.plan_mosaic(**args, resident_chunks=9, ring_stages=3)
+  resident = mosaic_plan.plan_mosaic(**args, resident_chunks=9, ring_stages=3)
   _assert_lowers_at_the_qwen3_shape(resident, batch, greedy)
   for group in (1, 2):
-    wgmma = mosaic_walk.plan_mosaic(**args, resident_chunks=6, ring_stages=4,
+    wgmma = mosaic_plan.plan_mosaic(**args, resident_chunks=6, ring_stages=4,
                                     gemv="wgmma", group=group)
     assert "int8 W2" in wgmma.describe() and "WGMMA" in wgmma.describe()
     _assert_lowers_at_the_qwen3_shape(wgmma, batch, greedy)
@@ -393,7 +393,7 @@ def test_int8_w2_refusals():
 def test_gated_head_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, w2_itemsize):
   """G_e resident in shared memory (128 KB at r = 256), the gate's relayout through
   shared memory: lowers with the SMEM budget the planner computed."""
-  plan = mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+  plan = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                                  smem_per_block=H200_SMEM, batch=batch, gated=True,
                                  w2_itemsize=w2_itemsize)
   assert plan.gemv == "registers" and "gated head" in plan.describe()
@@ -427,7 +427,7 @@ def test_gated_head_refusals_and_auto():
       head, 1, wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma"))
   assert "gated head's z = g ⊙ e is fp32" in reason
   with pytest.raises(ValueError, match="use the register GEMV"):
-    mosaic_walk.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+    mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                             smem_per_block=H200_SMEM, gated=True, gemv="wgmma")
   rnn, _ = _case(1000, 64, 1, 3, head_type="rnn")
   reason = mosaic_walk.unsupported_reason(rnn, 1, wts_jax.WalkConfig(backend="mosaic"))

@@ -30,6 +30,7 @@ import numpy as np
 import wts_jax
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
+from wts_jax.pallas import mosaic_plan
 from wts_jax.pallas import mosaic_walk as mw
 from wts_jax.pallas.plan import DeviceInfo
 
@@ -128,12 +129,12 @@ def main(argv=None):
   w2, w1 = serial.markov_w2.weight[...], serial.markov_w1.weight[...]
   w2_scale = serial.markov_w2.scale[...] if args.dtype == "int8" else None
   device = DeviceInfo.current()
-  smem = device.smem_per_block - _profile_bytes(PROFILE_SPACE) - mw.SMEM_ALIGNMENT
+  smem = device.smem_per_block - _profile_bytes(PROFILE_SPACE) - mosaic_plan.SMEM_ALIGNMENT
   flush = jnp.zeros((256 << 20) // 4, jnp.float32)
   report = []
   for split in args.splits.split(","):
     resident, stages, group = (int(x) for x in (split + "/1").split("/")[:3])
-    plan = mw.plan_mosaic(vocab_size=config.vocab_size, rank=config.rank,
+    plan = mosaic_plan.plan_mosaic(vocab_size=config.vocab_size, rank=config.rank,
                           num_sms=device.num_sms, smem_per_block=smem,
                           resident_chunks=resident, ring_stages=stages,
                           batch=args.batch, gemv=args.gemv,

@@ -27,7 +27,9 @@ us the shared memory and the TMA engine directly:
   semaphore (release), polls it with a bounded spin (acquire), and reduces all blocks'
   pairs to the same token (ties → lowest index); then fetches the next z from W1.
 
-The vocabulary is cut into chunks whose start is clamped to ``V - 64``: the last chunks
+The plan — chunks per block, which stay resident, the ring, the rest of the shared
+memory, the order of a step's chunks — is ``mosaic_plan.py``'s; this file is the kernel
+and its launch. The vocabulary is cut into chunks whose start is clamped to ``V - 64``: the last chunks
 of the last blocks overlap earlier rows instead of reading past the end. A duplicated
 row yields the same (score, index) pair in both places, so top-1 is unaffected — and no
 padded copy of W2 is ever made.
@@ -55,7 +57,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 
 import jax
 import jax.numpy as jnp
@@ -65,16 +66,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import sampling
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
+from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, MAX_BATCH, Z_TILE_ROWS, MosaicPlan,
+                                        chunk_schedule, make_plan)
 
-CHUNK_ROWS = 64            # rows per register GEMV (the WGMMA layout's row tile)
-Z_TILE_ROWS = 8            # WGMMA GEMV: W1 rows per batch row in shared memory (n = 8B)
-MAX_BATCH = 4              # rows per launch: per-row candidates, staging and exchange
-AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: measured faster at B = 1 only
-RING_STAGE_MIN = 1
-DEFAULT_RING_STAGES = 2     # the default split, measured (NOTES v6): 2 resident chunks
-DEFAULT_RESIDENT_CHUNKS = 2  # + a 2-slot ring beat 0/2/4 + 2, 0 + 1/3/6, 3 + 3, 2 + 4
-SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
-SMEM_ALIGNMENT = 1024      # every scratch allocation starts on a 1 KB boundary
 _WGMMA = plgpu.Layout.WGMMA
 _ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
 _COL_VECTOR = _WGMMA.reduce(0)   # an [r] vector (e, z), broadcast over rows
@@ -95,167 +89,6 @@ def _w2_transforms(itemsize: int, rank: int = 256):
   # 128 bytes (int8 at r = 64) takes the swizzle of its width.
   swizzle = min(128, rank * itemsize)
   return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
-
-
-@dataclasses.dataclass(frozen=True)
-class MosaicPlan:
-  """A launch of the Mosaic kernel (all sizes static)."""
-
-  num_blocks: int
-  chunks: int               # 64-row chunks of W2 per block
-  resident_chunks: int      # kept in shared memory for the whole walk
-  ring_stages: int          # shared-memory slots of the streaming ring
-  vocab_size: int
-  rank: int
-  smem_per_block: int
-  staged_batch: int = MAX_BATCH   # base-logit rows the shared-memory staging holds
-  base_itemsize: int = 2          # bytes per staged base logit
-  gemv: str = "wgmma"             # or "registers"
-  w2_itemsize: int = 2            # 2: bf16 W2; 1: int8 W2 with a scale per row
-  group: int = 1                  # WGMMA GEMV: chunks in flight together, one wait each
-  snake: bool = True              # stream odd steps' chunks in reverse order (L2 reuse)
-  gated: bool = False             # the gated head: G_e resident, the gate computed per step
-
-  @property
-  def streamed_chunks(self) -> int:
-    return self.chunks - self.resident_chunks
-
-  @property
-  def resident_fraction(self) -> float:
-    return min(1.0, self.resident_chunks * self.num_blocks * CHUNK_ROWS / self.vocab_size)
-
-  def describe(self) -> str:
-    chunk_kb = CHUNK_ROWS * self.rank * self.w2_itemsize / 1024
-    return (f"Mosaic GPU walk: {self.num_blocks} blocks × {self.chunks} chunks of "
-            f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory "
-            f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
-            f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
-            + (f"; GEMV on tensor cores (WGMMA, {self.group} chunk(s) per wait)"
-               if self.gemv == "wgmma" else "")
-            + ("; odd steps stream in reverse (snake)" if self.snake and self.streamed_chunks
-               else "")
-            + ("; int8 W2, per-row scales in shared memory" if self.w2_itemsize == 1
-               else "")
-            + ("; gated head, G_e resident in shared memory" if self.gated else ""))
-
-
-def _aligned(nbytes: int) -> int:
-  return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
-
-
-def staging_bytes(*, chunks: int, batch: int, base_itemsize: int,
-                  gemv: str = "registers", rank: int = 256, scaled: bool = False,
-                  gated: bool = False) -> int:
-  """Shared memory besides the W2 slots: the base logits of two steps
-  ([2, chunks, B, 64], staged by TMA one step ahead); with the WGMMA GEMV the W1 rows of
-  z ([8B, r] bf16); for an int8 W2 the block's per-row scales ([chunks, 64] f32); for the
-  gated head G_e ([r, r] bf16, resident) and the gate's pre-activations ([B, r] f32)."""
-  base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
-  z_rows = Z_TILE_ROWS * batch * rank * 2 if gemv == "wgmma" else 0
-  scales = chunks * CHUNK_ROWS * 4 if scaled else 0
-  gate = _aligned(rank * rank * 2) + _aligned(batch * rank * 4) if gated else 0
-  return _aligned(base) + _aligned(z_rows) + _aligned(scales) + gate
-
-
-def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int,
-                resident_chunks: int | None = None, ring_stages: int | None = None,
-                num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
-                gemv: str | None = None, w2_itemsize: int = 2, group: int = 1,
-                snake: bool = True, gated: bool = False) -> MosaicPlan:
-  """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
-  shared memory between resident chunks and the streaming ring.
-
-  Default split: everything resident when it fits; otherwise a 2-slot ring and 2
-  resident chunks (or the nearest count that leaves the streamed ones a whole number of
-  ring rounds per step: the ring restarts every step, so every slot index is static) —
-  the fastest split measured at the Qwen3 shape (NOTES v6); filling the spare slots with
-  resident chunks or ring slots was slower. The staging (``staging_bytes``: base logits
-  of ``batch`` rows of
-  ``base_itemsize`` bytes, the WGMMA's z, int8 scales) comes out of the same shared
-  memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
-  one wait (their latencies overlap; a streamed group's slots are refilled after it).
-  ``snake``: odd steps stream their chunks last to first, so a step starts on the chunks
-  the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not.
-  ``gated``: the gated head (register GEMV: its z = g ⊙ e is fp32); G_e stays in shared
-  memory (128 KB at r = 256, which leaves W2 two slots there)."""
-  if w2_itemsize not in (1, 2):
-    raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
-                     "int8 (1) W2 rows")
-  if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
-    gemv = "registers" if w2_itemsize == 1 or gated else "wgmma"
-  if gated and gemv == "wgmma":
-    raise ValueError("the WGMMA GEMV needs a bf16 z (the vanilla head's W1 row); the "
-                     "gated head's z = g ⊙ e is fp32: use the register GEMV")
-  if gemv not in ("registers", "wgmma"):
-    raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
-  if group < 1 or (group > 1 and gemv != "wgmma"):
-    raise ValueError(f"group={group}: chunks are grouped (>= 1) only for the WGMMA GEMV")
-  if rank % 64 or rank > 256:
-    raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
-  if vocab_size < CHUNK_ROWS or vocab_size % 8:
-    raise ValueError(f"vocab_size={vocab_size} must be a multiple of 8 (TMA tiles W2 "
-                     f"rows by 8) and >= {CHUNK_ROWS} for the Mosaic walk")
-  blocks = num_blocks or num_sms
-  if blocks > num_sms:
-    raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
-                     "not all be co-resident and the grid barrier would time out")
-  chunks = math.ceil(math.ceil(vocab_size / blocks) / CHUNK_ROWS)
-  chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
-  if not 1 <= batch <= MAX_BATCH:
-    raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
-  staging = staging_bytes(chunks=chunks, batch=batch, base_itemsize=base_itemsize,
-                          gemv=gemv, rank=rank, scaled=w2_itemsize == 1, gated=gated)
-  slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
-  if slots < 2:
-    raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
-                     f"{chunk_bytes}-byte chunks")
-  def fitting_resident(stages):
-    # From DEFAULT_RESIDENT_CHUNKS up (then below it), the first count that leaves a
-    # whole number of ring rounds per step (the ring restarts each step, so its slots
-    # are static indices). Not "as many as fit": on the H200 more resident chunks and a
-    # deeper ring were slower (NOTES v5, v6).
-    most = min(chunks, slots - stages)
-    for resident in [*range(min(DEFAULT_RESIDENT_CHUNKS, most), most + 1),
-                     *range(0, min(DEFAULT_RESIDENT_CHUNKS, most))]:
-      if resident == chunks or (stages and (chunks - resident) % stages == 0):
-        return resident
-    return None
-
-  if resident_chunks is None:
-    if chunks <= slots and ring_stages in (None, 0):
-      resident_chunks, ring_stages = chunks, 0
-    else:
-      ring_stages = DEFAULT_RING_STAGES if ring_stages is None else ring_stages
-      ring_stages = min(ring_stages, slots)
-      resident_chunks = fitting_resident(ring_stages)
-      if resident_chunks is None:
-        raise ValueError(f"no split of {chunks} chunks fits {slots} shared-memory slots "
-                         f"with a {ring_stages}-slot ring")
-  elif ring_stages is None:
-    resident_chunks = min(resident_chunks, chunks)
-    streamed = chunks - resident_chunks
-    ring_stages = next((s for s in range(min(DEFAULT_RING_STAGES, streamed), 0, -1)
-                        if streamed % s == 0 and resident_chunks + s <= slots), 0)
-  resident_chunks = min(resident_chunks, chunks)
-  streamed = chunks - resident_chunks
-  if streamed == 0:
-    ring_stages = 0
-  elif ring_stages < RING_STAGE_MIN:
-    raise ValueError(f"{streamed} streamed chunks need a ring slot")
-  elif streamed % ring_stages:
-    raise ValueError(f"{streamed} streamed chunks are not a whole number of rounds of a "
-                     f"{ring_stages}-slot ring")
-  if resident_chunks + ring_stages > slots:
-    raise ValueError(f"{resident_chunks} resident chunks + {ring_stages} ring slots exceed "
-                     f"the {slots} chunks of shared memory per block")
-  if streamed and group > ring_stages:
-    raise ValueError(f"group={group} chunks in flight need as many ring slots "
-                     f"(the ring has {ring_stages})")
-  return MosaicPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
-                    ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
-                    smem_per_block=smem_per_block, staged_batch=batch,
-                    base_itemsize=base_itemsize, gemv=gemv,
-                    w2_itemsize=w2_itemsize, group=group, snake=snake, gated=gated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,32 +150,12 @@ def _scaled(products, row_scale):
   return lambda b: products(b) * row_scale
 
 
-def _chunk_schedule(resident: int, streamed: int, group: int):
-  """A step's chunks in order, in groups of ``group``: ("streamed", [j, ...]) in ring
-  order with the ("resident", [c, ...]) groups spread evenly among them, so the TMA
-  ring keeps streaming while resident chunks are computed (resident chunks first left the
-  full ring idle for their whole duration: 3 + 3 was slower than 0 + 3, NOTES v5)."""
-  def groups(kind, n):
-    return [(kind, list(range(s, min(s + group, n)))) for s in range(0, n, group)]
-  streamed_groups, resident_groups = groups("streamed", streamed), groups("resident",
-                                                                          resident)
-  if not streamed_groups:
-    return resident_groups
-  order, placed = [], 0
-  for i, streamed_group in enumerate(streamed_groups):
-    order.append(streamed_group)
-    due = (i + 1) * len(resident_groups) // len(streamed_groups)
-    order += resident_groups[placed:due]
-    placed = due
-  return order
-
-
 def _update_candidates(spec: MosaicSpec, product_of, rows, base_of, best, nan_lanes,
                        sample):
   """One 64-row chunk into the per-lane candidates: for every batch row b the logits
   ``product_of(b)`` (W·z_b in fp32) + base_of(b), NaN lanes flagged, the greedy or Gumbel
   score, and an update to the higher score, on a tie to the lower row — so the result
-  does not depend on the order the chunks come in (``_chunk_schedule``). ``sample``:
+  does not depend on the order the chunks come in (``chunk_schedule``). ``sample``:
   (streams, score_scale, noise_on) per row, None when greedy."""
   new_best = []
   for b in range(spec.batch):
@@ -565,7 +378,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
             best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
       return best, nan_lanes
 
-    schedule = _chunk_schedule(res, streamed, plan.group)
+    schedule = chunk_schedule(res, streamed, plan.group)
     for kind, members in schedule:
       if kind == "resident":
         if members[0] == 0:
@@ -748,59 +561,6 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
   except ValueError as err:
     return str(err)
   return None
-
-
-def mosaic_gemv(head, config) -> str:
-  """The GEMV of this walk: the config's, or for "auto" the tensor cores (WGMMA) where
-  they apply — the vanilla head, W1 of W2's dtype — else registers."""
-  if config.mosaic_gemv != "auto":
-    return config.mosaic_gemv
-  serial = head.markov_head
-  same = (jnp.dtype(serial.markov_w1.weight.dtype)
-          == jnp.dtype(serial.markov_w2.weight.dtype))
-  return "wgmma" if same and head.config.head_type == "vanilla" else "registers"
-
-
-def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
-              ) -> MosaicPlan:
-  """The plan of ``head`` under ``config``, its base-logit staging sized for ``batch``
-  rows of ``base_itemsize`` bytes."""
-  from wts_jax.pallas.plan import DeviceInfo
-  vocab, rank = head.config.vocab_size, head.config.rank
-  if config.interpret:
-    num_sms, smem = 1, 227 * 1024
-  else:
-    device = DeviceInfo.current()
-    num_sms, smem = device.num_sms, device.smem_per_block
-  blocks = config.num_programs or num_sms
-  chunks = math.ceil(math.ceil(vocab / blocks) / CHUNK_ROWS)
-  residency = config.residency
-  if residency == "auto":
-    resident = None
-  elif residency == "full":
-    resident = chunks
-  elif residency == "none":
-    resident = 0
-  elif isinstance(residency, float):
-    resident = round(residency * chunks)
-  else:
-    resident = math.ceil(residency / CHUNK_ROWS)
-  try:
-    return plan_mosaic(vocab_size=vocab, rank=rank, num_sms=num_sms,
-                       smem_per_block=smem, resident_chunks=resident,
-                       ring_stages=config.num_stages, num_blocks=blocks,
-                       batch=batch, base_itemsize=base_itemsize,
-                       gemv=mosaic_gemv(head, config), group=config.mosaic_group or 1,
-                       snake=config.mosaic_snake,
-                       gated=head.config.head_type == "gated",
-                       w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
-                                             ).itemsize)
-  except ValueError as err:
-    if residency == "full":
-      raise ValueError(f"residency='full' does not fit the Mosaic kernel's shared "
-                       f"memory ({chunks} chunks of {CHUNK_ROWS} rows per block): {err}"
-                       ) from err
-    raise
 
 
 def kernel_walk(head, base_logits, first_tokens, hidden, mode, *, config):

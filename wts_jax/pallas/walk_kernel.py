@@ -103,7 +103,7 @@ def chosen_backend(head: DraftHead, batch: int, config: WalkConfig, *,
   # "auto": Mosaic where it was measured faster (NOTES.md); interpret mode keeps the
   # Triton kernel (jax 0.10.2's Mosaic GPU interpreter cannot run this kernel; the
   # Mosaic interpret tests ask for it by name).
-  from wts_jax.pallas.mosaic_walk import AUTO_MAX_BATCH
+  from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
   # Measured (NOTES v5, v6): Mosaic is faster for greedy vanilla walks at B = 1 only
   # (bf16 W2 137–143 against 221–225 µs; int8 W2 166–188 against 321 µs); sampled, the
   # Triton kernel is (235 against 246 µs at B = 1). The gated head on Mosaic is not
