@@ -421,6 +421,17 @@ def test_gated_head_matches_reference(vocab, rank, batch, steps, residency, temp
   assert int(out.status) == 0
 
 
+@NEEDS_INTERPRETER
+def test_gated_head_with_int8_w2_matches_its_reference():
+  head, (base, first, hidden) = _case(520, 128, 2, 3, seed=7, head_type="gated")
+  head = quantize_w2(head, "int8")
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=64)
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla")
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0
+
+
 def test_gated_head_refusals_and_auto():
   head, (base, _, _) = _case(1000, 64, 1, 3, head_type="gated")
   reason = mosaic_walk.unsupported_reason(
