@@ -40,6 +40,12 @@ class MosaicPlan:
   gated: bool = False             # the gated head: G_e resident, the gate computed per step
 
   @property
+  def exchange_lanes(self) -> int:
+    # One (score, index) slot per block in the global exchange, padded to whole
+    # 128-lane row vectors.
+    return max(128, -(-self.num_blocks // 128) * 128)
+
+  @property
   def streamed_chunks(self) -> int:
     return self.chunks - self.resident_chunks
 
@@ -93,9 +99,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   ring rounds per step: the ring restarts every step, so every slot index is static) —
   the fastest split measured at the Qwen3 shape (NOTES v6); filling the spare slots with
   resident chunks or ring slots was slower. The staging (``staging_bytes``: base logits
-  of ``batch`` rows of
-  ``base_itemsize`` bytes, the WGMMA's z, int8 scales) comes out of the same shared
-  memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
+  of ``batch`` rows of ``base_itemsize`` bytes, the WGMMA's z, int8 scales, the gated
+  head's G_e) comes out of the same shared memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
   one wait (their latencies overlap; a streamed group's slots are refilled after it).
   ``snake``: odd steps stream their chunks last to first, so a step starts on the chunks
   the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not.

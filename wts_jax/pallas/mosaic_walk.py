@@ -251,7 +251,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
   block = lax.axis_index("blocks")
   multi_block = blocks > 1
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
-  lanes = max(128, -(-blocks // 128) * 128)
+  lanes = plan.exchange_lanes
   row_iota = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS,), 0, layout=_ROW_VECTOR)
   lane_iota = plgpu.broadcasted_iota(jnp.int32, (lanes,), 0, layout=_ROW_VECTOR)
   copies = _BlockCopies(plan, block, w2_g, w_s, base_g, base_s, base_bar)
@@ -313,17 +313,21 @@ def _walk_kernel(*refs, spec: MosaicSpec):
 
     return [b * Z_TILE_ROWS + tokens[b] - starts[b] for b in range(batch)]
 
+  def broadcast_rows(vectors):
+    """Per batch row, an [r] vector broadcast over a chunk's 64 rows (register GEMV)."""
+    return [lax.broadcast_in_dim(v, (CHUNK_ROWS, rank), (1,)) for v in vectors]
+
   def gated_z(e, step):
     """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``):
     G_e e as register GEMVs over G_e's 64-row chunks in shared memory, each [64] result
     (row layout) stored to ``gate_pre_s`` and read back as an [r] vector (column layout)
     — the relayout goes through shared memory."""
     plgpu.commit_smem()   # every warp's reads of the last step's vector before the writes
-    for b in range(batch):
-      e_rows = lax.broadcast_in_dim(e[b], (CHUNK_ROWS, rank), (1,))
-      for i in range(rank // CHUNK_ROWS):
-        gate_e = _load(gate_e_s.at[i], _WGMMA).astype(jnp.float32)
-        gate_pre_s[b, pl.ds(i * CHUNK_ROWS, CHUNK_ROWS)] = (gate_e * e_rows).sum(axis=1)
+    e_rows = broadcast_rows(e)
+    for i in range(rank // CHUNK_ROWS):   # each G_e chunk loaded once for all rows
+      pre = _register_products(_load(gate_e_s.at[i], _WGMMA), e_rows)
+      for b in range(batch):
+        gate_pre_s[b, pl.ds(i * CHUNK_ROWS, CHUNK_ROWS)] = pre(b)
     plgpu.commit_smem()   # every warp's writes before any thread reads the vector
     return [jax.nn.sigmoid(
         _load(gate_hoisted_g.at[b, step], _COL_VECTOR, optimized=False)
@@ -348,7 +352,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       with jax.named_scope("gate"):
         z = gated_z(z, step)
     if not wgmma:
-      z_rows = [lax.broadcast_in_dim(z[b], (CHUNK_ROWS, rank), (1,)) for b in range(batch)]
+      z_rows = broadcast_rows(z)
     if not spec.greedy:
       streams = [sampling.stream_key(seed, jnp.uint32(b), step) for b in range(batch)]
     # Per-lane candidates: each of the 64 lanes keeps the best (score, row) it has seen;
@@ -479,7 +483,7 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                      f"byte base logits; this walk has {batch} rows of {itemsize} bytes")
   base_staging = plgpu.SMEM((2, plan.chunks, batch, CHUNK_ROWS), base_logits.dtype)
   base_bar = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=2)
-  lanes = max(128, -(-plan.num_blocks // 128) * 128)
+  lanes = plan.exchange_lanes
   scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
   if plan.gemv == "wgmma":   # z: 8 W1 rows per batch row, the WGMMA's B operand
     if w1.dtype != jnp.bfloat16:
@@ -537,9 +541,6 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
     gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
     if gate_dtype != jnp.dtype(jnp.bfloat16):
       return f"the Mosaic kernel's gated head needs a bf16 gate_proj (got {gate_dtype})"
-    if config.mosaic_gemv == "wgmma":
-      return ("the WGMMA GEMV needs a bf16 z (the vanilla head's W1 row); the gated "
-              "head's z = g ⊙ e is fp32")
   weight = serial.markov_w2.weight
   dtype = jnp.dtype(weight.dtype)
   if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8)):
