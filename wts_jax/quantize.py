@@ -1,9 +1,15 @@
 """A quantized W2 (int8 or fp8 e4m3, one fp32 scale per vocabulary row).
 
 Halving W2 lets the whole rank-256 projection stay on chip. The quantized walk has its
-own contract, shared by the reference and the kernels: ``b = (Σ_j q[v, j] · z_j) ·
-scale[v]`` with ``z`` rounded to bf16 (which holds every int8/e4m3 value exactly) and fp32
-accumulation. ``wts-bench`` reports how often its tokens agree with the bf16 walk.
+own contract, shared by the reference and the kernels, chosen by ``state``:
+
+- ``"float"``: ``b = (Σ_j q[v, j] · z_j) · scale[v]`` with fp32 ``z`` and fp32
+  accumulation (the Triton kernel and the Mosaic register GEMV);
+- ``"planes"`` (int8 only): ``z`` as two int8 planes and exact int32 products
+  (``wts_jax.int8_state``) — what int8 tensor cores compute; W1's planes are stored
+  beside W1 (``W1Planes``) for the kernels.
+
+``wts-bench`` reports how often the quantized walk's tokens agree with the bf16 walk.
 """
 
 from __future__ import annotations
@@ -13,16 +19,30 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wts_jax.heads.draft_head import DraftHead
+from wts_jax.int8_state import interleaved_planes
 
 SCHEMES = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+STATES = ("float", "planes")
 
 
 class QuantizedLinear(nnx.Module):
-  """``weight`` [V, r] int8/fp8 and ``scale`` [V] fp32: ``W ≈ weight · scale[:, None]``."""
+  """``weight`` [V, r] int8/fp8 and ``scale`` [V] fp32: ``W ≈ weight · scale[:, None]``.
+  ``state_planes``: z meets it as two int8 planes (``wts_jax.int8_state``)."""
 
-  def __init__(self, weight: jax.Array, scale: jax.Array):
+  def __init__(self, weight: jax.Array, scale: jax.Array, *, state_planes: bool = False):
     self.weight = nnx.Param(weight)
     self.scale = nnx.Param(scale)
+    self.state_planes = state_planes
+
+
+class W1Planes(nnx.Module):
+  """W1's rows as interleaved int8 planes ``planes`` [2V, r] and their ``scale`` [V]
+  (``s_lo``): the vanilla head's z, precomputed for the int8 tensor-core kernels."""
+
+  def __init__(self, w1: jax.Array):
+    planes, scale = interleaved_planes(w1)
+    self.planes = nnx.Variable(planes)
+    self.scale = nnx.Variable(scale)
 
 
 def quantize_rows(weight: jax.Array, scheme: str = "int8"):
@@ -41,10 +61,20 @@ def quantize_rows(weight: jax.Array, scheme: str = "int8"):
   return q, scale.astype(jnp.float32)
 
 
-def quantize_w2(head: DraftHead, scheme: str = "int8") -> DraftHead:
-  """A head sharing every weight with ``head`` but with W2 quantized per row."""
-  graphdef, state = nnx.split(head)
-  quantized = nnx.merge(graphdef, state)
+def quantize_w2(head: DraftHead, scheme: str = "int8", *, state: str = "float"
+                ) -> DraftHead:
+  """A head sharing every weight with ``head`` but with W2 quantized per row; with
+  ``state="planes"`` (int8) the serial vector meets W2 as two int8 planes, exactly, on
+  the int8 tensor-core kernels (the module docstring has both contracts)."""
+  if state not in STATES:
+    raise ValueError(f"state={state!r} must be one of {STATES}")
+  if state == "planes" and scheme != "int8":
+    raise ValueError(f"state='planes' needs scheme='int8' (got scheme={scheme!r})")
+  graphdef, params = nnx.split(head)
+  quantized = nnx.merge(graphdef, params)
+  serial = quantized.markov_head
   q, scale = quantize_rows(head.markov_head.markov_w2.weight[...], scheme)
-  quantized.markov_head.markov_w2 = QuantizedLinear(q, scale)
+  serial.markov_w2 = QuantizedLinear(q, scale, state_planes=state == "planes")
+  if state == "planes":
+    serial.markov_w1_planes = W1Planes(serial.markov_w1.weight[...])
   return quantized

@@ -9,8 +9,9 @@ teacher-forced block and the kernels all run the same math:
 - ``advance(state, e, hoisted_k)``: one serial step from ``e_k = W1[x_{k-1}]``, returning
   the new state and the r-vector ``z_k`` that W2 multiplies;
 - ``vocab_bias(z)``: ``W2 · z`` — W2's stored values against fp32 ``z``, accumulated in
-  fp32, times the per-row scale when quantized. (The kernels meet this on tensor cores
-  by splitting fp32 vectors into two bf16 parts; rounding ``z`` to bf16 instead would let
+  fp32, times the per-row scale when quantized (an int8 W2 quantized with
+  ``state="planes"`` meets z as two int8 planes: ``wts_jax.int8_state``). (The kernels
+  meet the fp32 contract on tensor cores by splitting fp32 vectors into two bf16 parts; rounding ``z`` to bf16 instead would let
   last-ulp differences in σ/tanh flip whole bf16 steps and, at near-ties, tokens.)
 """
 
@@ -22,6 +23,7 @@ from flax import nnx
 
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.layers import Embedding, Linear
+from wts_jax.int8_state import planes_vocab_bias
 
 
 class SerialHead(nnx.Module):
@@ -50,6 +52,8 @@ class SerialHead(nnx.Module):
     """``W2 · z`` for z [..., r] → [..., V] fp32 (the kernels' exact contract)."""
     w2 = self.markov_w2
     weight = w2.weight[...]
+    if getattr(w2, "state_planes", False):
+      return planes_vocab_bias(z, weight, w2.scale[...])
     z = z.astype(jnp.float32)
     bias = jnp.einsum("...r,vr->...v", z, weight.astype(jnp.float32),
                       precision=jax.lax.Precision.HIGHEST)

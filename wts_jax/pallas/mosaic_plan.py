@@ -38,6 +38,9 @@ class MosaicPlan:
   group: int = 1                  # WGMMA GEMV: chunks in flight together, one wait each
   snake: bool = True              # stream odd steps' chunks in reverse order (L2 reuse)
   gated: bool = False             # the gated head: G_e resident, the gate computed per step
+  # int8 W2 × z as two int8 planes (``wts_jax.int8_state``) on the WGMMA, s32 products:
+  # the z tile holds W1's interleaved planes (4 tokens per 8 rows) instead of bf16 rows.
+  int8_state: bool = False
 
   @property
   def exchange_lanes(self) -> int:
@@ -65,6 +68,7 @@ class MosaicPlan:
                else "")
             + ("; int8 W2, per-row scales in shared memory" if self.w2_itemsize == 1
                else "")
+            + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; gated head, G_e resident in shared memory" if self.gated else ""))
 
 
@@ -74,13 +78,13 @@ def _aligned(nbytes: int) -> int:
 
 def staging_bytes(*, chunks: int, batch: int, base_itemsize: int,
                   gemv: str = "registers", rank: int = 256, scaled: bool = False,
-                  gated: bool = False) -> int:
+                  gated: bool = False, int8_state: bool = False) -> int:
   """Shared memory besides the W2 slots: the base logits of two steps
   ([2, chunks, B, 64], staged by TMA one step ahead); with the WGMMA GEMV the W1 rows of
-  z ([8B, r] bf16); for an int8 W2 the block's per-row scales ([chunks, 64] f32); for the
+  z ([8B, r] bf16; int8 planes with ``int8_state``); for an int8 W2 the block's per-row scales ([chunks, 64] f32); for the
   gated head G_e ([r, r] bf16, resident) and the gate's pre-activations ([B, r] f32)."""
   base = 2 * chunks * batch * CHUNK_ROWS * base_itemsize
-  z_rows = Z_TILE_ROWS * batch * rank * 2 if gemv == "wgmma" else 0
+  z_rows = Z_TILE_ROWS * batch * rank * (1 if int8_state else 2) if gemv == "wgmma" else 0
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   gate = _aligned(rank * rank * 2) + _aligned(batch * rank * 4) if gated else 0
   return _aligned(base) + _aligned(z_rows) + _aligned(scales) + gate
@@ -90,7 +94,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
                 gemv: str | None = None, w2_itemsize: int = 2, group: int = 1,
-                snake: bool = True, gated: bool = False) -> MosaicPlan:
+                snake: bool = True, gated: bool = False, int8_state: bool = False
+                ) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -105,12 +110,16 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   ``snake``: odd steps stream their chunks last to first, so a step starts on the chunks
   the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not.
   ``gated``: the gated head (register GEMV: its z = g ⊙ e is fp32); G_e stays in shared
-  memory (128 KB at r = 256, which leaves W2 two slots there)."""
+  memory (128 KB at r = 256, which leaves W2 two slots there). ``int8_state``: an int8 W2
+  meets z as two int8 planes on the WGMMA (``wts_jax.int8_state``)."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
   if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
-    gemv = "registers" if w2_itemsize == 1 or gated else "wgmma"
+    gemv = "registers" if (w2_itemsize == 1 and not int8_state) or gated else "wgmma"
+  if int8_state and (w2_itemsize != 1 or gemv != "wgmma" or gated):
+    raise ValueError("int8 planes of z run on the WGMMA GEMV of an int8 W2, vanilla head "
+                     f"(got w2_itemsize={w2_itemsize}, gemv={gemv!r}, gated={gated})")
   if gated and gemv == "wgmma":
     raise ValueError("the WGMMA GEMV needs a bf16 z (the vanilla head's W1 row); the "
                      "gated head's z = g ⊙ e is fp32: use the register GEMV")
@@ -132,7 +141,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
   staging = staging_bytes(chunks=chunks, batch=batch, base_itemsize=base_itemsize,
-                          gemv=gemv, rank=rank, scaled=w2_itemsize == 1, gated=gated)
+                          gemv=gemv, rank=rank, scaled=w2_itemsize == 1, gated=gated,
+                          int8_state=int8_state)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - staging) // chunk_bytes
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
@@ -183,7 +193,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                     ring_stages=ring_stages, vocab_size=vocab_size, rank=rank,
                     smem_per_block=smem_per_block, staged_batch=batch,
                     base_itemsize=base_itemsize, gemv=gemv,
-                    w2_itemsize=w2_itemsize, group=group, snake=snake, gated=gated)
+                    w2_itemsize=w2_itemsize, group=group, snake=snake, gated=gated,
+                    int8_state=int8_state)
 
 
 def chunk_schedule(resident: int, streamed: int, group: int):
@@ -212,9 +223,17 @@ def mosaic_gemv(head, config) -> str:
   if config.mosaic_gemv != "auto":
     return config.mosaic_gemv
   serial = head.markov_head
+  if planes_state(head):
+    return "wgmma"
   same = (jnp.dtype(serial.markov_w1.weight.dtype)
           == jnp.dtype(serial.markov_w2.weight.dtype))
   return "wgmma" if same and head.config.head_type == "vanilla" else "registers"
+
+
+def planes_state(head) -> bool:
+  """Whether the head's int8 W2 meets z as two int8 planes (``quantize_w2(...,
+  state="planes")``)."""
+  return bool(getattr(head.markov_head.markov_w2, "state_planes", False))
 
 
 def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
@@ -249,6 +268,7 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        gemv=mosaic_gemv(head, config), group=config.mosaic_group or 1,
                        snake=config.mosaic_snake,
                        gated=head.config.head_type == "gated",
+                       int8_state=planes_state(head),
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
                                              ).itemsize)
   except ValueError as err:

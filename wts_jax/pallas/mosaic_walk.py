@@ -65,9 +65,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import sampling
+from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, MAX_BATCH, Z_TILE_ROWS, MosaicPlan,
-                                        chunk_schedule, make_plan)
+                                        chunk_schedule, make_plan, planes_state)
 
 _WGMMA = plgpu.Layout.WGMMA
 _ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
@@ -122,15 +123,22 @@ def _register_products(weights, z_rows):
   return lambda b: (w * z_rows[b]).sum(axis=1)
 
 
-def _wgmma_products(operands, z_s, columns):
+def _wgmma_products(operands, z_s, columns, plane_scales=None):
   """W·z_b of a group of chunks on the tensor cores: per chunk one WGMMA [64, r] x
   [r, 8B] (bf16 operands: a shared-memory slot, or an int8 chunk upcast in registers;
   fp32 accumulation) against ``z_s``, whose 8-row tile b holds W1 rows around token b;
   ``columns[b]`` is the column of token b's own row. All the group's WGMMAs are issued
   before the one wait, so their latencies overlap (a single m64n8 WGMMA is 16 dependent
   k-steps: latency-bound, NOTES v5). The column is picked by a masked sum along the row
-  (exact: the other terms are zeros). Per chunk ``b -> [64]`` (row layout)."""
+  (exact: the other terms are zeros). Per chunk ``b -> [64]`` (row layout).
+
+  With ``plane_scales`` (int8 W2, z as two int8 planes: ``wts_jax.int8_state``) the
+  operands are int8, the products s32, the tile holds W1's interleaved planes, and
+  ``columns[b]`` is token b's q_hi column (q_lo beside it): the masked sum forms
+  ``D = 256 · d_hi + d_lo`` in int32 (exact), then ``f32(D) · s_lo``."""
   width = z_s.shape[0]
+  planes = plane_scales is not None
+  acc_dtype = jnp.int32 if planes else jnp.float32
 
   def accumulate(*acc_refs):
     for acc_ref, weights in zip(acc_refs, operands):
@@ -138,10 +146,14 @@ def _wgmma_products(operands, z_s, columns):
     return [acc_ref[...] for acc_ref in acc_refs]   # the first read waits for all
 
   accs = pl.run_scoped(accumulate,
-                       *[plgpu.ACC((CHUNK_ROWS, width), jnp.float32)] * len(operands))
+                       *[plgpu.ACC((CHUNK_ROWS, width), acc_dtype)] * len(operands))
   column = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS, width), 1, layout=_WGMMA)
 
   def products(acc):
+    if planes:
+      return lambda b: (jnp.where(column == columns[b], acc * LO_STEPS,
+                                  jnp.where(column == columns[b] + 1, acc, 0))
+                        .sum(axis=1).astype(jnp.float32) * plane_scales[b])
     return lambda b: jnp.where(column == columns[b], acc, 0.0).sum(axis=1)
   return [products(acc) for acc in accs]
 
@@ -222,8 +234,9 @@ class _BlockCopies:
 def _walk_kernel(*refs, spec: MosaicSpec):
   plan, batch = spec.plan, spec.batch
   vocab, rank = plan.vocab_size, plan.rank
-  wgmma, quantized = plan.gemv == "wgmma", plan.w2_itemsize == 1
-  reads_slots_in_registers = not wgmma or quantized
+  wgmma, quantized, int8_state = (plan.gemv == "wgmma", plan.w2_itemsize == 1,
+                                  plan.int8_state)
+  reads_slots_in_registers = not wgmma or (quantized and not int8_state)
   refs = list(refs)
   # Inputs, then outputs, then scratch (see ``mosaic_walk``), the optional ones last.
   w2_g, base_g, w1_g, first_g = refs[:4]
@@ -233,6 +246,8 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     del refs[:3]
   if quantized:
     w2_scale_g = refs.pop(0)
+  if int8_state:
+    w1_scale_g = refs.pop(0)
   if plan.gated:
     gate_w_g, gate_hoisted_g = refs[:2]
     del refs[:2]
@@ -299,19 +314,27 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     """z for the next step. Registers: the W1 rows as fp32 vectors. WGMMA: a TMA copy of
     the 8 W1 rows from min(token, V - 8) into tile b of ``z_s`` (landing on ``z_bar``;
     only when ``needed``: every copy must be waited for), and the column of the token's
-    own row within the tiles."""
+    own row within the tiles. int8 planes: the 8 rows are 4 tokens' interleaved planes
+    from 2 · min(token, V - 4), and each token's ``s_lo`` comes along."""
     if not wgmma:
       return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
               for b in range(batch)]
-    starts = [jnp.minimum(tokens[b], vocab - Z_TILE_ROWS) for b in range(batch)]
+    rows_per_token = 2 if int8_state else 1
+    tokens_per_tile = Z_TILE_ROWS // rows_per_token
+    starts = [jnp.minimum(tokens[b], vocab - tokens_per_tile) for b in range(batch)]
 
     @pl.when(needed)
     def _():
       for b in range(batch):
-        plgpu.copy_gmem_to_smem(w1_g.at[pl.ds(starts[b], Z_TILE_ROWS)],
-                                z_s.at[pl.ds(b * Z_TILE_ROWS, Z_TILE_ROWS)], z_bar)
+        plgpu.copy_gmem_to_smem(
+            w1_g.at[pl.ds(starts[b] * rows_per_token, Z_TILE_ROWS)],
+            z_s.at[pl.ds(b * Z_TILE_ROWS, Z_TILE_ROWS)], z_bar)
 
-    return [b * Z_TILE_ROWS + tokens[b] - starts[b] for b in range(batch)]
+    columns = [b * Z_TILE_ROWS + (tokens[b] - starts[b]) * rows_per_token
+               for b in range(batch)]
+    if int8_state:
+      return columns, [w1_scale_g[tokens[b]] for b in range(batch)]
+    return columns
 
   def broadcast_rows(vectors):
     """Per batch row, an [r] vector broadcast over a chunk's 64 rows (register GEMV)."""
@@ -366,6 +389,10 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       if not wgmma:
         return [_register_products(_load(w_s.at[slot], _WGMMA), z_rows)
                 for slot in slot_indices]
+      if int8_state:   # int8 x int8: the slots are the A operands as they are
+        columns, plane_scales = z
+        return _wgmma_products([w_s.at[slot] for slot in slot_indices], z_s, columns,
+                               plane_scales)
       # An int8 chunk is upcast to bf16 in registers (exact: |q| <= 128 fits bf16's
       # mantissa) and is the WGMMA's A operand from there.
       operands = [_load(w_s.at[slot], _WGMMA).astype(jnp.bfloat16) if quantized
@@ -460,9 +487,11 @@ def _interpret_params():
 
 def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                 score_scale=None, noise_on=None, w2_scale=None, gate_weight=None,
-                gate_hoisted=None):
+                gate_hoisted=None, w1_scale=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
   ``w2_scale``: the per-row scales [V] of an int8 W2 (``plan.w2_itemsize == 1``).
+  ``plan.int8_state``: ``w1`` is W1's interleaved int8 planes [2V, r] and ``w1_scale``
+  their ``s_lo`` [V] (``wts_jax.int8_state.interleaved_planes``).
   Gated head (``plan.gated``): ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16,
   inputs [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
   (``GatedMarkovHead.hoist``)."""
@@ -471,6 +500,11 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                      f"W2 is {w2.dtype} with{'out' if w2_scale is None else ''} scales")
   if (gate_weight is None or gate_hoisted is None) == spec.plan.gated:
     raise ValueError("a gated plan needs gate_weight and gate_hoisted, and only it")
+  if (w1_scale is None) == spec.plan.int8_state or (
+      spec.plan.int8_state and (w1.dtype != jnp.int8
+                                or w1.shape[0] != 2 * spec.plan.vocab_size)):
+    raise ValueError("an int8-planes plan needs W1's planes [2V, r] int8 and their "
+                     f"scales, and only it (got W1 {w1.dtype}{list(w1.shape)})")
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   slots = plan.resident_chunks + plan.ring_stages
   transforms = _w2_transforms(jnp.dtype(w2.dtype).itemsize, plan.rank)
@@ -486,10 +520,11 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
   lanes = plan.exchange_lanes
   scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
   if plan.gemv == "wgmma":   # z: 8 W1 rows per batch row, the WGMMA's B operand
-    if w1.dtype != jnp.bfloat16:
+    if w1.dtype != (jnp.int8 if plan.int8_state else jnp.bfloat16):
       raise ValueError(f"the WGMMA GEMV needs a bf16 W1 (got {w1.dtype})")
     scratch += [plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
-                           transforms=_w2_transforms(2, plan.rank)),
+                           transforms=_w2_transforms(jnp.dtype(w1.dtype).itemsize,
+                                                     plan.rank)),
                 plgpu.Barrier(num_arrivals=batch, num_barriers=1)]
   if w2_scale is not None:
     scratch += [plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32),
@@ -522,6 +557,8 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                  noise_on.astype(jnp.int32)]
   if w2_scale is not None:
     operands.append(w2_scale.astype(jnp.float32))
+  if w1_scale is not None:
+    operands.append(w1_scale.astype(jnp.float32))
   if plan.gated:
     operands += [gate_weight, gate_hoisted.astype(jnp.float32)]
   tokens, flags, _, _ = kernel(*operands)
@@ -552,7 +589,11 @@ def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
   if return_logits or return_logprobs:
     return "the Mosaic kernel does not return per-step logits or log-probabilities"
   w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
-  if config.mosaic_gemv == "wgmma" and w1_dtype != jnp.dtype(jnp.bfloat16):
+  if planes_state(head) and (config.mosaic_gemv == "registers" or head_type != "vanilla"):
+    return ("an int8 W2 whose z meets it as two int8 planes runs on the WGMMA GEMV, "
+            "vanilla head (mosaic_gemv='auto' or 'wgmma')")
+  if (config.mosaic_gemv == "wgmma" and not planes_state(head)
+      and w1_dtype != jnp.dtype(jnp.bfloat16)):
     return f"the WGMMA GEMV needs a bf16 W1 (got {w1_dtype})"
   if config.interpret and (config.num_programs or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
@@ -587,9 +628,15 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
   scale = getattr(serial.markov_w2, "scale", None)
   gate = ({} if not spec.plan.gated else
           dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden)))
-  tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits, w1,
-                                      first, seed, score_scale, noise_on,
-                                      None if scale is None else scale[...], **gate)
+  z_source = dict(w1=w1)
+  if spec.plan.int8_state:
+    planes = serial.markov_w1_planes
+    z_source = dict(w1=planes.planes[...], w1_scale=planes.scale[...])
+  tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits,
+                                      first_tokens=first, seed=seed,
+                                      score_scale=score_scale, noise_on=noise_on,
+                                      w2_scale=None if scale is None else scale[...],
+                                      **z_source, **gate)
   confidence = None
   conf_head = head.confidence_head
   if conf_head is not None:

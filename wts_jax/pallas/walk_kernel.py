@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.output import WalkOutput
 from wts_jax.pallas import triton_walk
+from wts_jax.pallas.mosaic_plan import planes_state
 from wts_jax.pallas.plan import WalkPlan, plan_walk
 from wts_jax.pallas.shard_step import KernelSpec
 from wts_jax.validation import Sampling
@@ -45,6 +46,12 @@ def unsupported_reason(head: DraftHead, base_logits, config: WalkConfig) -> str 
     return mosaic_reason(head, base_logits.shape[0], config)
   weight, scale = w2_arrays(head)
   dtype = jnp.dtype(weight.dtype)
+  if config.backend == "auto" and planes_state(head):
+    return mosaic_reason(head, base_logits.shape[0], config)
+  if planes_state(head):
+    return ("the Triton kernel meets an int8 W2 with an fp32 z; this head's z meets it "
+            "as two int8 planes (quantize_w2(..., state='planes')): the Mosaic kernel "
+            "runs it, or quantize with state='float'")
   if dtype in UNVERIFIED_W2_DTYPES and not config.interpret:
     return (f"a {dtype} W2 failed the kernel's GPU check against its reference; the "
             "kernel refuses it until fixed (int8 is supported)")
@@ -109,6 +116,10 @@ def chosen_backend(head: DraftHead, batch: int, config: WalkConfig, *,
   # Triton kernel is (235 against 246 µs at B = 1). The gated head on Mosaic is not
   # measured yet (NOTES v7): "auto" keeps it on Triton.
   faster = batch <= AUTO_MAX_BATCH and greedy and head.config.head_type == "vanilla"
+  if planes_state(head):   # int8 x int8 on the tensor cores: only Mosaic runs it
+    if reason is not None:
+      raise ValueError(f"no kernel runs this walk: {reason}")
+    return "mosaic"
   return "mosaic" if reason is None and faster and not config.interpret else "triton"
 
 

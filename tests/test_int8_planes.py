@@ -1,0 +1,185 @@
+"""The int8 × int8 contract (``wts_jax.int8_state``) and the Mosaic kernel's int8 WGMMA.
+
+The contract: z as two int8 planes with a power-of-two scale, exact int32 products.
+Checked here against float64 NumPy (the planes and the bias), the reference walk against
+a NumPy replay of the contract, and the Mosaic kernel — CUDA lowering at the Qwen3 shape
+on any JAX, its walk in Mosaic GPU interpret mode (jax >= 0.11) against the reference.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import wts_jax
+from wts_jax import int8_state
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+from wts_jax.pallas import mosaic_plan, mosaic_walk
+from wts_jax.quantize import quantize_w2
+
+H200_SMEM = 232448
+NEEDS_INTERPRETER = pytest.mark.skipif(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
+    reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
+
+
+def _planes_head(vocab, rank, seed=0, confidence=False):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48, confidence=confidence)
+  head = wts_jax.make_head(config, seed=seed)
+  return quantize_w2(head, "int8", state="planes"), config
+
+
+# --- the contract ---------------------------------------------------------------------
+@pytest.mark.parametrize("scale", [1e-3, 0.3, 40.0])
+def test_planes_reconstruct_z_to_fifteen_bits_with_a_power_of_two_scale(scale):
+  z = np.array(jax.random.normal(jax.random.key(1), (5, 256)) * scale)
+  z[2] = 0.0   # an all-zero vector gives zero planes
+  q_hi, q_lo, s_lo = map(np.asarray, int8_state.state_planes(jnp.asarray(z)))
+  assert q_hi.dtype == q_lo.dtype == np.int8
+  assert np.abs(q_hi).max() <= 127 and -128 <= q_lo.min() and q_lo.max() <= 127
+  mantissa, _ = np.frexp(s_lo)
+  np.testing.assert_array_equal(mantissa, 0.5)       # s_lo is a power of two
+  rebuilt = (q_hi.astype(np.float64) * 256 + q_lo) * s_lo[:, None].astype(np.float64)
+  span = np.abs(z).max(axis=1, keepdims=True)
+  # |z - rebuilt| <= s_lo / 2 (and s = 256 s_lo < 2 max|z| / 127: about 15 bits).
+  assert np.all(np.abs(rebuilt - z) <= s_lo[:, None] / 2)
+  assert np.all(q_hi[2] == 0) and np.all(q_lo[2] == 0)
+  # The scale is the smallest power of two with 127 s >= max|z|.
+  s = s_lo.astype(np.float64) * 256
+  nonzero = span[:, 0] > 0
+  assert np.all(127 * s[nonzero] >= span[nonzero, 0])
+  assert np.all(127 * s[nonzero] / 2 < span[nonzero, 0])
+
+
+def test_planes_bias_is_exact_integer_arithmetic():
+  """f32(D) · s_lo · scale with D the exact integer dot, against float64 NumPy."""
+  z = jax.random.normal(jax.random.key(2), (3, 128))
+  w2 = jax.random.normal(jax.random.key(3), (300, 128)).astype(jnp.bfloat16)
+  q2, scale2 = wts_jax.quantize.quantize_rows(w2, "int8")
+  bias = np.asarray(int8_state.planes_vocab_bias(z, q2, scale2))
+  q_hi, q_lo, s_lo = map(np.asarray, int8_state.state_planes(z))
+  exact = (q_hi.astype(np.int64) @ np.asarray(q2, np.int64).T * 256
+           + q_lo.astype(np.int64) @ np.asarray(q2, np.int64).T)
+  assert np.abs(exact).max() < 2 ** 30
+  expected = (exact.astype(np.float32) * s_lo[:, None]) * np.asarray(scale2)
+  np.testing.assert_array_equal(bias, expected)
+  # And it is W2 · z to the planes' and W2's precision.
+  dense = np.asarray(z, np.float64) @ np.asarray(w2, np.float64).T
+  assert np.abs(bias - dense).max() < 0.02 * np.abs(dense).max()
+
+
+def test_stored_w1_planes_equal_the_planes_of_each_row():
+  head, config = _planes_head(300, 64)
+  serial = head.markov_head
+  planes = np.asarray(serial.markov_w1_planes.planes[...]).reshape(300, 2, 64)
+  q_hi, q_lo, s_lo = int8_state.state_planes(serial.markov_w1.weight[...])
+  np.testing.assert_array_equal(planes[:, 0], np.asarray(q_hi))
+  np.testing.assert_array_equal(planes[:, 1], np.asarray(q_lo))
+  np.testing.assert_array_equal(np.asarray(serial.markov_w1_planes.scale[...]),
+                                np.asarray(s_lo))
+
+
+def test_reference_walk_follows_the_planes_contract():
+  """The XLA walk of a planes head, replayed in NumPy from the contract's formula."""
+  head, config = _planes_head(500, 64, seed=4)
+  base, first, _ = random_inputs(config, 2, 5, jax.random.key(5))
+  out = wts_jax.walk(head, base, first, impl="xla", return_logits=True)
+  serial = head.markov_head
+  w1 = np.asarray(serial.markov_w1.weight[...].astype(jnp.float32))
+  q2 = np.asarray(serial.markov_w2.weight[...], np.int64)
+  scale2 = np.asarray(serial.markov_w2.scale[...])
+  token = np.asarray(first)
+  for k in range(5):
+    q_hi, q_lo, s_lo = map(np.asarray, int8_state.state_planes(jnp.asarray(w1[token])))
+    d = q_hi.astype(np.int64) @ q2.T * 256 + q_lo.astype(np.int64) @ q2.T
+    logits = (d.astype(np.float32) * s_lo[:, None]) * scale2 + np.asarray(
+        base[:, k], np.float32)
+    # XLA may fuse the last product and the base-logit add into one FMA: an ulp.
+    np.testing.assert_allclose(np.asarray(out.logits[:, k]), logits, rtol=0, atol=1e-6)
+    token = np.argmax(logits, axis=1)
+    np.testing.assert_array_equal(np.asarray(out.tokens[:, k]), token)
+
+
+def test_quantize_refuses_planes_for_fp8_and_unknown_states():
+  head, _ = _planes_head(300, 64)
+  with pytest.raises(ValueError, match="state='planes' needs scheme='int8'"):
+    quantize_w2(head, "fp8", state="planes")
+  with pytest.raises(ValueError, match="state='bf16' must be one of"):
+    quantize_w2(head, "int8", state="bf16")
+
+
+# --- the Mosaic kernel ----------------------------------------------------------------
+def test_plan_of_a_planes_walk():
+  plan = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                                 smem_per_block=H200_SMEM, batch=1, w2_itemsize=1,
+                                 int8_state=True)
+  assert plan.gemv == "wgmma" and plan.int8_state
+  assert "two int8 planes" in plan.describe()
+  with pytest.raises(ValueError, match="int8 planes of z run on the WGMMA"):
+    mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                            smem_per_block=H200_SMEM, w2_itemsize=1, int8_state=True,
+                            gemv="registers")
+
+
+def test_only_the_mosaic_kernel_runs_a_planes_head():
+  head, config = _planes_head(1000, 64)
+  base = jnp.zeros((1, 3, 1000), jnp.bfloat16)
+  triton = wts_jax.WalkConfig(backend="triton", interpret=True)
+  from wts_jax.pallas import walk_kernel
+  assert "two int8 planes" in walk_kernel.unsupported_reason(head, base, triton)
+  registers = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="registers")
+  assert "runs on the WGMMA GEMV" in mosaic_walk.unsupported_reason(head, 1, registers)
+
+
+@pytest.mark.parametrize("batch, greedy, resident", [(1, True, None), (4, False, 9),
+                                                     (1, True, 12)])
+def test_planes_walk_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, resident):
+  plan = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                                 smem_per_block=H200_SMEM, batch=batch, w2_itemsize=1,
+                                 int8_state=True, resident_chunks=resident)
+  spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=7, greedy=greedy,
+                                spin_limit=1 << 22, interpret=False)
+  shape = jax.ShapeDtypeStruct
+  sampled = {} if greedy else dict(seed=shape((2,), jnp.uint32),
+                                   score_scale=shape((batch,), jnp.float32),
+                                   noise_on=shape((batch,), jnp.int32))
+
+  def launch(w2, base, w1, first, w2_scale, w1_scale, **kwargs):
+    return mosaic_walk.mosaic_walk(spec, w2, base, w1, first, w2_scale=w2_scale,
+                                   w1_scale=w1_scale, **kwargs)
+  lowered = jax.jit(launch).trace(
+      shape((151936, 256), jnp.int8), shape((batch, 7, 151936), jnp.bfloat16),
+      shape((2 * 151936, 256), jnp.int8), shape((batch,), jnp.int32),
+      shape((151936,), jnp.float32), shape((151936,), jnp.float32), **sampled
+  ).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
+# Everything resident (r = 64: 64-byte rows and swizzle); V % 64 = 8 with the clamped
+# last chunk, all streamed, B = 3; sampled with one resident chunk + the ring; a token
+# near the end of V (the planes tile clamps to V - 4).
+PLANES_CASES = [(1000, 64, 1, 4, "auto", 0.0), (520, 128, 3, 3, "none", 0.0),
+                (1000, 64, 2, 3, 64, 0.8), (264, 256, 4, 2, 128, 0.0)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab, rank, batch, steps, residency, temperature",
+                         PLANES_CASES)
+def test_mosaic_planes_walk_matches_the_reference(vocab, rank, batch, steps, residency,
+                                                  temperature):
+  """Exact tokens (greedy) and bit-identical sampled tokens against the XLA walk of the
+  same planes head; confidence from the drafted tokens."""
+  head, config = _planes_head(vocab, rank, seed=11, confidence=True)
+  base, first, hidden = random_inputs(config, batch, steps, jax.random.key(12))
+  first = first.at[0].set(vocab - 1)   # the last token: its planes tile is clamped
+  key = jax.random.key(3) if temperature else None
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency)
+  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
+                             atol=1e-4)
+  assert int(out.status) == 0
