@@ -41,6 +41,8 @@ FULL = {"batch": None, "k": None, "head": "vanilla,gated,rnn", "mode": "greedy,s
         "l2": "cold,warm", "repeats": 10, "walks_per_repeat": 10}
 DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 QUANTIZED = ("int8", "fp8")   # a bf16 head with W2 quantized per row (wts_jax.quantize)
+# int8 W2 meeting z as two int8 planes (quantize_w2(..., state="planes"): int8 tensor cores)
+QUANTIZED_PLANES = "int8p"
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -165,7 +167,7 @@ def _resolve(args) -> dict:
     if name not in shapes.SHAPES:
       raise SystemExit(f"--shape {name!r}: must be one of {sorted(shapes.SHAPES)}")
   for dtype in grid["dtypes"]:
-    if dtype not in DTYPES and dtype not in QUANTIZED:
+    if dtype not in DTYPES and dtype not in QUANTIZED + (QUANTIZED_PLANES,):
       raise SystemExit(f"--dtype {dtype!r}: must be one of "
                        f"{sorted(DTYPES) + list(QUANTIZED)}")
   for mode in grid["modes"]:
@@ -205,9 +207,11 @@ def make_bench_head(config, dtype_name: str, seed: int):
   """(head, the bf16 head it was quantized from or None) for ``--dtype dtype_name``."""
   import jax.numpy as jnp
   from wts_jax import make_head
-  if dtype_name in QUANTIZED:
+  if dtype_name in QUANTIZED + (QUANTIZED_PLANES,):
     from wts_jax.quantize import quantize_w2
     bf16_head = make_head(config, seed=seed, param_dtype=jnp.bfloat16)
+    if dtype_name == QUANTIZED_PLANES:
+      return quantize_w2(bf16_head, "int8", state="planes"), bf16_head
     return quantize_w2(bf16_head, dtype_name), bf16_head
   return make_head(config, seed=seed, param_dtype=jnp.dtype(DTYPES[dtype_name])), None
 
