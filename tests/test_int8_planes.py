@@ -6,6 +6,8 @@ a NumPy replay of the contract, and the Mosaic kernel — CUDA lowering at the Q
 on any JAX, its walk in Mosaic GPU interpret mode (jax >= 0.11) against the reference.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -183,3 +185,31 @@ def test_mosaic_planes_walk_matches_the_reference(vocab, rank, batch, steps, res
   np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
                              atol=1e-4)
   assert int(out.status) == 0
+
+
+# --- on the GPU (WTS_GPU_TESTS=1 python -m pytest -m gpu tests/test_int8_planes.py) ---
+@pytest.mark.gpu
+@pytest.mark.skipif(not os.environ.get("WTS_GPU_TESTS") or jax.default_backend() != "gpu",
+                    reason="needs an NVIDIA GPU and WTS_GPU_TESTS=1")
+@pytest.mark.parametrize("batch, temperature, residency, num_stages", [
+    (1, 0.0, "auto", None), (1, 0.0, 10 * 64, 2), (2, 0.0, 12 * 64, 1),
+    (4, 0.7, 9 * 64, 3), (1, 0.9, 0, 2)])
+def test_gpu_planes_walk_at_the_qwen3_shape(batch, temperature, residency, num_stages):
+  """132 blocks, the real exchange: tokens equal the XLA walk of the same planes head
+  on fresh inputs, every split; the agreement with the bf16 walk is reported."""
+  config = HeadConfig.qwen3_4b("vanilla", confidence=False)
+  bf16 = wts_jax.make_head(config, seed=batch)
+  head = quantize_w2(bf16, "int8", state="planes")
+  for seed in range(3):
+    base, first, _ = random_inputs(config, batch, 7, jax.random.key(100 + seed))
+    key = jax.random.key(seed) if temperature else None
+    walk_config = wts_jax.WalkConfig(backend="mosaic", residency=residency,
+                                     num_stages=num_stages)
+    out = wts_jax.walk(head, base, first, impl="pallas", config=walk_config,
+                       temperature=temperature, key=key)
+    ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert int(out.status) == 0
+    plain = wts_jax.walk(bf16, base, first, impl="xla", temperature=temperature, key=key)
+    print(f"agreement with the bf16 walk: "
+          f"{float(np.mean(np.asarray(out.tokens) == np.asarray(plain.tokens))):.3f}")
