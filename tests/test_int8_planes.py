@@ -117,6 +117,17 @@ def test_plan_of_a_planes_walk():
                                  smem_per_block=H200_SMEM, batch=1, w2_itemsize=1,
                                  int8_state=True)
   assert plan.gemv == "wgmma" and plan.int8_state
+  # The most resident chunks that leave a 2-slot ring whole rounds: 10 + 2 of 13 slots.
+  assert (plan.resident_chunks, plan.ring_stages) == (10, 2)
+  held = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                                 smem_per_block=H200_SMEM, batch=1, w2_itemsize=1,
+                                 int8_state=True, register_chunks=6)
+  # 6 chunks in registers leave 12, which all fit the 13 slots: the whole W2 on chip.
+  assert (held.resident_chunks, held.ring_stages, held.streamed_chunks) == (12, 0, 0)
+  assert "6 in registers" in held.describe() and "(100% of W2)" in held.describe()
+  with pytest.raises(ValueError, match="only as int8 WGMMA operands"):
+    mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
+                            smem_per_block=H200_SMEM, register_chunks=2)
   assert "two int8 planes" in plan.describe()
   with pytest.raises(ValueError, match="int8 planes of z run on the WGMMA"):
     mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
@@ -134,12 +145,19 @@ def test_only_the_mosaic_kernel_runs_a_planes_head():
   assert "runs on the WGMMA GEMV" in mosaic_walk.unsupported_reason(head, 1, registers)
 
 
-@pytest.mark.parametrize("batch, greedy, resident", [(1, True, None), (4, False, 9),
-                                                     (1, True, 12)])
-def test_planes_walk_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, resident):
+@pytest.mark.parametrize("batch, greedy, resident, registers", [
+    (1, True, None, 0), (4, False, 9, 0), (1, True, 12, 0), (1, True, 8, 6),
+    (2, False, 10, 4)])
+def test_planes_walk_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, resident,
+                                                        registers):
+  """Shared-memory residency and the ring; chunks held in registers as the WGMMA's A
+  operand (the interpreter's WGMMA takes shared-memory operands only: these run on the
+  GPU)."""
   plan = mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                                  smem_per_block=H200_SMEM, batch=batch, w2_itemsize=1,
-                                 int8_state=True, resident_chunks=resident)
+                                 int8_state=True, resident_chunks=resident,
+                                 register_chunks=registers)
+  assert plan.streamed_chunks == plan.chunks - plan.resident_chunks - registers
   spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=7, greedy=greedy,
                                 spin_limit=1 << 22, interpret=False)
   shape = jax.ShapeDtypeStruct

@@ -55,6 +55,10 @@ class WalkConfig:
   # The Mosaic kernel only: stream odd steps' chunks in reverse, so each step starts on
   # what the last one read last (still in the L2); False streams every step forward.
   mosaic_snake: bool = True
+  # The Mosaic kernel, int8 W2 with z as two int8 planes only: chunks of each block's
+  # shard held in registers for the whole walk (the WGMMA's A operand), beside the
+  # shared-memory resident ones.
+  mosaic_register_chunks: int = 0
 
   def __post_init__(self):
     residency = self.residency
@@ -84,6 +88,8 @@ class WalkConfig:
       raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")
     if self.mosaic_gemv not in MOSAIC_GEMVS:
       raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
+    if self.mosaic_register_chunks < 0:
+      raise ValueError(f"mosaic_register_chunks={self.mosaic_register_chunks} must be >= 0")
     if self.mosaic_group is not None and self.mosaic_group < 1:
       raise ValueError(f"mosaic_group={self.mosaic_group} must be >= 1")
     if self.serial_update not in ("auto", "split", "redundant"):

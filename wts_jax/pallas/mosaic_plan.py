@@ -41,6 +41,9 @@ class MosaicPlan:
   # int8 W2 × z as two int8 planes (``wts_jax.int8_state``) on the WGMMA, s32 products:
   # the z tile holds W1's interleaved planes (4 tokens per 8 rows) instead of bf16 rows.
   int8_state: bool = False
+  # int8 planes only: chunks held in registers for the whole walk as the WGMMA's A
+  # operand (32 registers a thread each), after the shared-memory resident ones.
+  register_chunks: int = 0
 
   @property
   def exchange_lanes(self) -> int:
@@ -50,17 +53,19 @@ class MosaicPlan:
 
   @property
   def streamed_chunks(self) -> int:
-    return self.chunks - self.resident_chunks
+    return self.chunks - self.resident_chunks - self.register_chunks
 
   @property
   def resident_fraction(self) -> float:
-    return min(1.0, self.resident_chunks * self.num_blocks * CHUNK_ROWS / self.vocab_size)
+    on_chip = self.resident_chunks + self.register_chunks
+    return min(1.0, on_chip * self.num_blocks * CHUNK_ROWS / self.vocab_size)
 
   def describe(self) -> str:
     chunk_kb = CHUNK_ROWS * self.rank * self.w2_itemsize / 1024
     return (f"Mosaic GPU walk: {self.num_blocks} blocks × {self.chunks} chunks of "
-            f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory "
-            f"({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
+            f"{CHUNK_ROWS} rows; {self.resident_chunks} chunks resident in shared memory"
+            + (f" and {self.register_chunks} in registers" if self.register_chunks else "")
+            + f" ({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
             f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
             + (f"; GEMV on tensor cores (WGMMA, {self.group} chunk(s) per wait)"
                if self.gemv == "wgmma" else "")
@@ -94,8 +99,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                 resident_chunks: int | None = None, ring_stages: int | None = None,
                 num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
                 gemv: str | None = None, w2_itemsize: int = 2, group: int = 1,
-                snake: bool = True, gated: bool = False, int8_state: bool = False
-                ) -> MosaicPlan:
+                snake: bool = True, gated: bool = False, int8_state: bool = False,
+                register_chunks: int = 0) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -111,12 +116,21 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not.
   ``gated``: the gated head (register GEMV: its z = g ⊙ e is fp32); G_e stays in shared
   memory (128 KB at r = 256, which leaves W2 two slots there). ``int8_state``: an int8 W2
-  meets z as two int8 planes on the WGMMA (``wts_jax.int8_state``)."""
+  meets z as two int8 planes on the WGMMA (``wts_jax.int8_state``); its default split
+  keeps as many chunks resident as leave a 2-slot ring whole rounds (10 + 2 at the
+  Qwen3 shape: measured fastest, NOTES v8). ``register_chunks``: int8 planes only, that
+  many chunks held in registers as the WGMMA's A operand (staged once through the
+  shared-memory slots), taken from the streamed ones."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
   if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
     gemv = "registers" if (w2_itemsize == 1 and not int8_state) or gated else "wgmma"
+  if register_chunks and not int8_state:
+    raise ValueError(f"register_chunks={register_chunks}: chunks are held in registers "
+                     "only as int8 WGMMA operands (an int8 W2 with z as two int8 planes)")
+  if register_chunks < 0:
+    raise ValueError(f"register_chunks={register_chunks} must be >= 0")
   if int8_state and (w2_itemsize != 1 or gemv != "wgmma" or gated):
     raise ValueError("int8 planes of z run on the WGMMA GEMV of an int8 W2, vanilla head "
                      f"(got w2_itemsize={w2_itemsize}, gemv={gemv!r}, gated={gated})")
@@ -147,21 +161,28 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if slots < 2:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold fewer than two "
                      f"{chunk_bytes}-byte chunks")
+  if register_chunks > chunks:
+    raise ValueError(f"register_chunks={register_chunks} exceeds the {chunks} chunks")
+  shared_chunks = chunks - register_chunks   # in shared memory or streamed
+
   def fitting_resident(stages):
-    # From DEFAULT_RESIDENT_CHUNKS up (then below it), the first count that leaves a
-    # whole number of ring rounds per step (the ring restarts each step, so its slots
+    # bf16: from DEFAULT_RESIDENT_CHUNKS up (then below it), the first count that leaves
+    # a whole number of ring rounds per step (the ring restarts each step, so its slots
     # are static indices). Not "as many as fit": on the H200 more resident chunks and a
-    # deeper ring were slower (NOTES v5, v6).
-    most = min(chunks, slots - stages)
-    for resident in [*range(min(DEFAULT_RESIDENT_CHUNKS, most), most + 1),
-                     *range(0, min(DEFAULT_RESIDENT_CHUNKS, most))]:
-      if resident == chunks or (stages and (chunks - resident) % stages == 0):
+    # deeper ring were slower for bf16 (NOTES v5, v6); for int8 planes the most that fit
+    # was fastest (NOTES v8).
+    most = min(shared_chunks, slots - stages)
+    order = ([*range(most, -1, -1)] if int8_state else
+             [*range(min(DEFAULT_RESIDENT_CHUNKS, most), most + 1),
+              *range(0, min(DEFAULT_RESIDENT_CHUNKS, most))])
+    for resident in order:
+      if resident == shared_chunks or (stages and (shared_chunks - resident) % stages == 0):
         return resident
     return None
 
   if resident_chunks is None:
-    if chunks <= slots and ring_stages in (None, 0):
-      resident_chunks, ring_stages = chunks, 0
+    if shared_chunks <= slots and ring_stages in (None, 0):
+      resident_chunks, ring_stages = shared_chunks, 0
     else:
       ring_stages = DEFAULT_RING_STAGES if ring_stages is None else ring_stages
       ring_stages = min(ring_stages, slots)
@@ -170,12 +191,12 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
         raise ValueError(f"no split of {chunks} chunks fits {slots} shared-memory slots "
                          f"with a {ring_stages}-slot ring")
   elif ring_stages is None:
-    resident_chunks = min(resident_chunks, chunks)
-    streamed = chunks - resident_chunks
+    resident_chunks = min(resident_chunks, shared_chunks)
+    streamed = shared_chunks - resident_chunks
     ring_stages = next((s for s in range(min(DEFAULT_RING_STAGES, streamed), 0, -1)
                         if streamed % s == 0 and resident_chunks + s <= slots), 0)
-  resident_chunks = min(resident_chunks, chunks)
-  streamed = chunks - resident_chunks
+  resident_chunks = min(resident_chunks, shared_chunks)
+  streamed = shared_chunks - resident_chunks
   if streamed == 0:
     ring_stages = 0
   elif ring_stages < RING_STAGE_MIN:
@@ -186,6 +207,9 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if resident_chunks + ring_stages > slots:
     raise ValueError(f"{resident_chunks} resident chunks + {ring_stages} ring slots exceed "
                      f"the {slots} chunks of shared memory per block")
+  if register_chunks > resident_chunks + ring_stages:
+    raise ValueError(f"register_chunks={register_chunks} are staged through the "
+                     f"{resident_chunks + ring_stages} shared-memory slots: too few")
   if streamed and group > ring_stages:
     raise ValueError(f"group={group} chunks in flight need as many ring slots "
                      f"(the ring has {ring_stages})")
@@ -194,18 +218,19 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                     smem_per_block=smem_per_block, staged_batch=batch,
                     base_itemsize=base_itemsize, gemv=gemv,
                     w2_itemsize=w2_itemsize, group=group, snake=snake, gated=gated,
-                    int8_state=int8_state)
+                    int8_state=int8_state, register_chunks=register_chunks)
 
 
-def chunk_schedule(resident: int, streamed: int, group: int):
+def chunk_schedule(resident: int, streamed: int, group: int, registers: int = 0):
   """A step's chunks in order, in groups of ``group``: ("streamed", [j, ...]) in ring
   order with the ("resident", [c, ...]) groups spread evenly among them, so the TMA
   ring keeps streaming while resident chunks are computed (resident chunks first left the
-  full ring idle for their whole duration: 3 + 3 was slower than 0 + 3, NOTES v5)."""
+  full ring idle for their whole duration: 3 + 3 was slower than 0 + 3, NOTES v5).
+  Chunks held in registers (ids ``resident ..``) count as resident here."""
   def groups(kind, n):
     return [(kind, list(range(s, min(s + group, n)))) for s in range(0, n, group)]
-  streamed_groups, resident_groups = groups("streamed", streamed), groups("resident",
-                                                                          resident)
+  streamed_groups = groups("streamed", streamed)
+  resident_groups = groups("resident", resident + registers)
   if not streamed_groups:
     return resident_groups
   order, placed = [], 0
@@ -269,6 +294,7 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        snake=config.mosaic_snake,
                        gated=head.config.head_type == "gated",
                        int8_state=planes_state(head),
+                       register_chunks=config.mosaic_register_chunks,
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
                                              ).itemsize)
   except ValueError as err:

@@ -260,8 +260,12 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     w2_scale_s, w2_scale_bar = refs[:2]
     del refs[:2]
   if plan.gated:
-    gate_e_s, gate_e_bar, gate_pre_s = refs
+    gate_e_s, gate_e_bar, gate_pre_s = refs[:3]
+    del refs[:3]
   blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
+  registers = plan.register_chunks
+  if registers:
+    (register_bar,) = refs
   streamed = plan.streamed_chunks
   block = lax.axis_index("blocks")
   multi_block = blocks > 1
@@ -272,14 +276,30 @@ def _walk_kernel(*refs, spec: MosaicSpec):
   copies = _BlockCopies(plan, block, w2_g, w_s, base_g, base_s, base_bar)
   chunk_start, copy_chunk = copies.chunk_start, copies.chunk
 
-  # Invariant: chunks [0, res) are copied once here and stay in shared memory.
+  # Invariant: chunks [0, res) are copied once here and stay in shared memory; chunks
+  # [res, res + registers) are loaded into registers once and carried through the loop;
+  # the rest stream through the ring.
   total_streamed = spec.steps * streamed
+  first_streamed = res + registers
 
   def streamed_chunk(step, j):
     """The chunk at position ``j`` of ``step``'s stream (snake: odd steps reversed)."""
     if not plan.snake:
-      return res + j
-    return res + jnp.where(lax.rem(step, 2) == 1, streamed - 1 - j, j)
+      return first_streamed + j
+    return first_streamed + jnp.where(lax.rem(step, 2) == 1, streamed - 1 - j, j)
+
+  register_chunks = ()
+  if registers:
+    with jax.named_scope("register_chunks"):
+      # Staged through the first slots before anything else uses them, then held in
+      # registers in the 8-bit WGMMA layout (4 values a register: a loop carry must be
+      # whole 32-bit registers), an int8 A operand's layout.
+      for i in range(registers):
+        copy_chunk(res + i, i, register_bar)
+      plgpu.barrier_wait(register_bar)
+      register_chunks = tuple(_load(w_s.at[i], plgpu.Layout.WGMMA_8BIT)
+                              for i in range(registers))
+      plgpu.commit_smem()   # every warp's reads of the slots before the TMA refills them
   with jax.named_scope("prologue"):
     # Base logits by TMA, a step ahead: a register load per chunk issued a few chunks
     # ahead stalled every third chunk by ~1 µs behind the W2 stream (profile, NOTES v4).
@@ -291,7 +311,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     # The ring's first slots before the resident chunks: step 0 starts on the stream
     # and waits for the resident chunks only where its schedule first needs them.
     for g in range(min(stages, total_streamed)):
-      copy_chunk(res + g, res + g, ring_bar.at[g])   # step 0's order is forward
+      copy_chunk(first_streamed + g, res + g, ring_bar.at[g])   # step 0: forward
     for c in range(res):
       copy_chunk(c, c, res_bar)
     if plan.gated:   # G_e: columns [d, d + r) of gate_proj.weight, resident
@@ -357,7 +377,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
         + _load(gate_pre_s.at[b], _COL_VECTOR)) * e[b] for b in range(batch)]
 
   def step_body(step, carry):
-    z, flags = carry
+    z, flags, register_chunks = carry
     parity = lax.rem(step, 2)
     with jax.named_scope("base_wait"):
       plgpu.barrier_wait(base_bar.at[parity])
@@ -385,14 +405,15 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     nan_lanes = jnp.zeros((CHUNK_ROWS,), jnp.int32)
 
     def chunk_products(slot_indices):
-      """The GEMV of a group of chunks (by slot): per chunk ``b -> [64]``."""
+      """The GEMV of a group of chunks (by slot, or an int8 chunk held in registers):
+      per chunk ``b -> [64]``."""
       if not wgmma:
         return [_register_products(_load(w_s.at[slot], _WGMMA), z_rows)
                 for slot in slot_indices]
       if int8_state:   # int8 x int8: the slots are the A operands as they are
         columns, plane_scales = z
-        return _wgmma_products([w_s.at[slot] for slot in slot_indices], z_s, columns,
-                               plane_scales)
+        return _wgmma_products([w_s.at[slot] if isinstance(slot, int) else slot
+                                for slot in slot_indices], z_s, columns, plane_scales)
       # An int8 chunk is upcast to bf16 in registers (exact: |q| <= 128 fits bf16's
       # mantissa) and is the WGMMA's A operand from there.
       operands = [_load(w_s.at[slot], _WGMMA).astype(jnp.bfloat16) if quantized
@@ -409,15 +430,16 @@ def _walk_kernel(*refs, spec: MosaicSpec):
             best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
       return best, nan_lanes
 
-    schedule = chunk_schedule(res, streamed, plan.group)
+    schedule = chunk_schedule(res, streamed, plan.group, registers)
     for kind, members in schedule:
       if kind == "resident":
-        if members[0] == 0:
+        if members[0] == 0 and res:
           @pl.when(step == 0)
           def _():   # once: the resident chunks copied in the prologue have landed
             plgpu.barrier_wait(res_bar)
+        sources = [c if c < res else register_chunks[c - res] for c in members]
         with jax.named_scope("resident_chunk"):
-          best, nan_lanes = take_group(members, members, best, nan_lanes)
+          best, nan_lanes = take_group(members, sources, best, nan_lanes)
         continue
       # The ring restarts every step (streamed % stages == 0), so slots are static.
       slots = [res + j % stages for j in members]
@@ -473,10 +495,11 @@ def _walk_kernel(*refs, spec: MosaicSpec):
              | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0))
     with jax.named_scope("gather"):   # issues the W1 row loads; their first use waits
       e = gather(tokens, needed=step + 1 < spec.steps)
-    return e, flags
+    return e, flags, register_chunks
 
   first = [jnp.clip(first_g[b], 0, vocab - 1) for b in range(batch)]
-  _, flags = lax.fori_loop(0, spec.steps, step_body, (gather(first), jnp.int32(0)))
+  _, flags, _ = lax.fori_loop(0, spec.steps, step_body,
+                              (gather(first), jnp.int32(0), register_chunks))
   flag_g[block] = flags
 
 
@@ -537,6 +560,8 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
                            transforms=_w2_transforms(2, plan.rank)),
                 plgpu.Barrier(num_arrivals=plan.rank // CHUNK_ROWS, num_barriers=1),
                 plgpu.SMEM((batch, plan.rank), jnp.float32)]
+  if plan.register_chunks:
+    scratch.append(plgpu.Barrier(num_arrivals=plan.register_chunks, num_barriers=1))
   kernel = plgpu.kernel(
       functools.partial(_walk_kernel, spec=spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
