@@ -209,10 +209,11 @@ def test_mosaic_planes_walk_matches_the_reference(vocab, rank, batch, steps, res
 @pytest.mark.gpu
 @pytest.mark.skipif(not os.environ.get("WTS_GPU_TESTS") or jax.default_backend() != "gpu",
                     reason="needs an NVIDIA GPU and WTS_GPU_TESTS=1")
-@pytest.mark.parametrize("batch, temperature, residency, num_stages", [
-    (1, 0.0, "auto", None), (1, 0.0, 10 * 64, 2), (2, 0.0, 12 * 64, 1),
-    (4, 0.7, 9 * 64, 3), (1, 0.9, 0, 2)])
-def test_gpu_planes_walk_at_the_qwen3_shape(batch, temperature, residency, num_stages):
+@pytest.mark.parametrize("batch, temperature, residency, num_stages, registers", [
+    (1, 0.0, "auto", None, 0), (1, 0.0, "auto", None, 6), (2, 0.0, 11 * 64, 1, 0),
+    (4, 0.7, 9 * 64, 3, 0), (4, 0.7, "auto", None, 4), (1, 0.9, 0, 2, 0)])
+def test_gpu_planes_walk_at_the_qwen3_shape(batch, temperature, residency, num_stages,
+                                            registers):
   """132 blocks, the real exchange: tokens equal the XLA walk of the same planes head
   on fresh inputs, every split; the agreement with the bf16 walk is reported."""
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
@@ -222,7 +223,8 @@ def test_gpu_planes_walk_at_the_qwen3_shape(batch, temperature, residency, num_s
     base, first, _ = random_inputs(config, batch, 7, jax.random.key(100 + seed))
     key = jax.random.key(seed) if temperature else None
     walk_config = wts_jax.WalkConfig(backend="mosaic", residency=residency,
-                                     num_stages=num_stages)
+                                     num_stages=num_stages,
+                                     mosaic_register_chunks=registers)
     out = wts_jax.walk(head, base, first, impl="pallas", config=walk_config,
                        temperature=temperature, key=key)
     ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)

@@ -5,8 +5,9 @@
 For each point: N walks dispatched back to back (warm L2, the same inputs), traced;
 the trace's GPU ops are grouped by name (count, median and total device µs per walk),
 the kernel's own median duration is the headline, the busy span per walk (first op start
-to last op end, over N) beside it, and the host's wall time per walk (N dispatches, one
-block at the end) — the host cost that a decode loop whose device waits on its host pays.
+to last op end, over N) beside it, the host's wall time per walk (N dispatches, one
+block at the end), and the wall time per walk of N walks chained in one executable —
+what each launch costs the host, which a decode loop whose device waits on its host pays.
 Writes one JSON per run; prints a table.
 """
 
@@ -57,6 +58,19 @@ def time_point(walk_fn, args, walks: int, trace_dir: str) -> dict:
     out = walk_fn(*args)
   jax.block_until_ready(out)
   host_us = (time.perf_counter() - start) / walks * 1e6
+  # The same walks chained in one executable (each starts from the last one's last
+  # token): no Python dispatch per walk, only what each launch costs the host.
+  def chained(*walk_args):
+    tokens = None
+    for _ in range(walks):
+      first = walk_args[1] if tokens is None else tokens[:, -1]
+      tokens = walk_fn(walk_args[0], first)
+    return tokens
+  chain = jax.jit(chained)
+  jax.block_until_ready(chain(*args))
+  start = time.perf_counter()
+  jax.block_until_ready(chain(*args))
+  chained_host_us = (time.perf_counter() - start) / walks * 1e6
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     for _ in range(walks):
       out = walk_fn(*args)
@@ -74,7 +88,8 @@ def time_point(walk_fn, args, walks: int, trace_dir: str) -> dict:
           if ops else float("nan"))
   return {"kernel": kernel[0], "kernel_median_us": kernel[1]["median_us"],
           "busy_us_per_walk": sum(e["dur"] for e in ops) / walks,
-          "span_us_per_walk": span, "host_us_per_walk": host_us, "ops": summary}
+          "span_us_per_walk": span, "host_us_per_walk": host_us,
+          "chained_wall_us_per_walk": chained_host_us, "ops": summary}
 
 
 def main(argv=None) -> int:
@@ -86,6 +101,7 @@ def main(argv=None) -> int:
   parser.add_argument("--residency", default="auto")
   parser.add_argument("--num-stages", type=int, default=None)
   parser.add_argument("--impl", default="pallas")
+  parser.add_argument("--register-chunks", type=int, default=0)
   parser.add_argument("--out", default=".")
   args = parser.parse_args(argv)
   import wts_jax
@@ -94,7 +110,8 @@ def main(argv=None) -> int:
   from wts_jax.inputs import random_inputs
   residency = (args.residency if args.residency in ("auto", "full", "none")
                else int(args.residency))
-  config = wts_jax.WalkConfig(residency=residency, num_stages=args.num_stages)
+  config = wts_jax.WalkConfig(residency=residency, num_stages=args.num_stages,
+                              mosaic_register_chunks=args.register_chunks)
   head_config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   rows = []
   for dtype in args.dtype.split(","):
@@ -108,14 +125,17 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as trace_dir:
           point = time_point(fn, (base, first), args.walks, trace_dir)
         point.update(dtype=dtype, batch=batch, k=steps, residency=args.residency,
+                     register_chunks=args.register_chunks,
                      device_kind=jax.devices()[0].device_kind, jax=jax.__version__)
         rows.append(point)
         print(f"{dtype:6s} B={batch:<3d} K={steps:<3d} kernel {point['kernel_median_us']:8.1f}"
               f" µs  busy {point['busy_us_per_walk']:8.1f}  span "
               f"{point['span_us_per_walk']:8.1f}  host {point['host_us_per_walk']:8.1f}"
+              f"  chained {point['chained_wall_us_per_walk']:8.1f}"
               f"  ({point['kernel'][:40]})", flush=True)
   os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"device_time_{args.dtype.replace(',', '_')}.json")
+  path = os.path.join(args.out, f"device_time_{args.dtype.replace(',', '_')}"
+                                f"_x{args.register_chunks}.json")
   with open(path, "w") as f:
     json.dump(rows, f, indent=1)
   print(f"wrote {path}")
