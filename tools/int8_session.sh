@@ -30,6 +30,12 @@ if has sweep; then
     --paths ${SWEEP_PATHS:-torch-graph,wts,wts-mw-r10s2,wts-mw-r10s2x4,wts-mw-r12s0x6,wts-mw-r8s2x6,wts-mw-r12s1x2,wts-mw-r10s2g2x4} \
     --out "$OUT/int8_sweep.json" 2>&1 | grep -v -i warn | tee "$OUT/int8_sweep.log" | tail -30
 fi
+if has profile; then
+  stamp profile
+  timeout ${PROFILE_S:-150} python tools/profile_mosaic.py --out /tmp/profile_int8p \
+    --splits ${PROFILE_SPLITS:-10/2,2/2,12/0/1/6,10/2/1/4} --batch 1 --gemv wgmma \
+    --dtype int8p 2>&1 | grep -v -i warn | tee "$OUT/profile_int8p.log"
+fi
 if has side; then
   stamp side
   timeout ${SIDE_S:-250} python tools/bench_variants.py --shape qwen3_4b --head vanilla \

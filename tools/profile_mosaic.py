@@ -4,7 +4,8 @@ per step, at the Qwen3-4B shape.
 
   python tools/profile_mosaic.py --out $OUT/profile [--splits 3/3,0/6/3] [--batch 1]
 
-A split is resident chunks / ring slots [/ chunks per WGMMA wait].
+A split is resident chunks / ring slots [/ chunks per WGMMA wait [/ chunks in
+registers]] (registers: ``--dtype int8p`` only).
 
 For each resident/ring split: check the tokens against the XLA walk, run the profiled
 kernel after an L2 flush, and summarise the last trace: per region the median over
@@ -70,7 +71,7 @@ def summarise(trace_file, steps, clock_ghz):
     step, step_begin = 0, None
     for name, begin, end in regions:
       block_total[name] += end - begin
-      if name == "prologue":
+      if name in ("prologue", "register_chunks"):
         continue
       if step_begin is None:
         step_begin = begin
@@ -111,15 +112,16 @@ def main(argv=None):
   parser.add_argument("--clock-ghz", type=float, default=1.98)
   parser.add_argument("--gemv", default="registers", choices=("registers", "wgmma"))
   parser.add_argument("--head", default="vanilla", choices=("vanilla", "gated"))
-  parser.add_argument("--dtype", default="bf16", choices=("bf16", "int8"),
-                      help="W2: bf16, or int8 with per-row scales")
+  parser.add_argument("--dtype", default="bf16", choices=("bf16", "int8", "int8p"),
+                      help="W2: bf16, or int8 with per-row scales (int8p: z as two "
+                           "int8 planes, the int8 x int8 WGMMA)")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   config = HeadConfig.qwen3_4b(args.head, confidence=False)
   head = wts_jax.make_head(config, seed=0)
-  if args.dtype == "int8":
+  if args.dtype in ("int8", "int8p"):
     from wts_jax.quantize import quantize_w2
-    head = quantize_w2(head, "int8")
+    head = quantize_w2(head, "int8", state="planes" if args.dtype == "int8p" else "float")
   base, first, hidden = random_inputs(config, args.batch, args.steps, jax.random.key(1))
   gated = args.head == "gated"
   if not gated:
@@ -127,32 +129,36 @@ def main(argv=None):
   want = np.asarray(wts_jax.walk(head, base, first, hidden, impl="xla").tokens)
   serial = head.markov_head
   w2, w1 = serial.markov_w2.weight[...], serial.markov_w1.weight[...]
-  w2_scale = serial.markov_w2.scale[...] if args.dtype == "int8" else None
+  w2_scale = serial.markov_w2.scale[...] if args.dtype != "bf16" else None
+  planes = dict(w1_scale=serial.markov_w1_planes.scale[...]) if args.dtype == "int8p" else {}
+  if planes:
+    w1 = serial.markov_w1_planes.planes[...]
   device = DeviceInfo.current()
   smem = device.smem_per_block - _profile_bytes(PROFILE_SPACE) - mosaic_plan.SMEM_ALIGNMENT
   flush = jnp.zeros((256 << 20) // 4, jnp.float32)
   report = []
   for split in args.splits.split(","):
-    resident, stages, group = (int(x) for x in (split + "/1").split("/")[:3])
+    resident, stages, group, held = (int(x) for x in (split + "/1/0").split("/")[:4])
     plan = mosaic_plan.plan_mosaic(vocab_size=config.vocab_size, rank=config.rank,
                           num_sms=device.num_sms, smem_per_block=smem,
                           resident_chunks=resident, ring_stages=stages,
                           batch=args.batch, gemv=args.gemv,
                           w2_itemsize=jnp.dtype(w2.dtype).itemsize, group=group,
-                          gated=gated)
+                          gated=gated, int8_state=bool(planes), register_chunks=held)
     directory = os.path.join(
-        args.out, f"{args.head}-{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}")
+        args.out,
+        f"{args.head}-{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}x{held}")
     os.makedirs(directory, exist_ok=True)
     spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
                          spin_limit=wts_jax.WalkConfig().sync_spin_limit, interpret=False,
                          profile_dir=directory, profile_space=PROFILE_SPACE)
     gate = (dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden))
             if gated else {})
-    run = jax.jit(lambda w2, b, w1, f, s, gate: mw.mosaic_walk(spec, w2, b, w1, f,
-                                                                w2_scale=s, **gate))
+    run = jax.jit(lambda w2, b, w1, f, s, gate, planes: mw.mosaic_walk(
+        spec, w2, b, w1, f, w2_scale=s, **gate, **planes))
     for _ in range(3):
       flush = (flush + 1).block_until_ready()   # evict W2 from the L2
-      tokens, status = run(w2, base, w1, first, w2_scale, gate)
+      tokens, status = run(w2, base, w1, first, w2_scale, gate, planes)
       tokens.block_until_ready()
     same = np.array_equal(np.asarray(tokens), want)
     jax.effects_barrier()   # the trace is written by a host callback
