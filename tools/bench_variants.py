@@ -7,7 +7,8 @@ gated/rnn serial update split over the programs or done by each; ``wts-m-r{R}s{S
 Mosaic GPU kernel with R resident 64-row chunks per block and an S-slot TMA ring
 (register GEMV); ``wts-mw-r{R}s{S}`` the same with its GEMV on tensor cores (WGMMA), and
 ``wts-mw-r{R}s{S}g{G}`` with G chunks' WGMMAs in flight before one wait, ``x{X}`` with
-X chunks held in registers (int8 planes); a trailing
+X chunks held in registers (int8 planes), ``h{H}`` with H on-chip chunks per WGMMA
+wait; a trailing
 ``f`` streams every step forward (no snake order). Any R, S, G named in ``--paths`` is
 registered. Development sweeps only: the paths every report
 compares are registered in ``wts_jax.bench.paths``.
@@ -18,7 +19,8 @@ import sys
 
 from wts_jax.bench import cli, paths
 
-MOSAIC_VARIANT = re.compile(r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:x(\d+))?(f?)$")
+MOSAIC_VARIANT = re.compile(
+    r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
 
 
 def register_variants(names):
@@ -35,7 +37,7 @@ def register_variants(names):
     match = MOSAIC_VARIANT.match(name)
     if not match or name in paths.PATHS:
       continue
-    wgmma, resident, stages, group, held, forward = match.groups()
+    wgmma, resident, stages, group, on_chip_group, held, forward = match.groups()
     gemv = "wgmma" if wgmma else "registers"
     paths.register_path(
         name, paths.available_wts,
@@ -43,7 +45,9 @@ def register_variants(names):
                            residency=int(resident) * 64,
                            num_stages=int(stages) or None,   # s0: nothing streamed
                            mosaic_group=int(group or 1), mosaic_snake=not forward,
-                           mosaic_register_chunks=int(held or 0)),
+                           mosaic_register_chunks=int(held or 0),
+                           mosaic_resident_group=int(on_chip_group) if on_chip_group
+                           else None),
         description=f"Mosaic kernel, {gemv} GEMV, {resident} resident chunks, "
                     f"{stages}-slot ring, {group or 1} chunk(s) per WGMMA wait"
                     + (f", {held} chunks in registers" if held else "")

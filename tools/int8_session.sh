@@ -16,7 +16,7 @@ if has tests; then
 fi
 if has time; then
   stamp time
-  for held in ${TIME_REGISTERS:-0 6}; do
+  for held in ${TIME_REGISTERS:-0}; do
     timeout ${TIME_S:-100} python tools/device_time.py --dtype ${TIME_DTYPES:-int8p} \
       --batch ${TIME_BATCH:-1} --k 1,7 --walks 20 --register-chunks $held --out "$OUT" \
       2>&1 | grep -v -i warn | tee -a "$OUT/device_time.log"
@@ -27,7 +27,7 @@ if has sweep; then
   timeout ${SWEEP_S:-220} python tools/bench_variants.py --shape qwen3_4b --head vanilla \
     --batch ${SWEEP_BATCH:-1} --k 7 --mode ${SWEEP_MODE:-greedy} --l2 cold \
     --dtype bf16,int8p --repeats 6 --walks-per-repeat 10 \
-    --paths ${SWEEP_PATHS:-torch-graph,wts,wts-mw-r10s2,wts-mw-r10s2x4,wts-mw-r12s0x6,wts-mw-r8s2x6,wts-mw-r12s1x2,wts-mw-r10s2g2x4} \
+    --paths ${SWEEP_PATHS:-torch-graph,wts,wts-mw-r10s2h1,wts-mw-r10s2h10,wts-mw-r10s2g2h5,wts-mw-r10s2g2h10,wts-mw-r12s1h6,wts-mw-r12s1h12,wts-mw-r10s2h5x4,wts-mw-r12s0h6x6} \
     --out "$OUT/int8_sweep.json" 2>&1 | grep -v -i warn | tee "$OUT/int8_sweep.log" | tail -30
 fi
 if has profile; then

@@ -59,6 +59,9 @@ class WalkConfig:
   # shard held in registers for the whole walk (the WGMMA's A operand), beside the
   # shared-memory resident ones.
   mosaic_register_chunks: int = 0
+  # The Mosaic WGMMA GEMV only: on-chip chunks' WGMMAs issued before one wait (None: the
+  # planner's choice).
+  mosaic_resident_group: int | None = None
 
   def __post_init__(self):
     residency = self.residency
@@ -88,6 +91,8 @@ class WalkConfig:
       raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")
     if self.mosaic_gemv not in MOSAIC_GEMVS:
       raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
+    if self.mosaic_resident_group is not None and self.mosaic_resident_group < 1:
+      raise ValueError(f"mosaic_resident_group={self.mosaic_resident_group} must be >= 1")
     if self.mosaic_register_chunks < 0:
       raise ValueError(f"mosaic_register_chunks={self.mosaic_register_chunks} must be >= 0")
     if self.mosaic_group is not None and self.mosaic_group < 1:

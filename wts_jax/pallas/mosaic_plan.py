@@ -17,6 +17,7 @@ AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: measured faster at 
 RING_STAGE_MIN = 1
 DEFAULT_RING_STAGES = 2     # the default split, measured (NOTES v6): 2 resident chunks
 DEFAULT_RESIDENT_CHUNKS = 2  # + a 2-slot ring beat 0/2/4 + 2, 0 + 1/3/6, 3 + 3, 2 + 4
+DEFAULT_PLANES_RESIDENT_GROUP = 5   # int8 planes: on-chip chunks per WGMMA wait
 SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
 SMEM_ALIGNMENT = 1024      # every scratch allocation starts on a 1 KB boundary
 
@@ -36,6 +37,9 @@ class MosaicPlan:
   gemv: str = "wgmma"             # or "registers"
   w2_itemsize: int = 2            # 2: bf16 W2; 1: int8 W2 with a scale per row
   group: int = 1                  # WGMMA GEMV: chunks in flight together, one wait each
+  # WGMMA GEMV: the same for the chunks on chip (shared memory or registers), which hold
+  # no ring slot while in flight (0: as ``group``).
+  resident_group: int = 0
   snake: bool = True              # stream odd steps' chunks in reverse order (L2 reuse)
   gated: bool = False             # the gated head: G_e resident, the gate computed per step
   # int8 W2 × z as two int8 planes (``wts_jax.int8_state``) on the WGMMA, s32 products:
@@ -50,6 +54,10 @@ class MosaicPlan:
     # One (score, index) slot per block in the global exchange, padded to whole
     # 128-lane row vectors.
     return max(128, -(-self.num_blocks // 128) * 128)
+
+  @property
+  def on_chip_group(self) -> int:
+    return self.resident_group or self.group
 
   @property
   def streamed_chunks(self) -> int:
@@ -67,7 +75,8 @@ class MosaicPlan:
             + (f" and {self.register_chunks} in registers" if self.register_chunks else "")
             + f" ({self.resident_fraction:.0%} of W2), {self.streamed_chunks} streamed per "
             f"step through a {self.ring_stages}-slot TMA ring ({chunk_kb:.0f} KB a slot)"
-            + (f"; GEMV on tensor cores (WGMMA, {self.group} chunk(s) per wait)"
+            + (f"; GEMV on tensor cores (WGMMA, {self.group} streamed / "
+               f"{self.on_chip_group} on-chip chunk(s) per wait)"
                if self.gemv == "wgmma" else "")
             + ("; odd steps stream in reverse (snake)" if self.snake and self.streamed_chunks
                else "")
@@ -100,7 +109,8 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                 num_blocks: int | None = None, batch: int = MAX_BATCH, base_itemsize: int = 2,
                 gemv: str | None = None, w2_itemsize: int = 2, group: int = 1,
                 snake: bool = True, gated: bool = False, int8_state: bool = False,
-                register_chunks: int = 0) -> MosaicPlan:
+                register_chunks: int = 0, resident_group: int | None = None
+                ) -> MosaicPlan:
   """Shard V over ``num_blocks`` (default: one block per SM) and split each shard's
   shared memory between resident chunks and the streaming ring.
 
@@ -120,7 +130,9 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   keeps as many chunks resident as leave a 2-slot ring whole rounds (10 + 2 at the
   Qwen3 shape: measured fastest, NOTES v8). ``register_chunks``: int8 planes only, that
   many chunks held in registers as the WGMMA's A operand (staged once through the
-  shared-memory slots), taken from the streamed ones."""
+  shared-memory slots), taken from the streamed ones. ``resident_group``: with the WGMMA
+  GEMV, how many on-chip chunks' WGMMAs are issued before one wait (default: ``group``;
+  int8 planes: 5 — their latency, not bytes, set a step's time, NOTES v8)."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
@@ -141,6 +153,11 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
     raise ValueError(f"gemv={gemv!r} must be 'registers' or 'wgmma'")
   if group < 1 or (group > 1 and gemv != "wgmma"):
     raise ValueError(f"group={group}: chunks are grouped (>= 1) only for the WGMMA GEMV")
+  if resident_group is None:
+    resident_group = DEFAULT_PLANES_RESIDENT_GROUP if int8_state else 0
+  if resident_group < 0 or (resident_group > 1 and gemv != "wgmma"):
+    raise ValueError(f"resident_group={resident_group}: chunks are grouped (>= 1) only "
+                     "for the WGMMA GEMV")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:
@@ -218,19 +235,22 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
                     smem_per_block=smem_per_block, staged_batch=batch,
                     base_itemsize=base_itemsize, gemv=gemv,
                     w2_itemsize=w2_itemsize, group=group, snake=snake, gated=gated,
-                    int8_state=int8_state, register_chunks=register_chunks)
+                    int8_state=int8_state, register_chunks=register_chunks,
+                    resident_group=resident_group)
 
 
-def chunk_schedule(resident: int, streamed: int, group: int, registers: int = 0):
+def chunk_schedule(resident: int, streamed: int, group: int, registers: int = 0,
+                   resident_group: int = 0):
   """A step's chunks in order, in groups of ``group``: ("streamed", [j, ...]) in ring
   order with the ("resident", [c, ...]) groups spread evenly among them, so the TMA
   ring keeps streaming while resident chunks are computed (resident chunks first left the
   full ring idle for their whole duration: 3 + 3 was slower than 0 + 3, NOTES v5).
-  Chunks held in registers (ids ``resident ..``) count as resident here."""
-  def groups(kind, n):
-    return [(kind, list(range(s, min(s + group, n)))) for s in range(0, n, group)]
-  streamed_groups = groups("streamed", streamed)
-  resident_groups = groups("resident", resident + registers)
+  Chunks held in registers (ids ``resident ..``) count as resident here, in groups of
+  ``resident_group`` (0: ``group``)."""
+  def groups(kind, n, size):
+    return [(kind, list(range(s, min(s + size, n)))) for s in range(0, n, size)]
+  streamed_groups = groups("streamed", streamed, group)
+  resident_groups = groups("resident", resident + registers, resident_group or group)
   if not streamed_groups:
     return resident_groups
   order, placed = [], 0
@@ -295,6 +315,7 @@ def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
                        gated=head.config.head_type == "gated",
                        int8_state=planes_state(head),
                        register_chunks=config.mosaic_register_chunks,
+                       resident_group=config.mosaic_resident_group,
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
                                              ).itemsize)
   except ValueError as err:

@@ -430,7 +430,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
             best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
       return best, nan_lanes
 
-    schedule = chunk_schedule(res, streamed, plan.group, registers)
+    schedule = chunk_schedule(res, streamed, plan.group, registers, plan.resident_group)
     for kind, members in schedule:
       if kind == "resident":
         if members[0] == 0 and res:
