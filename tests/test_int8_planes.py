@@ -15,6 +15,7 @@ import pytest
 
 import wts_jax
 from wts_jax import int8_state
+from wts_jax.device import H200
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.pallas import mosaic_plan, mosaic_walk
@@ -138,11 +139,15 @@ def test_plan_of_a_planes_walk():
 def test_only_the_mosaic_kernel_runs_a_planes_head():
   head, config = _planes_head(1000, 64)
   base = jnp.zeros((1, 3, 1000), jnp.bfloat16)
-  triton = wts_jax.WalkConfig(backend="triton", interpret=True)
-  from wts_jax.pallas import walk_kernel
-  assert "two int8 planes" in walk_kernel.unsupported_reason(head, base, triton)
-  registers = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="registers")
-  assert "runs on the WGMMA GEMV" in mosaic_walk.unsupported_reason(head, 1, registers)
+  from wts_jax.pallas import backend
+  triton = wts_jax.TritonConfig(interpret=True)
+  assert "two int8 planes" in backend.refusal_reason("triton", head, 1, triton)
+  registers = wts_jax.MosaicConfig(gemv="registers")
+  assert "runs on the WGMMA GEMV" in backend.refusal_reason("mosaic", head, 1, registers)
+  # "auto" takes the one kernel that runs it.
+  shapes = backend.WalkShapes.of(base, greedy=True)
+  assert backend.choose(head, shapes, "auto", wts_jax.MosaicConfig(), require_gpu=False,
+                        device=H200).impl == "mosaic"
 
 
 @pytest.mark.parametrize("batch, greedy, resident, registers", [

@@ -23,7 +23,8 @@ import wts_jax
 from wts_jax import sampling
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import mosaic_plan, mosaic_walk
+from wts_jax.device import H200
+from wts_jax.pallas import backend, mosaic_plan, mosaic_walk
 from wts_jax.quantize import quantize_w2
 
 H200_SMEM = 232448
@@ -86,8 +87,15 @@ def test_plan_refuses_what_cannot_run(kwargs, match):
     mosaic_plan.plan_mosaic(**{**args, **kwargs})
 
 
+def chosen_backend(head, batch, config, *, return_logits=False, greedy=True):
+  # The kernel impl="pallas" picks, planned as on the H200 (no GPU needed).
+  shapes = backend.WalkShapes(batch=batch, steps=3, greedy=greedy,
+                              return_logits=return_logits)
+  return backend.choose(head, shapes, "pallas", config, require_gpu=False,
+                        device=H200).impl
+
+
 def test_backend_choice_and_clear_refusals():
-  from wts_jax.pallas.walk_kernel import chosen_backend
   head, (base, first, _) = _case(1000, 64, 2, 3)
   gpu = wts_jax.WalkConfig()
   assert chosen_backend(head, 1, gpu) == "mosaic"
@@ -379,11 +387,10 @@ def test_int8_w2_refusals():
   int8 = quantize_w2(head, "int8")
   w1 = int8.markov_head.markov_w1
   w1.weight = nnx.Param(w1.weight[...].astype(jnp.float32))
-  reason = mosaic_walk.unsupported_reason(
-      int8, 1, wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma"))
+  reason = backend.refusal_reason("mosaic", int8, 1, wts_jax.MosaicConfig(gemv="wgmma"))
   assert "needs a bf16 W1 (got float32)" in reason
   fp8 = quantize_w2(head, "fp8")
-  reason = mosaic_walk.unsupported_reason(fp8, 1, wts_jax.WalkConfig(backend="mosaic"))
+  reason = backend.refusal_reason("mosaic", fp8, 1, wts_jax.MosaicConfig())
   assert "bf16 or int8 W2" in reason
 
 
@@ -434,15 +441,13 @@ def test_gated_head_with_int8_w2_matches_its_reference():
 
 def test_gated_head_refusals_and_auto():
   head, (base, _, _) = _case(1000, 64, 1, 3, head_type="gated")
-  reason = mosaic_walk.unsupported_reason(
-      head, 1, wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma"))
+  reason = backend.refusal_reason("mosaic", head, 1, wts_jax.MosaicConfig(gemv="wgmma"))
   assert "gated head's z = g ⊙ e is fp32" in reason
   with pytest.raises(ValueError, match="use the register GEMV"):
     mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                             smem_per_block=H200_SMEM, gated=True, gemv="wgmma")
   rnn, _ = _case(1000, 64, 1, 3, head_type="rnn")
-  reason = mosaic_walk.unsupported_reason(rnn, 1, wts_jax.WalkConfig(backend="mosaic"))
+  reason = backend.refusal_reason("mosaic", rnn, 1, wts_jax.MosaicConfig())
   assert "vanilla and gated heads (not 'rnn')" in reason
   # "auto" keeps the gated head on the Triton kernel until it is measured on Mosaic.
-  from wts_jax.pallas.walk_kernel import chosen_backend
   assert chosen_backend(head, 1, wts_jax.WalkConfig()) == "triton"

@@ -57,9 +57,9 @@ def test_stepwise_kernel_with_many_programs(head_type, batch=3):
 
 def test_plan_shards_cover_the_vocabulary_and_respect_the_budget():
   config = wts_jax.WalkConfig(num_programs=132)
-  from wts_jax.pallas.plan import DeviceInfo
-  device = DeviceInfo(kind="H200", num_sms=132, smem_per_block=227 * 1024,
-                      l2_bytes=60 << 20)
+  from wts_jax.device import DeviceFacts
+  device = DeviceFacts(kind="H200", num_sms=132, smem_per_block=227 * 1024,
+                       l2_bytes=60 << 20)
   plan = plan_walk(vocab_size=151936, rank=256, batch=1, w2_itemsize=2, config=config,
                    device=device)
   assert plan.num_programs * plan.rows_per_program >= 151936
@@ -92,8 +92,8 @@ def _assert_kernel_equals_reference(head, base, first, hidden, config, temperatu
 
 
 def _split_plan(head, batch, config):
-  from wts_jax.pallas import walk_kernel
-  return walk_kernel.make_plan(head, batch, config)
+  from wts_jax.pallas import triton_backend
+  return triton_backend.make_plan(head, batch, config)
 
 
 @pytest.mark.parametrize("head_type", ["gated", "rnn"])
@@ -137,9 +137,9 @@ def test_split_serial_update_with_streamed_weight_slices(head_type, monkeypatch)
 
 
 def test_plan_serial_update_slices():
-  from wts_jax.pallas.plan import DeviceInfo
-  device = DeviceInfo(kind="H200", num_sms=132, smem_per_block=227 * 1024,
-                      l2_bytes=60 << 20)
+  from wts_jax.device import DeviceFacts
+  device = DeviceFacts(kind="H200", num_sms=132, smem_per_block=227 * 1024,
+                       l2_bytes=60 << 20)
 
   def plan(rank, **config):
     return plan_walk(vocab_size=151936, rank=rank, batch=1, w2_itemsize=2, device=device,

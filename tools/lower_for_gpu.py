@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import wts_jax
 from wts_jax import validation
 from wts_jax.heads import HeadConfig
-from wts_jax.pallas import walk_kernel
+from wts_jax.pallas import backend
 from wts_jax.walk_config import WalkConfig
 
 
@@ -72,8 +72,10 @@ def lower_walk(head_type, batch, steps, *, temperature=0.0, logits=False, logpro
       from wts_jax.pallas.stepwise import stepwise_walk
       return stepwise_walk(head, base, first, hidden, mode, return_logits=logits,
                            return_logprobs=logprobs)
-    return walk_kernel.kernel_walk(head, base, first, hidden, mode, config=config,
-                                   return_logits=logits, return_logprobs=logprobs)
+    shapes = backend.WalkShapes.of(base, mode.greedy, return_logits=logits,
+                                   return_logprobs=logprobs)
+    choice = backend.choose(head, shapes, "pallas", config, require_gpu=False)
+    return choice.launch(backend.WalkOperands(head, base, first, hidden, mode))
 
   verify_triton_modules()
   with cuda_target():

@@ -33,7 +33,7 @@ from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.pallas import mosaic_plan
 from wts_jax.pallas import mosaic_walk as mw
-from wts_jax.pallas.plan import DeviceInfo
+from wts_jax import device as device_facts
 
 PROFILE_SPACE = 320        # regions per warpgroup: 7 steps × (18 chunks × 2 + 4) + 1
 
@@ -133,7 +133,7 @@ def main(argv=None):
   planes = dict(w1_scale=serial.markov_w1_planes.scale[...]) if args.dtype == "int8p" else {}
   if planes:
     w1 = serial.markov_w1_planes.planes[...]
-  device = DeviceInfo.current()
+  device = device_facts.current()
   smem = device.smem_per_block - _profile_bytes(PROFILE_SPACE) - mosaic_plan.SMEM_ALIGNMENT
   flush = jnp.zeros((256 << 20) // 4, jnp.float32)
   report = []
@@ -150,7 +150,7 @@ def main(argv=None):
         f"{args.head}-{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}x{held}")
     os.makedirs(directory, exist_ok=True)
     spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
-                         spin_limit=wts_jax.WalkConfig().sync_spin_limit, interpret=False,
+                         spin_limit=wts_jax.MosaicConfig().sync_spin_limit, interpret=False,
                          profile_dir=directory, profile_space=PROFILE_SPACE)
     gate = (dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden))
             if gated else {})

@@ -1,6 +1,7 @@
 """wts_jax: Weights That Stay — the serial head of parallel drafters as one persistent kernel.
 
-Public surface: ``walk`` and its ``WalkOutput``, the heads, ``WalkConfig``, ``load``.
+Public surface: ``walk`` and its ``WalkOutput``, the heads, the kernels' configs
+(``TritonConfig``, ``MosaicConfig``; ``WalkConfig``, the older spelling), ``load``.
 """
 
 from wts_jax.api import chosen_implementation, walk
@@ -10,7 +11,7 @@ from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead
 from wts_jax.loading import DrafterWeights, from_torch_state_dict, load, load_drafter
 from wts_jax.output import WalkError, WalkOutput, check
 from wts_jax.quantize import quantize_w2
-from wts_jax.walk_config import WalkConfig
+from wts_jax.walk_config import MosaicConfig, TritonConfig, WalkConfig
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,6 @@ __all__ = [
     "ConversionError", "DrafterWeights", "from_torch_state_dict", "load", "load_drafter",
     "quantize_w2",
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
-    "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",
+    "MosaicConfig", "TritonConfig", "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",
     "make_head", "walk",
 ]

@@ -7,32 +7,21 @@ import jax
 from wts_jax import validation
 from wts_jax.output import WalkOutput, check
 from wts_jax.reference import reference_walk
-from wts_jax.walk_config import WalkConfig
-
-IMPLEMENTATIONS = ("auto", "pallas", "xla")
+from wts_jax.walk_config import MosaicConfig, TritonConfig, WalkConfig
 
 
-def _pallas_walk():
-  # GPU-only code imports lazily: the package must import on any machine.
-  from wts_jax.pallas import walk_kernel
-  return walk_kernel
-
-
-def pallas_unsupported_reason(head, base_logits, config: WalkConfig) -> str | None:
-  """Why ``impl="pallas"`` cannot run this walk here (None when it can)."""
-  if not config.interpret and jax.default_backend() != "gpu":
-    return f"no GPU (default backend is {jax.default_backend()!r}; use impl='xla')"
-  try:
-    walk_kernel = _pallas_walk()
-  except ImportError as err:  # pragma: no cover - depends on the installed jaxlib
-    return f"the Pallas GPU backend failed to import: {err}"
-  return walk_kernel.unsupported_reason(head, base_logits, config)
+def _backend():
+  # The registry imports no GPU code itself; each backend's module is imported when a
+  # walk first asks it to plan.
+  from wts_jax.pallas import backend
+  return backend
 
 
 def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
          hidden: jax.Array | None = None, *, temperature=0.0, key: jax.Array | None = None,
          return_logits: bool = False, return_logprobs: bool = False,
-         impl: str = "auto", config: WalkConfig | None = None) -> WalkOutput:
+         impl: str = "auto",
+         config: TritonConfig | MosaicConfig | WalkConfig | None = None) -> WalkOutput:
   """Walk the serial head over a block of K draft positions.
 
   Args:
@@ -47,44 +36,48 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
       every implementation.
     return_logits / return_logprobs: also return the corrected logits [B, K, V] /
       the log-probability of each drafted token [B, K].
-    impl: ``"pallas"`` (the Weights-That-Stay kernel), ``"xla"`` (the step-wise
-      reference) or ``"auto"`` (the kernel where it supports the walk, else XLA).
-    config: kernel options (residency, grid, interpret mode); see ``WalkConfig``.
+    impl: ``"mosaic"`` or ``"triton"`` (a Weights-That-Stay kernel, by name; an error
+      gives its reason when it cannot run the walk), ``"xla"`` (the step-wise
+      reference), ``"auto"`` (the kernel the device's tuned table prefers among those
+      that can run the walk, else XLA) or ``"pallas"`` (as ``"auto"`` but never XLA:
+      an error lists every kernel's reason).
+    config: ``None`` (the tuned defaults), or a ``TritonConfig`` / ``MosaicConfig``
+      with that kernel's options (it names that kernel), or a ``WalkConfig`` (the
+      older all-in-one spelling).
 
   Returns a ``WalkOutput``. Called eagerly, a reported problem (NaN logits, a barrier
   timeout) raises ``WalkError``; under ``jit`` it is left in ``WalkOutput.status``.
   """
-  config = WalkConfig() if config is None else config
   head = validation.as_draft_head(head)
   validation.check_walk_inputs(head, base_logits, first_tokens, hidden)
   mode = validation.make_sampling(temperature, key, base_logits.shape[0])
   if not head.config.needs_hidden:
     hidden = None  # nothing reads it; keep it out of the compiled program
 
-  if chosen_implementation(head, base_logits, impl, config) == "pallas":
-    output = _pallas_walk().kernel_walk(
-        head, base_logits, first_tokens, hidden, mode, config=config,
-        return_logits=return_logits, return_logprobs=return_logprobs)
-  else:
+  backend = _backend()
+  shapes = backend.WalkShapes.of(base_logits, mode.greedy, return_logits=return_logits,
+                                 return_logprobs=return_logprobs)
+  choice = backend.choose(head, shapes, impl, config)
+  if choice.impl == "xla":
     output = reference_walk(head, base_logits, first_tokens, hidden, mode.score_scale,
                             mode.noise_on, mode.seed, return_logits=return_logits,
                             return_logprobs=return_logprobs)
+  else:
+    output = choice.launch(backend.WalkOperands(head, base_logits, first_tokens, hidden,
+                                                mode))
   if validation.is_concrete(output.status):
     check(output)
   return output
 
 
-def chosen_implementation(head, base_logits, impl: str = "auto",
-                          config: WalkConfig | None = None) -> str:
-  """The implementation ``walk(..., impl=impl)`` would run (``"pallas"`` or ``"xla"``)."""
-  if impl not in IMPLEMENTATIONS:
-    raise ValueError(f"impl={impl!r} must be one of {IMPLEMENTATIONS}")
-  if impl == "xla":
-    return "xla"
-  config = WalkConfig() if config is None else config
-  reason = pallas_unsupported_reason(validation.as_draft_head(head), base_logits, config)
-  if reason is None:
-    return "pallas"
-  if impl == "pallas":
-    raise ValueError(f"impl='pallas' cannot run this walk: {reason}")
-  return "xla"
+def chosen_implementation(head, base_logits, impl: str = "auto", config=None, *,
+                          temperature=0.0, return_logits: bool = False,
+                          return_logprobs: bool = False) -> str:
+  """The implementation ``walk(..., impl=impl, config=config)`` would run: a kernel's
+  name (``"mosaic"``, ``"triton"``) or ``"xla"``."""
+  backend = _backend()
+  greedy = validation.make_sampling(temperature, jax.random.key(0),
+                                    base_logits.shape[0]).greedy
+  shapes = backend.WalkShapes.of(base_logits, greedy, return_logits=return_logits,
+                                 return_logprobs=return_logprobs)
+  return backend.choose(validation.as_draft_head(head), shapes, impl, config).impl

@@ -1,4 +1,9 @@
-"""``WalkConfig``: the options of the Weights-That-Stay kernel (frozen, validated)."""
+"""The kernels' options: ``TritonConfig`` and ``MosaicConfig`` (frozen, validated), and
+``WalkConfig``, the older all-in-one spelling kept working on top of them.
+
+``walk(..., impl=..., config=...)`` takes ``None`` (every option from the tuned table or
+the planner), a backend's own config (which names that backend), or a ``WalkConfig``.
+"""
 
 from __future__ import annotations
 
@@ -8,95 +13,179 @@ import numbers
 RESIDENCY_MODES = ("auto", "full", "none")
 BACKENDS = ("auto", "mosaic", "triton")
 MOSAIC_GEMVS = ("auto", "registers", "wgmma")
+SERIAL_UPDATES = ("auto", "split", "redundant")
+DEFAULT_SPIN_LIMIT = 1 << 22
+
+
+def check_residency(residency) -> None:
+  if isinstance(residency, str):
+    if residency not in RESIDENCY_MODES:
+      raise ValueError(f"residency={residency!r} must be one of {RESIDENCY_MODES}, "
+                       "a fraction in [0, 1] or a row count")
+  elif isinstance(residency, bool) or not isinstance(residency, numbers.Real):
+    raise TypeError(f"residency={residency!r} must be a mode, a fraction or a row count")
+  elif isinstance(residency, numbers.Integral):
+    if residency < 0:
+      raise ValueError(f"residency={residency} rows must be >= 0")
+  elif not 0.0 <= float(residency) <= 1.0:
+    raise ValueError(f"residency={residency} as a fraction must be in [0, 1]")
+
+
+def resident_units(residency, units: int, unit_rows: int) -> int | None:
+  """The one translation of ``residency`` into a count of resident units (Triton tiles,
+  Mosaic chunks) out of a program's ``units`` of ``unit_rows`` rows each; None for
+  ``"auto"``, which each planner fills with its own measured default."""
+  if residency == "auto":
+    return None
+  if residency == "full":
+    return units
+  if residency == "none":
+    return 0
+  if isinstance(residency, float):
+    return int(round(residency * units))
+  return min(units, -(-int(residency) // unit_rows))   # a row count per program
+
+
+def _check_common(config) -> None:
+  check_residency(config.residency)
+  if config.sync_spin_limit < 1:
+    raise ValueError(f"sync_spin_limit={config.sync_spin_limit} must be >= 1")
+
+
+def _check_at_least_one(**values) -> None:
+  for name, value in values.items():
+    if value is not None and value < 1:
+      raise ValueError(f"{name}={value} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
-class WalkConfig:
-  """Kernel options; the defaults pick everything from the device and the shapes.
+class TritonConfig:
+  """The Triton kernel's options (``impl="triton"``); None: the planner's choice.
 
-  residency: how much of each program's W2 shard stays on chip for the whole walk:
-    ``"auto"`` (the planner's choice), ``"full"`` (all of it, or an error if it does
-    not fit), ``"none"`` (stream every step), a fraction in [0, 1], or a row count per
-    program.
-  num_programs: the persistent grid size (default: one program per SM).
-  interpret: run the kernel's own code in Pallas interpret mode (CPU tests).
-  sync_spin_limit: polls of the grid barrier before the kernel gives up and reports
+  residency: how much of each program's W2 shard stays in registers for the whole walk:
+    ``"auto"`` (as much as the register budget holds), ``"full"`` (all of it, or an
+    error), ``"none"`` (stream every step), a fraction in [0, 1], or a row count.
+  num_programs: the persistent grid (default: one program per SM).
+  interpret: run the kernel's code in Pallas interpret mode (CPU tests).
+  sync_spin_limit: polls of the grid barrier before the kernel reports
     ``STATUS_SYNC_TIMEOUT`` instead of hanging.
-  tile_rows, num_warps, num_stages: tuning overrides (None: the planner's choice);
-    for the Mosaic GPU kernel ``num_stages`` is its TMA ring's slot count.
-  backend: ``"mosaic"`` (the Mosaic GPU kernel: shared-memory residency and a TMA
-    ring; the vanilla and gated heads, bf16 or int8 W2, B <= 4, no per-step logits),
-    ``"triton"`` (the Triton kernel: every head and option), or ``"auto"`` (Mosaic for
-    greedy B = 1 vanilla walks where it applies and not interpreting — measured faster
-    there — else Triton).
+  tile_rows, num_warps, num_stages: the GEMV tile, warps per program, pipeline stages.
+  serial_update: the gated/rnn serial update "split" over the programs (a second grid
+    barrier per step), "redundant" (every program computes all of it), or "auto"
+    (split; see ``pallas.plan.serial_split``).
   """
 
   residency: str | float | int = "auto"
   num_programs: int | None = None
   interpret: bool = False
-  sync_spin_limit: int = 1 << 22
+  sync_spin_limit: int = DEFAULT_SPIN_LIMIT
   tile_rows: int | None = None
   num_warps: int | None = None
   num_stages: int | None = None
-  backend: str = "auto"
-  # The gated/rnn serial update in the persistent Triton kernel: "split" over the
-  # programs (a second grid barrier per step), "redundant" (every program computes all
-  # of it), or "auto" (the planner's choice: split; see pallas.plan.serial_split).
   serial_update: str = "auto"
-  # The Mosaic GPU kernel only: how a 64-row chunk meets z. "registers": an fp32 GEMV in
-  # registers; "wgmma": a tensor-core WGMMA (64 x 8B x r, bf16 operands, fp32
-  # accumulation), z copied from W1 into shared memory by TMA — exact for the vanilla
-  # head, whose z is a bf16 row of W1; "auto": wgmma where it applies (measured faster,
-  # NOTES.md "v5"), else registers.
-  mosaic_gemv: str = "auto"
-  # The Mosaic WGMMA GEMV only: how many chunks' WGMMAs are issued before one wait
-  # (None: the planner's choice). A streamed group needs as many ring slots.
-  mosaic_group: int | None = None
-  # The Mosaic kernel only: stream odd steps' chunks in reverse, so each step starts on
-  # what the last one read last (still in the L2); False streams every step forward.
-  mosaic_snake: bool = True
-  # The Mosaic kernel, int8 W2 with z as two int8 planes only: chunks of each block's
-  # shard held in registers for the whole walk (the WGMMA's A operand), beside the
-  # shared-memory resident ones.
-  mosaic_register_chunks: int = 0
-  # The Mosaic WGMMA GEMV only: on-chip chunks' WGMMAs issued before one wait (None: the
-  # planner's choice).
-  mosaic_resident_group: int | None = None
 
   def __post_init__(self):
-    residency = self.residency
-    if isinstance(residency, str):
-      if residency not in RESIDENCY_MODES:
-        raise ValueError(f"residency={residency!r} must be one of {RESIDENCY_MODES}, "
-                         "a fraction in [0, 1] or a row count")
-    elif isinstance(residency, bool) or not isinstance(residency, numbers.Real):
-      raise TypeError(f"residency={residency!r} must be a mode, a fraction or a row count")
-    elif isinstance(residency, numbers.Integral):
-      if residency < 0:
-        raise ValueError(f"residency={residency} rows must be >= 0")
-    elif not 0.0 <= float(residency) <= 1.0:
-      raise ValueError(f"residency={residency} as a fraction must be in [0, 1]")
-    if self.num_programs is not None and self.num_programs < 1:
-      raise ValueError(f"num_programs={self.num_programs} must be >= 1")
+    _check_common(self)
+    _check_at_least_one(num_programs=self.num_programs, num_stages=self.num_stages)
     if self.tile_rows is not None and (self.tile_rows < 16 or
                                        self.tile_rows & (self.tile_rows - 1)):
       raise ValueError(f"tile_rows={self.tile_rows} must be a power of two >= 16")
     if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16, 32):
       raise ValueError(f"num_warps={self.num_warps} must be a power of two <= 32")
-    if self.num_stages is not None and self.num_stages < 1:
-      raise ValueError(f"num_stages={self.num_stages} must be >= 1")
-    if self.backend not in BACKENDS:
-      raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
-    if self.sync_spin_limit < 1:
-      raise ValueError(f"sync_spin_limit={self.sync_spin_limit} must be >= 1")
-    if self.mosaic_gemv not in MOSAIC_GEMVS:
-      raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
-    if self.mosaic_resident_group is not None and self.mosaic_resident_group < 1:
-      raise ValueError(f"mosaic_resident_group={self.mosaic_resident_group} must be >= 1")
-    if self.mosaic_register_chunks < 0:
-      raise ValueError(f"mosaic_register_chunks={self.mosaic_register_chunks} must be >= 0")
-    if self.mosaic_group is not None and self.mosaic_group < 1:
-      raise ValueError(f"mosaic_group={self.mosaic_group} must be >= 1")
-    if self.serial_update not in ("auto", "split", "redundant"):
+    if self.serial_update not in SERIAL_UPDATES:
       raise ValueError(f"serial_update={self.serial_update!r} must be 'auto', 'split' "
                        "or 'redundant'")
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+  """The Mosaic GPU kernel's options (``impl="mosaic"``); None: the planner's choice.
+
+  residency: how many of each block's 64-row W2 chunks stay in shared memory
+    (``"auto"``: all when they fit, else the measured split of 2 resident chunks beside
+    a 2-slot ring; otherwise as for ``TritonConfig``).
+  num_blocks: the persistent grid (default: one block per SM).
+  interpret, sync_spin_limit: as for ``TritonConfig``.
+  ring_stages: slots of the TMA ring that streams the other chunks.
+  gemv: how a chunk meets z: "registers" (an fp32 GEMV in registers), "wgmma" (a
+    tensor-core WGMMA, 64 x 8B x r, bf16 operands, fp32 accumulation; exact for the
+    vanilla head, whose z is a bf16 row of W1), or "auto" (wgmma where it applies).
+  group: with the WGMMA GEMV, chunks whose WGMMAs are issued before one wait (a
+    streamed group needs as many ring slots).
+  snake: stream odd steps' chunks in reverse, so each step starts on what the last one
+    read last (still in the L2); False streams every step forward.
+  resident_group: with the WGMMA GEMV, on-chip chunks whose WGMMAs are issued before
+    one wait (they hold no ring slot).
+  register_chunks: an int8 W2 whose z meets it as two int8 planes only: chunks of each
+    block's shard held in registers for the whole walk (the WGMMA's A operand).
+  """
+
+  residency: str | float | int = "auto"
+  num_blocks: int | None = None
+  interpret: bool = False
+  sync_spin_limit: int = DEFAULT_SPIN_LIMIT
+  ring_stages: int | None = None
+  gemv: str = "auto"
+  group: int | None = None
+  snake: bool = True
+  resident_group: int | None = None
+  register_chunks: int = 0
+
+  def __post_init__(self):
+    _check_common(self)
+    _check_at_least_one(num_blocks=self.num_blocks, group=self.group,
+                        resident_group=self.resident_group)
+    if self.register_chunks < 0:
+      raise ValueError(f"register_chunks={self.register_chunks} must be >= 0")
+    if self.ring_stages is not None and self.ring_stages < 0:
+      raise ValueError(f"ring_stages={self.ring_stages} must be >= 0")
+    if self.gemv not in MOSAIC_GEMVS:
+      raise ValueError(f"gemv={self.gemv!r} must be one of {MOSAIC_GEMVS}")
+
+
+BACKEND_CONFIGS = {"triton": TritonConfig, "mosaic": MosaicConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class WalkConfig(TritonConfig):
+  """The all-in-one spelling of the kernels' options (kept working; new code passes a
+  ``TritonConfig`` or ``MosaicConfig`` and names the backend with ``impl``).
+
+  ``backend`` ("auto", "mosaic" or "triton") restricts the kernels ``impl="pallas"`` or
+  ``"auto"`` may choose from; the fields map onto the two backends' configs
+  (``triton()``, ``mosaic()``): ``num_programs`` -> ``num_blocks``, ``num_stages`` ->
+  ``ring_stages``, ``mosaic_gemv`` / ``mosaic_group`` / ``mosaic_snake`` /
+  ``mosaic_resident_group`` / ``mosaic_register_chunks`` -> ``gemv`` / ``group`` /
+  ``snake`` / ``resident_group`` / ``register_chunks``.
+  """
+
+  backend: str = "auto"
+  mosaic_gemv: str = "auto"
+  mosaic_group: int | None = None
+  mosaic_snake: bool = True
+  mosaic_resident_group: int | None = None
+  mosaic_register_chunks: int = 0
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.backend not in BACKENDS:
+      raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
+    if self.mosaic_gemv not in MOSAIC_GEMVS:
+      raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
+    if self.mosaic_group is not None and self.mosaic_group < 1:
+      raise ValueError(f"mosaic_group={self.mosaic_group} must be >= 1")
+
+  def triton(self) -> TritonConfig:
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(TritonConfig)}
+    return TritonConfig(**fields)
+
+  def mosaic(self) -> MosaicConfig:
+    return MosaicConfig(residency=self.residency, num_blocks=self.num_programs,
+                        interpret=self.interpret, sync_spin_limit=self.sync_spin_limit,
+                        ring_stages=self.num_stages, gemv=self.mosaic_gemv,
+                        group=self.mosaic_group, snake=self.mosaic_snake,
+                        resident_group=self.mosaic_resident_group,
+                        register_chunks=self.mosaic_register_chunks)
+
+  def for_backend(self, name: str):
+    return {"triton": self.triton, "mosaic": self.mosaic}[name]()

@@ -170,21 +170,21 @@ def _gpu_reason() -> str | None:
 
 def available_wts() -> str | None:
   try:
-    from wts_jax.pallas import walk_kernel  # noqa: F401
+    from wts_jax.pallas import backend  # noqa: F401
   except Exception as err:  # noqa: BLE001
-    return f"wts_jax.pallas.walk_kernel failed to import: {type(err).__name__}: {err}"
+    return f"wts_jax.pallas.backend failed to import: {type(err).__name__}: {err}"
   return _gpu_reason()
 
 
 def prepare_wts(head, base_logits, first_tokens, hidden, mode: BenchMode, *,
                 return_logits: bool = False, config=None) -> Prepared:
   from wts_jax import api
-  from wts_jax.walk_config import WalkConfig
-  config = WalkConfig() if config is None else config
   head = validation.as_draft_head(head)
-  reason = api.pallas_unsupported_reason(head, base_logits, config)
-  if reason is not None:
-    raise SkipPath(reason)
+  try:
+    api.chosen_implementation(head, base_logits, "pallas", config,
+                              return_logits=return_logits)
+  except ValueError as err:
+    raise SkipPath(str(err)) from err
 
   def walk_fn(operands, first):
     head, base, hidden, key = operands

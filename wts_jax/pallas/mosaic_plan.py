@@ -10,6 +10,9 @@ import math
 
 import jax.numpy as jnp
 
+from wts_jax.device import H200
+from wts_jax.walk_config import resident_units
+
 CHUNK_ROWS = 64            # rows per register GEMV (the WGMMA layout's row tile)
 Z_TILE_ROWS = 8            # WGMMA GEMV: W1 rows per batch row in shared memory (n = 8B)
 MAX_BATCH = 4              # rows per launch: per-row candidates, staging and exchange
@@ -265,8 +268,8 @@ def chunk_schedule(resident: int, streamed: int, group: int, registers: int = 0,
 def mosaic_gemv(head, config) -> str:
   """The GEMV of this walk: the config's, or for "auto" the tensor cores (WGMMA) where
   they apply — the vanilla head, W1 of W2's dtype — else registers."""
-  if config.mosaic_gemv != "auto":
-    return config.mosaic_gemv
+  if config.gemv != "auto":
+    return config.gemv
   serial = head.markov_head
   if planes_state(head):
     return "wgmma"
@@ -281,41 +284,31 @@ def planes_state(head) -> bool:
   return bool(getattr(head.markov_head.markov_w2, "state_planes", False))
 
 
-def make_plan(head, config, *, batch: int = MAX_BATCH, base_itemsize: int = 2
+def make_plan(head, config, device, *, batch: int = MAX_BATCH, base_itemsize: int = 2
               ) -> MosaicPlan:
-  """The plan of ``head`` under ``config``, its base-logit staging sized for ``batch``
-  rows of ``base_itemsize`` bytes."""
-  from wts_jax.pallas.plan import DeviceInfo
+  """The plan of ``head`` under ``config`` (a ``MosaicConfig``) on ``device`` (its
+  ``DeviceFacts``; interpret mode runs one block), its base-logit staging sized for
+  ``batch`` rows of ``base_itemsize`` bytes."""
   vocab, rank = head.config.vocab_size, head.config.rank
   if config.interpret:
-    num_sms, smem = 1, 227 * 1024
+    num_sms, smem = 1, H200.smem_per_block
   else:
-    device = DeviceInfo.current()
     num_sms, smem = device.num_sms, device.smem_per_block
-  blocks = config.num_programs or num_sms
+  blocks = config.num_blocks or num_sms
   chunks = math.ceil(math.ceil(vocab / blocks) / CHUNK_ROWS)
   residency = config.residency
-  if residency == "auto":
-    resident = None
-  elif residency == "full":
-    resident = chunks
-  elif residency == "none":
-    resident = 0
-  elif isinstance(residency, float):
-    resident = round(residency * chunks)
-  else:
-    resident = math.ceil(residency / CHUNK_ROWS)
   try:
     return plan_mosaic(vocab_size=vocab, rank=rank, num_sms=num_sms,
-                       smem_per_block=smem, resident_chunks=resident,
-                       ring_stages=config.num_stages, num_blocks=blocks,
+                       smem_per_block=smem,
+                       resident_chunks=resident_units(residency, chunks, CHUNK_ROWS),
+                       ring_stages=config.ring_stages, num_blocks=blocks,
                        batch=batch, base_itemsize=base_itemsize,
-                       gemv=mosaic_gemv(head, config), group=config.mosaic_group or 1,
-                       snake=config.mosaic_snake,
+                       gemv=mosaic_gemv(head, config), group=config.group or 1,
+                       snake=config.snake,
                        gated=head.config.head_type == "gated",
                        int8_state=planes_state(head),
-                       register_chunks=config.mosaic_register_chunks,
-                       resident_group=config.mosaic_resident_group,
+                       register_chunks=config.register_chunks,
+                       resident_group=config.resident_group,
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype
                                              ).itemsize)
   except ValueError as err:

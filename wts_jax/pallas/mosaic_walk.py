@@ -34,7 +34,7 @@ of the last blocks overlap earlier rows instead of reading past the end. A dupli
 row yields the same (score, index) pair in both places, so top-1 is unaffected — and no
 padded copy of W2 is ever made.
 
-Scope (``unsupported_reason`` says why otherwise): the vanilla head (``z = e``) and the
+Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (``z = e``) and the
 gated head (``z = σ(hoisted_k + G_e e) ⊙ e``, fp32, register GEMV: G_e stays in shared
 memory, each block computes the gate itself and relays it from row to column layout
 through shared memory), a bf16 or int8 W2 with rank a multiple of 64, up to
@@ -67,8 +67,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
-from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, MAX_BATCH, Z_TILE_ROWS, MosaicPlan,
-                                        chunk_schedule, make_plan, planes_state)
+from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, Z_TILE_ROWS, MosaicPlan,
+                                        chunk_schedule)
 
 _WGMMA = plgpu.Layout.WGMMA
 _ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
@@ -588,85 +588,3 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
     operands += [gate_weight, gate_hoisted.astype(jnp.float32)]
   tokens, flags, _, _ = kernel(*operands)
   return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
-
-
-# --- from a head and validated inputs to one launch ---------------------------------
-
-def unsupported_reason(head, batch: int, config, *, return_logits: bool = False,
-                       return_logprobs: bool = False) -> str | None:
-  """Why this walk cannot run on the Mosaic kernel (None when it can)."""
-  serial = head.markov_head
-  head_type = head.config.head_type
-  if head_type not in ("vanilla", "gated"):
-    return f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
-  if head_type == "gated":
-    gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
-    if gate_dtype != jnp.dtype(jnp.bfloat16):
-      return f"the Mosaic kernel's gated head needs a bf16 gate_proj (got {gate_dtype})"
-  weight = serial.markov_w2.weight
-  dtype = jnp.dtype(weight.dtype)
-  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8)):
-    return f"the Mosaic kernel needs a bf16 or int8 W2 (got {dtype})"
-  if dtype == jnp.dtype(jnp.int8) and getattr(serial.markov_w2, "scale", None) is None:
-    return "an int8 W2 needs per-row scales (use wts_jax.quantize_w2)"
-  if batch > MAX_BATCH:
-    return f"the Mosaic kernel runs up to {MAX_BATCH} rows (B={batch})"
-  if return_logits or return_logprobs:
-    return "the Mosaic kernel does not return per-step logits or log-probabilities"
-  w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
-  if planes_state(head) and (config.mosaic_gemv == "registers" or head_type != "vanilla"):
-    return ("an int8 W2 whose z meets it as two int8 planes runs on the WGMMA GEMV, "
-            "vanilla head (mosaic_gemv='auto' or 'wgmma')")
-  if (config.mosaic_gemv == "wgmma" and not planes_state(head)
-      and w1_dtype != jnp.dtype(jnp.bfloat16)):
-    return f"the WGMMA GEMV needs a bf16 W1 (got {w1_dtype})"
-  if config.interpret and (config.num_programs or 1) > 1:
-    return ("interpret mode runs blocks one after another and has no semaphores: "
-            "use num_programs=1")
-  try:
-    make_plan(head, config, batch=batch)
-  except ValueError as err:
-    return str(err)
-  return None
-
-
-def kernel_walk(head, base_logits, first_tokens, hidden, mode, *, config):
-  """``walk(..., impl="pallas")`` on the Mosaic kernel (see ``unsupported_reason``)."""
-  batch, steps, _ = base_logits.shape
-  plan = make_plan(head, config, batch=batch,
-                   base_itemsize=jnp.dtype(base_logits.dtype).itemsize)
-  spec = MosaicSpec(plan=plan, batch=batch, steps=steps,
-                    greedy=mode.greedy, spin_limit=config.sync_spin_limit,
-                    interpret=config.interpret)
-  return _launch(spec, head, base_logits, first_tokens, hidden, mode.score_scale,
-                 mode.noise_on, mode.seed)
-
-
-@functools.partial(jax.jit, static_argnames=("spec",))
-def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_scale,
-            noise_on, seed):
-  from wts_jax.output import WalkOutput
-  from wts_jax.reference import clamp_first_tokens
-  serial = head.markov_head
-  w1 = serial.markov_w1.weight[...]
-  first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
-  scale = getattr(serial.markov_w2, "scale", None)
-  gate = ({} if not spec.plan.gated else
-          dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden)))
-  z_source = dict(w1=w1)
-  if spec.plan.int8_state:
-    planes = serial.markov_w1_planes
-    z_source = dict(w1=planes.planes[...], w1_scale=planes.scale[...])
-  tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits,
-                                      first_tokens=first, seed=seed,
-                                      score_scale=score_scale, noise_on=noise_on,
-                                      w2_scale=None if scale is None else scale[...],
-                                      **z_source, **gate)
-  confidence = None
-  conf_head = head.confidence_head
-  if conf_head is not None:
-    # c_k reads e_k = W1[x_{k-1}]: the drafted tokens give all K of them at once.
-    previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
-    confidence = (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
-                                                      out_axes=1)(w1[previous]))
-  return WalkOutput(tokens=tokens, status=status | kernel_status, confidence=confidence)

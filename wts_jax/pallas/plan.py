@@ -13,7 +13,7 @@ slice of the serial weights, kept on chip for the whole walk, publishes them, an
 programs meet at a second grid barrier before reading the full ``z`` (``triton_walk``).
 
 The plan is a frozen dataclass: ``plan_walk(...)`` computes it from the device and the
-shapes, ``WalkPlan.describe()`` prints it, and ``kernel_walk`` launches exactly it.
+shapes, ``WalkPlan.describe()`` prints it, and the Triton backend launches exactly it.
 """
 
 from __future__ import annotations
@@ -21,35 +21,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-
-from wts_jax.walk_config import WalkConfig
-
-# Hopper (H100/H200) figures, used when the device does not report them (CPU lowering).
-H200_NUM_SMS = 132
-H200_SMEM_PER_BLOCK = 227 * 1024
-H200_L2_BYTES = 60 * 1024 * 1024
-REGISTER_FILE_BYTES = 256 * 1024
+from wts_jax import device as device_facts
+from wts_jax.device import DeviceFacts
+from wts_jax.walk_config import TritonConfig, resident_units
 
 MAX_SLICE_COLS = 16               # serial-update columns per slice (split)
 SERIAL_RESIDENT_BYTES = 16 * 1024  # serial-weight slices kept on chip per program (split)
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceInfo:
-  kind: str
-  num_sms: int
-  smem_per_block: int
-  l2_bytes: int
-
-  @classmethod
-  def current(cls) -> "DeviceInfo":
-    device = jax.devices()[0]
-    sms = getattr(device, "core_count", None) or H200_NUM_SMS
-    return cls(kind=device.device_kind, num_sms=int(sms),
-               smem_per_block=int(getattr(device, "shared_memory_per_block_optin", 0)
-                                  or H200_SMEM_PER_BLOCK),
-               l2_bytes=H200_L2_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,21 +111,24 @@ def padded_batch(batch: int) -> int:
 
 
 def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
-              config: WalkConfig, device: DeviceInfo | None = None,
-              register_budget_bytes: int = REGISTER_FILE_BYTES // 4) -> WalkPlan:
+              config: TritonConfig, device: DeviceFacts | None = None,
+              register_budget_bytes: int | None = None) -> WalkPlan:
   """Shard the vocabulary over the grid and choose the resident tiles.
 
   The Triton backend keeps resident tiles in registers (values live across the step
   loop), so the budget is a quarter of the register file: the streamed tile in flight,
   the lane candidates and the products need the rest. (On the H200, four resident
-  64-row bf16 tiles ran slower than two: NOTES.md, kernel v1.)
+  64-row bf16 tiles ran slower than two: NOTES.md, kernel v1.) ``device``: the device's
+  facts (default: read now; not read in interpret mode).
   """
+  if register_budget_bytes is None:
+    register_budget_bytes = (device or device_facts.H200).register_file_bytes // 4
   if config.interpret:
     # Interpret mode runs programs one after another: a cross-program barrier could
     # never complete, so one program owns every shard (the per-step code is the same).
     num_programs = 1
   else:
-    device = DeviceInfo.current() if device is None else device
+    device = device_facts.current() if device is None else device
     num_programs = config.num_programs or device.num_sms
     if num_programs > device.num_sms:
       raise ValueError(
@@ -164,22 +144,15 @@ def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
   budget_tiles = register_budget_bytes // tile_bytes
 
   residency = config.residency
-  if residency == "auto":
+  resident = resident_units(residency, tiles, tile_rows)
+  if resident is None:   # "auto": as many as the register budget holds
     resident = min(tiles, budget_tiles)
-  elif residency == "full":
-    resident = tiles
-    if tiles > budget_tiles and not config.interpret:
-      raise ValueError(
-          f"residency='full' needs {tiles * tile_bytes // 1024} KiB of W2 per program "
-          f"but the on-chip budget is {budget_tiles * tile_bytes // 1024} KiB "
-          f"(V={vocab_size}, r={rank}, {w2_itemsize}-byte W2, {num_programs} programs); "
-          "use residency='auto', a quantized W2, or a smaller rank")
-  elif residency == "none":
-    resident = 0
-  elif isinstance(residency, float):
-    resident = int(round(residency * tiles))
-  else:  # a row count per program
-    resident = min(tiles, -(-int(residency) // tile_rows))
+  elif residency == "full" and tiles > budget_tiles and not config.interpret:
+    raise ValueError(
+        f"residency='full' needs {tiles * tile_bytes // 1024} KiB of W2 per program "
+        f"but the on-chip budget is {budget_tiles * tile_bytes // 1024} KiB "
+        f"(V={vocab_size}, r={rank}, {w2_itemsize}-byte W2, {num_programs} programs); "
+        "use residency='auto', a quantized W2, or a smaller rank")
   if resident > budget_tiles and not config.interpret:
     raise ValueError(f"residency={residency!r} asks for {resident} resident tiles; "
                      f"only {budget_tiles} fit on chip per program")
@@ -197,7 +170,7 @@ def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
                                            <= SERIAL_RESIDENT_BYTES))
 
 
-def serial_split(rank: int, num_programs: int, config: WalkConfig) -> tuple[str, int]:
+def serial_split(rank: int, num_programs: int, config: TritonConfig) -> tuple[str, int]:
   """(mode, slice columns) of the gated/rnn serial update; ignored by the vanilla head.
 
   ``auto`` splits: the redundant update costs every program the whole serial matvec per

@@ -24,7 +24,8 @@ from jax.experimental.pallas import triton as pl_triton
 
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, WalkOutput
-from wts_jax.pallas import walk_kernel
+from wts_jax.pallas import triton_backend
+from wts_jax.pallas.backend import WalkShapes
 from wts_jax.pallas.plan import WalkPlan, next_power_of_two, padded_batch
 from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, launch,
                                        optional_output_names, status_bit,
@@ -107,15 +108,14 @@ def stepwise_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Samp
                   interpret: bool = False,
                   rows_per_program: int = ROWS_PER_PROGRAM) -> WalkOutput:
   """The walk as K fused step kernels (same contract and outputs as ``walk``)."""
-  weight, _ = walk_kernel.w2_arrays(head)
+  weight, _ = triton_backend.w2_arrays(head)
   batch, _, vocab = base_logits.shape
   plan = stepwise_plan(vocab, head.config.rank, batch, jnp.dtype(weight.dtype).itemsize,
                        rows_per_program)
   # spin_limit is unused: the step kernels never wait (last-program reduction).
-  spec = walk_kernel.kernel_spec(head, base_logits, mode, plan,
-                                 return_logits=return_logits,
-                                 return_logprobs=return_logprobs, spin_limit=1,
-                                 interpret=interpret)
+  shapes = WalkShapes.of(base_logits, mode.greedy, return_logits=return_logits,
+                         return_logprobs=return_logprobs)
+  spec = triton_backend.kernel_spec(head, shapes, plan, spin_limit=1, interpret=interpret)
   return _launch_steps(spec, head, base_logits, first_tokens, hidden, mode.score_scale,
                        mode.noise_on, mode.seed)
 
@@ -124,7 +124,7 @@ def stepwise_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Samp
 def _launch_steps(spec: KernelSpec, head, base_logits, first_tokens, hidden, score_scale,
                   noise_on, seed) -> WalkOutput:
   plan = spec.plan
-  inputs = walk_kernel.kernel_inputs(spec, head, hidden, score_scale, noise_on, seed)
+  inputs = triton_backend.kernel_inputs(spec, head, hidden, score_scale, noise_on, seed)
   inputs["base_logits"] = base_logits
   inputs["first_tokens"] = first_tokens.astype(jnp.int32)
   shapes = step_output_shapes(spec, next_power_of_two(plan.num_programs), 1)

@@ -35,9 +35,9 @@ def measure_sync_latency_us(walks: int = 50) -> float:
   """µs per grid exchange (GPU only), from the kernel itself at K=9 vs K=1."""
   import wts_jax
   from wts_jax.heads import HeadConfig
-  from wts_jax.pallas.plan import DeviceInfo
+  from wts_jax import device
 
-  programs = DeviceInfo.current().num_sms
+  programs = device.current().num_sms
   config = HeadConfig(vocab_size=programs * 64, rank=256, hidden_size=256)
   head = wts_jax.make_head(config, seed=0)
   kernel_config = wts_jax.WalkConfig(tile_rows=64, residency="none")

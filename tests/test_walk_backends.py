@@ -1,0 +1,113 @@
+"""The backend seam: the registry's choice, its refusals, the configs, the tuned table.
+
+Planning needs no GPU: ``backend.choose(..., require_gpu=False, device=H200)`` plans as
+on the H200. The lowering check proves the backend-specific spellings launch exactly
+what the ``WalkConfig`` spellings they replace launch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import jax
+import pytest
+
+import wts_jax
+from wts_jax.device import H200
+from wts_jax.heads import HeadConfig
+from wts_jax.pallas import backend
+from wts_jax.quantize import quantize_w2
+
+
+def _head(head_type="vanilla", rank=256, vocab=151936):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type=head_type)
+  return jax.eval_shape(lambda: wts_jax.make_head(config))
+
+
+def _choose(head, batch=1, impl="auto", config=None, greedy=True, **shapes):
+  return backend.choose(head, backend.WalkShapes(batch=batch, steps=7, greedy=greedy,
+                                                 **shapes),
+                        impl, config, require_gpu=False, device=H200)
+
+
+def test_rank_192_runs_on_mosaic_where_triton_refuses():
+  choice = _choose(_head(rank=192))
+  assert choice.impl == "mosaic"
+  assert dict(choice.refusals)["triton"].startswith("rank=192 must be a power of two")
+
+
+def test_a_named_backend_that_cannot_run_lists_its_reason():
+  with pytest.raises(ValueError, match=r"impl='mosaic' cannot run this walk: mosaic: the "
+                                       r"Mosaic kernel runs the vanilla and gated heads"):
+    _choose(_head("rnn"), impl="mosaic")
+  with pytest.raises(ValueError, match=r"impl='pallas' cannot run this walk: mosaic: .*; "
+                                       r"triton: batch B=300"):
+    _choose(_head(), batch=300, impl="pallas")
+  assert _choose(_head(), batch=300).impl == "xla"
+
+
+def test_config_types_and_the_backends_they_name():
+  with pytest.raises(TypeError, match=r"config=\{'residency': 'none'\} must be None or"):
+    _choose(_head(), config={"residency": "none"})
+  with pytest.raises(TypeError, match="config=3"):
+    _choose(_head(), config=3)
+  with pytest.raises(ValueError, match="is not for impl='triton'"):
+    _choose(_head(), impl="triton", config=wts_jax.MosaicConfig())
+  # A backend's own config names it, also where "auto" would pick the other.
+  assert _choose(_head(), batch=4, config=wts_jax.MosaicConfig()).impl == "mosaic"
+  assert _choose(_head(), config=wts_jax.TritonConfig()).impl == "triton"
+  with pytest.raises(ValueError, match="impl='lava'"):
+    _choose(_head(), impl="lava")
+
+
+def test_walk_config_maps_onto_the_backend_configs():
+  config = wts_jax.WalkConfig(residency=64, num_programs=66, num_stages=3,
+                              mosaic_gemv="registers", mosaic_group=2, mosaic_snake=False,
+                              tile_rows=32, serial_update="redundant")
+  assert config.mosaic() == wts_jax.MosaicConfig(residency=64, num_blocks=66,
+                                                 ring_stages=3, gemv="registers",
+                                                 group=2, snake=False)
+  assert config.triton() == wts_jax.TritonConfig(residency=64, num_programs=66,
+                                                 num_stages=3, tile_rows=32,
+                                                 serial_update="redundant")
+  with pytest.raises(ValueError, match="gemv='tensor'"):
+    wts_jax.MosaicConfig(gemv="tensor")
+  with pytest.raises(ValueError, match="ring_stages=-1"):
+    wts_jax.MosaicConfig(ring_stages=-1)
+
+
+@pytest.mark.parametrize("key", sorted(backend.tuned_table("NVIDIA H200")))
+def test_the_h200_table_encodes_the_planners_choice(key):
+  """The committed table says what the planners' preference says, key for key."""
+  head_type, vocab, rank, batch, w2, mode = key
+  head = _head(head_type, rank, vocab)
+  if w2 == "int8":
+    head = jax.eval_shape(lambda h: quantize_w2(h, "int8"), head)
+  shapes = backend.WalkShapes(batch=batch, steps=7, greedy=mode == "greedy")
+  assert backend.table_key(head, shapes) == key
+  assert (backend.preference(head, shapes, "NVIDIA H200")
+          == backend.preference(head, shapes, "a device without a table"))
+
+
+def test_auto_choices_at_the_qwen3_shape():
+  head, int8 = _head(), jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head())
+  assert _choose(head).impl == "mosaic"
+  assert _choose(int8).impl == "mosaic"
+  assert _choose(head, batch=4).impl == "triton"
+  assert _choose(head, greedy=False).impl == "triton"
+  assert _choose(head, return_logits=True).impl == "triton"
+  assert _choose(_head("gated")).impl == "triton"
+  assert _choose(head, config=wts_jax.WalkConfig(interpret=True)).impl == "triton"
+
+
+def test_backend_spellings_lower_exactly_as_walk_config():
+  path = pathlib.Path(__file__).parent.parent / "tools" / "lowering_fingerprint.py"
+  spec = importlib.util.spec_from_file_location("lowering_fingerprint", path)
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  checked = {"mosaic-stages3", "triton-tuned", "auto-vanilla-b1-greedy-bf16"}
+  for name, spelling in tool.new_spellings():
+    if name in checked:
+      assert tool.fingerprint(tool.CASES[name], spelling) == tool.fingerprint(
+          tool.CASES[name]), name

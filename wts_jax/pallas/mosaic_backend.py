@@ -1,0 +1,105 @@
+"""The Mosaic GPU backend (``impl="mosaic"``): from a head and validated inputs to one
+launch of the kernel of ``mosaic_walk``.
+
+``plan`` refuses what the kernel cannot run (its scope: ``mosaic_walk``'s docstring) and
+makes the shared-memory plan (``mosaic_plan``); ``launch`` launches exactly it, then
+computes the confidence logits from the drafted tokens (an exact identity: they read
+only ``e_k = W1[x_{k-1}]`` and hoisted terms).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from wts_jax.device import DeviceFacts
+from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
+from wts_jax.pallas.mosaic_plan import MAX_BATCH, make_plan, planes_state
+from wts_jax.walk_config import MosaicConfig
+
+
+def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
+  serial = head.markov_head
+  head_type = head.config.head_type
+  if head_type not in ("vanilla", "gated"):
+    return f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
+  if head_type == "gated":
+    gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
+    if gate_dtype != jnp.dtype(jnp.bfloat16):
+      return f"the Mosaic kernel's gated head needs a bf16 gate_proj (got {gate_dtype})"
+  weight = serial.markov_w2.weight
+  dtype = jnp.dtype(weight.dtype)
+  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8)):
+    return f"the Mosaic kernel needs a bf16 or int8 W2 (got {dtype})"
+  if dtype == jnp.dtype(jnp.int8) and getattr(serial.markov_w2, "scale", None) is None:
+    return "an int8 W2 needs per-row scales (use wts_jax.quantize_w2)"
+  if shapes.batch > MAX_BATCH:
+    return f"the Mosaic kernel runs up to {MAX_BATCH} rows (B={shapes.batch})"
+  if shapes.return_logits or shapes.return_logprobs:
+    return "the Mosaic kernel does not return per-step logits or log-probabilities"
+  w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
+  if planes_state(head) and (config.gemv == "registers" or head_type != "vanilla"):
+    return ("an int8 W2 whose z meets it as two int8 planes runs on the WGMMA GEMV, "
+            "vanilla head (gemv='auto' or 'wgmma')")
+  if (config.gemv == "wgmma" and not planes_state(head)
+      and w1_dtype != jnp.dtype(jnp.bfloat16)):
+    return f"the WGMMA GEMV needs a bf16 W1 (got {w1_dtype})"
+  if config.interpret and (config.num_blocks or 1) > 1:
+    return ("interpret mode runs blocks one after another and has no semaphores: "
+            "use num_blocks=1")
+  return None
+
+
+def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
+  """The kernel build of this walk (a ``MosaicSpec``), or why Mosaic cannot run it."""
+  from wts_jax.pallas.mosaic_walk import MosaicSpec
+  reason = _refusal(head, shapes, config)
+  if reason is not None:
+    return Refusal(reason)
+  try:
+    mosaic_plan = make_plan(head, config, device, batch=shapes.batch,
+                            base_itemsize=shapes.base_itemsize)
+  except ValueError as err:
+    return Refusal(str(err))
+  return MosaicSpec(plan=mosaic_plan, batch=shapes.batch, steps=shapes.steps,
+                    greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
+                    interpret=config.interpret)
+
+
+def launch(spec, operands: WalkOperands):
+  mode = operands.mode
+  return _launch(spec, operands.head, operands.base_logits, operands.first_tokens,
+                 operands.hidden, mode.score_scale, mode.noise_on, mode.seed)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_scale,
+            noise_on, seed):
+  from wts_jax.output import WalkOutput
+  from wts_jax.pallas.mosaic_walk import mosaic_walk
+  from wts_jax.reference import clamp_first_tokens
+  serial = head.markov_head
+  w1 = serial.markov_w1.weight[...]
+  first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
+  scale = getattr(serial.markov_w2, "scale", None)
+  gate = ({} if not spec.plan.gated else
+          dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden)))
+  z_source = dict(w1=w1)
+  if spec.plan.int8_state:   # the z tile holds W1's interleaved int8 planes
+    planes = serial.markov_w1_planes
+    z_source = dict(w1=planes.planes[...], w1_scale=planes.scale[...])
+  tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits,
+                                      first_tokens=first, seed=seed,
+                                      score_scale=score_scale, noise_on=noise_on,
+                                      w2_scale=None if scale is None else scale[...],
+                                      **z_source, **gate)
+  confidence = None
+  conf_head = head.confidence_head
+  if conf_head is not None:
+    # c_k reads e_k = W1[x_{k-1}]: the drafted tokens give all K of them at once.
+    previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
+    confidence = (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
+                                                      out_axes=1)(w1[previous]))
+  return WalkOutput(tokens=tokens, status=status | kernel_status, confidence=confidence)
