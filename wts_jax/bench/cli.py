@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
   timing.add_argument("--flush-impl", default=None, choices=("kernel", "cond", "static"),
                       help="the L2 flush step (default: kernel on GPU, static on CPU; "
                            "see timing.METHOD)")
+  timing.add_argument("--command-buffers", default="no-custom-calls",
+                      choices=("no-custom-calls", "xla-default"),
+                      help="XLA command buffers of every timed JAX chain: without custom "
+                           "calls (wts_jax.KERNEL_COMPILER_OPTIONS, the default: XLA "
+                           "re-records a Mosaic call each execution otherwise) or XLA's "
+                           "default")
   timing.add_argument("--flush-mb", type=float, default=None,
                       help="L2 flush buffer (default 256 on GPU, 4 on CPU)")
   timing.add_argument("--hbm-mb", type=float, default=None,
@@ -216,6 +222,11 @@ def make_bench_head(config, dtype_name: str, seed: int):
   return make_head(config, seed=seed, param_dtype=jnp.dtype(DTYPES[dtype_name])), None
 
 
+def timing_module():
+  from wts_jax.bench import timing
+  return timing
+
+
 def _versions() -> dict:
   import jax
   import jaxlib
@@ -295,6 +306,7 @@ class Runner:
     self.flush_impl = None
     self.results = {
         **_versions(),
+        "chain_compiler_options": dict(timing_module().CHAIN_COMPILER_OPTIONS),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "command": " ".join(["wts-bench", *argv]),
         "grid": {key: value for key, value in grid.items()},
@@ -800,6 +812,11 @@ def main(argv: list[str] | None = None) -> int:
       report.plot(results, args.plot)
     return 0
   _set_platform(args.platform)
+  from wts_jax.bench import timing as chain_timing
+  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
+  chain_timing.CHAIN_COMPILER_OPTIONS.clear()
+  if args.command_buffers == "no-custom-calls":
+    chain_timing.CHAIN_COMPILER_OPTIONS.update(KERNEL_COMPILER_OPTIONS)
   if args.list_paths:
     from wts_jax.bench.paths import PATHS
     for name, path in PATHS.items():

@@ -335,9 +335,25 @@ def lower_chain(walk_fn: Callable | None, operands, first_tokens: jax.Array,
     return chain(jax.tree_util.tree_unflatten(treedef, leaves), *rest)
 
   extra = () if flush_impl == "static" else (flush_elems_for(flush, "warm"),)
-  lowered = jax.jit(flat_chain).lower(leaves, first_tokens, flush, *extra)
+  lowered = _Compiling(jax.jit(flat_chain).lower(leaves, first_tokens, flush, *extra))
   return lowered, lambda compiled: CompiledChain(compiled, leaves, n_walks, flush_impl,
                                                  cold if flush_impl == "static" else None)
+
+
+# XLA options every timed JAX chain is compiled with (``wts-bench --command-buffers``);
+# recorded in the JSON's run details.
+CHAIN_COMPILER_OPTIONS: dict = {}
+
+
+@dataclasses.dataclass
+class _Compiling:
+  """A lowered chain that compiles with ``CHAIN_COMPILER_OPTIONS``."""
+  lowered: Any
+
+  def compile(self):
+    if CHAIN_COMPILER_OPTIONS:
+      return self.lowered.compile(compiler_options=dict(CHAIN_COMPILER_OPTIONS))
+    return self.lowered.compile()
 
 
 def _done(value=None, error: BaseException | None = None) -> concurrent.futures.Future:

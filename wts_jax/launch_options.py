@@ -1,0 +1,20 @@
+"""XLA options for an executable that launches the persistent Mosaic GPU kernel.
+
+Why: XLA's GPU runtime puts custom calls into command buffers (CUDA graphs) by default,
+and records the Mosaic kernel's call into the graph again on every execution of the
+executable; the device waits meanwhile. Measured on the H200 (NOTES.md v8): 60–70 µs of
+host time per walk, more than the int8 walk's whole kernel. Without custom calls in
+command buffers the launch is a plain stream launch.
+
+Pass ``KERNEL_COMPILER_OPTIONS`` to the executable that calls ``wts_jax.walk``:
+``jax.jit(decode_step, compiler_options=wts_jax.KERNEL_COMPILER_OPTIONS)``, or set
+``XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN`` for the
+process.
+"""
+
+from __future__ import annotations
+
+# Command buffers for fusions and library calls, not for custom calls.
+COMMAND_BUFFERS_WITHOUT_CUSTOM_CALLS = "FUSION,CUBLAS,CUBLASLT,CUDNN"
+KERNEL_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer":
+                           COMMAND_BUFFERS_WITHOUT_CUSTOM_CALLS}
