@@ -1,10 +1,11 @@
 """wts_jax: Weights That Stay — the serial head of parallel drafters as one persistent kernel.
 
-Public surface: ``walk`` and its ``WalkOutput``, the heads, ``WalkConfig``, ``load``.
+Public surface: ``walk`` and its ``WalkOutput``, the heads, ``WalkConfig``, ``load`` (and
+the ``CheckpointError`` it raises for a damaged or edited directory).
 """
 
 from wts_jax.api import chosen_implementation, walk
-from wts_jax.convert.errors import ConversionError
+from wts_jax.convert.errors import CheckpointError, ConversionError
 from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
                            VanillaMarkovHead, make_head)
 from wts_jax.loading import DrafterWeights, from_torch_state_dict, load, load_drafter
@@ -15,7 +16,7 @@ from wts_jax.walk_config import WalkConfig
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConversionError", "DrafterWeights", "from_torch_state_dict", "load", "load_drafter",
+    "CheckpointError", "ConversionError", "DrafterWeights", "from_torch_state_dict", "load", "load_drafter",
     "quantize_w2",
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
     "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",

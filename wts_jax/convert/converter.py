@@ -16,7 +16,7 @@ from wts_jax.convert.errors import ConversionError
 from wts_jax.convert.formats import CheckpointSource, open_checkpoint
 from wts_jax.convert.interrupts import deferred_interrupts, interrupts_as_exceptions
 from wts_jax.convert.manifest import (FORMAT_NAME, FORMAT_VERSION, HEAD_ITEM,
-                                      MANIFEST_FILE, backbone_item)
+                                      MANIFEST_FILE, array_checksum, backbone_item)
 from wts_jax.convert.plan import ConversionPlan, plan_conversion
 from wts_jax.convert.progress import Progress, format_bytes
 from wts_jax.convert.staging import (StagingDirectory, check_destination,
@@ -46,7 +46,7 @@ def items_to_write(plan: ConversionPlan, full: bool) -> dict[str, tuple]:
 
 
 def build_manifest(source: CheckpointSource, plan: ConversionPlan, items: dict[str, tuple],
-                   dtype: str) -> dict:
+                   dtype: str, checksums: dict[str, dict[str, str]]) -> dict:
   head_config = plan.config.head_config
   return {
       "format": FORMAT_NAME,
@@ -55,6 +55,7 @@ def build_manifest(source: CheckpointSource, plan: ConversionPlan, items: dict[s
       "dtype": dtype,
       "tensors": {name: {tensor.key: list(tensor.shape) for tensor in tensors}
                   for name, tensors in items.items()},
+      "checksums": checksums,
       "drafter": plan.config.to_json(),
       "source": {"path": str(Path(source.location).absolute()), "format": source.format,
                  "dtype": plan.source_dtype},
@@ -99,6 +100,7 @@ def convert(src: str | Path, dst: str | Path, *, full: bool = False,
     check_destination(dst, force, _source_paths(source))
     bar.stage(f"converting {source.location} ({source.format}, {format_bytes(total)}) "
               f"to {dst} as {out_dtype}")
+    checksums: dict[str, dict[str, str]] = {}
     try:
       with StagingDirectory(dst, force=force) as staging:
         for name, tensors in items.items():
@@ -106,12 +108,13 @@ def convert(src: str | Path, dst: str | Path, *, full: bool = False,
           for tensor in tensors:
             bar.start_tensor(tensor.key)
             arrays[tensor.key] = source.read(tensor.key, out_dtype, bar.advance)
+            checksums.setdefault(name, {})[tensor.key] = array_checksum(arrays[tensor.key])
           bar.stage(f"writing {name}/ ({len(arrays)} tensors)")
           with deferred_interrupts():   # orbax's writer threads finish first
             save_arrays(staging.path / name, arrays)
           del arrays   # before the next item is read: one item in memory at a time
         write_json(staging.path / MANIFEST_FILE,
-                   build_manifest(source, plan, items, out_dtype))
+                   build_manifest(source, plan, items, out_dtype, checksums))
         with deferred_interrupts():
           staging.commit()
     except OSError as err:   # a full disk or an unwritable parent: still nothing left
