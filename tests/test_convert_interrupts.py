@@ -98,7 +98,8 @@ def start_child(tmp_path, where: str, *args) -> tuple[subprocess.Popen, Path]:
 
 @pytest.mark.parametrize("signum,where", [(signal.SIGTERM, "manifest"),
                                           (signal.SIGINT, "manifest"),
-                                          (signal.SIGTERM, "save")])
+                                          (signal.SIGTERM, "save"),
+                                          (signal.SIGINT, "save")])
 def test_signal_removes_the_staging_directory(tmp_path, src, signum, where):
   dst = tmp_path / "dst"
   child, _ = start_child(tmp_path, where, src, dst, "--full")
