@@ -148,7 +148,7 @@ def test_only_dead_processes_leftovers_are_removed(tmp_path, src):
     sleeper.wait()
 
 
-def test_force_swap_interrupted_keeps_the_new_output(tmp_path, src, monkeypatch):
+def test_force_swap_interrupted_keeps_the_new_output(tmp_path, src, monkeypatch, capsys):
   """A signal during the swap waits for it: DST is whole, and nothing is left over."""
   dst = tmp_path / "dst"
   assert run_cli(src, dst) == 0
@@ -161,6 +161,7 @@ def test_force_swap_interrupted_keeps_the_new_output(tmp_path, src, monkeypatch)
 
   monkeypatch.setattr(staging, "exchange_paths", exchange_then_signal)
   assert run_cli(src, dst, "--dtype", "float32", "--force") == 128 + signal.SIGTERM
+  assert capsys.readouterr().err == f"wts-convert: interrupted (SIGTERM); after writing {dst}\n"
   assert stored_dtype(dst) == "float32"
   assert leftovers(tmp_path) == []
 

@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_REFUSED
   except KeyboardInterrupt as interrupt:
     signum = getattr(interrupt, "signum", signal.SIGINT)
-    print(f"wts-convert: interrupted ({signal.Signals(signum).name}); nothing was written",
+    wrote = getattr(interrupt, "wrote", None)
+    outcome = "nothing was written" if wrote is None else f"after writing {wrote}"
+    print(f"wts-convert: interrupted ({signal.Signals(signum).name}); {outcome}",
           file=sys.stderr)
     return 128 + signum   # the shell's status for a process ended by that signal
   print(f"wrote {dst}")

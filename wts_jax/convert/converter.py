@@ -14,7 +14,8 @@ from pathlib import Path
 from wts_jax.convert.drafter_config import canonical_dtype
 from wts_jax.convert.errors import ConversionError
 from wts_jax.convert.formats import CheckpointSource, open_checkpoint
-from wts_jax.convert.interrupts import deferred_interrupts, interrupts_as_exceptions
+from wts_jax.convert.interrupts import (Interrupted, deferred_interrupts,
+                                        interrupts_as_exceptions)
 from wts_jax.convert.manifest import (FORMAT_NAME, FORMAT_VERSION, HEAD_ITEM,
                                       MANIFEST_FILE, array_checksum, backbone_item)
 from wts_jax.convert.plan import ConversionPlan, plan_conversion
@@ -115,8 +116,12 @@ def convert(src: str | Path, dst: str | Path, *, full: bool = False,
           del arrays   # before the next item is read: one item in memory at a time
         write_json(staging.path / MANIFEST_FILE,
                    build_manifest(source, plan, items, out_dtype, checksums))
-        with deferred_interrupts():
-          staging.commit()
+        try:
+          with deferred_interrupts():
+            staging.commit()
+        except Interrupted as interrupt:
+          interrupt.wrote = dst   # the swap finished: say so, rather than "nothing"
+          raise
     except OSError as err:   # a full disk or an unwritable parent: still nothing left
       raise ConversionError(f"converting to {dst} failed ({err}); nothing was written") from None
     finally:

@@ -20,11 +20,13 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):
-  """A conversion stopped by SIGINT or SIGTERM (``signum``)."""
+  """A conversion stopped by SIGINT or SIGTERM (``signum``). ``wrote`` is the output
+  directory when the signal came during the final swap, which it let finish."""
 
   def __init__(self, signum: int):
     super().__init__(signal.Signals(signum).name)
     self.signum = signum
+    self.wrote = None
 
 
 class _State:
