@@ -121,15 +121,31 @@ def _dtype_edited(dst):
   edit_manifest(dst, lambda manifest: manifest.update(dtype="int8"))
 
 
-def _nan_without_checksums(dst):
-  """A directory written before checksums were recorded, with a NaN in W2."""
+def rewrite_head(dst: Path, edit) -> None:
+  """Write ``head/`` again, through the converter's own writer, with ``edit`` applied to
+  its arrays (by DeepSpec key)."""
   head = wts_jax.load(dst)
   arrays = {key: np.array(value) for key, value in
             flatten(nnx.to_pure_dict(nnx.state(head, nnx.Param))).items()}
-  arrays["markov_head.markov_w2.weight"][7, 3] = np.nan
+  edit(arrays)
   shutil.rmtree(dst / "head")
   save_arrays(dst / "head", arrays)
+
+
+def _nan_without_checksums(dst):
+  """A directory written before checksums were recorded, with a NaN in W2."""
+  rewrite_head(dst, lambda arrays: arrays["markov_head.markov_w2.weight"].__setitem__(
+      (7, 3), np.nan))
   edit_manifest(dst, lambda manifest: manifest.pop("checksums"))
+
+
+def _array_missing_from_item(dst):
+  rewrite_head(dst, lambda arrays: arrays.pop("markov_head.markov_w2.weight"))
+
+
+def _array_not_in_manifest(dst):
+  rewrite_head(dst, lambda arrays: arrays.update(
+      {"markov_head.extra.weight": np.zeros((3, 3), np.float32)}))
 
 
 DAMAGES = [
@@ -152,6 +168,10 @@ DAMAGES = [
     (_head_type_edited, [f"{MANIFEST}: head", "head_type='lstm' must be one of"]),
     (_dtype_edited, [f"{MANIFEST}: dtype='int8' is not one of"]),
     (_nan_without_checksums, ["'markov_head.markov_w2.weight' holds 1 non-finite values"]),
+    (_array_missing_from_item, [f"/head: lacks 'markov_head.markov_w2.weight', which "
+                                f"{MANIFEST} lists"]),
+    (_array_not_in_manifest, [f"/head: holds 'markov_head.extra.weight', which {MANIFEST} "
+                              "does not list"]),
 ]
 
 

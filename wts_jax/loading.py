@@ -119,9 +119,12 @@ def _restore(directory: Path, item: str, shapes: dict[str, list], manifest: dict
   restore_args = nest({key: ocp.RestoreArgs(restore_type=np.ndarray) for key in shapes})
   checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
   try:
+    _check_stored_keys(checkpointer, path, shapes)
     with quiet_abandoned_coroutines():
       restored = flatten(checkpointer.restore(
           path.absolute(), args=ocp.args.PyTreeRestore(restore_args=restore_args)))
+  except CheckpointError:
+    raise
   except Exception as err:  # noqa: BLE001 - TensorStore raises a bare Exception
     raise CheckpointError(f"{path}: cannot read the orbax checkpoint, a file of it is "
                           f"damaged or missing ({innermost_reason(err)})") from None
@@ -137,6 +140,35 @@ def _restore(directory: Path, item: str, shapes: dict[str, list], manifest: dict
     arrays[key] = jax.device_put(array.astype(dtype, copy=False))
     del restored[key]   # one host copy at a time
   return arrays
+
+
+def _metadata_keys(tree, prefix: str = "") -> set[str]:
+  keys = set()
+  for name, value in tree.items():
+    if isinstance(value, Mapping):
+      keys |= _metadata_keys(value, f"{prefix}{name}.")
+    else:
+      keys.add(f"{prefix}{name}")
+  return keys
+
+
+def _check_stored_keys(checkpointer, path: Path, shapes: dict[str, list]) -> None:
+  """The item's arrays (from orbax's metadata, without reading any) against the
+  manifest, so a missing or extra array is named as such."""
+  try:
+    metadata = checkpointer.metadata(path.absolute())
+  except Exception:  # noqa: BLE001 - the restore that follows reports what is wrong
+    return
+  tree = getattr(metadata, "item_metadata", metadata)   # orbax >= 0.11: StepMetadata
+  tree = getattr(tree, "tree", tree)
+  if not isinstance(tree, Mapping):
+    return
+  stored = _metadata_keys(tree)
+  for key in shapes:
+    if key not in stored:
+      raise CheckpointError(f"{path}: lacks {key!r}, which {MANIFEST_FILE} lists")
+  for key in sorted(stored - set(shapes)):
+    raise CheckpointError(f"{path}: holds {key!r}, which {MANIFEST_FILE} does not list")
 
 
 def check_stored_array(path: Path, key: str, array: np.ndarray, shape: tuple[int, ...],
