@@ -1,7 +1,6 @@
 """wts_jax: Weights That Stay — the serial head of parallel drafters as one persistent kernel.
 
-Public surface: ``walk`` and its ``WalkOutput``, the heads, ``WalkConfig``, ``load`` (and
-the ``CheckpointError`` it raises for a damaged or edited directory).
+Public surface: ``walk`` and its ``WalkOutput``, the heads, ``WalkConfig``, ``load``.
 """
 
 from wts_jax.api import chosen_implementation, walk
