@@ -1,3 +1,4 @@
+import collections
 import os
 
 # The CPU suite must never grab a GPU by accident, and the GPU suite needs one.
@@ -13,3 +14,17 @@ def pytest_generate_tests(metafunc):
                              ("residency", "RESIDENCIES")):
     if fixture in metafunc.fixturenames and cls is not None and hasattr(cls, attribute):
       metafunc.parametrize(fixture, getattr(cls, attribute))
+
+
+def pytest_terminal_summary(terminalreporter):
+  """Why tests were skipped, one line per reason, even under ``-q``: on jax 0.10 the
+  Mosaic GPU interpret tests skip, and a green CPU run must not read as covering them."""
+  reasons = collections.Counter()
+  for report in terminalreporter.stats.get("skipped", []):
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reasons[(report.fspath, reason.removeprefix("Skipped: "))] += 1
+  if reasons:
+    terminalreporter.write_sep("-", "skipped tests, by reason")
+    for (path, reason), count in sorted(reasons.items()):
+      terminalreporter.write_line(f"{count} skipped in {path}: {reason}")

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -492,6 +493,33 @@ def _pickle_with_code(tmp_path):
   return src
 
 
+def _legacy_pickle_with_code(tmp_path):
+  src = _checkpoint(tmp_path, layout="bin")
+  state = torch.load(src / "pytorch_model.bin", weights_only=True)
+  state["optimizer_hook"] = NotATensor()
+  torch.save(state, src / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+  return src
+
+
+def _truncated_bin(tmp_path):
+  src = _checkpoint(tmp_path, layout="bin")
+  path = src / "pytorch_model.bin"
+  path.write_bytes(path.read_bytes()[:-1000])
+  return src
+
+
+def _empty_bin(tmp_path):
+  src = _checkpoint(tmp_path, layout="bin")
+  (src / "pytorch_model.bin").write_bytes(b"")
+  return src
+
+
+def _not_a_torch_file(tmp_path):
+  src = _checkpoint(tmp_path, layout="bin")
+  (src / "pytorch_model.bin").write_text("<html>404 Not Found</html>\n" * 10)
+  return src
+
+
 def _non_finite_backbone(tmp_path):
   def poison(state):
     state["lm_head.weight"][3, 4] = float("inf")
@@ -525,7 +553,13 @@ REFUSALS = [
     (_unknown_head_type, [], ["markov_head_type='lstm' must be one of"]),
     (_config_lacks_markov_rank, [], ["config.json: lacks 'markov_rank'"]),
     (_no_config, [], ["config.json: missing"]),
-    (_pickle_with_code, [], ["pytorch_model.bin: torch.load(weights_only=True) refused it"]),
+    (_pickle_with_code, [], ["pytorch_model.bin: refused to unpickle (it holds a pickled ",
+                             "NotATensor object", "never runs code"]),
+    (_legacy_pickle_with_code, [], ["pytorch_model.bin: refused to unpickle (it holds a "
+                                    "pickled ", "NotATensor object"]),
+    (_truncated_bin, [], ["pytorch_model.bin: truncated or corrupt .bin file"]),
+    (_empty_bin, [], ["pytorch_model.bin: empty file (0 bytes)"]),
+    (_not_a_torch_file, [], ["pytorch_model.bin: not a PyTorch checkpoint"]),
     (_non_finite_backbone, ["--full"], ["'lm_head.weight' in model.safetensors holds 1 "
                                         "non-finite values"]),
 ]
@@ -538,10 +572,15 @@ def test_refusal_names_the_culprit_and_writes_nothing(tmp_path, capsys, make_che
   src = make_checkpoint(tmp_path)
   src_files = sorted(p.name for p in src.iterdir())
 
-  assert run_cli(src, tmp_path / "dst", *extra_args) == 2
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert run_cli(src, tmp_path / "dst", *extra_args) == 2
+  assert not [warning for warning in caught if "torch" in warning.filename], caught
 
   err = capsys.readouterr().err
   assert err.startswith("wts-convert: error: ") and err.count("\n") == 1, err
+  # A security refusal must not pass on torch's advice to load the pickle anyway.
+  assert "weights_only=False" not in err and "\x1b" not in err, err
   for message in messages:
     assert message in err, (message, err)
   assert not (tmp_path / "dst").exists()

@@ -5,7 +5,7 @@ Public surface: ``walk`` and its ``WalkOutput``, the heads, the kernels' configs
 """
 
 from wts_jax.api import chosen_implementation, walk
-from wts_jax.convert.errors import ConversionError
+from wts_jax.convert.errors import CheckpointError, ConversionError
 from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
 from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
                            VanillaMarkovHead, make_head)
@@ -17,7 +17,8 @@ from wts_jax.walk_config import MosaicConfig, TritonConfig, WalkConfig
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConversionError", "DrafterWeights", "KERNEL_COMPILER_OPTIONS", "from_torch_state_dict", "load", "load_drafter",
+    "CheckpointError", "ConversionError", "DrafterWeights", "KERNEL_COMPILER_OPTIONS",
+    "from_torch_state_dict", "load", "load_drafter",
     "quantize_w2",
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
     "MosaicConfig", "TritonConfig", "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from wts_jax import sampling
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, WalkOutput)
+from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, WalkOutput,
+                            output_status)
 
 
 def select_tokens(logits: jax.Array, step, *, score_scale, noise_on, seed):
@@ -96,6 +97,7 @@ def reference_walk(head: DraftHead, base_logits: jax.Array, first_tokens: jax.Ar
     per_step = {name: jnp.pad(value, [(0, 0), (0, steps - run_steps)] +
                               [(0, 0)] * (value.ndim - 2))
                 for name, value in per_step.items()}
+  status = status | output_status(per_step.get("confidence"), per_step.get("logprobs"))
   return WalkOutput(tokens=per_step["tokens"], status=status.astype(jnp.int32),
                     confidence=per_step.get("confidence"), logits=per_step.get("logits"),
                     logprobs=per_step.get("logprobs"))

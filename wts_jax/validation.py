@@ -2,7 +2,8 @@
 
 Shape, rank and dtype checks run at trace time. Value checks (token ids in range,
 temperatures) run when the values are concrete; under ``jit`` the walk reports
-out-of-range tokens and NaN logits through ``WalkOutput.status`` instead.
+out-of-range tokens, NaN logits and invalid temperatures through ``WalkOutput.status``
+instead.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from wts_jax import sampling
 from wts_jax.heads.base import SerialHead
 from wts_jax.heads.draft_head import DraftHead
+from wts_jax.output import STATUS_INVALID_TEMPERATURE, WalkOutput, output_status
 
 
 def is_concrete(value) -> bool:
@@ -30,6 +32,9 @@ class Sampling:
   score_scale: jax.Array | None = None   # [B] fp32: 1/T, or 1.0 on greedy rows
   noise_on: jax.Array | None = None      # [B] bool: False on greedy rows
   seed: jax.Array | None = None          # uint32[2]
+  # int32 scalar: STATUS_INVALID_TEMPERATURE when a traced temperature was < 0 or not
+  # finite (a concrete one is refused at the call instead).
+  status: jax.Array | None = None
 
 
 def as_draft_head(head) -> DraftHead:
@@ -40,6 +45,13 @@ def as_draft_head(head) -> DraftHead:
   raise TypeError(f"head must be a wts_jax DraftHead or serial head, got {type(head)!r}")
 
 
+def _check_array(name: str, value) -> None:
+  """Arrays only: a list has no dtype to check, and the walk needs a static shape."""
+  if not isinstance(value, (jax.Array, np.ndarray)):
+    raise TypeError(f"{name} must be a jax or numpy array, got {type(value).__name__} "
+                    f"(wrap it: jnp.asarray({name}))")
+
+
 def _check_floating(name: str, array) -> None:
   if not jnp.issubdtype(array.dtype, jnp.floating):
     raise TypeError(f"{name}.dtype={array.dtype} must be a floating dtype")
@@ -47,6 +59,10 @@ def _check_floating(name: str, array) -> None:
 
 def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden) -> None:
   config = head.config
+  _check_array("base_logits", base_logits)
+  _check_array("first_tokens", first_tokens)
+  if hidden is not None:
+    _check_array("hidden", hidden)
   if getattr(base_logits, "ndim", None) != 3:
     raise ValueError(f"base_logits must be [B, K, V]; got shape "
                      f"{getattr(base_logits, 'shape', None)}")
@@ -87,8 +103,25 @@ def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden) -> Non
     _check_floating("hidden", hidden)
 
 
+def check_key(key) -> None:
+  """A single JAX PRNG key: new-style (``jax.random.key``) or raw uint32[2]."""
+  if not isinstance(key, (jax.Array, np.ndarray)):
+    raise TypeError(f"key={key!r} must be a JAX PRNG key from jax.random.key(seed), not "
+                    f"a {type(key).__name__}")
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  if typed and key.shape != ():
+    raise ValueError(f"key must be one PRNG key; got a key array of shape {key.shape} "
+                     "(split keys are per walk, not per row)")
+  if not typed and (key.dtype != np.uint32 or key.shape != (2,)):
+    raise TypeError(f"key must be a JAX PRNG key from jax.random.key(seed) (or a raw "
+                    f"uint32[2] key); got {key.dtype}{list(key.shape)}")
+
+
 def make_sampling(temperature, key, batch: int) -> Sampling:
   """Turn ``temperature`` (a number or [B] array) and ``key`` into a ``Sampling``."""
+  if key is not None:
+    check_key(key)
+  status = None
   if isinstance(temperature, (int, float, np.integer, np.floating)) and not isinstance(
       temperature, bool):
     temperature = float(temperature)
@@ -111,9 +144,22 @@ def make_sampling(temperature, key, batch: int) -> Sampling:
       if bad.size:
         raise ValueError(f"temperature[{bad[0]}]={values[bad[0]]} must be finite and >= 0")
     temps = temps.astype(jnp.float32)
+    invalid = ~jnp.isfinite(temps) | (temps < 0)
+    status = jnp.where(jnp.any(invalid), STATUS_INVALID_TEMPERATURE, 0).astype(jnp.int32)
+    temps = jnp.where(invalid, 0.0, temps)   # an invalid row is walked greedily
   if key is None:
     raise ValueError("temperature > 0 samples tokens and needs key=jax.random.key(...)")
   noise_on = temps > 0
   score_scale = jnp.where(noise_on, 1.0 / jnp.where(noise_on, temps, 1.0), 1.0)
   return Sampling(greedy=False, score_scale=score_scale.astype(jnp.float32),
-                  noise_on=noise_on, seed=sampling.seed_words(key))
+                  noise_on=noise_on, seed=sampling.seed_words(key), status=status)
+
+
+def finish_walk(output: WalkOutput, mode: Sampling) -> WalkOutput:
+  """``output`` with every status bit set that the inputs (``mode.status``) and the
+  outputs themselves (NaN confidence, NaN or +Inf log-probabilities) call for, whichever
+  implementation produced it; ``walk`` applies it to every output."""
+  status = output.status | output_status(output.confidence, output.logprobs)
+  if mode.status is not None:
+    status = status | mode.status
+  return dataclasses.replace(output, status=status.astype(jnp.int32))

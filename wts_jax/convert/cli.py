@@ -4,12 +4,14 @@
   wts-convert inspect SRC
 
 A refused checkpoint prints one ``error:`` line naming the key, file or value, exits
-with status 2 and leaves no DST behind.
+with status 2 and leaves no DST behind. Ctrl-C or SIGTERM removes what was staged and
+exits with 130 or 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from wts_jax.convert.drafter_config import FLOAT_DTYPES
@@ -73,9 +75,13 @@ def main(argv: list[str] | None = None) -> int:
   except ConversionError as err:
     print(f"wts-convert: error: {err}", file=sys.stderr)
     return EXIT_REFUSED
-  except KeyboardInterrupt:
-    print("wts-convert: interrupted; nothing was written", file=sys.stderr)
-    return 130
+  except KeyboardInterrupt as interrupt:
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    wrote = getattr(interrupt, "wrote", None)
+    outcome = "nothing was written" if wrote is None else f"after writing {wrote}"
+    print(f"wts-convert: interrupted ({signal.Signals(signum).name}); {outcome}",
+          file=sys.stderr)
+    return 128 + signum   # the shell's status for a process ended by that signal
   print(f"wrote {dst}")
   return 0
 

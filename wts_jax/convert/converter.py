@@ -14,12 +14,15 @@ from pathlib import Path
 from wts_jax.convert.drafter_config import canonical_dtype
 from wts_jax.convert.errors import ConversionError
 from wts_jax.convert.formats import CheckpointSource, open_checkpoint
+from wts_jax.convert.interrupts import (Interrupted, deferred_interrupts,
+                                        interrupts_as_exceptions)
 from wts_jax.convert.manifest import (FORMAT_NAME, FORMAT_VERSION, HEAD_ITEM,
-                                      MANIFEST_FILE, backbone_item)
+                                      MANIFEST_FILE, array_checksum, backbone_item)
 from wts_jax.convert.plan import ConversionPlan, plan_conversion
 from wts_jax.convert.progress import Progress, format_bytes
-from wts_jax.convert.writer import (StagingDirectory, check_destination, save_arrays,
-                                    write_json)
+from wts_jax.convert.staging import (StagingDirectory, check_destination,
+                                     remove_dead_leftovers)
+from wts_jax.convert.writer import save_arrays, write_json
 
 
 def output_dtype(plan: ConversionPlan, dtype: str | None) -> str:
@@ -44,7 +47,7 @@ def items_to_write(plan: ConversionPlan, full: bool) -> dict[str, tuple]:
 
 
 def build_manifest(source: CheckpointSource, plan: ConversionPlan, items: dict[str, tuple],
-                   dtype: str) -> dict:
+                   dtype: str, checksums: dict[str, dict[str, str]]) -> dict:
   head_config = plan.config.head_config
   return {
       "format": FORMAT_NAME,
@@ -53,6 +56,7 @@ def build_manifest(source: CheckpointSource, plan: ConversionPlan, items: dict[s
       "dtype": dtype,
       "tensors": {name: {tensor.key: list(tensor.shape) for tensor in tensors}
                   for name, tensors in items.items()},
+      "checksums": checksums,
       "drafter": plan.config.to_json(),
       "source": {"path": str(Path(source.location).absolute()), "format": source.format,
                  "dtype": plan.source_dtype},
@@ -81,18 +85,23 @@ def convert(src: str | Path, dst: str | Path, *, full: bool = False,
     progress: draw a progress bar on stderr.
 
   Returns the path of ``dst``. Raises ``ConversionError`` (and writes nothing) for any
-  checkpoint it refuses.
+  checkpoint it refuses, and ``Interrupted`` (a ``KeyboardInterrupt``) on Ctrl-C or
+  SIGTERM, after removing what it had staged. Staging directories that killed runs for
+  the same ``dst`` left behind are removed first.
   """
   dst = Path(dst)
-  with open_checkpoint(src) as source:
+  with interrupts_as_exceptions(), open_checkpoint(src) as source:
     plan = plan_conversion(source)
     out_dtype = output_dtype(plan, dtype)
     items = items_to_write(plan, full)
-    check_destination(dst, force, _source_paths(source))
     total = sum(tensor.nbytes for tensors in items.values() for tensor in tensors)
     bar = Progress(total, enabled=progress)
+    for note in remove_dead_leftovers(dst):
+      bar.stage(note)
+    check_destination(dst, force, _source_paths(source))
     bar.stage(f"converting {source.location} ({source.format}, {format_bytes(total)}) "
               f"to {dst} as {out_dtype}")
+    checksums: dict[str, dict[str, str]] = {}
     try:
       with StagingDirectory(dst, force=force) as staging:
         for name, tensors in items.items():
@@ -100,12 +109,19 @@ def convert(src: str | Path, dst: str | Path, *, full: bool = False,
           for tensor in tensors:
             bar.start_tensor(tensor.key)
             arrays[tensor.key] = source.read(tensor.key, out_dtype, bar.advance)
+            checksums.setdefault(name, {})[tensor.key] = array_checksum(arrays[tensor.key])
           bar.stage(f"writing {name}/ ({len(arrays)} tensors)")
-          save_arrays(staging.path / name, arrays)
+          with deferred_interrupts():   # orbax's writer threads finish first
+            save_arrays(staging.path / name, arrays)
           del arrays   # before the next item is read: one item in memory at a time
         write_json(staging.path / MANIFEST_FILE,
-                   build_manifest(source, plan, items, out_dtype))
-        staging.commit()
+                   build_manifest(source, plan, items, out_dtype, checksums))
+        try:
+          with deferred_interrupts():
+            staging.commit()
+        except Interrupted as interrupt:
+          interrupt.wrote = dst   # the swap finished: say so, rather than "nothing"
+          raise
     except OSError as err:   # a full disk or an unwritable parent: still nothing left
       raise ConversionError(f"converting to {dst} failed ({err}); nothing was written") from None
     finally:

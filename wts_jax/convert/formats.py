@@ -17,7 +17,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pickle
 import re
+import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -182,27 +185,81 @@ def _dtype_name(dtype) -> str:
   return str(dtype).removeprefix("torch.")
 
 
+ZIP_MAGIC = b"PK\x03\x04"     # torch.save's default format is a zip archive
+PICKLE_MAGIC = b"\x80"         # the legacy format starts with a pickle protocol opcode
+_BLOCKED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error: ([^\n]*)")
+
+
+def _check_torch_container(path: Path) -> None:
+  """Refuse a file that cannot be a complete ``torch.save`` output, before torch does
+  (its messages for these are ``EOFError`` or ``[Errno 22] Invalid argument``)."""
+  try:
+    with path.open("rb") as file:
+      head = file.read(len(ZIP_MAGIC))
+  except OSError as err:
+    raise ConversionError(f"{path}: cannot read ({err})") from None
+  if not head:
+    raise ConversionError(f"{path}: empty file (0 bytes); not a PyTorch checkpoint")
+  if head == ZIP_MAGIC:
+    if not zipfile.is_zipfile(path):
+      raise ConversionError(
+          f"{path}: truncated or corrupt .bin file (a zip archive without its central "
+          f"directory; {path.stat().st_size} bytes)")
+  elif not head.startswith(PICKLE_MAGIC):
+    raise ConversionError(
+        f"{path}: not a PyTorch checkpoint (neither torch.save's zip archive nor its "
+        "legacy pickle format)")
+
+
+def _unpickling_refusal(path: Path, err: Exception) -> ConversionError:
+  """torch's refusal, without its advice to retry with weights_only=False: a checkpoint
+  that needs arbitrary code to load is exactly what must not be loaded."""
+  text = str(err)
+  blocked = _BLOCKED_GLOBAL.search(text)
+  if blocked:
+    reason = f"it holds a pickled {blocked[1]} object, which only running its code builds"
+  else:
+    detail = _UNPICKLER_ERROR.search(text)
+    first_line = text.strip().splitlines()[0] if text.strip() else ""
+    reason = f"{type(err).__name__}: {detail[1] if detail else first_line}"
+  return ConversionError(
+      f"{path}: refused to unpickle ({reason}); wts-convert reads only plain "
+      "{name: tensor} state dicts (torch.load(weights_only=True)) and never runs code "
+      "from a checkpoint")
+
+
+def _torch_load(torch, path: Path):
+  """``torch.load(weights_only=True)``, memory-mapped where the format allows; torch's
+  warnings about a file it reads or refuses are not the user's to act on."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    try:
+      return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as err:
+      if "mmap" not in str(err):
+        raise
+    # Files written by the legacy (non-zip) torch.save cannot be memory-mapped.
+    return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
 class TorchBinFile(TensorMapping):
   """A ``pytorch_model*.bin`` read with ``torch.load(weights_only=True)``, memory-mapped."""
 
   def __init__(self, path: Path):
     torch = _torch()
+    _check_torch_container(path)
     try:
-      try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-      except RuntimeError as err:
-        if "mmap" not in str(err):
-          raise
-        # Files written by the legacy (non-zip) torch.save cannot be memory-mapped.
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
+      state = _torch_load(torch, path)
     except FileNotFoundError as err:
       raise ConversionError(f"{path}: cannot read ({err})") from None
-    except Exception as err:  # noqa: BLE001 - torch raises many types for a bad pickle
+    except pickle.UnpicklingError as err:
+      raise _unpickling_refusal(path, err) from None
+    except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
       first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
       raise ConversionError(
-          f"{path}: torch.load(weights_only=True) refused it ({type(err).__name__}: "
-          f"{first_line}); only plain tensor state dicts are read, never arbitrary "
-          "pickles") from None
+          f"{path}: damaged PyTorch checkpoint, torch.load cannot read it "
+          f"({type(err).__name__}: {first_line})") from None
     if not isinstance(state, dict):
       raise ConversionError(
           f"{path}: holds a {type(state).__name__}, not a {{name: tensor}} state dict")
