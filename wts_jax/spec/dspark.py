@@ -34,8 +34,8 @@ from flax import nnx
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.spec.qwen3 import (DecoderLayers, Embedding, KVCache, Qwen3Config, Weight,
-                                assemble, attend, check_keys, expected_keys, linear, mlp,
-                                rms_norm, rotary)
+                                assemble, attend, check_keys, expected_keys, finish_layer,
+                                linear, project_qkv, rms_norm, rotary)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).
@@ -202,17 +202,10 @@ class DSparkDrafter(nnx.Module):
 
     def one_layer(h, xs):
       layer, index = xs
-      x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
-      q = linear(x, layer["q_proj"]).reshape(batch, steps, c.num_heads, c.head_dim)
-      k = linear(x, layer["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-      v = linear(x, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-      q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
-      k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
+      q, k, v = project_qkv(h, layer, c, positions)
       attended = attend(q, [context.keys[index], k], [context.values[index], v],
                         [context_mask, block_mask])
-      h = h + linear(attended, layer["o_proj"])
-      h = h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer)
-      return h, None
+      return finish_layer(h, attended, layer, c), None
 
     h, _ = jax.lax.scan(one_layer, h, (self.layers.stacked(), jnp.arange(c.num_layers)))
     hidden = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)

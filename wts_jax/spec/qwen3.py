@@ -183,6 +183,26 @@ def mlp(x: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
                 layer["down_proj"])
 
 
+def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
+                positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """A layer's queries [B, T, H, h], keys and values [B, T, Kv, h] (normed, rotated)."""
+  batch, steps, _ = h.shape
+  x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
+  q = linear(x, layer["q_proj"]).reshape(batch, steps, c.num_heads, c.head_dim)
+  k = linear(x, layer["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  v = linear(x, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
+  k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
+  return q, k, v
+
+
+def finish_layer(h: jax.Array, attended: jax.Array, layer: dict[str, jax.Array],
+                 c: "Qwen3Config") -> jax.Array:
+  """The rest of a pre-norm layer after attention: o_proj, residual, MLP, residual."""
+  h = h + linear(attended, layer["o_proj"])
+  return h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer)
+
+
 # ----------------------------------------------------------------------------- modules
 
 # The per-layer weights and the Hugging Face key part each one loads from.
@@ -341,19 +361,13 @@ class Qwen3(nnx.Module):
     def one_layer(carry, xs):
       h, features = carry
       layer, index = xs
-      x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
-      q = linear(x, layer["q_proj"]).reshape(batch, steps, c.num_heads, c.head_dim)
-      k = linear(x, layer["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-      v = linear(x, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-      q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
-      k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
+      q, k, v = project_qkv(h, layer, c, positions)
       keys, values, masks = [k], [v], [causal]
       if cached is not None:
         keys.insert(0, cached[0][index])
         values.insert(0, cached[1][index])
         masks.insert(0, cached[2])
-      h = h + linear(attend(q, keys, values, masks), layer["o_proj"])
-      h = h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer)
+      h = finish_layer(h, attend(q, keys, values, masks), layer, c)
       slot = slot_of_layer[index]
       features = jax.lax.cond(slot >= 0, lambda f: f.at[slot].set(h), lambda f: f,
                               features)
