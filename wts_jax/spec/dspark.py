@@ -237,8 +237,9 @@ class DSparkDrafter(nnx.Module):
 
 def make_dspark(config: DSparkConfig, *, seed: int = 0, param_dtype=jnp.bfloat16,
                 dtype=jnp.bfloat16) -> DSparkDrafter:
-  """A random-weight drafter (tests, benchmarks)."""
-  return DSparkDrafter(config, rngs=nnx.Rngs(seed), param_dtype=param_dtype, dtype=dtype)
+  """A random-weight drafter (tests, benchmarks), drawn on the device in one program."""
+  return nnx.jit(lambda: DSparkDrafter(config, rngs=nnx.Rngs(seed), param_dtype=param_dtype,
+                                       dtype=dtype))()
 
 
 def config_from_converted(manifest: dict[str, Any], where: str) -> DSparkConfig:

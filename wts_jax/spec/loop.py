@@ -29,7 +29,7 @@ from flax import nnx
 
 from wts_jax.spec.dspark import WALKS, DSparkDrafter
 from wts_jax.spec.policy import DraftPolicy, FixedDraftLength, as_policy
-from wts_jax.spec.qwen3 import KVCache, Qwen3
+from wts_jax.spec.qwen3 import Qwen3
 from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
 
 PAD = -1   # fills ``GenerateOutput.tokens`` after each row's end
@@ -65,7 +65,6 @@ class _Settings:
   temperature: float
   policy: DraftPolicy
   walk_impl: str
-  eos_ids: tuple[int, ...]
   cache_len: int
 
 
@@ -136,7 +135,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: _Settings) 
   draft_tokens, accepted, bonus, keys, values, ctx_keys, ctx_values, confidence = result
 
   done = commit(draft_tokens, accepted, bonus, length, state["generated"], active,
-                s.max_new_tokens, s.eos_ids)
+                s.max_new_tokens, state["eos_ids"])
   write_row = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))
   out_tokens = jnp.where(active[:, None],
                          write_row(state["out_tokens"], done.tokens, state["generated"]),
@@ -153,6 +152,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: _Settings) 
       policy_state=policy.observe(policy_state, k, accepted,
                                   confidence if with_confidence else None, active),
       key=key,
+      eos_ids=state["eos_ids"],
       iterations=state["iterations"] + 1,
       accepted=state["accepted"] + accepted,
       steps=state["steps"] + active.astype(jnp.int32),
@@ -160,7 +160,8 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: _Settings) 
 
 
 def prefill(target: Qwen3, drafter: DSparkDrafter, prompt_ids: jax.Array,
-            prompt_lengths: jax.Array, key: jax.Array, s: _Settings) -> dict:
+            prompt_lengths: jax.Array, eos_ids: jax.Array, key: jax.Array,
+            s: _Settings) -> dict:
   """Run the prompts, fill both caches, pick each row's first token: the loop state."""
   batch = prompt_ids.shape[0]
   zeros = jnp.zeros((batch,), jnp.int32)
@@ -175,21 +176,19 @@ def prefill(target: Qwen3, drafter: DSparkDrafter, prompt_ids: jax.Array,
   first = _pick(out.logits[:, 0], s.temperature, first_key)
   width = s.max_new_tokens + s.policy.max_draft_len + 1
   out_tokens = jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(first)
-  active = jnp.full((batch,), s.max_new_tokens > 1)
-  if s.eos_ids:
-    active = active & ~jnp.isin(first, jnp.asarray(s.eos_ids, jnp.int32))
+  active = jnp.full((batch,), s.max_new_tokens > 1) & ~jnp.isin(first, eos_ids)
   return dict(target_cache=target_cache, draft_cache=draft_cache, length=prompt_lengths,
               last=first, out_tokens=out_tokens, generated=jnp.ones((batch,), jnp.int32),
-              active=active, policy_state=s.policy.init(batch), key=key,
+              active=active, policy_state=s.policy.init(batch), key=key, eos_ids=eos_ids,
               iterations=jnp.int32(0), accepted=zeros, steps=zeros)
 
 
 @functools.lru_cache(maxsize=16)
 def _compiled(target_graph, drafter_graph, settings: _Settings):
-  def run(target_state, drafter_state, prompt_ids, prompt_lengths, key):
+  def run(target_state, drafter_state, prompt_ids, prompt_lengths, eos_ids, key):
     target = nnx.merge(target_graph, target_state)
     drafter = nnx.merge(drafter_graph, drafter_state)
-    state = prefill(target, drafter, prompt_ids, prompt_lengths, key, settings)
+    state = prefill(target, drafter, prompt_ids, prompt_lengths, eos_ids, key, settings)
     state = jax.lax.while_loop(lambda st: jnp.any(st["active"]),
                                lambda st: iteration(target, drafter, st, settings), state)
     count = state["generated"]
@@ -271,8 +270,10 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   policy = as_policy(drafter.config.block_size if draft_len is None else draft_len)
   check_models(target, drafter, policy)
   prompt_ids, prompt_lengths = _prompt_array(prompts, target.config.vocab_size)
-  eos_ids = () if eos_id is None else tuple(
-      int(i) for i in ((eos_id,) if isinstance(eos_id, (int, np.integer)) else eos_id))
+  eos_ids = [] if eos_id is None else [
+      int(i) for i in ((eos_id,) if isinstance(eos_id, (int, np.integer)) else eos_id)]
+  # At least one entry (-1 matches no token): no EOS and one EOS share a compile.
+  eos_ids = np.array(eos_ids or [-1], np.int32)
   needed = prompt_ids.shape[1] + max_new_tokens + policy.max_draft_len
   if cache_len is None:
     cache_len = needed
@@ -283,11 +284,11 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
     raise ValueError(f"cache_len={cache_len} is too small: the longest prompt "
                      f"({prompt_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + "
                      f"draft_len ({policy.max_draft_len}) need {needed}")
-  settings = _Settings(max_new_tokens, float(temperature), policy, walk_impl, eos_ids,
+  settings = _Settings(max_new_tokens, float(temperature), policy, walk_impl,
                        int(cache_len))
   target_graph, target_state = nnx.split(target)
   drafter_graph, drafter_state = nnx.split(drafter)
   run = _compiled(target_graph, drafter_graph, settings)
   key = jax.random.key(0) if key is None else key
   return run(target_state, drafter_state, jnp.asarray(prompt_ids),
-             jnp.asarray(prompt_lengths), key)
+             jnp.asarray(prompt_lengths), jnp.asarray(eos_ids), key)

@@ -389,8 +389,9 @@ class Qwen3(nnx.Module):
 
 def make_qwen3(config: Qwen3Config, *, seed: int = 0, param_dtype=jnp.bfloat16,
                dtype=jnp.bfloat16) -> Qwen3:
-  """A random-weight Qwen3 (tests, benchmarks)."""
-  return Qwen3(config, rngs=nnx.Rngs(seed), param_dtype=param_dtype, dtype=dtype)
+  """A random-weight Qwen3 (tests, benchmarks), drawn on the device in one program."""
+  return nnx.jit(lambda: Qwen3(config, rngs=nnx.Rngs(seed), param_dtype=param_dtype,
+                               dtype=dtype))()
 
 
 # ----------------------------------------------------------------------------- loading

@@ -91,20 +91,19 @@ class Commit:
 
 def commit(draft_tokens: jax.Array, accepted: jax.Array, bonus: jax.Array,
            length: jax.Array, generated: jax.Array, active: jax.Array,
-           max_new_tokens: int, eos_ids: tuple[int, ...]) -> Commit:
-  """The tokens each row appends, with EOS and ``max_new_tokens`` applied per row."""
+           max_new_tokens: int, eos_ids: jax.Array) -> Commit:
+  """The tokens each row appends, with EOS and ``max_new_tokens`` applied per row.
+
+  eos_ids: [n] int32 ids that end a row (-1 entries match nothing).
+  """
   steps = draft_tokens.shape[1]
   index = jnp.arange(steps + 1)[None]
   padded = jnp.concatenate([draft_tokens, bonus[:, None]], axis=1)
   tokens = jnp.where(index == accepted[:, None], bonus[:, None], padded)
   count = accepted + 1
-  finished = jnp.zeros_like(active)
-  if eos_ids:
-    is_eos = jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32)) & (index < count[:, None])
-    first_eos = jnp.argmax(is_eos, axis=1)
-    hit = jnp.any(is_eos, axis=1)
-    count = jnp.where(hit, first_eos + 1, count)
-    finished = hit
+  is_eos = jnp.isin(tokens, eos_ids) & (index < count[:, None])
+  finished = jnp.any(is_eos, axis=1)
+  count = jnp.where(finished, jnp.argmax(is_eos, axis=1) + 1, count)
   budget = max_new_tokens - generated
   finished = finished | (count >= budget)
   count = jnp.minimum(count, budget)
