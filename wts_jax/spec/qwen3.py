@@ -171,8 +171,11 @@ def attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
   offset = 0
   for value in values:
     width = value.shape[1]
-    out = out + jnp.einsum("bkgts,bskh->bkgth", weights[..., offset:offset + width],
-                           value.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    # the weights take the cache's dtype: casting the cache instead would copy it
+    out = out + jnp.einsum("bkgts,bskh->bkgth",
+                           weights[..., offset:offset + width].astype(value.dtype), value,
+                           preferred_element_type=jnp.float32,
+                           precision=jax.lax.Precision.HIGHEST)
     offset += width
   return out.transpose(0, 3, 1, 2, 4).reshape(batch, steps, heads * head_dim).astype(q.dtype)
 
