@@ -12,7 +12,9 @@ expectation, and ``tokens/s = B · L / total``. The same profile is applied to e
 (the persistent kernel and the step-wise walk compute the same head, so they accept the
 same; "none", the backbone without a serial head, would accept less in reality). The
 JSON keeps the measured times, so any other acceptance can be applied to them; the plot
-draws tokens/s against L for each walk, per batch size.
+draws tokens/s against L for each walk, per batch size. Each record also holds the
+bytes a verify pass must read at least (the target's weights, the rows' cached keys
+and values), so ``verify_s`` can be read as a fraction of the memory-bound floor.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from wts_jax.spec import timing
 from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
@@ -138,7 +141,12 @@ def run(args) -> dict:
   for model, (target_config, drafter_config) in configs.items():
     target = make_qwen3(target_config, seed=0, param_dtype=dtype, dtype=dtype)
     drafter = make_dspark(drafter_config, seed=1, param_dtype=dtype, dtype=dtype)
+    weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(target)))
     for batch in args.batches:
+      c = target_config
+      # what a verify pass must read at least: the weights and the rows' cached K/V
+      cache_bytes = (2 * c.num_layers * batch * args.prompt_len * c.num_kv_heads
+                     * c.head_dim * jnp.dtype(dtype).itemsize)
       common = dict(batch=batch, prompt_len=args.prompt_len, repeats=args.repeats,
                     chain=args.chain)
       if over_budget():
@@ -150,7 +158,9 @@ def run(args) -> dict:
       shared: dict[str, float] = {}
       for walk in args.walks:
         record = dict(model=model, batch=batch, walk=walk, draft_len=steps,
-                      prompt_len=args.prompt_len, autoregressive_s=ar)
+                      prompt_len=args.prompt_len, autoregressive_s=ar,
+                      target_weight_bytes=int(weight_bytes),
+                      kv_cache_bytes=int(cache_bytes))
         if over_budget():
           records.append({**record, "skipped": "time budget"})
           continue
@@ -223,8 +233,15 @@ def plot(report: dict, path: Path) -> None:
   panels = sorted({(r["model"], r["batch"]) for r in rows})
   if not panels:
     return
-  fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
-  for ax, (model, batch) in zip(axes[0], panels):
+  models = sorted({model for model, _ in panels})
+  batches = sorted({batch for _, batch in panels})
+  fig, axes = plt.subplots(len(models), len(batches),
+                           figsize=(3.6 * len(batches), 3.2 * len(models)), squeeze=False)
+  for ax in axes.flat:
+    ax.set_visible(False)
+  for model, batch in panels:
+    ax = axes[models.index(model), batches.index(batch)]
+    ax.set_visible(True)
     for r in (r for r in rows if (r["model"], r["batch"]) == (model, batch)):
       lengths = np.linspace(1.0, r["draft_len"] + 1.0, 50)
       ax.plot(lengths, batch * lengths / r["total_s"], label=f"walk={r['walk']}")
