@@ -25,6 +25,8 @@ def test_tiny_run_writes_the_json_and_the_plot(tmp_path):
     assert row["modelled_tokens_per_iteration"] == pytest.approx(1.875)
     assert row["modelled_tokens_per_s"] == pytest.approx(2 * 1.875 / row["total_s"])
   assert (tmp_path / "e2e.png").stat().st_size > 0
+  assert bench_e2e.main(["--replot", str(out), "--plot", str(tmp_path / "again.png")]) == 0
+  assert (tmp_path / "again.png").stat().st_size > 0
 
 
 def test_bad_arguments_exit_2(capsys):

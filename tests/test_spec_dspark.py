@@ -16,7 +16,7 @@ import torch
 
 from convert_fixtures import drafter_config, drafter_state_dict, write_checkpoint
 from wts_jax.convert.converter import convert
-from wts_jax.spec.dspark import DSparkConfig, load_dspark, make_dspark
+from wts_jax.spec.dspark import DSparkConfig, load_dspark
 from wts_jax.spec.qwen3 import Qwen3Config
 
 
@@ -132,6 +132,5 @@ def test_bad_drafter_configs_are_named():
     DSparkConfig.tiny(target, target_layer_ids=(2, 1))
   with pytest.raises(ValueError, match="block_size"):
     DSparkConfig.tiny(target, block_size=0)
-  drafter = make_dspark(DSparkConfig.tiny(target), param_dtype=jnp.float32,
-                        dtype=jnp.float32)
-  assert drafter.head.config.confidence
+  assert DSparkConfig.tiny(target).head.confidence
+  assert DSparkConfig.qwen3_8b().layers.hidden_size == 4096

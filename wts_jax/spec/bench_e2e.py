@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--out", type=Path, default=Path("e2e.json"))
   parser.add_argument("--plot", type=Path, default=None,
                       help="PNG path (default: --out with .png)")
+  parser.add_argument("--replot", type=Path, default=None, metavar="JSON",
+                      help="only draw the plot of an earlier run's JSON (no measuring)")
   return parser
 
 
@@ -260,9 +262,25 @@ def plot(report: dict, path: Path) -> None:
   plt.close(fig)
 
 
+def _plot_or_say_why(report: dict, path: Path) -> None:
+  try:
+    plot(report, path)
+  except ImportError as err:   # a device image without matplotlib: the JSON is the result
+    _log(f"no plot ({err}); draw it elsewhere with: wts-e2e-bench --replot JSON")
+    return
+  _log(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
+  if args.replot is not None:
+    try:
+      report = json.loads(args.replot.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+      parser.error(f"--replot={str(args.replot)!r}: {err}")
+    _plot_or_say_why(report, args.plot or args.replot.with_suffix(".png"))
+    return 0
   for name in ("prompt_len", "draft_len", "repeats", "chain"):
     if getattr(args, name) < 1:
       parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
@@ -275,9 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {err}", file=sys.stderr)
     return 2
   args.out.write_text(json.dumps(report, indent=2) + "\n")
-  plot_path = args.plot or args.out.with_suffix(".png")
-  plot(report, plot_path)
-  _log(f"wrote {args.out} and {plot_path} ({report['elapsed_s']:.0f} s)")
+  _log(f"wrote {args.out} ({report['elapsed_s']:.0f} s)")
+  _plot_or_say_why(report, args.plot or args.out.with_suffix(".png"))
   return 0
 
 
