@@ -35,7 +35,8 @@ from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.spec.qwen3 import (DecoderLayers, Embedding, KVCache, Qwen3Config, Weight,
                                 assemble, attend, check_keys, expected_keys, finish_layer,
-                                linear, project_qkv, rms_norm, rotary)
+                                linear, precision, project_qkv, rms_norm,
+                                rotary)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).
@@ -211,7 +212,7 @@ class DSparkDrafter(nnx.Module):
     hidden = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
     base = jnp.einsum("bkd,vd->bkv", hidden, self.lm_head.weight[...].astype(hidden.dtype),
                       preferred_element_type=jnp.float32,
-                      precision=jax.lax.Precision.HIGHEST)
+                      precision=precision(hidden.dtype))
     return base, hidden
 
   def draft(self, base: jax.Array, hidden: jax.Array, last_tokens: jax.Array, *,

@@ -127,11 +127,17 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return (weight.astype(jnp.float32) * normed).astype(x.dtype)
 
 
+def precision(dtype) -> jax.lax.Precision:
+  """Full fp32 products for fp32 runs (exactness checks); bf16 runs need no request, and
+  asking HIGHEST of bf16 operands could make a backend upcast them."""
+  return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
+          else jax.lax.Precision.DEFAULT)
+
+
 def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
   """``x Wᵀ`` for a ``[out, in]`` weight, in ``x``'s dtype with fp32 accumulation."""
   y = jnp.einsum("...i,oi->...o", x, weight.astype(x.dtype),
-                 preferred_element_type=jnp.float32,
-                 precision=jax.lax.Precision.HIGHEST)
+                 preferred_element_type=jnp.float32, precision=precision(x.dtype))
   return y.astype(x.dtype)
 
 
@@ -162,9 +168,9 @@ def attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
   scale = head_dim ** -0.5
   scores = []
   for key, mask in zip(keys, masks):
-    part = jnp.einsum("btkgh,bskh->bkgts", grouped, key,
+    part = jnp.einsum("btkgh,bskh->bkgts", grouped, key.astype(grouped.dtype),
                       preferred_element_type=jnp.float32,
-                      precision=jax.lax.Precision.HIGHEST) * scale
+                      precision=precision(grouped.dtype)) * scale
     scores.append(jnp.where(mask[:, None, None], part, -jnp.inf))
   weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
   out = jnp.zeros((batch, kv_heads, heads // kv_heads, steps, head_dim), jnp.float32)
@@ -175,7 +181,7 @@ def attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
     out = out + jnp.einsum("bkgts,bskh->bkgth",
                            weights[..., offset:offset + width].astype(value.dtype), value,
                            preferred_element_type=jnp.float32,
-                           precision=jax.lax.Precision.HIGHEST)
+                           precision=precision(value.dtype))
     offset += width
   return out.transpose(0, 3, 1, 2, 4).reshape(batch, steps, heads * head_dim).astype(q.dtype)
 
@@ -383,7 +389,7 @@ class Qwen3(nnx.Module):
     h = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
     logits = jnp.einsum("btd,vd->btv", h, self.output_weight().astype(h.dtype),
                         preferred_element_type=jnp.float32,
-                        precision=jax.lax.Precision.HIGHEST)
+                        precision=precision(h.dtype))
     out_features = None
     if feature_layers:
       out_features = jnp.moveaxis(features, 0, 2).reshape(batch, steps, -1)

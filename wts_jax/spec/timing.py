@@ -21,6 +21,7 @@ per row per iteration, no drafter (all parts but ``verify``/``total`` are 0).
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import jax
@@ -39,20 +40,24 @@ METHOD = __doc__.split("Method (stated in every ``wts-e2e-bench`` JSON as ``METH
                        1)[1].strip()
 
 
-def chained_seconds(step: Callable, carry, *, chain: int, repeats: int) -> float:
-  """Median seconds of one ``step`` (carry -> carry), run ``chain`` times per sample."""
-  run = jax.jit(lambda c: jax.lax.fori_loop(0, chain, lambda _, x: step(x), c))
-  jax.block_until_ready(run(carry))               # compile and warm up
-  samples = []
-  for _ in range(repeats):
-    begin = time.perf_counter()
-    jax.block_until_ready(run(carry))
-    samples.append((time.perf_counter() - begin) / chain)
+def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int) -> float:
+  """Median seconds of one ``step(weights, carry) -> carry``, run ``chain`` times a sample.
+
+  The carry is donated and each call's result feeds the next call, so a step that
+  writes a cache updates it in place instead of copying it at every call.
+  """
+  run = jax.jit(lambda w, c: jax.lax.fori_loop(0, chain, lambda _, x: step(w, x), c),
+                donate_argnums=1)
+  with warnings.catch_warnings():
+    # the CPU cannot donate; the figures there are only a check
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    carry = jax.block_until_ready(run(weights, carry))      # compile and warm up
+    samples = []
+    for _ in range(repeats):
+      begin = time.perf_counter()
+      carry = jax.block_until_ready(run(weights, carry))
+      samples.append((time.perf_counter() - begin) / chain)
   return float(np.median(samples))
-
-
-def _models(target_graph, target_state, drafter_graph, drafter_state):
-  return nnx.merge(target_graph, target_state), nnx.merge(drafter_graph, drafter_state)
 
 
 def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len: int,
@@ -73,27 +78,30 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
   steps = max(draft_len, 1)
   policy = FixedDraftLength(steps)
   loop.check_models(target, drafter, policy)
-  vocab = target.config.vocab_size
   cache_len = prompt_len + steps + 2
-  graphs = nnx.split(target), nnx.split(drafter)
-  (target_graph, target_state), (drafter_graph, drafter_state) = graphs
+  (target_graph, target_state), (drafter_graph, drafter_state) = (nnx.split(target),
+                                                                  nnx.split(drafter))
   layer_ids = drafter.config.target_layer_ids
-  rows = jnp.arange(batch, dtype=jnp.int32)
   length = jnp.full((batch,), prompt_len, jnp.int32)
-  last = rows % vocab
   key = jax.random.key(0)
-  target_cache = target.empty_cache(batch, cache_len)
-  draft_cache = drafter.empty_cache(batch, cache_len)
-  weights = (target_state, drafter_state)
 
-  def with_models(fn):
-    def step(carry):
-      target_, drafter_ = _models(target_graph, carry[0][0], drafter_graph, carry[0][1])
-      return (carry[0], fn(target_, drafter_, carry[1]))
-    return step
+  # Fresh operands for every measurement: a measured call consumes (donates) its own.
+  def last():
+    return jnp.arange(batch, dtype=jnp.int32) % target.config.vocab_size
+
+  def target_cache():
+    return target.empty_cache(batch, cache_len)
+
+  def draft_cache():
+    return drafter.empty_cache(batch, cache_len)
 
   def time_step(fn, carry) -> float:
-    return chained_seconds(with_models(fn), (weights, carry), chain=chain, repeats=repeats)
+    def step(weights, carry):
+      target_ = nnx.merge(target_graph, weights[0])
+      drafter_ = nnx.merge(drafter_graph, weights[1])
+      return fn(target_, drafter_, carry)
+    return chained_seconds(step, (target_state, drafter_state), carry, chain=chain,
+                           repeats=repeats)
 
   if draft_len == 0:
     def autoregressive(target_, drafter_, carry):
@@ -101,7 +109,7 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
       out = target_.forward(tokens[:, None], length, cache)
       cache = cache.write(out.keys, out.values, length)
       return jnp.argmax(out.logits[:, 0], axis=-1).astype(jnp.int32), cache
-    seconds = time_step(autoregressive, (last, target_cache))
+    seconds = time_step(autoregressive, (last(), target_cache()))
     return {"total_s": seconds, "verify_s": seconds, "drafter_s": 0.0, "walk_s": 0.0}
 
   settings = loop._Settings(max_new_tokens=1 << 30, temperature=temperature, policy=policy,
@@ -113,8 +121,8 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
     return {**out, "length": length, "generated": jnp.ones_like(length),
             "active": jnp.ones_like(out["active"])}
 
-  state = dict(target_cache=target_cache, draft_cache=draft_cache, length=length,
-               last=last, out_tokens=jnp.zeros((batch, steps + 2), jnp.int32),
+  state = dict(target_cache=target_cache(), draft_cache=draft_cache(), length=length + 0,
+               last=last(), out_tokens=jnp.zeros((batch, steps + 2), jnp.int32),
                generated=jnp.ones_like(length), active=jnp.ones((batch,), bool),
                policy_state=policy.init(batch), key=key,
                eos_ids=jnp.array([-1], jnp.int32), iterations=jnp.int32(0),
@@ -150,11 +158,11 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
   if "total" in pieces:
     result["total_s"] = time_step(whole_iteration, state)
   if "verify" in pieces:
-    verify_tokens = jnp.broadcast_to(last[:, None], (batch, steps + 1))
-    result["verify_s"] = time_step(verify, (verify_tokens, target_cache))
+    verify_tokens = jnp.broadcast_to(last()[:, None], (batch, steps + 1))
+    result["verify_s"] = time_step(verify, (verify_tokens, target_cache()))
   if "drafter" in pieces:
-    result["drafter_s"] = time_step(draft_backbone, (last, draft_cache))
+    result["drafter_s"] = time_step(draft_backbone, (last(), draft_cache()))
   if "walk" in pieces:
-    base, hidden = jax.jit(lambda d, c: d.block(last, length, c))(drafter, draft_cache)
-    result["walk_s"] = time_step(walk, (last, base, hidden))
+    base, hidden = jax.jit(lambda d, c: d.block(last(), length, c))(drafter, draft_cache())
+    result["walk_s"] = time_step(walk, (last(), base, hidden))
   return result
