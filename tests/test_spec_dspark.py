@@ -118,6 +118,15 @@ def test_draft_runs_the_walk_and_the_plain_argmax(converted):
   assert sampled.q_logits.shape == base.shape
 
 
+def test_a_dflash_drafter_loads_without_a_serial_head(tmp_path):
+  config = drafter_config(None, rank=0, confidence=True, with_markov=False)
+  config["torch_dtype"] = "float32"
+  src = write_checkpoint(tmp_path / "src", config,
+                         drafter_state_dict(config, dtype=torch.float32))
+  drafter = load_dspark(convert(src, tmp_path / "out", full=True), dtype=jnp.float32)
+  assert drafter.head is None and drafter.config.head is None
+
+
 def test_a_head_only_conversion_is_refused(converted, tmp_path):
   config, state, _ = converted
   src = write_checkpoint(tmp_path / "src", config, state)
