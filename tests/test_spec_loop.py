@@ -14,6 +14,7 @@ from wts_jax.spec import loop
 from wts_jax.spec.dspark import DSparkConfig, DSparkDrafter, make_dspark
 from wts_jax.spec.loop import generate
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
+from wts_jax.walk_config import WalkConfig
 
 F32 = dict(param_dtype=jnp.float32, dtype=jnp.float32)
 PROMPTS = [[1, 2, 3], [4, 0, 5, 1, 2, 3, 0], [2, 2, 1, 0, 3]]
@@ -21,11 +22,13 @@ PROMPTS = [[1, 2, 3], [4, 0, 5, 1, 2, 3, 0], [2, 2, 1, 0, 3]]
 
 @pytest.fixture(scope="module")
 def models():
-  """A 6-token vocabulary, so a random drafter still gets some drafts accepted."""
+  """A 6-token vocabulary, so a random drafter still gets some drafts accepted. The
+  drafter stores bf16 and has rank 16, as the walk kernel needs (interpret mode here)."""
   target_config = Qwen3Config.tiny(vocab_size=6, num_layers=3)
   target = make_qwen3(target_config, seed=1, **F32)
   drafter = make_dspark(DSparkConfig.tiny(target_config, head_type="gated", block_size=4,
-                                          target_layer_ids=(-1, 1)), seed=2, **F32)
+                                          target_layer_ids=(-1, 1), rank=16),
+                        seed=2, param_dtype=jnp.bfloat16, dtype=jnp.float32)
   return target, drafter
 
 
@@ -58,11 +61,13 @@ def test_greedy_equals_the_targets_greedy_decoding(models):
   assert int(out.iterations) < 12
 
 
-def test_greedy_stops_at_eos_mid_block_per_row(models):
+def test_greedy_with_the_walk_kernel_stops_at_eos_per_row(models):
+  """The persistent walk kernel's own code (Pallas interpret mode) inside the loop."""
   target, drafter = models
   reference = greedy_reference(target, PROMPTS, 12)
   eos = reference[1][4]          # a token row 1 emits mid-way; other rows may emit it too
-  out = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="xla", eos_id=eos)
+  out = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="pallas",
+                 walk_config=WalkConfig(interpret=True), eos_id=eos)
   expected = greedy_reference(target, PROMPTS, 12, eos_id=eos)
   assert out.rows() == expected
   assert len(expected[1]) == 5 and any(len(row) == 12 or row[-1] == eos for row in expected)

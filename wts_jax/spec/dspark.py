@@ -216,12 +216,13 @@ class DSparkDrafter(nnx.Module):
     return base, hidden
 
   def draft(self, base: jax.Array, hidden: jax.Array, last_tokens: jax.Array, *,
-            temperature: float, key: jax.Array | None, walk_impl: str = "auto") -> Draft:
+            temperature: float, key: jax.Array | None, walk_impl: str = "auto",
+            walk_config=None) -> Draft:
     """Draft ``k = base.shape[1]`` tokens from the block's first k positions.
 
     walk_impl: ``"auto"`` / ``"pallas"`` / ``"xla"`` (``wts_jax.walk``'s ``impl``), or
     ``"none"`` (draft from the base logits alone, also what a drafter without a serial
-    head does).
+    head does). walk_config: the walk's ``WalkConfig`` (kernel options).
     """
     from wts_jax.api import walk   # the package's public entry point
     sampling = temperature > 0
@@ -232,7 +233,8 @@ class DSparkDrafter(nnx.Module):
       return Draft(jnp.argmax(base, axis=-1).astype(jnp.int32), None, None)
     hidden = hidden if self.head.config.needs_hidden else None
     out = walk(self.head, base, last_tokens, hidden, temperature=temperature,
-               key=key if sampling else None, return_logits=sampling, impl=walk_impl)
+               key=key if sampling else None, return_logits=sampling, impl=walk_impl,
+               config=walk_config)
     return Draft(out.tokens, out.logits, out.confidence)
 
 

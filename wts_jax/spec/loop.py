@@ -31,6 +31,7 @@ from wts_jax.spec.dspark import WALKS, DSparkDrafter
 from wts_jax.spec.policy import DraftPolicy, FixedDraftLength, as_policy
 from wts_jax.spec.qwen3 import Qwen3
 from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
+from wts_jax.walk_config import WalkConfig
 
 PAD = -1   # fills ``GenerateOutput.tokens`` after each row's end
 
@@ -66,6 +67,7 @@ class _Settings:
   policy: DraftPolicy
   walk_impl: str
   cache_len: int
+  walk_config: WalkConfig | None = None
 
 
 def _pad_axis(x: jax.Array, axis: int, extra: int) -> jax.Array:
@@ -105,7 +107,8 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: _Settings) 
   def branch(steps: int):
     def run(_):
       draft = drafter.draft(base[:, :steps], hidden[:, :steps], last,
-                            temperature=s.temperature, key=draft_key, walk_impl=s.walk_impl)
+                            temperature=s.temperature, key=draft_key, walk_impl=s.walk_impl,
+                            walk_config=s.walk_config)
       out = target.forward(jnp.concatenate([last[:, None], draft.tokens], axis=1),
                            length, state["target_cache"], feature_layers=layer_ids)
       row_cap = jnp.minimum(cap, steps)
@@ -245,8 +248,8 @@ def _prompt_array(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
 def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[int]],
              max_new_tokens: int, *, temperature: float = 0.0, key: jax.Array | None = None,
              draft_len: int | DraftPolicy | None = None, walk_impl: str = "auto",
-             eos_id: int | Sequence[int] | None = None,
-             cache_len: int | None = None) -> GenerateOutput:
+             eos_id: int | Sequence[int] | None = None, cache_len: int | None = None,
+             walk_config: WalkConfig | None = None) -> GenerateOutput:
   """Speculative decoding of a batch of prompts (token-id lists of any lengths).
 
   temperature: 0 for greedy (output = the target's greedy decoding), > 0 for lossless
@@ -255,6 +258,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   ``"pallas"``, ``"xla"`` (``wts_jax.walk``'s ``impl``) or ``"none"`` (no serial head).
   eos_id: token id(s) that end a row (kept in its output). cache_len: KV-cache
   positions per row (default: the longest prompt + max_new_tokens + draft_len).
+  walk_config: the walk kernel's options (``wts_jax.WalkConfig``).
   Every argument is checked before any work; a bad one raises ``ValueError``.
   """
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
@@ -285,7 +289,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
                      f"({prompt_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + "
                      f"draft_len ({policy.max_draft_len}) need {needed}")
   settings = _Settings(max_new_tokens, float(temperature), policy, walk_impl,
-                       int(cache_len))
+                       int(cache_len), walk_config)
   target_graph, target_state = nnx.split(target)
   drafter_graph, drafter_state = nnx.split(drafter)
   run = _compiled(target_graph, drafter_graph, settings)
