@@ -186,7 +186,8 @@ class DSparkDrafter(nnx.Module):
 
   def block(self, last_tokens: jax.Array, start: jax.Array,
             context: KVCache) -> tuple[jax.Array, jax.Array]:
-    """The backbone over one block: (base logits [B, bs, V] fp32, hidden [B, bs, d]).
+    """The backbone over one block: (base logits [B, bs, V], hidden [B, bs, d]), both in
+    the compute dtype.
 
     ``last_tokens`` [B] sits at position ``start[b]``; ``context`` holds the context
     keys of positions ``[0, start[b])``.
@@ -213,7 +214,9 @@ class DSparkDrafter(nnx.Module):
     base = jnp.einsum("bkd,vd->bkv", hidden, self.lm_head.weight[...].astype(hidden.dtype),
                       preferred_element_type=jnp.float32,
                       precision=precision(hidden.dtype))
-    return base, hidden
+    # In the compute dtype, as DeepSpec's lm_head returns them: a bf16 run hands the walk
+    # half the bytes; the walk adds its bias and selects in fp32.
+    return base.astype(self.dtype), hidden
 
   def draft(self, base: jax.Array, hidden: jax.Array, last_tokens: jax.Array, *,
             temperature: float, key: jax.Array | None, walk_impl: str = "auto",
@@ -227,7 +230,8 @@ class DSparkDrafter(nnx.Module):
     from wts_jax.api import walk   # the package's public entry point
     sampling = temperature > 0
     if walk_impl == "none" or self.head is None:
-      if sampling:
+      if sampling:   # in fp32: verification's q must be the very distribution drawn from
+        base = base.astype(jnp.float32)
         tokens = jax.random.categorical(key, base / temperature, axis=-1).astype(jnp.int32)
         return Draft(tokens, base, None)
       return Draft(jnp.argmax(base, axis=-1).astype(jnp.int32), None, None)
