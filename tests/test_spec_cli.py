@@ -1,7 +1,6 @@
 """wts-generate end to end on tiny checkpoints: a transformers-written Qwen3 target, a
 DeepSpec drafter converted with wts-convert --full, and a tokenizer.json."""
 
-import json
 
 import pytest
 import torch

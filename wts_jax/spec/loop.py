@@ -61,7 +61,9 @@ class GenerateOutput:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Settings:
+class LoopSettings:
+  """The static settings one compiled loop is specialised to."""
+
   max_new_tokens: int
   temperature: float
   policy: DraftPolicy
@@ -91,7 +93,7 @@ def draft_lengths(policy: DraftPolicy) -> tuple[int, ...]:
   return tuple(range(1, policy.max_draft_len + 1))
 
 
-def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: _Settings) -> dict:
+def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSettings) -> dict:
   """One decode iteration on the loop state (see the module docstring)."""
   policy = s.policy
   k_max = policy.max_draft_len
@@ -164,7 +166,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: _Settings) 
 
 def prefill(target: Qwen3, drafter: DSparkDrafter, prompt_ids: jax.Array,
             prompt_lengths: jax.Array, eos_ids: jax.Array, key: jax.Array,
-            s: _Settings) -> dict:
+            s: LoopSettings) -> dict:
   """Run the prompts, fill both caches, pick each row's first token: the loop state."""
   batch = prompt_ids.shape[0]
   zeros = jnp.zeros((batch,), jnp.int32)
@@ -187,7 +189,7 @@ def prefill(target: Qwen3, drafter: DSparkDrafter, prompt_ids: jax.Array,
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(target_graph, drafter_graph, settings: _Settings):
+def _compiled(target_graph, drafter_graph, settings: LoopSettings):
   def run(target_state, drafter_state, prompt_ids, prompt_lengths, eos_ids, key):
     target = nnx.merge(target_graph, target_state)
     drafter = nnx.merge(drafter_graph, drafter_state)
@@ -288,7 +290,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
     raise ValueError(f"cache_len={cache_len} is too small: the longest prompt "
                      f"({prompt_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + "
                      f"draft_len ({policy.max_draft_len}) need {needed}")
-  settings = _Settings(max_new_tokens, float(temperature), policy, walk_impl,
+  settings = LoopSettings(max_new_tokens, float(temperature), policy, walk_impl,
                        int(cache_len), walk_config)
   target_graph, target_state = nnx.split(target)
   drafter_graph, drafter_state = nnx.split(drafter)

@@ -112,7 +112,7 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
     seconds = time_step(autoregressive, (last(), target_cache()))
     return {"total_s": seconds, "verify_s": seconds, "drafter_s": 0.0, "walk_s": 0.0}
 
-  settings = loop._Settings(max_new_tokens=1 << 30, temperature=temperature, policy=policy,
+  settings = loop.LoopSettings(max_new_tokens=1 << 30, temperature=temperature, policy=policy,
                             walk_impl=walk_impl, cache_len=cache_len)
 
   def whole_iteration(target_, drafter_, state):
