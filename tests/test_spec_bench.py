@@ -1,0 +1,38 @@
+"""wts-e2e-bench on the CPU at the tiny preset: the JSON, its modelled figures, the plot."""
+
+import json
+
+import pytest
+
+from wts_jax.spec import bench_e2e
+
+
+def test_tiny_run_writes_the_json_and_the_plot(tmp_path):
+  out = tmp_path / "e2e.json"
+  code = bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "none",
+                         "--prompt-len", "8", "--draft-len", "3", "--repeats", "1",
+                         "--chain", "1", "--dtype", "float32", "--acceptance", "0.5",
+                         "--out", str(out)])
+  assert code == 0
+  report = json.loads(out.read_text())
+  assert report["device_kind"] and report["jax_version"] and "MODELLED" in report["modelled_note"]
+  rows = {r["walk"]: r for r in report["results"]}
+  assert set(rows) == {"none"}
+  for row in rows.values():
+    for name in ("total_s", "verify_s", "drafter_s", "walk_s", "autoregressive_s"):
+      assert row[name] > 0, (name, row)
+    # L = 1 + 0.5 + 0.25 + 0.125 under a flat 0.5 profile
+    assert row["modelled_tokens_per_iteration"] == pytest.approx(1.875)
+    assert row["modelled_tokens_per_s"] == pytest.approx(2 * 1.875 / row["total_s"])
+  assert (tmp_path / "e2e.png").stat().st_size > 0
+  assert bench_e2e.main(["--replot", str(out), "--plot", str(tmp_path / "again.png")]) == 0
+  assert (tmp_path / "again.png").stat().st_size > 0
+
+
+def test_bad_arguments_exit_2(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    bench_e2e.main(["--walks", "fast"])
+  assert exit_info.value.code == 2 and "'fast'" in capsys.readouterr().err
+  assert bench_e2e.main(["--models", "tiny", "--draft-len", "9", "--dtype", "float32",
+                         "--out", "/tmp/never.json"]) == 2
+  assert "block_size" in capsys.readouterr().err

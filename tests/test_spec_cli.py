@@ -1,0 +1,58 @@
+"""wts-generate end to end on tiny checkpoints: a transformers-written Qwen3 target, a
+DeepSpec drafter converted with wts-convert --full, and a tokenizer.json."""
+
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from convert_fixtures import (HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS,
+                              TARGET_LAYERS, VOCAB, drafter_config, drafter_state_dict,
+                              write_checkpoint)
+from wts_jax.convert.converter import convert
+from wts_jax.spec import cli
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  root = tmp_path_factory.mktemp("cli")
+  torch.manual_seed(0)
+  config = transformers.Qwen3Config(
+      vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+      num_hidden_layers=TARGET_LAYERS, num_attention_heads=HEADS,
+      num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, tie_word_embeddings=False,
+      eos_token_id=VOCAB - 2)
+  transformers.Qwen3ForCausalLM(config).save_pretrained(root / "target")
+  draft = drafter_config("vanilla")
+  draft["torch_dtype"] = "float32"
+  src = write_checkpoint(root / "src", draft, drafter_state_dict(draft, dtype=torch.float32))
+  convert(src, root / "drafter", full=True)
+  return root
+
+
+def test_generates_text_with_a_tokenizer(checkpoints, capsys):
+  target, drafter = checkpoints / "target", checkpoints / "drafter"
+  tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+  tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  tokenizer.save(str(target / "tokenizer.json"))
+  code = cli.main(["--target", str(target), "--drafter", str(drafter), "--ids", "1,2,3",
+                   "--text", "t5 t6", "--max-new-tokens", "5", "--dtype", "float32",
+                   "--walk", "xla", "--no-eos"])
+  out = capsys.readouterr()
+  assert code == 0, out.err
+  lines = out.out.strip().splitlines()
+  assert len(lines) == 2 and all(len(line.split()) == 5 for line in lines)
+  assert all(word.startswith("t") for word in lines[0].split())
+  assert "iterations" in out.err
+
+
+def test_errors_exit_2(checkpoints, tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--target", str(tmp_path / "nope"), "--drafter", str(tmp_path), "--ids", "1"])
+  assert exit_info.value.code == 2 and "is not a directory" in capsys.readouterr().err
+  code = cli.main(["--target", str(checkpoints / "target"), "--drafter",
+                   str(checkpoints / "target"), "--ids", "1"])
+  assert code == 2 and capsys.readouterr().err.startswith("error: ")
+  with pytest.raises(SystemExit):
+    cli.main(["--target", str(tmp_path), "--drafter", str(tmp_path), "--ids", "1,x"])

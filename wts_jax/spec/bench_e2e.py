@@ -1,0 +1,302 @@
+"""``wts-e2e-bench``: the end-to-end decode iteration on the device, split into parts.
+
+For each model (random weights at the real shapes), batch size and walk, it measures
+with ``wts_jax.spec.timing.iteration_cost`` the device time of one decode iteration
+(``total``) and of its parts (target ``verify``, ``drafter`` backbone, ``walk``), and
+plain autoregressive decoding (one target token per iteration) beside them.
+
+Random weights accept almost nothing, so throughput is *modelled*: under a stated
+per-position acceptance profile ``α_1 … α_k`` (``α_i`` = P(draft i accepted | drafts
+before it accepted)) an iteration commits ``L = 1 + Σ_j Π_{i≤j} α_i`` tokens per row in
+expectation, and ``tokens/s = B · L / total``. The same profile is applied to every walk
+(the persistent kernel and the step-wise walk compute the same head, so they accept the
+same; "none", the backbone without a serial head, would accept less in reality). The
+JSON keeps the measured times, so any other acceptance can be applied to them; the plot
+draws tokens/s against L for each walk, per batch size. Each record also holds the
+bytes a verify pass must read at least (the target's weights, the rows' cached keys
+and values), so ``verify_s`` can be read as a fraction of the memory-bound floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from wts_jax.spec import timing
+from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
+from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
+
+MODELS = {
+    "qwen3_4b": (Qwen3Config.qwen3_4b, DSparkConfig.for_target),
+    "qwen3_8b": (Qwen3Config.qwen3_8b, DSparkConfig.for_target),
+    "tiny": (Qwen3Config.tiny, DSparkConfig.tiny),
+}
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+# A stated, plausible profile for a trained DSpark drafter at K = 7 (not a measurement).
+DEFAULT_PROFILE = (0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+  try:
+    values = tuple(int(v) for v in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints")
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+  return values
+
+
+def _choices(allowed):
+  def parse(text: str) -> tuple[str, ...]:
+    values = tuple(text.split(","))
+    bad = [v for v in values if v not in allowed]
+    if bad:
+      raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {tuple(allowed)}")
+    return values
+  return parse
+
+
+def _profile(text: str) -> tuple[float, ...]:
+  try:
+    values = tuple(float(v) for v in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+  if not values or any(not 0.0 <= v <= 1.0 for v in values):
+    raise argparse.ArgumentTypeError(f"{text!r}: every acceptance must be in [0, 1]")
+  return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="wts-e2e-bench",
+      description="Device time of one speculative decode iteration (target verify, "
+                  "drafter, walk) at the Qwen3-4B/8B shapes with random weights, and "
+                  "modelled throughput under a stated acceptance profile.")
+  parser.add_argument("--models", type=_choices(MODELS), default=("qwen3_4b", "qwen3_8b"),
+                      help="comma-separated: qwen3_4b, qwen3_8b, tiny (CPU check)")
+  parser.add_argument("--batches", type=_ints, default=(1, 4, 16, 64))
+  parser.add_argument("--walks", type=_choices(WALKS), default=("pallas", "xla", "none"),
+                      help="pallas/auto = the persistent kernel, xla = the step-wise "
+                           "walk, none = no serial head")
+  parser.add_argument("--head-type", choices=("vanilla", "gated", "rnn"), default="vanilla")
+  parser.add_argument("--prompt-len", type=int, default=512)
+  parser.add_argument("--draft-len", type=int, default=7)
+  parser.add_argument("--acceptance", type=_profile, default=DEFAULT_PROFILE,
+                      help="per-position acceptance α_1..α_k (modelled throughput); "
+                           "shorter than k repeats its last value")
+  parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16")
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--chain", type=int, default=8,
+                      help="iterations chained in one timed executable")
+  parser.add_argument("--time-budget", type=float, default=420.0,
+                      help="seconds; measurements past it are skipped (and recorded so)")
+  parser.add_argument("--out", type=Path, default=Path("e2e.json"))
+  parser.add_argument("--plot", type=Path, default=None,
+                      help="PNG path (default: --out with .png)")
+  parser.add_argument("--replot", type=Path, default=None, metavar="JSON",
+                      help="only draw the plot of an earlier run's JSON (no measuring)")
+  return parser
+
+
+def tokens_per_iteration(profile: tuple[float, ...], steps: int) -> float:
+  """Expected tokens committed per row and iteration: ``1 + Σ_j Π_{i≤j} α_i``."""
+  alphas = [profile[min(i, len(profile) - 1)] for i in range(steps)]
+  return 1.0 + float(np.sum(np.cumprod(alphas)))
+
+
+def _log(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def model_configs(name: str, head_type: str) -> tuple[Qwen3Config, DSparkConfig]:
+  target_preset, drafter_preset = MODELS[name]
+  target_config = target_preset()
+  if name == "tiny":
+    return target_config, drafter_preset(target_config, head_type=head_type, block_size=7)
+  return target_config, drafter_preset(target_config, head_type=head_type)
+
+
+def run(args) -> dict:
+  began = time.perf_counter()
+  dtype = DTYPES[args.dtype]
+  steps = args.draft_len
+  per_iteration = tokens_per_iteration(args.acceptance, steps)
+  records = []
+
+  def over_budget() -> bool:
+    return time.perf_counter() - began > args.time_budget
+
+  configs = {model: model_configs(model, args.head_type) for model in args.models}
+  for model, (_, drafter_config) in configs.items():
+    if steps > drafter_config.block_size:
+      raise ValueError(f"--draft-len={steps} exceeds the {model} drafter's block_size="
+                       f"{drafter_config.block_size}")
+  for model, (target_config, drafter_config) in configs.items():
+    target = make_qwen3(target_config, seed=0, param_dtype=dtype, dtype=dtype)
+    drafter = make_dspark(drafter_config, seed=1, param_dtype=dtype, dtype=dtype)
+    weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(target)))
+    for batch in args.batches:
+      c = target_config
+      # what a verify pass must read at least: the weights and the rows' cached K/V
+      cache_bytes = (2 * c.num_layers * batch * args.prompt_len * c.num_kv_heads
+                     * c.head_dim * jnp.dtype(dtype).itemsize)
+      common = dict(batch=batch, prompt_len=args.prompt_len, repeats=args.repeats,
+                    chain=args.chain)
+      if over_budget():
+        records.append(dict(model=model, batch=batch, skipped="time budget"))
+        continue
+      ar = timing.iteration_cost(target, drafter, draft_len=0, **common)["total_s"]
+      _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} autoregressive "
+           f"{ar * 1e3:.3f} ms")
+      shared: dict[str, float] = {}
+      for walk in args.walks:
+        record = dict(model=model, batch=batch, walk=walk, draft_len=steps,
+                      prompt_len=args.prompt_len, autoregressive_s=ar,
+                      target_weight_bytes=int(weight_bytes),
+                      kv_cache_bytes=int(cache_bytes))
+        if over_budget():
+          records.append({**record, "skipped": "time budget"})
+          continue
+        pieces = ("total", "walk") if shared else timing.PIECES
+        try:
+          cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
+                                       pieces=pieces, **common)
+        except Exception as err:   # a walk this device cannot run: recorded, not fatal
+          records.append({**record, "error": f"{type(err).__name__}: {err}"})
+          _log(f"  {model} B={batch} walk={walk}: {type(err).__name__}: {err}")
+          continue
+        if not shared:
+          shared = {"verify_s": cost["verify_s"], "drafter_s": cost["drafter_s"]}
+        cost.update(shared)
+        modelled = batch * per_iteration / cost["total_s"]
+        record.update(cost)
+        record.update(
+            other_s=cost["total_s"] - cost["verify_s"] - cost["drafter_s"] - cost["walk_s"],
+            modelled_tokens_per_iteration=per_iteration,
+            modelled_tokens_per_s=modelled,
+            autoregressive_tokens_per_s=batch / ar,
+            modelled_speedup_vs_autoregressive=modelled / (batch / ar))
+        records.append(record)
+        _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} walk={walk}: "
+             f"total {cost['total_s'] * 1e3:.3f} ms (verify {cost['verify_s'] * 1e3:.3f}, "
+             f"drafter {cost['drafter_s'] * 1e3:.3f}, walk {cost['walk_s'] * 1e3:.3f})")
+    del target, drafter
+    gc.collect()
+
+  return dict(
+      benchmark="wts-e2e-bench",
+      device_kind=jax.devices()[0].device_kind,
+      platform=jax.default_backend(),
+      jax_version=jax.__version__,
+      dtype=args.dtype,
+      head_type=args.head_type,
+      weights="random (throughput is modelled, see modelled_note)",
+      method=timing.METHOD,
+      acceptance_profile=list(args.acceptance),
+      modelled_note=(
+          "MODELLED, not measured: tokens/s = B * L / total_s with L = 1 + sum_j "
+          "prod_{i<=j} alpha_i from acceptance_profile, the same for every walk; "
+          "total_s, verify_s, drafter_s, walk_s are measured device times"),
+      persistent_walk_gain=walk_gains(records),
+      results=records,
+      elapsed_s=time.perf_counter() - began)
+
+
+def walk_gains(records: list[dict]) -> list[dict]:
+  """End-to-end gain of the persistent walk over the step-wise walk, per model and B:
+  the throughput ratio at equal acceptance, ``total(xla) / total(pallas) − 1``."""
+  times = {(r["model"], r["batch"], r["walk"]): r["total_s"]
+           for r in records if "total_s" in r}
+  gains = []
+  for (model, batch, walk), total in times.items():
+    if walk in ("pallas", "auto") and (model, batch, "xla") in times:
+      stepwise = times[(model, batch, "xla")]
+      gains.append(dict(model=model, batch=batch, walk=walk,
+                        gain_percent=100.0 * (stepwise / total - 1.0),
+                        walk_saving_s=stepwise - total))
+  return gains
+
+
+def plot(report: dict, path: Path) -> None:
+  """tokens/s against tokens per iteration L, one line per walk, one panel per model/B."""
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+  rows = [r for r in report["results"] if "total_s" in r]
+  panels = sorted({(r["model"], r["batch"]) for r in rows})
+  if not panels:
+    return
+  models = sorted({model for model, _ in panels})
+  batches = sorted({batch for _, batch in panels})
+  fig, axes = plt.subplots(len(models), len(batches),
+                           figsize=(3.6 * len(batches), 3.2 * len(models)), squeeze=False)
+  for ax in axes.flat:
+    ax.set_visible(False)
+  for model, batch in panels:
+    ax = axes[models.index(model), batches.index(batch)]
+    ax.set_visible(True)
+    for r in (r for r in rows if (r["model"], r["batch"]) == (model, batch)):
+      lengths = np.linspace(1.0, r["draft_len"] + 1.0, 50)
+      ax.plot(lengths, batch * lengths / r["total_s"], label=f"walk={r['walk']}")
+      ax.plot([r["modelled_tokens_per_iteration"]], [r["modelled_tokens_per_s"]], "k.")
+    ar = next(r["autoregressive_tokens_per_s"] for r in rows
+              if (r["model"], r["batch"]) == (model, batch))
+    ax.axhline(ar, color="grey", linestyle="--", label="autoregressive")
+    ax.set_title(f"{model}, B={batch}")
+    ax.set_xlabel("tokens per iteration L (accepted + 1)")
+    ax.set_ylabel("tokens/s (modelled)")
+    ax.legend(fontsize=7)
+  fig.suptitle(f"{report['device_kind']}: measured iteration time, modelled tokens/s "
+               f"= B·L / total", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _plot_or_say_why(report: dict, path: Path) -> None:
+  try:
+    plot(report, path)
+  except ImportError as err:   # a device image without matplotlib: the JSON is the result
+    _log(f"no plot ({err}); draw it elsewhere with: wts-e2e-bench --replot JSON")
+    return
+  _log(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if args.replot is not None:
+    try:
+      report = json.loads(args.replot.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+      parser.error(f"--replot={str(args.replot)!r}: {err}")
+    _plot_or_say_why(report, args.plot or args.replot.with_suffix(".png"))
+    return 0
+  for name in ("prompt_len", "draft_len", "repeats", "chain"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+  if args.out.parent and not args.out.parent.exists():
+    parser.error(f"--out={str(args.out)!r}: the directory {str(args.out.parent)!r} "
+                 "does not exist")
+  try:
+    report = run(args)
+  except ValueError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  args.out.write_text(json.dumps(report, indent=2) + "\n")
+  _log(f"wrote {args.out} ({report['elapsed_s']:.0f} s)")
+  _plot_or_say_why(report, args.plot or args.out.with_suffix(".png"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

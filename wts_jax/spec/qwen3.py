@@ -1,0 +1,521 @@
+"""The Qwen3 dense decoder (the target model) in Flax NNX, with a static-shape KV cache.
+
+One forward serves prefill and verification: ``Qwen3.forward(tokens [B, T], start [B],
+cache)`` runs T new tokens per row at positions ``start[b] + t`` over the row's cached
+keys ``[0, start[b])`` plus the new ones (causal among them), so rows of different
+lengths share one batch. It returns the new keys and values instead of writing them:
+the decode loop writes them with ``KVCache.write`` once it knows what was committed,
+and a rejected draft token's entry is simply overwritten later (``start`` masks it).
+
+Weights keep the Hugging Face layout (Linear ``[out, in]``), so the checkpoint loads
+without transposes; the layers' weights are stacked on a leading layer axis and the
+forward scans over them, which keeps the compiled program (and its compile time) one
+layer long. ``hidden_size`` and ``num_heads * head_dim`` may differ (Qwen3-4B: 2560
+and 4096).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+QWEN3_VOCAB = 151_936
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+  """Shapes and constants of a Qwen3 dense model (Hugging Face names in comments).
+
+  num_layers: ``num_hidden_layers``; num_heads / num_kv_heads:
+  ``num_attention_heads`` / ``num_key_value_heads``; tie_word_embeddings: the output
+  projection is the embedding (Qwen3-4B) rather than its own ``lm_head`` (Qwen3-8B).
+  """
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 1_000_000.0
+  tie_word_embeddings: bool = False
+  max_position_embeddings: int = 40_960
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                 "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive int")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even (rotary halves)")
+    if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
+      raise ValueError(f"rope_theta={self.rope_theta!r} and rms_norm_eps="
+                       f"{self.rms_norm_eps!r} must be > 0")
+
+  @classmethod
+  def qwen3_4b(cls) -> "Qwen3Config":
+    return cls(vocab_size=QWEN3_VOCAB, hidden_size=2560, intermediate_size=9728,
+               num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+               tie_word_embeddings=True)
+
+  @classmethod
+  def qwen3_8b(cls) -> "Qwen3Config":
+    return cls(vocab_size=QWEN3_VOCAB, hidden_size=4096, intermediate_size=12288,
+               num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+               tie_word_embeddings=False)
+
+  @classmethod
+  def tiny(cls, vocab_size: int = 96, num_layers: int = 4, **changes) -> "Qwen3Config":
+    """CPU-test sizes with the real structure: GQA, ``num_heads * head_dim != hidden``."""
+    fields = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+                  num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=16,
+                  rope_theta=10_000.0, max_position_embeddings=4096)
+    fields.update(changes)
+    return cls(**fields)
+
+  @classmethod
+  def from_hf(cls, config: dict[str, Any], where: str = "config.json") -> "Qwen3Config":
+    """From a Hugging Face Qwen3 ``config.json`` dict (transformers 4.x or 5.x)."""
+    missing = [name for name in ("vocab_size", "hidden_size", "intermediate_size",
+                                 "num_hidden_layers", "num_attention_heads")
+               if name not in config]
+    if missing:
+      raise ValueError(f"{where}: lacks {missing}, which every Qwen3 config has")
+    rope = config.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", "default")
+    scaling = config.get("rope_scaling")
+    if rope_type != "default" or (scaling and scaling.get("rope_type", "default")
+                                  != "default"):
+      raise ValueError(f"{where}: rope_scaling={scaling or rope!r} is not supported "
+                       "(plain RoPE only)")
+    theta = config.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
+    if config.get("attention_bias", False):
+      raise ValueError(f"{where}: attention_bias={config['attention_bias']!r}; Qwen3 "
+                       "has no q/k/v/o biases")
+    heads = config["num_attention_heads"]
+    return cls(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
+               intermediate_size=config["intermediate_size"],
+               num_layers=config["num_hidden_layers"], num_heads=heads,
+               num_kv_heads=config.get("num_key_value_heads", heads),
+               head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+               rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+               rope_theta=float(theta),
+               tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+               max_position_embeddings=int(config.get("max_position_embeddings", 40_960)))
+
+
+# ----------------------------------------------------------------------------- numerics
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm in fp32 (as transformers' Qwen3RMSNorm), returned in ``x``'s dtype."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+
+
+def precision(dtype) -> jax.lax.Precision:
+  """Full fp32 products for fp32 runs (exactness checks); bf16 runs need no request, and
+  asking HIGHEST of bf16 operands could make a backend upcast them."""
+  return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
+          else jax.lax.Precision.DEFAULT)
+
+
+def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
+  """``x Wᵀ`` for a ``[out, in]`` weight, in ``x``'s dtype with fp32 accumulation."""
+  y = jnp.einsum("...i,oi->...o", x, weight.astype(x.dtype),
+                 preferred_element_type=jnp.float32, precision=precision(x.dtype))
+  return y.astype(x.dtype)
+
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """RoPE on ``x`` [B, T, heads, h] at ``positions`` [B, T] (rotate-half layout)."""
+  half = x.shape[-1] // 2
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1]))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq      # [B, T, half]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  first, second = x32[..., :half], x32[..., half:]
+  out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
+           masks: list[jax.Array]) -> jax.Array:
+  """Grouped-query attention over several key/value parts with one softmax.
+
+  q: [B, T, H, h]; each part: keys/values [B, S_i, Kv, h] and a boolean mask
+  broadcastable to [B, T, S_i] (True = visible). Returns [B, T, H·h]. Parts avoid
+  concatenating the cache with the new keys (a copy of the whole cache).
+  """
+  batch, steps, heads, head_dim = q.shape
+  kv_heads = keys[0].shape[2]
+  grouped = q.reshape(batch, steps, kv_heads, heads // kv_heads, head_dim)
+  scale = head_dim ** -0.5
+  scores = []
+  for key, mask in zip(keys, masks):
+    part = jnp.einsum("btkgh,bskh->bkgts", grouped, key.astype(grouped.dtype),
+                      preferred_element_type=jnp.float32,
+                      precision=precision(grouped.dtype)) * scale
+    scores.append(jnp.where(mask[:, None, None], part, -jnp.inf))
+  weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+  out = jnp.zeros((batch, kv_heads, heads // kv_heads, steps, head_dim), jnp.float32)
+  offset = 0
+  for value in values:
+    width = value.shape[1]
+    # the weights take the cache's dtype: casting the cache instead would copy it
+    out = out + jnp.einsum("bkgts,bskh->bkgth",
+                           weights[..., offset:offset + width].astype(value.dtype), value,
+                           preferred_element_type=jnp.float32,
+                           precision=precision(value.dtype))
+    offset += width
+  return out.transpose(0, 3, 1, 2, 4).reshape(batch, steps, heads * head_dim).astype(q.dtype)
+
+
+def mlp(x: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
+  """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+  return linear(jax.nn.silu(linear(x, layer["gate_proj"])) * linear(x, layer["up_proj"]),
+                layer["down_proj"])
+
+
+def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
+                positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """A layer's queries [B, T, H, h], keys and values [B, T, Kv, h] (normed, rotated)."""
+  batch, steps, _ = h.shape
+  x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
+  q = linear(x, layer["q_proj"]).reshape(batch, steps, c.num_heads, c.head_dim)
+  k = linear(x, layer["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  v = linear(x, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
+  k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
+  return q, k, v
+
+
+def finish_layer(h: jax.Array, attended: jax.Array, layer: dict[str, jax.Array],
+                 c: "Qwen3Config") -> jax.Array:
+  """The rest of a pre-norm layer after attention: o_proj, residual, MLP, residual."""
+  h = h + linear(attended, layer["o_proj"])
+  return h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer)
+
+
+# ----------------------------------------------------------------------------- modules
+
+# The per-layer weights and the Hugging Face key part each one loads from.
+LAYER_WEIGHTS = {
+    "input_layernorm": "input_layernorm.weight",
+    "post_attention_layernorm": "post_attention_layernorm.weight",
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "o_proj": "self_attn.o_proj.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "gate_proj": "mlp.gate_proj.weight",
+    "up_proj": "mlp.up_proj.weight",
+    "down_proj": "mlp.down_proj.weight",
+}
+
+
+def layer_weight_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
+  """The shape of one layer's weight, by ``LAYER_WEIGHTS`` name."""
+  d, heads, kv = config.hidden_size, config.num_heads, config.num_kv_heads
+  h, inter = config.head_dim, config.intermediate_size
+  return {"input_layernorm": (d,), "post_attention_layernorm": (d,),
+          "q_proj": (heads * h, d), "k_proj": (kv * h, d), "v_proj": (kv * h, d),
+          "o_proj": (d, heads * h), "q_norm": (h,), "k_norm": (h,),
+          "gate_proj": (inter, d), "up_proj": (inter, d), "down_proj": (d, inter)}
+
+
+def _init(rngs: nnx.Rngs, shape, dtype) -> jax.Array:
+  if len(shape) == 2:   # a [L, dim] norm weight: around one, so tests exercise it
+    return (1.0 + 0.1 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  scale = shape[-1] ** -0.5
+  return (jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype)
+
+
+class DecoderLayers(nnx.Module):
+  """``num_layers`` Qwen3 decoder layers' weights, stacked on a leading layer axis."""
+
+  def __init__(self, config: Qwen3Config, num_layers: int, *, rngs: nnx.Rngs,
+               param_dtype=jnp.bfloat16):
+    for name, shape in layer_weight_shapes(config).items():
+      setattr(self, name, nnx.Param(_init(rngs, (num_layers, *shape), param_dtype)))
+
+  def stacked(self) -> dict[str, jax.Array]:
+    return {name: getattr(self, name)[...] for name in LAYER_WEIGHTS}
+
+
+class Embedding(nnx.Module):
+  def __init__(self, vocab: int, dim: int, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16):
+    self.weight = nnx.Param((jax.random.normal(rngs.params(), (vocab, dim), jnp.float32)
+                             ).astype(param_dtype))
+
+
+class Weight(nnx.Module):
+  """A single weight under the Hugging Face name ``<module>.weight``."""
+
+  def __init__(self, value: jax.Array):
+    self.weight = nnx.Param(value)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """Keys and values of every layer: [L, B, S, Kv, h], post-RoPE, in the compute dtype.
+
+  A row's valid entries are positions ``[0, length)``, with ``length`` kept by the
+  caller; what lies beyond is never read (``start`` masks it).
+  """
+
+  keys: jax.Array
+  values: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.keys.shape[2]
+
+  @classmethod
+  def empty(cls, num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
+            dtype) -> "KVCache":
+    shape = (num_layers, batch, max_len, kv_heads, head_dim)
+    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+  def write(self, new_keys: jax.Array, new_values: jax.Array, start: jax.Array) -> "KVCache":
+    """Store ``new_*`` [L, B, T, Kv, h] at positions ``start[b] + t`` of each row."""
+    def row(cache_row, new_row, at):
+      return jax.lax.dynamic_update_slice(cache_row, new_row.astype(cache_row.dtype),
+                                          (0, at, 0, 0))
+    put = jax.vmap(row, in_axes=(1, 1, 0), out_axes=1)
+    return KVCache(put(self.keys, new_keys, start), put(self.values, new_values, start))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ForwardOutput:
+  """logits [B, T', V] fp32 (T' = T, or the chosen positions); keys/values [L, B, T, Kv, h]
+  of the new tokens; features [B, T, n·d] (the requested layers' outputs, concatenated)
+  or None."""
+
+  logits: jax.Array
+  keys: jax.Array
+  values: jax.Array
+  features: jax.Array | None
+
+
+class Qwen3(nnx.Module):
+  """Qwen3 dense decoder. Attribute paths are the Hugging Face keys without ``model.``
+  (the stacked ``layers.<name>`` hold every ``layers.N.<...>.weight``)."""
+
+  def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16,
+               dtype=jnp.bfloat16):
+    self.config = config
+    self.dtype = dtype
+    self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, rngs=rngs,
+                                  param_dtype=param_dtype)
+    self.layers = DecoderLayers(config, config.num_layers, rngs=rngs,
+                                param_dtype=param_dtype)
+    self.norm = Weight(jnp.ones((config.hidden_size,), param_dtype))
+    self.lm_head = (None if config.tie_word_embeddings else Weight(_init(
+        rngs, (config.vocab_size, config.hidden_size), param_dtype)))
+
+  def output_weight(self) -> jax.Array:
+    head = self.embed_tokens if self.lm_head is None else self.lm_head
+    return head.weight[...]
+
+  def empty_cache(self, batch: int, max_len: int) -> KVCache:
+    c = self.config
+    return KVCache.empty(c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim,
+                         self.dtype)
+
+  def forward(self, tokens: jax.Array, start: jax.Array, cache: KVCache | None, *,
+              feature_layers: tuple[int, ...] = (),
+              logit_positions: jax.Array | None = None) -> ForwardOutput:
+    """Run ``tokens`` [B, T] at positions ``start[b] + t`` over the cache.
+
+    feature_layers: layer ids whose outputs to return concatenated (-1 = the
+    embedding output), the drafter's ``target_layer_ids``. logit_positions: [B, n]
+    indices into T for which to compute logits (None: all T; prefill wants one).
+    """
+    c = self.config
+    batch, steps = tokens.shape
+    positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
+    h = jnp.take(self.embed_tokens.weight[...], tokens, axis=0).astype(self.dtype)
+    causal = jnp.tril(jnp.ones((steps, steps), bool))[None]
+    cached = None
+    if cache is not None:
+      cached_mask = (jnp.arange(cache.max_len)[None, None, :] < start[:, None, None])
+      cached = (cache.keys, cache.values, cached_mask)
+    slots = {layer: i for i, layer in enumerate(feature_layers)}
+    slot_of_layer = jnp.array([slots.get(layer, -1) for layer in range(c.num_layers)],
+                              jnp.int32)
+    features = jnp.zeros((max(len(feature_layers), 1), batch, steps, c.hidden_size),
+                         self.dtype)
+    if -1 in slots:
+      features = features.at[slots[-1]].set(h)
+
+    def one_layer(carry, xs):
+      h, features = carry
+      layer, index = xs
+      q, k, v = project_qkv(h, layer, c, positions)
+      keys, values, masks = [k], [v], [causal]
+      if cached is not None:
+        keys.insert(0, cached[0][index])
+        values.insert(0, cached[1][index])
+        masks.insert(0, cached[2])
+      h = finish_layer(h, attend(q, keys, values, masks), layer, c)
+      slot = slot_of_layer[index]
+      features = jax.lax.cond(slot >= 0, lambda f: f.at[slot].set(h), lambda f: f,
+                              features)
+      return (h, features), (k, v)
+
+    (h, features), (new_keys, new_values) = jax.lax.scan(
+        one_layer, (h, features), (self.layers.stacked(), jnp.arange(c.num_layers)))
+    if logit_positions is not None:
+      h = jnp.take_along_axis(h, logit_positions[..., None], axis=1)
+    h = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
+    logits = jnp.einsum("btd,vd->btv", h, self.output_weight().astype(h.dtype),
+                        preferred_element_type=jnp.float32,
+                        precision=precision(h.dtype))
+    out_features = None
+    if feature_layers:
+      out_features = jnp.moveaxis(features, 0, 2).reshape(batch, steps, -1)
+    return ForwardOutput(logits, new_keys, new_values, out_features)
+
+
+def make_qwen3(config: Qwen3Config, *, seed: int = 0, param_dtype=jnp.bfloat16,
+               dtype=jnp.bfloat16) -> Qwen3:
+  """A random-weight Qwen3 (tests, benchmarks), drawn on the device in one program."""
+  return nnx.jit(lambda: Qwen3(config, rngs=nnx.Rngs(seed), param_dtype=param_dtype,
+                               dtype=dtype))()
+
+
+# ----------------------------------------------------------------------------- loading
+
+_LAYER_KEY = re.compile(r"layers\.(\d+)\.(.+)$")
+_LAYER_PART = {part: name for name, part in LAYER_WEIGHTS.items()}
+
+
+def layer_key_target(key: str) -> tuple[str, int] | None:
+  """``"layers.3.self_attn.q_proj.weight"`` → ``("q_proj", 3)``; None for other keys."""
+  match = _LAYER_KEY.match(key)
+  if match is None or match.group(2) not in _LAYER_PART:
+    return None
+  return _LAYER_PART[match.group(2)], int(match.group(1))
+
+
+def expected_keys(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
+  """Every tensor a Qwen3 checkpoint holds (keys without ``model.``) and its shape."""
+  keys = {"embed_tokens.weight": (config.vocab_size, config.hidden_size),
+          "norm.weight": (config.hidden_size,)}
+  for layer in range(config.num_layers):
+    for name, shape in layer_weight_shapes(config).items():
+      keys[f"layers.{layer}.{LAYER_WEIGHTS[name]}"] = shape
+  if not config.tie_word_embeddings:
+    keys["lm_head.weight"] = (config.vocab_size, config.hidden_size)
+  return keys
+
+
+def assemble(module_factory, expected: dict[str, tuple[int, ...]], read, where: str,
+             num_layers: int):
+  """Build a module from checkpoint tensors through the strict key table.
+
+  ``read(key)`` returns a numpy array; ``expected`` the table (key → shape). Every
+  expected key is read and its shape checked (``check_keys`` refuses unexpected keys
+  first); layer keys land in the stacked ``layers.<name>`` weights at their layer
+  index, and a module weight that no key fills is an error.
+  """
+  abstract = nnx.eval_shape(module_factory)
+  graphdef, state = nnx.split(abstract)
+  flat = {".".join(str(p) for p in path): leaf
+          for path, leaf in nnx.to_flat_state(state)}
+  stacks: dict[str, np.ndarray] = {}
+  arrays: dict[str, Any] = {}
+  for key, shape in expected.items():
+    value = read(key)
+    if tuple(value.shape) != tuple(shape):
+      raise ValueError(f"{where}: {key!r} has shape {list(value.shape)}, the config "
+                       f"implies {list(shape)}")
+    target = layer_key_target(key)
+    if target is None:
+      arrays[key] = value
+    else:
+      name, index = target
+      path = f"layers.{name}"
+      if path not in stacks:
+        stacks[path] = np.empty((num_layers, *shape), value.dtype)
+      stacks[path][index] = value
+  arrays.update(stacks)
+  for path, leaf in flat.items():
+    if path not in arrays:
+      raise ValueError(f"{where}: nothing loads {path!r}")
+    arrays[path] = jnp.asarray(arrays[path], leaf.get_value().dtype)
+  nested = {}
+  for path, value in arrays.items():
+    node = nested
+    *parents, leaf = path.split(".")
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  nnx.replace_by_pure_dict(state, nested)
+  return nnx.merge(graphdef, state)
+
+
+def check_keys(present: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
+               where: str, optional: tuple[str, ...] = ()) -> None:
+  """Refuse a checkpoint that lacks an expected key or holds an unexpected one."""
+  missing = [key for key in expected if key not in present]
+  if missing:
+    raise ValueError(f"{where}: lacks {missing[:4]}{' …' if len(missing) > 4 else ''}, "
+                     "which the config implies")
+  extra = [key for key in present if key not in expected and key not in optional]
+  if extra:
+    raise ValueError(f"{where}: holds {extra[:4]}{' …' if len(extra) > 4 else ''}, which "
+                     "the config does not imply (not a Qwen3 dense checkpoint?)")
+
+
+def load_qwen3(path: str | Path, *, dtype=jnp.bfloat16, param_dtype=None) -> Qwen3:
+  """A ``Qwen3`` from a Hugging Face checkpoint directory (config.json + safetensors).
+
+  Keys are the released ones (``model.embed_tokens.weight``,
+  ``model.layers.N.self_attn.q_proj.weight``, …, ``lm_head.weight``), checked against
+  the config strictly: a missing key, an unexpected key or a wrong shape is an error.
+  With tied embeddings a stored ``lm_head.weight`` is ignored. ``dtype`` is the
+  compute dtype; ``param_dtype`` (default: ``dtype``) the stored one.
+  """
+  from wts_jax.convert.formats import NUMPY_DTYPES, open_checkpoint
+  param_dtype = dtype if param_dtype is None else param_dtype
+  out_dtype = np.dtype(param_dtype).name
+  with open_checkpoint(path) as source:
+    config = Qwen3Config.from_hf(source.config, source.config_file)
+    expected = expected_keys(config)
+    optional = ("lm_head.weight",) if config.tie_word_embeddings else ()
+    check_keys({key: tensor.shape for key, tensor in source.tensors.items()}, expected,
+               source.location, optional)
+    if out_dtype not in NUMPY_DTYPES:
+      raise ValueError(f"param_dtype={param_dtype!r} must be one of {sorted(NUMPY_DTYPES)}")
+    return assemble(
+        lambda: Qwen3(config, rngs=nnx.Rngs(0), param_dtype=param_dtype, dtype=dtype),
+        expected, lambda key: source.read(key, out_dtype), source.location,
+        config.num_layers)
+
+
+def num_params(config: Qwen3Config) -> int:
+  """Parameter count (the bytes a decode step reads, per dtype byte)."""
+  per_layer = sum(math.prod(shape) for shape in layer_weight_shapes(config).values())
+  out = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+  return (config.vocab_size * config.hidden_size + config.num_layers * per_layer
+          + config.hidden_size + out)
