@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import wts_jax
+from mosaic_checks import assert_mosaic_matches_xla
 from wts_jax import int8_state
 from wts_jax.device import H200
 from wts_jax.heads import HeadConfig
@@ -198,16 +199,7 @@ def test_mosaic_planes_walk_matches_the_reference(vocab, rank, batch, steps, res
   head, config = _planes_head(vocab, rank, seed=11, confidence=True)
   base, first, hidden = random_inputs(config, batch, steps, jax.random.key(12))
   first = first.at[0].set(vocab - 1)   # the last token: its planes tile is clamped
-  key = jax.random.key(3) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency)
-  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
-                     temperature=temperature, key=key)
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
-                     key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
-                             atol=1e-4)
-  assert int(out.status) == 0
+  assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature)
 
 
 # --- on the GPU (WTS_GPU_TESTS=1 python -m pytest -m gpu tests/test_int8_planes.py) ---

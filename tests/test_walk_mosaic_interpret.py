@@ -20,6 +20,7 @@ from flax import nnx
 
 import numpy_oracle
 import wts_jax
+from mosaic_checks import assert_mosaic_matches_xla
 from wts_jax import sampling
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
@@ -416,16 +417,7 @@ def test_gated_head_matches_reference(vocab, rank, batch, steps, residency, temp
   for bit with the same key (sampled); confidence from the drafted tokens."""
   head, (base, first, hidden) = _case(vocab, rank, batch, steps, seed=5,
                                       confidence=True, head_type="gated")
-  key = jax.random.key(3) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency)
-  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
-                     temperature=temperature, key=key)
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
-                     key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
-                             atol=1e-4)
-  assert int(out.status) == 0
+  assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature)
 
 
 @NEEDS_INTERPRETER
