@@ -109,7 +109,7 @@ def test_full_grid_defaults_state_the_method():
 
 def test_path_names_expand_default_and_all():
   assert cli._path_names(None) == paths.DEFAULT_PATHS
-  assert cli._path_names("default,wts-stream,xla") == (*paths.DEFAULT_PATHS, "wts-stream")
+  assert cli._path_names("default,xla") == paths.DEFAULT_PATHS
   assert cli._path_names("all") == tuple(paths.PATHS)
 
 
@@ -449,3 +449,27 @@ def test_sigterm_keeps_finished_points(tmp_path):
   assert finished and skipped and finished | skipped == set(range(1, 9))
   assert not finished & skipped
   assert {r["batch"] for r in results["records"]} >= finished
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "abc"], "--batch 'abc': 'abc' is not an integer"),
+    (["--batch", "0"], "--batch '0': 0 must be >= 1"),
+    (["--k", "-1"], "--k '-1': -1 must be >= 1"),
+    (["--render", "missing.json"], "'missing.json' is not a readable results JSON"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_bad_arguments_print_one_error_line_and_exit_2(argv, message, capsys):
+  assert cli.main(["--platform", "cpu", *argv]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == f"error: {err[len('error: '):]}" and len(err.splitlines()) == 1
+  assert message in err
+
+
+def test_a_failed_point_or_path_is_reported_as_a_failure():
+  assert cli.errored({"records": [{"path": "wts", "check": "skipped: no GPU"},
+                                  {"path": "xla", "check": "ok"}]}) == []
+  failures = cli.errored({
+      "point_errors": [{"head": "vanilla", "batch": 1, "error": "ValueError: bad"}],
+      "records": [{"path": "wts", "batch": 4, "check": "error: ValueError: x"},
+                  {"path": "xla", "check": "ok", "error": "timing failed: boom"}]})
+  assert len(failures) == 3 and "batch=4" in failures[1]

@@ -23,12 +23,12 @@ MOSAIC_VARIANT = re.compile(r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(f?)$")
 def register_variants(names):
   if "wts-triton" not in paths.PATHS:
     paths.register_path("wts-triton", paths.available_wts,
-                        paths._wts_variant(backend="triton"),
+                        paths.wts_variant(backend="triton"),
                         description="the persistent Triton kernel")
   for update in ("split", "redundant"):   # the gated/rnn serial update (Triton kernel)
     if f"wts-{update}" not in paths.PATHS:
       paths.register_path(f"wts-{update}", paths.available_wts,
-                          paths._wts_variant(backend="triton", serial_update=update),
+                          paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
   for name in names:
     match = MOSAIC_VARIANT.match(name)
@@ -38,7 +38,7 @@ def register_variants(names):
     gemv = "wgmma" if wgmma else "registers"
     paths.register_path(
         name, paths.available_wts,
-        paths._wts_variant(backend="mosaic", mosaic_gemv=gemv,
+        paths.wts_variant(backend="mosaic", mosaic_gemv=gemv,
                            residency=int(resident) * 64, num_stages=int(stages),
                            mosaic_group=int(group or 1), mosaic_snake=not forward),
         description=f"Mosaic kernel, {gemv} GEMV, {resident} resident chunks, "

@@ -43,8 +43,31 @@ DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 QUANTIZED = ("int8", "fp8")   # a bf16 head with W2 quantized per row (wts_jax.quantize)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-  return tuple(int(part) for part in text.split(",") if part.strip())
+class UsageError(Exception):
+  """A bad argument: ``main`` prints ``error: ...`` on one line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise UsageError(message)
+
+
+def _ints(text: str, flag: str = "--batch") -> tuple[int, ...]:
+  """Comma-separated integers >= 1."""
+  values = []
+  for part in (part.strip() for part in text.split(",")):
+    if not part:
+      continue
+    try:
+      value = int(part)
+    except ValueError:
+      raise UsageError(f"{flag} {text!r}: {part!r} is not an integer") from None
+    if value < 1:
+      raise UsageError(f"{flag} {text!r}: {value} must be >= 1")
+    values.append(value)
+  if not values:
+    raise UsageError(f"{flag} {text!r}: must name at least one value")
+  return tuple(values)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -52,7 +75,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = _Parser(
       prog="wts-bench", description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   grid = parser.add_argument_group("grid (comma-separated lists)")
@@ -135,7 +158,7 @@ def _set_platform(name: str | None) -> None:
   except Exception:  # noqa: BLE001 - already initialised: checked below
     pass
   if jax.default_backend() not in want:
-    raise SystemExit(f"--platform {name}: JAX's backend is {jax.default_backend()!r} "
+    raise UsageError(f"--platform {name}: JAX's backend is {jax.default_backend()!r} "
                      f"(set JAX_PLATFORMS before JAX starts)")
 
 
@@ -150,10 +173,10 @@ def _resolve(args) -> dict:
   k = pick("k")
   grid = {
       "shapes": _names(args.shape or ("small_v1000" if cpu else "qwen3_4b")),
-      "batches": _ints(batch) if batch else shapes.BENCH_BATCHES,
-      "steps": _ints(k) if k else shapes.BENCH_STEPS,
+      "batches": _ints(batch, "--batch") if batch else shapes.BENCH_BATCHES,
+      "steps": _ints(k, "--k") if k else shapes.BENCH_STEPS,
       "heads": _names(pick("head")),
-      "ranks": _ints(args.rank) if args.rank else (None,),
+      "ranks": _ints(args.rank, "--rank") if args.rank else (None,),
       "dtypes": _names(args.dtype),
       "modes": _names(pick("mode")),
       "l2": _names(pick("l2")),
@@ -163,25 +186,25 @@ def _resolve(args) -> dict:
   }
   for name in grid["shapes"]:
     if name not in shapes.SHAPES:
-      raise SystemExit(f"--shape {name!r}: must be one of {sorted(shapes.SHAPES)}")
+      raise UsageError(f"--shape {name!r}: must be one of {sorted(shapes.SHAPES)}")
   for dtype in grid["dtypes"]:
     if dtype not in DTYPES and dtype not in QUANTIZED:
-      raise SystemExit(f"--dtype {dtype!r}: must be one of "
+      raise UsageError(f"--dtype {dtype!r}: must be one of "
                        f"{sorted(DTYPES) + list(QUANTIZED)}")
   for mode in grid["modes"]:
     if mode not in ("greedy", "sample"):
-      raise SystemExit(f"--mode {mode!r}: must be greedy or sample")
+      raise UsageError(f"--mode {mode!r}: must be greedy or sample")
   for l2 in grid["l2"]:
     if l2 not in ("cold", "warm"):
-      raise SystemExit(f"--l2 {l2!r}: must be cold or warm")
+      raise UsageError(f"--l2 {l2!r}: must be cold or warm")
   if grid["repeats"] < 1 or grid["walks"] < 1:
-    raise SystemExit("--repeats and --walks-per-repeat must be >= 1")
+    raise UsageError("--repeats and --walks-per-repeat must be >= 1")
   jobs = args.jobs if args.jobs is not None else min(16, os.cpu_count() or 1)
   if jobs < 1:
-    raise SystemExit("--jobs must be >= 1")
+    raise UsageError("--jobs must be >= 1")
   grid["jobs"] = jobs
   if args.compile_ahead < 1:
-    raise SystemExit("--compile-ahead must be >= 1")
+    raise UsageError("--compile-ahead must be >= 1")
   grid["compile_ahead"] = args.compile_ahead
   mb = lambda value, gpu_default, cpu_default: int(
       (value if value is not None else (cpu_default if cpu else gpu_default)) * (1 << 20))
@@ -440,7 +463,7 @@ class Runner:
       try:
         path = paths_module.get_path(name)
       except ValueError as err:
-        raise SystemExit(str(err)) from None
+        raise UsageError(str(err)) from None
       reason = path.available()
       paths.append((path, reason))
       _log(f"path {name}: {'available' if reason is None else 'skipped: ' + reason}")
@@ -779,17 +802,54 @@ def _progress_line(record: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Exit status: 0, 1 when a point or path errored (not: skipped), 2 on a bad
+  argument (one line ``error: ...`` on stderr)."""
+  try:
+    return _main(argv)
+  except UsageError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+
+
+def _read_results(paths):
+  from wts_jax.bench import report
+  results = []
+  for path in paths:
+    try:
+      results.append(report.read_json(path))
+    except (OSError, ValueError) as err:
+      raise UsageError(f"{path!r} is not a readable results JSON: "
+                       f"{getattr(err, 'strerror', None) or err}") from None
+  return results
+
+
+def errored(results: dict) -> list[str]:
+  """What failed in a run (skips are not failures): point errors, and paths whose check
+  or timing raised."""
+  def where(entry):
+    return " ".join(f"{key}={entry[key]}" for key in ("head", "batch", "k", "rank",
+                                                        "mode", "l2") if key in entry)
+  failures = [f"point {where(point)}: {point['error']}"
+              for point in results.get("point_errors", [])]
+  for record in results.get("records", []):
+    problem = record.get("error") or (record.get("check") or "")
+    if problem.startswith(("error", "timing failed")):
+      failures.append(f"{record.get('path')} {where(record)}: {problem}")
+  return failures
+
+
+def _main(argv: list[str] | None) -> int:
   started = time.monotonic()   # --time-budget-s counts from here (JAX starts below)
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args(argv)
   from wts_jax.bench import report
   if args.render:
-    print(report.render_markdown([report.read_json(path) for path in args.render]))
+    print(report.render_markdown(_read_results(args.render)))
     return 0
   if args.merge:
     if not args.out:
-      raise SystemExit("--merge needs --out")
-    results = report.merge([report.read_json(path) for path in args.merge])
+      raise UsageError("--merge needs --out")
+    results = report.merge(_read_results(args.merge))
     report.write_json(results, args.out)
     print(report.render_table(results))
     if args.plot:
@@ -825,7 +885,10 @@ def main(argv: list[str] | None = None) -> int:
     report.plot(results, args.plot)
   if args.out:
     _log(f"wrote {os.path.abspath(args.out)}")
-  return 0
+  failures = errored(results)
+  for failure in failures:
+    _log(f"failed: {failure.splitlines()[0][:300]}")
+  return 1 if failures else 0
 
 
 def _stop_on_signals():

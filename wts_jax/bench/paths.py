@@ -514,17 +514,13 @@ register_path("wts", available_wts, prepare_wts,
 
 
 
-def _wts_variant(**options):
-  """A tuning variant of the persistent kernel, timed beside the default ``wts``."""
+def wts_variant(**options):
+  """A tuning variant of the persistent kernel (``WalkConfig`` options), for tools that
+  time variants beside the default ``wts`` (``tools/bench_variants.py``)."""
   def prepare(*args, **kwargs):
     from wts_jax.walk_config import WalkConfig
     return prepare_wts(*args, config=WalkConfig(**options), **kwargs)
   return prepare
 
-
-register_path("wts-stream", available_wts, _wts_variant(residency="none"),
-              description="persistent kernel, nothing resident (all of W2 streamed)")
-register_path("wts-t128", available_wts, _wts_variant(residency="none", tile_rows=128),
-              description="persistent kernel, streamed in 128-row tiles (more in flight)")
 
 DEFAULT_PATHS = ("xla", "pallas-stepwise", "torch-eager", "torch-graph", "wts")

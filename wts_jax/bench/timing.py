@@ -447,22 +447,6 @@ def time_chain(chain: CompiledChain, flush_only: CompiledChain, first_tokens: ja
   return summarize(total, base, chain.n_walks)
 
 
-def time_jax(walk_fn: Callable, operands, first_tokens: jax.Array, *, l2: str,
-             n_walks: int, repeats: int, flush: jax.Array | None = None,
-             traced_tokens: Callable = tokens_of, warmup: int = 2,
-             flush_impl: str | None = None, compiler: ChainCompiler | None = None
-             ) -> Timing:
-  """Time ``walk_fn(operands, first_tokens)`` by the chained-executable method."""
-  flush = make_jax_flush_buffer(default_flush_bytes()) if flush is None else flush
-  compiler = compiler or ChainCompiler(1, flush_impl)
-  chain = compiler.chains(walk_fn, operands, first_tokens, flush, n_walks=n_walks,
-                          l2s=[l2], traced_tokens=traced_tokens)[l2].result()
-  flush_only = compiler.flush_only(first_tokens, flush, n_walks=n_walks,
-                                   l2s=[l2])[l2].result()
-  return time_chain(chain, flush_only, first_tokens, flush, l2=l2, repeats=repeats,
-                    warmup=warmup)
-
-
 # --- the sanity lines: empty walks -------------------------------------------------------
 
 def _empty_pallas_walk():
@@ -498,22 +482,6 @@ def empty_walks() -> list[tuple[str, Callable[[], Callable]]]:
     candidates.append(("pallas 1-element kernel", _empty_pallas_walk))
   candidates.append(("xla 1-element op", lambda: _empty_xla_walk))
   return candidates
-
-
-def time_jax_empty(batch: int, *, l2: str, n_walks: int, repeats: int,
-                   flush: jax.Array | None = None, flush_impl: str | None = None
-                   ) -> list[tuple[str, Timing | str]]:
-  """The sanity lines: [(kind, timing or error text)] of ``empty_walks()``."""
-  first_tokens = jnp.zeros((batch,), jnp.int32)
-  results = []
-  for kind, make in empty_walks():
-    try:
-      results.append((kind, time_jax(make(), (), first_tokens, l2=l2, n_walks=n_walks,
-                                     repeats=repeats, flush=flush,
-                                     flush_impl=flush_impl)))
-    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-      results.append((kind, f"{type(err).__name__}: {err}"[:500]))
-  return results
 
 
 # --- torch -----------------------------------------------------------------------------
