@@ -473,3 +473,20 @@ def test_a_failed_point_or_path_is_reported_as_a_failure():
       "records": [{"path": "wts", "batch": 4, "check": "error: ValueError: x"},
                   {"path": "xla", "check": "ok", "error": "timing failed: boom"}]})
   assert len(failures) == 3 and "batch=4" in failures[1]
+
+
+def test_the_floor_reads_the_kernels_real_plan():
+  from wts_jax.heads import HeadConfig
+  config = HeadConfig.qwen3_4b("vanilla")
+  head = jax.eval_shape(lambda: wts_jax.make_head(config))
+  base = jax.ShapeDtypeStruct((1, 7, config.vocab_size), jnp.bfloat16)
+  plan = floor.kernel_plan(head, base)
+  assert plan["impl"] == "mosaic" and "2 chunks resident" in plan["plan"]
+  assert plan["resident_fraction"] == pytest.approx(2 * 132 * 64 / config.vocab_size)
+  assert floor.kernel_plan(head, base, greedy=False)["impl"] == "triton"
+  ceilings = floor.Ceilings(hbm_gbps=4000.0, l2_gbps=8000.0, sync_us=2.0,
+                            sync_source="given")
+  nbytes = floor.WalkBytes(w2=77_791_232, base_logits=2_127_104, read_once=0, outputs=28)
+  result = floor.walk_floor(nbytes, 7, ceilings, plan=plan)
+  assert result["plan_floor_us"] > result["floor_us"]   # 11 % resident, not 66 %
+  assert result["kernel_plan"] is plan

@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="L2 ceiling buffer (default 24 on GPU, 4 on CPU)")
   timing.add_argument("--sync-us", type=float, default=None,
                       help="grid-sync latency; default: wts_jax.pallas."
-                           "measure_sync_latency_us(), else DESIGN.md's 2.1 µs")
+                           "measure_sync_latency_us(), else the design note's 2.1 µs")
   timing.add_argument("--resident-fraction", type=float, default=None,
                       help="W2 fraction resident on chip in the floor (default: "
                            "num_SMs × 200 KB / bytes(W2), at most 1)")
@@ -608,8 +608,11 @@ class Runner:
       try:
         nbytes = floor.walk_bytes(head, base_logits, hidden,
                                   return_logits=self.args.return_logits)
+        kernel_plan = floor.kernel_plan(head, base_logits,
+                                        return_logits=self.args.return_logits)
         plan["floor"] = floor.walk_floor(nbytes, point["k"], self.ceilings,
-                                         resident_fraction=self.args.resident_fraction)
+                                         resident_fraction=self.args.resident_fraction,
+                                         plan=kernel_plan)
       except Exception as err:  # noqa: BLE001
         _log(f"floor failed: {_error_text(err)}")
     for mode in plan["modes"]:

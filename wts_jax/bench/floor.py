@@ -1,6 +1,6 @@
 """The floor model of one walk, and the ceilings it needs, measured in the same run.
 
-For one walk of K steps (DESIGN.md §3):
+For one walk of K steps (docs/design.md §4):
 
   floor = bytes(W2 once + base logits + the rest read once + outputs) / BW_hbm
         + (K - 1) * bytes(non-resident W2) / BW_L2
@@ -9,9 +9,13 @@ For one walk of K steps (DESIGN.md §3):
 "The rest read once" is the hidden states and the head's small weights (gate / joint /
 confidence projections) when the head reads them, and the K·B gathered W1 rows. The
 non-resident bytes are ``(1 - resident_fraction) * bytes(W2)``; the default
-``resident_fraction`` is the capacity arithmetic of DESIGN.md: ``num_sms × usable shared
-memory per SM / bytes(W2)``, capped at 1. ``stepwise_floor_us`` (K × bytes(W2) / BW_hbm
-plus the base logits) is what any walk that re-reads W2 from HBM each step must pay.
+``resident_fraction`` is the capacity arithmetic of docs/design.md §4: ``num_sms × usable
+shared memory per SM / bytes(W2)``, capped at 1. ``stepwise_floor_us`` (K × bytes(W2) /
+BW_hbm plus the base logits) is what any walk that re-reads W2 from HBM each step must pay.
+
+Beside it, ``plan_floor_us`` is the same model with the resident fraction of the plan the
+kernel will actually run (``kernel_plan``: the backend ``impl="pallas"`` chooses and its
+plan, read from the same planners): what that plan's bytes cost at the ceilings.
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DESIGN_SYNC_US = 2.1             # DESIGN.md §4: one grid-wide sync on the H200
-DEFAULT_NUM_SMS = 132            # H200
+DESIGN_SYNC_US = 2.1             # docs/design.md §4: one grid-wide sync on the H200
 USABLE_SMEM_PER_SM = 200 * 1024  # of 227 KB per block, leaving room for staging buffers
 
 
@@ -150,12 +153,25 @@ def measure_ceilings(*, hbm_bytes: int, l2_bytes: int,
 
 # --- the floor -------------------------------------------------------------------------
 
-def device_num_sms(default: int = DEFAULT_NUM_SMS) -> int:
+def device_num_sms() -> int:
+  from wts_jax import device
+  return device.current().num_sms
+
+
+def kernel_plan(head, base_logits, *, greedy: bool = True,
+                return_logits: bool = False) -> dict:
+  """The kernel ``walk(impl="pallas")`` would run for this walk and its plan, planned
+  as on the device (no GPU needed): {"impl", "plan", "resident_fraction"}, or
+  {"impl": None, "refused": reasons} when no kernel can run it."""
+  from wts_jax.pallas import backend
+  shapes = backend.WalkShapes.of(base_logits, greedy, return_logits=return_logits)
   try:
-    count = getattr(jax.devices()[0], "core_count", None)
-    return int(count) if count else default
-  except Exception:  # noqa: BLE001
-    return default
+    choice = backend.choose(head, shapes, "pallas", None, require_gpu=False)
+  except ValueError as err:
+    return {"impl": None, "refused": str(err)}
+  plan = getattr(choice.plan, "plan", choice.plan)   # a kernel spec holds its plan
+  return {"impl": choice.impl, "plan": plan.describe(),
+          "resident_fraction": float(plan.resident_fraction)}
 
 
 def _nbytes(array) -> int:
@@ -203,17 +219,27 @@ def default_resident_fraction(w2_bytes: int, num_sms: int | None = None,
 
 
 def walk_floor(nbytes: WalkBytes, steps: int, ceilings: Ceilings, *,
-               resident_fraction: float | None = None) -> dict:
-  """The floor of one walk (µs) and its terms."""
+               resident_fraction: float | None = None,
+               plan: dict | None = None) -> dict:
+  """The floor of one walk (µs) and its terms; with ``plan`` (``kernel_plan``'s) also
+  ``plan_floor_us``, the floor at that plan's resident fraction."""
   if resident_fraction is None:
     resident_fraction = default_resident_fraction(nbytes.w2)
   once = nbytes.w2 + nbytes.base_logits + nbytes.read_once + nbytes.outputs
-  nonresident = (1.0 - resident_fraction) * nbytes.w2
   hbm_us = once / (ceilings.hbm_gbps * 1e3)
-  l2_us = (steps - 1) * nonresident / (ceilings.l2_gbps * 1e3)
   sync_us = steps * ceilings.sync_us
+
+  def l2_us(fraction):
+    return (steps - 1) * (1.0 - fraction) * nbytes.w2 / (ceilings.l2_gbps * 1e3)
+
   stepwise_us = (steps * nbytes.w2 + nbytes.base_logits) / (ceilings.hbm_gbps * 1e3)
-  return {"floor_us": hbm_us + l2_us + sync_us, "floor_hbm_us": hbm_us,
-          "floor_l2_us": l2_us, "floor_sync_us": sync_us,
-          "stepwise_floor_us": stepwise_us, "resident_fraction": resident_fraction,
-          "bytes_once": once, "bytes_nonresident_per_step": nonresident}
+  floor = {"floor_us": hbm_us + l2_us(resident_fraction) + sync_us,
+           "floor_hbm_us": hbm_us, "floor_l2_us": l2_us(resident_fraction),
+           "floor_sync_us": sync_us, "stepwise_floor_us": stepwise_us,
+           "resident_fraction": resident_fraction, "bytes_once": once,
+           "bytes_nonresident_per_step": (1.0 - resident_fraction) * nbytes.w2}
+  if plan is not None:
+    floor["kernel_plan"] = plan
+    if plan.get("resident_fraction") is not None:
+      floor["plan_floor_us"] = hbm_us + l2_us(plan["resident_fraction"]) + sync_us
+  return floor
