@@ -46,10 +46,6 @@ terms).
 Interpret mode (CPU tests) runs blocks one after another and has no semaphores, so the
 CPU suite runs this kernel with one block owning every chunk (the barrier is compiled
 out); the GPU suite covers the multi-block exchange.
-
-The warp-specialised variant (a TMA producer warpgroup + C consumer warpgroups, NOTES.md
-"v3c") was measured slower in every configuration (C = 1: as fast; C = 2, 3: +50 %) and
-was removed; commit eacf908 has it.
 """
 
 from __future__ import annotations
