@@ -15,20 +15,20 @@ compares are registered in ``wts_jax.bench.paths``.
 import re
 import sys
 
-from wts_jax.bench import cli, paths
+from wts_jax.bench import cli, jax_paths, paths
 
 MOSAIC_VARIANT = re.compile(r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(f?)$")
 
 
 def register_variants(names):
   if "wts-triton" not in paths.PATHS:
-    paths.register_path("wts-triton", paths.available_wts,
-                        paths.wts_variant(backend="triton"),
+    paths.register_path("wts-triton", jax_paths.available_wts,
+                        jax_paths.wts_variant(backend="triton"),
                         description="the persistent Triton kernel")
   for update in ("split", "redundant"):   # the gated/rnn serial update (Triton kernel)
     if f"wts-{update}" not in paths.PATHS:
-      paths.register_path(f"wts-{update}", paths.available_wts,
-                          paths.wts_variant(backend="triton", serial_update=update),
+      paths.register_path(f"wts-{update}", jax_paths.available_wts,
+                          jax_paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
   for name in names:
     match = MOSAIC_VARIANT.match(name)
@@ -37,8 +37,8 @@ def register_variants(names):
     wgmma, resident, stages, group, forward = match.groups()
     gemv = "wgmma" if wgmma else "registers"
     paths.register_path(
-        name, paths.available_wts,
-        paths.wts_variant(backend="mosaic", mosaic_gemv=gemv,
+        name, jax_paths.available_wts,
+        jax_paths.wts_variant(backend="mosaic", mosaic_gemv=gemv,
                            residency=int(resident) * 64, num_stages=int(stages),
                            mosaic_group=int(group or 1), mosaic_snake=not forward),
         description=f"Mosaic kernel, {gemv} GEMV, {resident} resident chunks, "
