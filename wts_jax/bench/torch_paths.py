@@ -4,7 +4,6 @@ graph (``torch-graph``), and their timing by CUDA events (``time_torch``).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
