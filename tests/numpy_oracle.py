@@ -1,4 +1,4 @@
-"""A float64 NumPy walk written from DESIGN.md §1, independent of wts_jax's code.
+"""A float64 NumPy walk written from docs/design.md §1, independent of wts_jax's code.
 
 Same contract as the library, in float64 throughout (the library accumulates in fp32);
 ties go to the lowest index.

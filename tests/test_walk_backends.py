@@ -111,3 +111,22 @@ def test_backend_spellings_lower_exactly_as_walk_config():
     if name in checked:
       assert tool.fingerprint(tool.CASES[name], spelling) == tool.fingerprint(
           tool.CASES[name]), name
+
+
+@pytest.mark.parametrize("impl, config", [
+    ("triton", wts_jax.TritonConfig(interpret=True)),
+    pytest.param("mosaic", wts_jax.MosaicConfig(interpret=True, gemv="registers"),
+                 marks=pytest.mark.skipif(
+                     jax.__version_info__ < (0, 11),
+                     reason="jax 0.10's Mosaic GPU interpreter cannot run tiled "
+                            "shared-memory loads")),
+])
+def test_each_backend_by_name_walks_like_the_reference(impl, config):
+  from wts_jax.inputs import random_inputs
+  head_config = HeadConfig(vocab_size=1000, rank=64, hidden_size=48)
+  head = wts_jax.make_head(head_config, seed=0)
+  base, first, _ = random_inputs(head_config, 1, 3, jax.random.key(1))
+  out = wts_jax.walk(head, base, first, impl=impl, config=config)
+  ref = wts_jax.walk(head, base, first, impl="xla")
+  assert (out.tokens == ref.tokens).all() and int(out.status) == 0
+  assert wts_jax.chosen_implementation(head, base, impl, config) == impl

@@ -17,7 +17,7 @@ compares are registered in ``wts_jax.bench.paths``.
 import re
 import sys
 
-from wts_jax.bench import cli, paths
+from wts_jax.bench import cli, jax_paths, paths
 
 MOSAIC_VARIANT = re.compile(
     r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
@@ -25,13 +25,13 @@ MOSAIC_VARIANT = re.compile(
 
 def register_variants(names):
   if "wts-triton" not in paths.PATHS:
-    paths.register_path("wts-triton", paths.available_wts,
-                        paths._wts_variant(backend="triton"),
+    paths.register_path("wts-triton", jax_paths.available_wts,
+                        jax_paths.wts_variant(backend="triton"),
                         description="the persistent Triton kernel")
   for update in ("split", "redundant"):   # the gated/rnn serial update (Triton kernel)
     if f"wts-{update}" not in paths.PATHS:
-      paths.register_path(f"wts-{update}", paths.available_wts,
-                          paths._wts_variant(backend="triton", serial_update=update),
+      paths.register_path(f"wts-{update}", jax_paths.available_wts,
+                          jax_paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
   for name in names:
     match = MOSAIC_VARIANT.match(name)
@@ -40,14 +40,14 @@ def register_variants(names):
     wgmma, resident, stages, group, on_chip_group, held, forward = match.groups()
     gemv = "wgmma" if wgmma else "registers"
     paths.register_path(
-        name, paths.available_wts,
-        paths._wts_variant(backend="mosaic", mosaic_gemv=gemv,
-                           residency=int(resident) * 64,
-                           num_stages=int(stages) or None,   # s0: nothing streamed
-                           mosaic_group=int(group or 1), mosaic_snake=not forward,
-                           mosaic_register_chunks=int(held or 0),
-                           mosaic_resident_group=int(on_chip_group) if on_chip_group
-                           else None),
+        name, jax_paths.available_wts,
+        jax_paths.wts_variant(backend="mosaic", mosaic_gemv=gemv,
+                              residency=int(resident) * 64,
+                              num_stages=int(stages) or None,   # s0: nothing streamed
+                              mosaic_group=int(group or 1), mosaic_snake=not forward,
+                              mosaic_register_chunks=int(held or 0),
+                              mosaic_resident_group=int(on_chip_group) if on_chip_group
+                              else None),
         description=f"Mosaic kernel, {gemv} GEMV, {resident} resident chunks, "
                     f"{stages}-slot ring, {group or 1} chunk(s) per WGMMA wait"
                     + (f", {held} chunks in registers" if held else "")

@@ -1,6 +1,6 @@
 """The floor model of one walk, and the ceilings it needs, measured in the same run.
 
-For one walk of K steps (DESIGN.md §3):
+For one walk of K steps (docs/design.md §4):
 
   floor = bytes(W2 once + base logits + the rest read once + outputs) / BW_hbm
         + (K - 1) * bytes(non-resident W2) / BW_L2
@@ -9,9 +9,13 @@ For one walk of K steps (DESIGN.md §3):
 "The rest read once" is the hidden states and the head's small weights (gate / joint /
 confidence projections) when the head reads them, and the K·B gathered W1 rows. The
 non-resident bytes are ``(1 - resident_fraction) * bytes(W2)``; the default
-``resident_fraction`` is the capacity arithmetic of DESIGN.md: ``num_sms × usable shared
-memory per SM / bytes(W2)``, capped at 1. ``stepwise_floor_us`` (K × bytes(W2) / BW_hbm
-plus the base logits) is what any walk that re-reads W2 from HBM each step must pay.
+``resident_fraction`` is the capacity arithmetic of docs/design.md §4: ``num_sms × (usable
+shared memory + registers per SM) / bytes(W2)``, capped at 1. ``stepwise_floor_us`` (K × bytes(W2) /
+BW_hbm plus the base logits) is what any walk that re-reads W2 from HBM each step must pay.
+
+Beside it, ``plan_floor_us`` is the same model with the resident fraction of the plan the
+kernel will actually run (``kernel_plan``: the backend ``impl="pallas"`` chooses and its
+plan, read from the same planners): what that plan's bytes cost at the ceilings.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DESIGN_SYNC_US = 2.1             # DESIGN.md §4: one grid-wide sync on the H200
-DEFAULT_NUM_SMS = 132            # H200
+DESIGN_SYNC_US = 2.1             # docs/design.md §4: one grid-wide sync on the H200
 USABLE_SMEM_PER_SM = 200 * 1024  # of 227 KB per block, leaving room for staging buffers
+# Registers hold W2 too, as MMA fragments loaded once (the public int8 kernel keeps two
+# thirds of each SM's shard there, about 190 KB of the 256 KB register file).
+USABLE_REGISTERS_PER_SM = 190 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +49,7 @@ class Ceilings:
 
 # --- ceilings --------------------------------------------------------------------------
 
-def _best_time(fn, *args, repeats: int) -> float:
+def median_time(fn, *args, repeats: int = 5) -> float:
   """Median wall time of ``fn(*args)`` after one warm-up (seconds)."""
   jax.block_until_ready(fn(*args))
   times = []
@@ -90,8 +96,8 @@ def measure_hbm_gbps(nbytes: int, *, passes: int = 4, repeats: int = 5) -> dict:
   """Read bandwidth (chained reductions) and copy bandwidth (read + write), in GB/s."""
   n = max(1, nbytes // 4)
   x = jax.random.uniform(jax.random.key(0), (n,), jnp.float32)
-  read_s = _best_time(_chained_sums(passes), x, repeats=repeats) / passes
-  copy_s = _best_time(_copy_passes(passes), x, repeats=repeats) / passes
+  read_s = median_time(_chained_sums(passes), x, repeats=repeats) / passes
+  copy_s = median_time(_copy_passes(passes), x, repeats=repeats) / passes
   del x
   return {"hbm_read_gbps": 4 * n / read_s / 1e9,
           "hbm_copy_gbps": 2 * 4 * n / copy_s / 1e9,
@@ -111,8 +117,8 @@ def measure_l2_gbps(nbytes: int, *, passes: int | None = None, rows: int = 64,
   n = max(1, nbytes // 4)
   x = jax.random.uniform(jax.random.key(1), (n,), jnp.float32)
   w = jnp.arange(rows, dtype=jnp.float32)
-  chained_s = _best_time(_chained_sums(passes), x, repeats=repeats) / passes
-  fused_s = _best_time(_broadcast_sum(rows), x, w, repeats=repeats) / rows
+  chained_s = median_time(_chained_sums(passes), x, repeats=repeats) / passes
+  fused_s = median_time(_broadcast_sum(rows), x, w, repeats=repeats) / rows
   return {"l2_chained_gbps": 4 * n / chained_s / 1e9,
           "l2_fused_gbps": 4 * n / fused_s / 1e9,
           "l2_buffer_bytes": 4 * n}
@@ -150,12 +156,25 @@ def measure_ceilings(*, hbm_bytes: int, l2_bytes: int,
 
 # --- the floor -------------------------------------------------------------------------
 
-def device_num_sms(default: int = DEFAULT_NUM_SMS) -> int:
+def device_num_sms() -> int:
+  from wts_jax import device
+  return device.current().num_sms
+
+
+def kernel_plan(head, base_logits, *, greedy: bool = True,
+                return_logits: bool = False) -> dict:
+  """The kernel ``walk(impl="pallas")`` would run for this walk and its plan, planned
+  as on the device (no GPU needed): {"impl", "plan", "resident_fraction"}, or
+  {"impl": None, "refused": reasons} when no kernel can run it."""
+  from wts_jax.pallas import backend
+  shapes = backend.WalkShapes.of(base_logits, greedy, return_logits=return_logits)
   try:
-    count = getattr(jax.devices()[0], "core_count", None)
-    return int(count) if count else default
-  except Exception:  # noqa: BLE001
-    return default
+    choice = backend.choose(head, shapes, "pallas", None, require_gpu=False)
+  except ValueError as err:
+    return {"impl": None, "refused": str(err)}
+  plan = getattr(choice.plan, "plan", choice.plan)   # a kernel spec holds its plan
+  return {"impl": choice.impl, "plan": plan.describe(),
+          "resident_fraction": float(plan.resident_fraction)}
 
 
 def _nbytes(array) -> int:
@@ -197,23 +216,52 @@ def walk_bytes(head, base_logits, hidden, *, return_logits: bool = False) -> Wal
 
 
 def default_resident_fraction(w2_bytes: int, num_sms: int | None = None,
-                              smem_per_sm: int = USABLE_SMEM_PER_SM) -> float:
+                              smem_per_sm: int = USABLE_SMEM_PER_SM,
+                              registers_per_sm: int = USABLE_REGISTERS_PER_SM) -> float:
+  """The share of W2 that shared memory and registers can hold chip-wide (capped at 1)."""
   num_sms = device_num_sms() if num_sms is None else num_sms
-  return min(1.0, num_sms * smem_per_sm / max(1, w2_bytes))
+  return min(1.0, num_sms * (smem_per_sm + registers_per_sm) / max(1, w2_bytes))
+
+
+# The public int8 persistent walk (vanilla, V = 151 936, r = 256, K = 7, greedy, L2
+# flushed), measured on the H200 in the same run as our paths (NOTES.md): B -> µs.
+PUBLIC_INT8_US = {1: 31.4, 4: 41.2, 16: 66.8, 64: 111.0}
+
+
+def public_int8_floor(ceilings: "Ceilings", batch: int, *, steps: int = 7,
+                      vocab: int = 151_936, rank: int = 256) -> dict:
+  """The floor of the public int8 kernel's walk (int8 W2 + an fp32 scale per row, bf16
+  base logits, W1 rows gathered as two int8 planes), to set against ``PUBLIC_INT8_US``:
+  a floor above a measured figure means the model is wrong."""
+  w2 = vocab * rank + vocab * 4
+  nbytes = WalkBytes(w2=w2, base_logits=batch * steps * vocab * 2,
+                     read_once=batch * steps * rank * 2, outputs=batch * steps * 4)
+  return walk_floor(nbytes, steps, ceilings,
+                    resident_fraction=default_resident_fraction(w2, num_sms=132))
 
 
 def walk_floor(nbytes: WalkBytes, steps: int, ceilings: Ceilings, *,
-               resident_fraction: float | None = None) -> dict:
-  """The floor of one walk (µs) and its terms."""
+               resident_fraction: float | None = None,
+               plan: dict | None = None) -> dict:
+  """The floor of one walk (µs) and its terms; with ``plan`` (``kernel_plan``'s) also
+  ``plan_floor_us``, the floor at that plan's resident fraction."""
   if resident_fraction is None:
     resident_fraction = default_resident_fraction(nbytes.w2)
   once = nbytes.w2 + nbytes.base_logits + nbytes.read_once + nbytes.outputs
-  nonresident = (1.0 - resident_fraction) * nbytes.w2
   hbm_us = once / (ceilings.hbm_gbps * 1e3)
-  l2_us = (steps - 1) * nonresident / (ceilings.l2_gbps * 1e3)
   sync_us = steps * ceilings.sync_us
+
+  def l2_us(fraction):
+    return (steps - 1) * (1.0 - fraction) * nbytes.w2 / (ceilings.l2_gbps * 1e3)
+
   stepwise_us = (steps * nbytes.w2 + nbytes.base_logits) / (ceilings.hbm_gbps * 1e3)
-  return {"floor_us": hbm_us + l2_us + sync_us, "floor_hbm_us": hbm_us,
-          "floor_l2_us": l2_us, "floor_sync_us": sync_us,
-          "stepwise_floor_us": stepwise_us, "resident_fraction": resident_fraction,
-          "bytes_once": once, "bytes_nonresident_per_step": nonresident}
+  floor = {"floor_us": hbm_us + l2_us(resident_fraction) + sync_us,
+           "floor_hbm_us": hbm_us, "floor_l2_us": l2_us(resident_fraction),
+           "floor_sync_us": sync_us, "stepwise_floor_us": stepwise_us,
+           "resident_fraction": resident_fraction, "bytes_once": once,
+           "bytes_nonresident_per_step": (1.0 - resident_fraction) * nbytes.w2}
+  if plan is not None:
+    floor["kernel_plan"] = plan
+    if plan.get("resident_fraction") is not None:
+      floor["plan_floor_us"] = hbm_us + l2_us(plan["resident_fraction"]) + sync_us
+  return floor

@@ -21,6 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wts_jax.bench.flush import (FLUSH_IMPLS, default_flush_impl, flush_elems_for,
+                                 flush_step, is_cold)
+
 DEFAULT_WALKS = 10          # N: walks chained in one timed executable
 DEFAULT_REPEATS = 10        # R: timed repetitions; the figure is their median
 MIN_WALKS_PER_FIGURE = 100  # the harness warns below N * R = this
@@ -95,10 +98,6 @@ walks, the flush-only chains) are lowered in the main thread and compiled in a p
 threads before that point's first timing; nothing compiles while anything is timed.
 """
 
-FLUSH_BYTES_GPU = 256 << 20
-FLUSH_IMPLS = ("kernel", "cond", "static")
-FLUSH_BLOCK = 16384   # int32 elements per program of the flush kernel (64 KB)
-FLUSH_HEAD = 128      # elements every flush step adds to, cold or warm (flush[0] included)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,107 +129,6 @@ def summarize(total_s, flush_only_s, n_walks: int) -> Timing:
                 flush_us=flush_median / n_walks * 1e6, n_walks=n_walks,
                 repeats=len(per_walk_us),
                 samples_us=tuple(float(t) for t in per_walk_us))
-
-
-# --- the flush step ----------------------------------------------------------------------
-
-def default_flush_bytes() -> int:
-  return FLUSH_BYTES_GPU if jax.default_backend() == "gpu" else 4 << 20
-
-
-def default_flush_impl() -> str:
-  """"kernel" on the GPU; "static" elsewhere (on the CPU a conditional flush step puts a
-  systematic ~1 ms per walk on the empty-walk sanity line, the static chains do not)."""
-  return "kernel" if jax.default_backend() == "gpu" else "static"
-
-
-def flush_elements(nbytes: int) -> int:
-  """int32 elements of a flush buffer of at least ``nbytes``: whole kernel blocks."""
-  blocks = max(1, -(-int(nbytes) // (4 * FLUSH_BLOCK)))
-  return blocks * FLUSH_BLOCK
-
-
-def make_jax_flush_buffer(nbytes: int) -> jax.Array:
-  return jnp.zeros((flush_elements(nbytes),), jnp.int32)
-
-
-def _flush_kernel(params_ref, x_ref, o_ref, *, block: int):
-  """Adds params[1] to x[:128] always and to each block below params[0] elements."""
-  from jax.experimental import pallas as pl
-  program = pl.program_id(0)
-  start = pl.multiple_of(program * block, block)
-  bump = params_ref[1]
-
-  @pl.when(program == 0)
-  def _head():
-    o_ref[pl.ds(0, FLUSH_HEAD)] = x_ref[pl.ds(0, FLUSH_HEAD)] + bump
-
-  @pl.when(start < params_ref[0])
-  def _block():
-    o_ref[pl.ds(start, block)] = x_ref[pl.ds(start, block)] + bump
-
-
-def kernel_flush(flush: jax.Array, bump: jax.Array, flush_elems: jax.Array, *,
-                 interpret: bool | None = None) -> jax.Array:
-  """The flush step as one Pallas kernel: ``flush + bump`` over the first
-  ``flush_elems`` elements (whole blocks) and the first 128. The other elements of the
-  result are left unwritten: only the traffic and flush[0] matter."""
-  from jax.experimental import pallas as pl
-  size = flush.shape[0]
-  if flush.dtype != jnp.int32 or flush.ndim != 1 or size % FLUSH_BLOCK:
-    raise ValueError(f"the flush buffer must be int32 of whole {FLUSH_BLOCK}-element "
-                     f"blocks; got {flush.dtype}{list(flush.shape)}")
-  if interpret is None:
-    interpret = jax.default_backend() != "gpu"
-  params = jnp.stack([jnp.asarray(flush_elems, jnp.int32).reshape(()),
-                      jnp.asarray(bump, jnp.int32).reshape(())])
-  options = {}
-  if not interpret:
-    from jax.experimental.pallas import triton as pl_triton
-    options["compiler_params"] = pl_triton.CompilerParams(num_warps=8)
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)   # "Pallas Triton is deprecated"
-    return pl.pallas_call(
-        functools.partial(_flush_kernel, block=FLUSH_BLOCK), grid=(size // FLUSH_BLOCK,),
-        out_shape=jax.ShapeDtypeStruct(flush.shape, flush.dtype), interpret=interpret,
-        name="wts_bench_l2_flush", **options)(params, flush)
-
-
-def cond_flush(flush: jax.Array, bump: jax.Array, flush_elems: jax.Array) -> jax.Array:
-  """The flush step as a ``lax.cond`` on the size: all of the buffer, or its head."""
-  return jax.lax.cond(flush_elems > 0, lambda f: f + bump,
-                      lambda f: f.at[:FLUSH_HEAD].add(bump), flush)
-
-
-def _flush_step(flush_impl: str) -> Callable:
-  if flush_impl == "kernel":
-    return kernel_flush
-  if flush_impl == "cond":
-    return cond_flush
-  raise ValueError(f"flush_impl={flush_impl!r} must be one of {FLUSH_IMPLS}")
-
-
-def flush_elems_for(flush: jax.Array, l2: str) -> jax.Array:
-  """The executable's flush-size argument: the whole buffer (cold) or nothing (warm)."""
-  return jnp.asarray(flush.shape[0] if _is_cold(l2) else 0, jnp.int32)
-
-
-def check_flush_impl(flush: jax.Array, flush_impl: str) -> str | None:
-  """Run one cold and one warm flush step on ``flush``; None if the cold one added to
-  every element and the warm one to the head, else what went wrong."""
-  if flush_impl == "static":
-    return None
-  step = jax.jit(lambda x, elems: _flush_step(flush_impl)(x, jnp.int32(1), elems))
-  try:
-    cold = step(flush, flush_elems_for(flush, "cold"))
-    if not bool(jnp.all(cold == flush + 1)):
-      return f"flush_impl {flush_impl}: the cold flush missed elements"
-    warm = step(flush, flush_elems_for(flush, "warm"))
-    if not bool(jnp.all(warm[:FLUSH_HEAD] == flush[:FLUSH_HEAD] + 1)):
-      return f"flush_impl {flush_impl}: the warm flush did not add to the head"
-  except Exception as err:  # noqa: BLE001 - the caller falls back and records why
-    return f"flush_impl {flush_impl}: {type(err).__name__}: {err}"[:500]
-  return None
 
 
 # --- the chain of N walks ----------------------------------------------------------------
@@ -292,7 +190,7 @@ def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool | None = None
                    (lambda f, bump: f + bump) if cold else None)
     return static_chain
 
-  step = _flush_step(flush_impl)
+  step = flush_step(flush_impl)
 
   def chain(operands, first_tokens, flush, flush_elems):
     return walks(operands, first_tokens, flush,
@@ -312,7 +210,7 @@ class CompiledChain:
 
   def args(self, first_tokens, flush, l2: str) -> tuple:
     if self.flush_impl == "static":
-      if _is_cold(l2) != self.cold:
+      if is_cold(l2) != self.cold:
         raise ValueError(f"this static chain was built for cold={self.cold}, not l2={l2}")
       return (self.leaves, first_tokens, flush)
     return (self.leaves, first_tokens, flush, flush_elems_for(flush, l2))
@@ -403,7 +301,7 @@ class ChainCompiler:
     return self._pool.submit(compile_it)
 
   def _l2_states(self, l2s) -> list[bool | None]:
-    return [None] if self.flush_impl != "static" else sorted({_is_cold(l2) for l2 in l2s})
+    return [None] if self.flush_impl != "static" else sorted({is_cold(l2) for l2 in l2s})
 
   def _chains(self, walk_fn, operands, first_tokens, flush, n_walks, l2s, traced_tokens):
     by_state = {
@@ -411,7 +309,7 @@ class ChainCompiler:
             lower_chain, walk_fn, operands, first_tokens, flush, n_walks=n_walks,
             flush_impl=self.flush_impl, cold=cold, traced_tokens=traced_tokens))
         for cold in self._l2_states(l2s)}
-    return {l2: by_state[None if self.flush_impl != "static" else _is_cold(l2)]
+    return {l2: by_state[None if self.flush_impl != "static" else is_cold(l2)]
             for l2 in l2s}
 
   def chains(self, walk_fn: Callable, operands, first_tokens: jax.Array, flush: jax.Array,
@@ -427,7 +325,7 @@ class ChainCompiler:
     """{l2: future CompiledChain} of the flush-only chain (cached)."""
     result = {}
     for l2 in l2s:
-      cold = None if self.flush_impl != "static" else _is_cold(l2)
+      cold = None if self.flush_impl != "static" else is_cold(l2)
       key = (tuple(first_tokens.shape), str(first_tokens.dtype), tuple(flush.shape),
              n_walks, self.flush_impl, cold)
       with self._lock:
@@ -461,22 +359,6 @@ def time_chain(chain: CompiledChain, flush_only: CompiledChain, first_tokens: ja
     total.append(_wall(chain.executable, *walks_args))
     base.append(_wall(flush_only.executable, *base_args))
   return summarize(total, base, chain.n_walks)
-
-
-def time_jax(walk_fn: Callable, operands, first_tokens: jax.Array, *, l2: str,
-             n_walks: int, repeats: int, flush: jax.Array | None = None,
-             traced_tokens: Callable = tokens_of, warmup: int = 2,
-             flush_impl: str | None = None, compiler: ChainCompiler | None = None
-             ) -> Timing:
-  """Time ``walk_fn(operands, first_tokens)`` by the chained-executable method."""
-  flush = make_jax_flush_buffer(default_flush_bytes()) if flush is None else flush
-  compiler = compiler or ChainCompiler(1, flush_impl)
-  chain = compiler.chains(walk_fn, operands, first_tokens, flush, n_walks=n_walks,
-                          l2s=[l2], traced_tokens=traced_tokens)[l2].result()
-  flush_only = compiler.flush_only(first_tokens, flush, n_walks=n_walks,
-                                   l2s=[l2])[l2].result()
-  return time_chain(chain, flush_only, first_tokens, flush, l2=l2, repeats=repeats,
-                    warmup=warmup)
 
 
 # --- the sanity lines: empty walks -------------------------------------------------------
@@ -514,82 +396,3 @@ def empty_walks() -> list[tuple[str, Callable[[], Callable]]]:
     candidates.append(("pallas 1-element kernel", _empty_pallas_walk))
   candidates.append(("xla 1-element op", lambda: _empty_xla_walk))
   return candidates
-
-
-def time_jax_empty(batch: int, *, l2: str, n_walks: int, repeats: int,
-                   flush: jax.Array | None = None, flush_impl: str | None = None
-                   ) -> list[tuple[str, Timing | str]]:
-  """The sanity lines: [(kind, timing or error text)] of ``empty_walks()``."""
-  first_tokens = jnp.zeros((batch,), jnp.int32)
-  results = []
-  for kind, make in empty_walks():
-    try:
-      results.append((kind, time_jax(make(), (), first_tokens, l2=l2, n_walks=n_walks,
-                                     repeats=repeats, flush=flush,
-                                     flush_impl=flush_impl)))
-    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-      results.append((kind, f"{type(err).__name__}: {err}"[:500]))
-  return results
-
-
-# --- torch -----------------------------------------------------------------------------
-
-def make_torch_flush_buffer(nbytes: int, device):
-  import torch
-  return torch.zeros(max(1, nbytes // 4), dtype=torch.int32, device=device)
-
-
-def time_torch(run: Callable[[], Any], *, l2: str, n_walks: int, repeats: int,
-               flush, warmup: int = 3) -> Timing:
-  """Time ``run()`` (one walk, launched on the current stream) by CUDA events.
-
-  On a CPU device torch runs synchronously and the host clock is used instead.
-  """
-  import torch
-  cold = _is_cold(l2)
-  cuda = flush.is_cuda
-
-  def loop(with_walk: bool):
-    for _ in range(n_walks):
-      if cold:
-        flush.add_(1)
-      if with_walk:
-        run()
-
-  def timed(with_walk: bool) -> float:
-    if not cuda:
-      start = time.perf_counter()
-      loop(with_walk)
-      return time.perf_counter() - start
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    loop(with_walk)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e-3
-
-  for _ in range(warmup):
-    timed(True)
-    timed(False)
-  if cuda:
-    torch.cuda.synchronize()
-  total, base = [], []
-  for _ in range(repeats):
-    total.append(timed(True))
-    base.append(timed(False))
-  return summarize(total, base, n_walks)
-
-
-def time_torch_empty(batch: int, *, l2: str, n_walks: int, repeats: int,
-                     flush) -> Timing:
-  import torch
-  del batch   # one element whatever the batch: this times the method, not a walk
-  x = torch.zeros(1, dtype=torch.int32, device=flush.device)
-  return time_torch(lambda: x.add_(1), l2=l2, n_walks=n_walks, repeats=repeats,
-                    flush=flush)
-
-
-def _is_cold(l2: str) -> bool:
-  if l2 not in ("cold", "warm"):
-    raise ValueError(f"l2={l2!r} must be 'cold' or 'warm'")
-  return l2 == "cold"

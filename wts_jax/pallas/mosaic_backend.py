@@ -16,14 +16,17 @@ import jax.numpy as jnp
 
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
+from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_plan import MAX_BATCH, make_plan, planes_state
 from wts_jax.walk_config import MosaicConfig
+
+HEAD_TYPES = ("vanilla", "gated")   # the head types the kernel has an ``advance`` for
 
 
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   serial = head.markov_head
   head_type = head.config.head_type
-  if head_type not in ("vanilla", "gated"):
+  if head_type not in HEAD_TYPES:
     return f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
   if head_type == "gated":
     gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
@@ -80,20 +83,18 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
   from wts_jax.output import WalkOutput
   from wts_jax.pallas.mosaic_walk import mosaic_walk
   from wts_jax.reference import clamp_first_tokens
-  serial = head.markov_head
-  w1 = serial.markov_w1.weight[...]
   first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
-  scale = getattr(serial.markov_w2, "scale", None)
+  operands = serial_operands(head, hidden)
+  w1 = operands["w1"]
   gate = ({} if not spec.plan.gated else
-          dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden)))
+          dict(gate_weight=operands["gate_weight"], gate_hoisted=operands["gate_hoisted"]))
   z_source = dict(w1=w1)
   if spec.plan.int8_state:   # the z tile holds W1's interleaved int8 planes
-    planes = serial.markov_w1_planes
-    z_source = dict(w1=planes.planes[...], w1_scale=planes.scale[...])
-  tokens, kernel_status = mosaic_walk(spec, serial.markov_w2.weight[...], base_logits,
+    z_source = dict(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"])
+  tokens, kernel_status = mosaic_walk(spec, operands["w2"], base_logits,
                                       first_tokens=first, seed=seed,
                                       score_scale=score_scale, noise_on=noise_on,
-                                      w2_scale=None if scale is None else scale[...],
+                                      w2_scale=operands.get("w2_scale"),
                                       **z_source, **gate)
   confidence = None
   conf_head = head.confidence_head

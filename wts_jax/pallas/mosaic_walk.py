@@ -46,10 +46,6 @@ terms).
 Interpret mode (CPU tests) runs blocks one after another and has no semaphores, so the
 CPU suite runs this kernel with one block owning every chunk (the barrier is compiled
 out); the GPU suite covers the multi-block exchange.
-
-The warp-specialised variant (a TMA producer warpgroup + C consumer warpgroups, NOTES.md
-"v3c") was measured slower in every configuration (C = 1: as fast; C = 2, 3: +50 %) and
-was removed; commit eacf908 has it.
 """
 
 from __future__ import annotations
@@ -67,6 +63,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
+from wts_jax.pallas import grid_sync
 from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, Z_TILE_ROWS, MosaicPlan,
                                         chunk_schedule)
 
@@ -181,25 +178,6 @@ def _update_candidates(spec: MosaicSpec, product_of, rows, base_of, best, nan_la
   return new_best, nan_lanes
 
 
-def _signal_and_poll(sem, participants, step, spin_limit):
-  """The grid barrier of step ``step``: release this participant's published pairs
-  (semaphore + 1), then poll it — bounded — until all ``participants`` have signalled
-  this step. Returns 1 when ``spin_limit`` polls ran out (never a hang), else 0."""
-  plgpu.semaphore_signal(sem, 1, memory_scope="gpu")   # release our pairs
-  target = participants * (step + 1)   # the counter only grows: no reset between steps
-
-  def waiting(state):
-    polls, seen = state
-    return jnp.logical_and(seen < target, polls < spin_limit)
-
-  def poll(state):
-    polls, _ = state
-    return polls + 1, pl.semaphore_read(sem)
-
-  _, seen = lax.while_loop(waiting, poll, (jnp.int32(0), pl.semaphore_read(sem)))
-  return jnp.where(seen < target, 1, 0)
-
-
 @dataclasses.dataclass(frozen=True)
 class _BlockCopies:
   """This block's rows and its TMA copies: W2 chunks into slots, a step's base logits
@@ -231,41 +209,55 @@ class _BlockCopies:
                               self.base_s.at[parity, c], self.base_bar.at[parity])
 
 
-def _walk_kernel(*refs, spec: MosaicSpec):
+@dataclasses.dataclass(frozen=True)
+class KernelRefs:
+  """The kernel's refs by name (``_g``: global memory, ``_s``: shared memory, ``_bar``:
+  TMA barriers). ``mosaic_walk`` passes the operands, outputs and scratch as ordered
+  dicts and the kernel gets them back by these names: the optional ones (sampling, an
+  int8 W2's scales, the WGMMA's z, the gated head's G_e) are None when the plan has none."""
+  # Inputs.
+  w2_g: object
+  base_g: object
+  w1_g: object
+  first_g: object
+  # Outputs: the tokens, the per-block status flags, the exchange's (score, index)
+  # slots [2 parities, B, lanes] (see ``grid_sync``).
+  tok_g: object
+  flag_g: object
+  xv_g: object
+  xi_g: object
+  # Scratch: the W2 slots (resident chunks, then the ring), the base logits of two steps.
+  w_s: object
+  base_s: object
+  res_bar: object
+  ring_bar: object
+  base_bar: object
+  seed_g: object = None          # sampling: the Gumbel stream's seed, 1/T, noise on
+  scale_g: object = None
+  noise_g: object = None
+  w2_scale_g: object = None      # int8 W2: per-row scales, copied to shared memory once
+  w2_scale_s: object = None
+  w2_scale_bar: object = None
+  z_s: object = None             # WGMMA GEMV: the W1 rows of z (the B operand)
+  z_bar: object = None
+  gate_w_g: object = None        # gated head: gate_proj.weight, G_e resident, the gate
+  gate_hoisted_g: object = None
+  gate_e_s: object = None
+  gate_e_bar: object = None
+  gate_pre_s: object = None
+  w1_scale_g: object = None      # int8 planes: s_lo of each token's planes (w1_g holds them)
+  register_bar: object = None    # chunks held in registers: their one staging copy
+
+
+def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
   plan, batch = spec.plan, spec.batch
   vocab, rank = plan.vocab_size, plan.rank
   wgmma, quantized, int8_state = (plan.gemv == "wgmma", plan.w2_itemsize == 1,
                                   plan.int8_state)
   reads_slots_in_registers = not wgmma or (quantized and not int8_state)
-  refs = list(refs)
-  # Inputs, then outputs, then scratch (see ``mosaic_walk``), the optional ones last.
-  w2_g, base_g, w1_g, first_g = refs[:4]
-  del refs[:4]
-  if not spec.greedy:
-    seed_g, scale_g, noise_g = refs[:3]
-    del refs[:3]
-  if quantized:
-    w2_scale_g = refs.pop(0)
-  if int8_state:
-    w1_scale_g = refs.pop(0)
-  if plan.gated:
-    gate_w_g, gate_hoisted_g = refs[:2]
-    del refs[:2]
-  tok_g, flag_g, xv_g, xi_g, w_s, base_s, res_bar, ring_bar, base_bar = refs[:9]
-  del refs[:9]
-  if wgmma:
-    z_s, z_bar = refs[:2]
-    del refs[:2]
-  if quantized:
-    w2_scale_s, w2_scale_bar = refs[:2]
-    del refs[:2]
-  if plan.gated:
-    gate_e_s, gate_e_bar, gate_pre_s = refs[:3]
-    del refs[:3]
+  refs = KernelRefs(**dict(zip(names, refs)))
   blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
   registers = plan.register_chunks
-  if registers:
-    (register_bar,) = refs
   streamed = plan.streamed_chunks
   block = lax.axis_index("blocks")
   multi_block = blocks > 1
@@ -273,7 +265,8 @@ def _walk_kernel(*refs, spec: MosaicSpec):
   lanes = plan.exchange_lanes
   row_iota = plgpu.broadcasted_iota(jnp.int32, (CHUNK_ROWS,), 0, layout=_ROW_VECTOR)
   lane_iota = plgpu.broadcasted_iota(jnp.int32, (lanes,), 0, layout=_ROW_VECTOR)
-  copies = _BlockCopies(plan, block, w2_g, w_s, base_g, base_s, base_bar)
+  copies = _BlockCopies(plan, block, refs.w2_g, refs.w_s, refs.base_g, refs.base_s,
+                        refs.base_bar)
   chunk_start, copy_chunk = copies.chunk_start, copies.chunk
 
   # Invariant: chunks [0, res) are copied once here and stay in shared memory; chunks
@@ -295,9 +288,9 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       # registers in the 8-bit WGMMA layout (4 values a register: a loop carry must be
       # whole 32-bit registers), an int8 A operand's layout.
       for i in range(registers):
-        copy_chunk(res + i, i, register_bar)
-      plgpu.barrier_wait(register_bar)
-      register_chunks = tuple(_load(w_s.at[i], plgpu.Layout.WGMMA_8BIT)
+        copy_chunk(res + i, i, refs.register_bar)
+      plgpu.barrier_wait(refs.register_bar)
+      register_chunks = tuple(_load(refs.w_s.at[i], plgpu.Layout.WGMMA_8BIT)
                               for i in range(registers))
       plgpu.commit_smem()   # every warp's reads of the slots before the TMA refills them
   with jax.named_scope("prologue"):
@@ -306,29 +299,29 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     copies.base(0, 0)
     if quantized:   # the block's per-row scales, once: [chunks, 64] f32
       for c in range(plan.chunks):
-        plgpu.copy_gmem_to_smem(w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
-                                w2_scale_s.at[c], w2_scale_bar)
+        plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
+                                refs.w2_scale_s.at[c], refs.w2_scale_bar)
     # The ring's first slots before the resident chunks: step 0 starts on the stream
     # and waits for the resident chunks only where its schedule first needs them.
     for g in range(min(stages, total_streamed)):
-      copy_chunk(first_streamed + g, res + g, ring_bar.at[g])   # step 0: forward
+      copy_chunk(first_streamed + g, res + g, refs.ring_bar.at[g])   # step 0: forward
     for c in range(res):
-      copy_chunk(c, c, res_bar)
+      copy_chunk(c, c, refs.res_bar)
     if plan.gated:   # G_e: columns [d, d + r) of gate_proj.weight, resident
-      hidden_size = gate_w_g.shape[1] - rank
+      hidden_size = refs.gate_w_g.shape[1] - rank
       for i in range(rank // CHUNK_ROWS):
         plgpu.copy_gmem_to_smem(
-            gate_w_g.at[pl.ds(i * CHUNK_ROWS, CHUNK_ROWS), pl.ds(hidden_size, rank)],
-            gate_e_s.at[i], gate_e_bar)
+            refs.gate_w_g.at[pl.ds(i * CHUNK_ROWS, CHUNK_ROWS), pl.ds(hidden_size, rank)],
+            refs.gate_e_s.at[i], refs.gate_e_bar)
     if quantized:
-      plgpu.barrier_wait(w2_scale_bar)
+      plgpu.barrier_wait(refs.w2_scale_bar)
     if plan.gated:
-      plgpu.barrier_wait(gate_e_bar)
+      plgpu.barrier_wait(refs.gate_e_bar)
 
   if not spec.greedy:
-    seed = (seed_g[0], seed_g[1])
-    score_scale = [scale_g[b] for b in range(batch)]
-    noise_on = [noise_g[b] != 0 for b in range(batch)]
+    seed = (refs.seed_g[0], refs.seed_g[1])
+    score_scale = [refs.scale_g[b] for b in range(batch)]
+    noise_on = [refs.noise_g[b] != 0 for b in range(batch)]
 
   def gather(tokens, needed=True):
     """z for the next step. Registers: the W1 rows as fp32 vectors. WGMMA: a TMA copy of
@@ -337,8 +330,8 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     own row within the tiles. int8 planes: the 8 rows are 4 tokens' interleaved planes
     from 2 · min(token, V - 4), and each token's ``s_lo`` comes along."""
     if not wgmma:
-      return [_load(w1_g.at[tokens[b]], _COL_VECTOR, optimized=False).astype(jnp.float32)
-              for b in range(batch)]
+      return [_load(refs.w1_g.at[tokens[b]], _COL_VECTOR,
+                    optimized=False).astype(jnp.float32) for b in range(batch)]
     rows_per_token = 2 if int8_state else 1
     tokens_per_tile = Z_TILE_ROWS // rows_per_token
     starts = [jnp.minimum(tokens[b], vocab - tokens_per_tile) for b in range(batch)]
@@ -347,13 +340,13 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     def _():
       for b in range(batch):
         plgpu.copy_gmem_to_smem(
-            w1_g.at[pl.ds(starts[b] * rows_per_token, Z_TILE_ROWS)],
-            z_s.at[pl.ds(b * Z_TILE_ROWS, Z_TILE_ROWS)], z_bar)
+            refs.w1_g.at[pl.ds(starts[b] * rows_per_token, Z_TILE_ROWS)],
+            refs.z_s.at[pl.ds(b * Z_TILE_ROWS, Z_TILE_ROWS)], refs.z_bar)
 
     columns = [b * Z_TILE_ROWS + (tokens[b] - starts[b]) * rows_per_token
                for b in range(batch)]
     if int8_state:
-      return columns, [w1_scale_g[tokens[b]] for b in range(batch)]
+      return columns, [refs.w1_scale_g[tokens[b]] for b in range(batch)]
     return columns
 
   def broadcast_rows(vectors):
@@ -368,26 +361,27 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     plgpu.commit_smem()   # every warp's reads of the last step's vector before the writes
     e_rows = broadcast_rows(e)
     for i in range(rank // CHUNK_ROWS):   # each G_e chunk loaded once for all rows
-      pre = _register_products(_load(gate_e_s.at[i], _WGMMA), e_rows)
+      pre = _register_products(_load(refs.gate_e_s.at[i], _WGMMA), e_rows)
       for b in range(batch):
-        gate_pre_s[b, pl.ds(i * CHUNK_ROWS, CHUNK_ROWS)] = pre(b)
+        refs.gate_pre_s[b, pl.ds(i * CHUNK_ROWS, CHUNK_ROWS)] = pre(b)
     plgpu.commit_smem()   # every warp's writes before any thread reads the vector
     return [jax.nn.sigmoid(
-        _load(gate_hoisted_g.at[b, step], _COL_VECTOR, optimized=False)
-        + _load(gate_pre_s.at[b], _COL_VECTOR)) * e[b] for b in range(batch)]
+        _load(refs.gate_hoisted_g.at[b, step], _COL_VECTOR, optimized=False)
+        + _load(refs.gate_pre_s.at[b], _COL_VECTOR)) * e[b] for b in range(batch)]
 
   def step_body(step, carry):
     z, flags, register_chunks = carry
     parity = lax.rem(step, 2)
     with jax.named_scope("base_wait"):
-      plgpu.barrier_wait(base_bar.at[parity])
-      if wgmma:
-        plgpu.barrier_wait(z_bar)   # this step's W1 rows (issued at the last step's end)
+      plgpu.barrier_wait(refs.base_bar.at[parity])
+      if wgmma:   # this step's W1 rows (issued at the last step's end)
+        plgpu.barrier_wait(refs.z_bar)
 
     @pl.when(step + 1 < spec.steps)
     def _():
-      # Buffer 1 - parity was read in the previous step: its generic-proxy reads are
-      # ordered before the TMA's write (fence + warpgroup barrier), then the copy.
+      # Invariant: buffer 1 - parity was read in the previous step; its generic-proxy
+      # reads are ordered before the TMA's write (fence + warpgroup barrier), then the
+      # copy (grid_sync: the Mosaic protocol).
       plgpu.commit_smem()
       copies.base(step + 1, 1 - parity)
 
@@ -408,25 +402,26 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       """The GEMV of a group of chunks (by slot, or an int8 chunk held in registers):
       per chunk ``b -> [64]``."""
       if not wgmma:
-        return [_register_products(_load(w_s.at[slot], _WGMMA), z_rows)
+        return [_register_products(_load(refs.w_s.at[slot], _WGMMA), z_rows)
                 for slot in slot_indices]
       if int8_state:   # int8 x int8: the slots are the A operands as they are
         columns, plane_scales = z
-        return _wgmma_products([w_s.at[slot] if isinstance(slot, int) else slot
-                                for slot in slot_indices], z_s, columns, plane_scales)
+        return _wgmma_products([refs.w_s.at[slot] if isinstance(slot, int) else slot
+                                for slot in slot_indices], refs.z_s, columns, plane_scales)
       # An int8 chunk is upcast to bf16 in registers (exact: |q| <= 128 fits bf16's
       # mantissa) and is the WGMMA's A operand from there.
-      operands = [_load(w_s.at[slot], _WGMMA).astype(jnp.bfloat16) if quantized
-                  else w_s.at[slot] for slot in slot_indices]
-      return _wgmma_products(operands, z_s, z)
+      operands = [_load(refs.w_s.at[slot], _WGMMA).astype(jnp.bfloat16) if quantized
+                  else refs.w_s.at[slot] for slot in slot_indices]
+      return _wgmma_products(operands, refs.z_s, z)
 
     def take_group(chunk_ids, slot_indices, best, nan_lanes):
       for c, products in zip(chunk_ids, chunk_products(slot_indices)):
         if quantized:   # (Σ q·z) · scale, the order of SerialHead.vocab_bias
-          products = _scaled(products, _load(w2_scale_s.at[c], _ROW_VECTOR))
+          products = _scaled(products, _load(refs.w2_scale_s.at[c], _ROW_VECTOR))
         best, nan_lanes = _update_candidates(
             spec, products, chunk_start(c) + row_iota,
-            lambda b, c=c: _load(base_s.at[parity, c, b], _ROW_VECTOR).astype(jnp.float32),
+            lambda b, c=c: _load(refs.base_s.at[parity, c, b],
+                                 _ROW_VECTOR).astype(jnp.float32),
             best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
       return best, nan_lanes
 
@@ -436,7 +431,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
         if members[0] == 0 and res:
           @pl.when(step == 0)
           def _():   # once: the resident chunks copied in the prologue have landed
-            plgpu.barrier_wait(res_bar)
+            plgpu.barrier_wait(refs.res_bar)
         sources = [c if c < res else register_chunks[c - res] for c in members]
         with jax.named_scope("resident_chunk"):
           best, nan_lanes = take_group(members, sources, best, nan_lanes)
@@ -445,12 +440,13 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       slots = [res + j % stages for j in members]
       with jax.named_scope("ring_wait"):
         for j in members:
-          plgpu.barrier_wait(ring_bar.at[j % stages])
+          plgpu.barrier_wait(refs.ring_bar.at[j % stages])
       with jax.named_scope("streamed_chunk"):
         best, nan_lanes = take_group([streamed_chunk(step, j) for j in members], slots,
                                      best, nan_lanes)
       for j in members:
         # Refill the slot with the chunk `stages` ahead — across the step boundary too.
+        # Invariant: a slot is refilled only after its chunk was consumed above.
         ahead = step * streamed + j + stages
 
         @pl.when(ahead < total_streamed)
@@ -462,25 +458,30 @@ def _walk_kernel(*refs, spec: MosaicSpec):
             plgpu.commit_smem()
           later, position = divmod(j + stages, streamed)   # static: same step or next
           copy_chunk(streamed_chunk(step + later, position), res + j % stages,
-                     ring_bar.at[j % stages])
+                     refs.ring_bar.at[j % stages])
 
     with jax.named_scope("publish"):
+      # Invariant: parity k % 2 is free: every block read step k - 2's pairs before it
+      # signalled step k - 1, and this block passed that barrier (grid_sync).
       for b in range(batch):
         values, rows = best[b]
         top = values.max()
-        xv_g[parity, b, block] = top
-        xi_g[parity, b, block] = jnp.min(jnp.where(values == top, rows, _BIG_INDEX))
+        refs.xv_g[parity, b, block] = top
+        refs.xi_g[parity, b, block] = jnp.min(jnp.where(values == top, rows,
+                                                        _BIG_INDEX))
     timed_out = jnp.int32(0)
     if multi_block:
       with jax.named_scope("grid_sync"):
-        timed_out = _signal_and_poll(sem, blocks, step, spec.spin_limit)
+        timed_out = grid_sync.signal_and_poll(sem, blocks, step, spec.spin_limit)
     tokens = []
     with jax.named_scope("exchange_reduce"):
       for b in range(batch):
         valid = lane_iota < blocks
-        values = jnp.where(valid, _load(xv_g.at[parity, b], _ROW_VECTOR, optimized=False),
-                           _NEG_INF)
-        indices = jnp.where(valid, _load(xi_g.at[parity, b], _ROW_VECTOR,
+        # Invariant: every block reduces the same pairs with the same arithmetic, so
+        # all agree on the token without a broadcast.
+        values = jnp.where(valid, _load(refs.xv_g.at[parity, b], _ROW_VECTOR,
+                                        optimized=False), _NEG_INF)
+        indices = jnp.where(valid, _load(refs.xi_g.at[parity, b], _ROW_VECTOR,
                                          optimized=False), _BIG_INDEX)
         top = values.max()
         token = jnp.min(jnp.where(values == top, indices, _BIG_INDEX))
@@ -489,7 +490,7 @@ def _walk_kernel(*refs, spec: MosaicSpec):
     @pl.when(block == 0)
     def _():
       for b in range(batch):
-        tok_g[b, step] = tokens[b]
+        refs.tok_g[b, step] = tokens[b]
 
     flags = (flags | jnp.where(nan_lanes.max() > 0, STATUS_NAN_LOGITS, 0)
              | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0))
@@ -497,10 +498,10 @@ def _walk_kernel(*refs, spec: MosaicSpec):
       e = gather(tokens, needed=step + 1 < spec.steps)
     return e, flags, register_chunks
 
-  first = [jnp.clip(first_g[b], 0, vocab - 1) for b in range(batch)]
+  first = [jnp.clip(refs.first_g[b], 0, vocab - 1) for b in range(batch)]
   _, flags, _ = lax.fori_loop(0, spec.steps, step_body,
                               (gather(first), jnp.int32(0), register_chunks))
-  flag_g[block] = flags
+  refs.flag_g[block] = flags
 
 
 def _interpret_params():
@@ -531,60 +532,66 @@ def mosaic_walk(spec: MosaicSpec, w2, base_logits, w1, first_tokens, seed=None,
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   slots = plan.resident_chunks + plan.ring_stages
   transforms = _w2_transforms(jnp.dtype(w2.dtype).itemsize, plan.rank)
-  w_slots = plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype, transforms=transforms)
-  res_bar = plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1)
-  ring_bar = plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages))
   itemsize = jnp.dtype(base_logits.dtype).itemsize
   if batch > plan.staged_batch or itemsize > plan.base_itemsize:
     raise ValueError(f"the plan stages {plan.staged_batch} rows of {plan.base_itemsize}-"
                      f"byte base logits; this walk has {batch} rows of {itemsize} bytes")
-  base_staging = plgpu.SMEM((2, plan.chunks, batch, CHUNK_ROWS), base_logits.dtype)
-  base_bar = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=2)
   lanes = plan.exchange_lanes
-  scratch = [w_slots, base_staging, res_bar, ring_bar, base_bar]
+  scratch = {
+      "w_s": plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype, transforms=transforms),
+      "base_s": plgpu.SMEM((2, plan.chunks, batch, CHUNK_ROWS), base_logits.dtype),
+      "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
+      "ring_bar": plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages)),
+      "base_bar": plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=2),
+  }
   if plan.gemv == "wgmma":   # z: 8 W1 rows per batch row, the WGMMA's B operand
     if w1.dtype != (jnp.int8 if plan.int8_state else jnp.bfloat16):
       raise ValueError(f"the WGMMA GEMV needs a bf16 W1 (got {w1.dtype})")
-    scratch += [plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
-                           transforms=_w2_transforms(jnp.dtype(w1.dtype).itemsize,
-                                                     plan.rank)),
-                plgpu.Barrier(num_arrivals=batch, num_barriers=1)]
+    scratch["z_s"] = plgpu.SMEM((Z_TILE_ROWS * batch, plan.rank), w1.dtype,
+                                transforms=_w2_transforms(jnp.dtype(w1.dtype).itemsize,
+                                                          plan.rank))
+    scratch["z_bar"] = plgpu.Barrier(num_arrivals=batch, num_barriers=1)
   if w2_scale is not None:
-    scratch += [plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32),
-                plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)]
+    scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
+    scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)
   if plan.gated:
     if gate_weight.dtype != jnp.bfloat16 or gate_weight.shape[0] != plan.rank:
       raise ValueError(f"the gated kernel needs a bf16 gate_proj.weight [{plan.rank}, "
                        f"d + {plan.rank}] (got {gate_weight.dtype}{list(gate_weight.shape)})")
-    scratch += [plgpu.SMEM((plan.rank // CHUNK_ROWS, CHUNK_ROWS, plan.rank), jnp.bfloat16,
-                           transforms=_w2_transforms(2, plan.rank)),
-                plgpu.Barrier(num_arrivals=plan.rank // CHUNK_ROWS, num_barriers=1),
-                plgpu.SMEM((batch, plan.rank), jnp.float32)]
+    scratch["gate_e_s"] = plgpu.SMEM((plan.rank // CHUNK_ROWS, CHUNK_ROWS, plan.rank),
+                                     jnp.bfloat16, transforms=_w2_transforms(2, plan.rank))
+    scratch["gate_e_bar"] = plgpu.Barrier(num_arrivals=plan.rank // CHUNK_ROWS,
+                                          num_barriers=1)
+    scratch["gate_pre_s"] = plgpu.SMEM((batch, plan.rank), jnp.float32)
   if plan.register_chunks:
-    scratch.append(plgpu.Barrier(num_arrivals=plan.register_chunks, num_barriers=1))
+    scratch["register_bar"] = plgpu.Barrier(num_arrivals=plan.register_chunks,
+                                            num_barriers=1)
+  outputs = {"tok_g": jax.ShapeDtypeStruct((batch, steps), jnp.int32),
+             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
+             "xv_g": jax.ShapeDtypeStruct((2, batch, lanes), jnp.float32),
+             "xi_g": jax.ShapeDtypeStruct((2, batch, lanes), jnp.int32)}
+  operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1,
+              "first_g": first_tokens.astype(jnp.int32)}
+  if not spec.greedy:
+    operands.update(seed_g=seed.astype(jnp.uint32), scale_g=score_scale.astype(jnp.float32),
+                    noise_g=noise_on.astype(jnp.int32))
+  if w2_scale is not None:
+    operands["w2_scale_g"] = w2_scale.astype(jnp.float32)
+  if w1_scale is not None:
+    operands["w1_scale_g"] = w1_scale.astype(jnp.float32)
+  if plan.gated:
+    operands.update(gate_w_g=gate_weight, gate_hoisted_g=gate_hoisted.astype(jnp.float32))
   kernel = plgpu.kernel(
-      functools.partial(_walk_kernel, spec=spec),
-      out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
-                jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
-                jax.ShapeDtypeStruct((2, batch, lanes), jnp.float32),
-                jax.ShapeDtypeStruct((2, batch, lanes), jnp.int32)),
+      functools.partial(_walk_kernel, spec=spec,
+                        names=(*operands, *outputs, *scratch)),
+      out_type=tuple(outputs.values()),
       grid=(plan.num_blocks,), grid_names=("blocks",),
-      scratch_types=scratch,
+      scratch_types=list(scratch.values()),
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane,
           **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
              if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
-  operands = [w2, base_logits, w1, first_tokens.astype(jnp.int32)]
-  if not spec.greedy:
-    operands += [seed.astype(jnp.uint32), score_scale.astype(jnp.float32),
-                 noise_on.astype(jnp.int32)]
-  if w2_scale is not None:
-    operands.append(w2_scale.astype(jnp.float32))
-  if w1_scale is not None:
-    operands.append(w1_scale.astype(jnp.float32))
-  if plan.gated:
-    operands += [gate_weight, gate_hoisted.astype(jnp.float32)]
-  tokens, flags, _, _ = kernel(*operands)
+  tokens, flags, _, _ = kernel(*operands.values())
   return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))

@@ -108,9 +108,9 @@ def stepwise_walk(head: DraftHead, base_logits, first_tokens, hidden, mode: Samp
                   interpret: bool = False,
                   rows_per_program: int = ROWS_PER_PROGRAM) -> WalkOutput:
   """The walk as K fused step kernels (same contract and outputs as ``walk``)."""
-  weight, _ = triton_backend.w2_arrays(head)
   batch, _, vocab = base_logits.shape
-  plan = stepwise_plan(vocab, head.config.rank, batch, jnp.dtype(weight.dtype).itemsize,
+  w2_dtype = jnp.dtype(head.markov_head.markov_w2.weight.dtype)
+  plan = stepwise_plan(vocab, head.config.rank, batch, w2_dtype.itemsize,
                        rows_per_program)
   # spin_limit is unused: the step kernels never wait (last-program reduction).
   shapes = WalkShapes.of(base_logits, mode.greedy, return_logits=return_logits,

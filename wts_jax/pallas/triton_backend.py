@@ -18,6 +18,7 @@ from wts_jax.device import DeviceFacts
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.output import WalkOutput
 from wts_jax.pallas import triton_walk
+from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.plan import WalkPlan, plan_walk
 from wts_jax.pallas.shard_step import KernelSpec
@@ -29,12 +30,6 @@ SUPPORTED_W2_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8))
 UNVERIFIED_W2_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)
 MAX_RANK = 256
 MAX_BATCH = 128
-
-
-def w2_arrays(head: DraftHead):
-  w2 = head.markov_head.markov_w2
-  scale = getattr(w2, "scale", None)
-  return w2.weight[...], (None if scale is None else scale[...])
 
 
 def _scaled(head: DraftHead) -> bool:
@@ -110,17 +105,9 @@ def kernel_inputs(spec: KernelSpec, head: DraftHead, hidden, score_scale, noise_
 
   ``conf_hoisted_only`` holds the whole confidence when the confidence head does not
   read ``e_k`` (nothing of it is serial then)."""
-  serial = head.markov_head
-  weight, scale = w2_arrays(head)
-  inputs = {"w2": weight, "w1": serial.markov_w1.weight[...]}
-  if scale is not None:
-    inputs["w2_scale"] = scale.astype(jnp.float32)
-  if spec.head_type == "gated":
-    inputs["gate_hoisted"] = serial.hoist(hidden)
-    inputs["gate_weight"] = serial.gate_proj.weight[...]
-  elif spec.head_type == "rnn":
-    inputs["joint_hoisted"] = serial.hoist(hidden)
-    inputs["joint_weight"] = serial.joint_proj.weight[...]
+  inputs = serial_operands(head, hidden)
+  if "w2_scale" in inputs:
+    inputs["w2_scale"] = inputs["w2_scale"].astype(jnp.float32)
   conf_head = head.confidence_head
   if conf_head is not None:
     conf_hoisted = conf_head.hoist(hidden)
