@@ -332,22 +332,22 @@ def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
     if not wgmma:
       return [_load(refs.w1_g.at[tokens[b]], _COL_VECTOR,
                     optimized=False).astype(jnp.float32) for b in range(batch)]
-    rows_per_token = 2 if int8_state else 1
-    tokens_per_tile = Z_TILE_ROWS // rows_per_token
+    # Planes: 2 rows a token (q_hi, q_lo), so a tile holds 4 tokens.
+    tokens_per_tile = Z_TILE_ROWS // 2 if int8_state else Z_TILE_ROWS
     starts = [jnp.minimum(tokens[b], vocab - tokens_per_tile) for b in range(batch)]
+    first_rows = [2 * start for start in starts] if int8_state else starts
 
     @pl.when(needed)
     def _():
       for b in range(batch):
-        plgpu.copy_gmem_to_smem(
-            refs.w1_g.at[pl.ds(starts[b] * rows_per_token, Z_TILE_ROWS)],
-            refs.z_s.at[pl.ds(b * Z_TILE_ROWS, Z_TILE_ROWS)], refs.z_bar)
+        plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(first_rows[b], Z_TILE_ROWS)],
+                                refs.z_s.at[pl.ds(b * Z_TILE_ROWS, Z_TILE_ROWS)],
+                                refs.z_bar)
 
-    columns = [b * Z_TILE_ROWS + (tokens[b] - starts[b]) * rows_per_token
-               for b in range(batch)]
     if int8_state:
-      return columns, [refs.w1_scale_g[tokens[b]] for b in range(batch)]
-    return columns
+      return ([b * Z_TILE_ROWS + 2 * (tokens[b] - starts[b]) for b in range(batch)],
+              [refs.w1_scale_g[tokens[b]] for b in range(batch)])
+    return [b * Z_TILE_ROWS + tokens[b] - starts[b] for b in range(batch)]
 
   def broadcast_rows(vectors):
     """Per batch row, an [r] vector broadcast over a chunk's 64 rows (register GEMV)."""
