@@ -1,0 +1,103 @@
+"""c(B, K): the device time of one decode iteration per batch size and draft length.
+
+A ``CostTable`` holds the measured (or modelled) seconds of one iteration at a few
+batch buckets for every draft length K = 0 (plain autoregressive decoding) .. block
+size, with where the figures came from. Between buckets the cost is linear in B (an
+iteration's work is linear in the B·(K + 1) verified tokens between the roofline's
+corners); above the largest bucket it extrapolates the last segment; below the first it
+holds the first bucket's cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wts_jax.tabletune.files import write_json
+
+SCHEMA = "wts_jax.tabletune.cost_table/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+  """Seconds of one iteration: ``seconds[i, k]`` at batch ``batches[i]``, draft length k."""
+
+  device_kind: str
+  target: str
+  drafter: str
+  batches: tuple[int, ...]
+  seconds: tuple[tuple[float, ...], ...]  # [len(batches)][max_draft_len + 1]
+  provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    batches = list(self.batches)
+    if len(batches) < 2 or any(not isinstance(b, int) or b < 1 for b in batches):
+      raise ValueError(f"batches={self.batches!r} must be >= 2 ints >= 1")
+    if sorted(set(batches)) != batches:
+      raise ValueError(f"batches={self.batches!r} must be strictly increasing")
+    seconds = np.asarray(self.seconds, np.float64)
+    if seconds.ndim != 2 or seconds.shape[0] != len(batches) or seconds.shape[1] < 2:
+      raise ValueError(f"seconds shape={seconds.shape} must be [len(batches)={len(batches)}, "
+                       f"max_draft_len + 1 >= 2]")
+    if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
+      raise ValueError(f"seconds={self.seconds!r} must be finite and > 0")
+
+  @property
+  def max_draft_len(self) -> int:
+    return len(self.seconds[0]) - 1
+
+  def array(self) -> np.ndarray:
+    return np.asarray(self.seconds, np.float64)
+
+  def cost(self, batch, draft_len=None):
+    """Seconds at ``batch`` (scalar or array) for ``draft_len`` (None: every K, last axis)."""
+    row = interpolate_rows(np.asarray(self.batches, np.float64), self.array(),
+                           np.asarray(batch, np.float64))
+    return row if draft_len is None else row[..., draft_len]
+
+  def to_json(self) -> dict[str, Any]:
+    return {"schema": SCHEMA, "device_kind": self.device_kind, "target": self.target,
+            "drafter": self.drafter, "batches": list(self.batches),
+            "draft_lens": list(range(self.max_draft_len + 1)),
+            "seconds": [list(map(float, row)) for row in self.seconds],
+            "provenance": self.provenance}
+
+  @classmethod
+  def from_json(cls, data: dict[str, Any]) -> CostTable:
+    if data.get("schema") != SCHEMA:
+      raise ValueError(f"schema={data.get('schema')!r} must be {SCHEMA!r}")
+    return cls(device_kind=data["device_kind"], target=data["target"],
+               drafter=data["drafter"], batches=tuple(int(b) for b in data["batches"]),
+               seconds=tuple(tuple(float(s) for s in row) for row in data["seconds"]),
+               provenance=dict(data.get("provenance", {})))
+
+  def save(self, path: str | pathlib.Path) -> pathlib.Path:
+    return write_json(self.to_json(), path)
+
+  @classmethod
+  def load(cls, path: str | pathlib.Path) -> CostTable:
+    return cls.from_json(json.loads(pathlib.Path(path).read_text()))
+
+
+def interpolate_rows(batches, seconds, batch):
+  """Cost rows [..., K + 1] at ``batch``: piecewise linear in B, extrapolating the last
+  segment, held constant below the first bucket. numpy or jax arrays alike."""
+  xp = jnp if isinstance(seconds, jax.Array) or isinstance(batch, jax.Array) else np
+  batch = xp.maximum(xp.asarray(batch, seconds.dtype), batches[0])
+  segment = xp.clip(xp.searchsorted(batches, batch, side="right") - 1, 0, len(batches) - 2)
+  lo, hi = batches[segment], batches[segment + 1]
+  fraction = ((batch - lo) / (hi - lo))[..., None]
+  return seconds[segment] + fraction * (seconds[segment + 1] - seconds[segment])
+
+
+def table_filename(device_kind: str, target: str, drafter: str) -> str:
+  """One file per (device kind, target, drafter): ``costs_<device>_<target>_<drafter>.json``."""
+  def slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+  return f"costs_{slug(device_kind)}_{slug(target)}_{slug(drafter)}.json"
