@@ -106,9 +106,12 @@ def test_drift_detection_resets_the_estimate(costs):
 
 def test_hysteresis_holds_k(costs):
   sticky = TableTuneController.from_table(costs, regime_profile("chat", K), hysteresis=10.0)
+  @jax.jit
+  def step(state):
+    k, _, state = sticky.choose(state, jnp.ones(8, bool))
+    return k, sticky.observe(state, k, jnp.zeros(8, jnp.int32), None, jnp.ones(8, bool))
   state = sticky.init(8)
   k0 = int(state.draft_len)
   for _ in range(20):
-    k, _, state = sticky.choose(state, jnp.ones(8, bool))
-    state = sticky.observe(state, k, jnp.zeros(8, jnp.int32), None, jnp.ones(8, bool))
+    k, state = step(state)
   assert int(k) == k0

@@ -21,7 +21,7 @@ def results():
                         target="qwen3-8b", drafter="dspark", max_draft_len=K,
                         batches=(1, 16, 64), source="modelled")
   traces = [t for t in standard_traces(batch=64, max_draft_len=K, iterations=60, seed=1)
-            if t.name.startswith(("stationary_chat", "stale_reasoning_table"))]
+            if t.name.startswith("stale_reasoning_table")]
   return evaluate(traces, costs, costs,
                   tuned={"specdecpp_threshold": 0.7, "adaedl_threshold": 0.3})
 

@@ -83,3 +83,33 @@ def test_table_monotone_in_cost_and_batch(modelled):
     best = shorter
   rates = tokens_per_second(modelled, profile, 16)
   assert rates.shape == (8,) and rates.argmax() == best_draft_len(modelled, profile, 16)
+
+
+def test_refined_moves_the_table_towards_live_measurements(modelled):
+  measured = 1.2 * float(modelled.cost(24, 3))  # the live iteration is 20 % dearer
+  table = modelled
+  table = table.refined(24, 3, measured, weight=0.5)
+  assert float(table.cost(24, 3)) == pytest.approx(1.1 * float(modelled.cost(24, 3)))
+  for _ in range(29):
+    table = table.refined(24, 3, measured)
+  assert float(table.cost(24, 3)) == pytest.approx(measured, rel=0.001)
+  assert float(table.cost(200, 3)) != float(table.refined(200, 3, 1.0).cost(200, 3))
+  np.testing.assert_array_equal(table.array()[:, [0, 1, 2, 4]], modelled.array()[:, [0, 1, 2, 4]])
+  assert table.provenance["refinements"] == 30
+  with pytest.raises(ValueError, match="draft_len"):
+    modelled.refined(4, 9, 1e-3)
+
+
+def test_profiler_interpolates_unmeasured_draft_lengths():
+  asked = []
+  def cost(batch, draft_len):
+    asked.append(draft_len)
+    return 1e-3 * batch * (1 + draft_len ** 2)
+  table = profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=4,
+                        batches=(1, 2), draft_lens=(0, 2, 4))
+  assert sorted(set(asked)) == [0, 2, 4]
+  np.testing.assert_allclose(table.array()[0], [1e-3, 3e-3, 5e-3, 11e-3, 17e-3])
+  assert table.provenance["interpolated_draft_lens"] == [1, 3]
+  with pytest.raises(ValueError, match="both ends"):
+    profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=4,
+                  draft_lens=(0, 2))

@@ -29,14 +29,17 @@ class CliError(Exception):
   """A bad argument or input: printed as ``error: ...``, exit status 2."""
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-  try:
-    values = tuple(int(v) for v in text.split(","))
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated ints") from None
-  if not values or min(values) < 1:
-    raise argparse.ArgumentTypeError(f"{text!r} must be ints >= 1")
-  return values
+def _int_list(minimum: int):
+  """argparse type: comma-separated ints, each >= ``minimum``."""
+  def parse(text: str) -> tuple[int, ...]:
+    try:
+      values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated ints") from None
+    if min(values) < minimum:
+      raise argparse.ArgumentTypeError(f"{text!r} must be ints >= {minimum}")
+    return values
+  return parse
 
 
 def _positive_int(text: str) -> int:
@@ -68,16 +71,26 @@ def _loop_cost(args):
   """The real loop's cost function (needs the end-to-end loop and, in practice, a GPU)."""
   try:
     import jax  # pylint: disable=import-outside-toplevel
-    from wts_jax.spec import dspark, qwen3  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from wts_jax.spec import bench_e2e, dspark, qwen3  # pylint: disable=import-outside-toplevel
     from wts_jax.tabletune.profile import loop_cost_fn  # pylint: disable=import-outside-toplevel
-    preset = args.target.replace("-", "_")
-    target = qwen3.make_qwen3(getattr(qwen3.Qwen3Config, preset)())
-    drafter = dspark.make_dspark(getattr(dspark.DSparkConfig, preset)())
-    cost = loop_cost_fn(target, drafter, prompt_len=args.prompt_len, repeats=args.repeats)
-  except (ImportError, AttributeError) as err:
-    raise CliError(f"--cost loop needs the end-to-end loop (wts_jax.spec.timing, presets "
-                   f"for --target={args.target!r}): {err}") from None
-  return cost, jax.devices()[0].device_kind, f"dspark-{args.target}"
+  except ImportError as err:
+    raise CliError(f"--cost loop needs the end-to-end loop (wts_jax.spec): {err}") from None
+  preset = args.target.replace("-", "_")
+  if preset not in bench_e2e.MODELS:
+    raise CliError(f"--target={args.target!r} must be one of {sorted(bench_e2e.MODELS)} "
+                   f"for --cost loop")
+  target_config, drafter_config = bench_e2e.model_configs(preset, args.head_type)
+  if args.max_draft_len > drafter_config.block_size:
+    raise CliError(f"--max-draft-len={args.max_draft_len} must be <= the drafter's "
+                   f"block_size={drafter_config.block_size}")
+  dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+  # Random weights: the cost of an iteration does not depend on their values.
+  target = qwen3.make_qwen3(target_config, seed=0, param_dtype=dtype, dtype=dtype)
+  drafter = dspark.make_dspark(drafter_config, seed=1, param_dtype=dtype, dtype=dtype)
+  cost = loop_cost_fn(target, drafter, prompt_len=args.prompt_len, repeats=args.repeats,
+                      walk_impl=args.walk)
+  return cost, jax.devices()[0].device_kind, f"dspark-{args.target}-{args.head_type}"
 
 
 def cmd_profile(args) -> int:
@@ -93,7 +106,8 @@ def cmd_profile(args) -> int:
     source = "measured"
   table = profile_costs(cost, device_kind=device_kind, target=args.target, drafter=drafter,
                         max_draft_len=args.max_draft_len, batches=args.batches,
-                        budget_s=args.budget_s, source=source, log=print)
+                        budget_s=args.budget_s, source=source, log=print,
+                        draft_lens=args.draft_lens)
   print(f"wrote {table.save(args.out)} ({table.provenance['profile_seconds']:.1f} s, "
         f"skipped batches {table.provenance['skipped_batches']})")
   return 0
@@ -194,12 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--cost", choices=("modelled", "loop"), default="modelled")
   p.add_argument("--target", default="qwen3-8b")
   p.add_argument("--max-draft-len", type=_positive_int, default=7)
-  p.add_argument("--batches", type=_int_list, default=DEFAULT_BATCHES)
+  p.add_argument("--batches", type=_int_list(1), default=DEFAULT_BATCHES)
   p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S)
+  p.add_argument("--draft-lens", type=_int_list(0), default=None,
+                 help="measure only these K (must hold 0 and the max); interpolate the rest")
   p.add_argument("--noise", type=float, default=0.0, help="modelled: lognormal sigma")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--prompt-len", type=_positive_int, default=512)
-  p.add_argument("--repeats", type=_positive_int, default=10)
+  p.add_argument("--repeats", type=_positive_int, default=5)
+  p.add_argument("--head-type", default="vanilla", help="loop: the drafter's serial head")
+  p.add_argument("--walk", default="auto", help="loop: walk_impl of the drafter")
   p.add_argument("--out", required=True)
   p.set_defaults(run=cmd_profile)
 
@@ -208,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--target", default="qwen3-8b")
   p.add_argument("--regime", action="append", choices=sorted(REGIME_RATES))
   p.add_argument("--acceptance", action="append", metavar="RATE[,DECAY]")
-  p.add_argument("--batches", type=_int_list)
+  p.add_argument("--batches", type=_int_list(1))
   p.add_argument("--out")
   p.add_argument("--plot")
   p.set_defaults(run=cmd_table)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 from typing import Any
 
@@ -60,6 +61,36 @@ class CostTable:
     row = interpolate_rows(np.asarray(self.batches, np.float64), self.array(),
                            np.asarray(batch, np.float64))
     return row if draft_len is None else row[..., draft_len]
+
+  def refined(self, batch: float, draft_len: int, seconds: float, *,
+              weight: float = 0.25) -> CostTable:
+    """The table moved towards one live measurement of an iteration at (batch, K).
+
+    The bucket(s) that the cost at ``batch`` is interpolated from are scaled at column K
+    by one factor, so that the cost there moves ``weight`` of the way to ``seconds`` (an
+    exponential average when fed every measurement); above the largest bucket the last
+    two scale alike. A jitted decode loop
+    has no device clock, so this runs on the host between runs (a controller built from
+    the refined table compiles once more).
+    """
+    if not 0 <= draft_len <= self.max_draft_len:
+      raise ValueError(f"draft_len={draft_len!r} must be in [0, {self.max_draft_len}]")
+    if not (math.isfinite(seconds) and seconds > 0):
+      raise ValueError(f"seconds={seconds!r} must be finite and > 0")
+    if not 0 < weight <= 1:
+      raise ValueError(f"weight={weight!r} must be in (0, 1]")
+    batches = np.asarray(self.batches, np.float64)
+    position = np.clip(np.interp(batch, batches, np.arange(len(batches))), 0, len(batches) - 1)
+    lower = min(int(position), len(batches) - 2)
+    rows = [lower] if position == lower else [lower, lower + 1]
+    if batch > batches[-1]:
+      rows = [len(batches) - 2, len(batches) - 1]
+    table = self.array()
+    table[rows, draft_len] *= 1.0 + weight * (seconds / float(self.cost(batch, draft_len)) - 1.0)
+    provenance = {**self.provenance,
+                  "refinements": int(self.provenance.get("refinements", 0)) + 1}
+    return dataclasses.replace(self, seconds=tuple(map(tuple, table.tolist())),
+                               provenance=provenance)
 
   def to_json(self) -> dict[str, Any]:
     return {"schema": SCHEMA, "device_kind": self.device_kind, "target": self.target,

@@ -8,11 +8,16 @@ of the widest gaps (in log B). Before each bucket it projects the bucket's time 
 the ones already measured and stops when it would overrun the budget; the table then
 holds the measured buckets and ``CostTable.cost`` interpolates between them.
 
-Budget arithmetic (the default grid, 9 buckets x 8 draft lengths = 72 points): one
-point is one jit compile of an iteration variant (t_compile) plus warm-up and
-``repeats`` timed iterations (repeats x t_iter). With t_compile ~ 2.5 s and 10 x 10 ms
-that is ~ 2.6 s a point, ~ 21 s a bucket, ~ 190 s for the grid: inside 5 minutes with
-a third to spare. A slower compile trims the middle buckets, never the ends.
+``draft_lens`` may name a subset of K to measure; the others are interpolated linearly
+in K (an iteration's verified tokens, walk steps and drafter positions all grow
+linearly in K; the roofline's bend makes it approximate), and the provenance says which.
+
+Budget arithmetic: a point costs one compile of the iteration (t_c) plus its timed runs
+(with ``iteration_cost``: a warm-up and 5 samples of 8 chained iterations, ~ 50 t_it).
+The full default grid is 9 buckets x 8 K = 72 points: at t_c ~ 2.5 s and t_it ~ 10 ms,
+~ 3 s a point, ~ 215 s. The recommended real-loop grid, buckets 1, 4, 16, 32, 64, 128 and
+K = 0, 1, 2, 3, 5, 7, is 36 points: within 300 s while t_c + 50 t_it <= 8 s. A slower
+compile trims the middle buckets, never the two ends.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from wts_jax.tabletune.cost_table import CostTable
 
@@ -53,6 +59,7 @@ def bucket_order(batches: tuple[int, ...]) -> list[int]:
 def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
                   max_draft_len: int, batches: tuple[int, ...] = DEFAULT_BATCHES,
                   budget_s: float = DEFAULT_BUDGET_S, source: str = "measured",
+                  draft_lens: tuple[int, ...] | None = None,
                   clock: Callable[[], float] = time.perf_counter,
                   log: Callable[[str], None] | None = None) -> CostTable:
   """Measures ``cost(B, K)`` for K = 0..max_draft_len at the buckets that fit the budget."""
@@ -62,6 +69,12 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
     raise ValueError(f"batches={batches!r} must hold >= 2 distinct ints >= 1")
   if not budget_s > 0:
     raise ValueError(f"budget_s={budget_s!r} must be > 0")
+  all_lens = list(range(max_draft_len + 1))
+  measured_lens = sorted(set(all_lens if draft_lens is None else draft_lens))
+  if not set(measured_lens) <= set(all_lens) or measured_lens[0] != 0 or (
+      measured_lens[-1] != max_draft_len):
+    raise ValueError(f"draft_lens={draft_lens!r} must be within 0..{max_draft_len} and hold "
+                     f"both ends")
   start = clock()
   measured: dict[int, list[float]] = {}
   bucket_seconds: list[float] = []
@@ -75,12 +88,13 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
       continue
     bucket_start = clock()
     row = []
-    for draft_len in range(max_draft_len + 1):
+    for draft_len in measured_lens:
       seconds = float(cost(batch, draft_len))
       if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"cost(batch={batch}, draft_len={draft_len})={seconds!r} must be > 0")
       row.append(seconds)
     bucket_seconds.append(clock() - bucket_start)
+    row = np.interp(all_lens, measured_lens, row).tolist()
     measured[batch] = row
     if log:
       log(f"B={batch}: " + " ".join(f"{s * 1e3:.3f}" for s in row) + " ms "
@@ -94,6 +108,7 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
       "budget_s": budget_s,
       "requested_batches": sorted(batches),
       "skipped_batches": sorted(skipped),
+      "interpolated_draft_lens": sorted(set(all_lens) - set(measured_lens)),
   }
   return CostTable(device_kind=device_kind, target=target, drafter=drafter,
                    batches=tuple(order), seconds=tuple(tuple(measured[b]) for b in order),
@@ -101,13 +116,15 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
 
 
 def loop_cost_fn(target: Any, drafter: Any, *, prompt_len: int = 512,
-                 repeats: int = 10, **kwargs: Any) -> CostFn:
+                 repeats: int = 5, **kwargs: Any) -> CostFn:
   """``cost(B, K)`` of the real decode loop: ``wts_jax.spec.timing.iteration_cost``'s
-  median device time of one iteration (imported lazily: it needs the end-to-end loop)."""
+  median device time of one whole iteration (imported lazily: it needs the end-to-end
+  loop). Only the ``total`` piece is timed: each piece is one more compile."""
   from wts_jax.spec.timing import iteration_cost  # pylint: disable=import-outside-toplevel
 
   def cost(batch: int, draft_len: int) -> float:
     return iteration_cost(target, drafter, batch=batch, draft_len=draft_len,
-                          prompt_len=prompt_len, repeats=repeats, **kwargs)["total_s"]
+                          prompt_len=prompt_len, repeats=repeats, pieces=("total",),
+                          **kwargs)["total_s"]
 
   return cost
