@@ -177,8 +177,9 @@ def cmd_evaluate(args) -> int:
   for trace in results["traces"]:
     ratios = trace["ratio_to_best_fixed"]
     line = " ".join(f"{m}={ratios[m]:.3f}" for m in (evaluate.TABLETUNE,) + evaluate.BASELINES)
-    stale = (f" stale_recovery={trace['stale_recovery'][evaluate.TABLETUNE]:.3f}"
-             if trace["stale"] else "")
+    recovery = trace.get("stale_recovery", {}).get(evaluate.TABLETUNE)
+    stale = ("" if not trace["stale"] else " stale_recovery=" + (
+        "n/a (the stale table lost nothing)" if recovery is None else f"{recovery:.3f}"))
     print(f"{trace['name']}: best {trace['best_fixed']} | {line}{stale}")
   print(json.dumps(results["summary"]["targets"]))
   return _write_outputs(args, results, lambda path: evaluate.plot_results(results, path))

@@ -218,8 +218,12 @@ def plot_results(results: dict[str, Any], path: str | pathlib.Path) -> pathlib.P
   axes[0].set_ylabel("tokens/s / best fixed K")
   axes[0].legend(fontsize=7, ncol=4)
   shift = next((t for t in traces if "shift" in t["name"]), traces[0])
-  for method, series in shift["draft_len_series"].items():
-    axes[1].plot(series, lw=0.8, label=method)
+  styles = {"static_table": dict(ls="--", lw=1.0), "sglang_adaptive": dict(ls=":", lw=1.2),
+            TABLETUNE: dict(lw=1.6)}
+  for method in ("static_table", "sglang_adaptive", TABLETUNE):
+    axes[1].step(np.arange(len(shift["draft_len_series"][method])),
+                 shift["draft_len_series"][method], where="post", label=method,
+                 **styles[method])
   axes[1].set_title(f"K per iteration: {shift['name']}")
   axes[1].set_xlabel("iteration")
   axes[1].set_ylabel("K")
