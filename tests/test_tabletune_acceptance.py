@@ -70,3 +70,19 @@ def test_calibration_counts_by_confidence_bin():
   counts = acc.update_calibration(counts, 2, jnp.array([2, 0]), confidence)
   np.testing.assert_array_equal(counts.reached, [[1, 0, 0, 1], [1, 0, 0, 0]])
   np.testing.assert_array_equal(counts.survived, [[0, 0, 0, 1], [1, 0, 0, 0]])
+
+
+def test_shifted_prior_lifts_unobserved_positions_to_the_observed_level():
+  # Only 3 positions drafted, all at a high level; the prior says low everywhere.
+  prior = np.array([0.6, 0.55, 0.5, 0.45, 0.4])
+  truth = np.array([0.9, 0.88, 0.86, 0.84, 0.82])
+  accepted = _simulate_blocks(truth, 3, 5000, seed=4)
+  counts = acc.update(acc.empty_counts((5,)), 3, jnp.asarray(accepted))
+  shifted = np.asarray(acc.shifted_prior(counts, prior, 4.0))
+  assert np.all(np.diff(shifted) < 0)  # the prior's shape is kept
+  np.testing.assert_allclose(shifted[3:], truth[3:], atol=0.05)
+  estimate = np.asarray(acc.conditional_acceptance(counts, shifted, 4.0))
+  np.testing.assert_allclose(estimate, truth, atol=0.05)
+  # No evidence: the prior itself.
+  np.testing.assert_allclose(acc.shifted_prior(acc.empty_counts((5,)), prior, 4.0), prior,
+                             rtol=1e-5)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
 import numpy as np
 
 
@@ -72,6 +73,23 @@ def conditional_acceptance(counts: AcceptanceCounts, prior, prior_weight) -> jnp
   """
   return ((counts.survived + prior_weight * prior)
           / (counts.reached + prior_weight))
+
+
+def shifted_prior(counts: AcceptanceCounts, prior, prior_weight) -> jnp.ndarray:
+  """The prior profile moved, on the logit scale, by the evidence's mean offset from it.
+
+  Positions beyond the drafted length are never observed (censoring); left at a stale
+  prior they would keep a pessimistic estimate from ever drafting far enough to be
+  corrected. The prior keeps its shape across positions and takes its level from the
+  positions that were observed, each weighted by reached / (reached + prior_weight).
+  """
+  prior = jnp.clip(jnp.asarray(prior, jnp.float32), 0.02, 0.98)
+  observed = jnp.clip(counts.survived / jnp.maximum(counts.reached, 1e-6), 0.02, 0.98)
+  weight = counts.reached / (counts.reached + prior_weight)
+  offset = (jnp.sum(weight * (jax.scipy.special.logit(observed)
+                              - jax.scipy.special.logit(prior)), axis=-1, keepdims=True)
+            / jnp.maximum(jnp.sum(weight, axis=-1, keepdims=True), 1e-6))
+  return jax.nn.sigmoid(jax.scipy.special.logit(prior) + offset)
 
 
 def expected_tokens(acceptance: jnp.ndarray) -> jnp.ndarray:

@@ -153,13 +153,10 @@ def cmd_table(args) -> int:
 def cmd_evaluate(args) -> int:
   from wts_jax.tabletune import evaluate  # pylint: disable=import-outside-toplevel
   from wts_jax.tabletune.traces import standard_traces  # pylint: disable=import-outside-toplevel
-  if args.costs:
-    true_costs = _load_table(args.costs)
-    policy_costs = _load_table(args.policy_costs) if args.policy_costs else true_costs
-  else:
-    true_costs = _modelled_table(args.target, args.max_draft_len)
-    policy_costs = _modelled_table(args.target, args.max_draft_len, noise=args.policy_noise,
-                                   seed=args.seed + 1)
+  true_costs = (_load_table(args.costs) if args.costs
+                else _modelled_table(args.target, args.max_draft_len))
+  policy_costs = (_load_table(args.policy_costs) if args.policy_costs
+                  else true_costs.with_noise(args.policy_noise, seed=args.seed + 1))
   max_draft_len = min(args.max_draft_len, true_costs.max_draft_len)
   traces = standard_traces(batch=args.batch, max_draft_len=max_draft_len,
                            iterations=args.iterations, seed=args.seed)
@@ -170,7 +167,7 @@ def cmd_evaluate(args) -> int:
     traces = [t for t in traces if t.name in args.trace]
   calibration = evaluate.calibration_trace(batch=args.batch, max_draft_len=max_draft_len,
                                            iterations=args.iterations, seed=args.seed)
-  labels = {"policy_cost_noise": None if args.costs else args.policy_noise,
+  labels = {"policy_cost_noise": None if args.policy_costs else args.policy_noise,
             "seed": args.seed}
   results = evaluate.evaluate(traces, true_costs, policy_costs, calibration=calibration,
                               labels=labels)
@@ -236,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--costs", help="true cost table JSON (default: the modelled H200)")
   p.add_argument("--policy-costs", help="the table the policies see (default: --costs)")
   p.add_argument("--policy-noise", type=float, default=0.03,
-                 help="modelled costs: measurement noise of the policies' table")
+                 help="lognormal sigma of the policies' table against the true one "
+                      "(unless --policy-costs gives it)")
   p.add_argument("--target", default="qwen3-8b")
   p.add_argument("--max-draft-len", type=_positive_int, default=7)
   p.add_argument("--batch", type=_positive_int, default=64)

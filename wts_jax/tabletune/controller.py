@@ -1,8 +1,9 @@
 """TableTune's live controller: a ``DraftPolicy`` that re-derives K every iteration.
 
 Each iteration it estimates the per-position acceptance of the traffic from the accepted
-lengths it has seen (censored, exponentially forgotten; per row, shrunk towards the
-batch's estimate; optionally sharpened by the confidence head), turns it into the
+lengths it has seen (censored, exponentially forgotten; positions it has not drafted
+lately take the prior's shape at the observed positions' level; per row, shrunk towards
+the batch's estimate; optionally sharpened by the confidence head), turns it into the
 expected tokens of every K, divides by the profiled cost c(B_active, K) (static arrays)
 and drafts the K with the highest expected tokens per second, switching only when the
 gain passes a hysteresis margin. A two-sided Page-Hinkley test on the accepted length
@@ -178,7 +179,8 @@ class TableTuneController:
   # -- helpers --------------------------------------------------------------------------
 
   def _batch_acceptance(self, state: ControllerState) -> jnp.ndarray:
-    prior = jnp.asarray(self.prior_acceptance[:self.max_draft_len], jnp.float32)
+    prior = acc.shifted_prior(state.counts, self.prior_acceptance[:self.max_draft_len],
+                              self.prior_weight)
     return acc.conditional_acceptance(state.counts, prior, self.prior_weight)
 
   def _row_acceptance(self, state: ControllerState) -> jnp.ndarray:

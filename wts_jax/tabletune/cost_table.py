@@ -92,6 +92,16 @@ class CostTable:
     return dataclasses.replace(self, seconds=tuple(map(tuple, table.tolist())),
                                provenance=provenance)
 
+  def with_noise(self, sigma: float, seed: int = 0) -> CostTable:
+    """A second 'measurement' of this table: every entry times a lognormal of ``sigma``
+    (what a policy sees when the table it was given is itself measured)."""
+    if not sigma >= 0:
+      raise ValueError(f"sigma={sigma!r} must be >= 0")
+    noise = np.exp(sigma * np.random.default_rng(seed).standard_normal(self.array().shape))
+    provenance = {**self.provenance, "noise_sigma": sigma, "noise_seed": seed}
+    return dataclasses.replace(self, seconds=tuple(map(tuple, (self.array() * noise).tolist())),
+                               provenance=provenance)
+
   def to_json(self) -> dict[str, Any]:
     return {"schema": SCHEMA, "device_kind": self.device_kind, "target": self.target,
             "drafter": self.drafter, "batches": list(self.batches),
