@@ -8,7 +8,7 @@ import pytest
 
 from wts_jax.tabletune.cost_model import modelled_cost_fn
 from wts_jax.tabletune.cost_table import CostTable, table_filename
-from wts_jax.tabletune.profile import bucket_order, profile_costs
+from wts_jax.tabletune.profile import bucket_order, profile_costs, remeasure_contested
 from wts_jax.tabletune.table import best_draft_len, profile_from_rate, tokens_per_second
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -113,3 +113,19 @@ def test_profiler_interpolates_unmeasured_draft_lengths():
   with pytest.raises(ValueError, match="both ends"):
     profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=4,
                   draft_lens=(0, 2))
+
+
+def test_remeasure_contested_averages_only_the_deciding_points(modelled):
+  calls = []
+  def cost(batch, draft_len):
+    calls.append((batch, draft_len))
+    return float(modelled.cost(batch, draft_len))
+  noisy = modelled.with_noise(0.05, seed=3)
+  fixed = remeasure_contested(noisy, cost, rounds=1)
+  assert 0 < len(calls) < modelled.array().size
+  assert fixed.provenance["remeasured_points"] == len(calls)
+  for batch, draft_len in calls:  # averaged with one exact measurement: half the error
+    i = modelled.batches.index(batch)
+    error = fixed.array()[i, draft_len] - modelled.array()[i, draft_len]
+    assert error == pytest.approx(0.5 * (noisy.array()[i, draft_len]
+                                         - modelled.array()[i, draft_len]))

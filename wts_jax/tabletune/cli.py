@@ -19,7 +19,8 @@ import numpy as np
 from wts_jax.tabletune.cost_model import MODELLED_SHAPES, modelled_cost_fn
 from wts_jax.tabletune.cost_table import CostTable
 from wts_jax.tabletune.files import write_json
-from wts_jax.tabletune.profile import DEFAULT_BATCHES, DEFAULT_BUDGET_S, profile_costs
+from wts_jax.tabletune.profile import (DEFAULT_BATCHES, DEFAULT_BUDGET_S, profile_costs,
+                                      remeasure_contested)
 from wts_jax.tabletune.traces import REGIME_RATES, regime_profile
 
 MODELLED_DEVICE = "NVIDIA H200 (modelled)"
@@ -108,6 +109,10 @@ def cmd_profile(args) -> int:
                         max_draft_len=args.max_draft_len, batches=args.batches,
                         budget_s=args.budget_s, source=source, log=print,
                         draft_lens=args.draft_lens)
+  left = args.budget_s - table.provenance["profile_seconds"]
+  if args.remeasure_margin > 0 and left > 0:
+    table = remeasure_contested(table, cost, margin=args.remeasure_margin, budget_s=left)
+    print(f"measured {table.provenance['remeasured_points']} contested points again")
   print(f"wrote {table.save(args.out)} ({table.provenance['profile_seconds']:.1f} s, "
         f"skipped batches {table.provenance['skipped_batches']})")
   return 0
@@ -155,8 +160,18 @@ def cmd_evaluate(args) -> int:
   from wts_jax.tabletune.traces import standard_traces  # pylint: disable=import-outside-toplevel
   true_costs = (_load_table(args.costs) if args.costs
                 else _modelled_table(args.target, args.max_draft_len))
-  policy_costs = (_load_table(args.policy_costs) if args.policy_costs
-                  else true_costs.with_noise(args.policy_noise, seed=args.seed + 1))
+  if args.policy_costs:
+    policy_costs = _load_table(args.policy_costs)
+  elif args.remeasure and not args.costs and args.policy_noise > 0:
+    # The policies' table as the profiler would measure the noisy model, contested
+    # points measured again.
+    noisy = modelled_cost_fn(args.target, noise=args.policy_noise, seed=args.seed + 1)
+    policy_costs = remeasure_contested(
+        profile_costs(noisy, device_kind=MODELLED_DEVICE, target=args.target,
+                      drafter=noisy.shape.drafter, max_draft_len=args.max_draft_len,
+                      source=f"modelled, noise {args.policy_noise}"), noisy)
+  else:
+    policy_costs = true_costs.with_noise(args.policy_noise, seed=args.seed + 1)
   max_draft_len = min(args.max_draft_len, true_costs.max_draft_len)
   traces = standard_traces(batch=args.batch, max_draft_len=max_draft_len,
                            iterations=args.iterations, seed=args.seed)
@@ -168,6 +183,8 @@ def cmd_evaluate(args) -> int:
   calibration = evaluate.calibration_trace(batch=args.batch, max_draft_len=max_draft_len,
                                            iterations=args.iterations, seed=args.seed)
   labels = {"policy_cost_noise": None if args.policy_costs else args.policy_noise,
+            "policy_table_remeasured": bool(args.remeasure and not args.costs
+                                            and args.policy_noise > 0),
             "seed": args.seed}
   results = evaluate.evaluate(traces, true_costs, policy_costs, calibration=calibration,
                               labels=labels)
@@ -211,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--draft-lens", type=_int_list(0), default=None,
                  help="measure only these K (must hold 0 and the max); interpolate the rest")
   p.add_argument("--noise", type=float, default=0.0, help="modelled: lognormal sigma")
+  p.add_argument("--remeasure-margin", type=float, default=0.03,
+                 help="with the budget left, measure again the K pairs within this "
+                      "relative throughput of each other at a bucket (0: off)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--prompt-len", type=_positive_int, default=512)
   p.add_argument("--repeats", type=_positive_int, default=5)
@@ -235,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--policy-noise", type=float, default=0.03,
                  help="lognormal sigma of the policies' table against the true one "
                       "(unless --policy-costs gives it)")
+  p.add_argument("--single-pass", dest="remeasure", action="store_false",
+                 help="modelled costs: the policies' table is the true one with noise, "
+                      "measured once (default: profiled from the noisy model with the "
+                      "contested points measured again, as `profile` does)")
   p.add_argument("--target", default="qwen3-8b")
   p.add_argument("--max-draft-len", type=_positive_int, default=7)
   p.add_argument("--batch", type=_positive_int, default=64)

@@ -22,6 +22,7 @@ compile trims the middle buckets, never the two ends.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import time
@@ -34,6 +35,8 @@ from wts_jax.tabletune.cost_table import CostTable
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 128)
 DEFAULT_BUDGET_S = 300.0
+# Acceptance levels whose K* decisions the re-measurement protects: p_j = rate · 0.97^j.
+CONTEST_RATES = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
 
 CostFn = Callable[[int, int], float]
 
@@ -113,6 +116,48 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
   return CostTable(device_kind=device_kind, target=target, drafter=drafter,
                    batches=tuple(order), seconds=tuple(tuple(measured[b]) for b in order),
                    provenance=provenance)
+
+
+def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
+                        margin: float = 0.03,
+                        rounds: int = 3, budget_s: float = DEFAULT_BUDGET_S,
+                        clock: Callable[[], float] = time.perf_counter) -> CostTable:
+  """Measures again the points that decide K*, and averages: for each bucket and each
+  acceptance profile, the best K and the runner-up when their tokens/s are within
+  ``margin`` of each other. Measurement noise matters only there (a flat top), so that
+  is where the budget goes. Interpolated draft lengths are left alone. ``profiles``
+  None: p_j = rate · 0.97^j for each of ``CONTEST_RATES``."""
+  from wts_jax.tabletune.table import profile_from_rate, tokens_per_second  # pylint: disable=import-outside-toplevel
+  if profiles is None:
+    profiles = [profile_from_rate(rate, table.max_draft_len, 0.97) for rate in CONTEST_RATES]
+  start = clock()
+  seconds = table.array()
+  counts = np.ones_like(seconds)
+  interpolated = set(table.provenance.get("interpolated_draft_lens", []))
+  remeasured = 0
+  for _ in range(rounds):
+    current = dataclasses.replace(table, seconds=tuple(map(tuple, seconds.tolist())))
+    contested = set()
+    for i, batch in enumerate(current.batches):
+      for profile in profiles:
+        rates = tokens_per_second(current, profile, batch)
+        best, second = np.argsort(rates)[::-1][:2]
+        if rates[second] >= rates[best] * (1.0 - margin):
+          contested |= {(i, int(k)) for k in (best, second) if int(k) not in interpolated}
+    if not contested:
+      break
+    for i, k in sorted(contested):
+      if clock() - start > budget_s:
+        break
+      seconds[i, k] = (seconds[i, k] * counts[i, k] + float(cost(current.batches[i], k))) / (
+          counts[i, k] + 1)
+      counts[i, k] += 1
+      remeasured += 1
+  provenance = {**table.provenance, "remeasured_points": remeasured,
+                "remeasure_margin": margin,
+                "remeasure_seconds": round(clock() - start, 3)}
+  return dataclasses.replace(table, seconds=tuple(map(tuple, seconds.tolist())),
+                             provenance=provenance)
 
 
 def loop_cost_fn(target: Any, drafter: Any, *, prompt_len: int = 512,
