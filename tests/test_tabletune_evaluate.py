@@ -1,0 +1,65 @@
+"""The evaluation harness (tiny traces) and the wts-tabletune command line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from wts_jax.tabletune import cli
+from wts_jax.tabletune.cost_model import modelled_cost_fn
+from wts_jax.tabletune.evaluate import BASELINES, TABLETUNE, evaluate, plot_results
+from wts_jax.tabletune.files import write_json
+from wts_jax.tabletune.profile import profile_costs
+from wts_jax.tabletune.traces import standard_traces
+
+K = 7
+
+
+@pytest.fixture(scope="module")
+def results():
+  costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="NVIDIA H200 (modelled)",
+                        target="qwen3-8b", drafter="dspark", max_draft_len=K,
+                        batches=(1, 16, 64), source="modelled")
+  traces = [t for t in standard_traces(batch=64, max_draft_len=K, iterations=60, seed=1)
+            if t.name.startswith("stale_reasoning_table")]
+  return evaluate(traces, costs, costs,
+                  tuned={"specdecpp_threshold": 0.7, "adaedl_threshold": 0.3})
+
+
+def test_results_schema(results, tmp_path):
+  assert results["device_kind"] == "NVIDIA H200 (modelled)"
+  assert results["cost_source"] == "modelled" and "simulated" in results["acceptance_source"]
+  methods = {f"fixed_k{k}" for k in range(1, K + 1)} | {TABLETUNE, *BASELINES}
+  for trace in results["traces"]:
+    assert methods <= set(trace["tokens_per_s"]) and methods <= set(trace["ratio_to_best_fixed"])
+    assert trace["ratio_to_best_fixed"][trace["best_fixed"]] == 1.0
+    assert all(v > 0 for v in trace["tokens_per_s"].values())
+    assert ("stale_recovery" in trace) == trace["stale"]
+  stale = [t for t in results["traces"] if t["stale"]]
+  recovery = stale[0]["stale_recovery"][TABLETUNE]
+  assert stale[0]["stale_loss"] > 0 and np.isfinite(recovery)
+  targets = results["summary"]["targets"]
+  assert {"ratio_target_94", "ahead_of_every_baseline_on_mean",
+          "stale_recovery_target_96"} <= set(targets)
+  path = write_json(results, tmp_path / "x_tabletune.json")
+  assert json.loads(path.read_text())["schema"] == results["schema"]
+  assert plot_results(results, tmp_path / "x.png").stat().st_size > 0
+
+
+def test_cli_table_and_errors(tmp_path, capsys):
+  assert cli.main(["table", "--regime", "chat", "--batches", "1,64",
+                   "--out", str(tmp_path / "t.json")]) == 0
+  assert "chat" in json.loads((tmp_path / "t.json").read_text())["tables"]
+  assert cli.main(["profile", "--max-draft-len", "3", "--batches", "1,8",
+                   "--out", str(tmp_path / "c.json")]) == 0
+  assert cli.main(["table", "--costs", str(tmp_path / "c.json"), "--acceptance", "0.8,0.9"]) == 0
+  capsys.readouterr()
+  assert cli.main(["table", "--costs", str(tmp_path / "missing.json")]) == 2
+  assert "error: --costs=" in capsys.readouterr().err
+  assert cli.main(["table", "--acceptance", "1.5"]) == 2
+  assert cli.main(["profile", "--target", "nope", "--out", str(tmp_path / "x.json")]) == 2
+  assert not (tmp_path / "x.json").exists()
+  assert cli.main(["evaluate", "--trace", "nope", "--iterations", "6"]) == 2
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["profile", "--batches", "0,4", "--out", "x"])
+  assert exit_info.value.code == 2

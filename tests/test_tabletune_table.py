@@ -1,0 +1,131 @@
+"""Cost tables, the profiler and the draft-length table."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from wts_jax.tabletune.cost_model import modelled_cost_fn
+from wts_jax.tabletune.cost_table import CostTable, table_filename
+from wts_jax.tabletune.profile import bucket_order, profile_costs, remeasure_contested
+from wts_jax.tabletune.table import best_draft_len, profile_from_rate, tokens_per_second
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@pytest.fixture(scope="module")
+def modelled():
+  return profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled", target="qwen3-8b",
+                       drafter="dspark", max_draft_len=7, batches=BATCHES, source="modelled")
+
+
+def test_interpolation_exact_at_buckets_linear_between_and_beyond(modelled):
+  seconds = modelled.array()
+  np.testing.assert_allclose(modelled.cost(np.array(BATCHES)), seconds)
+  np.testing.assert_allclose(modelled.cost(24), 0.5 * (seconds[4] + seconds[5]))
+  np.testing.assert_allclose(modelled.cost(192), 2 * seconds[-1] - seconds[-2])
+  np.testing.assert_allclose(modelled.cost(0.5), seconds[0])
+
+
+def test_json_round_trip_and_validation(tmp_path, modelled):
+  path = modelled.save(tmp_path / table_filename("NVIDIA H200", "qwen3-8b", "dspark"))
+  assert path.name == "costs_nvidia-h200_qwen3-8b_dspark.json"
+  assert CostTable.load(path) == modelled
+  data = json.loads(path.read_text())
+  assert data["draft_lens"] == list(range(8)) and data["provenance"]["source"] == "modelled"
+  with pytest.raises(ValueError, match="strictly increasing"):
+    dataclasses.replace(modelled, batches=(1, 1) + BATCHES[2:])
+  with pytest.raises(ValueError, match="seconds"):
+    dataclasses.replace(modelled, seconds=((1.0, -1.0),) * len(BATCHES))
+  with pytest.raises(ValueError, match="schema"):
+    CostTable.from_json({**data, "schema": "other"})
+
+
+def test_profiler_budget_keeps_the_ends_and_records_what_it_skipped():
+  now = [0.0]
+  def clock():
+    return now[0]
+  def cost(batch, draft_len):
+    now[0] += 10.0  # every point takes 10 s
+    return 1e-3 * (1 + batch * (draft_len + 1))
+  table = profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=3,
+                        batches=BATCHES, budget_s=130.0, clock=clock)
+  # 40 s a bucket: the two ends (80 s) and one more (120 s) fit; the fourth would not.
+  assert table.batches == (1, 8, 128)
+  assert table.provenance["skipped_batches"] == [2, 4, 16, 32, 64]
+  assert bucket_order(BATCHES)[:3] == [1, 128, 8]
+  with pytest.raises(ValueError, match="max_draft_len"):
+    profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=0)
+
+
+def test_table_staircase_in_acceptance(modelled):
+  batches = np.arange(1, 129)
+  previous = np.zeros_like(batches)
+  for rate in np.linspace(0.3, 0.98, 15):
+    best = best_draft_len(modelled, profile_from_rate(rate, 7, 0.97), batches)
+    assert np.all(best >= previous), rate
+    previous = best
+  assert previous[0] == 7 and best_draft_len(modelled, profile_from_rate(0.3, 7), 128) <= 1
+
+
+def test_table_monotone_in_cost_and_batch(modelled):
+  profile = profile_from_rate(0.8, 7, 0.97)
+  batches = np.arange(1, 129)
+  best = best_draft_len(modelled, profile, batches)
+  assert np.all(np.diff(best) <= 0)  # larger batches draft less on this cost model
+  # Making every draft position dearer can only shorten the best draft.
+  for extra in (0.5e-3, 2e-3, 8e-3):
+    dearer = dataclasses.replace(modelled, seconds=tuple(
+        tuple(s + extra * k for k, s in enumerate(row)) for row in modelled.seconds))
+    shorter = best_draft_len(dearer, profile, batches)
+    assert np.all(shorter <= best)
+    best = shorter
+  rates = tokens_per_second(modelled, profile, 16)
+  assert rates.shape == (8,) and rates.argmax() == best_draft_len(modelled, profile, 16)
+
+
+def test_refined_moves_the_table_towards_live_measurements(modelled):
+  measured = 1.2 * float(modelled.cost(24, 3))  # the live iteration is 20 % dearer
+  table = modelled
+  table = table.refined(24, 3, measured, weight=0.5)
+  assert float(table.cost(24, 3)) == pytest.approx(1.1 * float(modelled.cost(24, 3)))
+  for _ in range(29):
+    table = table.refined(24, 3, measured)
+  assert float(table.cost(24, 3)) == pytest.approx(measured, rel=0.001)
+  assert float(table.cost(200, 3)) != float(table.refined(200, 3, 1.0).cost(200, 3))
+  np.testing.assert_array_equal(table.array()[:, [0, 1, 2, 4]], modelled.array()[:, [0, 1, 2, 4]])
+  assert table.provenance["refinements"] == 30
+  with pytest.raises(ValueError, match="draft_len"):
+    modelled.refined(4, 9, 1e-3)
+
+
+def test_profiler_interpolates_unmeasured_draft_lengths():
+  asked = []
+  def cost(batch, draft_len):
+    asked.append(draft_len)
+    return 1e-3 * batch * (1 + draft_len ** 2)
+  table = profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=4,
+                        batches=(1, 2), draft_lens=(0, 2, 4))
+  assert sorted(set(asked)) == [0, 2, 4]
+  np.testing.assert_allclose(table.array()[0], [1e-3, 3e-3, 5e-3, 11e-3, 17e-3])
+  assert table.provenance["interpolated_draft_lens"] == [1, 3]
+  with pytest.raises(ValueError, match="both ends"):
+    profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=4,
+                  draft_lens=(0, 2))
+
+
+def test_remeasure_contested_averages_only_the_deciding_points(modelled):
+  calls = []
+  def cost(batch, draft_len):
+    calls.append((batch, draft_len))
+    return float(modelled.cost(batch, draft_len))
+  noisy = modelled.with_noise(0.05, seed=3)
+  fixed = remeasure_contested(noisy, cost, rounds=1)
+  assert 0 < len(calls) < modelled.array().size
+  assert fixed.provenance["remeasured_points"] == len(calls)
+  for batch, draft_len in calls:  # averaged with one exact measurement: half the error
+    i = modelled.batches.index(batch)
+    error = fixed.array()[i, draft_len] - modelled.array()[i, draft_len]
+    assert error == pytest.approx(0.5 * (noisy.array()[i, draft_len]
+                                         - modelled.array()[i, draft_len]))
