@@ -280,11 +280,6 @@ def _main(argv: list[str] | None) -> int:
       report.plot(results, args.plot)
     return 0
   _set_platform(args.platform)
-  from wts_jax.bench import timing as chain_timing
-  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
-  chain_timing.CHAIN_COMPILER_OPTIONS.clear()
-  if args.command_buffers == "no-custom-calls":
-    chain_timing.CHAIN_COMPILER_OPTIONS.update(KERNEL_COMPILER_OPTIONS)
   if args.list_paths:
     from wts_jax.bench.paths import PATHS
     for name, path in PATHS.items():

@@ -34,9 +34,10 @@ def make_bench_head(config, dtype_name: str, seed: int):
   return make_head(config, seed=seed, param_dtype=jnp.dtype(DTYPES[dtype_name])), None
 
 
-def _chain_compiler_options() -> dict:
-  from wts_jax.bench import timing
-  return dict(timing.CHAIN_COMPILER_OPTIONS)
+def chain_compiler_options(command_buffers: str) -> dict:
+  """The XLA options of every timed JAX chain for ``--command-buffers``."""
+  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
+  return dict(KERNEL_COMPILER_OPTIONS) if command_buffers == "no-custom-calls" else {}
 
 
 def _versions() -> dict:
@@ -118,7 +119,7 @@ class Runner:
     self.flush_impl = None
     self.results = {
         **_versions(),
-        "chain_compiler_options": _chain_compiler_options(),
+        "chain_compiler_options": chain_compiler_options(args.command_buffers),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "command": " ".join(["wts-bench", *argv]),
         "grid": {key: value for key, value in grid.items()},
@@ -164,7 +165,9 @@ class Runner:
     self.flush_impl = wanted if problem is None else "static"
     if problem is not None:
       log(f"flush probe failed, falling back to flush_impl=static: {problem}")
-    self.compiler = timing.ChainCompiler(self.grid["jobs"], self.flush_impl)
+    self.compiler = timing.ChainCompiler(
+        self.grid["jobs"], self.flush_impl,
+        compiler_options=self.results["chain_compiler_options"])
     self.results["timing"] = {
         "flush_impl": self.flush_impl, "flush_impl_wanted": wanted,
         "flush_probe_error": problem, "flush_elements": int(flush.shape[0]),

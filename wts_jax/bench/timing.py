@@ -233,25 +233,9 @@ def lower_chain(walk_fn: Callable | None, operands, first_tokens: jax.Array,
     return chain(jax.tree_util.tree_unflatten(treedef, leaves), *rest)
 
   extra = () if flush_impl == "static" else (flush_elems_for(flush, "warm"),)
-  lowered = _Compiling(jax.jit(flat_chain).lower(leaves, first_tokens, flush, *extra))
+  lowered = jax.jit(flat_chain).lower(leaves, first_tokens, flush, *extra)
   return lowered, lambda compiled: CompiledChain(compiled, leaves, n_walks, flush_impl,
                                                  cold if flush_impl == "static" else None)
-
-
-# XLA options every timed JAX chain is compiled with (``wts-bench --command-buffers``);
-# recorded in the JSON's run details.
-CHAIN_COMPILER_OPTIONS: dict = {}
-
-
-@dataclasses.dataclass
-class _Compiling:
-  """A lowered chain that compiles with ``CHAIN_COMPILER_OPTIONS``."""
-  lowered: Any
-
-  def compile(self):
-    if CHAIN_COMPILER_OPTIONS:
-      return self.lowered.compile(compiler_options=dict(CHAIN_COMPILER_OPTIONS))
-    return self.lowered.compile()
 
 
 def _done(value=None, error: BaseException | None = None) -> concurrent.futures.Future:
@@ -267,10 +251,13 @@ class ChainCompiler:
   """Compiles ahead: ``lower`` runs in the calling thread (tracing holds the GIL), XLA
   compilation in a pool of ``jobs`` threads (it releases the GIL). Every method returns
   futures; a failure to lower or compile is the future's exception. Flush-only chains
-  are cached by (batch shape, N, flush buffer, flush_impl, L2 state)."""
+  are cached by (batch shape, N, flush buffer, flush_impl, L2 state). Every executable
+  is compiled with ``compiler_options`` (XLA options; ``wts-bench --command-buffers``)."""
 
-  def __init__(self, jobs: int = 1, flush_impl: str | None = None):
+  def __init__(self, jobs: int = 1, flush_impl: str | None = None,
+               compiler_options: dict | None = None):
     self.jobs = max(1, int(jobs))
+    self.compiler_options = dict(compiler_options or {})
     self.flush_impl = flush_impl or default_flush_impl()
     if self.flush_impl not in FLUSH_IMPLS:
       raise ValueError(f"flush_impl={self.flush_impl!r} must be one of {FLUSH_IMPLS}")
@@ -291,6 +278,8 @@ class ChainCompiler:
       return _done(error=err)
 
     def compile_it():
+      if self.compiler_options:
+        return finish(lowered.compile(compiler_options=dict(self.compiler_options)))
       return finish(lowered.compile())
 
     if self._pool is None:

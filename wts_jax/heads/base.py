@@ -52,7 +52,7 @@ class SerialHead(nnx.Module):
     """``W2 · z`` for z [..., r] → [..., V] fp32 (the kernels' exact contract)."""
     w2 = self.markov_w2
     weight = w2.weight[...]
-    if getattr(w2, "state_planes", False):
+    if self.z_as_int8_planes:
       return planes_vocab_bias(z, weight, w2.scale[...])
     z = z.astype(jnp.float32)
     bias = jnp.einsum("...r,vr->...v", z, weight.astype(jnp.float32),
@@ -64,6 +64,12 @@ class SerialHead(nnx.Module):
 
   def embed(self, tokens: jax.Array) -> jax.Array:
     return self.markov_w1(tokens)
+
+  @property
+  def z_as_int8_planes(self) -> bool:
+    """Whether z meets an int8 W2 as two int8 planes (``quantize_w2(...,
+    state="planes")``; ``wts_jax.int8_state``)."""
+    return bool(getattr(self.markov_w2, "state_planes", False))
 
   @property
   def w2_dtype(self) -> jnp.dtype:

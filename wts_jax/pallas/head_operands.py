@@ -41,7 +41,7 @@ def serial_operands(head, hidden) -> dict:
   operands = {"w2": w2.weight[...], "w1": serial.markov_w1.weight[...]}
   if scale is not None:
     operands["w2_scale"] = scale[...]
-  if getattr(w2, "state_planes", False):   # z meets an int8 W2 as two int8 planes
+  if serial.z_as_int8_planes:
     planes = serial.markov_w1_planes
     operands["w1_planes"], operands["w1_plane_scale"] = planes.planes[...], planes.scale[...]
   operands.update(HEAD_HOOKS[head.config.head_type](serial, hidden))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_plan import MAX_BATCH, make_plan, planes_state
+from wts_jax.pallas.mosaic_plan import MAX_BATCH, make_plan
 from wts_jax.walk_config import MosaicConfig
 
 HEAD_TYPES = ("vanilla", "gated")   # the head types the kernel has an ``advance`` for
@@ -43,10 +43,11 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   if shapes.return_logits or shapes.return_logprobs:
     return "the Mosaic kernel does not return per-step logits or log-probabilities"
   w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
-  if planes_state(head) and (config.gemv == "registers" or head_type != "vanilla"):
+  planes = serial.z_as_int8_planes
+  if planes and (config.gemv == "registers" or head_type != "vanilla"):
     return ("an int8 W2 whose z meets it as two int8 planes runs on the WGMMA GEMV, "
             "vanilla head (gemv='auto' or 'wgmma')")
-  if (config.gemv == "wgmma" and not planes_state(head)
+  if (config.gemv == "wgmma" and not planes
       and w1_dtype != jnp.dtype(jnp.bfloat16)):
     return f"the WGMMA GEMV needs a bf16 W1 (got {w1_dtype})"
   if config.interpret and (config.num_blocks or 1) > 1:

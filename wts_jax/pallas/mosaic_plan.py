@@ -271,17 +271,11 @@ def mosaic_gemv(head, config) -> str:
   if config.gemv != "auto":
     return config.gemv
   serial = head.markov_head
-  if planes_state(head):
+  if serial.z_as_int8_planes:
     return "wgmma"
   same = (jnp.dtype(serial.markov_w1.weight.dtype)
           == jnp.dtype(serial.markov_w2.weight.dtype))
   return "wgmma" if same and head.config.head_type == "vanilla" else "registers"
-
-
-def planes_state(head) -> bool:
-  """Whether the head's int8 W2 meets z as two int8 planes (``quantize_w2(...,
-  state="planes")``)."""
-  return bool(getattr(head.markov_head.markov_w2, "state_planes", False))
 
 
 def make_plan(head, config, device, *, batch: int = MAX_BATCH, base_itemsize: int = 2
@@ -306,7 +300,7 @@ def make_plan(head, config, device, *, batch: int = MAX_BATCH, base_itemsize: in
                        gemv=mosaic_gemv(head, config), group=config.group or 1,
                        snake=config.snake,
                        gated=head.config.head_type == "gated",
-                       int8_state=planes_state(head),
+                       int8_state=head.markov_head.z_as_int8_planes,
                        register_chunks=config.register_chunks,
                        resident_group=config.resident_group,
                        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype

@@ -45,7 +45,7 @@ def make_plan(head: DraftHead, batch: int, config: TritonConfig,
 
 def _refusal(head: DraftHead, batch: int, config: TritonConfig) -> str | None:
   dtype = jnp.dtype(head.markov_head.markov_w2.weight.dtype)
-  if getattr(head.markov_head.markov_w2, "state_planes", False):
+  if head.markov_head.z_as_int8_planes:
     return ("the Triton kernel meets an int8 W2 with an fp32 z; this head's z meets it "
             "as two int8 planes (quantize_w2(..., state='planes')): the Mosaic kernel "
             "runs it, or quantize with state='float'")
