@@ -9,8 +9,10 @@ Mosaic GPU kernel with R resident 64-row chunks per block and an S-slot TMA ring
 ``wts-mw-r{R}s{S}g{G}`` with G chunks' WGMMAs in flight before one wait, ``x{X}`` with
 X chunks held in registers (int8 planes), ``h{H}`` with H on-chip chunks per WGMMA
 wait; a trailing
-``f`` streams every step forward (no snake order). Any R, S, G named in ``--paths`` is
-registered. Development sweeps only: the paths every report
+``f`` streams every step forward (no snake order). ``wts-mb`` is the batched Mosaic
+kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b{N}``
+with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
+optional). Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
 compares are registered in ``wts_jax.bench.paths``.
 """
 
@@ -21,6 +23,22 @@ from wts_jax.bench import cli, jax_paths, paths
 
 MOSAIC_VARIANT = re.compile(
     r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
+
+
+BATCHED_VARIANT = re.compile(r"wts-mb(?:-r(\d+)s(\d+))?(?:b(\d+))?$")
+
+
+def register_batched(name, resident, stages, base_stages):
+  options = dict(backend="mosaic", mosaic_kernel="batched")
+  if resident is not None:
+    options.update(residency=int(resident) * 64, num_stages=int(stages) or None)
+  if base_stages is not None:
+    options["mosaic_base_stages"] = int(base_stages)
+  paths.register_path(name, jax_paths.available_wts, jax_paths.wts_variant(**options),
+                      description="batched Mosaic kernel"
+                      + (f", {resident} resident chunks, {stages}-slot ring"
+                         if resident is not None else "")
+                      + (f", {base_stages}-slot base ring" if base_stages else ""))
 
 
 def register_variants(names):
@@ -34,6 +52,10 @@ def register_variants(names):
                           jax_paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
   for name in names:
+    batched = BATCHED_VARIANT.match(name)
+    if batched and name not in paths.PATHS:
+      register_batched(name, *batched.groups())
+      continue
     match = MOSAIC_VARIANT.match(name)
     if not match or name in paths.PATHS:
       continue

@@ -13,6 +13,7 @@ import numbers
 RESIDENCY_MODES = ("auto", "full", "none")
 BACKENDS = ("auto", "mosaic", "triton")
 MOSAIC_GEMVS = ("auto", "registers", "wgmma")
+MOSAIC_KERNELS = ("auto", "rows", "batched")
 SERIAL_UPDATES = ("auto", "split", "redundant")
 DEFAULT_SPIN_LIMIT = 1 << 22
 
@@ -118,6 +119,11 @@ class MosaicConfig:
     one wait (they hold no ring slot).
   register_chunks: an int8 W2 whose z meets it as two int8 planes only: chunks of each
     block's shard held in registers for the whole walk (the WGMMA's A operand).
+  kernel: "rows" (W2 rows on the WGMMA's M, the batch on N: up to 4 rows), "batched"
+    (the batch on M: up to 64 rows a launch, ``mosaic_batched_walk``) or "auto"
+    (rows up to 4 rows, else batched).
+  base_stages: the batched kernel's base-logit ring slots (must divide a block's
+    chunks; None: the planner's).
   """
 
   residency: str | float | int = "auto"
@@ -130,9 +136,15 @@ class MosaicConfig:
   snake: bool = True
   resident_group: int | None = None
   register_chunks: int = 0
+  kernel: str = "auto"
+  base_stages: int | None = None
 
   def __post_init__(self):
     _check_common(self)
+    if self.kernel not in MOSAIC_KERNELS:
+      raise ValueError(f"kernel={self.kernel!r} must be one of {MOSAIC_KERNELS}")
+    if self.base_stages is not None and self.base_stages < 1:
+      raise ValueError(f"base_stages={self.base_stages} must be >= 1")
     _check_at_least_one(num_blocks=self.num_blocks, group=self.group,
                         resident_group=self.resident_group)
     if self.register_chunks < 0:
@@ -155,8 +167,9 @@ class WalkConfig(TritonConfig):
   ``"auto"`` may choose from; the fields map onto the two backends' configs
   (``triton()``, ``mosaic()``): ``num_programs`` -> ``num_blocks``, ``num_stages`` ->
   ``ring_stages``, ``mosaic_gemv`` / ``mosaic_group`` / ``mosaic_snake`` /
-  ``mosaic_resident_group`` / ``mosaic_register_chunks`` -> ``gemv`` / ``group`` /
-  ``snake`` / ``resident_group`` / ``register_chunks``.
+  ``mosaic_resident_group`` / ``mosaic_register_chunks`` / ``mosaic_kernel`` /
+  ``mosaic_base_stages`` -> ``gemv`` / ``group`` / ``snake`` / ``resident_group`` /
+  ``register_chunks`` / ``kernel`` / ``base_stages``.
   """
 
   backend: str = "auto"
@@ -165,6 +178,8 @@ class WalkConfig(TritonConfig):
   mosaic_snake: bool = True
   mosaic_resident_group: int | None = None
   mosaic_register_chunks: int = 0
+  mosaic_kernel: str = "auto"
+  mosaic_base_stages: int | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -185,7 +200,9 @@ class WalkConfig(TritonConfig):
                         ring_stages=self.num_stages, gemv=self.mosaic_gemv,
                         group=self.mosaic_group, snake=self.mosaic_snake,
                         resident_group=self.mosaic_resident_group,
-                        register_chunks=self.mosaic_register_chunks)
+                        register_chunks=self.mosaic_register_chunks,
+                        kernel=self.mosaic_kernel,
+                        base_stages=self.mosaic_base_stages)
 
   def for_backend(self, name: str):
     return {"triton": self.triton, "mosaic": self.mosaic}[name]()

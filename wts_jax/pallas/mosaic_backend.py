@@ -9,6 +9,7 @@ only ``e_k = W1[x_{k-1}]`` and hoisted terms).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -17,7 +18,9 @@ import jax.numpy as jnp
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
+from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, padded_batch, plan_batched
 from wts_jax.pallas.mosaic_plan import MAX_BATCH, make_plan
+from wts_jax.device import H200
 from wts_jax.walk_config import MosaicConfig
 
 HEAD_TYPES = ("vanilla", "gated")   # the head types the kernel has an ``advance`` for
@@ -38,8 +41,11 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
     return f"the Mosaic kernel needs a bf16 or int8 W2 (got {dtype})"
   if dtype == jnp.dtype(jnp.int8) and getattr(serial.markov_w2, "scale", None) is None:
     return "an int8 W2 needs per-row scales (use wts_jax.quantize_w2)"
+  if uses_batched_kernel(shapes, config):
+    return _batched_refusal(head, shapes, config)
   if shapes.batch > MAX_BATCH:
-    return f"the Mosaic kernel runs up to {MAX_BATCH} rows (B={shapes.batch})"
+    return (f"the Mosaic row kernel runs up to {MAX_BATCH} rows (B={shapes.batch}); "
+            "kernel='batched' or 'auto' runs more")
   if shapes.return_logits or shapes.return_logprobs:
     return "the Mosaic kernel does not return per-step logits or log-probabilities"
   w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
@@ -56,12 +62,57 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   return None
 
 
+def uses_batched_kernel(shapes: WalkShapes, config: MosaicConfig) -> bool:
+  return config.kernel == "batched" or (config.kernel == "auto"
+                                        and shapes.batch > MAX_BATCH)
+
+
+def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
+  serial = head.markov_head
+  if head.config.head_type != "vanilla":
+    return ("the batched Mosaic kernel runs the vanilla head (not "
+            f"{head.config.head_type!r})")
+  w1, w2 = (jnp.dtype(serial.markov_w1.weight.dtype),
+            jnp.dtype(serial.markov_w2.weight.dtype))
+  if (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
+    return f"the batched Mosaic kernel needs bf16 W1 and W2 (got {w1}, {w2})"
+  if config.interpret and (config.num_blocks or 1) > 1:
+    return ("interpret mode runs blocks one after another and has no semaphores: "
+            "use num_blocks=1")
+  return None
+
+
+def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
+  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  from wts_jax.walk_config import resident_units
+  num_sms, smem = ((1, H200.smem_per_block) if config.interpret
+                   else (device.num_sms, device.smem_per_block))
+  vocab, rank = head.config.vocab_size, head.config.rank
+  blocks = config.num_blocks or num_sms
+  chunks = -(-(-(-vocab // blocks)) // 64)
+  try:
+    batched = plan_batched(
+        vocab_size=vocab, rank=rank, batch=min(shapes.batch, BATCH_TILE),
+        num_sms=num_sms, smem_per_block=smem, num_blocks=blocks,
+        resident_chunks=resident_units(config.residency, chunks, 64),
+        ring_stages=config.ring_stages, base_stages=config.base_stages,
+        base_itemsize=shapes.base_itemsize, snake=config.snake)
+  except ValueError as err:
+    return Refusal(str(err))
+  return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
+                     greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
+                     interpret=config.interpret)
+
+
 def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
-  """The kernel build of this walk (a ``MosaicSpec``), or why Mosaic cannot run it."""
+  """The kernel build of this walk (a ``MosaicSpec`` or ``BatchedSpec``), or why Mosaic
+  cannot run it."""
   from wts_jax.pallas.mosaic_walk import MosaicSpec
   reason = _refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
+  if uses_batched_kernel(shapes, config):
+    return _batched_plan(head, shapes, config, device)
   try:
     mosaic_plan = make_plan(head, config, device, batch=shapes.batch,
                             base_itemsize=shapes.base_itemsize)
@@ -74,6 +125,11 @@ def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
 
 def launch(spec, operands: WalkOperands):
   mode = operands.mode
+  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  if isinstance(spec, BatchedSpec):
+    return _launch_batched(spec, operands.head, operands.base_logits,
+                           operands.first_tokens, operands.hidden, mode.score_scale,
+                           mode.noise_on, mode.seed)
   return _launch(spec, operands.head, operands.base_logits, operands.first_tokens,
                  operands.hidden, mode.score_scale, mode.noise_on, mode.seed)
 
@@ -105,3 +161,35 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
     confidence = (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
                                                       out_axes=1)(w1[previous]))
   return WalkOutput(tokens=tokens, status=status | kernel_status, confidence=confidence)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, noise_on,
+                    seed):
+  """The batched kernel, one launch per 64 rows (the rows of a walk are independent)."""
+  from wts_jax.output import WalkOutput
+  from wts_jax.pallas.mosaic_batched_walk import batched_walk
+  from wts_jax.reference import clamp_first_tokens
+  first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
+  operands = serial_operands(head, hidden)
+  w1 = operands["w1"]
+  tokens, kernel_status = [], status
+  for start in range(0, spec.batch, BATCH_TILE):
+    rows = slice(start, min(start + BATCH_TILE, spec.batch))
+    part = dataclasses.replace(spec, batch=rows.stop - rows.start, row_offset=start,
+                               plan=dataclasses.replace(
+                                   spec.plan, batch_rows=padded_batch(rows.stop - rows.start)))
+    sampled = {} if spec.greedy else dict(seed=seed, score_scale=score_scale[rows],
+                                           noise_on=noise_on[rows])
+    part_tokens, part_status = batched_walk(part, operands["w2"], base_logits[rows], w1,
+                                            first[rows], **sampled)
+    tokens.append(part_tokens)
+    kernel_status = kernel_status | part_status
+  tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)
+  confidence = None
+  conf_head = head.confidence_head
+  if conf_head is not None:
+    previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
+    confidence = (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
+                                                      out_axes=1)(w1[previous]))
+  return WalkOutput(tokens=tokens, status=kernel_status, confidence=confidence)

@@ -1,0 +1,136 @@
+"""The batched Mosaic kernel (``mosaic_batched_walk``: the batch on the WGMMA's M) on the
+CPU: its plan, its CUDA lowering at the real shape (132 blocks, B up to 64 a launch and
+two launches past it), and its walk in Mosaic GPU interpret mode against the XLA walk —
+exact tokens greedy, the same tokens sampled with the same key.
+
+Interpret mode runs one block owning every chunk (no semaphores); the GPU suite
+(tests/test_batched_walk_gpu.py) covers the 132-block exchange. jax 0.10.2's Mosaic GPU
+interpreter cannot run tiled shared-memory loads, so the interpret cases need jax >= 0.11.
+"""
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import wts_jax
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+from wts_jax.pallas import mosaic_batched_plan
+from wts_jax.walk_config import MosaicConfig, WalkConfig
+
+H200_SMEM = 227 * 1024
+NEEDS_INTERPRETER = pytest.mark.skipif(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
+    reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
+
+
+def _head(vocab, rank, confidence=False):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type="vanilla",
+                      confidence=confidence)
+  return wts_jax.make_head(config, seed=vocab + rank)
+
+
+# (V, r, B, K, residency, temperature): everything resident; all streamed with
+# V % 64 = 8 (the clamped last chunk) and B not a multiple of 8; the most rows a launch;
+# past 64 rows (two launches, the second padded), sampled; r = 256 with one resident
+# chunk beside the ring.
+WALK_CASES = [(520, 64, 5, 3, "auto", 0.0), (1000, 128, 16, 4, "none", 0.0),
+              (1000, 128, 13, 4, "none", 0.7), (776, 64, 64, 3, "auto", 0.0),
+              (776, 64, 70, 3, 64, 1.0), (456, 256, 8, 2, 64, 0.0)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature", WALK_CASES)
+def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
+  head = _head(vocab, rank, confidence=True)
+  for seed in (1, 2):   # fresh inputs
+    base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
+    key = jax.random.key(seed + 10) if temperature else None
+    config = MosaicConfig(interpret=True, kernel="batched", residency=residency)
+    out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
+                       temperature=temperature, key=key)
+    ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                       key=key)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
+                               atol=1e-4)
+    assert int(out.status) == 0
+
+
+@NEEDS_INTERPRETER
+def test_mixed_temperatures_per_row():
+  """Greedy rows stay greedy beside sampled ones (per-row 1/T and noise switch)."""
+  head = _head(520, 64)
+  base, first, hidden = random_inputs(head.config, 12, 3, jax.random.key(4))
+  temperature = np.where(np.arange(12) % 3 == 0, 0.0, 0.9).astype(np.float32)
+  key = jax.random.key(8)
+  config = MosaicConfig(interpret=True, kernel="batched")
+  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+def test_plan_at_the_qwen3_shape():
+  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=64,
+                                          num_sms=132, smem_per_block=H200_SMEM)
+  assert (plan.chunks, plan.resident_chunks, plan.ring_stages, plan.base_stages) == (
+      18, 2, 2, 3)
+  assert plan.smem_bytes <= H200_SMEM and plan.batch_rows == 64
+  assert plan.exchange_lanes == 136
+  assert mosaic_batched_plan.plan_batched(
+      vocab_size=151936, rank=256, batch=5, num_sms=132,
+      smem_per_block=H200_SMEM).batch_rows == 8
+  # All resident when it fits (a small vocabulary), whatever the ring default.
+  small = mosaic_batched_plan.plan_batched(vocab_size=4096, rank=64, batch=16, num_sms=132,
+                                           smem_per_block=H200_SMEM)
+  assert (small.resident_chunks, small.ring_stages) == (small.chunks, 0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(batch=65), "batch=65 must be in"),
+    (dict(rank=96), "rank=96 must be a multiple of 64"),
+    (dict(base_stages=4), "base_stages=4 must divide the 18 chunks"),
+    (dict(resident_chunks=3, ring_stages=2), "15 streamed chunks are not a whole number"),
+    (dict(resident_chunks=6, ring_stages=2), "exceed the 4 W2 chunks"),
+    (dict(num_blocks=200), "num_blocks=200 exceeds the 132 SMs"),
+    (dict(w2_itemsize=1), "only with z as two int8 planes"),
+])
+def test_plan_refusals(kwargs, match):
+  args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132,
+              smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match=match):
+    mosaic_batched_plan.plan_batched(**{**args, **kwargs})
+
+
+def test_backend_routes_and_refuses():
+  head = _head(1000, 64)
+  base, first, hidden = random_inputs(head.config, 8, 3, jax.random.key(0))
+  # Past 4 rows "auto" takes the batched kernel; "rows" refuses with the reason.
+  with pytest.raises(ValueError, match="row kernel runs up to 4 rows"):
+    wts_jax.walk(head, base, first, impl="mosaic",
+                 config=MosaicConfig(interpret=True, kernel="rows"))
+  gated = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
+                                       head_type="gated"), seed=0)
+  gbase, gfirst, ghidden = random_inputs(gated.config, 8, 3, jax.random.key(0))
+  with pytest.raises(ValueError, match="batched Mosaic kernel runs the vanilla head"):
+    wts_jax.walk(gated, gbase, gfirst, ghidden, impl="mosaic",
+                 config=MosaicConfig(interpret=True))
+  with pytest.raises(ValueError, match="kernel='wide' must be one of"):
+    MosaicConfig(kernel="wide")
+
+
+@pytest.mark.parametrize("batch,temperature", [(64, 0.0), (64, 1.0), (5, 0.0), (96, 0.0)])
+def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature):
+  """The whole 132-block kernel lowers through Mosaic GPU's layout checks on the CPU
+  (B = 96: two launches)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  text = lower_walk("vanilla", batch, 7, temperature=temperature,
+                    config=WalkConfig(num_programs=132, backend="mosaic",
+                                      mosaic_kernel="batched"))
+  assert text.count("mosaic_gpu") >= -(-batch // 64)

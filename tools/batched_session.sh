@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call for the batched Mosaic walk: GPU tests, then wts-bench side by side
+# with torch-graph and the Triton kernel over B and the kernel's splits.
+# bash tools/batched_session.sh   (SECTIONS=tests,bench; logs and JSON under $OUT)
+set -u
+export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SECTIONS=${SECTIONS:-tests,bench}
+has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+python -c "import jax; print('jax', jax.__version__, jax.devices())"
+if has tests; then
+  stamp tests
+  timeout ${TESTS_S:-240} python -m pytest -m gpu ${TESTS:-tests/test_batched_walk_gpu.py} \
+    -x -q -k "${TESTS_K:-}" 2>&1 | grep -v -i warn | tee "$OUT/batched_gpu_tests.log" | tail -30
+fi
+if has bench; then
+  stamp bench
+  timeout ${BENCH_S:-300} python tools/bench_variants.py --shape qwen3_4b \
+    --head ${BENCH_HEADS:-vanilla} --batch ${BENCH_BATCH:-16,64} --k 7 \
+    --mode ${BENCH_MODE:-greedy,sample} --l2 cold --dtype ${BENCH_DTYPE:-bf16} \
+    --repeats ${BENCH_REPEATS:-5} --walks-per-repeat 10 \
+    --paths ${BENCH_PATHS:-torch-graph,wts-triton,wts-mb,wts-mb-r0s2,wts-mb-r4s2} \
+    --out "$OUT/batched_bench.json" 2>&1 | grep -v -i warn | tee "$OUT/batched_bench.log" | tail -40
+fi
+stamp done

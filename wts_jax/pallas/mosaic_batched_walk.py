@@ -1,0 +1,337 @@
+"""The Weights-That-Stay walk for many batch rows: one persistent Mosaic GPU kernel with
+the batch on the tensor cores' M dimension (``mosaic_batched_plan.py`` says why).
+
+Per block (one per SM) and step:
+
+- z of all rows is the WGMMA's A operand: the rows' W1 rows were copied by bulk async
+  copies (one per row, no tensor map) into a padded staging tile at the end of the last
+  step, and go once per step through registers into the swizzled A tile; rows past B are
+  zeros;
+- per 64-row W2 chunk (resident in shared memory, or streamed through the TMA ring that
+  runs ahead across steps, odd steps in reverse as in the row kernel) one WGMMA
+  ``[64, r] x [r, 64]`` into an fp32 accumulator [batch row, vocab row]; the chunk's base
+  logits ([B, 64], through their own TMA ring) are added, then per batch row the chunk's
+  greedy or Gumbel top-1 (the generator of ``wts_jax.sampling``) updates that row's best
+  (score, index) — ties to the lower index, so chunk order does not matter;
+- every block publishes its best per row as one column of the exchange ([2 parities,
+  64 rows, blocks]), meets the others at the grid barrier of ``grid_sync`` (the Mosaic
+  protocol, unchanged), and reduces all columns to the same token per row;
+- the tokens go to shared memory, and one bulk copy per row fetches the next z.
+
+Why the register round trip: a bulk copy writes a row linearly, while the WGMMA reads a
+swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle tile.
+
+Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head with a bf16 W1 and
+W2 (z = e, a W1 row: exact in bf16), up to 64 rows a launch, greedy and sampled, no
+per-step logits or log-probabilities. Interpret mode runs one block owning every chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from wts_jax import sampling
+from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
+from wts_jax.pallas import grid_sync
+from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan
+from wts_jax.pallas.mosaic_plan import CHUNK_ROWS
+from wts_jax.pallas.mosaic_walk import _interpret_params, _load, _w2_transforms
+
+_WGMMA = plgpu.Layout.WGMMA
+_PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
+_PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
+_BIG_INDEX = 1 << 30
+_NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedSpec:
+  plan: BatchedPlan
+  batch: int          # the caller's rows (<= plan.batch_rows)
+  steps: int
+  greedy: bool
+  spin_limit: int
+  interpret: bool
+  row_offset: int = 0   # the first row's index in the whole walk (its noise streams)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedRefs:
+  """The kernel's refs by name (``_g`` global, ``_s`` shared, ``_bar`` barriers)."""
+  w2_g: object
+  base_g: object
+  w1_g: object
+  first_g: object
+  tok_g: object
+  flag_g: object
+  xv_g: object
+  xi_g: object
+  w_s: object
+  z_s: object
+  za_s: object
+  base_s: object
+  tok_s: object
+  res_bar: object
+  ring_bar: object
+  base_bar: object
+  z_bar: object
+  seed_g: object = None
+  scale_g: object = None
+  noise_g: object = None
+
+
+def _base_transforms(itemsize: int):
+  # The base tile is read in the WGMMA layout: the 128-byte swizzle spreads the 8 rows a
+  # warp reads over all banks.
+  return (plgpu.TilingTransform((8, 128 // itemsize)), plgpu.SwizzleTransform(128))
+
+
+def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
+  plan = spec.plan
+  vocab, rank, rows = plan.vocab_size, plan.rank, plan.batch_rows
+  refs = BatchedRefs(**dict(zip(names, refs)))
+  blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
+  streamed, chunks, base_stages = plan.streamed_chunks, plan.chunks, plan.base_stages
+  block = lax.axis_index("blocks")
+  multi_block = blocks > 1
+  sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
+  columns = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE, CHUNK_ROWS), 1, layout=_WGMMA)
+  row_ids = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE,), 0, layout=_PER_ROW)
+  lane_ids = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE, plan.exchange_lanes), 1,
+                                    layout=_WGMMA)
+  total_streamed = spec.steps * streamed
+
+  def chunk_start(c):
+    # Clamped, so the last chunks overlap earlier rows rather than read past V.
+    return jnp.minimum(block * (chunks * CHUNK_ROWS) + c * CHUNK_ROWS,
+                       vocab - CHUNK_ROWS)
+
+  def copy_chunk(c, slot, barrier):
+    plgpu.copy_gmem_to_smem(refs.w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
+                            refs.w_s.at[slot], barrier)
+
+  def streamed_chunk(step, j):
+    if not plan.snake:
+      return res + j
+    return res + jnp.where(lax.rem(step, 2) == 1, streamed - 1 - j, j)
+
+  # A step's chunks in order: streamed ones interleaved with resident ones, so the ring
+  # keeps streaming while resident chunks are computed.
+  order, placed = [], 0
+  for j in range(streamed):
+    order.append(("streamed", j))
+    due = (j + 1) * res // streamed
+    order += [("resident", c) for c in range(placed, due)]
+    placed = due
+  order += [("resident", c) for c in range(placed, res)]
+
+  def chunk_at(step, position):
+    kind, index = order[position]
+    return index if kind == "resident" else streamed_chunk(step, index)
+
+  def copy_base(step, position):
+    plgpu.copy_gmem_to_smem(
+        refs.base_g.at[:, step, pl.ds(chunk_start(chunk_at(step, position)), CHUNK_ROWS)],
+        refs.base_s.at[position % base_stages, pl.ds(0, rows)],
+        refs.base_bar.at[position % base_stages])
+
+  def gather_z():
+    """One bulk copy per row: W1 row ``tok_s[b]`` into staging row b (rows >= B of a
+    padded batch walk along on their own tokens; rows past ``rows`` stay zero)."""
+    for b in range(rows):
+      plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(refs.tok_s[b], 1)],
+                              refs.z_s.at[pl.ds(b, 1), pl.ds(0, rank)], refs.z_bar,
+                              oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+
+  with jax.named_scope("prologue"):
+    if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
+      refs.z_s[...] = jnp.zeros(refs.z_s.shape, refs.z_s.dtype)
+      zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
+                                _WGMMA)
+      for s in range(base_stages):
+        refs.base_s[s] = zeros
+      plgpu.commit_smem()   # the generic writes before any async copy lands beside them
+    for g in range(min(stages, total_streamed)):
+      copy_chunk(res + g, res + g, refs.ring_bar.at[g])   # step 0 streams forward
+    for p in range(base_stages):
+      copy_base(0, p)
+    for c in range(res):
+      copy_chunk(c, c, refs.res_bar)
+    refs.tok_s[...] = plgpu.layout_cast(
+        jnp.clip(_load(refs.first_g, _PER_ROW, optimized=False), 0, vocab - 1), _PER_ROW)
+    gather_z()
+
+  if not spec.greedy:
+    seeds = (refs.seed_g[0], refs.seed_g[1])
+    row_scale = _load(refs.scale_g, _PER_ROW, optimized=False)
+    row_noise = _load(refs.noise_g, _PER_ROW, optimized=False) != 0
+
+  def step_body(step, flags):
+    parity = lax.rem(step, 2)
+    with jax.named_scope("z_wait"):
+      plgpu.barrier_wait(refs.z_bar)
+      # The staged rows into the swizzled A tile (a register round trip: a bulk copy
+      # cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
+      refs.za_s[...] = _load(refs.z_s.at[:, pl.ds(0, rank)], _WGMMA)
+      plgpu.commit_smem()
+    if not spec.greedy:
+      streams = sampling.stream_key(seeds, row_ids + spec.row_offset, step)
+      streams = lax.broadcast_in_dim(streams, (BATCH_TILE, CHUNK_ROWS), (0,))
+      scale = lax.broadcast_in_dim(row_scale, (BATCH_TILE, CHUNK_ROWS), (0,))
+      noise_on = lax.broadcast_in_dim(row_noise, (BATCH_TILE, CHUNK_ROWS), (0,))
+    best_value = jnp.full((BATCH_TILE,), _NEG_INF, jnp.float32)
+    best_index = jnp.zeros((BATCH_TILE,), jnp.int32)
+    nan_seen = jnp.zeros((BATCH_TILE,), jnp.int32)
+
+    for position, (kind, index) in enumerate(order):
+      if kind == "resident":
+        slot, c = index, index
+        if index == 0:
+          @pl.when(step == 0)
+          def _():   # once: the resident chunks copied in the prologue have landed
+            plgpu.barrier_wait(refs.res_bar)
+      else:
+        slot, c = res + index % stages, streamed_chunk(step, index)
+        plgpu.barrier_wait(refs.ring_bar.at[index % stages])
+      base_slot = position % base_stages
+      plgpu.barrier_wait(refs.base_bar.at[base_slot])
+      with jax.named_scope("chunk"):
+        def product(acc_ref):
+          plgpu.wgmma(acc_ref, refs.za_s, refs.w_s.at[slot].T)
+          return acc_ref[...]
+        logits = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.float32))
+        logits = logits + _load(refs.base_s.at[base_slot], _WGMMA).astype(jnp.float32)
+        vocab_rows = chunk_start(c) + columns
+        nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
+        if spec.greedy:
+          scores = logits
+        else:
+          noise = sampling.gumbel_from_uniform(
+              sampling.uniform_from_stream(streams, vocab_rows))
+          scores = logits * scale + jnp.where(noise_on, noise, 0.0)
+        top = scores.max(axis=1)
+        top_index = jnp.where(scores == lax.broadcast_in_dim(top, scores.shape, (0,)),
+                              vocab_rows, _BIG_INDEX).min(axis=1)
+        better = (top > best_value) | ((top == best_value) & (top_index < best_index))
+        best_value = jnp.where(better, top, best_value)
+        best_index = jnp.where(better, top_index, best_index)
+      # Every warp's reads of the base slot (and, registers aside, of nothing else)
+      # before the TMA refills it; the WGMMA's reads of the W2 slot completed when its
+      # accumulator was read.
+      plgpu.commit_smem()
+      ahead = position + base_stages   # the base ring restarts every step
+      next_step, next_position = (step, ahead) if ahead < chunks else (step + 1,
+                                                                      ahead - chunks)
+
+      @pl.when(next_step < spec.steps)
+      def _():
+        copy_base(next_step, next_position)
+
+      if kind == "streamed":
+        later = step * streamed + index + stages
+
+        @pl.when(later < total_streamed)
+        def _():
+          shift, j = divmod(index + stages, streamed)
+          copy_chunk(streamed_chunk(step + shift, j), res + index % stages,
+                     refs.ring_bar.at[index % stages])
+
+    with jax.named_scope("publish"):
+      # Invariant (grid_sync): parity k % 2 is free at step k.
+      refs.xv_g[parity, :, block] = best_value
+      refs.xi_g[parity, :, block] = best_index
+    timed_out = jnp.int32(0)
+    if multi_block:
+      with jax.named_scope("grid_sync"):
+        timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
+    with jax.named_scope("exchange_reduce"):
+      valid = lane_ids < blocks
+      values = jnp.where(valid, _load(refs.xv_g.at[parity], _WGMMA, optimized=False),
+                         _NEG_INF)
+      indices = jnp.where(valid, _load(refs.xi_g.at[parity], _WGMMA, optimized=False),
+                          _BIG_INDEX)
+      top = values.max(axis=1)
+      token = jnp.where(values == lax.broadcast_in_dim(top, values.shape, (0,)),
+                        indices, _BIG_INDEX).min(axis=1)
+      tokens = jnp.clip(token, 0, vocab - 1)   # a NaN row is flagged, not followed
+      refs.tok_s[...] = tokens
+
+    @pl.when(block == 0)
+    def _():
+      refs.tok_g[:, step] = tokens
+
+    flags = (flags | jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max()
+                               > 0, STATUS_NAN_LOGITS, 0)
+             | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0))
+
+    @pl.when(step + 1 < spec.steps)
+    def _():
+      # The z staging's generic reads (this step's A operand) before the bulk copies.
+      plgpu.commit_smem()
+      gather_z()
+    return flags
+
+  flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
+  refs.flag_g[block] = flags
+
+
+def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None,
+                 score_scale=None, noise_on=None):
+  """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
+  ``base_logits`` [B, K, V]; padded here to the plan's ``batch_rows`` when B is not a
+  multiple of 8 (the base tiles are copied in whole 8-row TMA tiles)."""
+  plan, batch, steps = spec.plan, spec.batch, spec.steps
+  if w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
+    raise ValueError(f"the batched walk needs bf16 W1 and W2 (got {w1.dtype}, {w2.dtype})")
+  rows = plan.batch_rows
+  if rows != batch:
+    pad = rows - batch
+    base_logits = jnp.pad(base_logits, ((0, pad), (0, 0), (0, 0)))
+  first = jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(first_tokens.astype(jnp.int32))
+  slots = plan.resident_chunks + plan.ring_stages
+  base_dtype = base_logits.dtype
+  lanes = plan.exchange_lanes
+  scratch = {
+      "w_s": plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype,
+                        transforms=_w2_transforms(2, plan.rank)),
+      "z_s": plgpu.SMEM((BATCH_TILE, plan.z_row_bytes // 2), jnp.bfloat16),
+      "za_s": plgpu.SMEM((BATCH_TILE, plan.rank), jnp.bfloat16,
+                         transforms=_w2_transforms(2, plan.rank)),
+      "base_s": plgpu.SMEM((plan.base_stages, BATCH_TILE, CHUNK_ROWS), base_dtype,
+                           transforms=_base_transforms(jnp.dtype(base_dtype).itemsize)),
+      "tok_s": plgpu.SMEM((BATCH_TILE,), jnp.int32),
+      "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
+      "ring_bar": plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages)),
+      "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=plan.base_stages),
+      "z_bar": plgpu.Barrier(num_arrivals=rows, num_barriers=1),
+  }
+  outputs = {"tok_g": jax.ShapeDtypeStruct((BATCH_TILE, steps), jnp.int32),
+             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
+             "xv_g": jax.ShapeDtypeStruct((2, BATCH_TILE, lanes), jnp.float32),
+             "xi_g": jax.ShapeDtypeStruct((2, BATCH_TILE, lanes), jnp.int32)}
+  operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
+  if not spec.greedy:
+    def per_row(x, dtype):
+      return jnp.zeros((BATCH_TILE,), dtype).at[:batch].set(x.astype(dtype))
+    operands.update(seed_g=seed.astype(jnp.uint32),
+                    scale_g=per_row(score_scale, jnp.float32),
+                    noise_g=per_row(noise_on, jnp.int32))
+  kernel = plgpu.kernel(
+      functools.partial(_batched_kernel, spec=spec,
+                        names=(*operands, *outputs, *scratch)),
+      out_type=tuple(outputs.values()),
+      grid=(plan.num_blocks,), grid_names=("blocks",),
+      scratch_types=list(scratch.values()),
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=_interpret_params() if spec.interpret else None,
+  )
+  tokens, flags, _, _ = kernel(*operands.values())
+  return tokens[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
