@@ -2,7 +2,7 @@
 
 The real Qwen3-4B DSpark shape (V = 151 936, r = 256, 132 blocks) against the XLA
 reference on fresh random inputs: exact tokens greedy, the same tokens sampled with the
-same key; B = 5 (padded to 8 rows), 16, 64 and 70 (two launches); every split from all
+same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16, 64 and 70 (two launches); every split from all
 streamed to the planner's; a NaN in the base logits is reported; repeats are identical.
 """
 
@@ -19,6 +19,7 @@ import wts_jax
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS
+from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig
 
 pytestmark = [
@@ -58,6 +59,18 @@ def test_tokens_equal_reference(head, batch, temperature):
 @pytest.mark.parametrize("residency", ["none", 0.25, "auto"])
 def test_splits(head, residency):
   _check(head, 24, 0.0, 7, config=MosaicConfig(kernel="batched", residency=residency))
+
+
+@pytest.fixture(scope="module")
+def planes_head(head):
+  return quantize_w2(head, "int8", state="planes")
+
+
+@pytest.mark.parametrize("batch", [5, 16, 64, 70])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_int8_planes_tokens_equal_reference(planes_head, batch, temperature):
+  for seed in (1, 2):
+    _check(planes_head, batch, temperature, seed)
 
 
 def test_auto_takes_batched_kernel(head):

@@ -19,6 +19,7 @@ import wts_jax
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.pallas import mosaic_batched_plan
+from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig, WalkConfig
 
 H200_SMEM = 227 * 1024
@@ -60,6 +61,27 @@ def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
     assert int(out.status) == 0
 
 
+# int8 W2 with z as two int8 planes: all streamed and sampled; past 64 rows; r = 256
+# beside the ring (V % 32 = 8: the last scale window is clamped).
+PLANES_CASES = [(1000, 128, 16, 4, "none", 0.7), (776, 64, 70, 3, 64, 1.0),
+                (456, 256, 8, 2, 64, 0.0)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature", PLANES_CASES)
+def test_int8_planes_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
+  head = quantize_w2(_head(vocab, rank), "int8", state="planes")
+  base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(5))
+  key = jax.random.key(6) if temperature else None
+  config = MosaicConfig(interpret=True, kernel="batched", residency=residency)
+  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0
+
+
 @NEEDS_INTERPRETER
 def test_mixed_temperatures_per_row():
   """Greedy rows stay greedy beside sampled ones (per-row 1/T and noise switch)."""
@@ -99,6 +121,7 @@ def test_plan_at_the_qwen3_shape():
     (dict(resident_chunks=6, ring_stages=2), "exceed the 4 W2 chunks"),
     (dict(num_blocks=200), "num_blocks=200 exceeds the 132 SMs"),
     (dict(w2_itemsize=1), "only with z as two int8 planes"),
+    (dict(int8_state=True), "int8 planes of z meet an int8 W2 only"),
 ])
 def test_plan_refusals(kwargs, match):
   args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132,
@@ -134,3 +157,13 @@ def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature):
                     config=WalkConfig(num_programs=132, backend="mosaic",
                                       mosaic_kernel="batched"))
   assert text.count("mosaic_gpu") >= -(-batch // 64)
+
+
+@pytest.mark.parametrize("batch,temperature", [(64, 0.0), (16, 1.0)])
+def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature):
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize="int8p",
+                    config=WalkConfig(num_programs=132, backend="mosaic",
+                                      mosaic_kernel="batched"))
+  assert "mosaic_gpu" in text

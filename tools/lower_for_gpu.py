@@ -59,7 +59,9 @@ def lower_walk(head_type, batch, steps, *, temperature=0.0, logits=False, logpro
   head = jax.eval_shape(lambda: wts_jax.make_head(head_config))
   if quantize:
     from wts_jax.quantize import quantize_w2
-    head = jax.eval_shape(lambda h: quantize_w2(h, quantize), head)
+    # "int8p": an int8 W2 that z meets as two int8 planes.
+    head = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes")
+                          if quantize == "int8p" else quantize_w2(h, quantize), head)
   v, d = head_config.vocab_size, head_config.hidden_size
   base = jax.ShapeDtypeStruct((batch, steps, v), jnp.bfloat16)
   first = jax.ShapeDtypeStruct((batch,), jnp.int32)

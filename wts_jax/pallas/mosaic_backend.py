@@ -74,8 +74,10 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
             f"{head.config.head_type!r})")
   w1, w2 = (jnp.dtype(serial.markov_w1.weight.dtype),
             jnp.dtype(serial.markov_w2.weight.dtype))
-  if (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
-    return f"the batched Mosaic kernel needs bf16 W1 and W2 (got {w1}, {w2})"
+  if not serial.z_as_int8_planes and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
+    return ("the batched Mosaic kernel needs bf16 W1 and W2, or an int8 W2 that z meets "
+            f"as two int8 planes (quantize_w2(head, 'int8', state='planes')); got {w1}, "
+            f"{w2}")
   if config.interpret and (config.num_blocks or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
             "use num_blocks=1")
@@ -96,7 +98,9 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         num_sms=num_sms, smem_per_block=smem, num_blocks=blocks,
         resident_chunks=resident_units(config.residency, chunks, 64),
         ring_stages=config.ring_stages, base_stages=config.base_stages,
-        base_itemsize=shapes.base_itemsize, snake=config.snake)
+        base_itemsize=shapes.base_itemsize, snake=config.snake,
+        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
+        int8_state=head.markov_head.z_as_int8_planes)
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
@@ -173,6 +177,10 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
   first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]
+  weights = dict(w2=operands["w2"], w1=w1)
+  if spec.plan.int8_state:
+    weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"],
+                   w2_scale=operands["w2_scale"])
   tokens, kernel_status = [], status
   for start in range(0, spec.batch, BATCH_TILE):
     rows = slice(start, min(start + BATCH_TILE, spec.batch))
@@ -181,8 +189,8 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
                                    spec.plan, batch_rows=padded_batch(rows.stop - rows.start)))
     sampled = {} if spec.greedy else dict(seed=seed, score_scale=score_scale[rows],
                                            noise_on=noise_on[rows])
-    part_tokens, part_status = batched_walk(part, operands["w2"], base_logits[rows], w1,
-                                            first[rows], **sampled)
+    part_tokens, part_status = batched_walk(part, base_logits=base_logits[rows],
+                                            first_tokens=first[rows], **weights, **sampled)
     tokens.append(part_tokens)
     kernel_status = kernel_status | part_status
   tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)

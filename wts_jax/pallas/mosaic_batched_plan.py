@@ -80,14 +80,16 @@ def _aligned(nbytes: int) -> int:
 
 
 def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
-                scaled: bool) -> int:
+                scaled: bool, int8_state: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [64, 2r + pad] bytes and the swizzled
   A tile [64, 2r] bytes, the base ring [stages, 64, 64], an int8 W2's per-row scales
-  [chunks, 64] f32, the tokens [64]."""
+  [chunks, 64] f32, the tokens [64]; with int8 planes the 32 scales around each row's s_lo [64, 32 + 8] f32."""
   z_stage = BATCH_TILE * (rank * 2 + Z_ROW_PAD_BYTES) + _aligned(BATCH_TILE * rank * 2)
   base = base_stages * BATCH_TILE * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
-  return _aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
+  plane_scales = _aligned(BATCH_TILE * 40 * 4) if int8_state else 0
+  return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
+          + plane_scales)
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
@@ -107,7 +109,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
     raise ValueError("int8 planes of z meet an int8 W2 only")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
-  if vocab_size < CHUNK_ROWS or vocab_size % 8:
+  if vocab_size < CHUNK_ROWS or vocab_size % 8:   # (>= 64 also holds a 32-scale window)
     raise ValueError(f"vocab_size={vocab_size} must be a multiple of 8 and >= "
                      f"{CHUNK_ROWS} for the Mosaic walk")
   if not 1 <= batch <= BATCH_TILE:
@@ -125,7 +127,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      "owns (the base ring restarts every step)")
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
-                      base_itemsize=base_itemsize, scaled=w2_itemsize == 1)
+                      base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
+                      int8_state=int8_state)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "

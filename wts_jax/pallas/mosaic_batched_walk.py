@@ -21,9 +21,12 @@ Per block (one per SM) and step:
 Why the register round trip: a bulk copy writes a row linearly, while the WGMMA reads a
 swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle tile.
 
-Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head with a bf16 W1 and
-W2 (z = e, a W1 row: exact in bf16), up to 64 rows a launch, greedy and sampled, no
-per-step logits or log-probabilities. Interpret mode runs one block owning every chunk.
+Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
+with a bf16 W1 and W2 (z exact in bf16), or an int8 W2 that z meets as two int8 planes
+(``wts_jax.int8_state``: two int8 WGMMAs a chunk, s32 accumulators, D = 256 · d_hi +
+d_lo exact, then (f32(D) · s_lo) · scale2 — each row's s_lo comes in a 128-byte copy
+beside its planes); up to 64 rows a launch, greedy and sampled, no per-step logits or
+log-probabilities. Interpret mode runs one block owning every chunk.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import sampling
+from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan
@@ -47,6 +51,7 @@ from wts_jax.pallas.mosaic_walk import _interpret_params, _load, _w2_transforms
 _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
 _PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
+SCALE_WINDOW = 32   # scales a bulk copy moves (128 bytes: its smallest unit here)
 _BIG_INDEX = 1 << 30
 _NEG_INF = float("-inf")
 
@@ -85,6 +90,11 @@ class BatchedRefs:
   seed_g: object = None
   scale_g: object = None
   noise_g: object = None
+  w2_scale_g: object = None   # int8 W2: per-row scales, in shared memory once
+  w2_scale_s: object = None
+  w2_scale_bar: object = None
+  w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
+  zscale_s: object = None     # the 32 scales around each row's s_lo
 
 
 def _base_transforms(itemsize: int):
@@ -107,6 +117,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   lane_ids = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE, plan.exchange_lanes), 1,
                                     layout=_WGMMA)
   total_streamed = spec.steps * streamed
+  planes = plan.int8_state
+  z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
 
   def chunk_start(c):
     # Clamped, so the last chunks overlap earlier rows rather than read past V.
@@ -143,12 +155,28 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         refs.base_bar.at[position % base_stages])
 
   def gather_z():
-    """One bulk copy per row: W1 row ``tok_s[b]`` into staging row b (rows >= B of a
-    padded batch walk along on their own tokens; rows past ``rows`` stay zero)."""
+    """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
+    side by side, and the 16 bytes holding its s_lo) into staging row b. Rows >= B of a
+    padded batch walk along on their own tokens; rows past ``rows`` stay zero."""
     for b in range(rows):
-      plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(refs.tok_s[b], 1)],
-                              refs.z_s.at[pl.ds(b, 1), pl.ds(0, rank)], refs.z_bar,
+      token = refs.tok_s[b]
+      plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
+                              refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+      if planes:   # bulk copies move multiples of 128 bytes: 32 scales around s_lo
+        plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), SCALE_WINDOW)],
+                                refs.zscale_s.at[b, pl.ds(0, SCALE_WINDOW)], refs.z_bar,
+                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+
+  def scale_window(token):
+    return jnp.minimum(token - lax.rem(token, SCALE_WINDOW), vocab - SCALE_WINDOW)
+
+  def row_plane_scale(tokens):
+    """Each row's s_lo: its place in the 32 scales copied beside its planes."""
+    held = _load(refs.zscale_s.at[:, pl.ds(0, SCALE_WINDOW)], _WGMMA)
+    column = plgpu.broadcasted_iota(jnp.int32, held.shape, 1, layout=_WGMMA)
+    wanted = lax.broadcast_in_dim(tokens - scale_window(tokens), held.shape, (0,))
+    return jnp.where(column == wanted, held, 0.0).sum(axis=1)
 
   with jax.named_scope("prologue"):
     if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
@@ -157,6 +185,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                 _WGMMA)
       for s in range(base_stages):
         refs.base_s[s] = zeros
+      if planes:
+        refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
       plgpu.commit_smem()   # the generic writes before any async copy lands beside them
     for g in range(min(stages, total_streamed)):
       copy_chunk(res + g, res + g, refs.ring_bar.at[g])   # step 0 streams forward
@@ -164,22 +194,36 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       copy_base(0, p)
     for c in range(res):
       copy_chunk(c, c, refs.res_bar)
-    refs.tok_s[...] = plgpu.layout_cast(
-        jnp.clip(_load(refs.first_g, _PER_ROW, optimized=False), 0, vocab - 1), _PER_ROW)
+    if planes:   # the block's per-row W2 scales, once: [chunks, 64] f32
+      for c in range(chunks):
+        plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
+                                refs.w2_scale_s.at[c], refs.w2_scale_bar)
+    first_tokens = jnp.clip(_load(refs.first_g, _PER_ROW, optimized=False), 0, vocab - 1)
+    refs.tok_s[...] = first_tokens
     gather_z()
+    if planes:
+      plgpu.barrier_wait(refs.w2_scale_bar)
 
   if not spec.greedy:
     seeds = (refs.seed_g[0], refs.seed_g[1])
     row_scale = _load(refs.scale_g, _PER_ROW, optimized=False)
     row_noise = _load(refs.noise_g, _PER_ROW, optimized=False) != 0
 
-  def step_body(step, flags):
+  def step_body(step, carry):
+    flags, step_tokens = carry
     parity = lax.rem(step, 2)
     with jax.named_scope("z_wait"):
       plgpu.barrier_wait(refs.z_bar)
-      # The staged rows into the swizzled A tile (a register round trip: a bulk copy
+      # The staged rows into the swizzled A tile(s) (a register round trip: a bulk copy
       # cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
-      refs.za_s[...] = _load(refs.z_s.at[:, pl.ds(0, rank)], _WGMMA)
+      if planes:
+        for plane in range(2):   # q_hi, q_lo
+          refs.za_s[plane] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)],
+                                   plgpu.Layout.WGMMA_8BIT)
+        plane_scale = lax.broadcast_in_dim(row_plane_scale(step_tokens),
+                                           (BATCH_TILE, CHUNK_ROWS), (0,))
+      else:
+        refs.za_s[...] = _load(refs.z_s.at[:, pl.ds(0, rank)], _WGMMA)
       plgpu.commit_smem()
     if not spec.greedy:
       streams = sampling.stream_key(seeds, row_ids + spec.row_offset, step)
@@ -203,10 +247,25 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       base_slot = position % base_stages
       plgpu.barrier_wait(refs.base_bar.at[base_slot])
       with jax.named_scope("chunk"):
-        def product(acc_ref):
-          plgpu.wgmma(acc_ref, refs.za_s, refs.w_s.at[slot].T)
-          return acc_ref[...]
-        logits = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.float32))
+        if planes:
+          def product(hi_ref, lo_ref):
+            plgpu.wgmma(hi_ref, refs.za_s.at[0], refs.w_s.at[slot].T)
+            plgpu.wgmma(lo_ref, refs.za_s.at[1], refs.w_s.at[slot].T)
+            return hi_ref[...], lo_ref[...]
+          d_hi, d_lo = pl.run_scoped(
+              product, *[plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.int32)] * 2)
+          # D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2: the
+          # order of wts_jax.int8_state.
+          vocab_scale = lax.broadcast_in_dim(
+              _load(refs.w2_scale_s.at[c], _PER_COLUMN), (BATCH_TILE, CHUNK_ROWS), (1,))
+          logits = ((d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale
+                    * vocab_scale)
+        else:
+          def product(acc_ref):
+            plgpu.wgmma(acc_ref, refs.za_s, refs.w_s.at[slot].T)
+            return acc_ref[...]
+          logits = pl.run_scoped(product,
+                                 plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.float32))
         logits = logits + _load(refs.base_s.at[base_slot], _WGMMA).astype(jnp.float32)
         vocab_rows = chunk_start(c) + columns
         nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
@@ -276,19 +335,31 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # The z staging's generic reads (this step's A operand) before the bulk copies.
       plgpu.commit_smem()
       gather_z()
-    return flags
+    return flags, tokens
 
-  flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
+  flags, _ = lax.fori_loop(0, spec.steps, step_body, (jnp.int32(0), first_tokens))
   refs.flag_g[block] = flags
 
 
 def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None,
-                 score_scale=None, noise_on=None):
+                 score_scale=None, noise_on=None, w2_scale=None, w1_scale=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
   ``base_logits`` [B, K, V]; padded here to the plan's ``batch_rows`` when B is not a
-  multiple of 8 (the base tiles are copied in whole 8-row TMA tiles)."""
+  multiple of 8 (the base tiles are copied in whole 8-row TMA tiles).
+  ``plan.int8_state``: ``w2`` int8 with its per-row ``w2_scale`` [V]; ``w1`` is W1's
+  interleaved int8 planes [2V, r] and ``w1_scale`` their ``s_lo`` [V]
+  (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2."""
   plan, batch, steps = spec.plan, spec.batch, spec.steps
-  if w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
+  rank, vocab = plan.rank, plan.vocab_size
+  if plan.int8_state:
+    if (w2.dtype != jnp.int8 or w2_scale is None or w1.dtype != jnp.int8
+        or w1.shape != (2 * vocab, rank) or w1_scale is None):
+      raise ValueError("an int8-planes plan needs an int8 W2 with scales and W1's planes "
+                       f"[2V, r] int8 with theirs (got W2 {w2.dtype}, W1 {w1.dtype}"
+                       f"{list(w1.shape)})")
+    w1 = w1.reshape(vocab, 2 * rank)                  # a token's two planes side by side
+    w1_scale = w1_scale.astype(jnp.float32)
+  elif w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
     raise ValueError(f"the batched walk needs bf16 W1 and W2 (got {w1.dtype}, {w2.dtype})")
   rows = plan.batch_rows
   if rows != batch:
@@ -298,25 +369,34 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = plan.resident_chunks + plan.ring_stages
   base_dtype = base_logits.dtype
   lanes = plan.exchange_lanes
+  w_itemsize = jnp.dtype(w2.dtype).itemsize
+  a_tile = (2, BATCH_TILE, rank) if plan.int8_state else (BATCH_TILE, rank)
   scratch = {
-      "w_s": plgpu.SMEM((slots, CHUNK_ROWS, plan.rank), w2.dtype,
-                        transforms=_w2_transforms(2, plan.rank)),
-      "z_s": plgpu.SMEM((BATCH_TILE, plan.z_row_bytes // 2), jnp.bfloat16),
-      "za_s": plgpu.SMEM((BATCH_TILE, plan.rank), jnp.bfloat16,
-                         transforms=_w2_transforms(2, plan.rank)),
+      "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
+                        transforms=_w2_transforms(w_itemsize, rank)),
+      "z_s": plgpu.SMEM((BATCH_TILE, plan.z_row_bytes // w_itemsize), w1.dtype),
+      "za_s": plgpu.SMEM(a_tile, w1.dtype, transforms=_w2_transforms(w_itemsize, rank)),
       "base_s": plgpu.SMEM((plan.base_stages, BATCH_TILE, CHUNK_ROWS), base_dtype,
                            transforms=_base_transforms(jnp.dtype(base_dtype).itemsize)),
       "tok_s": plgpu.SMEM((BATCH_TILE,), jnp.int32),
       "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
       "ring_bar": plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages)),
       "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=plan.base_stages),
-      "z_bar": plgpu.Barrier(num_arrivals=rows, num_barriers=1),
+      "z_bar": plgpu.Barrier(num_arrivals=rows * (2 if plan.int8_state else 1),
+                             num_barriers=1),
   }
+  if plan.int8_state:
+    scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
+    scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)
+    # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
+    scratch["zscale_s"] = plgpu.SMEM((BATCH_TILE, SCALE_WINDOW + 8), jnp.float32)
   outputs = {"tok_g": jax.ShapeDtypeStruct((BATCH_TILE, steps), jnp.int32),
              "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
              "xv_g": jax.ShapeDtypeStruct((2, BATCH_TILE, lanes), jnp.float32),
              "xi_g": jax.ShapeDtypeStruct((2, BATCH_TILE, lanes), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
+  if plan.int8_state:
+    operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
   if not spec.greedy:
     def per_row(x, dtype):
       return jnp.zeros((BATCH_TILE,), dtype).at[:batch].set(x.astype(dtype))
