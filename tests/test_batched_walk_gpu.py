@@ -56,7 +56,7 @@ def test_tokens_equal_reference(head, batch, temperature):
     _check(head, batch, temperature, seed)
 
 
-@pytest.mark.parametrize("residency", ["none", 0.25, "auto"])
+@pytest.mark.parametrize("residency", ["none", 64, "auto"])
 def test_splits(head, residency):
   _check(head, 24, 0.0, 7, config=MosaicConfig(kernel="batched", residency=residency))
 
