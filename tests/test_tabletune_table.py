@@ -129,3 +129,21 @@ def test_remeasure_contested_averages_only_the_deciding_points(modelled):
     error = fixed.array()[i, draft_len] - modelled.array()[i, draft_len]
     assert error == pytest.approx(0.5 * (noisy.array()[i, draft_len]
                                          - modelled.array()[i, draft_len]))
+
+
+def test_remeasure_contested_stops_before_overrunning_its_budget(modelled):
+  now = [0.0]
+  def clock():
+    return now[0]
+  def cost(batch, draft_len):
+    now[0] += 5.0  # every point takes 5 s
+    return float(modelled.cost(batch, draft_len))
+  fixed = remeasure_contested(modelled.with_noise(0.05, seed=3), cost, budget_s=12.0,
+                              clock=clock)
+  # 5 s and 10 s fit; a third point would end at 15 s > 12 s.
+  assert fixed.provenance["remeasured_points"] == 2
+  assert fixed.provenance["remeasure_seconds"] <= 12.0
+  # Before the first point its time is the caller's estimate.
+  assert remeasure_contested(modelled.with_noise(0.05, seed=3), cost, budget_s=4.0,
+                             point_seconds=5.0, clock=clock).provenance[
+                                 "remeasured_points"] == 0
