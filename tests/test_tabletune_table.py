@@ -1,7 +1,9 @@
 """Cost tables, the profiler and the draft-length table."""
 
 import dataclasses
+import importlib.util
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -129,3 +131,44 @@ def test_remeasure_contested_averages_only_the_deciding_points(modelled):
     error = fixed.array()[i, draft_len] - modelled.array()[i, draft_len]
     assert error == pytest.approx(0.5 * (noisy.array()[i, draft_len]
                                          - modelled.array()[i, draft_len]))
+
+
+def test_remeasure_contested_stops_before_overrunning_its_budget(modelled):
+  now = [0.0]
+  def clock():
+    return now[0]
+  def cost(batch, draft_len):
+    now[0] += 5.0  # every point takes 5 s
+    return float(modelled.cost(batch, draft_len))
+  fixed = remeasure_contested(modelled.with_noise(0.05, seed=3), cost, budget_s=12.0,
+                              clock=clock)
+  # 5 s and 10 s fit; a third point would end at 15 s > 12 s.
+  assert fixed.provenance["remeasured_points"] == 2
+  assert fixed.provenance["remeasure_seconds"] <= 12.0
+  # Before the first point its time is the caller's estimate.
+  assert remeasure_contested(modelled.with_noise(0.05, seed=3), cost, budget_s=4.0,
+                             point_seconds=5.0, clock=clock).provenance[
+                                 "remeasured_points"] == 0
+
+
+def test_merge_cost_tables_joins_disjoint_buckets_and_refuses_overlaps(modelled, tmp_path):
+  path = pathlib.Path(__file__).parents[1] / "tools" / "merge_cost_tables.py"
+  spec = importlib.util.spec_from_file_location("merge_cost_tables", path)
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  low = dataclasses.replace(modelled, batches=BATCHES[:3], seconds=modelled.seconds[:3])
+  high = dataclasses.replace(modelled, batches=BATCHES[3:], seconds=modelled.seconds[3:])
+  low.save(tmp_path / "low.json")
+  high.save(tmp_path / "high.json")
+  out = tmp_path / "merged.json"
+  assert tool.main(["--table", str(tmp_path / "high.json"), "--table",
+                    str(tmp_path / "low.json"), "--out", str(out)]) == 0
+  merged = CostTable.load(out)
+  assert merged.batches == BATCHES
+  np.testing.assert_allclose(merged.array(), modelled.array())
+  assert [part["batches"] for part in merged.provenance["parts"]] == [list(BATCHES[3:]),
+                                                                      list(BATCHES[:3])]
+  with pytest.raises(ValueError, match="batch 1 .* earlier table"):
+    tool.merge([low, low], ["a", "b"])
+  with pytest.raises(ValueError, match="is for"):
+    tool.merge([low, dataclasses.replace(high, target="other")], ["a", "b"])

@@ -111,7 +111,10 @@ def cmd_profile(args) -> int:
                         draft_lens=args.draft_lens)
   left = args.budget_s - table.provenance["profile_seconds"]
   if args.remeasure_margin > 0 and left > 0:
-    table = remeasure_contested(table, cost, margin=args.remeasure_margin, budget_s=left)
+    points = len(table.batches) * (table.max_draft_len + 1
+                                   - len(table.provenance["interpolated_draft_lens"]))
+    table = remeasure_contested(table, cost, margin=args.remeasure_margin, budget_s=left,
+                                point_seconds=table.provenance["profile_seconds"] / points)
     print(f"measured {table.provenance['remeasured_points']} contested points again")
   print(f"wrote {table.save(args.out)} ({table.provenance['profile_seconds']:.1f} s, "
         f"skipped batches {table.provenance['skipped_batches']})")

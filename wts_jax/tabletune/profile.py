@@ -16,8 +16,9 @@ Budget arithmetic: a point costs one compile of the iteration (t_c) plus its tim
 (with ``iteration_cost``: a warm-up and 5 samples of 8 chained iterations, ~ 50 t_it).
 The full default grid is 9 buckets x 8 K = 72 points: at t_c ~ 2.5 s and t_it ~ 10 ms,
 ~ 3 s a point, ~ 215 s. The recommended real-loop grid, buckets 1, 4, 16, 32, 64, 128 and
-K = 0, 1, 2, 3, 5, 7, is 36 points: within 300 s while t_c + 50 t_it <= 8 s. A slower
-compile trims the middle buckets, never the two ends.
+K = 0, 1, 2, 3, 5, 7, is 36 points: within 300 s while t_c + 50 t_it <= 8 s (Qwen3-8B on
+an H200: ~ 8 s, and the projection drops one middle bucket). A slower compile trims the
+middle buckets, never the two ends.
 """
 
 from __future__ import annotations
@@ -121,11 +122,14 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
 def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
                         margin: float = 0.03,
                         rounds: int = 3, budget_s: float = DEFAULT_BUDGET_S,
+                        point_seconds: float = 0.0,
                         clock: Callable[[], float] = time.perf_counter) -> CostTable:
   """Measures again the points that decide K*, and averages: for each bucket and each
   acceptance profile, the best K and the runner-up when their tokens/s are within
   ``margin`` of each other. Measurement noise matters only there (a flat top), so that
-  is where the budget goes. Interpolated draft lengths are left alone. ``profiles``
+  is where the budget goes. Interpolated draft lengths are left alone. No point starts
+  that would end past ``budget_s`` by the longest point so far (``point_seconds``, e.g.
+  the first pass's mean, stands in before the first). ``profiles``
   None: p_j = rate · 0.97^j for each of ``CONTEST_RATES``."""
   from wts_jax.tabletune.table import profile_from_rate, tokens_per_second  # pylint: disable=import-outside-toplevel
   if profiles is None:
@@ -135,6 +139,7 @@ def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
   counts = np.ones_like(seconds)
   interpolated = set(table.provenance.get("interpolated_draft_lens", []))
   remeasured = 0
+  longest = 0.0
   for _ in range(rounds):
     current = dataclasses.replace(table, seconds=tuple(map(tuple, seconds.tolist())))
     contested = set()
@@ -147,10 +152,14 @@ def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
     if not contested:
       break
     for i, k in sorted(contested):
-      if clock() - start > budget_s:
+      # Stop before a point that would overrun the budget, its time projected as the
+      # longest point so far (``point_seconds`` before the first).
+      if clock() - start + (longest if remeasured else point_seconds) > budget_s:
         break
+      point_start = clock()
       seconds[i, k] = (seconds[i, k] * counts[i, k] + float(cost(current.batches[i], k))) / (
           counts[i, k] + 1)
+      longest = max(longest, clock() - point_start)
       counts[i, k] += 1
       remeasured += 1
   provenance = {**table.provenance, "remeasured_points": remeasured,
