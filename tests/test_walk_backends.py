@@ -41,10 +41,13 @@ def test_a_named_backend_that_cannot_run_lists_its_reason():
   with pytest.raises(ValueError, match=r"impl='mosaic' cannot run this walk: mosaic: the "
                                        r"Mosaic kernel runs the vanilla and gated heads"):
     _choose(_head("rnn"), impl="mosaic")
-  with pytest.raises(ValueError, match=r"impl='pallas' cannot run this walk: mosaic: .*; "
+  with pytest.raises(ValueError, match=r"impl='pallas' cannot run this walk: mosaic: the "
+                                       r"Mosaic kernel runs the vanilla and gated heads.*; "
                                        r"triton: batch B=300"):
-    _choose(_head(), batch=300, impl="pallas")
-  assert _choose(_head(), batch=300).impl == "xla"
+    _choose(_head("rnn"), batch=300, impl="pallas")
+  assert _choose(_head("rnn"), batch=300).impl == "xla"
+  # Past the Triton kernel's rows the batched Mosaic kernel runs (one launch per 64).
+  assert _choose(_head(), batch=300).impl == "mosaic"
 
 
 def test_config_types_and_the_backends_they_name():
