@@ -19,8 +19,8 @@ from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, padded_batch, plan_batched
-from wts_jax.pallas.mosaic_plan import MAX_BATCH, make_plan
-from wts_jax.device import H200
+from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, MAX_BATCH, chunks_per_block,
+                                        launch_facts, make_plan)
 from wts_jax.walk_config import MosaicConfig
 
 HEAD_TYPES = ("vanilla", "gated")   # the head types the kernel has an ``advance`` for
@@ -87,16 +87,15 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
 def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   from wts_jax.walk_config import resident_units
-  num_sms, smem = ((1, H200.smem_per_block) if config.interpret
-                   else (device.num_sms, device.smem_per_block))
+  num_sms, smem = launch_facts(config, device)
   vocab, rank = head.config.vocab_size, head.config.rank
   blocks = config.num_blocks or num_sms
-  chunks = -(-(-(-vocab // blocks)) // 64)
+  chunks = chunks_per_block(vocab, blocks)
   try:
     batched = plan_batched(
         vocab_size=vocab, rank=rank, batch=min(shapes.batch, BATCH_TILE),
         num_sms=num_sms, smem_per_block=smem, num_blocks=blocks,
-        resident_chunks=resident_units(config.residency, chunks, 64),
+        resident_chunks=resident_units(config.residency, chunks, CHUNK_ROWS),
         ring_stages=config.ring_stages, base_stages=config.base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
@@ -157,14 +156,19 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
                                       score_scale=score_scale, noise_on=noise_on,
                                       w2_scale=operands.get("w2_scale"),
                                       **z_source, **gate)
-  confidence = None
+  return WalkOutput(tokens=tokens, status=status | kernel_status,
+                    confidence=_confidence(head, hidden, first, tokens, w1))
+
+
+def _confidence(head, hidden, first, tokens, w1):
+  """The confidence logits from the drafted tokens, or None without a confidence head:
+  c_k reads e_k = W1[x_{k-1}], so the tokens give all K of them at once."""
   conf_head = head.confidence_head
-  if conf_head is not None:
-    # c_k reads e_k = W1[x_{k-1}]: the drafted tokens give all K of them at once.
-    previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
-    confidence = (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
-                                                      out_axes=1)(w1[previous]))
-  return WalkOutput(tokens=tokens, status=status | kernel_status, confidence=confidence)
+  if conf_head is None:
+    return None
+  previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
+  return (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
+                                             out_axes=1)(w1[previous]))
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
@@ -194,10 +198,5 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
     tokens.append(part_tokens)
     kernel_status = kernel_status | part_status
   tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)
-  confidence = None
-  conf_head = head.confidence_head
-  if conf_head is not None:
-    previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
-    confidence = (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
-                                                      out_axes=1)(w1[previous]))
-  return WalkOutput(tokens=tokens, status=kernel_status, confidence=confidence)
+  return WalkOutput(tokens=tokens, status=kernel_status,
+                    confidence=_confidence(head, hidden, first, tokens, w1))

@@ -14,9 +14,9 @@ Pure Python on static shapes: the budget checks happen here.
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, SMEM_ALIGNMENT, SMEM_RESERVED_BYTES
+from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, SMEM_ALIGNMENT, SMEM_RESERVED_BYTES,
+                                        chunks_per_block)
 
 BATCH_TILE = 64          # WGMMA M: the batch rows of one launch (unused rows are zeros)
 BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of base logits
@@ -118,7 +118,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   if blocks > num_sms:
     raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
                      "not all be co-resident and the grid barrier would time out")
-  chunks = math.ceil(math.ceil(vocab_size / blocks) / CHUNK_ROWS)
+  chunks = chunks_per_block(vocab_size, blocks)
   if base_stages is None:
     base_stages = next(s for s in range(min(DEFAULT_BASE_STAGES, chunks), 0, -1)
                        if chunks % s == 0)

@@ -45,7 +45,7 @@ from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan
-from wts_jax.pallas.mosaic_plan import CHUNK_ROWS
+from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule
 from wts_jax.pallas.mosaic_walk import _interpret_params, _load, _w2_transforms
 
 _WGMMA = plgpu.Layout.WGMMA
@@ -134,15 +134,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       return res + j
     return res + jnp.where(lax.rem(step, 2) == 1, streamed - 1 - j, j)
 
-  # A step's chunks in order: streamed ones interleaved with resident ones, so the ring
-  # keeps streaming while resident chunks are computed.
-  order, placed = [], 0
-  for j in range(streamed):
-    order.append(("streamed", j))
-    due = (j + 1) * res // streamed
-    order += [("resident", c) for c in range(placed, due)]
-    placed = due
-  order += [("resident", c) for c in range(placed, res)]
+  # A step's chunks in order, one at a time: streamed ones with the resident ones spread
+  # among them, so the ring keeps streaming while resident chunks are computed.
+  order = [(kind, members[0]) for kind, members in chunk_schedule(res, streamed, 1)]
 
   def chunk_at(step, position):
     kind, index = order[position]

@@ -89,6 +89,19 @@ class MosaicPlan:
             + ("; gated head, G_e resident in shared memory" if self.gated else ""))
 
 
+def chunks_per_block(vocab_size: int, num_blocks: int) -> int:
+  """The 64-row chunks each block's shard of the vocabulary is cut into."""
+  return math.ceil(math.ceil(vocab_size / num_blocks) / CHUNK_ROWS)
+
+
+def launch_facts(config, device) -> tuple[int, int]:
+  """(SMs, shared memory per block) a Mosaic walk plans for: ``device``'s, or in
+  interpret mode one block with the H200's shared memory."""
+  if config.interpret:
+    return 1, H200.smem_per_block
+  return device.num_sms, device.smem_per_block
+
+
 def _aligned(nbytes: int) -> int:
   return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
@@ -170,7 +183,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if blocks > num_sms:
     raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
                      "not all be co-resident and the grid barrier would time out")
-  chunks = math.ceil(math.ceil(vocab_size / blocks) / CHUNK_ROWS)
+  chunks = chunks_per_block(vocab_size, blocks)
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch} must be in [1, {MAX_BATCH}] for the Mosaic walk")
@@ -284,12 +297,9 @@ def make_plan(head, config, device, *, batch: int = MAX_BATCH, base_itemsize: in
   ``DeviceFacts``; interpret mode runs one block), its base-logit staging sized for
   ``batch`` rows of ``base_itemsize`` bytes."""
   vocab, rank = head.config.vocab_size, head.config.rank
-  if config.interpret:
-    num_sms, smem = 1, H200.smem_per_block
-  else:
-    num_sms, smem = device.num_sms, device.smem_per_block
+  num_sms, smem = launch_facts(config, device)
   blocks = config.num_blocks or num_sms
-  chunks = math.ceil(math.ceil(vocab / blocks) / CHUNK_ROWS)
+  chunks = chunks_per_block(vocab, blocks)
   residency = config.residency
   try:
     return plan_mosaic(vocab_size=vocab, rank=rank, num_sms=num_sms,
