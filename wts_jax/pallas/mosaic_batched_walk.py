@@ -65,6 +65,8 @@ class BatchedSpec:
   spin_limit: int
   interpret: bool
   row_offset: int = 0   # the first row's index in the whole walk (its noise streams)
+  profile_dir: str = ""   # Mosaic GPU's profiler over the named regions, when set
+  profile_space: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +97,41 @@ class BatchedRefs:
   w2_scale_bar: object = None
   w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
   zscale_s: object = None     # the 32 scales around each row's s_lo
+
+
+def _select(condition, when_true, when_false):
+  """``when_true`` or ``when_false()``: chosen in Python for a static condition (a plan
+  without resident or without streamed chunks knows every chunk's kind), else by
+  ``jnp.where``."""
+  if isinstance(condition, bool):
+    return when_true if condition else when_false()
+  return jnp.where(condition, when_true, when_false())
+
+
+def _when(condition, body):
+  if isinstance(condition, bool):
+    if condition:
+      body()
+  else:
+    pl.when(condition)(body)
+
+
+def _not(condition):
+  return (not condition) if isinstance(condition, bool) else jnp.logical_not(condition)
+
+
+def _and(a, b):
+  if isinstance(a, bool) and isinstance(b, bool):
+    return a and b
+  if isinstance(a, bool):
+    return b if a else False
+  if isinstance(b, bool):
+    return a if b else False
+  return jnp.logical_and(a, b)
+
+
+def _rem(a, b):
+  return a % b if isinstance(a, int) else lax.rem(a, b)
 
 
 def _base_transforms(itemsize: int):
@@ -137,16 +174,30 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # A step's chunks in order, one at a time: streamed ones with the resident ones spread
   # among them, so the ring keeps streaming while resident chunks are computed.
   order = [(kind, members[0]) for kind, members in chunk_schedule(res, streamed, 1)]
+  resident_positions = [p for p, (kind, _) in enumerate(order) if kind == "resident"]
+
+  def chunk_kind(position):
+    """(resident?, its resident index, its streamed index) of the chunk at the loop's
+    ``position`` (the i-th resident position holds resident chunk i)."""
+    if not streamed:
+      return True, position, 0
+    if not res:
+      return False, 0, position
+    hits = [position == p for p in resident_positions]
+    resident = functools.reduce(jnp.logical_or, hits)
+    index = sum((jnp.where(hit, i, 0) for i, hit in enumerate(hits)), jnp.int32(0))
+    before = sum((jnp.where(p < position, 1, 0) for p in resident_positions), jnp.int32(0))
+    return resident, index, position - before
 
   def chunk_at(step, position):
-    kind, index = order[position]
-    return index if kind == "resident" else streamed_chunk(step, index)
+    resident, index, j = chunk_kind(position)
+    return _select(resident, index, lambda: streamed_chunk(step, j))
 
   def copy_base(step, position):
+    base_slot = _rem(position, base_stages)
     plgpu.copy_gmem_to_smem(
         refs.base_g.at[:, step, pl.ds(chunk_start(chunk_at(step, position)), CHUNK_ROWS)],
-        refs.base_s.at[position % base_stages, pl.ds(0, rows)],
-        refs.base_bar.at[position % base_stages])
+        refs.base_s.at[base_slot, pl.ds(0, rows)], refs.base_bar.at[base_slot])
 
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
@@ -224,23 +275,21 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       streams = lax.broadcast_in_dim(streams, (BATCH_TILE, CHUNK_ROWS), (0,))
       scale = lax.broadcast_in_dim(row_scale, (BATCH_TILE, CHUNK_ROWS), (0,))
       noise_on = lax.broadcast_in_dim(row_noise, (BATCH_TILE, CHUNK_ROWS), (0,))
-    best_value = jnp.full((BATCH_TILE,), _NEG_INF, jnp.float32)
-    best_index = jnp.zeros((BATCH_TILE,), jnp.int32)
-    nan_seen = jnp.zeros((BATCH_TILE,), jnp.int32)
-
-    for position, (kind, index) in enumerate(order):
-      if kind == "resident":
-        slot, c = index, index
-        if index == 0:
-          @pl.when(step == 0)
-          def _():   # once: the resident chunks copied in the prologue have landed
-            plgpu.barrier_wait(refs.res_bar)
-      else:
-        slot, c = res + index % stages, streamed_chunk(step, index)
-        plgpu.barrier_wait(refs.ring_bar.at[index % stages])
-      base_slot = position % base_stages
-      plgpu.barrier_wait(refs.base_bar.at[base_slot])
-      with jax.named_scope("chunk"):
+    def chunk(position, carry):
+      best_value, best_index, nan_seen = carry
+      resident, index, j = chunk_kind(position)
+      ring = _rem(j, stages) if stages else 0
+      slot = _select(resident, index, lambda: res + ring)
+      c = _select(resident, index, lambda: streamed_chunk(step, j))
+      with jax.named_scope("wait"):
+        # Once: the resident chunks copied in the prologue have landed.
+        if res:
+          _when(_and(_and(resident, index == 0), step == 0),
+                lambda: plgpu.barrier_wait(refs.res_bar))
+        _when(_not(resident), lambda: plgpu.barrier_wait(refs.ring_bar.at[ring]))
+        base_slot = _rem(position, base_stages)
+        plgpu.barrier_wait(refs.base_bar.at[base_slot])
+      with jax.named_scope("mma"):
         if planes:
           def product(hi_ref, lo_ref):
             plgpu.wgmma(hi_ref, refs.za_s.at[0], refs.w_s.at[slot].T)
@@ -248,18 +297,20 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             return hi_ref[...], lo_ref[...]
           d_hi, d_lo = pl.run_scoped(
               product, *[plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.int32)] * 2)
-          # D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2: the
-          # order of wts_jax.int8_state.
-          vocab_scale = lax.broadcast_in_dim(
-              _load(refs.w2_scale_s.at[c], _PER_COLUMN), (BATCH_TILE, CHUNK_ROWS), (1,))
-          logits = ((d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale
-                    * vocab_scale)
         else:
           def product(acc_ref):
             plgpu.wgmma(acc_ref, refs.za_s, refs.w_s.at[slot].T)
             return acc_ref[...]
           logits = pl.run_scoped(product,
                                  plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.float32))
+      with jax.named_scope("epilogue"):
+        if planes:
+          # D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2: the
+          # order of wts_jax.int8_state.
+          vocab_scale = lax.broadcast_in_dim(
+              _load(refs.w2_scale_s.at[c], _PER_COLUMN), (BATCH_TILE, CHUNK_ROWS), (1,))
+          logits = ((d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale
+                    * vocab_scale)
         logits = logits + _load(refs.base_s.at[base_slot], _WGMMA).astype(jnp.float32)
         vocab_rows = chunk_start(c) + columns
         nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
@@ -275,26 +326,34 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         better = (top > best_value) | ((top == best_value) & (top_index < best_index))
         best_value = jnp.where(better, top, best_value)
         best_index = jnp.where(better, top_index, best_index)
-      # Every warp's reads of the base slot (and, registers aside, of nothing else)
-      # before the TMA refills it; the WGMMA's reads of the W2 slot completed when its
-      # accumulator was read.
-      plgpu.commit_smem()
-      ahead = position + base_stages   # the base ring restarts every step
-      next_step, next_position = (step, ahead) if ahead < chunks else (step + 1,
-                                                                      ahead - chunks)
+      with jax.named_scope("refill"):
+        # Every warp's reads of the base slot (and, registers aside, of nothing else)
+        # before the TMA refills it; the WGMMA's reads of the W2 slot completed when its
+        # accumulator was read.
+        plgpu.commit_smem()
+        ahead = position + base_stages   # the base ring restarts every step
+        wraps = ahead >= chunks
+        next_step = _select(wraps, step + 1, lambda: step)
+        next_position = _select(wraps, ahead - chunks, lambda: ahead)
+        _when(next_step < spec.steps, lambda: copy_base(next_step, next_position))
+        if stages:
+          later = step * streamed + j + stages
+          refill = _and(later < total_streamed, _not(resident))
 
-      @pl.when(next_step < spec.steps)
-      def _():
-        copy_base(next_step, next_position)
+          def copy_next():
+            shift = (j + stages) // streamed
+            copy_chunk(streamed_chunk(step + shift, _rem(j + stages, streamed)),
+                       res + ring, refs.ring_bar.at[ring])
+          _when(refill, copy_next)
+      return best_value, best_index, nan_seen
 
-      if kind == "streamed":
-        later = step * streamed + index + stages
-
-        @pl.when(later < total_streamed)
-        def _():
-          shift, j = divmod(index + stages, streamed)
-          copy_chunk(streamed_chunk(step + shift, j), res + index % stages,
-                     refs.ring_bar.at[index % stages])
+    carry = tuple(plgpu.layout_cast(jnp.full((BATCH_TILE,), value, dtype), _PER_ROW)
+                  for value, dtype in ((_NEG_INF, jnp.float32), (0, jnp.int32),
+                                       (0, jnp.int32)))
+    # One loop, not one code copy a chunk: unrolled, the 18 copies spilled registers
+    # and ran 2.7x slower (NOTES v10).
+    carry = lax.fori_loop(0, chunks, chunk, carry)
+    best_value, best_index, nan_seen = carry
 
     with jax.named_scope("publish"):
       # Invariant (grid_sync): parity k % 2 is free at step k.
@@ -404,7 +463,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       grid=(plan.num_blocks,), grid_names=("blocks",),
       scratch_types=list(scratch.values()),
       compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane),
+          lowering_semantics=plgpu.LoweringSemantics.Lane,
+          **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
+             if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
   tokens, flags, _, _ = kernel(*operands.values())

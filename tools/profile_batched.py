@@ -1,0 +1,295 @@
+"""Where the batched Mosaic walk's time goes, and what its build options change: one
+device call that checks, times and profiles many variants at the Qwen3-4B shape.
+
+  python tools/profile_batched.py --out $OUT/batched [--variants bf16:64:greedy:r2+s2,...]
+      [--profile VARIANT,...] [--dump VARIANT,...]
+
+A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two int8
+planes), mode greedy or sample, options joined by ``+``: ``rR`` / ``sS`` / ``bN``
+(resident chunks, ring slots, base-ring slots).
+
+For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
+the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
+``--walks``). ``--profile``: Mosaic GPU's on-device profiler over the kernel's named
+regions (cycles; median over blocks of each region's total per walk). ``--dump``: the
+ptxas report (registers, spills) and SASS statistics of the variant's kernel.
+Writes ``results.json`` and ``summary.txt`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import wts_jax
+from wts_jax import device as device_facts
+from wts_jax import validation
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+from wts_jax.pallas import backend, mosaic_backend
+from wts_jax.walk_config import MosaicConfig
+
+PROFILE_SPACE = 1200     # regions a warpgroup: 7 steps × (18 chunks × 4 + 6) + prologue
+STEPS = 7
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  name: str
+  dtype: str
+  batch: int
+  greedy: bool
+  resident: int | None = None
+  stages: int | None = None
+  base_stages: int | None = None
+
+
+def parse_variant(text: str) -> Variant:
+  dtype, batch, mode, *rest = text.split(":")
+  if dtype not in ("bf16", "int8p") or mode not in ("greedy", "sample"):
+    raise SystemExit(f"error: bad variant {text!r}")
+  options = {}
+  for option in (rest[0].split("+") if rest and rest[0] else []):
+    if m := re.fullmatch(r"([rsb])(\d+)", option):
+      key = {"r": "resident", "s": "stages", "b": "base_stages"}[m.group(1)]
+      options[key] = int(m.group(2))
+    else:
+      raise SystemExit(f"error: bad option {option!r} in {text!r}")
+  return Variant(text, dtype, int(batch), mode == "greedy", **options)
+
+
+class Heads:
+  """The Qwen3-4B-shape vanilla head in bf16 and int8 planes, built once each."""
+
+  def __init__(self):
+    self.config = HeadConfig.qwen3_4b("vanilla", confidence=False)
+    self._heads = {}
+
+  def __call__(self, dtype):
+    if dtype not in self._heads:
+      head = wts_jax.make_head(self.config, seed=0)
+      if dtype == "int8p":
+        from wts_jax.quantize import quantize_w2
+        head = quantize_w2(head, "int8", state="planes")
+      self._heads[dtype] = head
+    return self._heads[dtype]
+
+
+def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir: str = ""):
+  head = heads(variant.dtype)
+  base, first, _ = random_inputs(heads.config, variant.batch, STEPS,
+                                 jax.random.key(variant.batch))
+  temperature = 0.0 if variant.greedy else 0.8
+  key = None if variant.greedy else jax.random.key(7)
+  mode = validation.make_sampling(temperature, key, variant.batch)
+  config = MosaicConfig(kernel="batched", ring_stages=variant.stages,
+                        base_stages=variant.base_stages,
+                        residency=(variant.resident * 64 if variant.resident is not None
+                                   else "auto"))
+  device = device_facts.current()
+  device = dataclasses.replace(device, smem_per_block=device.smem_per_block - smem_reserve)
+  shapes = backend.WalkShapes.of(base, mode.greedy)
+  spec = mosaic_backend.plan(head, shapes, config, device)
+  if isinstance(spec, backend.Refusal):
+    raise SystemExit(f"error: {variant.name}: {spec.reason}")
+  spec = dataclasses.replace(spec, profile_dir=profile_dir,
+                             profile_space=PROFILE_SPACE if profile_dir else 0)
+  run = jax.jit(lambda head, base, first: mosaic_backend.launch(
+      spec, backend.WalkOperands(head, base, first, None, mode)))
+  want = wts_jax.walk(head, base, first, temperature=temperature, key=key, impl="xla")
+  return spec, run, (head, base, first), np.asarray(want.tokens)
+
+
+def _device_ops(trace_dir):
+  paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+  with gzip.open(sorted(paths)[0], "rt") as f:
+    events = json.load(f)["traceEvents"]
+  names = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
+           if e.get("ph") == "M" and e.get("name") == "process_name"}
+  gpu = {pid for pid, name in names.items() if "/device:GPU" in name}
+  return sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu),
+                key=lambda e: e["ts"])
+
+
+def time_walks(run, args, walks: int):
+  """Device µs of each walk (the sum of its ops), each after an L2 flush; and the
+  median of its longest op (the kernel)."""
+  flush_buffer = jnp.zeros((256 << 20) // 4, jnp.float32)
+  flush = jax.jit(lambda x: x + 1.0)
+  out = run(*args)
+  jax.block_until_ready(out)
+  flush_buffer = flush(flush_buffer).block_until_ready()
+  with tempfile.TemporaryDirectory() as trace_dir:   # the flush's own op names
+    with jax.profiler.trace(trace_dir):
+      flush_buffer = flush(flush_buffer).block_until_ready()
+    flush_names = {op["name"] for op in _device_ops(trace_dir)}
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(walks):
+        flush_buffer = flush(flush_buffer)
+        out = run(*args)
+      jax.block_until_ready(out)
+    ops = _device_ops(trace_dir)
+  per_walk, current, longest = [], None, []
+  for op in ops:
+    if op["name"] in flush_names and op["dur"] > 50:   # the 2 × 256 MB flush itself
+      if current is not None:
+        per_walk.append(current)
+        longest.append(biggest)
+      current, biggest = 0.0, 0.0
+    elif current is not None:
+      current += op["dur"]
+      biggest = max(biggest, op["dur"])
+  if current is not None:
+    per_walk.append(current)
+    longest.append(biggest)
+  return per_walk, statistics.median(longest)
+
+
+def summarise_profile(directory: str, clock_ghz: float) -> dict:
+  traces = sorted(glob.glob(os.path.join(directory, "*-trace.json")))
+  if not traces:
+    return {"error": "no trace written"}
+  events = json.load(open(traces[-1]))["traceEvents"]
+  stacks, totals, counts = collections.defaultdict(list), collections.defaultdict(
+      collections.Counter), collections.Counter()
+  spans = collections.defaultdict(lambda: [None, None])
+  for ev in events:
+    tid, ts = ev["tid"], ev["ts"] * 1e3
+    span = spans[tid]
+    span[0] = ts if span[0] is None else min(span[0], ts)
+    span[1] = ts if span[1] is None else max(span[1], ts)
+    if ev["ph"] == "B":
+      stacks[tid].append((ev["name"], ts))
+    else:
+      name, begin = stacks[tid].pop()
+      totals[name][tid] += ts - begin
+      counts[name] += 1
+  blocks = len(spans)
+  us = lambda cycles: round(cycles / (clock_ghz * 1e3), 2)
+  regions = {name: {"median_us": us(statistics.median(per_tid.values())),
+                    "max_us": us(max(per_tid.values())),
+                    "count_per_block": counts[name] / max(1, len(per_tid))}
+             for name, per_tid in totals.items()}
+  span = [end - begin for begin, end in spans.values()]
+  return {"blocks": blocks, "span_median_us": us(statistics.median(span)),
+          "span_max_us": us(max(span)), "regions": regions}
+
+
+def dump_stats(directory: str) -> dict:
+  """Registers and spills (ptxas) and instruction counts (SASS) of the dumped kernel."""
+  stats = {}
+  files = sorted(glob.glob(os.path.join(directory, "*")))
+  stats["files"] = [os.path.basename(f) for f in files]
+  for path in files:
+    text = open(path, errors="replace").read()
+    if "ptxas" in os.path.basename(path) or "Used" in text[:20000] and "registers" in text:
+      stats["ptxas"] = [line.strip() for line in text.splitlines()
+                        if "registers" in line or "spill" in line or "stack" in line][:20]
+    if path.endswith(".sass") or "sass" in os.path.basename(path):
+      ops = collections.Counter()
+      for line in text.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if m:
+          ops[m.group(1).split(".")[0]] += 1
+      stats["sass_instructions"] = sum(ops.values())
+      stats["sass_top"] = ops.most_common(40)
+      with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+        dst.write(src.read())
+      os.remove(path)
+  return stats
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--variants", default="bf16:64:greedy,bf16:16:greedy")
+  parser.add_argument("--profile", default="", help="variants to profile (comma-separated)")
+  parser.add_argument("--dump", default="", help="variants whose SASS/ptxas to dump")
+  parser.add_argument("--walks", type=int, default=10)
+  parser.add_argument("--clock-ghz", type=float, default=1.98)
+  args = parser.parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  heads = Heads()
+  results = {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
+             "steps": STEPS, "variants": {}}
+  lines = []
+
+  def record(name, entry):
+    results["variants"].setdefault(name, {}).update(entry)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+      json.dump(results, f, indent=1)
+    lines.append(f"{name}: {json.dumps(entry)}")
+    print(lines[-1], flush=True)
+
+  for text in [t for t in args.dump.split(",") if t]:
+    variant = parse_variant(text)
+    directory = os.path.join(args.out, "dump-" + re.sub(r"[^\w]+", "_", text))
+    os.makedirs(directory, exist_ok=True)
+    flags = dict(MOSAIC_GPU_DUMP_TO=directory, MOSAIC_GPU_DUMP_PTXAS="1",
+                 MOSAIC_GPU_DUMP_SASS="1")
+    os.environ.update(flags)
+    try:
+      spec, run, operands, _ = build(variant, heads)
+      jax.block_until_ready(run(*operands))
+    finally:
+      for name in flags:
+        os.environ.pop(name, None)
+    record(text, {"dump": dump_stats(directory)})
+
+  for text in [t for t in args.variants.split(",") if t]:
+    variant = parse_variant(text)
+    try:
+      spec, run, operands, want = build(variant, heads)
+      tokens, status = (np.asarray(x) for x in (lambda o: (o.tokens, o.status))(run(*operands)))
+      per_walk, kernel_us = time_walks(run, operands, args.walks)
+      record(text, {"plan": spec.plan.describe(), "tokens_equal": bool(
+          np.array_equal(tokens, want)), "status": int(status),
+          "walk_us_median": round(statistics.median(per_walk), 1),
+          "walk_us_min": round(min(per_walk), 1), "kernel_us_median": round(kernel_us, 1),
+          "walks": len(per_walk)})
+    except Exception as err:   # report every variant, then go on
+      record(text, {"error": f"{type(err).__name__}: {str(err)[-1500:]}"})
+
+  for text in [t for t in args.profile.split(",") if t]:
+    variant = parse_variant(text)
+    directory = os.path.join(args.out, "profile-" + re.sub(r"[^\w]+", "_", text))
+    os.makedirs(directory, exist_ok=True)
+    try:
+      reserve = PROFILE_SPACE * 2 * 2 * 4 + 1024
+      spec, run, operands, want = build(variant, heads, smem_reserve=reserve,
+                                        profile_dir=directory)
+      flush_buffer = jnp.zeros((256 << 20) // 4, jnp.float32)
+      for _ in range(2):
+        flush_buffer = (flush_buffer + 1).block_until_ready()
+        out = run(*operands)
+        jax.block_until_ready(out)
+      jax.effects_barrier()
+      record(text, {"profile_plan": spec.plan.describe(),
+                    "profile_tokens_equal": bool(np.array_equal(np.asarray(out.tokens), want)),
+                    "profile": summarise_profile(directory, args.clock_ghz)})
+    except Exception as err:
+      record(text, {"profile_error": f"{type(err).__name__}: {str(err)[-1500:]}"})
+    for trace in glob.glob(os.path.join(directory, "*-trace.json")):
+      os.remove(trace)   # large; the summary above keeps what matters
+
+  with open(os.path.join(args.out, "summary.txt"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
