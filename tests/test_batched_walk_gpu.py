@@ -3,7 +3,8 @@
 The real Qwen3-4B DSpark shape (V = 151 936, r = 256, 132 blocks) against the XLA
 reference on fresh random inputs: exact tokens greedy, the same tokens sampled with the
 same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16, 64 and 70 (two launches); every split from all
-streamed to the planner's; a NaN in the base logits is reported; repeats are identical.
+streamed to the planner's; a NaN in the base logits is reported; repeats are identical;
+1000 fresh walks (B = 16, bf16 and int8 planes) all equal the reference.
 """
 
 from __future__ import annotations
@@ -93,3 +94,21 @@ def test_repeats_identical(head):
                                   config=BATCHED, temperature=1.0, key=key).tokens)
           for _ in range(3)]
   assert all((o == outs[0]).all() for o in outs)
+
+
+@pytest.mark.parametrize("w2", ["bf16", "int8p"])
+def test_stress_1000_fresh_walks_equal_reference(w2):
+  config = HeadConfig.qwen3_4b("vanilla", confidence=False)
+  head = wts_jax.make_head(config, seed=3)
+  if w2 == "int8p":
+    head = quantize_w2(head, "int8", state="planes")
+  kernel = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="mosaic",
+                                                config=BATCHED).tokens)
+  reference = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="xla").tokens)
+  mismatches = []
+  for i in range(1000):
+    base, first, _ = random_inputs(config, 16, 7, jax.random.key(2000 + i))
+    if not np.array_equal(np.asarray(kernel(head, base, first)),
+                          np.asarray(reference(head, base, first))):
+      mismatches.append(i)
+  assert not mismatches, f"walks {mismatches[:10]} differ from the reference"

@@ -104,7 +104,7 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   shapes = backend.WalkShapes.of(base, mode.greedy)
   spec = mosaic_backend.plan(head, shapes, config, device)
   if isinstance(spec, backend.Refusal):
-    raise SystemExit(f"error: {variant.name}: {spec.reason}")
+    raise ValueError(f"{variant.name}: {spec.reason}")
   spec = dataclasses.replace(spec, profile_dir=profile_dir,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
   run = jax.jit(lambda head, base, first: mosaic_backend.launch(

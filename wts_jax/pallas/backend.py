@@ -235,12 +235,14 @@ def tuned_table(device_kind: str) -> dict[tuple, dict]:
 
 
 def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
-  # Measured on the H200 (NOTES.md v5, v6, v7): Mosaic is faster for greedy vanilla
-  # walks at B = 1 only (bf16 and int8 W2); sampled, at B > 1 and for the gated head
-  # (unmeasured on Mosaic) the Triton kernel is preferred.
+  # Measured on the H200 (NOTES.md v5-v7, v10): Mosaic is faster for vanilla walks
+  # greedy at B = 1 (the row kernel) and at 4 < B <= 64 (the batched kernel), sampled at
+  # 16 < B <= 64; elsewhere, and for the gated and rnn heads, the Triton kernel.
+  from wts_jax.pallas.mosaic_batched_plan import AUTO_BATCHED_RANGE, AUTO_SAMPLED_RANGE
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
-  faster = (shapes.batch <= AUTO_MAX_BATCH and shapes.greedy
-            and head.config.head_type == "vanilla")
+  low, high = AUTO_BATCHED_RANGE if shapes.greedy else AUTO_SAMPLED_RANGE
+  faster = head.config.head_type == "vanilla" and (
+      (shapes.greedy and shapes.batch <= AUTO_MAX_BATCH) or low < shapes.batch <= high)
   return ("mosaic", "triton") if faster else ("triton", "mosaic")
 
 

@@ -46,7 +46,8 @@ from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule
-from wts_jax.pallas.mosaic_walk import _interpret_params, _load, _w2_transforms
+from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _interpret_params, _load, _not,
+                                        _rem, _select, _w2_transforms, _when)
 
 _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
@@ -99,41 +100,6 @@ class BatchedRefs:
   zscale_s: object = None     # the 32 scales around each row's s_lo
 
 
-def _select(condition, when_true, when_false):
-  """``when_true`` or ``when_false()``: chosen in Python for a static condition (a plan
-  without resident or without streamed chunks knows every chunk's kind), else by
-  ``jnp.where``."""
-  if isinstance(condition, bool):
-    return when_true if condition else when_false()
-  return jnp.where(condition, when_true, when_false())
-
-
-def _when(condition, body):
-  if isinstance(condition, bool):
-    if condition:
-      body()
-  else:
-    pl.when(condition)(body)
-
-
-def _not(condition):
-  return (not condition) if isinstance(condition, bool) else jnp.logical_not(condition)
-
-
-def _and(a, b):
-  if isinstance(a, bool) and isinstance(b, bool):
-    return a and b
-  if isinstance(a, bool):
-    return b if a else False
-  if isinstance(b, bool):
-    return a if b else False
-  return jnp.logical_and(a, b)
-
-
-def _rem(a, b):
-  return a % b if isinstance(a, int) else lax.rem(a, b)
-
-
 def _base_transforms(itemsize: int):
   # The base tile is read in the WGMMA layout: the 128-byte swizzle spreads the 8 rows a
   # warp reads over all banks.
@@ -174,20 +140,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # A step's chunks in order, one at a time: streamed ones with the resident ones spread
   # among them, so the ring keeps streaming while resident chunks are computed.
   order = [(kind, members[0]) for kind, members in chunk_schedule(res, streamed, 1)]
-  resident_positions = [p for p, (kind, _) in enumerate(order) if kind == "resident"]
 
   def chunk_kind(position):
-    """(resident?, its resident index, its streamed index) of the chunk at the loop's
-    ``position`` (the i-th resident position holds resident chunk i)."""
-    if not streamed:
-      return True, position, 0
-    if not res:
-      return False, 0, position
-    hits = [position == p for p in resident_positions]
-    resident = functools.reduce(jnp.logical_or, hits)
-    index = sum((jnp.where(hit, i, 0) for i, hit in enumerate(hits)), jnp.int32(0))
-    before = sum((jnp.where(p < position, 1, 0) for p in resident_positions), jnp.int32(0))
-    return resident, index, position - before
+    return _chunk_kind(position, order)
 
   def chunk_at(step, position):
     resident, index, j = chunk_kind(position)
@@ -275,42 +230,52 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       streams = lax.broadcast_in_dim(streams, (BATCH_TILE, CHUNK_ROWS), (0,))
       scale = lax.broadcast_in_dim(row_scale, (BATCH_TILE, CHUNK_ROWS), (0,))
       noise_on = lax.broadcast_in_dim(row_noise, (BATCH_TILE, CHUNK_ROWS), (0,))
-    def chunk(position, carry):
-      best_value, best_index, nan_seen = carry
+    def locate(position):
+      """The chunk at ``position``: (resident?, its ring index j, its slot, its id)."""
       resident, index, j = chunk_kind(position)
       ring = _rem(j, stages) if stages else 0
-      slot = _select(resident, index, lambda: res + ring)
-      c = _select(resident, index, lambda: streamed_chunk(step, j))
+      return (resident, j, ring, _select(resident, index, lambda: res + ring),
+              _select(resident, index, lambda: streamed_chunk(step, j)), index)
+
+    def issue(position, acc_refs):
+      """Wait for the chunk's W2 and issue its WGMMA(s) (asynchronous)."""
+      resident, _, ring, slot, _, index = locate(position)
       with jax.named_scope("wait"):
-        # Once: the resident chunks copied in the prologue have landed.
-        if res:
+        if res:   # once: the resident chunks copied in the prologue have landed
           _when(_and(_and(resident, index == 0), step == 0),
                 lambda: plgpu.barrier_wait(refs.res_bar))
-        _when(_not(resident), lambda: plgpu.barrier_wait(refs.ring_bar.at[ring]))
-        base_slot = _rem(position, base_stages)
-        plgpu.barrier_wait(refs.base_bar.at[base_slot])
+        if stages:
+          _when(_not(resident), lambda: plgpu.barrier_wait(refs.ring_bar.at[ring]))
       with jax.named_scope("mma"):
-        if planes:
-          def product(hi_ref, lo_ref):
-            plgpu.wgmma(hi_ref, refs.za_s.at[0], refs.w_s.at[slot].T)
-            plgpu.wgmma(lo_ref, refs.za_s.at[1], refs.w_s.at[slot].T)
-            return hi_ref[...], lo_ref[...]
-          d_hi, d_lo = pl.run_scoped(
-              product, *[plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.int32)] * 2)
-        else:
-          def product(acc_ref):
-            plgpu.wgmma(acc_ref, refs.za_s, refs.w_s.at[slot].T)
-            return acc_ref[...]
-          logits = pl.run_scoped(product,
-                                 plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.float32))
+        for plane, acc_ref in enumerate(acc_refs):
+          plgpu.wgmma(acc_ref, refs.za_s.at[plane] if planes else refs.za_s,
+                      refs.w_s.at[slot].T)
+
+    def finish(position, acc_refs):
+      """The chunk's logits less the base: its accumulator(s), read when complete.
+      int8 planes: D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2,
+      the order of wts_jax.int8_state."""
+      with jax.named_scope("mma_wait"):
+        if not planes:
+          return acc_refs[0][...]
+        d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
+        c = locate(position)[4]
+        vocab_scale = lax.broadcast_in_dim(
+            _load(refs.w2_scale_s.at[c], _PER_COLUMN), (BATCH_TILE, CHUNK_ROWS), (1,))
+        return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
+
+    def accumulators():
+      return [plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.int32 if planes else jnp.float32)
+              ] * (2 if planes else 1)
+
+    def epilogue(position, logits, carry):
+      """Base logits added, the chunk's top-1 per row into ``carry``, then its base slot
+      and (streamed) ring slot refilled."""
+      best_value, best_index, nan_seen = carry
+      resident, j, ring, _, c, _ = locate(position)
+      base_slot = _rem(position, base_stages)
       with jax.named_scope("epilogue"):
-        if planes:
-          # D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2: the
-          # order of wts_jax.int8_state.
-          vocab_scale = lax.broadcast_in_dim(
-              _load(refs.w2_scale_s.at[c], _PER_COLUMN), (BATCH_TILE, CHUNK_ROWS), (1,))
-          logits = ((d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale
-                    * vocab_scale)
+        plgpu.barrier_wait(refs.base_bar.at[base_slot])
         logits = logits + _load(refs.base_s.at[base_slot], _WGMMA).astype(jnp.float32)
         vocab_rows = chunk_start(c) + columns
         nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
@@ -337,14 +302,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         next_position = _select(wraps, ahead - chunks, lambda: ahead)
         _when(next_step < spec.steps, lambda: copy_base(next_step, next_position))
         if stages:
-          later = step * streamed + j + stages
-          refill = _and(later < total_streamed, _not(resident))
-
           def copy_next():
             shift = (j + stages) // streamed
             copy_chunk(streamed_chunk(step + shift, _rem(j + stages, streamed)),
                        res + ring, refs.ring_bar.at[ring])
-          _when(refill, copy_next)
+          _when(_and(step * streamed + j + stages < total_streamed, _not(resident)),
+                copy_next)
       return best_value, best_index, nan_seen
 
     carry = tuple(plgpu.layout_cast(jnp.full((BATCH_TILE,), value, dtype), _PER_ROW)
@@ -352,6 +315,11 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                        (0, jnp.int32)))
     # One loop, not one code copy a chunk: unrolled, the 18 copies spilled registers
     # and ran 2.7x slower (NOTES v10).
+    def chunk(position, carry):
+      def product(*acc_refs):
+        issue(position, acc_refs)
+        return finish(position, acc_refs)
+      return epilogue(position, pl.run_scoped(product, *accumulators()), carry)
     carry = lax.fori_loop(0, chunks, chunk, carry)
     best_value, best_index, nan_seen = carry
 

@@ -82,6 +82,57 @@ def _load(ref, layout, **kwargs):
   return plgpu.load(ref, layout=layout, **kwargs)
 
 
+def _select(condition, when_true, when_false):
+  """``when_true`` or ``when_false()``: chosen in Python for a static condition (a plan
+  without resident or without streamed chunks knows every chunk's kind), else by
+  ``jnp.where``."""
+  if isinstance(condition, bool):
+    return when_true if condition else when_false()
+  return jnp.where(condition, when_true, when_false())
+
+
+def _when(condition, body):
+  if isinstance(condition, bool):
+    if condition:
+      body()
+  else:
+    pl.when(condition)(body)
+
+
+def _not(condition):
+  return (not condition) if isinstance(condition, bool) else jnp.logical_not(condition)
+
+
+def _and(a, b):
+  if isinstance(a, bool) and isinstance(b, bool):
+    return a and b
+  if isinstance(a, bool):
+    return b if a else False
+  if isinstance(b, bool):
+    return a if b else False
+  return jnp.logical_and(a, b)
+
+
+def _rem(a, b):
+  return a % b if isinstance(a, int) else lax.rem(a, b)
+
+
+def _chunk_kind(position, order):
+  """(resident?, its resident index, its streamed index) of the chunk at a rolled chunk
+  loop's ``position`` in ``order`` (``chunk_schedule``'s, one chunk a group; the i-th
+  resident position holds resident chunk i). Python values where the plan fixes them
+  (no resident or no streamed chunks), scalars otherwise."""
+  resident_positions = [p for p, (kind, _) in enumerate(order) if kind == "resident"]
+  if len(resident_positions) == len(order):
+    return True, position, 0
+  if not resident_positions:
+    return False, 0, position
+  hits = [position == p for p in resident_positions]
+  resident = functools.reduce(jnp.logical_or, hits)
+  index = sum((jnp.where(hit, i, 0) for i, hit in enumerate(hits)), jnp.int32(0))
+  before = sum((jnp.where(p < position, 1, 0) for p in resident_positions), jnp.int32(0))
+  return resident, index, position - before
+
 def _w2_transforms(itemsize: int, rank: int = 256):
   # 128-byte swizzle: conflict-free row loads in the WGMMA layout; a row narrower than
   # 128 bytes (int8 at r = 64) takes the swizzle of its width.
@@ -274,6 +325,7 @@ def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
   # the rest stream through the ring.
   total_streamed = spec.steps * streamed
   first_streamed = res + registers
+  rolled = plan.group == 1 and plan.on_chip_group == 1 and not registers
 
   def streamed_chunk(step, j):
     """The chunk at position ``j`` of ``step``'s stream (snake: odd steps reversed)."""
@@ -394,9 +446,10 @@ def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
       streams = [sampling.stream_key(seed, jnp.uint32(b), step) for b in range(batch)]
     # Per-lane candidates: each of the 64 lanes keeps the best (score, row) it has seen;
     # one cross-thread reduction per step instead of three per chunk.
-    best = [(jnp.full((CHUNK_ROWS,), _NEG_INF, jnp.float32),
-             jnp.zeros((CHUNK_ROWS,), jnp.int32)) for _ in range(batch)]
-    nan_lanes = jnp.zeros((CHUNK_ROWS,), jnp.int32)
+    def lanes_of(value, dtype):   # in the row layout: a loop carry keeps its layout
+      return plgpu.layout_cast(jnp.full((CHUNK_ROWS,), value, dtype), _ROW_VECTOR)
+    best = [(lanes_of(_NEG_INF, jnp.float32), lanes_of(0, jnp.int32)) for _ in range(batch)]
+    nan_lanes = lanes_of(0, jnp.int32)
 
     def chunk_products(slot_indices):
       """The GEMV of a group of chunks (by slot, or an int8 chunk held in registers):
@@ -406,7 +459,8 @@ def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
                 for slot in slot_indices]
       if int8_state:   # int8 x int8: the slots are the A operands as they are
         columns, plane_scales = z
-        return _wgmma_products([refs.w_s.at[slot] if isinstance(slot, int) else slot
+        # A chunk held in registers is a [64, r] array; any other is a slot index.
+        return _wgmma_products([slot if jnp.ndim(slot) == 2 else refs.w_s.at[slot]
                                 for slot in slot_indices], refs.z_s, columns, plane_scales)
       # An int8 chunk is upcast to bf16 in registers (exact: |q| <= 128 fits bf16's
       # mantissa) and is the WGMMA's A operand from there.
@@ -425,40 +479,65 @@ def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
             best, nan_lanes, None if spec.greedy else (streams, score_scale, noise_on))
       return best, nan_lanes
 
-    schedule = chunk_schedule(res, streamed, plan.group, registers, plan.resident_group)
-    for kind, members in schedule:
-      if kind == "resident":
-        if members[0] == 0 and res:
-          @pl.when(step == 0)
-          def _():   # once: the resident chunks copied in the prologue have landed
-            plgpu.barrier_wait(refs.res_bar)
-        sources = [c if c < res else register_chunks[c - res] for c in members]
-        with jax.named_scope("resident_chunk"):
-          best, nan_lanes = take_group(members, sources, best, nan_lanes)
-        continue
-      # The ring restarts every step (streamed % stages == 0), so slots are static.
-      slots = [res + j % stages for j in members]
-      with jax.named_scope("ring_wait"):
-        for j in members:
-          plgpu.barrier_wait(refs.ring_bar.at[j % stages])
-      with jax.named_scope("streamed_chunk"):
-        best, nan_lanes = take_group([streamed_chunk(step, j) for j in members], slots,
-                                     best, nan_lanes)
-      for j in members:
-        # Refill the slot with the chunk `stages` ahead — across the step boundary too.
-        # Invariant: a slot is refilled only after its chunk was consumed above.
-        ahead = step * streamed + j + stages
+    def refill(step, j):
+      # Refill ring slot j % stages with the chunk `stages` ahead — across the step
+      # boundary too. Invariant: a slot is refilled only after its chunk was consumed.
+      if reads_slots_in_registers:
+        # Every warp's generic-proxy reads of the slot before the TMA's write. (A
+        # WGMMA reads a shared-memory operand in the async proxy and has completed:
+        # its result was read.)
+        plgpu.commit_smem()
+      later = (j + stages) // streamed            # the same step (0) or the next (1)
+      copy_chunk(streamed_chunk(step + later, _rem(j + stages, streamed)),
+                 res + _rem(j, stages), refs.ring_bar.at[_rem(j, stages)])
 
-        @pl.when(ahead < total_streamed)
-        def _():
-          if reads_slots_in_registers:
-            # Every warp's generic-proxy reads of the slot before the TMA's write. (A
-            # WGMMA reads a shared-memory operand in the async proxy and has completed:
-            # its result was read.)
-            plgpu.commit_smem()
-          later, position = divmod(j + stages, streamed)   # static: same step or next
-          copy_chunk(streamed_chunk(step + later, position), res + j % stages,
-                     refs.ring_bar.at[j % stages])
+    if rolled:
+      # One chunk a group, no chunk in registers: the step's chunks as one loop (one
+      # code copy, not one a chunk — unrolled, the batched kernel spilled and ran 2.7x
+      # slower, NOTES v10).
+      order = [(kind, members[0]) for kind, members in chunk_schedule(res, streamed, 1)]
+
+      def chunk(position, carry):
+        best, nan_lanes = carry
+        resident, index, j = _chunk_kind(position, order)
+        if res:
+          _when(_and(_and(resident, index == 0), step == 0),
+                lambda: plgpu.barrier_wait(refs.res_bar))   # once: the resident chunks
+        if stages:
+          _when(_not(resident), lambda: plgpu.barrier_wait(refs.ring_bar.at[_rem(j, stages)]))
+        slot = _select(resident, index, lambda: res + _rem(j, stages))
+        c = _select(resident, index, lambda: streamed_chunk(step, j))
+        with jax.named_scope("chunk"):
+          best, nan_lanes = take_group([c], [slot], best, nan_lanes)
+        if stages:
+          _when(_and(_not(resident), step * streamed + j + stages < total_streamed),
+                lambda: refill(step, j))
+        return best, nan_lanes
+
+      best, nan_lanes = lax.fori_loop(0, plan.chunks, chunk, (best, nan_lanes))
+    else:
+      schedule = chunk_schedule(res, streamed, plan.group, registers, plan.resident_group)
+      for kind, members in schedule:
+        if kind == "resident":
+          if members[0] == 0 and res:
+            @pl.when(step == 0)
+            def _():   # once: the resident chunks copied in the prologue have landed
+              plgpu.barrier_wait(refs.res_bar)
+          sources = [c if c < res else register_chunks[c - res] for c in members]
+          with jax.named_scope("resident_chunk"):
+            best, nan_lanes = take_group(members, sources, best, nan_lanes)
+          continue
+        # The ring restarts every step (streamed % stages == 0), so slots are static.
+        slots = [res + j % stages for j in members]
+        with jax.named_scope("ring_wait"):
+          for j in members:
+            plgpu.barrier_wait(refs.ring_bar.at[j % stages])
+        with jax.named_scope("streamed_chunk"):
+          best, nan_lanes = take_group([streamed_chunk(step, j) for j in members], slots,
+                                       best, nan_lanes)
+        for j in members:
+          pl.when(step * streamed + j + stages < total_streamed)(
+              functools.partial(refill, step, j))
 
     with jax.named_scope("publish"):
       # Invariant: parity k % 2 is free: every block read step k - 2's pairs before it
