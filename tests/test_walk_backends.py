@@ -97,8 +97,11 @@ def test_auto_choices_at_the_qwen3_shape():
   head, int8 = _head(), jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head())
   assert _choose(head).impl == "mosaic"
   assert _choose(int8).impl == "mosaic"
-  assert _choose(head, batch=4).impl == "triton"
-  assert _choose(head, greedy=False).impl == "triton"
+  assert _choose(head, batch=4).impl == "mosaic"       # the row kernel
+  assert _choose(head, greedy=False).impl == "mosaic"
+  assert _choose(head, batch=64).impl == "mosaic"      # the batched kernel
+  assert _choose(head, batch=16, greedy=False).impl == "triton"
+  assert _choose(head, batch=128).impl == "triton"
   assert _choose(head, return_logits=True).impl == "triton"
   assert _choose(_head("gated")).impl == "triton"
   assert _choose(head, config=wts_jax.WalkConfig(interpret=True)).impl == "triton"

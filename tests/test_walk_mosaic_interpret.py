@@ -101,8 +101,9 @@ def test_backend_choice_and_clear_refusals():
   gpu = wts_jax.WalkConfig()
   assert chosen_backend(head, 1, gpu) == "mosaic"
   assert chosen_backend(head, 1, gpu, return_logits=True) == "triton"
-  assert chosen_backend(head, 2, gpu) == "triton"    # measured slower at B > 1
-  assert chosen_backend(head, 1, gpu, greedy=False) == "triton"   # and when sampling
+  assert chosen_backend(head, 2, gpu) == "mosaic"    # the row kernel up to 4 rows
+  assert chosen_backend(head, 128, gpu) == "triton"  # two batched launches: unmeasured
+  assert chosen_backend(head, 1, gpu, greedy=False) == "mosaic"   # and when sampling
   assert chosen_backend(quantize_w2(head, "int8"), 1, gpu) == "mosaic"   # int8 too
   assert chosen_backend(head, 2, wts_jax.WalkConfig(backend="mosaic")) == "mosaic"
   assert chosen_backend(head, 1, wts_jax.WalkConfig(interpret=True)) == "triton"

@@ -23,9 +23,9 @@ BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of bas
 Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 8 bank groups
 DEFAULT_RING_STAGES = 2
 DEFAULT_BASE_STAGES = 3
-# Where "auto" prefers this kernel to the Triton kernel, (low, high] rows, greedy and
-# sampled (measured at the Qwen3 shape, NOTES v10: faster at 16 and 64 greedy, at 64 only
-# sampled — its Gumbel noise costs one warpgroup ~3 µs a chunk).
+# Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
+# Qwen3 shape, NOTES v10: the row kernel is faster up to 4 rows, the Triton kernel
+# sampled at 16 — this kernel's Gumbel noise costs its one warpgroup ~3 µs a chunk).
 AUTO_BATCHED_RANGE = (4, 64)
 AUTO_SAMPLED_RANGE = (16, 64)
 
