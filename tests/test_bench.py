@@ -484,7 +484,11 @@ def test_the_floor_reads_the_kernels_real_plan():
   plan = floor.kernel_plan(head, base)
   assert plan["impl"] == "mosaic" and "2 chunks resident" in plan["plan"]
   assert plan["resident_fraction"] == pytest.approx(2 * 132 * 64 / config.vocab_size)
-  assert floor.kernel_plan(head, base, greedy=False)["impl"] == "triton"
+  assert floor.kernel_plan(head, base, greedy=False)["impl"] == "mosaic"
+  batch16 = jax.ShapeDtypeStruct((16, 7, config.vocab_size), jnp.bfloat16)
+  assert floor.kernel_plan(head, batch16, greedy=False)["impl"] == "triton"
+  batched = floor.kernel_plan(head, batch16)
+  assert batched["impl"] == "mosaic" and "batch rows on the WGMMA" in batched["plan"]
   ceilings = floor.Ceilings(hbm_gbps=4000.0, l2_gbps=8000.0, sync_us=2.0,
                             sync_source="given")
   nbytes = floor.WalkBytes(w2=77_791_232, base_logits=2_127_104, read_once=0, outputs=28)

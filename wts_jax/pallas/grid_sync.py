@@ -74,6 +74,22 @@ Invariants:
   once its accumulator was read.
 
 Interpret mode runs one block owning every chunk; the barrier is compiled out.
+
+== The batched Mosaic kernel's keys (``publish_keys`` / ``collect_keys``) ==
+
+Each step's per-row winner is reduced by the L2's atomics instead of by every block
+reading every block's column: a row's candidate is one 64-bit key,
+``orderable(score) << 32 | (2^32 - 1 - index)``, whose unsigned order is the candidates'
+(higher score first, then the lower index); every block ``red.max``es its key into the
+row's slot of this step, signals, polls (as above), and reads the one winning key per
+row with a relaxed gpu-scope load, which no stale L1 line can answer.
+
+Invariants:
+- the slots are a ``pl.get_global`` buffer, zero at every launch, one per (step, row):
+  never reused within a walk, and zero is below every key (orderable(-inf) > 0);
+- a block reads step ``k``'s slots only after observing every block's signal of step
+  ``k``, each signal following that block's ``red``s (a CTA barrier, then the release);
+- the buffer is the kernel's first global allocation, so its slots are 8-byte aligned.
 """
 
 from __future__ import annotations
@@ -125,3 +141,68 @@ def signal_and_poll(sem, participants, step, spin_limit):
 
   _, seen = lax.while_loop(waiting, poll, (jnp.int32(0), pl.semaphore_read(sem)))
   return jnp.where(seen < target, 1, 0)
+
+
+KEY_ROW_WORDS = 8   # 32 bits each: one 32-byte sector a row's slot, so rows spread over L2
+
+
+def orderable_key(value, index):
+  """(high, low) 32-bit words of a candidate's exchange key: unsigned order = higher
+  ``value`` first, then the lower ``index`` (a NaN value is never a winner's)."""
+  bits = jax.lax.bitcast_convert_type(value, jnp.uint32)
+  high = jnp.where(bits >= jnp.uint32(1 << 31), ~bits, bits | jnp.uint32(1 << 31))
+  return high, jnp.uint32(0xFFFFFFFF) - index.astype(jnp.uint32)
+
+
+def key_index(low):
+  """The index a key's low word holds."""
+  return (jnp.uint32(0xFFFFFFFF) - low).astype(jnp.int32)
+
+
+def _row_slot_asm(body: str, keys_s, slots_g, rows: int):
+  """Inline PTX run by threads [0, rows) of the warpgroup, one row each: ``$0`` the row's
+  high key word in shared memory (its low word 4·rows bytes on), ``$1`` its global slot."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+  thread = mgpu_utils.thread_idx()
+  if thread.type != i32:
+    thread = arith.index_cast(i32, thread)
+  shared = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(keys_s))
+  slots = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(slots_g))
+  llvm.inline_asm(
+      ir.Type.parse("!llvm.void"), [shared, slots, thread],
+      "{ .reg .pred p; .reg .b32 hi, lo, sa; .reg .b64 key, g, off;\n"
+      f"setp.lt.u32 p, $2, {rows};\n"
+      "shl.b32 sa, $2, 2; add.u32 sa, sa, $0;\n"
+      f"mul.wide.u32 off, $2, {4 * KEY_ROW_WORDS}; add.u64 g, $1, off;\n"
+      + body.format(low_offset=4 * rows) + "}",
+      "r,l,r", has_side_effects=True)
+
+
+def publish_keys(keys_s, slots_g, rows: int):
+  """``red.max`` each row's key (``keys_s`` [2, rows] u32: high words, low words) into
+  its slot of ``slots_g`` (this step's [rows · KEY_ROW_WORDS] words)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  def publish(_, keys, slots):
+    _row_slot_asm("@p ld.shared.b32 hi, [sa]; @p ld.shared.b32 lo, [sa+{low_offset}];\n"
+                  "mov.b64 key, {{lo, hi}};\n"
+                  "@p red.relaxed.gpu.global.max.u64 [g], key;\n", keys, slots, rows)
+  publish(keys_s, slots_g)
+
+
+def collect_keys(slots_g, keys_s, rows: int):
+  """Each row's winning key from its slot into ``keys_s`` (as ``publish_keys`` lays it
+  out); a CTA barrier must follow before other threads read it."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  def collect(_, keys, slots):
+    _row_slot_asm("@p ld.relaxed.gpu.global.b64 key, [g];\n"
+                  "mov.b64 {{lo, hi}}, key;\n"
+                  "@p st.shared.b32 [sa], hi; @p st.shared.b32 [sa+{low_offset}], lo;\n",
+                  keys, slots, rows)
+  collect(keys_s, slots_g)

@@ -34,11 +34,6 @@ def padded_batch(batch: int) -> int:
   return -(-batch // BATCH_ALIGN) * BATCH_ALIGN
 
 
-def exchange_lanes(num_blocks: int) -> int:
-  # One (score, index) column per block, padded to whole 8-column WGMMA tiles.
-  return -(-num_blocks // 8) * 8
-
-
 @dataclasses.dataclass(frozen=True)
 class BatchedPlan:
   """A launch of the batched Mosaic kernel (all sizes static)."""
@@ -62,8 +57,9 @@ class BatchedPlan:
     return self.chunks - self.resident_chunks
 
   @property
-  def exchange_lanes(self) -> int:
-    return exchange_lanes(self.num_blocks)
+  def resident_fraction(self) -> float:
+    """The share of W2 that stays in shared memory for the whole walk."""
+    return min(1.0, self.resident_chunks * self.num_blocks * CHUNK_ROWS / self.vocab_size)
 
   @property
   def z_row_bytes(self) -> int:
@@ -88,13 +84,13 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [64, 2r + pad] bytes and the swizzled
   A tile [64, 2r] bytes, the base ring [stages, 64, 64], an int8 W2's per-row scales
-  [chunks, 64] f32, the tokens [64]; with int8 planes the 32 scales around each row's s_lo [64, 32 + 8] f32."""
+  [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes the 32 scales around each row's s_lo [64, 32 + 8] f32."""
   z_stage = BATCH_TILE * (rank * 2 + Z_ROW_PAD_BYTES) + _aligned(BATCH_TILE * rank * 2)
   base = base_stages * BATCH_TILE * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   plane_scales = _aligned(BATCH_TILE * 40 * 4) if int8_state else 0
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
-          + plane_scales)
+          + _aligned(2 * BATCH_TILE * 4) + plane_scales)
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,

@@ -13,9 +13,9 @@ Per block (one per SM) and step:
   logits ([B, 64], through their own TMA ring) are added, then per batch row the chunk's
   greedy or Gumbel top-1 (the generator of ``wts_jax.sampling``) updates that row's best
   (score, index) — ties to the lower index, so chunk order does not matter;
-- every block publishes its best per row as one column of the exchange ([2 parities,
-  64 rows, blocks]), meets the others at the grid barrier of ``grid_sync`` (the Mosaic
-  protocol, unchanged), and reduces all columns to the same token per row;
+- every block folds its best per row into that row's 64-bit key of the step by an L2
+  atomic max, meets the others at the grid barrier of ``grid_sync`` (the Mosaic
+  protocol), and reads back the winning key — the same token per row everywhere;
 - the tokens go to shared memory, and one bulk copy per row fetches the next z.
 
 Why the register round trip: a bulk copy writes a row linearly, while the WGMMA reads a
@@ -54,6 +54,7 @@ _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
 _PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
 SCALE_WINDOW = 32   # scales a bulk copy moves (128 bytes: its smallest unit here)
 _BIG_INDEX = 1 << 30
+_STEP_KEY_WORDS = BATCH_TILE * grid_sync.KEY_ROW_WORDS   # a step's exchange slots
 _NEG_INF = float("-inf")
 
 
@@ -79,13 +80,12 @@ class BatchedRefs:
   first_g: object
   tok_g: object
   flag_g: object
-  xv_g: object
-  xi_g: object
   w_s: object
   z_s: object
   za_s: object
   base_s: object
   tok_s: object
+  keys_s: object
   res_bar: object
   ring_bar: object
   base_bar: object
@@ -114,11 +114,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   streamed, chunks, base_stages = plan.streamed_chunks, plan.chunks, plan.base_stages
   block = lax.axis_index("blocks")
   multi_block = blocks > 1
+  # The keys first: the kernel's first global allocation starts the (zeroed) buffer, so
+  # its 64-bit slots are aligned (grid_sync).
+  keys_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((spec.steps * _STEP_KEY_WORDS,)))
+            if multi_block else None)
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
   columns = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE, CHUNK_ROWS), 1, layout=_WGMMA)
   row_ids = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE,), 0, layout=_PER_ROW)
-  lane_ids = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE, plan.exchange_lanes), 1,
-                                    layout=_WGMMA)
   total_streamed = spec.steps * streamed
   planes = plan.int8_state
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
@@ -323,23 +325,24 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     carry = lax.fori_loop(0, chunks, chunk, carry)
     best_value, best_index, nan_seen = carry
 
-    with jax.named_scope("publish"):
-      # Invariant (grid_sync): parity k % 2 is free at step k.
-      refs.xv_g[parity, :, block] = best_value
-      refs.xi_g[parity, :, block] = best_index
     timed_out = jnp.int32(0)
     if multi_block:
+      # Each row's winner by the L2's atomics on one key per (step, row) (grid_sync).
+      step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
+      with jax.named_scope("publish"):
+        high, low = grid_sync.orderable_key(best_value, best_index)
+        refs.keys_s[0] = high
+        refs.keys_s[1] = low
+        grid_sync.publish_keys(refs.keys_s, step_slots, BATCH_TILE)
       with jax.named_scope("grid_sync"):
         timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
-    with jax.named_scope("exchange_reduce"):
-      valid = lane_ids < blocks
-      values = jnp.where(valid, _load(refs.xv_g.at[parity], _WGMMA, optimized=False),
-                         _NEG_INF)
-      indices = jnp.where(valid, _load(refs.xi_g.at[parity], _WGMMA, optimized=False),
-                          _BIG_INDEX)
-      top = values.max(axis=1)
-      token = jnp.where(values == lax.broadcast_in_dim(top, values.shape, (0,)),
-                        indices, _BIG_INDEX).min(axis=1)
+      with jax.named_scope("exchange_reduce"):
+        grid_sync.collect_keys(step_slots, refs.keys_s, BATCH_TILE)
+        plgpu.commit_smem()   # every row's winning key stored before any thread reads it
+        token = grid_sync.key_index(_load(refs.keys_s.at[1], _PER_ROW, optimized=False))
+    else:
+      token = best_index
+    with jax.named_scope("tokens"):
       tokens = jnp.clip(token, 0, vocab - 1)   # a NaN row is flagged, not followed
       refs.tok_s[...] = tokens
 
@@ -389,7 +392,6 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   first = jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(first_tokens.astype(jnp.int32))
   slots = plan.resident_chunks + plan.ring_stages
   base_dtype = base_logits.dtype
-  lanes = plan.exchange_lanes
   w_itemsize = jnp.dtype(w2.dtype).itemsize
   a_tile = (2, BATCH_TILE, rank) if plan.int8_state else (BATCH_TILE, rank)
   scratch = {
@@ -400,6 +402,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "base_s": plgpu.SMEM((plan.base_stages, BATCH_TILE, CHUNK_ROWS), base_dtype,
                            transforms=_base_transforms(jnp.dtype(base_dtype).itemsize)),
       "tok_s": plgpu.SMEM((BATCH_TILE,), jnp.int32),
+      "keys_s": plgpu.SMEM((2, BATCH_TILE), jnp.uint32),   # exchange keys: high, low words
       "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
       "ring_bar": plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages)),
       "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=plan.base_stages),
@@ -412,9 +415,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
     scratch["zscale_s"] = plgpu.SMEM((BATCH_TILE, SCALE_WINDOW + 8), jnp.float32)
   outputs = {"tok_g": jax.ShapeDtypeStruct((BATCH_TILE, steps), jnp.int32),
-             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32),
-             "xv_g": jax.ShapeDtypeStruct((2, BATCH_TILE, lanes), jnp.float32),
-             "xi_g": jax.ShapeDtypeStruct((2, BATCH_TILE, lanes), jnp.int32)}
+             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
   if plan.int8_state:
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
@@ -436,5 +437,5 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
              if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
-  tokens, flags, _, _ = kernel(*operands.values())
+  tokens, flags = kernel(*operands.values())
   return tokens[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
