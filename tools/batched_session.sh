@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One device call for the batched Mosaic walk: GPU tests, then wts-bench side by side
-# with torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,bench; logs and JSON under $OUT)
+# One device call for the batched Mosaic walk: GPU tests, build variants checked and
+# timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
+# torch-graph and the Triton kernel over B and the kernel's splits.
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench; logs and JSON under $OUT)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-SECTIONS=${SECTIONS:-tests,bench}
+SECTIONS=${SECTIONS:-tests,variants,bench}
 has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -13,7 +14,13 @@ python -c "import jax; print('jax', jax.__version__, jax.devices())"
 if has tests; then
   stamp tests
   timeout ${TESTS_S:-240} python -m pytest -m gpu ${TESTS:-tests/test_batched_walk_gpu.py} \
-    -x -q -k "${TESTS_K:-}" 2>&1 | grep -v -i warn | tee "$OUT/batched_gpu_tests.log" | tail -30
+    -x -q -p no:warnings -k "${TESTS_K:-}" 2>&1 | tee "$OUT/batched_gpu_tests.log" | tail -30
+fi
+if has variants; then
+  stamp variants
+  timeout ${VARIANTS_S:-250} python tools/profile_batched.py --out "$OUT/variants" \
+    --variants "${VARIANTS:-bf16:16:greedy,bf16:64:greedy,int8p:64:greedy}" \
+    --profile "${PROFILE:-}" 2>&1 | grep -v -i warn | tail -40
 fi
 if has bench; then
   stamp bench

@@ -24,8 +24,8 @@ Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 
 DEFAULT_RING_STAGES = 2
 DEFAULT_BASE_STAGES = 3
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
-# Qwen3 shape, NOTES v10: the row kernel is faster up to 4 rows, the Triton kernel
-# sampled at 16 — this kernel's Gumbel noise costs its one warpgroup ~3 µs a chunk).
+# Qwen3 shape, NOTES v10: the row kernel is faster up to 4 rows; sampled, the Triton
+# kernel up to 16 — this kernel computes Gumbel noise for all 64 rows in one warpgroup).
 AUTO_BATCHED_RANGE = (4, 64)
 AUTO_SAMPLED_RANGE = (16, 64)
 

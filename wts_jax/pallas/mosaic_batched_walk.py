@@ -315,8 +315,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     carry = tuple(plgpu.layout_cast(jnp.full((BATCH_TILE,), value, dtype), _PER_ROW)
                   for value, dtype in ((_NEG_INF, jnp.float32), (0, jnp.int32),
                                        (0, jnp.int32)))
-    # One loop, not one code copy a chunk: unrolled, the 18 copies spilled registers
-    # and ran 2.7x slower (NOTES v10).
+    # One loop, not one code copy a chunk: unrolled, the copies spilled registers
+    # (NOTES v10).
     def chunk(position, carry):
       def product(*acc_refs):
         issue(position, acc_refs)

@@ -493,8 +493,7 @@ def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
 
     if rolled:
       # One chunk a group, no chunk in registers: the step's chunks as one loop (one
-      # code copy, not one a chunk — unrolled, the batched kernel spilled and ran 2.7x
-      # slower, NOTES v10).
+      # code copy, not one a chunk: unrolled copies spill registers, NOTES v10).
       order = [(kind, members[0]) for kind, members in chunk_schedule(res, streamed, 1)]
 
       def chunk(position, carry):
