@@ -12,13 +12,16 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import wts_jax
+from wts_jax import validation
+from wts_jax.device import H200 as H200_FACTS
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import mosaic_batched_plan
+from wts_jax.pallas import backend, mosaic_backend, mosaic_batched_plan
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig, WalkConfig
 
@@ -165,3 +168,26 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature):
                     config=WalkConfig(num_programs=132, backend="mosaic",
                                       mosaic_kernel="batched"))
   assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_lowers_for_cuda_with_a_vocab_not_a_multiple_of_64(temperature):
+  """V = 712 (the sanitizer case: 4 blocks, the last chunk clamped): the base logits are
+  padded to whole 64-column TMA tiles, so the kernel lowers; the exchange is the atomic
+  one (4 blocks)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import cuda_target
+  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64, head_type="vanilla")
+  head = jax.eval_shape(lambda: wts_jax.make_head(config, seed=1))
+  base = jax.ShapeDtypeStruct((5, 4, 712), jnp.bfloat16)
+  first = jax.ShapeDtypeStruct((5,), jnp.int32)
+  spec = mosaic_backend.plan(
+      head, backend.WalkShapes(batch=5, steps=4, greedy=temperature == 0.0),
+      MosaicConfig(kernel="batched", num_blocks=4, residency=64, ring_stages=2),
+      H200_FACTS)
+  mode = validation.make_sampling(temperature, jax.random.key(0) if temperature else None, 5)
+  with cuda_target():
+    text = jax.jit(lambda h, b, f: mosaic_backend.launch(
+        spec, backend.WalkOperands(h, b, f, None, mode))).trace(head, base, first).lower(
+            lowering_platforms=("cuda",)).as_text()
+  assert "red.relaxed.gpu.global.max.u64" in text

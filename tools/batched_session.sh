@@ -2,7 +2,8 @@
 # One device call for the batched Mosaic walk: GPU tests, build variants checked and
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench; logs and JSON under $OUT)
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,sanitizer]; logs and JSON
+# under $OUT)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -30,5 +31,12 @@ if has bench; then
     --repeats ${BENCH_REPEATS:-5} --walks-per-repeat 10 \
     --paths ${BENCH_PATHS:-torch-graph,wts-triton,wts-mb,wts-mb-r0s2,wts-mb-r4s2} \
     --out "$OUT/batched_bench.json" 2>&1 | grep -v -i warn | tee "$OUT/batched_bench.log" | tail -40
+fi
+if has sanitizer; then   # memcheck and racecheck on a 4-block batched walk
+  stamp sanitizer
+  for tool in memcheck racecheck; do
+    timeout ${SANITIZER_S:-200} compute-sanitizer --tool $tool python tools/sanitizer_case.py \
+      batched 2>&1 | grep -v -i warn | tail -6 | tee -a "$OUT/batched_sanitizer.log"
+  done
 fi
 stamp done

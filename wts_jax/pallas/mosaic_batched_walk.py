@@ -369,7 +369,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                  score_scale=None, noise_on=None, w2_scale=None, w1_scale=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
   ``base_logits`` [B, K, V]; padded here to the plan's ``batch_rows`` when B is not a
-  multiple of 8 (the base tiles are copied in whole 8-row TMA tiles).
+  multiple of 8 and to whole 64-column tiles when V is not (the base tiles are copied
+  as whole TMA tiles).
   ``plan.int8_state``: ``w2`` int8 with its per-row ``w2_scale`` [V]; ``w1`` is W1's
   interleaved int8 planes [2V, r] and ``w1_scale`` their ``s_lo`` [V]
   (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2."""
@@ -386,9 +387,11 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   elif w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
     raise ValueError(f"the batched walk needs bf16 W1 and W2 (got {w1.dtype}, {w2.dtype})")
   rows = plan.batch_rows
-  if rows != batch:
-    pad = rows - batch
-    base_logits = jnp.pad(base_logits, ((0, pad), (0, 0), (0, 0)))
+  # Base tiles are [8-row, 64-column] TMA tiles: rows padded to the plan's, and V to a
+  # whole tile (the chunks never read past V: their starts are clamped).
+  vocab_pad = -vocab % CHUNK_ROWS
+  if rows != batch or vocab_pad:
+    base_logits = jnp.pad(base_logits, ((0, rows - batch), (0, 0), (0, vocab_pad)))
   first = jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(first_tokens.astype(jnp.int32))
   slots = plan.resident_chunks + plan.ring_stages
   base_dtype = base_logits.dtype
