@@ -54,8 +54,9 @@ slot rows, used by parity: step ``k`` writes ``xv/xi[k % 2, b, block]``.
    acquires a later value;
 3. poll ``semaphore_read(sem)`` until it reaches ``blocks · (k + 1)`` or ``spin_limit``
    polls have passed (then ``STATUS_SYNC_TIMEOUT``, never a hang);
-4. read every block's pair of parity ``k % 2`` with unoptimised (uncached) loads and
-   reduce.
+4. read every block's pair of parity ``k % 2`` and reduce: plain loads, after this
+   thread's last poll — an acquire (``ld.acquire``) that observed every signal, so the
+   loads see the released pairs (an acquire leaves no stale L1 line behind it).
 
 Invariants:
 - the semaphore only grows and each block signals exactly once per step, so
