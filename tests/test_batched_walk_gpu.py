@@ -4,7 +4,8 @@ The real Qwen3-4B DSpark shape (V = 151 936, r = 256, 132 blocks) against the XL
 reference on fresh random inputs: exact tokens greedy, the same tokens sampled with the
 same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16, 64 and 70 (two launches); every split from all
 streamed to the planner's; a NaN in the base logits is reported; repeats are identical;
-1000 fresh walks (B = 16, bf16 and int8 planes) all equal the reference.
+1000 fresh walks (B = 16, bf16 and int8 planes) all equal the reference; the batch on
+the WGMMA's N (bf16) at B = 5/16/64/70.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ def test_repeats_identical(head):
                                   config=BATCHED, temperature=1.0, key=key).tokens)
           for _ in range(3)]
   assert all((o == outs[0]).all() for o in outs)
+
+
+@pytest.mark.parametrize("batch", [5, 16, 64, 70])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batch_on_n_tokens_equal_reference(head, batch, temperature):
+  config = MosaicConfig(kernel="batched", batch_axis="n")
+  for seed in (31, 32):
+    _check(head, batch, temperature, seed, config=config)
 
 
 @pytest.mark.parametrize("w2", ["bf16", "int8p"])

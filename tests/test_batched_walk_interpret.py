@@ -54,12 +54,13 @@ def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
     _assert_matches_xla(head, batch, steps, residency, temperature, seed)
 
 
-def _assert_matches_xla(head, batch, steps, residency, temperature, seed):
+def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="m"):
   """The batched kernel (interpret mode) against the XLA walk on fresh inputs: exact
   tokens (greedy), the same tokens with the same key (sampled), confidence close."""
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
   key = jax.random.key(seed + 10) if temperature else None
-  config = MosaicConfig(interpret=True, kernel="batched", residency=residency)
+  config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
+                        batch_axis=batch_axis)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -69,6 +70,21 @@ def _assert_matches_xla(head, batch, steps, residency, temperature, seed):
     np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
                                atol=1e-4)
   assert int(out.status) == 0
+
+
+# The batch on the WGMMA's N (bf16): B not a multiple of 8, sampled, 64 rows, two
+# launches, one resident chunk beside the ring at r = 256.
+BATCH_ON_N_CASES = [(520, 64, 5, 3, "auto", 0.0), (1000, 128, 13, 4, "none", 0.7),
+                    (776, 64, 64, 3, "auto", 0.0), (776, 64, 70, 3, 64, 1.0),
+                    (456, 256, 8, 2, 64, 0.0)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature", BATCH_ON_N_CASES)
+def test_batch_on_n_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
+  head = _head(vocab, rank, confidence=True)
+  for seed in (3, 4):
+    _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="n")
 
 
 # int8 W2 with z as two int8 planes: all streamed and sampled; past 64 rows; r = 256
@@ -123,6 +139,7 @@ def test_plan_at_the_qwen3_shape():
     (dict(num_blocks=200), "num_blocks=200 exceeds the 132 SMs"),
     (dict(w2_itemsize=1), "only with z as two int8 planes"),
     (dict(int8_state=True), "int8 planes of z meet an int8 W2 only"),
+    (dict(int8_state=True, w2_itemsize=1, batch_axis="n"), "batch_axis='n' runs a bf16"),
 ])
 def test_plan_refusals(kwargs, match):
   args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132,
@@ -148,15 +165,21 @@ def test_backend_routes_and_refuses():
     MosaicConfig(kernel="wide")
 
 
-@pytest.mark.parametrize("batch,temperature", [(64, 0.0), (64, 1.0), (5, 0.0), (96, 0.0)])
-def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature):
+@pytest.mark.parametrize("batch,temperature,axis", [
+    (64, 0.0, "m"), (64, 1.0, "m"), (5, 0.0, "m"), (96, 0.0, "m"), (16, 0.0, "n"),
+    (64, 1.0, "n")])
+def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis):
   """The whole 132-block kernel lowers through Mosaic GPU's layout checks on the CPU
-  (B = 96: two launches)."""
+  (B = 96: two launches), with the batch on the WGMMA's M or N."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
-  text = lower_walk("vanilla", batch, 7, temperature=temperature,
-                    config=WalkConfig(num_programs=132, backend="mosaic",
-                                      mosaic_kernel="batched"))
+  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
+                      mosaic_batch_axis=axis)
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    with pytest.raises(ValueError, match="batch_axis='n' needs jax >= 0.11"):
+      lower_walk("vanilla", batch, 7, temperature=temperature, config=config)
+    return
+  text = lower_walk("vanilla", batch, 7, temperature=temperature, config=config)
   assert text.count("mosaic_gpu") >= -(-batch // 64)
 
 

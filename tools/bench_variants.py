@@ -12,7 +12,7 @@ wait; a trailing
 ``f`` streams every step forward (no snake order). ``wts-mb`` is the batched Mosaic
 kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b{N}``
 with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
-optional). Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
+optional); ``wts-mbn…`` the same with the batch on the WGMMA's N. Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
 compares are registered in ``wts_jax.bench.paths``.
 """
 
@@ -25,17 +25,18 @@ MOSAIC_VARIANT = re.compile(
     r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
 
 
-BATCHED_VARIANT = re.compile(r"wts-mb(?:-r(\d+)s(\d+))?(?:b(\d+))?$")
+BATCHED_VARIANT = re.compile(r"wts-mb(n?)(?:-r(\d+)s(\d+))?(?:b(\d+))?$")
 
 
-def register_batched(name, resident, stages, base_stages):
-  options = dict(backend="mosaic", mosaic_kernel="batched")
+def register_batched(name, on_n, resident, stages, base_stages):
+  options = dict(backend="mosaic", mosaic_kernel="batched",
+                 mosaic_batch_axis="n" if on_n else "m")
   if resident is not None:
     options.update(residency=int(resident) * 64, num_stages=int(stages) or None)
   if base_stages is not None:
     options["mosaic_base_stages"] = int(base_stages)
   paths.register_path(name, jax_paths.available_wts, jax_paths.wts_variant(**options),
-                      description="batched Mosaic kernel"
+                      description="batched Mosaic kernel" + (", batch on N" if on_n else "")
                       + (f", {resident} resident chunks, {stages}-slot ring"
                          if resident is not None else "")
                       + (f", {base_stages}-slot base ring" if base_stages else ""))

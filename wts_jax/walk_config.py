@@ -124,6 +124,9 @@ class MosaicConfig:
     (rows up to 4 rows, else batched).
   base_stages: the batched kernel's base-logit ring slots (must divide a block's
     chunks; None: the planner's).
+  batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
+    the B operand) or "n" (a chunk the A operand, the batch on N: bf16 only so far,
+    correct in interpret mode, not yet run on a GPU — NOTES v10).
   """
 
   residency: str | float | int = "auto"
@@ -138,11 +141,14 @@ class MosaicConfig:
   register_chunks: int = 0
   kernel: str = "auto"
   base_stages: int | None = None
+  batch_axis: str = "m"
 
   def __post_init__(self):
     _check_common(self)
     if self.kernel not in MOSAIC_KERNELS:
       raise ValueError(f"kernel={self.kernel!r} must be one of {MOSAIC_KERNELS}")
+    if self.batch_axis not in ("m", "n"):
+      raise ValueError(f"batch_axis={self.batch_axis!r} must be 'm' or 'n'")
     if self.base_stages is not None and self.base_stages < 1:
       raise ValueError(f"base_stages={self.base_stages} must be >= 1")
     _check_at_least_one(num_blocks=self.num_blocks, group=self.group,
@@ -168,8 +174,9 @@ class WalkConfig(TritonConfig):
   (``triton()``, ``mosaic()``): ``num_programs`` -> ``num_blocks``, ``num_stages`` ->
   ``ring_stages``, ``mosaic_gemv`` / ``mosaic_group`` / ``mosaic_snake`` /
   ``mosaic_resident_group`` / ``mosaic_register_chunks`` / ``mosaic_kernel`` /
-  ``mosaic_base_stages`` -> ``gemv`` / ``group`` / ``snake`` / ``resident_group`` /
-  ``register_chunks`` / ``kernel`` / ``base_stages``.
+  ``mosaic_base_stages`` / ``mosaic_batch_axis`` -> ``gemv`` / ``group`` / ``snake`` /
+  ``resident_group`` / ``register_chunks`` / ``kernel`` / ``base_stages`` /
+  ``batch_axis``.
   """
 
   backend: str = "auto"
@@ -180,6 +187,7 @@ class WalkConfig(TritonConfig):
   mosaic_register_chunks: int = 0
   mosaic_kernel: str = "auto"
   mosaic_base_stages: int | None = None
+  mosaic_batch_axis: str = "m"
 
   def __post_init__(self):
     super().__post_init__()
@@ -202,7 +210,8 @@ class WalkConfig(TritonConfig):
                         resident_group=self.mosaic_resident_group,
                         register_chunks=self.mosaic_register_chunks,
                         kernel=self.mosaic_kernel,
-                        base_stages=self.mosaic_base_stages)
+                        base_stages=self.mosaic_base_stages,
+                        batch_axis=self.mosaic_batch_axis)
 
   def for_backend(self, name: str):
     return {"triton": self.triton, "mosaic": self.mosaic}[name]()

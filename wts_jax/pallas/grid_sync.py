@@ -162,7 +162,8 @@ def key_index(low):
 
 def _row_slot_asm(body: str, keys_s, slots_g, rows: int):
   """Inline PTX run by threads [0, rows) of the warpgroup, one row each: ``$0`` the row's
-  high key word in shared memory (its low word 4·rows bytes on), ``$1`` its global slot."""
+  high key word in shared memory (its low word one ``keys_s`` row on), ``$1`` its global
+  slot."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -178,13 +179,14 @@ def _row_slot_asm(body: str, keys_s, slots_g, rows: int):
       f"setp.lt.u32 p, $2, {rows};\n"
       "shl.b32 sa, $2, 2; add.u32 sa, sa, $0;\n"
       f"mul.wide.u32 off, $2, {4 * KEY_ROW_WORDS}; add.u64 g, $1, off;\n"
-      + body.format(low_offset=4 * rows) + "}",
+      + body.format(low_offset=4 * ir.MemRefType(keys_s.type).shape[1]) + "}",
       "r,l,r", has_side_effects=True)
 
 
 def publish_keys(keys_s, slots_g, rows: int):
-  """``red.max`` each row's key (``keys_s`` [2, rows] u32: high words, low words) into
-  its slot of ``slots_g`` (this step's [rows · KEY_ROW_WORDS] words)."""
+  """``red.max`` the key of each of the first ``rows`` rows (``keys_s`` [2, >= rows] u32:
+  high words, low words) into its slot of ``slots_g`` (this step's slots, KEY_ROW_WORDS
+  words a row)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))

@@ -81,6 +81,9 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   if config.interpret and (config.num_blocks or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
             "use num_blocks=1")
+  if config.batch_axis == "n" and jax.__version_info__ < (0, 11):
+    return ("batch_axis='n' needs jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower its "
+            "transposed base-tile load)")
   return None
 
 
@@ -99,7 +102,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         ring_stages=config.ring_stages, base_stages=config.base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
-        int8_state=head.markov_head.z_as_int8_planes)
+        int8_state=head.markov_head.z_as_int8_planes, batch_axis=config.batch_axis)
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,

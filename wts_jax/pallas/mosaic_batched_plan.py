@@ -51,6 +51,7 @@ class BatchedPlan:
   w2_itemsize: int = 2
   int8_state: bool = False  # int8 W2 × z as two int8 planes (``wts_jax.int8_state``)
   snake: bool = True
+  batch_axis: str = "m"     # "m": [B, r] x [r, 64] a chunk; "n": [64, r] x [r, B]
 
   @property
   def streamed_chunks(self) -> int:
@@ -72,7 +73,8 @@ class BatchedPlan:
             f"{CHUNK_ROWS} rows; {self.resident_chunks} resident, "
             f"{self.streamed_chunks} streamed per step through a {self.ring_stages}-slot "
             f"ring ({chunk_kb:.0f} KB a slot); base logits through a {self.base_stages}-"
-            f"slot ring; {self.batch_rows} batch rows on the WGMMA's M"
+            f"slot ring; {self.batch_rows} batch rows on the WGMMA's "
+            f"{self.batch_axis.upper()}"
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else ""))
 
 
@@ -98,7 +100,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  resident_chunks: int | None = None, ring_stages: int | None = None,
                  base_stages: int | None = None, base_itemsize: int = 2,
                  w2_itemsize: int = 2, int8_state: bool = False,
-                 snake: bool = True) -> BatchedPlan:
+                 snake: bool = True, batch_axis: str = "m") -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base ring, scales first, then W2 — as many resident chunks as
   leave ``ring_stages`` slots streaming whole ring rounds per step (the ring restarts each
@@ -108,6 +110,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      "(quantize_w2(head, 'int8', state='planes'))")
   if int8_state and w2_itemsize != 1:
     raise ValueError("int8 planes of z meet an int8 W2 only")
+  if batch_axis == "n" and int8_state:
+    raise ValueError("batch_axis='n' runs a bf16 W2 only so far (int8 planes: 'm')")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:   # (>= 64 also holds a 32-scale window)
@@ -165,4 +169,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      ring_stages=ring_stages, base_stages=base_stages,
                      vocab_size=vocab_size, rank=rank, batch_rows=padded_batch(batch),
                      smem_bytes=used, base_itemsize=base_itemsize,
-                     w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake)
+                     w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
+                     batch_axis=batch_axis)

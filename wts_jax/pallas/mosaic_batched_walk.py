@@ -119,8 +119,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   keys_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((spec.steps * _STEP_KEY_WORDS,)))
             if multi_block else None)
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
-  columns = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE, CHUNK_ROWS), 1, layout=_WGMMA)
-  row_ids = plgpu.broadcasted_iota(jnp.int32, (BATCH_TILE,), 0, layout=_PER_ROW)
+  n_major = plan.batch_axis == "n"
+  # The accumulator a chunk: [batch rows, vocab rows] (batch on M) or [vocab rows, batch
+  # rows] (batch on N, ``rows`` wide); a batch row's values run along ``vocab_axis``.
+  tile = (CHUNK_ROWS, rows) if n_major else (BATCH_TILE, CHUNK_ROWS)
+  vocab_axis, batch_axis = (0, 1) if n_major else (1, 0)
+  per_batch_row = _PER_COLUMN if n_major else _PER_ROW
+  vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
+  row_ids = plgpu.broadcasted_iota(jnp.int32, (tile[batch_axis],), 0, layout=per_batch_row)
   total_streamed = spec.steps * streamed
   planes = plan.int8_state
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
@@ -183,10 +189,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   with jax.named_scope("prologue"):
     if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
       refs.z_s[...] = jnp.zeros(refs.z_s.shape, refs.z_s.dtype)
-      zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
-                                _WGMMA)
-      for s in range(base_stages):
-        refs.base_s[s] = zeros
+      if n_major:
+        refs.base_s[...] = jnp.zeros(refs.base_s.shape, refs.base_s.dtype)
+      else:
+        zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
+                                  _WGMMA)
+        for s in range(base_stages):
+          refs.base_s[s] = zeros
       if planes:
         refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
       plgpu.commit_smem()   # the generic writes before any async copy lands beside them
@@ -208,8 +217,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
   if not spec.greedy:
     seeds = (refs.seed_g[0], refs.seed_g[1])
-    row_scale = _load(refs.scale_g, _PER_ROW, optimized=False)
-    row_noise = _load(refs.noise_g, _PER_ROW, optimized=False) != 0
+    row_scale = _load(refs.scale_g.at[pl.ds(0, tile[batch_axis])], per_batch_row,
+                      optimized=False)
+    row_noise = _load(refs.noise_g.at[pl.ds(0, tile[batch_axis])], per_batch_row,
+                      optimized=False) != 0
 
   def step_body(step, carry):
     flags, step_tokens = carry
@@ -229,9 +240,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       plgpu.commit_smem()
     if not spec.greedy:
       streams = sampling.stream_key(seeds, row_ids + spec.row_offset, step)
-      streams = lax.broadcast_in_dim(streams, (BATCH_TILE, CHUNK_ROWS), (0,))
-      scale = lax.broadcast_in_dim(row_scale, (BATCH_TILE, CHUNK_ROWS), (0,))
-      noise_on = lax.broadcast_in_dim(row_noise, (BATCH_TILE, CHUNK_ROWS), (0,))
+      streams = lax.broadcast_in_dim(streams, tile, (batch_axis,))
+      scale = lax.broadcast_in_dim(row_scale, tile, (batch_axis,))
+      noise_on = lax.broadcast_in_dim(row_noise, tile, (batch_axis,))
     def locate(position):
       """The chunk at ``position``: (resident?, its ring index j, its slot, its id)."""
       resident, index, j = chunk_kind(position)
@@ -250,8 +261,11 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           _when(_not(resident), lambda: plgpu.barrier_wait(refs.ring_bar.at[ring]))
       with jax.named_scope("mma"):
         for plane, acc_ref in enumerate(acc_refs):
-          plgpu.wgmma(acc_ref, refs.za_s.at[plane] if planes else refs.za_s,
-                      refs.w_s.at[slot].T)
+          z = refs.za_s.at[plane] if planes else refs.za_s
+          if n_major:   # the chunk is the A operand, the batch rows' z the B operand
+            plgpu.wgmma(acc_ref, refs.w_s.at[slot], z.at[pl.ds(0, rows)].T)
+          else:
+            plgpu.wgmma(acc_ref, z, refs.w_s.at[slot].T)
 
     def finish(position, acc_refs):
       """The chunk's logits less the base: its accumulator(s), read when complete.
@@ -267,29 +281,39 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
 
     def accumulators():
-      return [plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.int32 if planes else jnp.float32)
-              ] * (2 if planes else 1)
+      return [plgpu.ACC(tile, jnp.int32 if planes else jnp.float32)] * (2 if planes else 1)
 
     def epilogue(position, logits, carry):
-      """Base logits added, the chunk's top-1 per row into ``carry``, then its base slot
-      and (streamed) ring slot refilled."""
+      """Base logits added and the chunk folded into ``carry``, then its base slot and
+      (streamed) ring slot refilled. Batch on M: the chunk's top-1 per row into the
+      row's best (score, index); batch on N: every accumulator element into its own
+      best (score, vocab row), reduced over the vocabulary once a step."""
       best_value, best_index, nan_seen = carry
       resident, j, ring, _, c, _ = locate(position)
       base_slot = _rem(position, base_stages)
       with jax.named_scope("epilogue"):
         plgpu.barrier_wait(refs.base_bar.at[base_slot])
-        logits = logits + _load(refs.base_s.at[base_slot], _WGMMA).astype(jnp.float32)
-        vocab_rows = chunk_start(c) + columns
-        nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
+        if n_major:   # the [rows, 64] tile read transposed
+          base = _load(refs.base_s.at[base_slot, pl.ds(0, rows)].T, _WGMMA,
+                       optimized=False)
+        else:
+          base = _load(refs.base_s.at[base_slot], _WGMMA)
+        logits = logits + base.astype(jnp.float32)
+        vocab_rows = chunk_start(c) + vocab_ids
         if spec.greedy:
           scores = logits
         else:
           noise = sampling.gumbel_from_uniform(
               sampling.uniform_from_stream(streams, vocab_rows))
           scores = logits * scale + jnp.where(noise_on, noise, 0.0)
-        top = scores.max(axis=1)
-        top_index = jnp.where(scores == lax.broadcast_in_dim(top, scores.shape, (0,)),
-                              vocab_rows, _BIG_INDEX).min(axis=1)
+        if n_major:
+          nan_seen = nan_seen | jnp.where(logits != logits, 1, 0)
+          top, top_index = scores, vocab_rows
+        else:
+          nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
+          top = scores.max(axis=1)
+          top_index = jnp.where(scores == lax.broadcast_in_dim(top, scores.shape, (0,)),
+                                vocab_rows, _BIG_INDEX).min(axis=1)
         better = (top > best_value) | ((top == best_value) & (top_index < best_index))
         best_value = jnp.where(better, top, best_value)
         best_index = jnp.where(better, top_index, best_index)
@@ -312,7 +336,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                 copy_next)
       return best_value, best_index, nan_seen
 
-    carry = tuple(plgpu.layout_cast(jnp.full((BATCH_TILE,), value, dtype), _PER_ROW)
+    carry_shape, carry_layout = (tile, _WGMMA) if n_major else ((BATCH_TILE,), _PER_ROW)
+    carry = tuple(plgpu.layout_cast(jnp.full(carry_shape, value, dtype), carry_layout)
                   for value, dtype in ((_NEG_INF, jnp.float32), (0, jnp.int32),
                                        (0, jnp.int32)))
     # One loop, not one code copy a chunk: unrolled, the copies spilled registers
@@ -324,6 +349,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       return epilogue(position, pl.run_scoped(product, *accumulators()), carry)
     carry = lax.fori_loop(0, chunks, chunk, carry)
     best_value, best_index, nan_seen = carry
+    if n_major:   # over the vocabulary (axis 0): the block's best per batch column
+      with jax.named_scope("column_reduce"):
+        nan_seen = nan_seen.max(axis=0)
+        top = best_value.max(axis=0)
+        best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
+                               best_index, _BIG_INDEX).min(axis=0)
+        best_value = top
+    key_rows = tile[batch_axis]
 
     timed_out = jnp.int32(0)
     if multi_block:
@@ -331,24 +364,25 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
       with jax.named_scope("publish"):
         high, low = grid_sync.orderable_key(best_value, best_index)
-        refs.keys_s[0] = high
-        refs.keys_s[1] = low
-        grid_sync.publish_keys(refs.keys_s, step_slots, BATCH_TILE)
+        refs.keys_s[0, pl.ds(0, key_rows)] = high
+        refs.keys_s[1, pl.ds(0, key_rows)] = low
+        grid_sync.publish_keys(refs.keys_s, step_slots, key_rows)
       with jax.named_scope("grid_sync"):
         timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
       with jax.named_scope("exchange_reduce"):
-        grid_sync.collect_keys(step_slots, refs.keys_s, BATCH_TILE)
+        grid_sync.collect_keys(step_slots, refs.keys_s, key_rows)
         plgpu.commit_smem()   # every row's winning key stored before any thread reads it
-        token = grid_sync.key_index(_load(refs.keys_s.at[1], _PER_ROW, optimized=False))
+        token = grid_sync.key_index(_load(refs.keys_s.at[1, pl.ds(0, key_rows)],
+                                          per_batch_row, optimized=False))
     else:
       token = best_index
     with jax.named_scope("tokens"):
       tokens = jnp.clip(token, 0, vocab - 1)   # a NaN row is flagged, not followed
-      refs.tok_s[...] = tokens
+      refs.tok_s[pl.ds(0, key_rows)] = tokens
 
     @pl.when(block == 0)
     def _():
-      refs.tok_g[:, step] = tokens
+      refs.tok_g[step, pl.ds(0, key_rows)] = tokens   # [K, 64]: a step's row contiguous
 
     flags = (flags | jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max()
                                > 0, STATUS_NAN_LOGITS, 0)
@@ -359,7 +393,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # The z staging's generic reads (this step's A operand) before the bulk copies.
       plgpu.commit_smem()
       gather_z()
-    return flags, tokens
+    # The carried tokens are the planes' (batch on M); batch on N carries its first ones.
+    return flags, step_tokens if n_major else tokens
 
   flags, _ = lax.fori_loop(0, spec.steps, step_body, (jnp.int32(0), first_tokens))
   refs.flag_g[block] = flags
@@ -402,8 +437,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                         transforms=_w2_transforms(w_itemsize, rank)),
       "z_s": plgpu.SMEM((BATCH_TILE, plan.z_row_bytes // w_itemsize), w1.dtype),
       "za_s": plgpu.SMEM(a_tile, w1.dtype, transforms=_w2_transforms(w_itemsize, rank)),
+      # Batch on N reads the base tile transposed: untiled.
       "base_s": plgpu.SMEM((plan.base_stages, BATCH_TILE, CHUNK_ROWS), base_dtype,
-                           transforms=_base_transforms(jnp.dtype(base_dtype).itemsize)),
+                           transforms=() if plan.batch_axis == "n"
+                           else _base_transforms(jnp.dtype(base_dtype).itemsize)),
       "tok_s": plgpu.SMEM((BATCH_TILE,), jnp.int32),
       "keys_s": plgpu.SMEM((2, BATCH_TILE), jnp.uint32),   # exchange keys: high, low words
       "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
@@ -417,7 +454,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)
     # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
     scratch["zscale_s"] = plgpu.SMEM((BATCH_TILE, SCALE_WINDOW + 8), jnp.float32)
-  outputs = {"tok_g": jax.ShapeDtypeStruct((BATCH_TILE, steps), jnp.int32),
+  outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE), jnp.int32),
              "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
   if plan.int8_state:
@@ -441,4 +478,4 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       interpret=_interpret_params() if spec.interpret else None,
   )
   tokens, flags = kernel(*operands.values())
-  return tokens[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
+  return tokens.T[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
