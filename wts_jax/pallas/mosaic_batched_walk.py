@@ -382,7 +382,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
     @pl.when(block == 0)
     def _():
-      refs.tok_g[step, pl.ds(0, key_rows)] = tokens   # [K, 64]: a step's row contiguous
+      if n_major:   # [K, 64]: a column-layout vector stores contiguously only
+        refs.tok_g[step, pl.ds(0, key_rows)] = tokens
+      else:
+        refs.tok_g[:, step] = tokens
 
     flags = (flags | jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max()
                                > 0, STATUS_NAN_LOGITS, 0)
@@ -454,7 +457,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)
     # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
     scratch["zscale_s"] = plgpu.SMEM((BATCH_TILE, SCALE_WINDOW + 8), jnp.float32)
-  outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE), jnp.int32),
+  n_major = plan.batch_axis == "n"
+  outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE) if n_major
+                                           else (BATCH_TILE, steps), jnp.int32),
              "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
   if plan.int8_state:
@@ -478,4 +483,4 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       interpret=_interpret_params() if spec.interpret else None,
   )
   tokens, flags = kernel(*operands.values())
-  return tokens.T[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
+  return (tokens.T if n_major else tokens)[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
