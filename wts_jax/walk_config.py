@@ -125,8 +125,8 @@ class MosaicConfig:
   base_stages: the batched kernel's base-logit ring slots (must divide a block's
     chunks; None: the planner's).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
-    the B operand) or "n" (a chunk the A operand, the batch on N: bf16 only so far,
-    correct in interpret mode, not yet run on a GPU — NOTES v10).
+    the B operand) or "n" (a chunk the A operand, the batch on N: correct in interpret
+    mode, not yet run on a GPU — NOTES v10).
   """
 
   residency: str | float | int = "auto"

@@ -83,14 +83,19 @@ def _aligned(nbytes: int) -> int:
 
 
 def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
-                scaled: bool, int8_state: bool = False) -> int:
+                scaled: bool, int8_state: bool = False, batch_axis: str = "m") -> int:
   """Shared memory besides the W2 slots: z staging [64, 2r + pad] bytes and the swizzled
   A tile [64, 2r] bytes, the base ring [stages, 64, 64], an int8 W2's per-row scales
-  [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes the 32 scales around each row's s_lo [64, 32 + 8] f32."""
+  [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes the
+  scales around each row's s_lo [64, 32 + 8] f32 ([64, 64 + 8] and their [64] s_lo
+  with the batch on N)."""
   z_stage = BATCH_TILE * (rank * 2 + Z_ROW_PAD_BYTES) + _aligned(BATCH_TILE * rank * 2)
   base = base_stages * BATCH_TILE * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
-  plane_scales = _aligned(BATCH_TILE * 40 * 4) if int8_state else 0
+  window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
+  plane_scales = (_aligned(BATCH_TILE * (window + 8) * 4)
+                  + (_aligned(BATCH_TILE * 4) if batch_axis == "n" else 0)
+                  if int8_state else 0)
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
           + _aligned(2 * BATCH_TILE * 4) + plane_scales)
 
@@ -110,8 +115,6 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      "(quantize_w2(head, 'int8', state='planes'))")
   if int8_state and w2_itemsize != 1:
     raise ValueError("int8 planes of z meet an int8 W2 only")
-  if batch_axis == "n" and int8_state:
-    raise ValueError("batch_axis='n' runs a bf16 W2 only so far (int8 planes: 'm')")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:   # (>= 64 also holds a 32-scale window)
@@ -133,7 +136,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
                       base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
-                      int8_state=int8_state)
+                      int8_state=int8_state, batch_axis=batch_axis)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "

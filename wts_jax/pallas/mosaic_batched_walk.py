@@ -53,6 +53,7 @@ _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
 _PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
 SCALE_WINDOW = 32   # scales a bulk copy moves (128 bytes: its smallest unit here)
+SCALE_WINDOW_N = 64   # the batch on N: a window as wide as the [64, 64] layout tile
 _BIG_INDEX = 1 << 30
 _STEP_KEY_WORDS = BATCH_TILE * grid_sync.KEY_ROW_WORDS   # a step's exchange slots
 _NEG_INF = float("-inf")
@@ -97,7 +98,8 @@ class BatchedRefs:
   w2_scale_s: object = None
   w2_scale_bar: object = None
   w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
-  zscale_s: object = None     # the 32 scales around each row's s_lo
+  zscale_s: object = None     # the scales (a window) around each row's s_lo
+  plane_scale_s: object = None   # batch on N: each row's s_lo on its way to N
 
 
 def _base_transforms(itemsize: int):
@@ -130,6 +132,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   total_streamed = spec.steps * streamed
   planes = plan.int8_state
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
+  window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
 
   def chunk_start(c):
     # Clamped, so the last chunks overlap earlier rows rather than read past V.
@@ -172,19 +175,28 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                               refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
       if planes:   # bulk copies move multiples of 128 bytes: 32 scales around s_lo
-        plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), SCALE_WINDOW)],
-                                refs.zscale_s.at[b, pl.ds(0, SCALE_WINDOW)], refs.z_bar,
+        plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
+                                refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
                                 oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
 
   def scale_window(token):
-    return jnp.minimum(token - lax.rem(token, SCALE_WINDOW), vocab - SCALE_WINDOW)
+    return jnp.minimum(token - lax.rem(token, window), vocab - window)
 
   def row_plane_scale(tokens):
-    """Each row's s_lo: its place in the 32 scales copied beside its planes."""
-    held = _load(refs.zscale_s.at[:, pl.ds(0, SCALE_WINDOW)], _WGMMA)
-    column = plgpu.broadcasted_iota(jnp.int32, held.shape, 1, layout=_WGMMA)
+    """Each row's s_lo: its place in the scales copied beside its planes. Batch on N:
+    found per row as on M (from the tokens in ``tok_s``), then through shared memory into
+    the column layout (Mosaic has no transposed f32 load)."""
+    if n_major:
+      tokens = _load(refs.tok_s, _PER_ROW, optimized=False)
+    held = _load(refs.zscale_s.at[:, pl.ds(0, window)], _WGMMA)
+    place = plgpu.broadcasted_iota(jnp.int32, held.shape, 1, layout=_WGMMA)
     wanted = lax.broadcast_in_dim(tokens - scale_window(tokens), held.shape, (0,))
-    return jnp.where(column == wanted, held, 0.0).sum(axis=1)
+    per_row = jnp.where(place == wanted, held, 0.0).sum(axis=1)
+    if not n_major:
+      return per_row
+    refs.plane_scale_s[...] = per_row
+    plgpu.commit_smem()
+    return _load(refs.plane_scale_s.at[pl.ds(0, rows)], _PER_COLUMN, optimized=False)
 
   with jax.named_scope("prologue"):
     if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
@@ -209,8 +221,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       for c in range(chunks):
         plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
                                 refs.w2_scale_s.at[c], refs.w2_scale_bar)
-    first_tokens = jnp.clip(_load(refs.first_g, _PER_ROW, optimized=False), 0, vocab - 1)
-    refs.tok_s[...] = first_tokens
+    first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, tile[batch_axis])],
+                                  per_batch_row, optimized=False), 0, vocab - 1)
+    refs.tok_s[pl.ds(0, tile[batch_axis])] = first_tokens
     gather_z()
     if planes:
       plgpu.barrier_wait(refs.w2_scale_bar)
@@ -233,8 +246,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         for plane in range(2):   # q_hi, q_lo
           refs.za_s[plane] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)],
                                    plgpu.Layout.WGMMA_8BIT)
-        plane_scale = lax.broadcast_in_dim(row_plane_scale(step_tokens),
-                                           (BATCH_TILE, CHUNK_ROWS), (0,))
+        plane_scale = lax.broadcast_in_dim(row_plane_scale(step_tokens), tile,
+                                           (batch_axis,))
       else:
         refs.za_s[...] = _load(refs.z_s.at[:, pl.ds(0, rank)], _WGMMA)
       plgpu.commit_smem()
@@ -277,7 +290,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
         c = locate(position)[4]
         vocab_scale = lax.broadcast_in_dim(
-            _load(refs.w2_scale_s.at[c], _PER_COLUMN), (BATCH_TILE, CHUNK_ROWS), (1,))
+            _load(refs.w2_scale_s.at[c], _PER_ROW if n_major else _PER_COLUMN), tile,
+            (vocab_axis,))
         return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
 
     def accumulators():
@@ -396,8 +410,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # The z staging's generic reads (this step's A operand) before the bulk copies.
       plgpu.commit_smem()
       gather_z()
-    # The carried tokens are the planes' (batch on M); batch on N carries its first ones.
-    return flags, step_tokens if n_major else tokens
+    return flags, tokens
 
   flags, _ = lax.fori_loop(0, spec.steps, step_body, (jnp.int32(0), first_tokens))
   refs.flag_g[block] = flags
@@ -414,6 +427,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2."""
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   rank, vocab = plan.rank, plan.vocab_size
+  n_major = plan.batch_axis == "n"
   if plan.int8_state:
     if (w2.dtype != jnp.int8 or w2_scale is None or w1.dtype != jnp.int8
         or w1.shape != (2 * vocab, rank) or w1_scale is None):
@@ -456,8 +470,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)
     # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
-    scratch["zscale_s"] = plgpu.SMEM((BATCH_TILE, SCALE_WINDOW + 8), jnp.float32)
-  n_major = plan.batch_axis == "n"
+    scratch["zscale_s"] = plgpu.SMEM(
+        (BATCH_TILE, (SCALE_WINDOW_N if n_major else SCALE_WINDOW) + 8), jnp.float32)
+    if n_major:
+      scratch["plane_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
   outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE) if n_major
                                            else (BATCH_TILE, steps), jnp.int32),
              "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32)}
