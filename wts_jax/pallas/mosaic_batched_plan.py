@@ -1,13 +1,15 @@
 """The plan of the batched Mosaic GPU walk (``mosaic_batched_walk.py``): B rows on the
-tensor cores as the WGMMA's M dimension.
+tensor cores.
 
-The row kernel (``mosaic_plan.py``) puts 64 W2 rows on M and the batch on N (8 W1 rows a
-batch row), which stops at B = 4. Here a chunk is the B operand instead: per 64-row chunk
-one WGMMA ``[64 batch rows, r] x [r, 64 vocab rows]``, z held in registers as the A
-operand, so up to 64 batch rows cost one instruction stream. Each block's shard is cut
-into 64-row chunks as before; some stay resident in shared memory, the rest stream
-through a TMA ring; the base logits of every chunk stream through a second ring (at
-B = 64 a step's base logits are 147 KB a block: no longer a whole step ahead).
+The row kernel (``mosaic_plan.py``) puts 64 W2 rows on M and the batch on N with 8 W1
+rows a batch row (its B operand is TMA-copied 8-row tiles), which stops at B = 4. Here z
+is staged by bulk copies one row a batch row, so either orientation holds up to 64 rows:
+``batch_axis="m"`` — per chunk ``[64 batch rows, r] x [r, 64 vocab rows]`` (B = 16
+costs what B = 64 does: the rows past B are padding on M); ``"n"`` — ``[64 vocab rows,
+r] x [r, B]`` (the work shrinks with B). Each block's shard is cut into 64-row chunks as
+before; some stay resident in shared memory, the rest stream through a TMA ring; the
+base logits of every chunk stream through a second ring (at B = 64 a step's base
+logits are 147 KB a block: no longer a whole step ahead).
 Pure Python on static shapes: the budget checks happen here.
 """
 

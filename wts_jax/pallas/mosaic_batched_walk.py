@@ -1,18 +1,21 @@
 """The Weights-That-Stay walk for many batch rows: one persistent Mosaic GPU kernel with
-the batch on the tensor cores' M dimension (``mosaic_batched_plan.py`` says why).
+the batch on the tensor cores — on the WGMMA's M (``batch_axis="m"``, the default) or
+on its N (``"n"``; ``mosaic_batched_plan.py`` says why either).
 
 Per block (one per SM) and step:
 
-- z of all rows is the WGMMA's A operand: the rows' W1 rows were copied by bulk async
-  copies (one per row, no tensor map) into a padded staging tile at the end of the last
-  step, and go once per step through registers into the swizzled A tile; rows past B are
-  zeros;
+- z of all rows is a WGMMA operand (A on M, B on N): the rows' W1 rows were copied by
+  bulk async copies (one per row, no tensor map) into a padded staging tile at the end
+  of the last step, and go once per step through registers into a swizzled tile; rows
+  past B are zeros;
 - per 64-row W2 chunk (resident in shared memory, or streamed through the TMA ring that
-  runs ahead across steps, odd steps in reverse as in the row kernel) one WGMMA
-  ``[64, r] x [r, 64]`` into an fp32 accumulator [batch row, vocab row]; the chunk's base
-  logits ([B, 64], through their own TMA ring) are added, then per batch row the chunk's
-  greedy or Gumbel top-1 (the generator of ``wts_jax.sampling``) updates that row's best
-  (score, index) — ties to the lower index, so chunk order does not matter;
+  runs ahead across steps, odd steps in reverse as in the row kernel) one WGMMA into an
+  fp32 accumulator: on M ``[64, r] x [r, 64]`` = [batch row, vocab row], on N
+  ``[64, r] x [r, B]`` = [vocab row, batch row]; the chunk's base logits ([B, 64],
+  through their own TMA ring) are added; on M the chunk's greedy or Gumbel top-1 (the
+  generator of ``wts_jax.sampling``) per batch row updates that row's best (score,
+  index), on N every accumulator element keeps its own best and one reduction over the
+  vocabulary ends the step — ties to the lower index, so chunk order does not matter;
 - every block folds its best per row into that row's 64-bit key of the step by an L2
   atomic max, meets the others at the grid barrier of ``grid_sync`` (the Mosaic
   protocol), and reads back the winning key — the same token per row everywhere;
