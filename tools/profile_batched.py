@@ -147,7 +147,7 @@ def time_walks(run, args, walks: int):
         out = run(*args)
       jax.block_until_ready(out)
     ops = _device_ops(trace_dir)
-  per_walk, current, longest = [], None, []
+  per_walk, current, biggest, longest = [], None, 0.0, []
   for op in ops:
     if op["name"] in flush_names and op["dur"] > 50:   # the 2 × 256 MB flush itself
       if current is not None:

@@ -130,8 +130,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   tile = (CHUNK_ROWS, rows) if n_major else (BATCH_TILE, CHUNK_ROWS)
   vocab_axis, batch_axis = (0, 1) if n_major else (1, 0)
   per_batch_row = _PER_COLUMN if n_major else _PER_ROW
+  batch_width = tile[batch_axis]   # the batch rows a step's vectors carry
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
-  row_ids = plgpu.broadcasted_iota(jnp.int32, (tile[batch_axis],), 0, layout=per_batch_row)
+  row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   total_streamed = spec.steps * streamed
   planes = plan.int8_state
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
@@ -170,14 +171,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
-    side by side, and the 16 bytes holding its s_lo) into staging row b. Rows >= B of a
+    side by side, and the window of scales holding its s_lo) into staging row b. Rows >= B of a
     padded batch walk along on their own tokens; rows past ``rows`` stay zero."""
     for b in range(rows):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
                               refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-      if planes:   # bulk copies move multiples of 128 bytes: 32 scales around s_lo
+      if planes:   # bulk copies move multiples of 128 bytes: a window around s_lo
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
                                 refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
                                 oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
@@ -224,23 +225,22 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       for c in range(chunks):
         plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
                                 refs.w2_scale_s.at[c], refs.w2_scale_bar)
-    first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, tile[batch_axis])],
+    first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, batch_width)],
                                   per_batch_row, optimized=False), 0, vocab - 1)
-    refs.tok_s[pl.ds(0, tile[batch_axis])] = first_tokens
+    refs.tok_s[pl.ds(0, batch_width)] = first_tokens
     gather_z()
     if planes:
       plgpu.barrier_wait(refs.w2_scale_bar)
 
   if not spec.greedy:
     seeds = (refs.seed_g[0], refs.seed_g[1])
-    row_scale = _load(refs.scale_g.at[pl.ds(0, tile[batch_axis])], per_batch_row,
+    row_scale = _load(refs.scale_g.at[pl.ds(0, batch_width)], per_batch_row,
                       optimized=False)
-    row_noise = _load(refs.noise_g.at[pl.ds(0, tile[batch_axis])], per_batch_row,
+    row_noise = _load(refs.noise_g.at[pl.ds(0, batch_width)], per_batch_row,
                       optimized=False) != 0
 
   def step_body(step, carry):
     flags, step_tokens = carry
-    parity = lax.rem(step, 2)
     with jax.named_scope("z_wait"):
       plgpu.barrier_wait(refs.z_bar)
       # The staged rows into the swizzled A tile(s) (a register round trip: a bulk copy
@@ -373,7 +373,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
                                best_index, _BIG_INDEX).min(axis=0)
         best_value = top
-    key_rows = tile[batch_axis]
 
     timed_out = jnp.int32(0)
     if multi_block:
@@ -381,26 +380,26 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
       with jax.named_scope("publish"):
         high, low = grid_sync.orderable_key(best_value, best_index)
-        refs.keys_s[0, pl.ds(0, key_rows)] = high
-        refs.keys_s[1, pl.ds(0, key_rows)] = low
-        grid_sync.publish_keys(refs.keys_s, step_slots, key_rows)
+        refs.keys_s[0, pl.ds(0, batch_width)] = high
+        refs.keys_s[1, pl.ds(0, batch_width)] = low
+        grid_sync.publish_keys(refs.keys_s, step_slots, batch_width)
       with jax.named_scope("grid_sync"):
         timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
       with jax.named_scope("exchange_reduce"):
-        grid_sync.collect_keys(step_slots, refs.keys_s, key_rows)
+        grid_sync.collect_keys(step_slots, refs.keys_s, batch_width)
         plgpu.commit_smem()   # every row's winning key stored before any thread reads it
-        token = grid_sync.key_index(_load(refs.keys_s.at[1, pl.ds(0, key_rows)],
+        token = grid_sync.key_index(_load(refs.keys_s.at[1, pl.ds(0, batch_width)],
                                           per_batch_row, optimized=False))
     else:
       token = best_index
     with jax.named_scope("tokens"):
       tokens = jnp.clip(token, 0, vocab - 1)   # a NaN row is flagged, not followed
-      refs.tok_s[pl.ds(0, key_rows)] = tokens
+      refs.tok_s[pl.ds(0, batch_width)] = tokens
 
     @pl.when(block == 0)
     def _():
       if n_major:   # [K, 64]: a column-layout vector stores contiguously only
-        refs.tok_g[step, pl.ds(0, key_rows)] = tokens
+        refs.tok_g[step, pl.ds(0, batch_width)] = tokens
       else:
         refs.tok_g[:, step] = tokens
 

@@ -133,6 +133,7 @@ def _chunk_kind(position, order):
   before = sum((jnp.where(p < position, 1, 0) for p in resident_positions), jnp.int32(0))
   return resident, index, position - before
 
+
 def _w2_transforms(itemsize: int, rank: int = 256):
   # 128-byte swizzle: conflict-free row loads in the WGMMA layout; a row narrower than
   # 128 bytes (int8 at r = 64) takes the swizzle of its width.
