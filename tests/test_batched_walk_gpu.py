@@ -5,7 +5,8 @@ reference on fresh random inputs: exact tokens greedy, the same tokens sampled w
 same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16, 64 and 70 (two launches); every split from all
 streamed to the planner's; a NaN in the base logits is reported; repeats are identical;
 1000 fresh walks (B = 16, bf16 and int8 planes) all equal the reference; the batch on
-the WGMMA's N at B = 5/16/64/70 (bf16) and 5/16/64 (int8 planes).
+the WGMMA's N at B = 5/16/64/70 (bf16) and 5/16/64 (int8 planes); two warpgroups a
+block on either axis at B = 5/16/64 (bf16 and int8 planes).
 """
 
 from __future__ import annotations
@@ -110,6 +111,15 @@ def test_batch_on_n_tokens_equal_reference(head, batch, temperature):
 def test_batch_on_n_int8_planes_tokens_equal_reference(planes_head, batch, temperature):
   _check(planes_head, batch, temperature, 33,
          config=MosaicConfig(kernel="batched", batch_axis="n"))
+
+
+@pytest.mark.parametrize("axis", ["m", "n"])
+@pytest.mark.parametrize("batch", [5, 16, 64])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_two_warpgroups_tokens_equal_reference(head, planes_head, axis, batch, temperature):
+  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=2)
+  _check(head, batch, temperature, 41, config=config)
+  _check(planes_head, batch, temperature, 42, config=config)
 
 
 @pytest.mark.parametrize("w2", ["bf16", "int8p"])

@@ -54,13 +54,14 @@ def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
     _assert_matches_xla(head, batch, steps, residency, temperature, seed)
 
 
-def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="m"):
+def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="m",
+                        warpgroups=None):
   """The batched kernel (interpret mode) against the XLA walk on fresh inputs: exact
   tokens (greedy), the same tokens with the same key (sampled), confidence close."""
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
   key = jax.random.key(seed + 10) if temperature else None
   config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
-                        batch_axis=batch_axis)
+                        batch_axis=batch_axis, warpgroups=warpgroups)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -85,6 +86,30 @@ def test_batch_on_n_tokens_equal_xla(vocab, rank, batch, steps, residency, tempe
   head = _head(vocab, rank, confidence=True)
   for seed in (3, 4):
     _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="n")
+
+
+# Two warpgroups a block, each half of its chunks, on either axis: B not a multiple of 8
+# with an odd chunk count (one chunk repeated), sampled, 64 rows on M, and one resident
+# chunk a warpgroup beside a 2-slot ring its 3 streamed chunks wrap around.
+WARPGROUP_CASES = [(520, 64, 5, 3, "auto", 0.0, "n"), (1000, 128, 13, 4, "none", 0.7, "n"),
+                   (776, 64, 64, 3, 64, 0.0, "m"), (456, 128, 16, 2, 128, 1.0, "n")]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis",
+                         WARPGROUP_CASES)
+def test_two_warpgroups_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature,
+                                         axis):
+  head = _head(vocab, rank, confidence=True)
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=6, batch_axis=axis,
+                      warpgroups=2)
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("axis", ["m", "n"])
+def test_two_warpgroups_int8_planes_tokens_equal_xla(axis):
+  head = quantize_w2(_head(1000, 128), "int8", state="planes")
+  _assert_matches_xla(head, 16, 3, "none", 0.7, seed=7, batch_axis=axis, warpgroups=2)
 
 
 # int8 W2 with z as two int8 planes: all streamed and sampled; past 64 rows; r = 256
@@ -137,7 +162,8 @@ def test_plan_at_the_qwen3_shape():
     (dict(batch=65), "batch=65 must be in"),
     (dict(rank=96), "rank=96 must be a multiple of 64"),
     (dict(base_stages=4), "base_stages=4 must divide the 18 chunks"),
-    (dict(resident_chunks=3, ring_stages=2), "15 streamed chunks are not a whole number"),
+    (dict(resident_chunks=3, ring_stages=0), "15 streamed chunks need a ring"),
+    (dict(warpgroups=3), "warpgroups=3 must be 1 or 2"),
     (dict(resident_chunks=6, ring_stages=2), "exceed the 4 W2 chunks"),
     (dict(num_blocks=200), "num_blocks=200 exceeds the 132 SMs"),
     (dict(w2_itemsize=1), "only with z as two int8 planes"),
@@ -167,16 +193,16 @@ def test_backend_routes_and_refuses():
     MosaicConfig(kernel="wide")
 
 
-@pytest.mark.parametrize("batch,temperature,axis", [
-    (64, 0.0, "m"), (64, 1.0, "m"), (5, 0.0, "m"), (96, 0.0, "m"), (16, 0.0, "n"),
-    (64, 1.0, "n")])
-def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis):
+@pytest.mark.parametrize("batch,temperature,axis,warpgroups", [
+    (64, 0.0, "m", 1), (64, 1.0, "m", 1), (5, 0.0, "m", 1), (96, 0.0, "m", 1),
+    (16, 0.0, "n", 1), (64, 1.0, "n", 1), (64, 0.0, "m", 2), (16, 1.0, "n", 2)])
+def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups):
   """The whole 132-block kernel lowers through Mosaic GPU's layout checks on the CPU
-  (B = 96: two launches), with the batch on the WGMMA's M or N."""
+  (B = 96: two launches), with the batch on the WGMMA's M or N, one or two warpgroups."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis)
+                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
   if axis == "n" and jax.__version_info__ < (0, 11):
     with pytest.raises(ValueError, match="batch_axis='n' needs jax >= 0.11"):
       lower_walk("vanilla", batch, 7, temperature=temperature, config=config)
@@ -185,13 +211,15 @@ def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis):
   assert text.count("mosaic_gpu") >= -(-batch // 64)
 
 
-@pytest.mark.parametrize("batch,temperature,axis", [(64, 0.0, "m"), (16, 1.0, "m"),
-                                                   (16, 0.0, "n"), (64, 1.0, "n")])
-def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis):
+@pytest.mark.parametrize("batch,temperature,axis,warpgroups", [
+    (64, 0.0, "m", 1), (16, 1.0, "m", 1), (16, 0.0, "n", 1), (64, 1.0, "n", 1),
+    (16, 0.0, "n", 2), (64, 1.0, "m", 2)])
+def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis,
+                                                        warpgroups):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis)
+                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11 (refused on 0.10: tested above)")
   text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize="int8p",

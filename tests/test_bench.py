@@ -486,7 +486,9 @@ def test_the_floor_reads_the_kernels_real_plan():
   assert plan["resident_fraction"] == pytest.approx(2 * 132 * 64 / config.vocab_size)
   assert floor.kernel_plan(head, base, greedy=False)["impl"] == "mosaic"
   batch16 = jax.ShapeDtypeStruct((16, 7, config.vocab_size), jnp.bfloat16)
-  assert floor.kernel_plan(head, batch16, greedy=False)["impl"] == "triton"
+  assert floor.kernel_plan(head, batch16, greedy=False)["impl"] == "mosaic"
+  batch128 = jax.ShapeDtypeStruct((128, 7, config.vocab_size), jnp.bfloat16)
+  assert floor.kernel_plan(head, batch128)["impl"] == "triton"
   batched = floor.kernel_plan(head, batch16)
   assert batched["impl"] == "mosaic" and "batch rows on the WGMMA" in batched["plan"]
   ceilings = floor.Ceilings(hbm_gbps=4000.0, l2_gbps=8000.0, sync_us=2.0,

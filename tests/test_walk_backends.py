@@ -97,10 +97,10 @@ def test_auto_choices_at_the_qwen3_shape():
   head, int8 = _head(), jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head())
   assert _choose(head).impl == "mosaic"
   assert _choose(int8).impl == "mosaic"
-  assert _choose(head, batch=4).impl == "mosaic"       # the row kernel
-  assert _choose(head, greedy=False).impl == "mosaic"
-  assert _choose(head, batch=64).impl == "mosaic"      # the batched kernel
-  assert _choose(head, batch=16, greedy=False).impl == "triton"
+  assert _choose(head, batch=4).impl == "mosaic"       # the batched kernel, on N
+  assert _choose(head, greedy=False).impl == "mosaic"  # the row kernel
+  assert _choose(head, batch=64).impl == "mosaic"      # the batched kernel, on M
+  assert _choose(head, batch=16, greedy=False).impl == "mosaic"
   assert _choose(head, batch=128).impl == "triton"
   assert _choose(head, return_logits=True).impl == "triton"
   assert _choose(_head("gated")).impl == "triton"
@@ -136,3 +136,36 @@ def test_each_backend_by_name_walks_like_the_reference(impl, config):
   ref = wts_jax.walk(head, base, first, impl="xla")
   assert (out.tokens == ref.tokens).all() and int(out.status) == 0
   assert wts_jax.chosen_implementation(head, base, impl, config) == impl
+
+
+@pytest.mark.parametrize("batch,w2,greedy,want", [
+    (1, "bf16", True, "rows"), (4, "bf16", True, ("n", 1)), (4, "bf16", False, ("n", 2)),
+    (16, "int8p", True, ("n", 2)), (32, "bf16", True, ("m", 1)),
+    (32, "int8p", True, ("n", 2)), (64, "bf16", False, ("m", 2)),
+    (64, "int8p", True, ("m", 1))])
+def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want):
+  """The Mosaic planner's measured choices (NOTES v11): the row kernel at one row, else the
+  batched kernel, the batch on N up to 16 rows (32 for int8 planes or sampling) where
+  jax lowers it, two warpgroups for sampling and for int8 planes on N."""
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.walk_config import MosaicConfig
+  head = _head()
+  if w2 == "int8p":
+    head = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"), head)
+  shapes = backend.WalkShapes(batch=batch, steps=7, greedy=greedy)
+  spec = mosaic_backend.plan(head, shapes, MosaicConfig(), H200)
+  if want == "rows":
+    assert not hasattr(spec.plan, "batch_axis")
+    return
+  axis, warpgroups = want
+  if not mosaic_backend.BATCH_ON_N_LOWERS:   # jax 0.10: on M, two warpgroups sampled
+    axis, warpgroups = "m", 1 if greedy else 2
+  assert (spec.plan.batch_axis, spec.plan.warpgroups) == (axis, warpgroups)
+  # The row kernel keeps walks the batched kernel cannot run, and row-kernel options.
+  gated = _head("gated")
+  assert not hasattr(mosaic_backend.plan(gated, shapes if batch <= 4 else
+                                         backend.WalkShapes(batch=4, steps=7),
+                                         MosaicConfig(), H200).plan, "batch_axis")
+  assert not hasattr(mosaic_backend.plan(_head(), backend.WalkShapes(batch=4, steps=7),
+                                         MosaicConfig(gemv="registers"), H200).plan,
+                     "batch_axis")

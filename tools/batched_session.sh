@@ -32,11 +32,15 @@ if has bench; then
     --paths ${BENCH_PATHS:-torch-graph,wts-triton,wts-mb,wts-mb-r0s2,wts-mb-r4s2} \
     --out "$OUT/batched_bench.json" 2>&1 | grep -v -i warn | tee "$OUT/batched_bench.log" | tail -40
 fi
-if has sanitizer; then   # memcheck and racecheck on a 4-block batched walk
+if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
   stamp sanitizer
-  for tool in memcheck racecheck; do
-    timeout ${SANITIZER_S:-200} compute-sanitizer --tool $tool python tools/sanitizer_case.py \
-      batched 2>&1 | grep -v -i warn | tail -6 | tee -a "$OUT/batched_sanitizer.log"
+  for case in ${SANITIZER_CASES:-batched batched-wg2}; do
+    for tool in memcheck racecheck; do
+      echo "== $case $tool" | tee -a "$OUT/batched_sanitizer.log"
+      timeout ${SANITIZER_S:-200} compute-sanitizer --tool $tool python \
+        tools/sanitizer_case.py $case 2>&1 | grep -v -i warn | tail -6 \
+        | tee -a "$OUT/batched_sanitizer.log"
+    done
   done
 fi
 stamp done

@@ -12,7 +12,8 @@ wait; a trailing
 ``f`` streams every step forward (no snake order). ``wts-mb`` is the batched Mosaic
 kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b{N}``
 with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
-optional); ``wts-mbn…`` the same with the batch on the WGMMA's N. Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
+optional), ``…-w2`` with two warpgroups a block (else one); ``wts-mbn…`` the same with
+the batch on the WGMMA's N. Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
 compares are registered in ``wts_jax.bench.paths``.
 """
 
@@ -25,12 +26,13 @@ MOSAIC_VARIANT = re.compile(
     r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
 
 
-BATCHED_VARIANT = re.compile(r"wts-mb(n?)(?:-r(\d+)s(\d+))?(?:b(\d+))?$")
+BATCHED_VARIANT = re.compile(r"wts-mb(n?)(?:-r(\d+)s(\d+))?(?:b(\d+))?(?:-?w(\d))?$")
 
 
-def register_batched(name, on_n, resident, stages, base_stages):
+def register_batched(name, on_n, resident, stages, base_stages, warpgroups):
   options = dict(backend="mosaic", mosaic_kernel="batched",
-                 mosaic_batch_axis="n" if on_n else "m")
+                 mosaic_batch_axis="n" if on_n else "m",
+                 mosaic_warpgroups=int(warpgroups or 1))
   if resident is not None:
     options.update(residency=int(resident) * 64, num_stages=int(stages) or None)
   if base_stages is not None:
@@ -39,7 +41,8 @@ def register_batched(name, on_n, resident, stages, base_stages):
                       description="batched Mosaic kernel" + (", batch on N" if on_n else "")
                       + (f", {resident} resident chunks, {stages}-slot ring"
                          if resident is not None else "")
-                      + (f", {base_stages}-slot base ring" if base_stages else ""))
+                      + (f", {base_stages}-slot base ring" if base_stages else "")
+                      + (f", {warpgroups} warpgroups a block" if warpgroups else ""))
 
 
 def register_variants(names):

@@ -6,7 +6,8 @@ device call that checks, times and profiles many variants at the Qwen3-4B shape.
 
 A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two int8
 planes), mode greedy or sample, options joined by ``+``: ``rR`` / ``sS`` / ``bN``
-(resident chunks, ring slots, base-ring slots), ``n`` (the batch on the WGMMA's N).
+(resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
+block), ``n`` (the batch on the WGMMA's N).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -56,6 +57,7 @@ class Variant:
   stages: int | None = None
   base_stages: int | None = None
   batch_axis: str = "m"
+  warpgroups: int | None = None
 
 
 def parse_variant(text: str) -> Variant:
@@ -66,8 +68,9 @@ def parse_variant(text: str) -> Variant:
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option == "n":
       options["batch_axis"] = "n"
-    elif m := re.fullmatch(r"([rsb])(\d+)", option):
-      key = {"r": "resident", "s": "stages", "b": "base_stages"}[m.group(1)]
+    elif m := re.fullmatch(r"([rsbw])(\d+)", option):
+      key = {"r": "resident", "s": "stages", "b": "base_stages",
+             "w": "warpgroups"}[m.group(1)]
       options[key] = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")
@@ -99,9 +102,10 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   key = None if variant.greedy else jax.random.key(7)
   mode = validation.make_sampling(temperature, key, variant.batch)
   config = MosaicConfig(kernel="batched", ring_stages=variant.stages,
-                        batch_axis=variant.batch_axis,
+                        batch_axis=variant.batch_axis, warpgroups=variant.warpgroups,
                         base_stages=variant.base_stages,
-                        residency=(variant.resident * 64 if variant.resident is not None
+                        residency=(variant.resident * 64 * (variant.warpgroups or 1)
+                                   if variant.resident is not None
                                    else "auto"))
   device = device_facts.current()
   device = dataclasses.replace(device, smem_per_block=device.smem_per_block - smem_reserve)

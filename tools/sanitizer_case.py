@@ -1,8 +1,10 @@
 """A small walk on each kernel, for compute-sanitizer (memcheck, racecheck) on the GPU.
 
-  compute-sanitizer --tool racecheck python tools/sanitizer_case.py [mosaic|triton|batched]
+  compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
+      [mosaic|triton|batched|batched-wg2]
 
-``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange).
+``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
+``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs).
 """
 
 import sys
@@ -20,16 +22,19 @@ def main(backend: str) -> int:
   # 2-slot ring (two streamed chunks a step): every code path runs.
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64, head_type="vanilla")
   head = wts_jax.make_head(config, seed=1)
-  batch = 5 if backend == "batched" else 2
+  batched = backend.startswith("batched")
+  batch = 5 if batched else 2
   base, first, _ = random_inputs(config, batch, 4, jax.random.key(2))
   # A bounded barrier: under the sanitizer every poll is instrumented (slow), and if the
   # tool ever ran the blocks one at a time the walk would end with a timeout status
   # instead of spinning 4M polls per step (session 9's mosaic run did not finish in
   # ~450 s; the cause is not known).
   walk_config = wts_jax.WalkConfig(
-      backend="mosaic" if backend == "batched" else backend, num_programs=4, residency=64,
+      backend="mosaic" if batched else backend, num_programs=4, residency=64,
       num_stages=2, sync_spin_limit=1 << 14,
-      **({"mosaic_kernel": "batched"} if backend == "batched" else {}))
+      **({"mosaic_kernel": "batched"} if batched else {}),
+      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
+         if backend == "batched-wg2" else {}))
   out = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas", config=walk_config)
                 )(head, base, first)
   ref = wts_jax.walk(head, base, first, impl="xla")

@@ -120,13 +120,17 @@ class MosaicConfig:
   register_chunks: an int8 W2 whose z meets it as two int8 planes only: chunks of each
     block's shard held in registers for the whole walk (the WGMMA's A operand).
   kernel: "rows" (W2 rows on the WGMMA's M, the batch on N: up to 4 rows), "batched"
-    (the batch on M: up to 64 rows a launch, ``mosaic_batched_walk``) or "auto"
-    (rows up to 4 rows, else batched).
+    (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (rows at one row, and up
+    to 4 where the batched kernel cannot run the walk or a row-kernel option — gemv,
+    group, resident_group, register_chunks — is set; else batched).
   base_stages: the batched kernel's base-logit ring slots (must divide a block's
     chunks; None: the planner's).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
-    the B operand) or "n" (a chunk the A operand, the batch on N: correct in interpret
-    mode, not yet run on a GPU — NOTES v10).
+    the B operand), "n" (a chunk the A operand, the batch on N; jax >= 0.11) or None
+    (the planner's: N up to 32 rows where it lowers, else M).
+  warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
+    two with the batch on N for int8 planes or sampling), each computing its own half of
+    the block's chunks.
   """
 
   residency: str | float | int = "auto"
@@ -141,13 +145,16 @@ class MosaicConfig:
   register_chunks: int = 0
   kernel: str = "auto"
   base_stages: int | None = None
-  batch_axis: str = "m"
+  batch_axis: str | None = None
+  warpgroups: int | None = None
 
   def __post_init__(self):
     _check_common(self)
+    if self.warpgroups not in (None, 1, 2):
+      raise ValueError(f"warpgroups={self.warpgroups} must be 1 or 2")
     if self.kernel not in MOSAIC_KERNELS:
       raise ValueError(f"kernel={self.kernel!r} must be one of {MOSAIC_KERNELS}")
-    if self.batch_axis not in ("m", "n"):
+    if self.batch_axis not in (None, "m", "n"):
       raise ValueError(f"batch_axis={self.batch_axis!r} must be 'm' or 'n'")
     if self.base_stages is not None and self.base_stages < 1:
       raise ValueError(f"base_stages={self.base_stages} must be >= 1")
@@ -174,9 +181,9 @@ class WalkConfig(TritonConfig):
   (``triton()``, ``mosaic()``): ``num_programs`` -> ``num_blocks``, ``num_stages`` ->
   ``ring_stages``, ``mosaic_gemv`` / ``mosaic_group`` / ``mosaic_snake`` /
   ``mosaic_resident_group`` / ``mosaic_register_chunks`` / ``mosaic_kernel`` /
-  ``mosaic_base_stages`` / ``mosaic_batch_axis`` -> ``gemv`` / ``group`` / ``snake`` /
-  ``resident_group`` / ``register_chunks`` / ``kernel`` / ``base_stages`` /
-  ``batch_axis``.
+  ``mosaic_base_stages`` / ``mosaic_batch_axis`` / ``mosaic_warpgroups`` -> ``gemv`` /
+  ``group`` / ``snake`` / ``resident_group`` / ``register_chunks`` / ``kernel`` /
+  ``base_stages`` / ``batch_axis`` / ``warpgroups``.
   """
 
   backend: str = "auto"
@@ -187,7 +194,8 @@ class WalkConfig(TritonConfig):
   mosaic_register_chunks: int = 0
   mosaic_kernel: str = "auto"
   mosaic_base_stages: int | None = None
-  mosaic_batch_axis: str = "m"
+  mosaic_batch_axis: str | None = None
+  mosaic_warpgroups: int | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -211,7 +219,8 @@ class WalkConfig(TritonConfig):
                         register_chunks=self.mosaic_register_chunks,
                         kernel=self.mosaic_kernel,
                         base_stages=self.mosaic_base_stages,
-                        batch_axis=self.mosaic_batch_axis)
+                        batch_axis=self.mosaic_batch_axis,
+                        warpgroups=self.mosaic_warpgroups)
 
   def for_backend(self, name: str):
     return {"triton": self.triton, "mosaic": self.mosaic}[name]()

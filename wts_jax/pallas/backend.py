@@ -235,13 +235,12 @@ def tuned_table(device_kind: str) -> dict[tuple, dict]:
 
 
 def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
-  # Measured on the H200 (NOTES.md v5-v7, v10): Mosaic is faster for vanilla walks at
-  # B <= 4 (the row kernel, greedy and sampled), greedy at 4 < B <= 64 and sampled at
-  # 16 < B <= 64 (the batched kernel); elsewhere, and for the gated and rnn heads, the
-  # Triton kernel.
-  from wts_jax.pallas.mosaic_batched_plan import AUTO_BATCHED_RANGE, AUTO_SAMPLED_RANGE
+  # Measured on the H200 (NOTES.md v5-v7, v10, v11): Mosaic is faster for vanilla walks
+  # at one row (the row kernel) and from 2 to 64 rows (the batched kernel), greedy and
+  # sampled; past 64 rows, and for the gated and rnn heads, the Triton kernel.
+  from wts_jax.pallas.mosaic_batched_plan import AUTO_BATCHED_RANGE
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
-  low, high = AUTO_BATCHED_RANGE if shapes.greedy else AUTO_SAMPLED_RANGE
+  low, high = AUTO_BATCHED_RANGE
   faster = head.config.head_type == "vanilla" and (
       shapes.batch <= AUTO_MAX_BATCH or low < shapes.batch <= high)
   return ("mosaic", "triton") if faster else ("triton", "mosaic")

@@ -18,10 +18,14 @@ import jax.numpy as jnp
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, padded_batch, plan_batched
-from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, MAX_BATCH, chunks_per_block,
-                                        launch_facts, make_plan)
+from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_batch_axis, auto_warpgroups,
+                                                padded_batch, plan_batched)
+from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
+                                        chunks_per_block, launch_facts, make_plan)
 from wts_jax.walk_config import MosaicConfig
+
+# jax 0.10's Mosaic GPU cannot lower the batch-on-N kernel's transposed base-tile load.
+BATCH_ON_N_LOWERS = jax.__version_info__ >= (0, 11)
 
 HEAD_TYPES = ("vanilla", "gated")   # the head types the kernel has an ``advance`` for
 
@@ -41,7 +45,7 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
     return f"the Mosaic kernel needs a bf16 or int8 W2 (got {dtype})"
   if dtype == jnp.dtype(jnp.int8) and getattr(serial.markov_w2, "scale", None) is None:
     return "an int8 W2 needs per-row scales (use wts_jax.quantize_w2)"
-  if uses_batched_kernel(shapes, config):
+  if uses_batched_kernel(head, shapes, config):
     return _batched_refusal(head, shapes, config)
   if shapes.batch > MAX_BATCH:
     return (f"the Mosaic row kernel runs up to {MAX_BATCH} rows (B={shapes.batch}); "
@@ -62,9 +66,17 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   return None
 
 
-def uses_batched_kernel(shapes: WalkShapes, config: MosaicConfig) -> bool:
-  return config.kernel == "batched" or (config.kernel == "auto"
-                                        and shapes.batch > MAX_BATCH)
+def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
+  """``kernel="auto"``: past the row kernel's rows, and past ``AUTO_MAX_BATCH`` rows
+  where the batched kernel runs the walk and the config names no row-kernel option."""
+  if config.kernel != "auto":
+    return config.kernel == "batched"
+  if shapes.batch > MAX_BATCH:
+    return True
+  row_options = (config.gemv != "auto" or config.register_chunks or config.group
+                 or config.resident_group)
+  return (shapes.batch > AUTO_MAX_BATCH and not row_options
+          and _batched_refusal(head, shapes, config) is None)
 
 
 def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
@@ -81,7 +93,7 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   if config.interpret and (config.num_blocks or 1) > 1:
     return ("interpret mode runs blocks one after another and has no semaphores: "
             "use num_blocks=1")
-  if config.batch_axis == "n" and jax.__version_info__ < (0, 11):
+  if config.batch_axis == "n" and not BATCH_ON_N_LOWERS:
     return ("batch_axis='n' needs jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower its "
             "transposed base-tile load)")
   return None
@@ -93,16 +105,22 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   num_sms, smem = launch_facts(config, device)
   vocab, rank = head.config.vocab_size, head.config.rank
   blocks = config.num_blocks or num_sms
-  chunks = chunks_per_block(vocab, blocks)
+  rows = min(shapes.batch, BATCH_TILE)
+  planes = head.markov_head.z_as_int8_planes
+  axis = config.batch_axis or auto_batch_axis(rows, int8_state=planes, greedy=shapes.greedy,
+                                              batch_on_n_lowers=BATCH_ON_N_LOWERS)
+  wgs = config.warpgroups or auto_warpgroups(axis, int8_state=planes, greedy=shapes.greedy)
+  wg_chunks = -(-chunks_per_block(vocab, blocks) // wgs)
   try:
     batched = plan_batched(
-        vocab_size=vocab, rank=rank, batch=min(shapes.batch, BATCH_TILE),
-        num_sms=num_sms, smem_per_block=smem, num_blocks=blocks,
-        resident_chunks=resident_units(config.residency, chunks, CHUNK_ROWS),
+        vocab_size=vocab, rank=rank, batch=rows,
+        num_sms=num_sms, smem_per_block=smem, num_blocks=blocks, warpgroups=wgs,
+        # A row count is the block's, shared by its warpgroups.
+        resident_chunks=resident_units(config.residency, wg_chunks, CHUNK_ROWS * wgs),
         ring_stages=config.ring_stages, base_stages=config.base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
-        int8_state=head.markov_head.z_as_int8_planes, batch_axis=config.batch_axis)
+        int8_state=planes, batch_axis=axis)
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
@@ -117,7 +135,7 @@ def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
   reason = _refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
-  if uses_batched_kernel(shapes, config):
+  if uses_batched_kernel(head, shapes, config):
     return _batched_plan(head, shapes, config, device)
   try:
     mosaic_plan = make_plan(head, config, device, batch=shapes.batch,

@@ -10,6 +10,10 @@ r] x [r, B]`` (the work shrinks with B). Each block's shard is cut into 64-row c
 before; some stay resident in shared memory, the rest stream through a TMA ring; the
 base logits of every chunk stream through a second ring (at B = 64 a step's base
 logits are 147 KB a block: no longer a whole step ahead).
+``warpgroups`` > 1 splits a block's chunks between that many warpgroups, each with its
+own resident chunks, rings and accumulators, so one's WGMMA, waits and refills overlap
+the other's epilogue (a block's chunk loop is a chain of latencies, not of throughput:
+NOTES v11); the counts of a plan (resident, ring and base slots) are a warpgroup's.
 Pure Python on static shapes: the budget checks happen here.
 """
 
@@ -26,10 +30,26 @@ Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 
 DEFAULT_RING_STAGES = 2
 DEFAULT_BASE_STAGES = 3
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
-# Qwen3 shape, NOTES v10: the row kernel is faster up to 4 rows; sampled, the Triton
-# kernel up to 16 — this kernel computes Gumbel noise for all 64 rows in one warpgroup).
-AUTO_BATCHED_RANGE = (4, 64)
-AUTO_SAMPLED_RANGE = (16, 64)
+# Qwen3 shape, NOTES v11: the row kernel is faster at one row, this kernel from 4 rows).
+AUTO_BATCHED_RANGE = (1, 64)
+# The planner's orientation and warpgroups where the config leaves them (H200, NOTES
+# v11): the batch on N up to 16 rows, and up to 32 for int8 planes or sampling (on M
+# the WGMMA computes 64 rows whatever B; on N the per-element epilogue grows with B);
+# two warpgroups where the epilogue is long — int8 planes (two accumulators and the
+# scales) on N, sampling (the Gumbel noise) on either axis.
+AUTO_BATCH_ON_N_MAX = 16
+AUTO_BATCH_ON_N_MAX_LONG_EPILOGUE = 32
+
+
+def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
+                    batch_on_n_lowers: bool = True) -> str:
+  limit = (AUTO_BATCH_ON_N_MAX_LONG_EPILOGUE if int8_state or not greedy
+           else AUTO_BATCH_ON_N_MAX)
+  return "n" if batch_on_n_lowers and batch <= limit else "m"
+
+
+def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool) -> int:
+  return 2 if not greedy or (batch_axis == "n" and int8_state) else 1
 
 
 def padded_batch(batch: int) -> int:
@@ -54,15 +74,29 @@ class BatchedPlan:
   int8_state: bool = False  # int8 W2 × z as two int8 planes (``wts_jax.int8_state``)
   snake: bool = True
   batch_axis: str = "m"     # "m": [B, r] x [r, 64] a chunk; "n": [64, r] x [r, B]
+  warpgroups: int = 1       # warpgroups sharing a block's chunks (each its own share)
+
+  @property
+  def wg_chunks(self) -> int:
+    """A warpgroup's chunks (``chunks`` is a multiple of ``warpgroups``)."""
+    return self.chunks // self.warpgroups
 
   @property
   def streamed_chunks(self) -> int:
-    return self.chunks - self.resident_chunks
+    """A warpgroup's chunks streamed each step."""
+    return self.wg_chunks - self.resident_chunks
+
+  @property
+  def base_rows(self) -> int:
+    """Rows of a base tile: the WGMMA's 64 M rows when the batch is on M; the batch rows
+    only when it is on N."""
+    return self.batch_rows if self.batch_axis == "n" else BATCH_TILE
 
   @property
   def resident_fraction(self) -> float:
     """The share of W2 that stays in shared memory for the whole walk."""
-    return min(1.0, self.resident_chunks * self.num_blocks * CHUNK_ROWS / self.vocab_size)
+    return min(1.0, self.resident_chunks * self.warpgroups * self.num_blocks * CHUNK_ROWS
+               / self.vocab_size)
 
   @property
   def z_row_bytes(self) -> int:
@@ -77,6 +111,8 @@ class BatchedPlan:
             f"ring ({chunk_kb:.0f} KB a slot); base logits through a {self.base_stages}-"
             f"slot ring; {self.batch_rows} batch rows on the WGMMA's "
             f"{self.batch_axis.upper()}"
+            + (f"; {self.warpgroups} warpgroups a block, the counts a warpgroup's"
+               if self.warpgroups > 1 else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else ""))
 
 
@@ -85,21 +121,25 @@ def _aligned(nbytes: int) -> int:
 
 
 def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
-                scaled: bool, int8_state: bool = False, batch_axis: str = "m") -> int:
-  """Shared memory besides the W2 slots: z staging [64, 2r + pad] bytes and the swizzled
-  A tile [64, 2r] bytes, the base ring [stages, 64, 64], an int8 W2's per-row scales
-  [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes the
-  scales around each row's s_lo [64, 32 + 8] f32 ([64, 64 + 8] and their [64] s_lo
-  with the batch on N)."""
+                scaled: bool, int8_state: bool = False, batch_axis: str = "m",
+                base_rows: int = BATCH_TILE, warpgroups: int = 1) -> int:
+  """Shared memory besides the W2 slots: z staging [64, 2r + pad] bytes and the
+  swizzled WGMMA tile [64, 2r] bytes (64 rows whatever the batch: the register round
+  trip between them loads whole WGMMA-layout tiles), each warpgroup's base ring
+  [stages, base_rows, 64], an int8 W2's per-row scales [chunks, 64] f32, the tokens [64] and exchange keys
+  [2, 64]; with int8 planes the scales around each row's s_lo [64, 32 + 8] f32
+  ([64, 64 + 8] and a warpgroup's [64] s_lo with the batch on N); with warpgroups the
+  merge slots [warpgroups, 64] f32 + i32."""
   z_stage = BATCH_TILE * (rank * 2 + Z_ROW_PAD_BYTES) + _aligned(BATCH_TILE * rank * 2)
-  base = base_stages * BATCH_TILE * CHUNK_ROWS * base_itemsize
+  base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
   plane_scales = (_aligned(BATCH_TILE * (window + 8) * 4)
-                  + (_aligned(BATCH_TILE * 4) if batch_axis == "n" else 0)
+                  + (_aligned(warpgroups * BATCH_TILE * 4) if batch_axis == "n" else 0)
                   if int8_state else 0)
+  merge = 2 * _aligned(warpgroups * BATCH_TILE * 4) if warpgroups > 1 else 0
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
-          + _aligned(2 * BATCH_TILE * 4) + plane_scales)
+          + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge)
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
@@ -107,11 +147,13 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  resident_chunks: int | None = None, ring_stages: int | None = None,
                  base_stages: int | None = None, base_itemsize: int = 2,
                  w2_itemsize: int = 2, int8_state: bool = False,
-                 snake: bool = True, batch_axis: str = "m") -> BatchedPlan:
+                 snake: bool = True, batch_axis: str = "m",
+                 warpgroups: int = 1) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
-  memory: z staging, the base ring, scales first, then W2 — as many resident chunks as
-  leave ``ring_stages`` slots streaming whole ring rounds per step (the ring restarts each
-  step, so its slot indices are static)."""
+  memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
+  resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
+  across steps: a chunk's slot is its place in the walk's stream modulo the slots).
+  ``resident_chunks``, ``ring_stages`` and ``base_stages`` are a warpgroup's."""
   if w2_itemsize == 1 and not int8_state:
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
                      "(quantize_w2(head, 'int8', state='planes'))")
@@ -128,51 +170,51 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   if blocks > num_sms:
     raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
                      "not all be co-resident and the grid barrier would time out")
-  chunks = chunks_per_block(vocab_size, blocks)
+  if warpgroups not in (1, 2):
+    raise ValueError(f"warpgroups={warpgroups} must be 1 or 2 (a block's registers hold "
+                     "two 128-thread warpgroups at 255 registers each)")
+  # Rounded up to whole warpgroup shares (the extra chunks' clamped starts repeat rows).
+  chunks = -(-chunks_per_block(vocab_size, blocks) // warpgroups) * warpgroups
+  wg_chunks = chunks // warpgroups
   if base_stages is None:
-    base_stages = next(s for s in range(min(DEFAULT_BASE_STAGES, chunks), 0, -1)
-                       if chunks % s == 0)
-  if base_stages < 1 or chunks % base_stages:
-    raise ValueError(f"base_stages={base_stages} must divide the {chunks} chunks a block "
-                     "owns (the base ring restarts every step)")
+    base_stages = next(s for s in range(min(DEFAULT_BASE_STAGES, wg_chunks), 0, -1)
+                       if wg_chunks % s == 0)
+  if base_stages < 1 or wg_chunks % base_stages:
+    raise ValueError(f"base_stages={base_stages} must divide the {wg_chunks} chunks a "
+                     "warpgroup owns (the base ring restarts every step)")
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
                       base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
-                      int8_state=int8_state, batch_axis=batch_axis)
-  slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes
+                      int8_state=int8_state, batch_axis=batch_axis,
+                      base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
+                      warpgroups=warpgroups)
+  slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
-                     "W2 chunk beside the batched walk's staging")
-  if resident_chunks is None and ring_stages in (None, 0) and chunks <= slots:
-    resident_chunks, ring_stages = chunks, 0
-  if ring_stages is None and resident_chunks is not None:
-    # The deepest ring up to the default that streams the rest in whole rounds.
-    rest = chunks - min(resident_chunks, chunks)
-    ring_stages = next((s for s in range(min(DEFAULT_RING_STAGES, rest), 0, -1)
-                        if rest % s == 0), 0)
+                     "W2 chunk a warpgroup beside the batched walk's staging")
+  if resident_chunks is None and ring_stages in (None, 0) and wg_chunks <= slots:
+    resident_chunks, ring_stages = wg_chunks, 0
   if ring_stages is None:
-    ring_stages = min(DEFAULT_RING_STAGES, slots)
+    rest = wg_chunks - min(resident_chunks or 0, wg_chunks)
+    ring_stages = min(DEFAULT_RING_STAGES, slots, rest)
   if resident_chunks is None:
-    resident_chunks = next((r for r in range(min(chunks, slots - ring_stages), -1, -1)
-                            if r == chunks or (ring_stages and
-                                               (chunks - r) % ring_stages == 0)), None)
-    if resident_chunks is None:
-      raise ValueError(f"no split of {chunks} chunks fits {slots} shared-memory slots "
-                       f"with a {ring_stages}-slot ring")
-  resident_chunks = min(resident_chunks, chunks)
-  streamed = chunks - resident_chunks
+    resident_chunks = max(0, min(wg_chunks, slots - ring_stages))
+  resident_chunks = min(resident_chunks, wg_chunks)
+  streamed = wg_chunks - resident_chunks
   if streamed == 0:
     ring_stages = 0
-  elif ring_stages < 1 or streamed % ring_stages:
-    raise ValueError(f"{streamed} streamed chunks are not a whole number of rounds of a "
-                     f"{ring_stages}-slot ring")
+  elif ring_stages < 1:
+    raise ValueError(f"{streamed} streamed chunks need a ring of at least one slot")
   if resident_chunks + ring_stages > slots:
     raise ValueError(f"{resident_chunks} resident chunks + {ring_stages} ring slots exceed "
-                     f"the {slots} W2 chunks that fit a block's shared memory")
-  used = SMEM_RESERVED_BYTES + fixed + (resident_chunks + ring_stages) * chunk_bytes
+                     f"the {slots} W2 chunks that fit "
+                     + ("a warpgroup's half of " if warpgroups > 1 else "")
+                     + "a block's shared memory")
+  used = (SMEM_RESERVED_BYTES + fixed
+          + warpgroups * (resident_chunks + ring_stages) * chunk_bytes)
   return BatchedPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
                      ring_stages=ring_stages, base_stages=base_stages,
                      vocab_size=vocab_size, rank=rank, batch_rows=padded_batch(batch),
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
-                     batch_axis=batch_axis)
+                     batch_axis=batch_axis, warpgroups=warpgroups)

@@ -1,6 +1,6 @@
 """The Weights-That-Stay walk for many batch rows: one persistent Mosaic GPU kernel with
-the batch on the tensor cores — on the WGMMA's M (``batch_axis="m"``, the default) or
-on its N (``"n"``; ``mosaic_batched_plan.py`` says why either).
+the batch on the tensor cores — on the WGMMA's M (``batch_axis="m"``) or on its N
+(``"n"``; ``mosaic_batched_plan.py`` says why either, and which the planner takes).
 
 Per block (one per SM) and step:
 
@@ -20,6 +20,13 @@ Per block (one per SM) and step:
   atomic max, meets the others at the grid barrier of ``grid_sync`` (the Mosaic
   protocol), and reads back the winning key — the same token per row everywhere;
 - the tokens go to shared memory, and one bulk copy per row fetches the next z.
+
+With two warpgroups (``plan.warpgroups``) each owns half of the block's chunks (its own
+resident chunks, rings, base slots and accumulators) and they overlap each other's
+latencies. Warpgroup 0 stages z and runs the exchange: it hands the WGMMA tile to
+warpgroup 1 through an mbarrier (``za_bar``), and warpgroup 1 hands back its best per
+row through shared memory (``merge_bar``); warpgroup 1 waits for nothing else, so it can
+never run a step ahead (its next step starts on warpgroup 0's next ``za_bar``).
 
 Why the register round trip: a bulk copy writes a row linearly, while the WGMMA reads a
 swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle tile.
@@ -103,6 +110,10 @@ class BatchedRefs:
   w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
   zscale_s: object = None     # the scales (a window) around each row's s_lo
   plane_scale_s: object = None   # batch on N: each row's s_lo on its way to N
+  za_bar: object = None          # warpgroups: the WGMMA tile of z is staged
+  merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
+  merge_value_s: object = None
+  merge_index_s: object = None
 
 
 def _base_transforms(itemsize: int):
@@ -116,8 +127,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   vocab, rank, rows = plan.vocab_size, plan.rank, plan.batch_rows
   refs = BatchedRefs(**dict(zip(names, refs)))
   blocks, res, stages = plan.num_blocks, plan.resident_chunks, plan.ring_stages
-  streamed, chunks, base_stages = plan.streamed_chunks, plan.chunks, plan.base_stages
+  streamed, chunks, base_stages = plan.streamed_chunks, plan.wg_chunks, plan.base_stages
   block = lax.axis_index("blocks")
+  # A warpgroup's share: chunks [wg * chunks, (wg + 1) * chunks) of the block's, W2 slots
+  # from ``slot0``, ring and base slots from ``wg * stages`` / ``wg * base_stages``.
+  wgs = plan.warpgroups
+  wg = lax.axis_index("wg") if wgs > 1 else 0
+  leader = wg == 0   # the warpgroup that stages z and runs the exchange
+  slot0 = wg * (res + stages)
   multi_block = blocks > 1
   # The keys first: the kernel's first global allocation starts the (zeroed) buffer, so
   # its 64-bit slots are aligned (grid_sync).
@@ -140,12 +157,24 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
   def chunk_start(c):
     # Clamped, so the last chunks overlap earlier rows rather than read past V.
-    return jnp.minimum(block * (chunks * CHUNK_ROWS) + c * CHUNK_ROWS,
+    return jnp.minimum(block * (plan.chunks * CHUNK_ROWS) + (wg * chunks + c) * CHUNK_ROWS,
                        vocab - CHUNK_ROWS)
 
   def copy_chunk(c, slot, barrier):
     plgpu.copy_gmem_to_smem(refs.w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
-                            refs.w_s.at[slot], barrier)
+                            refs.w_s.at[slot0 + slot], barrier)
+
+  def ring_barrier(ring):
+    return refs.ring_bar.at[wg * stages + ring]
+
+  def base_slot_of(position):
+    return wg * base_stages + _rem(position, base_stages)
+
+  def leader_only(body):
+    if wgs > 1:
+      pl.when(leader)(body)
+    else:
+      body()
 
   def streamed_chunk(step, j):
     if not plan.snake:
@@ -164,7 +193,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     return _select(resident, index, lambda: streamed_chunk(step, j))
 
   def copy_base(step, position):
-    base_slot = _rem(position, base_stages)
+    base_slot = base_slot_of(position)
     plgpu.copy_gmem_to_smem(
         refs.base_g.at[:, step, pl.ds(chunk_start(chunk_at(step, position)), CHUNK_ROWS)],
         refs.base_s.at[base_slot, pl.ds(0, rows)], refs.base_bar.at[base_slot])
@@ -186,51 +215,54 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def scale_window(token):
     return jnp.minimum(token - lax.rem(token, window), vocab - window)
 
-  def row_plane_scale(tokens):
-    """Each row's s_lo: its place in the scales copied beside its planes. Batch on N:
-    found per row as on M (from the tokens in ``tok_s``), then through shared memory into
-    the column layout (Mosaic has no transposed f32 load)."""
-    if n_major:
-      tokens = _load(refs.tok_s, _PER_ROW, optimized=False)
+  def row_plane_scale():
+    """Each row's s_lo: its place in the scales copied beside its planes (found from the
+    step's tokens in ``tok_s``). Batch on N: then through shared memory into the column
+    layout (Mosaic has no transposed f32 load), a warpgroup's own slots."""
+    tokens = _load(refs.tok_s, _PER_ROW, optimized=False)
     held = _load(refs.zscale_s.at[:, pl.ds(0, window)], _WGMMA)
     place = plgpu.broadcasted_iota(jnp.int32, held.shape, 1, layout=_WGMMA)
     wanted = lax.broadcast_in_dim(tokens - scale_window(tokens), held.shape, (0,))
     per_row = jnp.where(place == wanted, held, 0.0).sum(axis=1)
     if not n_major:
       return per_row
-    refs.plane_scale_s[...] = per_row
+    refs.plane_scale_s[wg] = per_row
     plgpu.commit_smem()
-    return _load(refs.plane_scale_s.at[pl.ds(0, rows)], _PER_COLUMN, optimized=False)
+    return _load(refs.plane_scale_s.at[wg, pl.ds(0, rows)], _PER_COLUMN, optimized=False)
 
   with jax.named_scope("prologue"):
     if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
-      refs.z_s[...] = jnp.zeros(refs.z_s.shape, refs.z_s.dtype)
-      if n_major:
-        refs.base_s[...] = jnp.zeros(refs.base_s.shape, refs.base_s.dtype)
-      else:
+      def zero_staging():
+        refs.z_s[...] = jnp.zeros(refs.z_s.shape, refs.z_s.dtype)
+        if planes:
+          refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
+      leader_only(zero_staging)
+      if not n_major:   # (batch on N: a base tile is the batch rows only, all copied)
         zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
                                   _WGMMA)
         for s in range(base_stages):
-          refs.base_s[s] = zeros
-      if planes:
-        refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
+          refs.base_s[wg * base_stages + s] = zeros
       plgpu.commit_smem()   # the generic writes before any async copy lands beside them
-    for g in range(min(stages, total_streamed)):
-      copy_chunk(res + g, res + g, refs.ring_bar.at[g])   # step 0 streams forward
+    for g in range(min(stages, total_streamed)):   # the stream's first chunks
+      copy_chunk(streamed_chunk(g // streamed, g % streamed), res + g, ring_barrier(g))
     for p in range(base_stages):
       copy_base(0, p)
     for c in range(res):
-      copy_chunk(c, c, refs.res_bar)
-    if planes:   # the block's per-row W2 scales, once: [chunks, 64] f32
+      copy_chunk(c, c, refs.res_bar.at[wg])
+    if planes:   # the warpgroup's per-row W2 scales, once: [chunks, 64] f32
       for c in range(chunks):
         plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
-                                refs.w2_scale_s.at[c], refs.w2_scale_bar)
-    first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, batch_width)],
-                                  per_batch_row, optimized=False), 0, vocab - 1)
-    refs.tok_s[pl.ds(0, batch_width)] = first_tokens
-    gather_z()
+                                refs.w2_scale_s.at[wg * chunks + c],
+                                refs.w2_scale_bar.at[wg])
+
+    def first_z():
+      first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, batch_width)],
+                                    per_batch_row, optimized=False), 0, vocab - 1)
+      refs.tok_s[pl.ds(0, batch_width)] = first_tokens
+      gather_z()
+    leader_only(first_z)
     if planes:
-      plgpu.barrier_wait(refs.w2_scale_bar)
+      plgpu.barrier_wait(refs.w2_scale_bar.at[wg])
 
   if not spec.greedy:
     seeds = (refs.seed_g[0], refs.seed_g[1])
@@ -239,21 +271,28 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     row_noise = _load(refs.noise_g.at[pl.ds(0, batch_width)], per_batch_row,
                       optimized=False) != 0
 
-  def step_body(step, carry):
-    flags, step_tokens = carry
+  def step_body(step, flags):
     with jax.named_scope("z_wait"):
-      plgpu.barrier_wait(refs.z_bar)
-      # The staged rows into the swizzled A tile(s) (a register round trip: a bulk copy
-      # cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
-      if planes:
-        for plane in range(2):   # q_hi, q_lo
-          refs.za_s[plane] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)],
-                                   plgpu.Layout.WGMMA_8BIT)
-        plane_scale = lax.broadcast_in_dim(row_plane_scale(step_tokens), tile,
-                                           (batch_axis,))
+      def stage_z():
+        plgpu.barrier_wait(refs.z_bar)
+        # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
+        # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
+        if planes:
+          for plane in range(2):   # q_hi, q_lo
+            refs.za_s[plane] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)],
+                                     plgpu.Layout.WGMMA_8BIT)
+        else:
+          refs.za_s[...] = _load(refs.z_s.at[:, pl.ds(0, rank)], _WGMMA)
+        plgpu.commit_smem()
+        if wgs > 1:
+          plgpu.barrier_arrive(refs.za_bar)
+      if wgs > 1:
+        pl.when(leader)(stage_z)
+        pl.when(jnp.logical_not(leader))(lambda: plgpu.barrier_wait(refs.za_bar))
       else:
-        refs.za_s[...] = _load(refs.z_s.at[:, pl.ds(0, rank)], _WGMMA)
-      plgpu.commit_smem()
+        stage_z()
+      if planes:
+        plane_scale = lax.broadcast_in_dim(row_plane_scale(), tile, (batch_axis,))
     if not spec.greedy:
       streams = sampling.stream_key(seeds, row_ids + spec.row_offset, step)
       streams = lax.broadcast_in_dim(streams, tile, (batch_axis,))
@@ -262,7 +301,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def locate(position):
       """The chunk at ``position``: (resident?, its ring index j, its slot, its id)."""
       resident, index, j = chunk_kind(position)
-      ring = _rem(j, stages) if stages else 0
+      # The ring runs on across steps: a chunk's slot is its place in the walk's stream.
+      ring = _rem(step * streamed + j, stages) if stages else 0
       return (resident, j, ring, _select(resident, index, lambda: res + ring),
               _select(resident, index, lambda: streamed_chunk(step, j)), index)
 
@@ -272,16 +312,16 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       with jax.named_scope("wait"):
         if res:   # once: the resident chunks copied in the prologue have landed
           _when(_and(_and(resident, index == 0), step == 0),
-                lambda: plgpu.barrier_wait(refs.res_bar))
+                lambda: plgpu.barrier_wait(refs.res_bar.at[wg]))
         if stages:
-          _when(_not(resident), lambda: plgpu.barrier_wait(refs.ring_bar.at[ring]))
+          _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
       with jax.named_scope("mma"):
         for plane, acc_ref in enumerate(acc_refs):
           z = refs.za_s.at[plane] if planes else refs.za_s
           if n_major:   # the chunk is the A operand, the batch rows' z the B operand
-            plgpu.wgmma(acc_ref, refs.w_s.at[slot], z.at[pl.ds(0, rows)].T)
+            plgpu.wgmma(acc_ref, refs.w_s.at[slot0 + slot], z.at[pl.ds(0, rows)].T)
           else:
-            plgpu.wgmma(acc_ref, z, refs.w_s.at[slot].T)
+            plgpu.wgmma(acc_ref, z, refs.w_s.at[slot0 + slot].T)
 
     def finish(position, acc_refs):
       """The chunk's logits less the base: its accumulator(s), read when complete.
@@ -293,8 +333,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
         c = locate(position)[4]
         vocab_scale = lax.broadcast_in_dim(
-            _load(refs.w2_scale_s.at[c], _PER_ROW if n_major else _PER_COLUMN), tile,
-            (vocab_axis,))
+            _load(refs.w2_scale_s.at[wg * chunks + c], _PER_ROW if n_major else _PER_COLUMN),
+            tile, (vocab_axis,))
         return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
 
     def accumulators():
@@ -307,7 +347,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       best (score, vocab row), reduced over the vocabulary once a step."""
       best_value, best_index, nan_seen = carry
       resident, j, ring, _, c, _ = locate(position)
-      base_slot = _rem(position, base_stages)
+      base_slot = base_slot_of(position)
       with jax.named_scope("epilogue"):
         plgpu.barrier_wait(refs.base_bar.at[base_slot])
         if n_major:   # the [rows, 64] tile read transposed
@@ -348,7 +388,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           def copy_next():
             shift = (j + stages) // streamed
             copy_chunk(streamed_chunk(step + shift, _rem(j + stages, streamed)),
-                       res + ring, refs.ring_bar.at[ring])
+                       res + ring, ring_barrier(ring))
           _when(_and(step * streamed + j + stages < total_streamed, _not(resident)),
                 copy_next)
       return best_value, best_index, nan_seen
@@ -365,15 +405,52 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         return finish(position, acc_refs)
       return epilogue(position, pl.run_scoped(product, *accumulators()), carry)
     carry = lax.fori_loop(0, chunks, chunk, carry)
-    best_value, best_index, nan_seen = carry
-    if n_major:   # over the vocabulary (axis 0): the block's best per batch column
-      with jax.named_scope("column_reduce"):
-        nan_seen = nan_seen.max(axis=0)
-        top = best_value.max(axis=0)
-        best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
-                               best_index, _BIG_INDEX).min(axis=0)
-        best_value = top
 
+    def reduced():
+      """(best value, its index, NaN flag) per batch row of this warpgroup's chunks.
+      Mosaic's cross-warp reductions (over the vocabulary on N, the NaN flag over the
+      rows) share one scratch buffer among warpgroups: two warpgroups reduce in turn."""
+      best_value, best_index, nan_seen = carry
+      if n_major:   # over the vocabulary (axis 0): the best per batch column
+        with jax.named_scope("column_reduce"):
+          nan_seen = nan_seen.max(axis=0)
+          top = best_value.max(axis=0)
+          best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
+                                 best_index, _BIG_INDEX).min(axis=0)
+          best_value = top
+      nan_flag = jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max() > 0,
+                           STATUS_NAN_LOGITS, 0)
+      return best_value, best_index, nan_flag
+
+    if wgs == 1:
+      best_value, best_index, nan_flag = reduced()
+      return flags | nan_flag | exchange(step, best_value, best_index)
+
+    def hand_over():   # warpgroup 1: its best per row to the leader, then the next step
+      best_value, best_index, nan_flag = reduced()
+      refs.merge_value_s[pl.ds(0, batch_width)] = best_value
+      refs.merge_index_s[pl.ds(0, batch_width)] = best_index
+      plgpu.barrier_arrive(refs.merge_bar)
+      return nan_flag
+
+    def merge_and_exchange():
+      with jax.named_scope("merge"):
+        plgpu.barrier_wait(refs.merge_bar)   # also: warpgroup 1 has reduced
+        best_value, best_index, nan_flag = reduced()
+        other_value = _load(refs.merge_value_s.at[pl.ds(0, batch_width)], per_batch_row,
+                            optimized=False)
+        other_index = _load(refs.merge_index_s.at[pl.ds(0, batch_width)], per_batch_row,
+                            optimized=False)
+        better = ((other_value > best_value)
+                  | ((other_value == best_value) & (other_index < best_index)))
+      return nan_flag | exchange(step, jnp.where(better, other_value, best_value),
+                                 jnp.where(better, other_index, best_index))
+    return flags | lax.cond(leader, merge_and_exchange, hand_over)
+
+  def exchange(step, best_value, best_index):
+    """The leader's end of a step: each row's winner over the grid, the tokens to
+    ``tok_s`` (and by block 0 to ``tok_g``), the next step's z requested. Returns the
+    timeout flag."""
     timed_out = jnp.int32(0)
     if multi_block:
       # Each row's winner by the L2's atomics on one key per (step, row) (grid_sync).
@@ -403,19 +480,16 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       else:
         refs.tok_g[:, step] = tokens
 
-    flags = (flags | jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max()
-                               > 0, STATUS_NAN_LOGITS, 0)
-             | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0))
-
     @pl.when(step + 1 < spec.steps)
     def _():
-      # The z staging's generic reads (this step's A operand) before the bulk copies.
+      # The z staging's generic reads (this step's WGMMA tile) and the tokens' stores
+      # before the bulk copies.
       plgpu.commit_smem()
       gather_z()
-    return flags, tokens
+    return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
-  flags, _ = lax.fori_loop(0, spec.steps, step_body, (jnp.int32(0), first_tokens))
-  refs.flag_g[block] = flags
+  flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
+  refs.flag_g[block * wgs + wg] = flags
 
 
 def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None,
@@ -447,7 +521,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   if rows != batch or vocab_pad:
     base_logits = jnp.pad(base_logits, ((0, rows - batch), (0, 0), (0, vocab_pad)))
   first = jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(first_tokens.astype(jnp.int32))
-  slots = plan.resident_chunks + plan.ring_stages
+  wgs = plan.warpgroups
+  slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
   a_tile = (2, BATCH_TILE, rank) if plan.int8_state else (BATCH_TILE, rank)
@@ -457,28 +532,33 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "z_s": plgpu.SMEM((BATCH_TILE, plan.z_row_bytes // w_itemsize), w1.dtype),
       "za_s": plgpu.SMEM(a_tile, w1.dtype, transforms=_w2_transforms(w_itemsize, rank)),
       # Batch on N reads the base tile transposed: untiled.
-      "base_s": plgpu.SMEM((plan.base_stages, BATCH_TILE, CHUNK_ROWS), base_dtype,
+      "base_s": plgpu.SMEM((wgs * plan.base_stages, plan.base_rows, CHUNK_ROWS), base_dtype,
                            transforms=() if plan.batch_axis == "n"
                            else _base_transforms(jnp.dtype(base_dtype).itemsize)),
       "tok_s": plgpu.SMEM((BATCH_TILE,), jnp.int32),
       "keys_s": plgpu.SMEM((2, BATCH_TILE), jnp.uint32),   # exchange keys: high, low words
-      "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=1),
-      "ring_bar": plgpu.Barrier(num_arrivals=1, num_barriers=max(1, plan.ring_stages)),
-      "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=plan.base_stages),
+      "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=wgs),
+      "ring_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * max(1, plan.ring_stages)),
+      "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       "z_bar": plgpu.Barrier(num_arrivals=rows * (2 if plan.int8_state else 1),
                              num_barriers=1),
   }
   if plan.int8_state:
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
-    scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.chunks, num_barriers=1)
+    scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
     # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
     scratch["zscale_s"] = plgpu.SMEM(
         (BATCH_TILE, (SCALE_WINDOW_N if n_major else SCALE_WINDOW) + 8), jnp.float32)
     if n_major:
-      scratch["plane_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
+      scratch["plane_scale_s"] = plgpu.SMEM((wgs, BATCH_TILE), jnp.float32)
+  if wgs > 1:
+    scratch["za_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
+    scratch["merge_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
+    scratch["merge_value_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
+    scratch["merge_index_s"] = plgpu.SMEM((BATCH_TILE,), jnp.int32)
   outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE) if n_major
                                            else (BATCH_TILE, steps), jnp.int32),
-             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks,), jnp.int32)}
+             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks * wgs,), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
   if plan.int8_state:
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
@@ -493,6 +573,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                         names=(*operands, *outputs, *scratch)),
       out_type=tuple(outputs.values()),
       grid=(plan.num_blocks,), grid_names=("blocks",),
+      **(dict(num_threads=wgs, thread_name="wg") if wgs > 1 else {}),
       scratch_types=list(scratch.values()),
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane,

@@ -16,7 +16,8 @@ from wts_jax.walk_config import resident_units
 CHUNK_ROWS = 64            # rows per register GEMV (the WGMMA layout's row tile)
 Z_TILE_ROWS = 8            # WGMMA GEMV: W1 rows per batch row in shared memory (n = 8B)
 MAX_BATCH = 4              # rows per launch: per-row candidates, staging and exchange
-AUTO_MAX_BATCH = 4         # where "auto" picks this kernel: measured faster at B <= 4 (v10)
+AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: from 4 rows the batched kernel
+                           # (batch on N) is faster (v11)
 RING_STAGE_MIN = 1
 DEFAULT_RING_STAGES = 2     # the default split, measured (NOTES v6): 2 resident chunks
 DEFAULT_RESIDENT_CHUNKS = 2  # + a 2-slot ring beat 0/2/4 + 2, 0 + 1/3/6, 3 + 3, 2 + 4
