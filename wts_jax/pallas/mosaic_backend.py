@@ -19,9 +19,10 @@ from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_batch_axis, auto_warpgroups,
-                                                padded_batch, plan_batched)
+                                                padded_batch, plan_batched,
+                                                warpgroup_chunks)
 from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
-                                        chunks_per_block, launch_facts, make_plan)
+                                        launch_facts, make_plan)
 from wts_jax.walk_config import MosaicConfig
 
 # jax 0.10's Mosaic GPU cannot lower the batch-on-N kernel's transposed base-tile load.
@@ -110,7 +111,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   axis = config.batch_axis or auto_batch_axis(rows, int8_state=planes, greedy=shapes.greedy,
                                               batch_on_n_lowers=BATCH_ON_N_LOWERS)
   wgs = config.warpgroups or auto_warpgroups(axis, int8_state=planes, greedy=shapes.greedy)
-  wg_chunks = -(-chunks_per_block(vocab, blocks) // wgs)
+  wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
   try:
     batched = plan_batched(
         vocab_size=vocab, rank=rank, batch=rows,

@@ -116,6 +116,12 @@ class BatchedPlan:
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else ""))
 
 
+def warpgroup_chunks(vocab_size: int, num_blocks: int, warpgroups: int) -> int:
+  """A warpgroup's share of a block's chunks, rounded up to whole shares (the extra
+  chunks' clamped starts repeat rows)."""
+  return -(-chunks_per_block(vocab_size, num_blocks) // warpgroups)
+
+
 def _aligned(nbytes: int) -> int:
   return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
@@ -173,9 +179,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   if warpgroups not in (1, 2):
     raise ValueError(f"warpgroups={warpgroups} must be 1 or 2 (a block's registers hold "
                      "two 128-thread warpgroups at 255 registers each)")
-  # Rounded up to whole warpgroup shares (the extra chunks' clamped starts repeat rows).
-  chunks = -(-chunks_per_block(vocab_size, blocks) // warpgroups) * warpgroups
-  wg_chunks = chunks // warpgroups
+  wg_chunks = warpgroup_chunks(vocab_size, blocks, warpgroups)
+  chunks = wg_chunks * warpgroups
   if base_stages is None:
     base_stages = next(s for s in range(min(DEFAULT_BASE_STAGES, wg_chunks), 0, -1)
                        if wg_chunks % s == 0)
