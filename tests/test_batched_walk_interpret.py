@@ -161,7 +161,7 @@ def test_plan_at_the_qwen3_shape():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch=65), "batch=65 must be in"),
     (dict(rank=96), "rank=96 must be a multiple of 64"),
-    (dict(base_stages=4), "base_stages=4 must divide the 18 chunks"),
+    (dict(base_stages=19), r"base_stages=19 must be in \[1, 18\]"),
     (dict(resident_chunks=3, ring_stages=0), "15 streamed chunks need a ring"),
     (dict(warpgroups=3), "warpgroups=3 must be 1 or 2"),
     (dict(resident_chunks=6, ring_stages=2), "exceed the 4 W2 chunks"),

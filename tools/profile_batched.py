@@ -7,7 +7,8 @@ device call that checks, times and profiles many variants at the Qwen3-4B shape.
 A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two int8
 planes), mode greedy or sample, options joined by ``+``: ``rR`` / ``sS`` / ``bN``
 (resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
-block), ``n`` (the batch on the WGMMA's N).
+block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
+mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -58,6 +59,7 @@ class Variant:
   base_stages: int | None = None
   batch_axis: str = "m"
   warpgroups: int | None = None
+  deferred_release: bool | None = None   # None: the planner's
 
 
 def parse_variant(text: str) -> Variant:
@@ -68,6 +70,8 @@ def parse_variant(text: str) -> Variant:
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option == "n":
       options["batch_axis"] = "n"
+    elif option in ("c", "d"):
+      options["deferred_release"] = option == "d"
     elif m := re.fullmatch(r"([rsbw])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
              "w": "warpgroups"}[m.group(1)]
@@ -113,6 +117,9 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   spec = mosaic_backend.plan(head, shapes, config, device)
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
+  if variant.deferred_release is not None:
+    spec = dataclasses.replace(spec, plan=dataclasses.replace(
+        spec.plan, deferred_release=variant.deferred_release))
   spec = dataclasses.replace(spec, profile_dir=profile_dir,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
   run = jax.jit(lambda head, base, first: mosaic_backend.launch(

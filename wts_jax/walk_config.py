@@ -123,7 +123,7 @@ class MosaicConfig:
     (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (rows at one row, and up
     to 4 where the batched kernel cannot run the walk or a row-kernel option — gemv,
     group, resident_group, register_chunks — is set; else batched).
-  base_stages: the batched kernel's base-logit ring slots (must divide a block's
+  base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's
     chunks; None: the planner's).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
     the B operand), "n" (a chunk the A operand, the batch on N; jax >= 0.11) or None

@@ -52,8 +52,31 @@ def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool) -> int:
   return 2 if not greedy or (batch_axis == "n" and int8_state) else 1
 
 
+def auto_deferred_release(batch_axis: str, *, warpgroups: int, base_stages: int) -> bool:
+  """Deferred base-slot release where it measured faster (H200, NOTES v12): the batch on
+  N with one warpgroup. (It needs two base slots: a slot is refilled a chunk late.)"""
+  return batch_axis == "n" and warpgroups == 1 and base_stages >= 2
+
+
 def padded_batch(batch: int) -> int:
   return -(-batch // BATCH_ALIGN) * BATCH_ALIGN
+
+
+def z_swizzle(rank: int, itemsize: int) -> int:
+  """The swizzle of a WGMMA tile of z (one plane): 128 bytes, or a narrower row's width."""
+  return min(128, rank * itemsize)
+
+
+def staged_rows_on_n(batch_rows: int, rank: int, itemsize: int) -> int:
+  """The rows of z staged with the batch on N: the batch rows, rounded up to what the
+  register round trip into the swizzled tile moves whole (Mosaic's shared-to-global copy
+  layout gives each warp 4 tiles of [8 rows, one swizzle]; a row of z spans
+  ``rank · itemsize / swizzle`` of them)."""
+  row_tiles, col_tiles = -(-batch_rows // 8), rank * itemsize // z_swizzle(rank, itemsize)
+  while not (row_tiles % 4 == 0 or (row_tiles % 2 == 0 and col_tiles % 2 == 0)
+             or col_tiles % 4 == 0):
+    row_tiles += 1
+  return min(BATCH_TILE, row_tiles * 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +87,7 @@ class BatchedPlan:
   chunks: int               # 64-row chunks of W2 per block
   resident_chunks: int      # kept in shared memory for the whole walk
   ring_stages: int          # W2 slots of the streaming ring
-  base_stages: int          # slots of the base-logit ring (divides ``chunks``)
+  base_stages: int          # slots of the base-logit ring (runs on across steps)
   vocab_size: int
   rank: int
   batch_rows: int           # B padded to BATCH_ALIGN (<= BATCH_TILE)
@@ -75,6 +98,14 @@ class BatchedPlan:
   snake: bool = True
   batch_axis: str = "m"     # "m": [B, r] x [r, 64] a chunk; "n": [64, r] x [r, B]
   warpgroups: int = 1       # warpgroups sharing a block's chunks (each its own share)
+  # A base slot is refilled one position after its reads, once every thread released it
+  # by an mbarrier arrival (else at once, after a warpgroup barrier and proxy fence).
+  deferred_release: bool = False
+
+  def __post_init__(self):
+    if self.deferred_release and self.base_stages < 2:
+      raise ValueError("a deferred base release needs a base ring of 2 or more slots: "
+                       "a slot is refilled one chunk after its reads")
 
   @property
   def wg_chunks(self) -> int:
@@ -91,6 +122,14 @@ class BatchedPlan:
     """Rows of a base tile: the WGMMA's 64 M rows when the batch is on M; the batch rows
     only when it is on N."""
     return self.batch_rows if self.batch_axis == "n" else BATCH_TILE
+
+  @property
+  def staged_rows(self) -> int:
+    """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
+    batch rows (rounded: ``staged_rows_on_n``) on N."""
+    if self.batch_axis == "m":
+      return BATCH_TILE
+    return staged_rows_on_n(self.batch_rows, self.rank, self.w2_itemsize)
 
   @property
   def resident_fraction(self) -> float:
@@ -128,15 +167,16 @@ def _aligned(nbytes: int) -> int:
 
 def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
-                base_rows: int = BATCH_TILE, warpgroups: int = 1) -> int:
-  """Shared memory besides the W2 slots: z staging [64, 2r + pad] bytes and the
-  swizzled WGMMA tile [64, 2r] bytes (64 rows whatever the batch: the register round
-  trip between them loads whole WGMMA-layout tiles), each warpgroup's base ring
+                base_rows: int = BATCH_TILE, warpgroups: int = 1,
+                staged_rows: int = BATCH_TILE) -> int:
+  """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
+  swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
+  batch on N), each warpgroup's base ring
   [stages, base_rows, 64], an int8 W2's per-row scales [chunks, 64] f32, the tokens [64] and exchange keys
   [2, 64]; with int8 planes the scales around each row's s_lo [64, 32 + 8] f32
   ([64, 64 + 8] and a warpgroup's [64] s_lo with the batch on N); with warpgroups the
   merge slots [warpgroups, 64] f32 + i32."""
-  z_stage = BATCH_TILE * (rank * 2 + Z_ROW_PAD_BYTES) + _aligned(BATCH_TILE * rank * 2)
+  z_stage = staged_rows * (rank * 2 + Z_ROW_PAD_BYTES) + _aligned(staged_rows * rank * 2)
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
@@ -182,17 +222,18 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   wg_chunks = warpgroup_chunks(vocab_size, blocks, warpgroups)
   chunks = wg_chunks * warpgroups
   if base_stages is None:
-    base_stages = next(s for s in range(min(DEFAULT_BASE_STAGES, wg_chunks), 0, -1)
-                       if wg_chunks % s == 0)
-  if base_stages < 1 or wg_chunks % base_stages:
-    raise ValueError(f"base_stages={base_stages} must divide the {wg_chunks} chunks a "
-                     "warpgroup owns (the base ring restarts every step)")
+    base_stages = min(DEFAULT_BASE_STAGES, wg_chunks)
+  if not 1 <= base_stages <= wg_chunks:
+    raise ValueError(f"base_stages={base_stages} must be in [1, {wg_chunks}] (the chunks "
+                     "a warpgroup owns: the prologue fills the ring from the first step)")
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
                       base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
                       int8_state=int8_state, batch_axis=batch_axis,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
-                      warpgroups=warpgroups)
+                      warpgroups=warpgroups,
+                      staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
+                                   if batch_axis == "n" else BATCH_TILE))
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -222,4 +263,6 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      vocab_size=vocab_size, rank=rank, batch_rows=padded_batch(batch),
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
-                     batch_axis=batch_axis, warpgroups=warpgroups)
+                     batch_axis=batch_axis, warpgroups=warpgroups,
+                     deferred_release=auto_deferred_release(
+                         batch_axis, warpgroups=warpgroups, base_stages=base_stages))

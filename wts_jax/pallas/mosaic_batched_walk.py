@@ -54,7 +54,7 @@ from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas import grid_sync
-from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan
+from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, z_swizzle
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _interpret_params, _load, _not,
                                         _rem, _select, _w2_transforms, _when)
@@ -100,6 +100,7 @@ class BatchedRefs:
   res_bar: object
   ring_bar: object
   base_bar: object
+  base_free_bar: object
   z_bar: object
   seed_g: object = None
   scale_g: object = None
@@ -154,6 +155,15 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   planes = plan.int8_state
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
+  # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
+  # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
+  # number of swizzle tiles.
+  z_dtype = refs.z_s.dtype
+  if n_major:
+    z_layout = plgpu.Layout.SMEM_GMEM_COPY(
+        (plan.staged_rows, rank), z_dtype, z_swizzle(rank, jnp.dtype(z_dtype).itemsize))
+  else:
+    z_layout = plgpu.Layout.WGMMA_8BIT if planes else _WGMMA
 
   def chunk_start(c):
     # Clamped, so the last chunks overlap earlier rows rather than read past V.
@@ -167,8 +177,17 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def ring_barrier(ring):
     return refs.ring_bar.at[wg * stages + ring]
 
-  def base_slot_of(position):
-    return wg * base_stages + _rem(position, base_stages)
+  def base_slot_of(step, position):
+    # The base ring runs on across steps: a tile's slot is its place in the walk's
+    # stream of base tiles.
+    return wg * base_stages + _rem(step * chunks + position, base_stages)
+
+  def base_after(step, position):
+    """(step, position) whose base tile refills the slot of (step, position)'s."""
+    ahead = position + base_stages
+    wraps = ahead >= chunks
+    return (_select(wraps, step + 1, lambda: step),
+            _select(wraps, ahead - chunks, lambda: ahead))
 
   def leader_only(body):
     if wgs > 1:
@@ -193,7 +212,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     return _select(resident, index, lambda: streamed_chunk(step, j))
 
   def copy_base(step, position):
-    base_slot = base_slot_of(position)
+    base_slot = base_slot_of(step, position)
     plgpu.copy_gmem_to_smem(
         refs.base_g.at[:, step, pl.ds(chunk_start(chunk_at(step, position)), CHUNK_ROWS)],
         refs.base_s.at[base_slot, pl.ds(0, rows)], refs.base_bar.at[base_slot])
@@ -233,7 +252,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   with jax.named_scope("prologue"):
     if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
       def zero_staging():
-        refs.z_s[...] = jnp.zeros(refs.z_s.shape, refs.z_s.dtype)
+        refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
         if planes:
           refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
       leader_only(zero_staging)
@@ -277,12 +296,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         plgpu.barrier_wait(refs.z_bar)
         # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
         # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
-        if planes:
-          for plane in range(2):   # q_hi, q_lo
-            refs.za_s[plane] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)],
-                                     plgpu.Layout.WGMMA_8BIT)
-        else:
-          refs.za_s[...] = _load(refs.z_s.at[:, pl.ds(0, rank)], _WGMMA)
+        for plane in range(2 if planes else 1):   # (int8: q_hi, q_lo)
+          tile_ref = refs.za_s.at[plane] if planes else refs.za_s
+          tile_ref[...] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)], z_layout)
         plgpu.commit_smem()
         if wgs > 1:
           plgpu.barrier_arrive(refs.za_bar)
@@ -347,7 +363,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       best (score, vocab row), reduced over the vocabulary once a step."""
       best_value, best_index, nan_seen = carry
       resident, j, ring, _, c, _ = locate(position)
-      base_slot = base_slot_of(position)
+      base_slot = base_slot_of(step, position)
       with jax.named_scope("epilogue"):
         plgpu.barrier_wait(refs.base_bar.at[base_slot])
         if n_major:   # the [rows, 64] tile read transposed
@@ -375,15 +391,25 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         best_value = jnp.where(better, top, best_value)
         best_index = jnp.where(better, top_index, best_index)
       with jax.named_scope("refill"):
-        # Every warp's reads of the base slot (and, registers aside, of nothing else)
-        # before the TMA refills it; the WGMMA's reads of the W2 slot completed when its
-        # accumulator was read.
-        plgpu.commit_smem()
-        ahead = position + base_stages   # the base ring restarts every step
-        wraps = ahead >= chunks
-        next_step = _select(wraps, step + 1, lambda: step)
-        next_position = _select(wraps, ahead - chunks, lambda: ahead)
-        _when(next_step < spec.steps, lambda: copy_base(next_step, next_position))
+        if plan.deferred_release:
+          # This thread's reads of the base slot are done (a release arrival, no wait);
+          # the slot read one position earlier is refilled once every thread has
+          # released it — by now, as a rule, so no warp waits for the slowest here.
+          plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
+          first = position == 0
+          read_step = _select(first, step - 1, lambda: step)
+          read_position = _select(first, chunks - 1, lambda: position - 1)
+          next_step, next_position = base_after(read_step, read_position)
+          def refill_read_slot():
+            plgpu.barrier_wait(refs.base_free_bar.at[base_slot_of(read_step, read_position)])
+            copy_base(next_step, next_position)
+          _when(_and(read_step >= 0, next_step < spec.steps), refill_read_slot)
+        else:
+          # Every warp's reads of the base slot before the TMA refills it.
+          plgpu.commit_smem()
+          next_step, next_position = base_after(step, position)
+          _when(next_step < spec.steps, lambda: copy_base(next_step, next_position))
+        # (The WGMMA's reads of the W2 slot completed when its accumulator was read.)
         if stages:
           def copy_next():
             shift = (j + stages) // streamed
@@ -404,6 +430,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         issue(position, acc_refs)
         return finish(position, acc_refs)
       return epilogue(position, pl.run_scoped(product, *accumulators()), carry)
+
     carry = lax.fori_loop(0, chunks, chunk, carry)
 
     def reduced():
@@ -489,6 +516,11 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
   flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
+  if plan.deferred_release:
+    # The walk's last base_stages reads (one a slot) were released and never refilled:
+    # their phases observed, so no arrival is pending when the kernel ends.
+    for slot in range(base_stages):
+      plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
   refs.flag_g[block * wgs + wg] = flags
 
 
@@ -525,11 +557,11 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  a_tile = (2, BATCH_TILE, rank) if plan.int8_state else (BATCH_TILE, rank)
+  a_tile = (2, plan.staged_rows, rank) if plan.int8_state else (plan.staged_rows, rank)
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
                         transforms=_w2_transforms(w_itemsize, rank)),
-      "z_s": plgpu.SMEM((BATCH_TILE, plan.z_row_bytes // w_itemsize), w1.dtype),
+      "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // w_itemsize), w1.dtype),
       "za_s": plgpu.SMEM(a_tile, w1.dtype, transforms=_w2_transforms(w_itemsize, rank)),
       # Batch on N reads the base tile transposed: untiled.
       "base_s": plgpu.SMEM((wgs * plan.base_stages, plan.base_rows, CHUNK_ROWS), base_dtype,
@@ -540,6 +572,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "res_bar": plgpu.Barrier(num_arrivals=max(1, plan.resident_chunks), num_barriers=wgs),
       "ring_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * max(1, plan.ring_stages)),
       "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
+      # A base slot read by every thread of its warpgroup (one arrival each).
+      "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       "z_bar": plgpu.Barrier(num_arrivals=rows * (2 if plan.int8_state else 1),
                              num_barriers=1),
   }
