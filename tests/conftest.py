@@ -4,6 +4,13 @@ import os
 # The CPU suite must never grab a GPU by accident, and the GPU suite needs one.
 if not os.environ.get("WTS_GPU_TESTS"):
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # Mosaic GPU interpret mode runs each warpgroup as a thread whose barrier waits block
+  # inside host callbacks; with the CPU client's default threads (one a core) a kernel
+  # of more warpgroups than cores can starve and hang (seen on 2 cores, three
+  # warpgroups). More host devices give the client more threads.
+  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8").strip()
 
 
 def pytest_generate_tests(metafunc):

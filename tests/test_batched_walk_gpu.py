@@ -6,11 +6,13 @@ same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows
 streamed to the planner's; a NaN in the base logits is reported; repeats are identical;
 1000 fresh walks (B = 16, bf16 and int8 planes) all equal the reference; the batch on
 the WGMMA's N at B = 5/16/64/70 (bf16) and 5/16/64 (int8 planes); two warpgroups a
-block on either axis at B = 5/16/64 (bf16 and int8 planes).
+block on either axis at B = 5/16/64 (bf16 and int8 planes); a producer warpgroup beside
+one or two computing warpgroups on either axis.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -120,6 +122,23 @@ def test_two_warpgroups_tokens_equal_reference(head, planes_head, axis, batch, t
   config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=2)
   _check(head, batch, temperature, 41, config=config)
   _check(planes_head, batch, temperature, 42, config=config)
+
+
+@pytest.mark.parametrize("axis,warpgroups", [("n", 1), ("n", 2), ("m", 1), ("m", 2)])
+@pytest.mark.parametrize("batch", [5, 16, 64])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_producer_tokens_equal_reference(head, planes_head, axis, warpgroups, batch,
+                                         temperature):
+  """A producer warpgroup issuing every refill, beside one or two computing warpgroups,
+  and (two warpgroups) the computing warpgroups refilling where the planner takes the
+  producer."""
+  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
+                        producer=True)
+  _check(head, batch, temperature, 51, config=config)
+  _check(planes_head, batch, temperature, 52, config=config)
+  if warpgroups == 2:
+    _check(planes_head, batch, temperature, 53,
+           config=dataclasses.replace(config, producer=False))
 
 
 @pytest.mark.parametrize("w2", ["bf16", "int8p"])

@@ -8,6 +8,7 @@ Interpret mode runs one block owning every chunk (no semaphores); the GPU suite
 interpreter cannot run tiled shared-memory loads, so the interpret cases need jax >= 0.11.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -55,13 +56,13 @@ def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
 
 
 def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="m",
-                        warpgroups=None):
+                        warpgroups=None, producer=None):
   """The batched kernel (interpret mode) against the XLA walk on fresh inputs: exact
   tokens (greedy), the same tokens with the same key (sampled), confidence close."""
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
   key = jax.random.key(seed + 10) if temperature else None
   config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
-                        batch_axis=batch_axis, warpgroups=warpgroups)
+                        batch_axis=batch_axis, warpgroups=warpgroups, producer=producer)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -112,6 +113,27 @@ def test_two_warpgroups_int8_planes_tokens_equal_xla(axis):
   _assert_matches_xla(head, 16, 3, "none", 0.7, seed=7, batch_axis=axis, warpgroups=2)
 
 
+# A producer warpgroup issuing the refills: beside two computing warpgroups on N
+# (sampled, B not a multiple of 8) and on M (a resident chunk each beside the ring); beside
+# one on N past 64 rows (two launches); int8 planes on N.
+PRODUCER_CASES = [(1000, 128, 13, 4, "none", 0.7, "n", 2, False),
+                  (776, 64, 64, 3, 128, 0.0, "m", 2, False),
+                  (776, 64, 70, 3, 64, 1.0, "n", 1, False),
+                  (1000, 128, 16, 3, "none", 0.0, "n", 2, True)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups,"
+                         "int8", PRODUCER_CASES)
+def test_producer_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature, axis,
+                                   warpgroups, int8):
+  head = _head(vocab, rank, confidence=not int8)
+  if int8:
+    head = quantize_w2(head, "int8", state="planes")
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=8, batch_axis=axis,
+                      warpgroups=warpgroups, producer=True)
+
+
 # int8 W2 with z as two int8 planes: all streamed and sampled; past 64 rows; r = 256
 # beside the ring (V % 32 = 8: the last scale window is clamped).
 PLANES_CASES = [(1000, 128, 16, 4, "none", 0.7), (776, 64, 70, 3, 64, 1.0),
@@ -158,6 +180,31 @@ def test_plan_at_the_qwen3_shape():
   assert (small.resident_chunks, small.ring_stages) == (small.chunks, 0)
 
 
+def test_planner_choices():
+  """Staged rows of z on N (whole swizzle tiles a warp moves), the producer and the
+  deferred release where they measured faster, and a base ring of any size."""
+  plan = mosaic_batched_plan.plan_batched
+  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
+  assert [mosaic_batched_plan.staged_rows_on_n(rows, rank, size) for rows, rank, size in
+          [(8, 256, 2), (16, 256, 1), (8, 256, 1), (8, 64, 2), (40, 128, 2), (64, 64, 1)]
+          ] == [8, 16, 16, 32, 48, 64]
+  on_n = plan(batch=16, batch_axis="n", **args)
+  assert on_n.staged_rows == 16 and on_n.deferred_release and not on_n.producer
+  assert plan(batch=16, batch_axis="m", **args).staged_rows == 64
+  # Staging 16 rows, not 64, leaves room for two more resident bf16 chunks.
+  assert on_n.resident_chunks == plan(batch=16, batch_axis="m", **args).resident_chunks + 2
+  assert mosaic_batched_plan.auto_producer("n", warpgroups=2, greedy=True)
+  assert not mosaic_batched_plan.auto_producer("n", warpgroups=2, greedy=False)
+  assert mosaic_batched_plan.auto_producer("m", warpgroups=2, greedy=False)
+  assert not mosaic_batched_plan.auto_producer("m", warpgroups=1, greedy=True)
+  with_producer = plan(batch=16, batch_axis="n", warpgroups=2, producer=True,
+                       w2_itemsize=1, int8_state=True, **args)
+  assert with_producer.producer and not with_producer.deferred_release
+  assert plan(batch=16, base_stages=4, **args).base_stages == 4   # 4 does not divide 18
+  with pytest.raises(ValueError, match="deferred_release does not apply"):
+    dataclasses.replace(with_producer, deferred_release=True)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch=65), "batch=65 must be in"),
     (dict(rank=96), "rank=96 must be a multiple of 64"),
@@ -195,7 +242,8 @@ def test_backend_routes_and_refuses():
 
 @pytest.mark.parametrize("batch,temperature,axis,warpgroups", [
     (64, 0.0, "m", 1), (64, 1.0, "m", 1), (5, 0.0, "m", 1), (96, 0.0, "m", 1),
-    (16, 0.0, "n", 1), (64, 1.0, "n", 1), (64, 0.0, "m", 2), (16, 1.0, "n", 2)])
+    (16, 0.0, "n", 1), (64, 1.0, "n", 1), (64, 0.0, "m", 2), (16, 1.0, "n", 2),
+    (16, 0.0, "n", 2), (64, 1.0, "m", 2)])
 def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups):
   """The whole 132-block kernel lowers through Mosaic GPU's layout checks on the CPU
   (B = 96: two launches), with the batch on the WGMMA's M or N, one or two warpgroups."""

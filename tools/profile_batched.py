@@ -8,7 +8,8 @@ A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two
 planes), mode greedy or sample, options joined by ``+``: ``rR`` / ``sS`` / ``bN``
 (resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
 block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
-mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier).
+mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier), ``P`` / ``C``
+(a producer warpgroup issues every refill, or the computing warpgroups do).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -60,6 +61,7 @@ class Variant:
   batch_axis: str = "m"
   warpgroups: int | None = None
   deferred_release: bool | None = None   # None: the planner's
+  producer: bool | None = None
 
 
 def parse_variant(text: str) -> Variant:
@@ -72,6 +74,10 @@ def parse_variant(text: str) -> Variant:
       options["batch_axis"] = "n"
     elif option in ("c", "d"):
       options["deferred_release"] = option == "d"
+    elif option == "P":
+      options["producer"] = True
+    elif option == "C":
+      options["producer"] = False
     elif m := re.fullmatch(r"([rsbw])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
              "w": "warpgroups"}[m.group(1)]
@@ -107,7 +113,7 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   mode = validation.make_sampling(temperature, key, variant.batch)
   config = MosaicConfig(kernel="batched", ring_stages=variant.stages,
                         batch_axis=variant.batch_axis, warpgroups=variant.warpgroups,
-                        base_stages=variant.base_stages,
+                        base_stages=variant.base_stages, producer=variant.producer,
                         residency=(variant.resident * 64 * (variant.warpgroups or 1)
                                    if variant.resident is not None
                                    else "auto"))
@@ -284,7 +290,7 @@ def main(argv=None):
     directory = os.path.join(args.out, "profile-" + re.sub(r"[^\w]+", "_", text))
     os.makedirs(directory, exist_ok=True)
     try:
-      reserve = PROFILE_SPACE * 2 * 2 * 4 + 1024
+      reserve = PROFILE_SPACE * 2 * 4 * (3 if variant.producer else 2) + 1024
       spec, run, operands, want = build(variant, heads, smem_reserve=reserve,
                                         profile_dir=directory)
       flush_buffer = jnp.zeros((256 << 20) // 4, jnp.float32)

@@ -131,6 +131,9 @@ class MosaicConfig:
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
     two with the batch on N for int8 planes or sampling), each computing its own half of
     the block's chunks.
+  producer: one more warpgroup in the batched kernel that issues every W2 and base
+    refill once the computing warpgroups release the slot (None: the planner's — with
+    two computing warpgroups, except sampling on N).
   """
 
   residency: str | float | int = "auto"
@@ -147,6 +150,7 @@ class MosaicConfig:
   base_stages: int | None = None
   batch_axis: str | None = None
   warpgroups: int | None = None
+  producer: bool | None = None
 
   def __post_init__(self):
     _check_common(self)
@@ -181,9 +185,10 @@ class WalkConfig(TritonConfig):
   (``triton()``, ``mosaic()``): ``num_programs`` -> ``num_blocks``, ``num_stages`` ->
   ``ring_stages``, ``mosaic_gemv`` / ``mosaic_group`` / ``mosaic_snake`` /
   ``mosaic_resident_group`` / ``mosaic_register_chunks`` / ``mosaic_kernel`` /
-  ``mosaic_base_stages`` / ``mosaic_batch_axis`` / ``mosaic_warpgroups`` -> ``gemv`` /
-  ``group`` / ``snake`` / ``resident_group`` / ``register_chunks`` / ``kernel`` /
-  ``base_stages`` / ``batch_axis`` / ``warpgroups``.
+  ``mosaic_base_stages`` / ``mosaic_batch_axis`` / ``mosaic_warpgroups`` /
+  ``mosaic_producer`` -> ``gemv`` / ``group`` / ``snake`` / ``resident_group`` /
+  ``register_chunks`` / ``kernel`` / ``base_stages`` / ``batch_axis`` / ``warpgroups`` /
+  ``producer``.
   """
 
   backend: str = "auto"
@@ -196,6 +201,7 @@ class WalkConfig(TritonConfig):
   mosaic_base_stages: int | None = None
   mosaic_batch_axis: str | None = None
   mosaic_warpgroups: int | None = None
+  mosaic_producer: bool | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -220,7 +226,8 @@ class WalkConfig(TritonConfig):
                         kernel=self.mosaic_kernel,
                         base_stages=self.mosaic_base_stages,
                         batch_axis=self.mosaic_batch_axis,
-                        warpgroups=self.mosaic_warpgroups)
+                        warpgroups=self.mosaic_warpgroups,
+                        producer=self.mosaic_producer)
 
   def for_backend(self, name: str):
     return {"triton": self.triton, "mosaic": self.mosaic}[name]()

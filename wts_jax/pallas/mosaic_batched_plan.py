@@ -52,6 +52,12 @@ def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool) -> int:
   return 2 if not greedy or (batch_axis == "n" and int8_state) else 1
 
 
+def auto_producer(batch_axis: str, *, warpgroups: int, greedy: bool) -> bool:
+  """A producer warpgroup where it measured faster (H200, NOTES v12): beside two
+  computing warpgroups, except sampling with the batch on N."""
+  return warpgroups == 2 and (greedy or batch_axis == "m")
+
+
 def auto_deferred_release(batch_axis: str, *, warpgroups: int, base_stages: int) -> bool:
   """Deferred base-slot release where it measured faster (H200, NOTES v12): the batch on
   N with one warpgroup. (It needs two base slots: a slot is refilled a chunk late.)"""
@@ -101,8 +107,14 @@ class BatchedPlan:
   # A base slot is refilled one position after its reads, once every thread released it
   # by an mbarrier arrival (else at once, after a warpgroup barrier and proxy fence).
   deferred_release: bool = False
+  # One more warpgroup that issues every ring and base refill once the consumers release
+  # the slot (mbarrier arrivals), so no computing warp issues a copy in the chunk loop.
+  producer: bool = False
 
   def __post_init__(self):
+    if self.producer and self.deferred_release:
+      raise ValueError("with a producer warpgroup the consumers release slots, never refill "
+                       "them: deferred_release does not apply")
     if self.deferred_release and self.base_stages < 2:
       raise ValueError("a deferred base release needs a base ring of 2 or more slots: "
                        "a slot is refilled one chunk after its reads")
@@ -152,6 +164,8 @@ class BatchedPlan:
             f"{self.batch_axis.upper()}"
             + (f"; {self.warpgroups} warpgroups a block, the counts a warpgroup's"
                if self.warpgroups > 1 else "")
+            + ("; a producer warpgroup issues the refills" if self.producer else "")
+            + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else ""))
 
 
@@ -194,7 +208,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  base_stages: int | None = None, base_itemsize: int = 2,
                  w2_itemsize: int = 2, int8_state: bool = False,
                  snake: bool = True, batch_axis: str = "m",
-                 warpgroups: int = 1) -> BatchedPlan:
+                 warpgroups: int = 1, producer: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
@@ -264,5 +278,6 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
-                     deferred_release=auto_deferred_release(
+                     producer=producer,
+                     deferred_release=not producer and auto_deferred_release(
                          batch_axis, warpgroups=warpgroups, base_stages=base_stages))

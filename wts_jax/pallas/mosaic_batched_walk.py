@@ -67,6 +67,11 @@ SCALE_WINDOW_N = 64   # the batch on N: a window as wide as the [64, 64] layout 
 _BIG_INDEX = 1 << 30
 _STEP_KEY_WORDS = BATCH_TILE * grid_sync.KEY_ROW_WORDS   # a step's exchange slots
 _NEG_INF = float("-inf")
+# Registers a thread with a producer beside two consumers (384 threads start at 168): the
+# producer keeps what issuing copies needs, the consumers take the rest (multiples of 8,
+# 128 · (2 · 232 + 40) <= 64 K).
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +116,7 @@ class BatchedRefs:
   w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
   zscale_s: object = None     # the scales (a window) around each row's s_lo
   plane_scale_s: object = None   # batch on N: each row's s_lo on its way to N
+  ring_free_bar: object = None   # producer: a W2 ring slot read by its consumer
   za_bar: object = None          # warpgroups: the WGMMA tile of z is staged
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
   merge_value_s: object = None
@@ -133,7 +139,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # A warpgroup's share: chunks [wg * chunks, (wg + 1) * chunks) of the block's, W2 slots
   # from ``slot0``, ring and base slots from ``wg * stages`` / ``wg * base_stages``.
   wgs = plan.warpgroups
-  wg = lax.axis_index("wg") if wgs > 1 else 0
+  threads = wgs + (1 if plan.producer else 0)   # (the producer's index is wgs)
+  wg = lax.axis_index("wg") if threads > 1 else 0
   leader = wg == 0   # the warpgroup that stages z and runs the exchange
   slot0 = wg * (res + stages)
   multi_block = blocks > 1
@@ -165,22 +172,27 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   else:
     z_layout = plgpu.Layout.WGMMA_8BIT if planes else _WGMMA
 
-  def chunk_start(c):
+  # The helpers below address warpgroup ``owner``'s chunks and slots (by default this
+  # warpgroup's; the producer serves every consumer).
+  def chunk_start(c, owner=None):
     # Clamped, so the last chunks overlap earlier rows rather than read past V.
-    return jnp.minimum(block * (plan.chunks * CHUNK_ROWS) + (wg * chunks + c) * CHUNK_ROWS,
+    owner = wg if owner is None else owner
+    return jnp.minimum(block * (plan.chunks * CHUNK_ROWS) + (owner * chunks + c) * CHUNK_ROWS,
                        vocab - CHUNK_ROWS)
 
-  def copy_chunk(c, slot, barrier):
-    plgpu.copy_gmem_to_smem(refs.w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
-                            refs.w_s.at[slot0 + slot], barrier)
+  def copy_chunk(c, slot, barrier, owner=None):
+    owner = wg if owner is None else owner
+    plgpu.copy_gmem_to_smem(refs.w2_g.at[pl.ds(chunk_start(c, owner), CHUNK_ROWS)],
+                            refs.w_s.at[owner * (res + stages) + slot], barrier)
 
-  def ring_barrier(ring):
-    return refs.ring_bar.at[wg * stages + ring]
+  def ring_barrier(ring, owner=None):
+    return refs.ring_bar.at[(wg if owner is None else owner) * stages + ring]
 
-  def base_slot_of(step, position):
+  def base_slot_of(step, position, owner=None):
     # The base ring runs on across steps: a tile's slot is its place in the walk's
     # stream of base tiles.
-    return wg * base_stages + _rem(step * chunks + position, base_stages)
+    return ((wg if owner is None else owner) * base_stages
+            + _rem(step * chunks + position, base_stages))
 
   def base_after(step, position):
     """(step, position) whose base tile refills the slot of (step, position)'s."""
@@ -211,11 +223,22 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     resident, index, j = chunk_kind(position)
     return _select(resident, index, lambda: streamed_chunk(step, j))
 
-  def copy_base(step, position):
-    base_slot = base_slot_of(step, position)
-    plgpu.copy_gmem_to_smem(
-        refs.base_g.at[:, step, pl.ds(chunk_start(chunk_at(step, position)), CHUNK_ROWS)],
-        refs.base_s.at[base_slot, pl.ds(0, rows)], refs.base_bar.at[base_slot])
+  def ring_refill_due(step, j):
+    return step * streamed + j + stages < total_streamed
+
+  def refill_ring_after(step, j, owner=None):
+    """Stream index j of ``step`` read: the streamed chunk ``stages`` later into its slot
+    (the ring runs on across steps: a chunk's slot is its place in the walk's stream)."""
+    ring = _rem(step * streamed + j, stages)
+    copy_chunk(streamed_chunk(step + (j + stages) // streamed, _rem(j + stages, streamed)),
+               res + ring, ring_barrier(ring, owner), owner)
+
+  def copy_base(step, position, owner=None):
+    base_slot = base_slot_of(step, position, owner)
+    start = chunk_start(chunk_at(step, position), owner)
+    plgpu.copy_gmem_to_smem(refs.base_g.at[:, step, pl.ds(start, CHUNK_ROWS)],
+                            refs.base_s.at[base_slot, pl.ds(0, rows)],
+                            refs.base_bar.at[base_slot])
 
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
@@ -249,279 +272,330 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     plgpu.commit_smem()
     return _load(refs.plane_scale_s.at[wg, pl.ds(0, rows)], _PER_COLUMN, optimized=False)
 
-  with jax.named_scope("prologue"):
-    if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
-      def zero_staging():
-        refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
-        if planes:
-          refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
-      leader_only(zero_staging)
-      if not n_major:   # (batch on N: a base tile is the batch rows only, all copied)
-        zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
-                                  _WGMMA)
-        for s in range(base_stages):
-          refs.base_s[wg * base_stages + s] = zeros
-      plgpu.commit_smem()   # the generic writes before any async copy lands beside them
-    for g in range(min(stages, total_streamed)):   # the stream's first chunks
-      copy_chunk(streamed_chunk(g // streamed, g % streamed), res + g, ring_barrier(g))
-    for p in range(base_stages):
-      copy_base(0, p)
-    for c in range(res):
-      copy_chunk(c, c, refs.res_bar.at[wg])
-    if planes:   # the warpgroup's per-row W2 scales, once: [chunks, 64] f32
-      for c in range(chunks):
-        plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
-                                refs.w2_scale_s.at[wg * chunks + c],
-                                refs.w2_scale_bar.at[wg])
+  def consumer():
+    """A computing warpgroup: its chunks' WGMMAs and epilogues, and (the leader) z and
+    the exchange."""
+    if plan.producer and wgs > 1:   # the producer gave its registers up
+      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    with jax.named_scope("prologue"):
+      if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
+        def zero_staging():
+          refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
+          if planes:
+            refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
+        leader_only(zero_staging)
+        if not n_major:   # (batch on N: a base tile is the batch rows only, all copied)
+          zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
+                                    _WGMMA)
+          for s in range(base_stages):
+            refs.base_s[wg * base_stages + s] = zeros
+        plgpu.commit_smem()   # the generic writes before any async copy lands beside them
+      for g in range(min(stages, total_streamed)):   # the stream's first chunks
+        copy_chunk(streamed_chunk(g // streamed, g % streamed), res + g, ring_barrier(g))
+      for p in range(base_stages):
+        copy_base(0, p)
+      for c in range(res):
+        copy_chunk(c, c, refs.res_bar.at[wg])
+      if planes:   # the warpgroup's per-row W2 scales, once: [chunks, 64] f32
+        for c in range(chunks):
+          plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
+                                  refs.w2_scale_s.at[wg * chunks + c],
+                                  refs.w2_scale_bar.at[wg])
 
-    def first_z():
-      first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, batch_width)],
-                                    per_batch_row, optimized=False), 0, vocab - 1)
-      refs.tok_s[pl.ds(0, batch_width)] = first_tokens
-      gather_z()
-    leader_only(first_z)
-    if planes:
-      plgpu.barrier_wait(refs.w2_scale_bar.at[wg])
-
-  if not spec.greedy:
-    seeds = (refs.seed_g[0], refs.seed_g[1])
-    row_scale = _load(refs.scale_g.at[pl.ds(0, batch_width)], per_batch_row,
-                      optimized=False)
-    row_noise = _load(refs.noise_g.at[pl.ds(0, batch_width)], per_batch_row,
-                      optimized=False) != 0
-
-  def step_body(step, flags):
-    with jax.named_scope("z_wait"):
-      def stage_z():
-        plgpu.barrier_wait(refs.z_bar)
-        # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
-        # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
-        for plane in range(2 if planes else 1):   # (int8: q_hi, q_lo)
-          tile_ref = refs.za_s.at[plane] if planes else refs.za_s
-          tile_ref[...] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)], z_layout)
-        plgpu.commit_smem()
-        if wgs > 1:
-          plgpu.barrier_arrive(refs.za_bar)
-      if wgs > 1:
-        pl.when(leader)(stage_z)
-        pl.when(jnp.logical_not(leader))(lambda: plgpu.barrier_wait(refs.za_bar))
-      else:
-        stage_z()
+      def first_z():
+        first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, batch_width)],
+                                      per_batch_row, optimized=False), 0, vocab - 1)
+        refs.tok_s[pl.ds(0, batch_width)] = first_tokens
+        gather_z()
+      leader_only(first_z)
       if planes:
-        plane_scale = lax.broadcast_in_dim(row_plane_scale(), tile, (batch_axis,))
+        plgpu.barrier_wait(refs.w2_scale_bar.at[wg])
+
     if not spec.greedy:
-      streams = sampling.stream_key(seeds, row_ids + spec.row_offset, step)
-      streams = lax.broadcast_in_dim(streams, tile, (batch_axis,))
-      scale = lax.broadcast_in_dim(row_scale, tile, (batch_axis,))
-      noise_on = lax.broadcast_in_dim(row_noise, tile, (batch_axis,))
-    def locate(position):
-      """The chunk at ``position``: (resident?, its ring index j, its slot, its id)."""
-      resident, index, j = chunk_kind(position)
-      # The ring runs on across steps: a chunk's slot is its place in the walk's stream.
-      ring = _rem(step * streamed + j, stages) if stages else 0
-      return (resident, j, ring, _select(resident, index, lambda: res + ring),
-              _select(resident, index, lambda: streamed_chunk(step, j)), index)
+      seeds = (refs.seed_g[0], refs.seed_g[1])
+      row_scale = _load(refs.scale_g.at[pl.ds(0, batch_width)], per_batch_row,
+                        optimized=False)
+      row_noise = _load(refs.noise_g.at[pl.ds(0, batch_width)], per_batch_row,
+                        optimized=False) != 0
 
-    def issue(position, acc_refs):
-      """Wait for the chunk's W2 and issue its WGMMA(s) (asynchronous)."""
-      resident, _, ring, slot, _, index = locate(position)
-      with jax.named_scope("wait"):
-        if res:   # once: the resident chunks copied in the prologue have landed
-          _when(_and(_and(resident, index == 0), step == 0),
-                lambda: plgpu.barrier_wait(refs.res_bar.at[wg]))
-        if stages:
-          _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
-      with jax.named_scope("mma"):
-        for plane, acc_ref in enumerate(acc_refs):
-          z = refs.za_s.at[plane] if planes else refs.za_s
-          if n_major:   # the chunk is the A operand, the batch rows' z the B operand
-            plgpu.wgmma(acc_ref, refs.w_s.at[slot0 + slot], z.at[pl.ds(0, rows)].T)
-          else:
-            plgpu.wgmma(acc_ref, z, refs.w_s.at[slot0 + slot].T)
-
-    def finish(position, acc_refs):
-      """The chunk's logits less the base: its accumulator(s), read when complete.
-      int8 planes: D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2,
-      the order of wts_jax.int8_state."""
-      with jax.named_scope("mma_wait"):
-        if not planes:
-          return acc_refs[0][...]
-        d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
-        c = locate(position)[4]
-        vocab_scale = lax.broadcast_in_dim(
-            _load(refs.w2_scale_s.at[wg * chunks + c], _PER_ROW if n_major else _PER_COLUMN),
-            tile, (vocab_axis,))
-        return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
-
-    def accumulators():
-      return [plgpu.ACC(tile, jnp.int32 if planes else jnp.float32)] * (2 if planes else 1)
-
-    def epilogue(position, logits, carry):
-      """Base logits added and the chunk folded into ``carry``, then its base slot and
-      (streamed) ring slot refilled. Batch on M: the chunk's top-1 per row into the
-      row's best (score, index); batch on N: every accumulator element into its own
-      best (score, vocab row), reduced over the vocabulary once a step."""
-      best_value, best_index, nan_seen = carry
-      resident, j, ring, _, c, _ = locate(position)
-      base_slot = base_slot_of(step, position)
-      with jax.named_scope("epilogue"):
-        plgpu.barrier_wait(refs.base_bar.at[base_slot])
-        if n_major:   # the [rows, 64] tile read transposed
-          base = _load(refs.base_s.at[base_slot, pl.ds(0, rows)].T, _WGMMA,
-                       optimized=False)
-        else:
-          base = _load(refs.base_s.at[base_slot], _WGMMA)
-        logits = logits + base.astype(jnp.float32)
-        vocab_rows = chunk_start(c) + vocab_ids
-        if spec.greedy:
-          scores = logits
-        else:
-          noise = sampling.gumbel_from_uniform(
-              sampling.uniform_from_stream(streams, vocab_rows))
-          scores = logits * scale + jnp.where(noise_on, noise, 0.0)
-        if n_major:
-          nan_seen = nan_seen | jnp.where(logits != logits, 1, 0)
-          top, top_index = scores, vocab_rows
-        else:
-          nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
-          top = scores.max(axis=1)
-          top_index = jnp.where(scores == lax.broadcast_in_dim(top, scores.shape, (0,)),
-                                vocab_rows, _BIG_INDEX).min(axis=1)
-        better = (top > best_value) | ((top == best_value) & (top_index < best_index))
-        best_value = jnp.where(better, top, best_value)
-        best_index = jnp.where(better, top_index, best_index)
-      with jax.named_scope("refill"):
-        if plan.deferred_release:
-          # This thread's reads of the base slot are done (a release arrival, no wait);
-          # the slot read one position earlier is refilled once every thread has
-          # released it — by now, as a rule, so no warp waits for the slowest here.
-          plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
-          first = position == 0
-          read_step = _select(first, step - 1, lambda: step)
-          read_position = _select(first, chunks - 1, lambda: position - 1)
-          next_step, next_position = base_after(read_step, read_position)
-          def refill_read_slot():
-            plgpu.barrier_wait(refs.base_free_bar.at[base_slot_of(read_step, read_position)])
-            copy_base(next_step, next_position)
-          _when(_and(read_step >= 0, next_step < spec.steps), refill_read_slot)
-        else:
-          # Every warp's reads of the base slot before the TMA refills it.
+    def step_body(step, flags):
+      with jax.named_scope("z_wait"):
+        def stage_z():
+          plgpu.barrier_wait(refs.z_bar)
+          # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
+          # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
+          for plane in range(2 if planes else 1):   # (int8: q_hi, q_lo)
+            tile_ref = refs.za_s.at[plane] if planes else refs.za_s
+            tile_ref[...] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)], z_layout)
           plgpu.commit_smem()
-          next_step, next_position = base_after(step, position)
-          _when(next_step < spec.steps, lambda: copy_base(next_step, next_position))
-        # (The WGMMA's reads of the W2 slot completed when its accumulator was read.)
-        if stages:
-          def copy_next():
-            shift = (j + stages) // streamed
-            copy_chunk(streamed_chunk(step + shift, _rem(j + stages, streamed)),
-                       res + ring, ring_barrier(ring))
-          _when(_and(step * streamed + j + stages < total_streamed, _not(resident)),
-                copy_next)
-      return best_value, best_index, nan_seen
+          if wgs > 1:
+            plgpu.barrier_arrive(refs.za_bar)
+        if wgs > 1:
+          pl.when(leader)(stage_z)
+          pl.when(jnp.logical_not(leader))(lambda: plgpu.barrier_wait(refs.za_bar))
+        else:
+          stage_z()
+        if planes:
+          plane_scale = lax.broadcast_in_dim(row_plane_scale(), tile, (batch_axis,))
+      if not spec.greedy:
+        streams = sampling.stream_key(seeds, row_ids + spec.row_offset, step)
+        streams = lax.broadcast_in_dim(streams, tile, (batch_axis,))
+        scale = lax.broadcast_in_dim(row_scale, tile, (batch_axis,))
+        noise_on = lax.broadcast_in_dim(row_noise, tile, (batch_axis,))
+      def locate(position):
+        """The chunk at ``position``: (resident?, its ring index j, its slot, its id)."""
+        resident, index, j = chunk_kind(position)
+        # The ring runs on across steps: a chunk's slot is its place in the walk's stream.
+        ring = _rem(step * streamed + j, stages) if stages else 0
+        return (resident, j, ring, _select(resident, index, lambda: res + ring),
+                _select(resident, index, lambda: streamed_chunk(step, j)), index)
 
-    carry_shape, carry_layout = (tile, _WGMMA) if n_major else ((BATCH_TILE,), _PER_ROW)
-    carry = tuple(plgpu.layout_cast(jnp.full(carry_shape, value, dtype), carry_layout)
-                  for value, dtype in ((_NEG_INF, jnp.float32), (0, jnp.int32),
-                                       (0, jnp.int32)))
-    # One loop, not one code copy a chunk: unrolled, the copies spilled registers
-    # (NOTES v10).
-    def chunk(position, carry):
-      def product(*acc_refs):
-        issue(position, acc_refs)
-        return finish(position, acc_refs)
-      return epilogue(position, pl.run_scoped(product, *accumulators()), carry)
+      def issue(position, acc_refs):
+        """Wait for the chunk's W2 and issue its WGMMA(s) (asynchronous)."""
+        resident, _, ring, slot, _, index = locate(position)
+        with jax.named_scope("wait"):
+          if res:   # once: the resident chunks copied in the prologue have landed
+            _when(_and(_and(resident, index == 0), step == 0),
+                  lambda: plgpu.barrier_wait(refs.res_bar.at[wg]))
+          if stages:
+            _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
+        with jax.named_scope("mma"):
+          for plane, acc_ref in enumerate(acc_refs):
+            z = refs.za_s.at[plane] if planes else refs.za_s
+            if n_major:   # the chunk is the A operand, the batch rows' z the B operand
+              plgpu.wgmma(acc_ref, refs.w_s.at[slot0 + slot], z.at[pl.ds(0, rows)].T)
+            else:
+              plgpu.wgmma(acc_ref, z, refs.w_s.at[slot0 + slot].T)
 
-    carry = lax.fori_loop(0, chunks, chunk, carry)
+      def finish(position, acc_refs):
+        """The chunk's logits less the base: its accumulator(s), read when complete.
+        int8 planes: D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2,
+        the order of wts_jax.int8_state."""
+        with jax.named_scope("mma_wait"):
+          if not planes:
+            return acc_refs[0][...]
+          d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
+          c = locate(position)[4]
+          vocab_scale = lax.broadcast_in_dim(
+              _load(refs.w2_scale_s.at[wg * chunks + c], _PER_ROW if n_major else _PER_COLUMN),
+              tile, (vocab_axis,))
+          return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
 
-    def reduced():
-      """(best value, its index, NaN flag) per batch row of this warpgroup's chunks.
-      Mosaic's cross-warp reductions (over the vocabulary on N, the NaN flag over the
-      rows) share one scratch buffer among warpgroups: two warpgroups reduce in turn."""
-      best_value, best_index, nan_seen = carry
-      if n_major:   # over the vocabulary (axis 0): the best per batch column
-        with jax.named_scope("column_reduce"):
-          nan_seen = nan_seen.max(axis=0)
-          top = best_value.max(axis=0)
-          best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
-                                 best_index, _BIG_INDEX).min(axis=0)
-          best_value = top
-      nan_flag = jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max() > 0,
-                           STATUS_NAN_LOGITS, 0)
-      return best_value, best_index, nan_flag
+      def accumulators():
+        return [plgpu.ACC(tile, jnp.int32 if planes else jnp.float32)] * (2 if planes else 1)
 
-    if wgs == 1:
-      best_value, best_index, nan_flag = reduced()
-      return flags | nan_flag | exchange(step, best_value, best_index)
+      def epilogue(position, logits, carry):
+        """Base logits added and the chunk folded into ``carry``, then its base slot and
+        (streamed) ring slot refilled. Batch on M: the chunk's top-1 per row into the
+        row's best (score, index); batch on N: every accumulator element into its own
+        best (score, vocab row), reduced over the vocabulary once a step."""
+        best_value, best_index, nan_seen = carry
+        resident, j, ring, _, c, _ = locate(position)
+        base_slot = base_slot_of(step, position)
+        with jax.named_scope("epilogue"):
+          plgpu.barrier_wait(refs.base_bar.at[base_slot])
+          if n_major:   # the [rows, 64] tile read transposed
+            base = _load(refs.base_s.at[base_slot, pl.ds(0, rows)].T, _WGMMA,
+                         optimized=False)
+          else:
+            base = _load(refs.base_s.at[base_slot], _WGMMA)
+          logits = logits + base.astype(jnp.float32)
+          vocab_rows = chunk_start(c) + vocab_ids
+          if spec.greedy:
+            scores = logits
+          else:
+            noise = sampling.gumbel_from_uniform(
+                sampling.uniform_from_stream(streams, vocab_rows))
+            scores = logits * scale + jnp.where(noise_on, noise, 0.0)
+          if n_major:
+            nan_seen = nan_seen | jnp.where(logits != logits, 1, 0)
+            top, top_index = scores, vocab_rows
+          else:
+            nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
+            top = scores.max(axis=1)
+            top_index = jnp.where(scores == lax.broadcast_in_dim(top, scores.shape, (0,)),
+                                  vocab_rows, _BIG_INDEX).min(axis=1)
+          better = (top > best_value) | ((top == best_value) & (top_index < best_index))
+          best_value = jnp.where(better, top, best_value)
+          best_index = jnp.where(better, top_index, best_index)
+        with jax.named_scope("refill"):
+          if plan.producer:   # the slots released to the producer: arrivals, no wait
+            plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
+            if stages:
+              _when(_not(resident),
+                    lambda: plgpu.barrier_arrive(refs.ring_free_bar.at[wg * stages + ring]))
+          elif plan.deferred_release:
+            # This thread's reads of the base slot are done (a release arrival, no wait);
+            # the slot read one position earlier is refilled once every thread has
+            # released it — by now, as a rule, so no warp waits for the slowest here.
+            plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
+            first = position == 0
+            read_step = _select(first, step - 1, lambda: step)
+            read_position = _select(first, chunks - 1, lambda: position - 1)
+            next_step, next_position = base_after(read_step, read_position)
+            def refill_read_slot():
+              plgpu.barrier_wait(refs.base_free_bar.at[base_slot_of(read_step, read_position)])
+              copy_base(next_step, next_position)
+            _when(_and(read_step >= 0, next_step < spec.steps), refill_read_slot)
+          else:
+            # Every warp's reads of the base slot before the TMA refills it.
+            plgpu.commit_smem()
+            next_step, next_position = base_after(step, position)
+            _when(next_step < spec.steps, lambda: copy_base(next_step, next_position))
+          # (The WGMMA's reads of the W2 slot completed when its accumulator was read.)
+          if stages and not plan.producer:
+            _when(_and(ring_refill_due(step, j), _not(resident)),
+                  lambda: refill_ring_after(step, j))
+        return best_value, best_index, nan_seen
 
-    def hand_over():   # warpgroup 1: its best per row to the leader, then the next step
-      best_value, best_index, nan_flag = reduced()
-      refs.merge_value_s[pl.ds(0, batch_width)] = best_value
-      refs.merge_index_s[pl.ds(0, batch_width)] = best_index
-      plgpu.barrier_arrive(refs.merge_bar)
-      return nan_flag
+      carry_shape, carry_layout = (tile, _WGMMA) if n_major else ((BATCH_TILE,), _PER_ROW)
+      carry = tuple(plgpu.layout_cast(jnp.full(carry_shape, value, dtype), carry_layout)
+                    for value, dtype in ((_NEG_INF, jnp.float32), (0, jnp.int32),
+                                         (0, jnp.int32)))
+      # One loop, not one code copy a chunk: unrolled, the copies spilled registers
+      # (NOTES v10).
+      def chunk(position, carry):
+        def product(*acc_refs):
+          issue(position, acc_refs)
+          return finish(position, acc_refs)
+        return epilogue(position, pl.run_scoped(product, *accumulators()), carry)
 
-    def merge_and_exchange():
-      with jax.named_scope("merge"):
-        plgpu.barrier_wait(refs.merge_bar)   # also: warpgroup 1 has reduced
+      carry = lax.fori_loop(0, chunks, chunk, carry)
+
+      def reduced():
+        """(best value, its index, NaN flag) per batch row of this warpgroup's chunks.
+        Mosaic's cross-warp reductions (over the vocabulary on N, the NaN flag over the
+        rows) share one scratch buffer among warpgroups: two warpgroups reduce in turn."""
+        best_value, best_index, nan_seen = carry
+        if n_major:   # over the vocabulary (axis 0): the best per batch column
+          with jax.named_scope("column_reduce"):
+            nan_seen = nan_seen.max(axis=0)
+            top = best_value.max(axis=0)
+            best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
+                                   best_index, _BIG_INDEX).min(axis=0)
+            best_value = top
+        nan_flag = jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max() > 0,
+                             STATUS_NAN_LOGITS, 0)
+        return best_value, best_index, nan_flag
+
+      if wgs == 1:
         best_value, best_index, nan_flag = reduced()
-        other_value = _load(refs.merge_value_s.at[pl.ds(0, batch_width)], per_batch_row,
-                            optimized=False)
-        other_index = _load(refs.merge_index_s.at[pl.ds(0, batch_width)], per_batch_row,
-                            optimized=False)
-        better = ((other_value > best_value)
-                  | ((other_value == best_value) & (other_index < best_index)))
-      return nan_flag | exchange(step, jnp.where(better, other_value, best_value),
-                                 jnp.where(better, other_index, best_index))
-    return flags | lax.cond(leader, merge_and_exchange, hand_over)
+        return flags | nan_flag | exchange(step, best_value, best_index)
 
-  def exchange(step, best_value, best_index):
-    """The leader's end of a step: each row's winner over the grid, the tokens to
-    ``tok_s`` (and by block 0 to ``tok_g``), the next step's z requested. Returns the
-    timeout flag."""
-    timed_out = jnp.int32(0)
-    if multi_block:
-      # Each row's winner by the L2's atomics on one key per (step, row) (grid_sync).
-      step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
-      with jax.named_scope("publish"):
-        high, low = grid_sync.orderable_key(best_value, best_index)
-        refs.keys_s[0, pl.ds(0, batch_width)] = high
-        refs.keys_s[1, pl.ds(0, batch_width)] = low
-        grid_sync.publish_keys(refs.keys_s, step_slots, batch_width)
-      with jax.named_scope("grid_sync"):
-        timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
-      with jax.named_scope("exchange_reduce"):
-        grid_sync.collect_keys(step_slots, refs.keys_s, batch_width)
-        plgpu.commit_smem()   # every row's winning key stored before any thread reads it
-        token = grid_sync.key_index(_load(refs.keys_s.at[1, pl.ds(0, batch_width)],
-                                          per_batch_row, optimized=False))
-    else:
-      token = best_index
-    with jax.named_scope("tokens"):
-      tokens = jnp.clip(token, 0, vocab - 1)   # a NaN row is flagged, not followed
-      refs.tok_s[pl.ds(0, batch_width)] = tokens
+      def hand_over():   # warpgroup 1: its best per row to the leader, then the next step
+        best_value, best_index, nan_flag = reduced()
+        refs.merge_value_s[pl.ds(0, batch_width)] = best_value
+        refs.merge_index_s[pl.ds(0, batch_width)] = best_index
+        plgpu.barrier_arrive(refs.merge_bar)
+        return nan_flag
 
-    @pl.when(block == 0)
-    def _():
-      if n_major:   # [K, 64]: a column-layout vector stores contiguously only
-        refs.tok_g[step, pl.ds(0, batch_width)] = tokens
+      def merge_and_exchange():
+        with jax.named_scope("merge"):
+          plgpu.barrier_wait(refs.merge_bar)   # also: warpgroup 1 has reduced
+          best_value, best_index, nan_flag = reduced()
+          other_value = _load(refs.merge_value_s.at[pl.ds(0, batch_width)], per_batch_row,
+                              optimized=False)
+          other_index = _load(refs.merge_index_s.at[pl.ds(0, batch_width)], per_batch_row,
+                              optimized=False)
+          better = ((other_value > best_value)
+                    | ((other_value == best_value) & (other_index < best_index)))
+        return nan_flag | exchange(step, jnp.where(better, other_value, best_value),
+                                   jnp.where(better, other_index, best_index))
+      return flags | lax.cond(leader, merge_and_exchange, hand_over)
+
+    def exchange(step, best_value, best_index):
+      """The leader's end of a step: each row's winner over the grid, the tokens to
+      ``tok_s`` (and by block 0 to ``tok_g``), the next step's z requested. Returns the
+      timeout flag."""
+      timed_out = jnp.int32(0)
+      if multi_block:
+        # Each row's winner by the L2's atomics on one key per (step, row) (grid_sync).
+        step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
+        with jax.named_scope("publish"):
+          high, low = grid_sync.orderable_key(best_value, best_index)
+          refs.keys_s[0, pl.ds(0, batch_width)] = high
+          refs.keys_s[1, pl.ds(0, batch_width)] = low
+          grid_sync.publish_keys(refs.keys_s, step_slots, batch_width)
+        with jax.named_scope("grid_sync"):
+          timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
+        with jax.named_scope("exchange_reduce"):
+          grid_sync.collect_keys(step_slots, refs.keys_s, batch_width)
+          plgpu.commit_smem()   # every row's winning key stored before any thread reads it
+          token = grid_sync.key_index(_load(refs.keys_s.at[1, pl.ds(0, batch_width)],
+                                            per_batch_row, optimized=False))
       else:
-        refs.tok_g[:, step] = tokens
+        token = best_index
+      with jax.named_scope("tokens"):
+        tokens = jnp.clip(token, 0, vocab - 1)   # a NaN row is flagged, not followed
+        refs.tok_s[pl.ds(0, batch_width)] = tokens
 
-    @pl.when(step + 1 < spec.steps)
-    def _():
-      # The z staging's generic reads (this step's WGMMA tile) and the tokens' stores
-      # before the bulk copies.
-      plgpu.commit_smem()
-      gather_z()
-    return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
+      @pl.when(block == 0)
+      def _():
+        if n_major:   # [K, 64]: a column-layout vector stores contiguously only
+          refs.tok_g[step, pl.ds(0, batch_width)] = tokens
+        else:
+          refs.tok_g[:, step] = tokens
 
-  flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
-  if plan.deferred_release:
-    # The walk's last base_stages reads (one a slot) were released and never refilled:
-    # their phases observed, so no arrival is pending when the kernel ends.
-    for slot in range(base_stages):
-      plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
-  refs.flag_g[block * wgs + wg] = flags
+      @pl.when(step + 1 < spec.steps)
+      def _():
+        # The z staging's generic reads (this step's WGMMA tile) and the tokens' stores
+        # before the bulk copies.
+        plgpu.commit_smem()
+        gather_z()
+      return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
+
+    flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
+    if plan.deferred_release:
+      # The walk's last base_stages reads (one a slot) were released and never refilled:
+      # their phases observed, so no arrival is pending when the kernel ends.
+      for slot in range(base_stages):
+        plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
+    refs.flag_g[block * threads + wg] = flags
+
+  def producer():
+    """The copying warpgroup: every refill of the W2 ring and the base ring, each issued
+    once its slot is released by the consumer's arrivals (in the order the consumers
+    read them, consumer by consumer), so no computing warp waits on a copy's issue."""
+    if wgs > 1:
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+    def refill(step, position, owner):
+      next_step, next_position = base_after(step, position)
+      def refill_base():
+        plgpu.barrier_wait(refs.base_free_bar.at[base_slot_of(step, position, owner)])
+        copy_base(next_step, next_position, owner)
+      _when(next_step < spec.steps, refill_base)
+      if stages:
+        resident, _, j = chunk_kind(position)
+        def refill_ring():
+          plgpu.barrier_wait(refs.ring_free_bar.at[
+              owner * stages + _rem(step * streamed + j, stages)])
+          refill_ring_after(step, j, owner)
+        _when(_and(ring_refill_due(step, j), _not(resident)), refill_ring)
+
+    def position_loop(step):
+      def body(position, carry):
+        for owner in range(wgs):
+          refill(step, position, owner)
+        return carry
+      return body
+    lax.fori_loop(0, spec.steps,
+                  lambda step, carry: lax.fori_loop(0, chunks, position_loop(step), carry),
+                  jnp.int32(0))
+    # The last reads of every slot were released and never refilled: their phases
+    # observed, so no arrival is pending when the kernel ends.
+    for owner in range(wgs):
+      for slot in range(base_stages):
+        plgpu.barrier_wait(refs.base_free_bar.at[owner * base_stages + slot])
+      for ring in range(min(stages, total_streamed)):
+        plgpu.barrier_wait(refs.ring_free_bar.at[owner * stages + ring])
+    refs.flag_g[block * threads + wg] = jnp.int32(0)
+
+  if plan.producer:
+    pl.when(wg == wgs)(producer)
+    pl.when(wg < wgs)(consumer)
+  else:
+    consumer()
 
 
 def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None,
@@ -554,6 +628,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     base_logits = jnp.pad(base_logits, ((0, rows - batch), (0, 0), (0, vocab_pad)))
   first = jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(first_tokens.astype(jnp.int32))
   wgs = plan.warpgroups
+  threads = wgs + (1 if plan.producer else 0)
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
@@ -585,6 +660,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
         (BATCH_TILE, (SCALE_WINDOW_N if n_major else SCALE_WINDOW) + 8), jnp.float32)
     if n_major:
       scratch["plane_scale_s"] = plgpu.SMEM((wgs, BATCH_TILE), jnp.float32)
+  if plan.producer:   # slots released to the producer, by every consumer thread
+    scratch["ring_free_bar"] = plgpu.Barrier(num_arrivals=1,
+                                             num_barriers=wgs * max(1, plan.ring_stages))
   if wgs > 1:
     scratch["za_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
     scratch["merge_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
@@ -592,7 +670,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     scratch["merge_index_s"] = plgpu.SMEM((BATCH_TILE,), jnp.int32)
   outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE) if n_major
                                            else (BATCH_TILE, steps), jnp.int32),
-             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks * wgs,), jnp.int32)}
+             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks * threads,), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
   if plan.int8_state:
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
@@ -607,7 +685,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                         names=(*operands, *outputs, *scratch)),
       out_type=tuple(outputs.values()),
       grid=(plan.num_blocks,), grid_names=("blocks",),
-      **(dict(num_threads=wgs, thread_name="wg") if wgs > 1 else {}),
+      **(dict(num_threads=threads, thread_name="wg") if threads > 1 else {}),
       scratch_types=list(scratch.values()),
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane,
