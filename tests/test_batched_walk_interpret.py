@@ -115,10 +115,10 @@ def test_two_warpgroups_int8_planes_tokens_equal_xla(axis):
 
 # A producer warpgroup issuing the refills: beside two computing warpgroups on N
 # (sampled, B not a multiple of 8) and on M (a resident chunk each beside the ring); beside
-# one on N past 64 rows (two launches); int8 planes on N.
+# one on M past 64 rows (two launches); int8 planes on N.
 PRODUCER_CASES = [(1000, 128, 13, 4, "none", 0.7, "n", 2, False),
                   (776, 64, 64, 3, 128, 0.0, "m", 2, False),
-                  (776, 64, 70, 3, 64, 1.0, "n", 1, False),
+                  (776, 64, 70, 3, 64, 1.0, "m", 1, False),
                   (1000, 128, 16, 3, "none", 0.0, "n", 2, True)]
 
 
@@ -181,8 +181,9 @@ def test_plan_at_the_qwen3_shape():
 
 
 def test_planner_choices():
-  """Staged rows of z on N (whole swizzle tiles a warp moves), the producer and the
-  deferred release where they measured faster, and a base ring of any size."""
+  """Staged rows of z on N (whole swizzle tiles a warp moves), the deferred release where
+  it measured faster, the producer (opt-in) refused past 32 rows on N, and a base ring
+  of any size."""
   plan = mosaic_batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   assert [mosaic_batched_plan.staged_rows_on_n(rows, rank, size) for rows, rank, size in
@@ -193,10 +194,8 @@ def test_planner_choices():
   assert plan(batch=16, batch_axis="m", **args).staged_rows == 64
   # Staging 16 rows, not 64, leaves room for two more resident bf16 chunks.
   assert on_n.resident_chunks == plan(batch=16, batch_axis="m", **args).resident_chunks + 2
-  assert mosaic_batched_plan.auto_producer("n", warpgroups=2, greedy=True)
-  assert not mosaic_batched_plan.auto_producer("n", warpgroups=2, greedy=False)
-  assert mosaic_batched_plan.auto_producer("m", warpgroups=2, greedy=False)
-  assert not mosaic_batched_plan.auto_producer("m", warpgroups=1, greedy=True)
+  with pytest.raises(ValueError, match="producer warpgroup with the batch on N runs up to 32"):
+    plan(batch=64, batch_axis="n", warpgroups=2, producer=True, **args)
   with_producer = plan(batch=16, batch_axis="n", warpgroups=2, producer=True,
                        w2_itemsize=1, int8_state=True, **args)
   assert with_producer.producer and not with_producer.deferred_release
@@ -242,8 +241,7 @@ def test_backend_routes_and_refuses():
 
 @pytest.mark.parametrize("batch,temperature,axis,warpgroups", [
     (64, 0.0, "m", 1), (64, 1.0, "m", 1), (5, 0.0, "m", 1), (96, 0.0, "m", 1),
-    (16, 0.0, "n", 1), (64, 1.0, "n", 1), (64, 0.0, "m", 2), (16, 1.0, "n", 2),
-    (16, 0.0, "n", 2), (64, 1.0, "m", 2)])
+    (16, 0.0, "n", 1), (64, 1.0, "n", 1), (64, 0.0, "m", 2), (16, 1.0, "n", 2)])
 def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups):
   """The whole 132-block kernel lowers through Mosaic GPU's layout checks on the CPU
   (B = 96: two launches), with the batch on the WGMMA's M or N, one or two warpgroups."""
@@ -273,6 +271,22 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis
   text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize="int8p",
                     config=config)
   assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("batch,temperature,axis,quantize", [
+    (16, 0.0, "n", None), (64, 1.0, "m", None), (32, 0.0, "n", "int8p")])
+def test_producer_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, quantize):
+  """A producer warpgroup beside two computing warpgroups (three warpgroups, registers
+  handed from the producer to the consumers) lowers at the real shape."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
+                      mosaic_batch_axis=axis, mosaic_warpgroups=2, mosaic_producer=True)
+  text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize=quantize,
+                    config=config)
+  assert "setmaxnreg" in text
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

@@ -37,6 +37,10 @@ AUTO_BATCHED_RANGE = (1, 64)
 # the WGMMA computes 64 rows whatever B; on N the per-element epilogue grows with B);
 # two warpgroups where the epilogue is long — int8 planes (two accumulators and the
 # scales) on N, sampling (the Gumbel noise) on either axis.
+# The producer warpgroup is opt-in (NOTES v12): faster beside two computing warpgroups
+# (int8 planes greedy on N, sampling on M), but one GPU test at 64 rows on N gave wrong
+# tokens; it is refused there and the planner does not take it until that is explained.
+PRODUCER_MAX_ROWS_ON_N = 32
 AUTO_BATCH_ON_N_MAX = 16
 AUTO_BATCH_ON_N_MAX_LONG_EPILOGUE = 32
 
@@ -50,12 +54,6 @@ def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
 
 def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool) -> int:
   return 2 if not greedy or (batch_axis == "n" and int8_state) else 1
-
-
-def auto_producer(batch_axis: str, *, warpgroups: int, greedy: bool) -> bool:
-  """A producer warpgroup where it measured faster (H200, NOTES v12): beside two
-  computing warpgroups, except sampling with the batch on N."""
-  return warpgroups == 2 and (greedy or batch_axis == "m")
 
 
 def auto_deferred_release(batch_axis: str, *, warpgroups: int, base_stages: int) -> bool:
@@ -230,6 +228,10 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   if blocks > num_sms:
     raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
                      "not all be co-resident and the grid barrier would time out")
+  if producer and batch_axis == "n" and padded_batch(batch) > PRODUCER_MAX_ROWS_ON_N:
+    raise ValueError(f"a producer warpgroup with the batch on N runs up to "
+                     f"{PRODUCER_MAX_ROWS_ON_N} rows (batch={batch}): at 64 rows its tokens "
+                     "differed from the reference on the H200, cause not yet found")
   if warpgroups not in (1, 2):
     raise ValueError(f"warpgroups={warpgroups} must be 1 or 2 (a block's registers hold "
                      "two 128-thread warpgroups at 255 registers each)")
