@@ -28,8 +28,16 @@ warpgroup 1 through an mbarrier (``za_bar``), and warpgroup 1 hands back its bes
 row through shared memory (``merge_bar``); warpgroup 1 waits for nothing else, so it can
 never run a step ahead (its next step starts on warpgroup 0's next ``za_bar``).
 
+With a producer (``plan.producer``, one more warpgroup) the computing warpgroups never
+issue a refill: they release each W2 slot (after its WGMMA's wait) and base slot (after
+its loads) by mbarrier arrivals, and the producer refills a slot once released. Without
+one, a warpgroup refills its own slots — with the batch on N and one warpgroup a chunk
+late (``plan.deferred_release``), else at once after a warpgroup barrier.
+
 Why the register round trip: a bulk copy writes a row linearly, while the WGMMA reads a
-swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle tile.
+swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle tile. On
+N only the batch rows are staged (``plan.staged_rows``), moved by Mosaic's
+shared-to-global copy layout; on M the WGMMA layout's 64 rows.
 
 Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
 with a bf16 W1 and W2 (z exact in bf16), or an int8 W2 that z meets as two int8 planes
