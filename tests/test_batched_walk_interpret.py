@@ -286,7 +286,9 @@ def test_producer_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, q
                       mosaic_batch_axis=axis, mosaic_warpgroups=2, mosaic_producer=True)
   text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize=quantize,
                     config=config)
-  assert "setmaxnreg" in text
+  assert "mosaic_gpu" in text
+  if jax.__version_info__ >= (0, 11):   # (jax 0.10 serializes the kernel's module)
+    assert "setmaxnreg" in text
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
