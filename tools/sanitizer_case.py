@@ -1,10 +1,14 @@
 """A small walk on each kernel, for compute-sanitizer (memcheck, racecheck) on the GPU.
 
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
-      [mosaic|triton|batched|batched-wg2]
+      [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n] [SEEDS]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
-``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs).
+``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
+``batched-producer``: two warpgroups and a producer warpgroup, 32 rows on N;
+``batched-producer-64n``: the same at 64 rows on N, which the plan refuses (NOTES v12:
+tokens differed there on the H200) — lifted here to look for the cause. SEEDS (default
+1) fresh inputs are walked; the exit status is 1 if any differs from the reference.
 """
 
 import sys
@@ -14,17 +18,22 @@ import numpy as np
 
 import wts_jax
 from wts_jax.heads import HeadConfig
+from wts_jax.pallas import mosaic_batched_plan
 from wts_jax.inputs import random_inputs
 
 
-def main(backend: str) -> int:
+def main(backend: str, seeds: int = 1) -> int:
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64, head_type="vanilla")
   head = wts_jax.make_head(config, seed=1)
   batched = backend.startswith("batched")
+  producer = backend.startswith("batched-producer")
   batch = 5 if batched else 2
-  base, first, _ = random_inputs(config, batch, 4, jax.random.key(2))
+  if producer:
+    batch = 64 if backend.endswith("64n") else 32
+    if batch > mosaic_batched_plan.PRODUCER_MAX_ROWS_ON_N:
+      mosaic_batched_plan.PRODUCER_MAX_ROWS_ON_N = batch
   # A bounded barrier: under the sanitizer every poll is instrumented (slow), and if the
   # tool ever ran the blocks one at a time the walk would end with a timeout status
   # instead of spinning 4M polls per step (session 9's mosaic run did not finish in
@@ -34,14 +43,21 @@ def main(backend: str) -> int:
       num_stages=2, sync_spin_limit=1 << 14,
       **({"mosaic_kernel": "batched"} if batched else {}),
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
-         if backend == "batched-wg2" else {}))
-  out = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas", config=walk_config)
-                )(head, base, first)
-  ref = wts_jax.walk(head, base, first, impl="xla")
-  same = np.array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  print(f"{backend}: tokens {'equal' if same else 'DIFFER'} status {int(out.status)}")
-  return 0 if same else 1
+         if backend == "batched-wg2" or producer else {}),
+      **({"mosaic_producer": True} if producer else {}))
+  walk = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas", config=walk_config))
+  differ = 0
+  for seed in range(seeds):
+    base, first, _ = random_inputs(config, batch, 4, jax.random.key(2 + seed))
+    out = walk(head, base, first)
+    ref = wts_jax.walk(head, base, first, impl="xla")
+    same = np.array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    differ += not same
+    print(f"{backend} seed {seed}: tokens {'equal' if same else 'DIFFER'} "
+          f"status {int(out.status)}")
+  return 1 if differ else 0
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "mosaic"))
+  sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "mosaic",
+                int(sys.argv[2]) if len(sys.argv) > 2 else 1))
