@@ -113,12 +113,31 @@ def test_two_warpgroups_int8_planes_tokens_equal_xla(axis):
   _assert_matches_xla(head, 16, 3, "none", 0.7, seed=7, batch_axis=axis, warpgroups=2)
 
 
+@NEEDS_INTERPRETER
+def test_deferred_release_tokens_equal_xla():
+  """The deferred base release (a measurement option of the plan, off by default): a
+  ring of 2 base slots, streamed chunks, sampled, on N."""
+  head = _head(1000, 128)
+  base, first, _ = random_inputs(head.config, 13, 4, jax.random.key(9))
+  key = jax.random.key(19)
+  mode = validation.make_sampling(0.7, key, 13)
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
+                        warpgroups=1, base_stages=2)
+  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, False), config, H200_FACTS)
+  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
+                                                            deferred_release=True))
+  out = mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, None, mode))
+  ref = wts_jax.walk(head, base, first, impl="xla", temperature=0.7, key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
 # A producer warpgroup issuing the refills: beside two computing warpgroups on N
 # (sampled, B not a multiple of 8) and on M (a resident chunk each beside the ring); beside
-# one on M past 64 rows (two launches); int8 planes on N.
+# one on M past 64 rows (two launches); 64 rows on N; int8 planes on N.
 PRODUCER_CASES = [(1000, 128, 13, 4, "none", 0.7, "n", 2, False),
                   (776, 64, 64, 3, 128, 0.0, "m", 2, False),
                   (776, 64, 70, 3, 64, 1.0, "m", 1, False),
+                  (776, 64, 64, 3, "none", 0.0, "n", 2, False),
                   (1000, 128, 16, 3, "none", 0.0, "n", 2, True)]
 
 
@@ -181,21 +200,18 @@ def test_plan_at_the_qwen3_shape():
 
 
 def test_planner_choices():
-  """Staged rows of z on N (whole swizzle tiles a warp moves), the deferred release where
-  it measured faster, the producer (opt-in) refused past 32 rows on N, and a base ring
-  of any size."""
+  """Staged rows of z on N (whole swizzle tiles a warp moves), the producer opt-in and
+  exclusive of the deferred release, and a base ring of any size."""
   plan = mosaic_batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   assert [mosaic_batched_plan.staged_rows_on_n(rows, rank, size) for rows, rank, size in
           [(8, 256, 2), (16, 256, 1), (8, 256, 1), (8, 64, 2), (40, 128, 2), (64, 64, 1)]
           ] == [8, 16, 16, 32, 48, 64]
   on_n = plan(batch=16, batch_axis="n", **args)
-  assert on_n.staged_rows == 16 and on_n.deferred_release and not on_n.producer
+  assert on_n.staged_rows == 16 and not on_n.deferred_release and not on_n.producer
   assert plan(batch=16, batch_axis="m", **args).staged_rows == 64
   # Staging 16 rows, not 64, leaves room for two more resident bf16 chunks.
   assert on_n.resident_chunks == plan(batch=16, batch_axis="m", **args).resident_chunks + 2
-  with pytest.raises(ValueError, match="producer warpgroup with the batch on N runs up to 32"):
-    plan(batch=64, batch_axis="n", warpgroups=2, producer=True, **args)
   with_producer = plan(batch=16, batch_axis="n", warpgroups=2, producer=True,
                        w2_itemsize=1, int8_state=True, **args)
   assert with_producer.producer and not with_producer.deferred_release

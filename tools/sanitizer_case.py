@@ -5,10 +5,9 @@
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
 ``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
-``batched-producer``: two warpgroups and a producer warpgroup, 32 rows on N;
-``batched-producer-64n``: the same at 64 rows on N, which the plan refuses (NOTES v12:
-tokens differed there on the H200) — lifted here to look for the cause. SEEDS (default
-1) fresh inputs are walked; the exit status is 1 if any differs from the reference.
+``batched-producer`` / ``batched-producer-64n``: two warpgroups and a producer warpgroup,
+32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12).
+SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 """
 
 import sys
@@ -18,7 +17,6 @@ import numpy as np
 
 import wts_jax
 from wts_jax.heads import HeadConfig
-from wts_jax.pallas import mosaic_batched_plan
 from wts_jax.inputs import random_inputs
 
 
@@ -32,8 +30,6 @@ def main(backend: str, seeds: int = 1) -> int:
   batch = 5 if batched else 2
   if producer:
     batch = 64 if backend.endswith("64n") else 32
-    if batch > mosaic_batched_plan.PRODUCER_MAX_ROWS_ON_N:
-      mosaic_batched_plan.PRODUCER_MAX_ROWS_ON_N = batch
   # A bounded barrier: under the sanitizer every poll is instrumented (slow), and if the
   # tool ever ran the blocks one at a time the walk would end with a timeout status
   # instead of spinning 4M polls per step (session 9's mosaic run did not finish in

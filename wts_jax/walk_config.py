@@ -132,8 +132,7 @@ class MosaicConfig:
     two with the batch on N for int8 planes or sampling), each computing its own half of
     the block's chunks.
   producer: one more warpgroup in the batched kernel that issues every W2 and base
-    refill once the computing warpgroups release the slot (opt-in; up to 32 rows with
-    the batch on N: NOTES v12).
+    refill once the computing warpgroups release the slot (opt-in: NOTES v12).
   """
 
   residency: str | float | int = "auto"

@@ -37,10 +37,6 @@ AUTO_BATCHED_RANGE = (1, 64)
 # the WGMMA computes 64 rows whatever B; on N the per-element epilogue grows with B);
 # two warpgroups where the epilogue is long — int8 planes (two accumulators and the
 # scales) on N, sampling (the Gumbel noise) on either axis.
-# The producer warpgroup is opt-in (NOTES v12): faster beside two computing warpgroups
-# (int8 planes greedy on N, sampling on M), but one GPU test at 64 rows on N gave wrong
-# tokens; it is refused there and the planner does not take it until that is explained.
-PRODUCER_MAX_ROWS_ON_N = 32
 AUTO_BATCH_ON_N_MAX = 16
 AUTO_BATCH_ON_N_MAX_LONG_EPILOGUE = 32
 
@@ -54,12 +50,6 @@ def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
 
 def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool) -> int:
   return 2 if not greedy or (batch_axis == "n" and int8_state) else 1
-
-
-def auto_deferred_release(batch_axis: str, *, warpgroups: int, base_stages: int) -> bool:
-  """Deferred base-slot release where it measured faster (H200, NOTES v12): the batch on
-  N with one warpgroup. (It needs two base slots: a slot is refilled a chunk late.)"""
-  return batch_axis == "n" and warpgroups == 1 and base_stages >= 2
 
 
 def padded_batch(batch: int) -> int:
@@ -104,6 +94,8 @@ class BatchedPlan:
   warpgroups: int = 1       # warpgroups sharing a block's chunks (each its own share)
   # A base slot is refilled one position after its reads, once every thread released it
   # by an mbarrier arrival (else at once, after a warpgroup barrier and proxy fence).
+  # Measured only, off in every plan: its release has no barrier or fence before the
+  # arrival, which is what broke the producer's (NOTES v12).
   deferred_release: bool = False
   # One more warpgroup that issues every ring and base refill once the consumers release
   # the slot (mbarrier arrivals), so no computing warp issues a copy in the chunk loop.
@@ -228,10 +220,6 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   if blocks > num_sms:
     raise ValueError(f"num_blocks={blocks} exceeds the {num_sms} SMs: the blocks could "
                      "not all be co-resident and the grid barrier would time out")
-  if producer and batch_axis == "n" and padded_batch(batch) > PRODUCER_MAX_ROWS_ON_N:
-    raise ValueError(f"a producer warpgroup with the batch on N runs up to "
-                     f"{PRODUCER_MAX_ROWS_ON_N} rows (batch={batch}): at 64 rows its tokens "
-                     "differed from the reference on the H200, cause not yet found")
   if warpgroups not in (1, 2):
     raise ValueError(f"warpgroups={warpgroups} must be 1 or 2 (a block's registers hold "
                      "two 128-thread warpgroups at 255 registers each)")
@@ -280,6 +268,4 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
-                     producer=producer,
-                     deferred_release=not producer and auto_deferred_release(
-                         batch_axis, warpgroups=warpgroups, base_stages=base_stages))
+                     producer=producer)

@@ -31,8 +31,8 @@ never run a step ahead (its next step starts on warpgroup 0's next ``za_bar``).
 With a producer (``plan.producer``, one more warpgroup) the computing warpgroups never
 issue a refill: they release each W2 slot (after its WGMMA's wait) and base slot (after
 its loads) by mbarrier arrivals, and the producer refills a slot once released. Without
-one, a warpgroup refills its own slots — with the batch on N and one warpgroup a chunk
-late (``plan.deferred_release``), else at once after a warpgroup barrier.
+one, a warpgroup refills its own slots at once, after a warpgroup barrier
+(``plan.deferred_release``, a chunk late without the barrier, is measured only).
 
 Why the register round trip: a bulk copy writes a row linearly, while the WGMMA reads a
 swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle tile. On
@@ -428,6 +428,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           best_index = jnp.where(better, top_index, best_index)
         with jax.named_scope("refill"):
           if plan.producer:   # the slots released to the producer: arrivals, no wait
+            # Every warp's reads of the base slot done and ordered before the producer's
+            # TMA: an arrival alone let the TMA overwrite a slot still being read (tokens
+            # differed on the H200, most at 64 rows on N).
+            plgpu.commit_smem()
             plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
             if stages:
               _when(_not(resident),
