@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, SMEM_ALIGNMENT, SMEM_RESERVED_BYTES,
-                                        chunks_per_block)
+                                        chunks_per_block, row_swizzle)
 
 BATCH_TILE = 64          # WGMMA M: the batch rows of one launch (unused rows are zeros)
 BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of base logits
@@ -56,17 +56,12 @@ def padded_batch(batch: int) -> int:
   return -(-batch // BATCH_ALIGN) * BATCH_ALIGN
 
 
-def z_swizzle(rank: int, itemsize: int) -> int:
-  """The swizzle of a WGMMA tile of z (one plane): 128 bytes, or a narrower row's width."""
-  return min(128, rank * itemsize)
-
-
 def staged_rows_on_n(batch_rows: int, rank: int, itemsize: int) -> int:
   """The rows of z staged with the batch on N: the batch rows, rounded up to what the
   register round trip into the swizzled tile moves whole (Mosaic's shared-to-global copy
   layout gives each warp 4 tiles of [8 rows, one swizzle]; a row of z spans
   ``rank · itemsize / swizzle`` of them)."""
-  row_tiles, col_tiles = -(-batch_rows // 8), rank * itemsize // z_swizzle(rank, itemsize)
+  row_tiles, col_tiles = -(-batch_rows // 8), rank * itemsize // row_swizzle(rank, itemsize)
   while not (row_tiles % 4 == 0 or (row_tiles % 2 == 0 and col_tiles % 2 == 0)
              or col_tiles % 4 == 0):
     row_tiles += 1

@@ -62,8 +62,8 @@ from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas import grid_sync
-from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, z_swizzle
-from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule
+from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan
+from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _interpret_params, _load, _not,
                                         _rem, _select, _w2_transforms, _when)
 
@@ -145,12 +145,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   streamed, chunks, base_stages = plan.streamed_chunks, plan.wg_chunks, plan.base_stages
   block = lax.axis_index("blocks")
   # A warpgroup's share: chunks [wg * chunks, (wg + 1) * chunks) of the block's, W2 slots
-  # from ``slot0``, ring and base slots from ``wg * stages`` / ``wg * base_stages``.
+  # from ``slot_base(wg)``, ring and base slots from ``wg * stages`` / ``wg * base_stages``.
   wgs = plan.warpgroups
   threads = wgs + (1 if plan.producer else 0)   # (the producer's index is wgs)
   wg = lax.axis_index("wg") if threads > 1 else 0
   leader = wg == 0   # the warpgroup that stages z and runs the exchange
-  slot0 = wg * (res + stages)
+  def slot_base(owner):   # a warpgroup's first W2 slot
+    return owner * (res + stages)
   multi_block = blocks > 1
   # The keys first: the kernel's first global allocation starts the (zeroed) buffer, so
   # its 64-bit slots are aligned (grid_sync).
@@ -176,7 +177,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   z_dtype = refs.z_s.dtype
   if n_major:
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
-        (plan.staged_rows, rank), z_dtype, z_swizzle(rank, jnp.dtype(z_dtype).itemsize))
+        (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
   else:
     z_layout = plgpu.Layout.WGMMA_8BIT if planes else _WGMMA
 
@@ -191,7 +192,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def copy_chunk(c, slot, barrier, owner=None):
     owner = wg if owner is None else owner
     plgpu.copy_gmem_to_smem(refs.w2_g.at[pl.ds(chunk_start(c, owner), CHUNK_ROWS)],
-                            refs.w_s.at[owner * (res + stages) + slot], barrier)
+                            refs.w_s.at[slot_base(owner) + slot], barrier)
 
   def ring_barrier(ring, owner=None):
     return refs.ring_bar.at[(wg if owner is None else owner) * stages + ring]
@@ -371,9 +372,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           for plane, acc_ref in enumerate(acc_refs):
             z = refs.za_s.at[plane] if planes else refs.za_s
             if n_major:   # the chunk is the A operand, the batch rows' z the B operand
-              plgpu.wgmma(acc_ref, refs.w_s.at[slot0 + slot], z.at[pl.ds(0, rows)].T)
+              plgpu.wgmma(acc_ref, refs.w_s.at[slot_base(wg) + slot], z.at[pl.ds(0, rows)].T)
             else:
-              plgpu.wgmma(acc_ref, z, refs.w_s.at[slot0 + slot].T)
+              plgpu.wgmma(acc_ref, z, refs.w_s.at[slot_base(wg) + slot].T)
 
       def finish(position, acc_refs):
         """The chunk's logits less the base: its accumulator(s), read when complete.

@@ -25,6 +25,13 @@ DEFAULT_PLANES_RESIDENT_GROUP = 1   # int8 planes: on-chip chunks per WGMMA wait
 SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
 SMEM_ALIGNMENT = 1024      # every scratch allocation starts on a 1 KB boundary
 
+
+def row_swizzle(rank: int, itemsize: int) -> int:
+  """The swizzle of a W2 chunk's or z's shared-memory tile: 128 bytes (conflict-free row
+  loads in the WGMMA layout), or the width of a narrower row (int8 at r = 64)."""
+  return min(128, rank * itemsize)
+
+
 @dataclasses.dataclass(frozen=True)
 class MosaicPlan:
   """A launch of the Mosaic kernel (all sizes static)."""

@@ -65,7 +65,7 @@ from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, Z_TILE_ROWS, MosaicPlan,
-                                        chunk_schedule)
+                                        chunk_schedule, row_swizzle)
 
 _WGMMA = plgpu.Layout.WGMMA
 _ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
@@ -135,9 +135,7 @@ def _chunk_kind(position, order):
 
 
 def _w2_transforms(itemsize: int, rank: int = 256):
-  # 128-byte swizzle: conflict-free row loads in the WGMMA layout; a row narrower than
-  # 128 bytes (int8 at r = 64) takes the swizzle of its width.
-  swizzle = min(128, rank * itemsize)
+  swizzle = row_swizzle(rank, itemsize)
   return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
