@@ -4,8 +4,8 @@ The real Qwen3-4B DSpark shape (V = 151 936, r = 256, 132 blocks) against the XL
 reference on fresh random inputs: exact tokens greedy, the same tokens sampled with the
 same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16, 64 and 70 (two launches); every split from all
 streamed to the planner's; a NaN in the base logits is reported; repeats are identical;
-1000 fresh walks (B = 16, bf16 and int8 planes) all equal the reference; the batch on
-the WGMMA's N at B = 5/16/64/70 (bf16) and 5/16/64 (int8 planes); two warpgroups a
+1000 fresh walks (B = 16, bf16 and int8 planes, and with a producer) all equal the
+reference; the batch on the WGMMA's N at B = 5/16/64/70 (bf16) and 5/16/64 (int8 planes); two warpgroups a
 block on either axis at B = 5/16/64 (bf16 and int8 planes); a producer warpgroup beside
 one or two computing warpgroups on either axis.
 """
@@ -140,14 +140,20 @@ def test_producer_tokens_equal_reference(head, planes_head, axis, warpgroups, ba
            config=dataclasses.replace(config, producer=False))
 
 
-@pytest.mark.parametrize("w2", ["bf16", "int8p"])
-def test_stress_1000_fresh_walks_equal_reference(w2):
+PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, producer=True)
+PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
+
+
+@pytest.mark.parametrize("w2,kernel_config", [("bf16", BATCHED), ("int8p", BATCHED),
+                                              ("int8p", PRODUCER_N2), ("bf16", PRODUCER_M2)],
+                         ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2"])
+def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config):
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   head = wts_jax.make_head(config, seed=3)
   if w2 == "int8p":
     head = quantize_w2(head, "int8", state="planes")
   kernel = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="mosaic",
-                                                config=BATCHED).tokens)
+                                                config=kernel_config).tokens)
   reference = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="xla").tokens)
   mismatches = []
   for i in range(1000):
