@@ -7,7 +7,8 @@ streamed to the planner's; a NaN in the base logits is reported; repeats are ide
 1000 fresh walks (B = 16, bf16 and int8 planes, and with a producer) all equal the
 reference; the batch on the WGMMA's N at B = 5/16/64/70 (bf16) and 5/16/64 (int8 planes); two warpgroups a
 block on either axis at B = 5/16/64 (bf16 and int8 planes); a producer warpgroup beside
-one or two computing warpgroups on either axis.
+one or two computing warpgroups on either axis; the gated head (z as a hi + lo bf16
+pair) on either axis, one or two warpgroups, B = 5/16/64/70.
 """
 
 from __future__ import annotations
@@ -140,25 +141,43 @@ def test_producer_tokens_equal_reference(head, planes_head, axis, warpgroups, ba
            config=dataclasses.replace(config, producer=False))
 
 
+@pytest.fixture(scope="module")
+def gated_head():
+  return wts_jax.make_head(HeadConfig.qwen3_4b("gated", confidence=True), seed=4)
+
+
+@pytest.mark.parametrize("axis,warpgroups,batch", [
+    ("m", 1, 5), ("m", 1, 16), ("m", 1, 64), ("m", 1, 70), ("n", 1, 16), ("n", 1, 64),
+    ("m", 2, 16), ("m", 2, 64), ("n", 2, 16)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_gated_tokens_equal_reference(gated_head, axis, warpgroups, batch, temperature):
+  """The gated head on the batched kernel: G_e streamed by the leader, the gate's WGMMA,
+  z as a hi + lo bf16 pair."""
+  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups)
+  _check(gated_head, batch, temperature, 61, config=config)
+
+
 PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, producer=True)
 PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
 
 
-@pytest.mark.parametrize("w2,kernel_config", [("bf16", BATCHED), ("int8p", BATCHED),
-                                              ("int8p", PRODUCER_N2), ("bf16", PRODUCER_M2)],
-                         ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2"])
-def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config):
-  config = HeadConfig.qwen3_4b("vanilla", confidence=False)
+@pytest.mark.parametrize("w2,kernel_config,head_type", [
+    ("bf16", BATCHED, "vanilla"), ("int8p", BATCHED, "vanilla"),
+    ("int8p", PRODUCER_N2, "vanilla"), ("bf16", PRODUCER_M2, "vanilla"),
+    ("bf16", BATCHED, "gated")],
+    ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16"])
+def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type):
+  config = HeadConfig.qwen3_4b(head_type, confidence=False)
   head = wts_jax.make_head(config, seed=3)
   if w2 == "int8p":
     head = quantize_w2(head, "int8", state="planes")
-  kernel = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="mosaic",
-                                                config=kernel_config).tokens)
-  reference = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="xla").tokens)
+  kernel = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="mosaic",
+                                                   config=kernel_config).tokens)
+  reference = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="xla").tokens)
   mismatches = []
   for i in range(1000):
-    base, first, _ = random_inputs(config, 16, 7, jax.random.key(2000 + i))
-    if not np.array_equal(np.asarray(kernel(head, base, first)),
-                          np.asarray(reference(head, base, first))):
+    base, first, hidden = random_inputs(config, 16, 7, jax.random.key(2000 + i))
+    if not np.array_equal(np.asarray(kernel(head, base, first, hidden)),
+                          np.asarray(reference(head, base, first, hidden))):
       mismatches.append(i)
   assert not mismatches, f"walks {mismatches[:10]} differ from the reference"

@@ -169,6 +169,73 @@ def test_int8_planes_tokens_equal_xla(vocab, rank, batch, steps, residency, temp
                       batch_axis=batch_axis)
 
 
+def _gated_head(vocab, rank, confidence=False):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type="gated",
+                      confidence=confidence)
+  return wts_jax.make_head(config, seed=vocab + rank + 1)
+
+
+# The gated head (z = σ(G_h h + G_e e + b) ⊙ e in fp32, a hi + lo bf16 pair against W2;
+# G_e streamed through the leader's ring): every chunk resident (the ring carries only
+# G_e), all streamed and sampled with B not a multiple of 8, r = 256 (four G_e chunks)
+# beside a resident chunk, 64 rows on N, past 64 rows (two launches), two warpgroups on
+# either axis.
+GATED_CASES = [(520, 64, 5, 3, "auto", 0.0, "m", 1), (1000, 128, 13, 4, "none", 0.7, "m", 1),
+               (456, 256, 8, 3, 64, 0.0, "m", 1), (1000, 128, 64, 3, "none", 0.0, "n", 1),
+               (776, 64, 70, 3, 64, 1.0, "m", 1), (1000, 128, 13, 4, "none", 0.7, "n", 2),
+               (776, 64, 64, 3, 64, 0.0, "m", 2), (456, 256, 16, 2, 128, 1.0, "n", 2)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups",
+                         GATED_CASES)
+def test_gated_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature, axis,
+                                warpgroups):
+  head = _gated_head(vocab, rank, confidence=True)
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=12,
+                      batch_axis=axis, warpgroups=warpgroups)
+
+
+def _tie_broken_by_lo(head, base, first, hidden):
+  """Base logits of step 0 that leave two candidates per row, (u, w), whose order under
+  the exact fp32 z (u first) is the reverse of their order under z rounded to bf16 —
+  so only a kernel that adds z's lo half picks u. Returns (base, u)."""
+  serial = head.markov_head
+  w2 = np.asarray(serial.markov_w2.weight[...], np.float64)
+  e = jnp.asarray(serial.markov_w1.weight[...])[first].astype(jnp.float32)
+  _, z = serial.advance(None, e, serial.hoisted_at(serial.hoist(hidden), 0))
+  z = np.asarray(z, np.float64)
+  exact = z @ w2.T
+  rounded = np.asarray(jnp.asarray(z, jnp.float32).astype(jnp.bfloat16), np.float64) @ w2.T
+  base = np.full(base.shape, -30.0, np.float32)
+  chosen = []
+  for b in range(base.shape[0]):
+    # Pairs ordered one way exactly and the other way rounded, by the widest margin.
+    gap, flip = exact[b][:, None] - exact[b][None, :], rounded[b][:, None] - rounded[b][None, :]
+    margin = np.where((gap > 0) & (flip < 0), np.minimum(gap, -flip), 0.0)
+    u, w = np.unravel_index(np.argmax(margin), margin.shape)
+    assert margin[u, w] > 1e-4, "no pair the bf16 rounding reorders"
+    base[b, 0, [u, w]] = 0.0
+    chosen.append(u)
+  return jnp.asarray(base, jnp.bfloat16), np.asarray(chosen)
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("axis", ["m", "n"])
+def test_gated_z_lo_half_decides_a_near_tie(axis):
+  """The lo half of z is not lost: at step 0 each row's two candidates are ordered one
+  way by the exact z and the other way by z rounded to bf16 (a kernel without the lo
+  WGMMA picks the other token)."""
+  head = _gated_head(1000, 128)
+  base, first, hidden = random_inputs(head.config, 8, 2, jax.random.key(21))
+  base, expected = _tie_broken_by_lo(head, base, first, hidden)
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis)
+  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla")
+  np.testing.assert_array_equal(np.asarray(ref.tokens)[:, 0], expected)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
 @NEEDS_INTERPRETER
 def test_mixed_temperatures_per_row():
   """Greedy rows stay greedy beside sampled ones (per-row 1/T and noise switch)."""
@@ -182,6 +249,19 @@ def test_mixed_temperatures_per_row():
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
                      key=key)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+def test_gated_plan_keeps_a_ring():
+  """The gated head's G_e streams through the W2 ring: a ring even where every W2 chunk
+  would fit, and 64 staged rows (its gate is a WGMMA with the batch on M) on either axis."""
+  plan = mosaic_batched_plan.plan_batched
+  small = plan(vocab_size=4096, rank=64, batch=16, num_sms=132, smem_per_block=H200_SMEM,
+               gated=True)
+  assert small.ring_stages >= 1 and small.gate_chunks == 1
+  qwen = plan(vocab_size=151936, rank=256, batch=16, num_sms=132, smem_per_block=H200_SMEM,
+              batch_axis="n", gated=True)
+  assert qwen.staged_rows == 64 and qwen.gate_chunks == 4 and qwen.ring_stages == 2
+  assert qwen.smem_bytes <= H200_SMEM
 
 
 def test_plan_at_the_qwen3_shape():
@@ -230,6 +310,8 @@ def test_planner_choices():
     (dict(num_blocks=200), "num_blocks=200 exceeds the 132 SMs"),
     (dict(w2_itemsize=1), "only with z as two int8 planes"),
     (dict(int8_state=True), "int8 planes of z meet an int8 W2 only"),
+    (dict(gated=True, w2_itemsize=1, int8_state=True), "gated head's batched walk needs a"),
+    (dict(gated=True, ring_stages=0), "G_e through the W2 ring: ring_stages >= 1"),
 ])
 def test_plan_refusals(kwargs, match):
   args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132,
@@ -245,12 +327,19 @@ def test_backend_routes_and_refuses():
   with pytest.raises(ValueError, match="row kernel runs up to 4 rows"):
     wts_jax.walk(head, base, first, impl="mosaic",
                  config=MosaicConfig(interpret=True, kernel="rows"))
-  gated = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
-                                       head_type="gated"), seed=0)
-  gbase, gfirst, ghidden = random_inputs(gated.config, 8, 3, jax.random.key(0))
-  with pytest.raises(ValueError, match="batched Mosaic kernel runs the vanilla head"):
-    wts_jax.walk(gated, gbase, gfirst, ghidden, impl="mosaic",
+  rnn = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
+                                     head_type="rnn"), seed=0)
+  rbase, rfirst, rhidden = random_inputs(rnn.config, 8, 3, jax.random.key(0))
+  with pytest.raises(ValueError, match="runs the vanilla and gated heads"):
+    wts_jax.walk(rnn, rbase, rfirst, rhidden, impl="mosaic",
                  config=MosaicConfig(interpret=True))
+  gated = _gated_head(1000, 64)
+  with pytest.raises(ValueError, match="gated head needs bf16 W1 and W2"):
+    wts_jax.walk(quantize_w2(gated, "int8"), rbase, rfirst, rhidden, impl="mosaic",
+                 config=MosaicConfig(interpret=True, kernel="batched"))
+  with pytest.raises(ValueError, match="gated head runs without a producer"):
+    wts_jax.walk(gated, rbase, rfirst, rhidden, impl="mosaic",
+                 config=MosaicConfig(interpret=True, kernel="batched", producer=True))
   with pytest.raises(ValueError, match="kernel='wide' must be one of"):
     MosaicConfig(kernel="wide")
 
@@ -287,6 +376,22 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis
   text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize="int8p",
                     config=config)
   assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("batch,temperature,axis,warpgroups", [
+    (64, 0.0, "m", 1), (16, 1.0, "m", 2), (96, 0.0, "m", 1), (16, 0.0, "n", 1),
+    (64, 1.0, "n", 2)])
+def test_gated_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups):
+  """The gated head on the batched kernel (G_e streamed, the gate's WGMMA, hi + lo) lowers
+  at the real shape (B = 96: two launches)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
+                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
+  text = lower_walk("gated", batch, 7, temperature=temperature, config=config)
+  assert text.count("mosaic_gpu") >= -(-batch // 64)
 
 
 @pytest.mark.parametrize("batch,temperature,axis,quantize", [

@@ -82,11 +82,16 @@ def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
 
 def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   serial = head.markov_head
-  if head.config.head_type != "vanilla":
-    return ("the batched Mosaic kernel runs the vanilla head (not "
-            f"{head.config.head_type!r})")
+  head_type = head.config.head_type
+  if head_type not in HEAD_TYPES:
+    return f"the batched Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
   w1, w2 = (jnp.dtype(serial.markov_w1.weight.dtype),
             jnp.dtype(serial.markov_w2.weight.dtype))
+  if head_type == "gated" and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
+    return ("the batched Mosaic kernel's gated head needs bf16 W1 and W2 (its fp32 z "
+            f"meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
+  if head_type == "gated" and config.producer:
+    return "the batched Mosaic kernel's gated head runs without a producer warpgroup"
   if not serial.z_as_int8_planes and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
     return ("the batched Mosaic kernel needs bf16 W1 and W2, or an int8 W2 that z meets "
             f"as two int8 planes (quantize_w2(head, 'int8', state='planes')); got {w1}, "
@@ -121,7 +126,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         ring_stages=config.ring_stages, base_stages=config.base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
-        int8_state=planes, batch_axis=axis, producer=config.producer)
+        int8_state=planes, batch_axis=axis, producer=config.producer,
+        gated=head.config.head_type == "gated")
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
@@ -204,6 +210,7 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]
   weights = dict(w2=operands["w2"], w1=w1)
+  gated = spec.plan.gated
   if spec.plan.int8_state:
     weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"],
                    w2_scale=operands["w2_scale"])
@@ -215,8 +222,11 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
                                    spec.plan, batch_rows=padded_batch(rows.stop - rows.start)))
     sampled = {} if spec.greedy else dict(seed=seed, score_scale=score_scale[rows],
                                            noise_on=noise_on[rows])
+    gate = ({} if not gated else dict(gate_weight=operands["gate_weight"],
+                                      gate_hoisted=operands["gate_hoisted"][rows]))
     part_tokens, part_status = batched_walk(part, base_logits=base_logits[rows],
-                                            first_tokens=first[rows], **weights, **sampled)
+                                            first_tokens=first[rows], **weights, **sampled,
+                                            **gate)
     tokens.append(part_tokens)
     kernel_status = kernel_status | part_status
   tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)

@@ -95,6 +95,10 @@ class BatchedPlan:
   # One more warpgroup that issues every ring and base refill once the consumers release
   # the slot (mbarrier arrivals), so no computing warp issues a copy in the chunk loop.
   producer: bool = False
+  # The gated head: z = σ(hoisted_k + G_e e) ⊙ e in fp32 meets W2 as a hi + lo bf16 pair
+  # (two WGMMAs a chunk into one accumulator); G_e's 64-row chunks stream through the
+  # leader's W2 ring ahead of each step's W2 chunks.
+  gated: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -103,6 +107,11 @@ class BatchedPlan:
     if self.deferred_release and self.base_stages < 2:
       raise ValueError("a deferred base release needs a base ring of 2 or more slots: "
                        "a slot is refilled one chunk after its reads")
+    if self.gated and (self.int8_state or self.producer or self.deferred_release
+                       or self.ring_stages < 1):
+      raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
+                       "least one slot (its G_e chunks stream through it), without a "
+                       "producer or a deferred release")
 
   @property
   def wg_chunks(self) -> int:
@@ -115,6 +124,11 @@ class BatchedPlan:
     return self.wg_chunks - self.resident_chunks
 
   @property
+  def gate_chunks(self) -> int:
+    """G_e's 64-row chunks the leader streams ahead of each step's W2 chunks."""
+    return self.rank // CHUNK_ROWS if self.gated else 0
+
+  @property
   def base_rows(self) -> int:
     """Rows of a base tile: the WGMMA's 64 M rows when the batch is on M; the batch rows
     only when it is on N."""
@@ -123,8 +137,9 @@ class BatchedPlan:
   @property
   def staged_rows(self) -> int:
     """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
-    batch rows (rounded: ``staged_rows_on_n``) on N."""
-    if self.batch_axis == "m":
+    batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
+    axis (its gate is a WGMMA with the batch on M)."""
+    if self.batch_axis == "m" or self.gated:
       return BATCH_TILE
     return staged_rows_on_n(self.batch_rows, self.rank, self.w2_itemsize)
 
@@ -151,7 +166,9 @@ class BatchedPlan:
                if self.warpgroups > 1 else "")
             + ("; a producer warpgroup issues the refills" if self.producer else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
-            + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else ""))
+            + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
+            + ("; gated head: z as a hi + lo bf16 pair, G_e streamed by the leader"
+               if self.gated else ""))
 
 
 def warpgroup_chunks(vocab_size: int, num_blocks: int, warpgroups: int) -> int:
@@ -167,15 +184,16 @@ def _aligned(nbytes: int) -> int:
 def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
-                staged_rows: int = BATCH_TILE) -> int:
+                staged_rows: int = BATCH_TILE, gated: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring
   [stages, base_rows, 64], an int8 W2's per-row scales [chunks, 64] f32, the tokens [64] and exchange keys
   [2, 64]; with int8 planes the scales around each row's s_lo [64, 32 + 8] f32
   ([64, 64 + 8] and a warpgroup's [64] s_lo with the batch on N); with warpgroups the
-  merge slots [warpgroups, 64] f32 + i32."""
-  z_stage = staged_rows * (rank * 2 + Z_ROW_PAD_BYTES) + _aligned(staged_rows * rank * 2)
+  merge slots [warpgroups, 64] f32 + i32; the gated head's z tiles are two (hi, lo)."""
+  z_stage = (staged_rows * (rank * 2 + Z_ROW_PAD_BYTES)
+             + (2 if gated else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
@@ -193,17 +211,22 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  base_stages: int | None = None, base_itemsize: int = 2,
                  w2_itemsize: int = 2, int8_state: bool = False,
                  snake: bool = True, batch_axis: str = "m",
-                 warpgroups: int = 1, producer: bool = False) -> BatchedPlan:
+                 warpgroups: int = 1, producer: bool = False,
+                 gated: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
   across steps: a chunk's slot is its place in the walk's stream modulo the slots).
-  ``resident_chunks``, ``ring_stages`` and ``base_stages`` are a warpgroup's."""
+  ``resident_chunks``, ``ring_stages`` and ``base_stages`` are a warpgroup's. The gated
+  head keeps a ring of at least one slot (its G_e chunks stream through the leader's)."""
   if w2_itemsize == 1 and not int8_state:
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
                      "(quantize_w2(head, 'int8', state='planes'))")
   if int8_state and w2_itemsize != 1:
     raise ValueError("int8 planes of z meet an int8 W2 only")
+  if gated and (w2_itemsize != 2 or producer):
+    raise ValueError("the gated head's batched walk needs a bf16 W2 (its fp32 z meets W2 "
+                     "as a hi + lo bf16 pair) and no producer warpgroup")
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:   # (>= 64 also holds a 32-scale window)
@@ -232,21 +255,27 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
                       warpgroups=warpgroups,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
-                                   if batch_axis == "n" else BATCH_TILE))
+                                   if batch_axis == "n" and not gated else BATCH_TILE),
+                      gated=gated)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
                      "W2 chunk a warpgroup beside the batched walk's staging")
-  if resident_chunks is None and ring_stages in (None, 0) and wg_chunks <= slots:
+  if (resident_chunks is None and ring_stages in (None, 0) and wg_chunks <= slots
+      and not gated):
     resident_chunks, ring_stages = wg_chunks, 0
   if ring_stages is None:
     rest = wg_chunks - min(resident_chunks or 0, wg_chunks)
-    ring_stages = min(DEFAULT_RING_STAGES, slots, rest)
+    ring_stages = min(DEFAULT_RING_STAGES, slots, max(rest, 1 if gated else 0))
   if resident_chunks is None:
     resident_chunks = max(0, min(wg_chunks, slots - ring_stages))
   resident_chunks = min(resident_chunks, wg_chunks)
+  if gated:   # the ring's slots come first (a resident count is a wish, the ring a need)
+    resident_chunks = max(0, min(resident_chunks, slots - ring_stages))
   streamed = wg_chunks - resident_chunks
-  if streamed == 0:
+  if gated and ring_stages < 1:
+    raise ValueError("the gated head streams G_e through the W2 ring: ring_stages >= 1")
+  if streamed == 0 and not gated:
     ring_stages = 0
   elif ring_stages < 1:
     raise ValueError(f"{streamed} streamed chunks need a ring of at least one slot")
@@ -263,4 +292,4 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
-                     producer=producer)
+                     producer=producer, gated=gated)

@@ -129,6 +129,14 @@ class BatchedRefs:
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
   merge_value_s: object = None
   merge_index_s: object = None
+  gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
+  gate_hoisted_g: object = None  # gated head: hoisted_k as [K, r / 64, 64 rows, 64] f32
+
+
+def _div(a, b):
+  if isinstance(a, int) and isinstance(b, int):
+    return a // b
+  return lax.div(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
 
 
 def _base_transforms(itemsize: int):
@@ -167,15 +175,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   batch_width = tile[batch_axis]   # the batch rows a step's vectors carry
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
-  total_streamed = spec.steps * streamed
-  planes = plan.int8_state
+  planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
   z_dtype = refs.z_s.dtype
-  if n_major:
+  if n_major and not gated:
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
         (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
   else:
@@ -232,15 +239,51 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     resident, index, j = chunk_kind(position)
     return _select(resident, index, lambda: streamed_chunk(step, j))
 
-  def ring_refill_due(step, j):
-    return step * streamed + j + stages < total_streamed
+  # A warpgroup's W2 ring carries a stream: per step, ``lead_of(owner)`` entries ahead of
+  # its streamed W2 chunks (the gated head's G_e chunks, the leader's only), then those
+  # chunks. An entry's ring slot is its place in the walk's stream modulo the slots.
+  def lead_of(owner):
+    if not gate_chunks:
+      return 0
+    if isinstance(owner, int):
+      return gate_chunks if owner == 0 else 0
+    return jnp.where(owner == 0, gate_chunks, 0)
+
+  def stream_length(owner):
+    return lead_of(owner) + streamed
+
+  def stream_total(owner):
+    return spec.steps * stream_length(owner)
+
+  def stream_index(step, j, owner=None):
+    """The stream entry of streamed W2 chunk j (its place in the step's order) of step."""
+    owner = wg if owner is None else owner
+    return step * stream_length(owner) + lead_of(owner) + j
+
+  def copy_stream(index, owner=None):
+    """Stream entry ``index`` (a G_e chunk or a streamed W2 chunk) into its ring slot."""
+    owner = wg if owner is None else owner
+    ring = _rem(index, stages)
+    barrier = ring_barrier(ring, owner)
+    length, lead = stream_length(owner), lead_of(owner)
+    step, within = _div(index, length), _rem(index, length)
+    if not gate_chunks:
+      copy_chunk(streamed_chunk(step, within), res + ring, barrier, owner)
+      return
+    hidden_size = refs.gate_w_g.shape[1] - rank
+    _when(within >= lead, lambda: copy_chunk(
+        streamed_chunk(step, within - lead), res + ring, barrier, owner))
+    _when(within < lead, lambda: plgpu.copy_gmem_to_smem(
+        refs.gate_w_g.at[pl.ds(within * CHUNK_ROWS, CHUNK_ROWS), pl.ds(hidden_size, rank)],
+        refs.w_s.at[slot_base(owner) + res + ring], barrier))
+
+  def ring_refill_due(step, j, owner=None):
+    owner = wg if owner is None else owner
+    return stream_index(step, j, owner) + stages < stream_total(owner)
 
   def refill_ring_after(step, j, owner=None):
-    """Stream index j of ``step`` read: the streamed chunk ``stages`` later into its slot
-    (the ring runs on across steps: a chunk's slot is its place in the walk's stream)."""
-    ring = _rem(step * streamed + j, stages)
-    copy_chunk(streamed_chunk(step + (j + stages) // streamed, _rem(j + stages, streamed)),
-               res + ring, ring_barrier(ring, owner), owner)
+    """Streamed chunk j of ``step`` read: the stream entry ``stages`` later into its slot."""
+    copy_stream(stream_index(step, j, owner) + stages, owner)
 
   def copy_base(step, position, owner=None):
     base_slot = base_slot_of(step, position, owner)
@@ -281,6 +324,35 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     plgpu.commit_smem()
     return _load(refs.plane_scale_s.at[wg, pl.ds(0, rows)], _PER_COLUMN, optimized=False)
 
+  def gate(step):
+    """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
+    of every staged row, stored as the hi + lo bf16 pair the W2 WGMMAs read (``za_s[0]``,
+    ``za_s[1]``). The leader's: per G_e chunk from its ring, a WGMMA with the batch on M
+    ([64 rows, r] x [r, 64 gate rows]) reads e from ``za_s[1]``, so the lo halves wait in
+    registers until the last of them has completed."""
+    e_tile, hi_tile = refs.za_s.at[1], refs.za_s.at[0]
+    lo_parts = []
+    for c in range(gate_chunks):
+      index = step * stream_length(0) + c
+      ring = _rem(index, stages)
+      hoisted = _load(refs.gate_hoisted_g.at[step, c], _WGMMA, optimized=False)
+      plgpu.barrier_wait(ring_barrier(ring, 0))
+      def product(acc_ref, ring=ring):
+        plgpu.wgmma(acc_ref, e_tile, refs.w_s.at[slot_base(0) + res + ring].T)
+        return acc_ref[...]
+      pre = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, CHUNK_ROWS), jnp.float32))
+      # (The WGMMA's reads of the slot completed when its accumulator was read.)
+      _when(index + stages < stream_total(0), functools.partial(copy_stream, index + stages, 0))
+      columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
+      e = _load(refs.z_s.at[:, columns], _WGMMA).astype(jnp.float32)
+      z = jax.nn.sigmoid(hoisted + pre) * e
+      z_hi = z.astype(jnp.bfloat16)
+      hi_tile[:, columns] = z_hi
+      lo_parts.append((z - z_hi.astype(jnp.float32)).astype(jnp.bfloat16))
+    for c, z_lo in enumerate(lo_parts):
+      e_tile[:, pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)] = z_lo
+    plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
+
   def consumer():
     """A computing warpgroup: its chunks' WGMMAs and epilogues, and (the leader) z and
     the exchange."""
@@ -299,8 +371,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           for s in range(base_stages):
             refs.base_s[wg * base_stages + s] = zeros
         plgpu.commit_smem()   # the generic writes before any async copy lands beside them
-      for g in range(min(stages, total_streamed)):   # the stream's first chunks
-        copy_chunk(streamed_chunk(g // streamed, g % streamed), res + g, ring_barrier(g))
+      for g in range(stages):   # the stream's first entries
+        _when(g < stream_total(wg), functools.partial(copy_stream, g))
       for p in range(base_stages):
         copy_base(0, p)
       for c in range(res):
@@ -335,8 +407,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           for plane in range(2 if planes else 1):   # (int8: q_hi, q_lo)
             tile_ref = refs.za_s.at[plane] if planes else refs.za_s
+            if gated:   # e, the gate's operand (then z's lo half)
+              tile_ref = refs.za_s.at[1]
             tile_ref[...] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)], z_layout)
           plgpu.commit_smem()
+          if gated:
+            with jax.named_scope("gate"):
+              gate(step)
           if wgs > 1:
             plgpu.barrier_arrive(refs.za_bar)
         if wgs > 1:
@@ -355,7 +432,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         """The chunk at ``position``: (resident?, its ring index j, its slot, its id)."""
         resident, index, j = chunk_kind(position)
         # The ring runs on across steps: a chunk's slot is its place in the walk's stream.
-        ring = _rem(step * streamed + j, stages) if stages else 0
+        ring = _rem(stream_index(step, j), stages) if stages else 0
         return (resident, j, ring, _select(resident, index, lambda: res + ring),
                 _select(resident, index, lambda: streamed_chunk(step, j)), index)
 
@@ -369,8 +446,11 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if stages:
             _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
         with jax.named_scope("mma"):
-          for plane, acc_ref in enumerate(acc_refs):
-            z = refs.za_s.at[plane] if planes else refs.za_s
+          # int8 planes: a plane an accumulator; gated: hi and lo into one.
+          operands = ([(acc_refs[0], refs.za_s)] if not (planes or gated) else
+                      [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
+                       for plane in range(2)])
+          for acc_ref, z in operands:
             if n_major:   # the chunk is the A operand, the batch rows' z the B operand
               plgpu.wgmma(acc_ref, refs.w_s.at[slot_base(wg) + slot], z.at[pl.ds(0, rows)].T)
             else:
@@ -582,9 +662,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         resident, _, j = chunk_kind(position)
         def refill_ring():
           plgpu.barrier_wait(refs.ring_free_bar.at[
-              owner * stages + _rem(step * streamed + j, stages)])
+              owner * stages + _rem(stream_index(step, j, owner), stages)])
           refill_ring_after(step, j, owner)
-        _when(_and(ring_refill_due(step, j), _not(resident)), refill_ring)
+        _when(_and(ring_refill_due(step, j, owner), _not(resident)), refill_ring)
 
     def position_loop(step):
       def body(position, carry):
@@ -600,7 +680,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     for owner in range(wgs):
       for slot in range(base_stages):
         plgpu.barrier_wait(refs.base_free_bar.at[owner * base_stages + slot])
-      for ring in range(min(stages, total_streamed)):
+      for ring in range(min(stages, stream_total(owner))):
         plgpu.barrier_wait(refs.ring_free_bar.at[owner * stages + ring])
     refs.flag_g[block * threads + wg] = jnp.int32(0)
 
@@ -612,17 +692,29 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
 
 def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None,
-                 score_scale=None, noise_on=None, w2_scale=None, w1_scale=None):
+                 score_scale=None, noise_on=None, w2_scale=None, w1_scale=None,
+                 gate_weight=None, gate_hoisted=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
   ``base_logits`` [B, K, V]; padded here to the plan's ``batch_rows`` when B is not a
   multiple of 8 and to whole 64-column tiles when V is not (the base tiles are copied
   as whole TMA tiles).
   ``plan.int8_state``: ``w2`` int8 with its per-row ``w2_scale`` [V]; ``w1`` is W1's
   interleaved int8 planes [2V, r] and ``w1_scale`` their ``s_lo`` [V]
-  (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2."""
+  (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2.
+  ``plan.gated``: ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16, inputs
+  [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
+  (``GatedMarkovHead.hoist``)."""
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   rank, vocab = plan.rank, plan.vocab_size
   n_major = plan.batch_axis == "n"
+  if (gate_weight is None or gate_hoisted is None) == plan.gated:
+    raise ValueError("a gated plan needs gate_weight and gate_hoisted, and only it")
+  if plan.gated and (gate_weight.dtype != jnp.bfloat16 or gate_weight.shape[0] != rank
+                     or gate_hoisted.shape != (batch, steps, rank)):
+    raise ValueError(f"the gated kernel needs a bf16 gate_proj.weight [{rank}, d + {rank}] "
+                     f"and hoisted terms [{batch}, {steps}, {rank}] (got "
+                     f"{gate_weight.dtype}{list(gate_weight.shape)}, "
+                     f"{list(gate_hoisted.shape)})")
   if plan.int8_state:
     if (w2.dtype != jnp.int8 or w2_scale is None or w1.dtype != jnp.int8
         or w1.shape != (2 * vocab, rank) or w1_scale is None):
@@ -645,7 +737,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  a_tile = (2, plan.staged_rows, rank) if plan.int8_state else (plan.staged_rows, rank)
+  a_tile = ((2, plan.staged_rows, rank) if plan.int8_state or plan.gated
+            else (plan.staged_rows, rank))
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
                         transforms=_w2_transforms(w_itemsize, rank)),
@@ -687,6 +780,12 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   operands = {"w2_g": w2, "base_g": base_logits, "w1_g": w1, "first_g": first}
   if plan.int8_state:
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
+  if plan.gated:   # the hoisted terms as whole [64 rows, 64] tiles a step and G_e chunk
+    hoisted = jnp.pad(gate_hoisted.astype(jnp.float32), ((0, BATCH_TILE - batch), (0, 0),
+                                                          (0, 0)))
+    hoisted = hoisted.reshape(BATCH_TILE, steps, rank // CHUNK_ROWS, CHUNK_ROWS)
+    operands.update(gate_w_g=gate_weight,
+                    gate_hoisted_g=hoisted.transpose(1, 2, 0, 3))
   if not spec.greedy:
     def per_row(x, dtype):
       return jnp.zeros((BATCH_TILE,), dtype).at[:batch].set(x.astype(dtype))
