@@ -2,13 +2,15 @@
 
 The real Qwen3-4B DSpark shape (V = 151 936, r = 256, 132 blocks) against the XLA
 reference on fresh random inputs: exact tokens greedy, the same tokens sampled with the
-same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16, 64 and 70 (two launches); every split from all
-streamed to the planner's; a NaN in the base logits is reported; repeats are identical;
-1000 fresh walks (B = 16, bf16 and int8 planes, and with a producer) all equal the
-reference; the batch on the WGMMA's N at B = 5/16/64/70 (bf16) and 5/16/64 (int8 planes); two warpgroups a
-block on either axis at B = 5/16/64 (bf16 and int8 planes); a producer warpgroup beside
-one or two computing warpgroups on either axis; the gated head (z as a hi + lo bf16
-pair) on either axis, one or two warpgroups, B = 5/16/64/70.
+same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16,
+64 and 70 (two launches); every split from all streamed to the planner's; a NaN in the
+base logits is reported; repeats are identical; 1000 fresh walks (B = 16, bf16 and int8
+planes, with a producer, the gated head) all equal the reference (at most two first
+differing at one of its fp32 near-ties); the batch on the WGMMA's N at B = 5/16/64/70
+(bf16) and 5/16/64 (int8 planes); two warpgroups a block on either axis at B = 5/16/64
+(bf16 and int8 planes); a producer warpgroup beside one or two computing warpgroups on
+either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one or two
+warpgroups, B = 5/16/64/70.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import numpy as np
 import pytest
 
 import wts_jax
+from wts_jax.bench.gate import compare_tokens, reference_tokens_and_gaps
+from wts_jax.bench.registry import BenchMode
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS
@@ -157,6 +161,9 @@ def test_gated_tokens_equal_reference(gated_head, axis, warpgroups, batch, tempe
   _check(gated_head, batch, temperature, 61, config=config)
 
 
+# A top-2 gap at fp32 rounding of logits of a few units (an ulp at 4 is 4.8e-7); the
+# gated head's z as hi + lo bf16 is exact to 2^-17 of each element.
+FP32_TIE_MARGIN = 1e-5
 PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, producer=True)
 PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
 
@@ -174,10 +181,17 @@ def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type):
   kernel = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="mosaic",
                                                    config=kernel_config).tokens)
   reference = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="xla").tokens)
-  mismatches = []
+  mismatches, near_ties = [], []
   for i in range(1000):
     base, first, hidden = random_inputs(config, 16, 7, jax.random.key(2000 + i))
-    if not np.array_equal(np.asarray(kernel(head, base, first, hidden)),
-                          np.asarray(reference(head, base, first, hidden))):
-      mismatches.append(i)
-  assert not mismatches, f"walks {mismatches[:10]} differ from the reference"
+    tokens = np.asarray(kernel(head, base, first, hidden))
+    if np.array_equal(tokens, np.asarray(reference(head, base, first, hidden))):
+      continue
+    # A walk may first differ only where the reference's own top-2 gap is at fp32
+    # rounding (two fp32 sums in different orders may order such a pair either way).
+    ref_tokens, gaps = reference_tokens_and_gaps(head, base, first, hidden,
+                                                 BenchMode("greedy"))
+    passed, text, _ = compare_tokens(ref_tokens, tokens, gaps, margin=FP32_TIE_MARGIN)
+    (near_ties if passed else mismatches).append(f"walk {i}: {text}")
+  assert not mismatches, f"walks differ from the reference: {mismatches[:5]}"
+  assert len(near_ties) <= 2, f"too many near-tie divergences: {near_ties}"

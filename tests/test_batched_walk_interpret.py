@@ -260,7 +260,9 @@ def test_gated_plan_keeps_a_ring():
   assert small.ring_stages >= 1 and small.gate_chunks == 1
   qwen = plan(vocab_size=151936, rank=256, batch=16, num_sms=132, smem_per_block=H200_SMEM,
               batch_axis="n", gated=True)
-  assert qwen.staged_rows == 64 and qwen.gate_chunks == 4 and qwen.ring_stages == 2
+  assert qwen.staged_rows == 64 and qwen.gate_chunks == 4
+  # The ring first (3 slots measured faster than 1 resident + 2 ring slots).
+  assert (qwen.resident_chunks, qwen.ring_stages) == (0, 3)
   assert qwen.smem_bytes <= H200_SMEM
 
 

@@ -144,9 +144,11 @@ def test_each_backend_by_name_walks_like_the_reference(impl, config):
     (32, "int8p", True, ("n", 2)), (64, "bf16", False, ("m", 2)),
     (64, "int8p", True, ("m", 1))])
 def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want):
-  """The Mosaic planner's measured choices (NOTES v11): the row kernel at one row, else the
-  batched kernel, the batch on N up to 16 rows (32 for int8 planes or sampling) where
-  jax lowers it, two warpgroups for sampling and for int8 planes on N."""
+  """The Mosaic planner's measured choices (NOTES v11-v13): the row kernel at one row, else
+  the batched kernel, the batch on N up to 16 rows (32 for int8 planes or sampling) where
+  jax lowers it, two warpgroups for sampling and for int8 planes on N, a producer beside
+  them for int8 planes greedy on N and bf16 sampling on M; the gated head likewise but
+  one warpgroup except sampling on M, no producer."""
   from wts_jax.pallas import mosaic_backend
   from wts_jax.walk_config import MosaicConfig
   head = _head()
@@ -161,9 +163,18 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   if not mosaic_backend.BATCH_ON_N_LOWERS:   # jax 0.10: on M, two warpgroups sampled
     axis, warpgroups = "m", 1 if greedy else 2
   assert (spec.plan.batch_axis, spec.plan.warpgroups) == (axis, warpgroups)
+  # A producer beside two computing warpgroups where it measured faster (NOTES v12).
+  assert spec.plan.producer == (warpgroups == 2 and (
+      (w2 == "int8p" and greedy and axis == "n") or (w2 == "bf16" and not greedy
+                                                     and axis == "m")))
+  # The gated head (bf16): the batched kernel, one warpgroup but for sampling on M.
+  gated_shapes = shapes if batch > 1 else backend.WalkShapes(batch=4, steps=7)
+  gated_plan = mosaic_backend.plan(_head("gated"), gated_shapes, MosaicConfig(), H200).plan
+  assert gated_plan.gated and not gated_plan.producer
+  assert gated_plan.warpgroups == (2 if not greedy and gated_plan.batch_axis == "m" else 1)
   # The row kernel keeps walks the batched kernel cannot run, and row-kernel options.
-  gated = _head("gated")
-  assert not hasattr(mosaic_backend.plan(gated, shapes if batch <= 4 else
+  gated_int8 = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("gated"))
+  assert not hasattr(mosaic_backend.plan(gated_int8, shapes if batch <= 4 else
                                          backend.WalkShapes(batch=4, steps=7),
                                          MosaicConfig(), H200).plan, "batch_axis")
   assert not hasattr(mosaic_backend.plan(_head(), backend.WalkShapes(batch=4, steps=7),

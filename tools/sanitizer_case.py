@@ -1,12 +1,14 @@
 """A small walk on each kernel, for compute-sanitizer (memcheck, racecheck) on the GPU.
 
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
-      [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n] [SEEDS]
+      [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated]
+      [SEEDS]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
 ``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
 ``batched-producer`` / ``batched-producer-64n``: two warpgroups and a producer warpgroup,
-32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12).
+32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12);
+``batched-gated``: the gated head on the batched kernel (G_e through the ring, hi + lo).
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 """
 
@@ -23,7 +25,9 @@ from wts_jax.inputs import random_inputs
 def main(backend: str, seeds: int = 1) -> int:
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
-  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64, head_type="vanilla")
+  gated = backend == "batched-gated"
+  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64,
+                      head_type="gated" if gated else "vanilla")
   head = wts_jax.make_head(config, seed=1)
   batched = backend.startswith("batched")
   producer = backend.startswith("batched-producer")
@@ -41,12 +45,13 @@ def main(backend: str, seeds: int = 1) -> int:
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
          if backend == "batched-wg2" or producer else {}),
       **({"mosaic_producer": True} if producer else {}))
-  walk = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas", config=walk_config))
+  walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
+                                                 config=walk_config))
   differ = 0
   for seed in range(seeds):
-    base, first, _ = random_inputs(config, batch, 4, jax.random.key(2 + seed))
-    out = walk(head, base, first)
-    ref = wts_jax.walk(head, base, first, impl="xla")
+    base, first, hidden = random_inputs(config, batch, 4, jax.random.key(2 + seed))
+    out = walk(head, base, first, hidden)
+    ref = wts_jax.walk(head, base, first, hidden, impl="xla")
     same = np.array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     differ += not same
     print(f"{backend} seed {seed}: tokens {'equal' if same else 'DIFFER'} "

@@ -132,7 +132,8 @@ class MosaicConfig:
     two with the batch on N for int8 planes or sampling), each computing its own half of
     the block's chunks.
   producer: one more warpgroup in the batched kernel that issues every W2 and base
-    refill once the computing warpgroups release the slot (opt-in: NOTES v12).
+    refill once the computing warpgroups release the slot (None: the planner's — beside
+    two computing warpgroups for int8 planes greedy on N and bf16 sampling on M).
   """
 
   residency: str | float | int = "auto"
@@ -149,7 +150,7 @@ class MosaicConfig:
   base_stages: int | None = None
   batch_axis: str | None = None
   warpgroups: int | None = None
-  producer: bool = False
+  producer: bool | None = None
 
   def __post_init__(self):
     _check_common(self)
@@ -200,7 +201,7 @@ class WalkConfig(TritonConfig):
   mosaic_base_stages: int | None = None
   mosaic_batch_axis: str | None = None
   mosaic_warpgroups: int | None = None
-  mosaic_producer: bool = False
+  mosaic_producer: bool | None = None
 
   def __post_init__(self):
     super().__post_init__()

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_batch_axis, auto_warpgroups,
-                                                padded_batch, plan_batched,
-                                                warpgroup_chunks)
+from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_batch_axis, auto_producer,
+                                                auto_warpgroups, padded_batch,
+                                                plan_batched, warpgroup_chunks)
 from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
                                         launch_facts, make_plan)
 from wts_jax.walk_config import MosaicConfig
@@ -115,7 +115,11 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   planes = head.markov_head.z_as_int8_planes
   axis = config.batch_axis or auto_batch_axis(rows, int8_state=planes, greedy=shapes.greedy,
                                               batch_on_n_lowers=BATCH_ON_N_LOWERS)
-  wgs = config.warpgroups or auto_warpgroups(axis, int8_state=planes, greedy=shapes.greedy)
+  gated = head.config.head_type == "gated"
+  wgs = config.warpgroups or auto_warpgroups(axis, int8_state=planes, greedy=shapes.greedy,
+                                             gated=gated)
+  producer = (config.producer if config.producer is not None else
+              auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy, gated=gated))
   wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
   try:
     batched = plan_batched(
@@ -126,8 +130,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         ring_stages=config.ring_stages, base_stages=config.base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
-        int8_state=planes, batch_axis=axis, producer=config.producer,
-        gated=head.config.head_type == "gated")
+        int8_state=planes, batch_axis=axis, producer=producer, gated=gated)
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,

@@ -28,6 +28,9 @@ BATCH_TILE = 64          # WGMMA M: the batch rows of one launch (unused rows ar
 BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of base logits
 Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 8 bank groups
 DEFAULT_RING_STAGES = 2
+# The gated head's ring: its four G_e chunks a step stream through it too, and a third
+# slot measured 4-7 % faster than 1 resident chunk + 2 slots (NOTES v13).
+GATED_RING_STAGES = 3
 DEFAULT_BASE_STAGES = 3
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
 # Qwen3 shape, NOTES v11: the row kernel is faster at one row, this kernel from 4 rows).
@@ -48,8 +51,21 @@ def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
   return "n" if batch_on_n_lowers and batch <= limit else "m"
 
 
-def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool) -> int:
+def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool,
+                    gated: bool = False) -> int:
+  if gated:   # (its rings are one slot a warpgroup with two: NOTES v13)
+    return 2 if not greedy and batch_axis == "m" else 1
   return 2 if not greedy or (batch_axis == "n" and int8_state) else 1
+
+
+def auto_producer(batch_axis: str, warpgroups: int, *, int8_state: bool,
+                  greedy: bool, gated: bool = False) -> bool:
+  """A producer warpgroup where it measured faster (NOTES v12): beside two computing
+  warpgroups, int8 planes greedy on N and bf16 sampling on M."""
+  if warpgroups != 2 or gated:
+    return False
+  return ((int8_state and greedy and batch_axis == "n")
+          or (not int8_state and not greedy and batch_axis == "m"))
 
 
 def padded_batch(batch: int) -> int:
@@ -266,7 +282,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
     resident_chunks, ring_stages = wg_chunks, 0
   if ring_stages is None:
     rest = wg_chunks - min(resident_chunks or 0, wg_chunks)
-    ring_stages = min(DEFAULT_RING_STAGES, slots, max(rest, 1 if gated else 0))
+    ring_stages = (min(GATED_RING_STAGES, slots) if gated
+                   else min(DEFAULT_RING_STAGES, slots, rest))
   if resident_chunks is None:
     resident_chunks = max(0, min(wg_chunks, slots - ring_stages))
   resident_chunks = min(resident_chunks, wg_chunks)

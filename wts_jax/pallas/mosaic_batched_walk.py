@@ -39,11 +39,18 @@ swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle ti
 N only the batch rows are staged (``plan.staged_rows``), moved by Mosaic's
 shared-to-global copy layout; on M the WGMMA layout's 64 rows.
 
+The gated head (``plan.gated``): z = σ(hoisted_k + G_e e) ⊙ e is fp32. The leader
+streams G_e's 64-row chunks through its W2 ring ahead of each step's W2 chunks, computes
+the gate as WGMMAs with the batch on M (e, a bf16 W1 row, is exact), and stores z as a
+hi + lo bf16 pair; each W2 chunk is then two WGMMAs into one accumulator (z to 2^-17 of
+each element).
+
 Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
-with a bf16 W1 and W2 (z exact in bf16), or an int8 W2 that z meets as two int8 planes
-(``wts_jax.int8_state``: two int8 WGMMAs a chunk, s32 accumulators, D = 256 · d_hi +
+with a bf16 W1 and W2 (z exact in bf16) or an int8 W2 that z meets as two int8 planes,
+and the gated head with a bf16 W1, W2 and gate (no producer). Int8 planes
+(``wts_jax.int8_state``): two int8 WGMMAs a chunk, s32 accumulators, D = 256 · d_hi +
 d_lo exact, then (f32(D) · s_lo) · scale2 — each row's s_lo comes in a 128-byte copy
-beside its planes); up to 64 rows a launch, greedy and sampled, no per-step logits or
+beside its planes. Up to 64 rows a launch, greedy and sampled, no per-step logits or
 log-probabilities. Interpret mode runs one block owning every chunk.
 """
 
