@@ -10,7 +10,8 @@ differing at one of its fp32 near-ties); the batch on the WGMMA's N at B = 5/16/
 (bf16) and 5/16/64 (int8 planes); two warpgroups a block on either axis at B = 5/16/64
 (bf16 and int8 planes); a producer warpgroup beside one or two computing warpgroups on
 either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one or two
-warpgroups, B = 5/16/64/70.
+warpgroups, B = 5/16/64/70; ``kernel="steps"`` (a launch a step, the head's update in
+XLA) for the rnn head at B = 5/16/64/70 and the gated and vanilla heads.
 """
 
 from __future__ import annotations
@@ -161,6 +162,29 @@ def test_gated_tokens_equal_reference(gated_head, axis, warpgroups, batch, tempe
   _check(gated_head, batch, temperature, 61, config=config)
 
 
+@pytest.fixture(scope="module")
+def rnn_head():
+  return wts_jax.make_head(HeadConfig.qwen3_4b("rnn", confidence=True), seed=5)
+
+
+STEPPED = MosaicConfig(kernel="steps")
+
+
+@pytest.mark.parametrize("axis,warpgroups,batch", [
+    ("m", 1, 5), ("m", 1, 16), ("m", 1, 64), ("m", 1, 70), ("n", 1, 16), ("m", 2, 64)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_stepped_rnn_tokens_equal_reference(rnn_head, axis, warpgroups, batch, temperature):
+  """kernel="steps": the rnn head's update in XLA, the batched kernel a launch a step."""
+  config = MosaicConfig(kernel="steps", batch_axis=axis, warpgroups=warpgroups)
+  _check(rnn_head, batch, temperature, 71, config=config)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_stepped_gated_and_vanilla_tokens_equal_reference(head, gated_head, temperature):
+  _check(gated_head, 16, temperature, 72, config=STEPPED)
+  _check(head, 16, temperature, 73, config=STEPPED)
+
+
 # A top-2 gap at fp32 rounding of logits of a few units (an ulp at 4 is 4.8e-7); the
 # gated head's z as hi + lo bf16 is exact to 2^-17 of each element.
 FP32_TIE_MARGIN = 1e-5
@@ -171,8 +195,9 @@ PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, produ
 @pytest.mark.parametrize("w2,kernel_config,head_type", [
     ("bf16", BATCHED, "vanilla"), ("int8p", BATCHED, "vanilla"),
     ("int8p", PRODUCER_N2, "vanilla"), ("bf16", PRODUCER_M2, "vanilla"),
-    ("bf16", BATCHED, "gated")],
-    ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16"])
+    ("bf16", BATCHED, "gated"), ("bf16", STEPPED, "rnn")],
+    ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
+         "rnn-stepped"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)
   head = wts_jax.make_head(config, seed=3)

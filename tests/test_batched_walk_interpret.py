@@ -26,6 +26,8 @@ from wts_jax.pallas import backend, mosaic_backend, mosaic_batched_plan
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig, WalkConfig
 
+from near_tie_inputs import tie_broken_by_lo
+
 H200_SMEM = 227 * 1024
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
@@ -196,30 +198,6 @@ def test_gated_tokens_equal_xla(vocab, rank, batch, steps, residency, temperatur
                       batch_axis=axis, warpgroups=warpgroups)
 
 
-def _tie_broken_by_lo(head, base, first, hidden):
-  """Base logits of step 0 that leave two candidates per row, (u, w), whose order under
-  the exact fp32 z (u first) is the reverse of their order under z rounded to bf16 —
-  so only a kernel that adds z's lo half picks u. Returns (base, u)."""
-  serial = head.markov_head
-  w2 = np.asarray(serial.markov_w2.weight[...], np.float64)
-  e = jnp.asarray(serial.markov_w1.weight[...])[first].astype(jnp.float32)
-  _, z = serial.advance(None, e, serial.hoisted_at(serial.hoist(hidden), 0))
-  z = np.asarray(z, np.float64)
-  exact = z @ w2.T
-  rounded = np.asarray(jnp.asarray(z, jnp.float32).astype(jnp.bfloat16), np.float64) @ w2.T
-  base = np.full(base.shape, -30.0, np.float32)
-  chosen = []
-  for b in range(base.shape[0]):
-    # Pairs ordered one way exactly and the other way rounded, by the widest margin.
-    gap, flip = exact[b][:, None] - exact[b][None, :], rounded[b][:, None] - rounded[b][None, :]
-    margin = np.where((gap > 0) & (flip < 0), np.minimum(gap, -flip), 0.0)
-    u, w = np.unravel_index(np.argmax(margin), margin.shape)
-    assert margin[u, w] > 1e-4, "no pair the bf16 rounding reorders"
-    base[b, 0, [u, w]] = 0.0
-    chosen.append(u)
-  return jnp.asarray(base, jnp.bfloat16), np.asarray(chosen)
-
-
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("axis", ["m", "n"])
 def test_gated_z_lo_half_decides_a_near_tie(axis):
@@ -228,7 +206,7 @@ def test_gated_z_lo_half_decides_a_near_tie(axis):
   WGMMA picks the other token)."""
   head = _gated_head(1000, 128)
   base, first, hidden = random_inputs(head.config, 8, 2, jax.random.key(21))
-  base, expected = _tie_broken_by_lo(head, base, first, hidden)
+  base, expected = tie_broken_by_lo(head, base, first, hidden)
   config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla")

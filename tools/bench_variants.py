@@ -13,7 +13,9 @@ wait; a trailing
 kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b{N}``
 with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
 optional), ``…-w2`` with two warpgroups a block (else one); ``wts-mbn…`` the same with
-the batch on the WGMMA's N. Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
+the batch on the WGMMA's N; ``wts-ms`` / ``wts-msn`` (``…-w2``) the batched kernel launched
+once a step with the head's update in XLA between launches (``kernel="steps"``). Any
+R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
 compares are registered in ``wts_jax.bench.paths``.
 """
 
@@ -45,6 +47,19 @@ def register_batched(name, on_n, resident, stages, base_stages, warpgroups):
                       + (f", {warpgroups} warpgroups a block" if warpgroups else ""))
 
 
+STEPPED_VARIANT = re.compile(r"wts-ms(n?)(?:-?w(\d))?$")
+
+
+def register_stepped(name, on_n, warpgroups):
+  paths.register_path(name, jax_paths.available_wts,
+                      jax_paths.wts_variant(backend="mosaic", mosaic_kernel="steps",
+                                            mosaic_batch_axis="n" if on_n else "m",
+                                            mosaic_warpgroups=int(warpgroups or 1)),
+                      description="the batched Mosaic kernel a launch a step, the head's "
+                      "update in XLA" + (", batch on N" if on_n else "")
+                      + (f", {warpgroups} warpgroups a block" if warpgroups else ""))
+
+
 def register_variants(names):
   if "wts-triton" not in paths.PATHS:
     paths.register_path("wts-triton", jax_paths.available_wts,
@@ -56,6 +71,10 @@ def register_variants(names):
                           jax_paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
   for name in names:
+    stepped = STEPPED_VARIANT.match(name)
+    if stepped and name not in paths.PATHS:
+      register_stepped(name, *stepped.groups())
+      continue
     batched = BATCHED_VARIANT.match(name)
     if batched and name not in paths.PATHS:
       register_batched(name, *batched.groups())

@@ -34,6 +34,8 @@ HEAD_TYPES = ("vanilla", "gated")   # the head types the kernel has an ``advance
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   serial = head.markov_head
   head_type = head.config.head_type
+  if config.kernel == "steps":
+    return _stepped_refusal(head, shapes, config)
   if head_type not in HEAD_TYPES:
     return f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
   if head_type == "gated":
@@ -67,6 +69,26 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   return None
 
 
+def _batched_launch_refusal(config: MosaicConfig) -> str | None:
+  """What any launch of the batched kernel needs of the config and of jax."""
+  if config.interpret and (config.num_blocks or 1) > 1:
+    return ("interpret mode runs blocks one after another and has no semaphores: "
+            "use num_blocks=1")
+  if config.batch_axis == "n" and not BATCH_ON_N_LOWERS:
+    return ("batch_axis='n' needs jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower its "
+            "transposed base-tile load)")
+  return None
+
+
+def _stepped_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
+  w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype)
+  if w2 != jnp.dtype(jnp.bfloat16):
+    return f"kernel='steps' needs a bf16 W2 (its z meets W2 as a hi + lo bf16 pair); got {w2}"
+  if shapes.return_logits or shapes.return_logprobs:
+    return "the Mosaic kernel does not return per-step logits or log-probabilities"
+  return _batched_launch_refusal(config)
+
+
 def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
   """``kernel="auto"``: past the row kernel's rows, and past ``AUTO_MAX_BATCH`` rows
   where the batched kernel runs the walk and the config names no row-kernel option."""
@@ -96,26 +118,21 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
     return ("the batched Mosaic kernel needs bf16 W1 and W2, or an int8 W2 that z meets "
             f"as two int8 planes (quantize_w2(head, 'int8', state='planes')); got {w1}, "
             f"{w2}")
-  if config.interpret and (config.num_blocks or 1) > 1:
-    return ("interpret mode runs blocks one after another and has no semaphores: "
-            "use num_blocks=1")
-  if config.batch_axis == "n" and not BATCH_ON_N_LOWERS:
-    return ("batch_axis='n' needs jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower its "
-            "transposed base-tile load)")
-  return None
+  return _batched_launch_refusal(config)
 
 
-def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
+def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts,
+                  *, z_input: bool = False):
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   from wts_jax.walk_config import resident_units
   num_sms, smem = launch_facts(config, device)
   vocab, rank = head.config.vocab_size, head.config.rank
   blocks = config.num_blocks or num_sms
   rows = min(shapes.batch, BATCH_TILE)
-  planes = head.markov_head.z_as_int8_planes
+  planes = head.markov_head.z_as_int8_planes and not z_input
   axis = config.batch_axis or auto_batch_axis(rows, int8_state=planes, greedy=shapes.greedy,
                                               batch_on_n_lowers=BATCH_ON_N_LOWERS)
-  gated = head.config.head_type == "gated"
+  gated = head.config.head_type == "gated" and not z_input
   wgs = config.warpgroups or auto_warpgroups(axis, int8_state=planes, greedy=shapes.greedy,
                                              gated=gated)
   producer = (config.producer if config.producer is not None else
@@ -130,12 +147,22 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         ring_stages=config.ring_stages, base_stages=config.base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
-        int8_state=planes, batch_axis=axis, producer=producer, gated=gated)
+        int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
+        z_input=z_input)
   except ValueError as err:
     return Refusal(str(err))
-  return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
+  return BatchedSpec(plan=batched, batch=shapes.batch,
+                     steps=1 if z_input else shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret)
+
+
+def _stepped_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
+  from wts_jax.pallas.mosaic_stepped_walk import SteppedSpec
+  batched = _batched_plan(head, shapes, config, device, z_input=True)
+  if isinstance(batched, Refusal):
+    return batched
+  return SteppedSpec(batched=batched, batch=shapes.batch, steps=shapes.steps)
 
 
 def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
@@ -145,6 +172,8 @@ def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
   reason = _refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
+  if config.kernel == "steps":
+    return _stepped_plan(head, shapes, config, device)
   if uses_batched_kernel(head, shapes, config):
     return _batched_plan(head, shapes, config, device)
   try:
@@ -160,6 +189,10 @@ def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
 def launch(spec, operands: WalkOperands):
   mode = operands.mode
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  from wts_jax.pallas.mosaic_stepped_walk import SteppedSpec, stepped_walk
+  if isinstance(spec, SteppedSpec):
+    return stepped_walk(spec, operands.head, operands.base_logits, operands.first_tokens,
+                        operands.hidden, mode.score_scale, mode.noise_on, mode.seed)
   if isinstance(spec, BatchedSpec):
     return _launch_batched(spec, operands.head, operands.base_logits,
                            operands.first_tokens, operands.hidden, mode.score_scale,
@@ -188,10 +221,10 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
                                       w2_scale=operands.get("w2_scale"),
                                       **z_source, **gate)
   return WalkOutput(tokens=tokens, status=status | kernel_status,
-                    confidence=_confidence(head, hidden, first, tokens, w1))
+                    confidence=confidence_logits(head, hidden, first, tokens, w1))
 
 
-def _confidence(head, hidden, first, tokens, w1):
+def confidence_logits(head, hidden, first, tokens, w1):
   """The confidence logits from the drafted tokens, or None without a confidence head:
   c_k reads e_k = W1[x_{k-1}], so the tokens give all K of them at once."""
   conf_head = head.confidence_head
@@ -234,4 +267,4 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
     kernel_status = kernel_status | part_status
   tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)
   return WalkOutput(tokens=tokens, status=kernel_status,
-                    confidence=_confidence(head, hidden, first, tokens, w1))
+                    confidence=confidence_logits(head, hidden, first, tokens, w1))

@@ -115,6 +115,9 @@ class BatchedPlan:
   # (two WGMMAs a chunk into one accumulator); G_e's 64-row chunks stream through the
   # leader's W2 ring ahead of each step's W2 chunks.
   gated: bool = False
+  # z of every row given as a hi + lo bf16 pair (``zin``), one step a launch: the head's
+  # update runs between launches (``mosaic_stepped_walk``), the kernel the vocabulary.
+  z_input: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -123,6 +126,9 @@ class BatchedPlan:
     if self.deferred_release and self.base_stages < 2:
       raise ValueError("a deferred base release needs a base ring of 2 or more slots: "
                        "a slot is refilled one chunk after its reads")
+    if self.z_input and (self.gated or self.int8_state):
+      raise ValueError("a given z (a hi + lo bf16 pair) meets a bf16 W2 and no head's "
+                       "update in the kernel")
     if self.gated and (self.int8_state or self.producer or self.deferred_release
                        or self.ring_stages < 1):
       raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
@@ -154,8 +160,8 @@ class BatchedPlan:
   def staged_rows(self) -> int:
     """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
     batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
-    axis (its gate is a WGMMA with the batch on M)."""
-    if self.batch_axis == "m" or self.gated:
+    axis (its gate is a WGMMA with the batch on M), and for a given z (copied whole)."""
+    if self.batch_axis == "m" or self.gated or self.z_input:
       return BATCH_TILE
     return staged_rows_on_n(self.batch_rows, self.rank, self.w2_itemsize)
 
@@ -184,7 +190,9 @@ class BatchedPlan:
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; gated head: z as a hi + lo bf16 pair, G_e streamed by the leader"
-               if self.gated else ""))
+               if self.gated else "")
+            + ("; z given as a hi + lo bf16 pair, one step a launch" if self.z_input
+               else ""))
 
 
 def warpgroup_chunks(vocab_size: int, num_blocks: int, warpgroups: int) -> int:
@@ -200,16 +208,18 @@ def _aligned(nbytes: int) -> int:
 def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
-                staged_rows: int = BATCH_TILE, gated: bool = False) -> int:
+                staged_rows: int = BATCH_TILE, gated: bool = False,
+                z_input: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring
   [stages, base_rows, 64], an int8 W2's per-row scales [chunks, 64] f32, the tokens [64] and exchange keys
   [2, 64]; with int8 planes the scales around each row's s_lo [64, 32 + 8] f32
   ([64, 64 + 8] and a warpgroup's [64] s_lo with the batch on N); with warpgroups the
-  merge slots [warpgroups, 64] f32 + i32; the gated head's z tiles are two (hi, lo)."""
-  z_stage = (staged_rows * (rank * 2 + Z_ROW_PAD_BYTES)
-             + (2 if gated else 1) * _aligned(staged_rows * rank * 2))
+  merge slots [warpgroups, 64] f32 + i32; the gated head's z tiles are two (hi, lo), and a
+  given z's are two with no staging."""
+  z_stage = ((0 if z_input else staged_rows * (rank * 2 + Z_ROW_PAD_BYTES))
+             + (2 if gated or z_input else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
@@ -228,7 +238,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  w2_itemsize: int = 2, int8_state: bool = False,
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
-                 gated: bool = False) -> BatchedPlan:
+                 gated: bool = False, z_input: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
@@ -271,8 +281,9 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
                       warpgroups=warpgroups,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
-                                   if batch_axis == "n" and not gated else BATCH_TILE),
-                      gated=gated)
+                                   if batch_axis == "n" and not (gated or z_input)
+                                   else BATCH_TILE),
+                      gated=gated, z_input=z_input)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -309,4 +320,4 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
-                     producer=producer, gated=gated)
+                     producer=producer, gated=gated, z_input=z_input)
