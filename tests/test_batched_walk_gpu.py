@@ -11,7 +11,8 @@ differing at one of its fp32 near-ties); the batch on the WGMMA's N at B = 5/16/
 (bf16 and int8 planes); a producer warpgroup beside one or two computing warpgroups on
 either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one or two
 warpgroups, B = 5/16/64/70; ``kernel="steps"`` (a launch a step, the head's update in
-XLA) for the rnn head at B = 5/16/64/70 and the gated and vanilla heads.
+XLA) for the rnn head at B = 5/16/64/70 and the gated and vanilla heads; logits and
+log-probabilities from every Mosaic kernel.
 """
 
 from __future__ import annotations
@@ -183,6 +184,24 @@ def test_stepped_rnn_tokens_equal_reference(rnn_head, axis, warpgroups, batch, t
 def test_stepped_gated_and_vanilla_tokens_equal_reference(head, gated_head, temperature):
   _check(gated_head, 16, temperature, 72, config=STEPPED)
   _check(head, 16, temperature, 73, config=STEPPED)
+
+
+@pytest.mark.parametrize("kernel,batch", [("rows", 1), ("batched", 16), ("batched", 64),
+                                          ("steps", 16)])
+def test_logits_and_logprobs_from_the_tokens(head, kernel, batch):
+  """Asked for logits and log-probabilities, a Mosaic kernel's walk returns the
+  reference's (computed after it from the drafted tokens)."""
+  base, first, hidden = random_inputs(head.config, batch, 7, jax.random.key(81))
+  kwargs = dict(temperature=0.8, key=jax.random.key(82), return_logits=True,
+                return_logprobs=True)
+  out = wts_jax.walk(head, base, first, hidden, impl="mosaic",
+                     config=MosaicConfig(kernel=kernel), **kwargs)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", **kwargs)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits), rtol=1e-5,
+                             atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs),
+                             atol=1e-3)
 
 
 # A top-2 gap at fp32 rounding of logits of a few units (an ulp at 4 is 4.8e-7); the

@@ -35,9 +35,11 @@ def select_tokens(logits: jax.Array, step, *, score_scale, noise_on, seed):
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, score_scale) -> jax.Array:
-  """``log_softmax(logits * score_scale)[token]`` per row."""
-  scaled = logits if score_scale is None else logits * score_scale[:, None]
-  chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+  """``log_softmax(logits * score_scale)[token]`` per row: logits [B, ..., V], tokens
+  [B, ...], score_scale [B] or None."""
+  scaled = logits if score_scale is None else logits * score_scale.reshape(
+      score_scale.shape + (1,) * (logits.ndim - 1))
+  chosen = jnp.take_along_axis(scaled, tokens[..., None], axis=-1)[..., 0]
   return chosen - jax.nn.logsumexp(scaled, axis=-1)
 
 
@@ -101,3 +103,29 @@ def reference_walk(head: DraftHead, base_logits: jax.Array, first_tokens: jax.Ar
   return WalkOutput(tokens=per_step["tokens"], status=status.astype(jnp.int32),
                     confidence=per_step.get("confidence"), logits=per_step.get("logits"),
                     logprobs=per_step.get("logprobs"))
+
+
+@functools.partial(jax.jit, static_argnames=("return_logits", "return_logprobs"))
+def logits_of_tokens(head: DraftHead, base_logits: jax.Array, first_tokens: jax.Array,
+                     tokens: jax.Array, hidden: jax.Array | None,
+                     score_scale: jax.Array | None, *, return_logits: bool,
+                     return_logprobs: bool) -> tuple[jax.Array | None, jax.Array | None]:
+  """(logits [B, K, V] or None, log-probabilities [B, K] or None) of a walk that drafted
+  ``tokens``: step k's z reads only the tokens before it, so the head's update runs over
+  the given tokens (a scan of ``advance``, no selection), then one ``W2 · z`` for all K
+  steps. What a kernel that selects without writing logits returns when asked for them."""
+  serial = head.markov_head
+  batch, steps, vocab = base_logits.shape
+  first, _ = clamp_first_tokens(first_tokens, vocab)
+  previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
+  hoisted = serial.hoist(hidden) if hidden is not None else None
+
+  def step(state, k):
+    state, z = serial.advance(state, serial.embed(previous[:, k]),
+                              None if hoisted is None else serial.hoisted_at(hoisted, k))
+    return state, z
+
+  _, z = jax.lax.scan(step, serial.init_state(batch), jnp.arange(steps))
+  logits = base_logits.astype(jnp.float32) + serial.vocab_bias(jnp.moveaxis(z, 0, 1))
+  logprobs = token_logprobs(logits, tokens, score_scale) if return_logprobs else None
+  return (logits if return_logits else None), logprobs

@@ -244,6 +244,11 @@ def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
   low, high = AUTO_BATCHED_RANGE
   head_type = head.config.head_type
+  if shapes.return_logits or shapes.return_logprobs:
+    # The Mosaic kernels return them by a second pass over the drafted tokens
+    # (``reference.logits_of_tokens``), not yet measured against the Triton kernel's
+    # in-kernel logits.
+    return ("triton", "mosaic")
   batched = low < shapes.batch <= high
   bf16_w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype) == jnp.dtype(jnp.bfloat16)
   faster = ((head_type == "vanilla" and (shapes.batch <= AUTO_MAX_BATCH or batched))
@@ -259,7 +264,7 @@ def preference(head, shapes: WalkShapes, device_kind: str, *,
     # cannot run every variant (the Mosaic interpret tests name it).
     return ("triton", "mosaic")
   entry = tuned_table(device_kind).get(table_key(head, shapes))
-  if entry is not None:
+  if entry is not None and not (shapes.return_logits or shapes.return_logprobs):
     return (entry["impl"], *[n for n in _fallback_preference(head, shapes)
                              if n != entry["impl"]])
   return _fallback_preference(head, shapes)

@@ -53,8 +53,6 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   if shapes.batch > MAX_BATCH:
     return (f"the Mosaic row kernel runs up to {MAX_BATCH} rows (B={shapes.batch}); "
             "kernel='batched' or 'auto' runs more")
-  if shapes.return_logits or shapes.return_logprobs:
-    return "the Mosaic kernel does not return per-step logits or log-probabilities"
   w1_dtype = jnp.dtype(serial.markov_w1.weight.dtype)
   planes = serial.z_as_int8_planes
   if planes and (config.gemv == "registers" or head_type != "vanilla"):
@@ -84,8 +82,6 @@ def _stepped_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype)
   if w2 != jnp.dtype(jnp.bfloat16):
     return f"kernel='steps' needs a bf16 W2 (its z meets W2 as a hi + lo bf16 pair); got {w2}"
-  if shapes.return_logits or shapes.return_logprobs:
-    return "the Mosaic kernel does not return per-step logits or log-probabilities"
   return _batched_launch_refusal(config)
 
 
@@ -165,9 +161,27 @@ def _stepped_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   return SteppedSpec(batched=batched, batch=shapes.batch, steps=shapes.steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class WithLogits:
+  """A walk whose caller asked for its logits or log-probabilities: the kernels select
+  without writing them, so they are computed from the drafted tokens after the launch
+  (``reference.logits_of_tokens``)."""
+  inner: object   # the kernel's spec
+  logits: bool
+  logprobs: bool
+
+
 def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
-  """The kernel build of this walk (a ``MosaicSpec`` or ``BatchedSpec``), or why Mosaic
+  """The kernel build of this walk (a ``MosaicSpec``, ``BatchedSpec`` or ``SteppedSpec``,
+  in a ``WithLogits`` when logits or log-probabilities are asked for), or why Mosaic
   cannot run it."""
+  spec = _kernel_plan(head, shapes, config, device)
+  if isinstance(spec, Refusal) or not (shapes.return_logits or shapes.return_logprobs):
+    return spec
+  return WithLogits(spec, shapes.return_logits, shapes.return_logprobs)
+
+
+def _kernel_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
   from wts_jax.pallas.mosaic_walk import MosaicSpec
   reason = _refusal(head, shapes, config)
   if reason is not None:
@@ -188,6 +202,14 @@ def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
 
 def launch(spec, operands: WalkOperands):
   mode = operands.mode
+  if isinstance(spec, WithLogits):
+    from wts_jax.reference import logits_of_tokens
+    output = launch(spec.inner, operands)
+    logits, logprobs = logits_of_tokens(
+        operands.head, operands.base_logits, operands.first_tokens, output.tokens,
+        operands.hidden, mode.score_scale, return_logits=spec.logits,
+        return_logprobs=spec.logprobs)
+    return dataclasses.replace(output, logits=logits, logprobs=logprobs)
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   from wts_jax.pallas.mosaic_stepped_walk import SteppedSpec, stepped_walk
   if isinstance(spec, SteppedSpec):

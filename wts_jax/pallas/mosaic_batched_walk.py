@@ -50,8 +50,9 @@ with a bf16 W1 and W2 (z exact in bf16) or an int8 W2 that z meets as two int8 p
 and the gated head with a bf16 W1, W2 and gate (no producer). Int8 planes
 (``wts_jax.int8_state``): two int8 WGMMAs a chunk, s32 accumulators, D = 256 · d_hi +
 d_lo exact, then (f32(D) · s_lo) · scale2 — each row's s_lo comes in a 128-byte copy
-beside its planes. Up to 64 rows a launch, greedy and sampled, no per-step logits or
-log-probabilities. Interpret mode runs one block owning every chunk.
+beside its planes. Up to 64 rows a launch, greedy and sampled; no logits written (the
+backend computes them after the walk when asked). Interpret mode runs one block owning
+every chunk.
 """
 
 from __future__ import annotations

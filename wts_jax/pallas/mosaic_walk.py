@@ -38,8 +38,9 @@ Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (``z = e``)
 gated head (``z = σ(hoisted_k + G_e e) ⊙ e``, fp32, register GEMV: G_e stays in shared
 memory, each block computes the gate itself and relays it from row to column layout
 through shared memory), a bf16 or int8 W2 with rank a multiple of 64, up to
-``MAX_BATCH`` rows, greedy and sampled, no per-step logits/log-probabilities (those
-runs use the Triton kernel). Confidence logits are computed after the kernel from the
+``MAX_BATCH`` rows, greedy and sampled; it writes no logits (asked for, they and the
+log-probabilities are computed after it from the drafted tokens:
+``reference.logits_of_tokens``). Confidence logits are computed after the kernel from the
 drafted tokens (an exact identity: they read only ``e_k = W1[x_{k-1}]`` and hoisted
 terms).
 
