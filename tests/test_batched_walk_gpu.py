@@ -11,8 +11,9 @@ differing at one of its fp32 near-ties); the batch on the WGMMA's N at B = 5/16/
 (bf16 and int8 planes); a producer warpgroup beside one or two computing warpgroups on
 either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one or two
 warpgroups, B = 5/16/64/70; ``kernel="steps"`` (a launch a step, the head's update in
-XLA) for the rnn head at B = 5/16/64/70 and the gated and vanilla heads; logits and
-log-probabilities from every Mosaic kernel.
+XLA) for the rnn head at B = 5/16/64/70 and the gated and vanilla heads; the gated
+head's gate split over the blocks; logits and log-probabilities from every Mosaic
+kernel.
 """
 
 from __future__ import annotations
@@ -169,6 +170,19 @@ def rnn_head():
 
 
 STEPPED = MosaicConfig(kernel="steps")
+SPLIT_GATE = MosaicConfig(kernel="batched", serial_update="split")
+
+
+@pytest.mark.parametrize("axis,warpgroups,batch", [
+    ("m", 1, 5), ("m", 1, 64), ("m", 1, 70), ("n", 1, 16), ("m", 2, 64), ("n", 2, 16)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_split_gate_tokens_equal_reference(gated_head, axis, warpgroups, batch,
+                                           temperature):
+  """The gated head's gate split over the 132 blocks (8 units each in 32 of them, z
+  through global memory and a second grid barrier a step)."""
+  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
+                        serial_update="split")
+  _check(gated_head, batch, temperature, 74, config=config)
 
 
 @pytest.mark.parametrize("axis,warpgroups,batch", [
@@ -214,9 +228,9 @@ PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, produ
 @pytest.mark.parametrize("w2,kernel_config,head_type", [
     ("bf16", BATCHED, "vanilla"), ("int8p", BATCHED, "vanilla"),
     ("int8p", PRODUCER_N2, "vanilla"), ("bf16", PRODUCER_M2, "vanilla"),
-    ("bf16", BATCHED, "gated"), ("bf16", STEPPED, "rnn")],
+    ("bf16", BATCHED, "gated"), ("bf16", STEPPED, "rnn"), ("bf16", SPLIT_GATE, "gated")],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
-         "rnn-stepped"])
+         "rnn-stepped", "gated-split"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)
   head = wts_jax.make_head(config, seed=3)

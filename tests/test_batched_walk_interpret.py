@@ -58,13 +58,14 @@ def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
 
 
 def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="m",
-                        warpgroups=None, producer=None):
+                        warpgroups=None, producer=None, serial_update="auto"):
   """The batched kernel (interpret mode) against the XLA walk on fresh inputs: exact
   tokens (greedy), the same tokens with the same key (sampled), confidence close."""
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
   key = jax.random.key(seed + 10) if temperature else None
   config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
-                        batch_axis=batch_axis, warpgroups=warpgroups, producer=producer)
+                        batch_axis=batch_axis, warpgroups=warpgroups, producer=producer,
+                        serial_update=serial_update)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -198,6 +199,26 @@ def test_gated_tokens_equal_xla(vocab, rank, batch, steps, residency, temperatur
                       batch_axis=axis, warpgroups=warpgroups)
 
 
+# The gate split over the blocks (one block here owns every unit: its slice of z goes
+# to global memory and back): every chunk resident, sampled and all streamed, 64 rows on
+# N, past 64 rows with two warpgroups, two warpgroups on N.
+SPLIT_GATE_CASES = [(520, 64, 5, 3, "auto", 0.0, "m", 1),
+                    (1000, 128, 13, 4, "none", 0.7, "m", 1),
+                    (1000, 128, 64, 3, "none", 0.0, "n", 1),
+                    (776, 64, 70, 3, 64, 1.0, "m", 2),
+                    (1000, 128, 13, 4, "none", 0.7, "n", 2)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups",
+                         SPLIT_GATE_CASES)
+def test_split_gate_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature,
+                                     axis, warpgroups):
+  head = _gated_head(vocab, rank, confidence=True)
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=13,
+                      batch_axis=axis, warpgroups=warpgroups, serial_update="split")
+
+
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("axis", ["m", "n"])
 def test_gated_z_lo_half_decides_a_near_tie(axis):
@@ -242,6 +263,14 @@ def test_gated_plan_keeps_a_ring():
   # The ring first (3 slots measured faster than 1 resident + 2 ring slots).
   assert (qwen.resident_chunks, qwen.ring_stages) == (0, 3)
   assert qwen.smem_bytes <= H200_SMEM
+  # Split over 132 blocks: 8 units a block (a WGMMA's smallest N), 32 blocks own them.
+  split = plan(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
+               gated=True, gate_split=True)
+  assert (split.gate_units, split.gate_chunks) == (8, 0) and split.smem_bytes <= H200_SMEM
+  assert [mosaic_batched_plan.split_gate_units(rank, blocks) for rank, blocks in
+          [(256, 132), (64, 4), (128, 1), (192, 5), (64, 132)]] == [8, 16, 128, 48, 8]
+  with pytest.raises(ValueError, match="gate_split is the gated head's"):
+    dataclasses.replace(split, gated=False)
 
 
 def test_plan_at_the_qwen3_shape():
@@ -358,18 +387,21 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis
   assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("batch,temperature,axis,warpgroups", [
-    (64, 0.0, "m", 1), (16, 1.0, "m", 2), (96, 0.0, "m", 1), (16, 0.0, "n", 1),
-    (64, 1.0, "n", 2)])
-def test_gated_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups):
-  """The gated head on the batched kernel (G_e streamed, the gate's WGMMA, hi + lo) lowers
-  at the real shape (B = 96: two launches)."""
+@pytest.mark.parametrize("batch,temperature,axis,warpgroups,update", [
+    (64, 0.0, "m", 1, "auto"), (16, 1.0, "m", 2, "auto"), (96, 0.0, "m", 1, "auto"),
+    (16, 0.0, "n", 1, "auto"), (64, 1.0, "n", 2, "auto"), (64, 0.0, "m", 1, "split"),
+    (16, 1.0, "n", 2, "split")])
+def test_gated_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups,
+                                                   update):
+  """The gated head on the batched kernel (G_e streamed, the gate's WGMMA, hi + lo; or the
+  gate split over the blocks) lowers at the real shape (B = 96: two launches)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
   config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
+                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups,
+                      serial_update=update)
   text = lower_walk("gated", batch, 7, temperature=temperature, config=config)
   assert text.count("mosaic_gpu") >= -(-batch // 64)
 

@@ -70,7 +70,8 @@ def test_walk_config_maps_onto_the_backend_configs():
                               tile_rows=32, serial_update="redundant")
   assert config.mosaic() == wts_jax.MosaicConfig(residency=64, num_blocks=66,
                                                  ring_stages=3, gemv="registers",
-                                                 group=2, snake=False)
+                                                 group=2, snake=False,
+                                                 serial_update="redundant")
   assert config.triton() == wts_jax.TritonConfig(residency=64, num_programs=66,
                                                  num_stages=3, tile_rows=32,
                                                  serial_update="redundant")

@@ -12,7 +12,8 @@ wait; a trailing
 ``f`` streams every step forward (no snake order). ``wts-mb`` is the batched Mosaic
 kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b{N}``
 with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
-optional), ``…-w2`` with two warpgroups a block (else one); ``wts-mbn…`` the same with
+optional), ``…-w2`` with two warpgroups a block (else one), ``…-split`` with the gated
+head's gate split over the blocks; ``wts-mbn…`` the same with
 the batch on the WGMMA's N; ``wts-ms`` / ``wts-msn`` (``…-w2``) the batched kernel launched
 once a step with the head's update in XLA between launches (``kernel="steps"``). Any
 R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
@@ -28,13 +29,15 @@ MOSAIC_VARIANT = re.compile(
     r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
 
 
-BATCHED_VARIANT = re.compile(r"wts-mb(n?)(?:-r(\d+)s(\d+))?(?:b(\d+))?(?:-?w(\d))?$")
+BATCHED_VARIANT = re.compile(
+    r"wts-mb(n?)(?:-r(\d+)s(\d+))?(?:b(\d+))?(?:-?w(\d))?(-split)?$")
 
 
-def register_batched(name, on_n, resident, stages, base_stages, warpgroups):
+def register_batched(name, on_n, resident, stages, base_stages, warpgroups, split):
   options = dict(backend="mosaic", mosaic_kernel="batched",
                  mosaic_batch_axis="n" if on_n else "m",
-                 mosaic_warpgroups=int(warpgroups or 1))
+                 mosaic_warpgroups=int(warpgroups or 1),
+                 serial_update="split" if split else "auto")
   if resident is not None:
     options.update(residency=int(resident) * 64, num_stages=int(stages) or None)
   if base_stages is not None:
@@ -44,7 +47,8 @@ def register_batched(name, on_n, resident, stages, base_stages, warpgroups):
                       + (f", {resident} resident chunks, {stages}-slot ring"
                          if resident is not None else "")
                       + (f", {base_stages}-slot base ring" if base_stages else "")
-                      + (f", {warpgroups} warpgroups a block" if warpgroups else ""))
+                      + (f", {warpgroups} warpgroups a block" if warpgroups else "")
+                      + (", the gated head's gate split over the blocks" if split else ""))
 
 
 STEPPED_VARIANT = re.compile(r"wts-ms(n?)(?:-?w(\d))?$")

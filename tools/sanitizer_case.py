@@ -1,14 +1,16 @@
 """A small walk on each kernel, for compute-sanitizer (memcheck, racecheck) on the GPU.
 
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
-      [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated]
+      [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
+       |batched-gated-split]
       [SEEDS]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
 ``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
 ``batched-producer`` / ``batched-producer-64n``: two warpgroups and a producer warpgroup,
 32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12);
-``batched-gated``: the gated head on the batched kernel (G_e through the ring, hi + lo).
+``batched-gated``: the gated head on the batched kernel (G_e through the ring, hi + lo);
+``batched-gated-split``: the same with its gate split over the 4 blocks (16 units each).
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 """
 
@@ -25,7 +27,7 @@ from wts_jax.inputs import random_inputs
 def main(backend: str, seeds: int = 1) -> int:
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
-  gated = backend == "batched-gated"
+  gated = backend.startswith("batched-gated")
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64,
                       head_type="gated" if gated else "vanilla")
   head = wts_jax.make_head(config, seed=1)
@@ -44,7 +46,8 @@ def main(backend: str, seeds: int = 1) -> int:
       **({"mosaic_kernel": "batched"} if batched else {}),
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
          if backend == "batched-wg2" or producer else {}),
-      **({"mosaic_producer": True} if producer else {}))
+      **({"mosaic_producer": True} if producer else {}),
+      **({"serial_update": "split"} if backend == "batched-gated-split" else {}))
   walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
                                                  config=walk_config))
   differ = 0

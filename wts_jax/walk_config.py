@@ -133,6 +133,10 @@ class MosaicConfig:
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
     two with the batch on N for int8 planes or sampling), each computing its own half of
     the block's chunks.
+  serial_update: the batched kernel's gated head: "redundant" (every block computes the
+    whole gate from G_e streamed through its ring), "split" (each block a slice of the
+    gate's units, published to the others through global memory and a second grid
+    barrier a step) or "auto" (the planner's: redundant, the one measured).
   producer: one more warpgroup in the batched kernel that issues every W2 and base
     refill once the computing warpgroups release the slot (None: the planner's — beside
     two computing warpgroups for int8 planes greedy on N and bf16 sampling on M).
@@ -153,9 +157,13 @@ class MosaicConfig:
   batch_axis: str | None = None
   warpgroups: int | None = None
   producer: bool | None = None
+  serial_update: str = "auto"
 
   def __post_init__(self):
     _check_common(self)
+    if self.serial_update not in SERIAL_UPDATES:
+      raise ValueError(f"serial_update={self.serial_update!r} must be 'auto', 'split' "
+                       "or 'redundant'")
     if self.warpgroups not in (None, 1, 2):
       raise ValueError(f"warpgroups={self.warpgroups} must be 1 or 2")
     if self.kernel not in MOSAIC_KERNELS:
@@ -229,7 +237,8 @@ class WalkConfig(TritonConfig):
                         base_stages=self.mosaic_base_stages,
                         batch_axis=self.mosaic_batch_axis,
                         warpgroups=self.mosaic_warpgroups,
-                        producer=self.mosaic_producer)
+                        producer=self.mosaic_producer,
+                        serial_update=self.serial_update)
 
   def for_backend(self, name: str):
     return {"triton": self.triton, "mosaic": self.mosaic}[name]()

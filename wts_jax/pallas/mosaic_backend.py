@@ -144,7 +144,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
         int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
-        z_input=z_input)
+        z_input=z_input, gate_split=gated and config.serial_update == "split")
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch,

@@ -118,6 +118,11 @@ class BatchedPlan:
   # z of every row given as a hi + lo bf16 pair (``zin``), one step a launch: the head's
   # update runs between launches (``mosaic_stepped_walk``), the kernel the vocabulary.
   z_input: bool = False
+  # The gated head's gate split over the blocks: each owns ``gate_units`` of its units
+  # (their G_e rows resident), publishes its slice of z to global memory, and every block
+  # reads the whole z back after a second grid barrier (else every block computes all of
+  # it from G_e streamed through its ring).
+  gate_split: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -129,8 +134,10 @@ class BatchedPlan:
     if self.z_input and (self.gated or self.int8_state):
       raise ValueError("a given z (a hi + lo bf16 pair) meets a bf16 W2 and no head's "
                        "update in the kernel")
+    if self.gate_split and not self.gated:
+      raise ValueError("gate_split is the gated head's")
     if self.gated and (self.int8_state or self.producer or self.deferred_release
-                       or self.ring_stages < 1):
+                       or (self.ring_stages < 1 and not self.gate_split)):
       raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
                        "least one slot (its G_e chunks stream through it), without a "
                        "producer or a deferred release")
@@ -147,8 +154,14 @@ class BatchedPlan:
 
   @property
   def gate_chunks(self) -> int:
-    """G_e's 64-row chunks the leader streams ahead of each step's W2 chunks."""
-    return self.rank // CHUNK_ROWS if self.gated else 0
+    """G_e's 64-row chunks the leader streams ahead of each step's W2 chunks (a
+    redundant gate)."""
+    return self.rank // CHUNK_ROWS if self.gated and not self.gate_split else 0
+
+  @property
+  def gate_units(self) -> int:
+    """A split gate: the units a block owns (``split_gate_units``)."""
+    return split_gate_units(self.rank, self.num_blocks) if self.gate_split else 0
 
   @property
   def base_rows(self) -> int:
@@ -189,10 +202,20 @@ class BatchedPlan:
             + ("; a producer warpgroup issues the refills" if self.producer else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
-            + ("; gated head: z as a hi + lo bf16 pair, G_e streamed by the leader"
+            + ("; gated head: z as a hi + lo bf16 pair, "
+               + (f"the gate split over the blocks ({self.gate_units} units a block)"
+                  if self.gate_split else "G_e streamed by the leader")
                if self.gated else "")
             + ("; z given as a hi + lo bf16 pair, one step a launch" if self.z_input
                else ""))
+
+
+def split_gate_units(rank: int, num_blocks: int) -> int:
+  """The gate's units a block owns when the gate is split: the fewest that a WGMMA's N
+  takes (a multiple of 8) and that divide r, with every unit owned by some block."""
+  need = -(-rank // num_blocks)
+  return next(units for units in range(8, rank + 1, 8)
+              if rank % units == 0 and units >= need)
 
 
 def warpgroup_chunks(vocab_size: int, num_blocks: int, warpgroups: int) -> int:
@@ -209,7 +232,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, gated: bool = False,
-                z_input: bool = False) -> int:
+                z_input: bool = False, gate_rows: int = 0) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring
@@ -217,7 +240,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   [2, 64]; with int8 planes the scales around each row's s_lo [64, 32 + 8] f32
   ([64, 64 + 8] and a warpgroup's [64] s_lo with the batch on N); with warpgroups the
   merge slots [warpgroups, 64] f32 + i32; the gated head's z tiles are two (hi, lo), and a
-  given z's are two with no staging."""
+  given z's are two with no staging; a split gate's G_e rows [gate_rows, r] bf16."""
   z_stage = ((0 if z_input else staged_rows * (rank * 2 + Z_ROW_PAD_BYTES))
              + (2 if gated or z_input else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
@@ -228,7 +251,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                   if int8_state else 0)
   merge = 2 * _aligned(warpgroups * BATCH_TILE * 4) if warpgroups > 1 else 0
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
-          + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge)
+          + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge
+          + _aligned(gate_rows * rank * 2))
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
@@ -238,7 +262,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  w2_itemsize: int = 2, int8_state: bool = False,
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
-                 gated: bool = False, z_input: bool = False) -> BatchedPlan:
+                 gated: bool = False, z_input: bool = False,
+                 gate_split: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
@@ -283,27 +308,28 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
                                    if batch_axis == "n" and not (gated or z_input)
                                    else BATCH_TILE),
-                      gated=gated, z_input=z_input)
+                      gated=gated, z_input=z_input,
+                      gate_rows=split_gate_units(rank, blocks) if gate_split else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
                      "W2 chunk a warpgroup beside the batched walk's staging")
   if (resident_chunks is None and ring_stages in (None, 0) and wg_chunks <= slots
-      and not gated):
+      and not (gated and not gate_split)):
     resident_chunks, ring_stages = wg_chunks, 0
   if ring_stages is None:
     rest = wg_chunks - min(resident_chunks or 0, wg_chunks)
-    ring_stages = (min(GATED_RING_STAGES, slots) if gated
+    ring_stages = (min(GATED_RING_STAGES, slots) if gated and not gate_split
                    else min(DEFAULT_RING_STAGES, slots, rest))
   if resident_chunks is None:
     resident_chunks = max(0, min(wg_chunks, slots - ring_stages))
   resident_chunks = min(resident_chunks, wg_chunks)
-  if gated:   # the ring's slots come first (a resident count is a wish, the ring a need)
+  if gated and not gate_split:   # the ring's slots first (residency a wish, the ring a need)
     resident_chunks = max(0, min(resident_chunks, slots - ring_stages))
   streamed = wg_chunks - resident_chunks
-  if gated and ring_stages < 1:
+  if gated and not gate_split and ring_stages < 1:
     raise ValueError("the gated head streams G_e through the W2 ring: ring_stages >= 1")
-  if streamed == 0 and not gated:
+  if streamed == 0 and not (gated and not gate_split):
     ring_stages = 0
   elif ring_stages < 1:
     raise ValueError(f"{streamed} streamed chunks need a ring of at least one slot")
@@ -320,4 +346,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
-                     producer=producer, gated=gated, z_input=z_input)
+                     producer=producer, gated=gated, z_input=z_input,
+                     gate_split=gate_split)

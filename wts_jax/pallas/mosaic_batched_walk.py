@@ -140,7 +140,12 @@ class BatchedRefs:
   zin_g: object = None           # a given z: [2, 64, r] bf16 (hi, lo), one step a launch
   step_g: object = None          # a given z: the walk step of this launch [1] int32
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
-  gate_hoisted_g: object = None  # gated head: hoisted_k as [K, r / 64, 64 rows, 64] f32
+  gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
+                                 # ([K, 64 rows, r] with a split gate)
+  gate_e_s: object = None        # split gate: this block's G_e rows, resident
+  gate_e_bar: object = None
+  gate_flag_s: object = None     # split gate: its barrier's timeout, for the leader's flags
+  zpub_g: object = None          # split gate: z of every row and step [K, 64, r] f32
 
 
 def _div(a, b):
@@ -176,6 +181,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   keys_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((spec.steps * _STEP_KEY_WORDS,)))
             if multi_block else None)
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
+  # A split gate's own barrier (one signal a block a step, like the exchange's).
+  gate_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
+              if multi_block and plan.gate_split else None)
   n_major = plan.batch_axis == "n"
   # The accumulator a chunk: [batch rows, vocab rows] (batch on M) or [vocab rows, batch
   # rows] (batch on N, ``rows`` wide); a batch row's values run along ``vocab_axis``.
@@ -340,6 +348,36 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     plgpu.commit_smem()
     return _load(refs.plane_scale_s.at[wg, pl.ds(0, rows)], _PER_COLUMN, optimized=False)
 
+  def split_gate(step):
+    """The gate split over the blocks (``plan.gate_split``): a block owning units
+    [block · U, block · U + U) computes their z for every row (a WGMMA of e against its
+    resident G_e rows) and stores it to ``zpub_g[step]``; after a second grid barrier
+    every block reads the whole z back and stores it as the hi + lo pair."""
+    units = plan.gate_units
+    columns = pl.ds(block * units, units)
+    def own_slice():
+      def product(acc_ref):
+        plgpu.wgmma(acc_ref, refs.za_s.at[1], refs.gate_e_s.T)
+        return acc_ref[...]
+      pre = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, units), jnp.float32))
+      hoisted = _load(refs.gate_hoisted_g.at[step, :, columns], _WGMMA, optimized=False)
+      e = _load(refs.z_s.at[:, columns], _WGMMA, optimized=False).astype(jnp.float32)
+      refs.zpub_g.at[step, :, columns][...] = jax.nn.sigmoid(hoisted + pre) * e
+    _when(block * units < rank, own_slice)
+    # Every thread's stores before the release (a warpgroup barrier) — and, in one block,
+    # before its own threads read them back.
+    plgpu.commit_smem()
+    if multi_block:
+      timed_out = grid_sync.signal_and_poll(gate_sem, blocks, step, spin_limit=spec.spin_limit)
+      refs.gate_flag_s[0] = refs.gate_flag_s[0] | timed_out
+    for c in range(rank // CHUNK_ROWS):
+      chunk_columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
+      z = _load(refs.zpub_g.at[step, :, chunk_columns], _WGMMA, optimized=False)
+      z_hi = z.astype(jnp.bfloat16)
+      refs.za_s.at[0][:, chunk_columns] = z_hi
+      refs.za_s.at[1][:, chunk_columns] = (z - z_hi.astype(jnp.float32)).astype(jnp.bfloat16)
+    plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
+
   def gate(step):
     """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
     of every staged row, stored as the hi + lo bf16 pair the W2 WGMMAs read (``za_s[0]``,
@@ -408,6 +446,16 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
         gather_z()
       leader_only(first_z)
+      if plan.gate_split:   # this block's G_e rows (clamped: a block owning none reads
+        def resident_gate_rows():   # the last ones, unused)
+          plgpu.copy_gmem_to_smem(
+              refs.gate_w_g.at[pl.ds(jnp.minimum(block * plan.gate_units,
+                                                 rank - plan.gate_units), plan.gate_units),
+                               pl.ds(refs.gate_w_g.shape[1] - rank, rank)],
+              refs.gate_e_s, refs.gate_e_bar)
+          refs.gate_flag_s[0] = jnp.int32(0)
+          plgpu.barrier_wait(refs.gate_e_bar)
+        leader_only(resident_gate_rows)
       if planes:
         plgpu.barrier_wait(refs.w2_scale_bar.at[wg])
 
@@ -436,7 +484,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           plgpu.commit_smem()
           if gated:
             with jax.named_scope("gate"):
-              gate(step)
+              (split_gate if plan.gate_split else gate)(step)
           if wgs > 1:
             plgpu.barrier_arrive(refs.za_bar)
         if wgs > 1:
@@ -667,6 +715,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # their phases observed, so no arrival is pending when the kernel ends.
       for slot in range(base_stages):
         plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
+    if plan.gate_split:
+      flags = flags | jnp.where(leader & (refs.gate_flag_s[0] > 0), STATUS_SYNC_TIMEOUT, 0)
     refs.flag_g[block * threads + wg] = flags
 
   def producer():
@@ -824,9 +874,18 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   if plan.gated:   # the hoisted terms as whole [64 rows, 64] tiles a step and G_e chunk
     hoisted = jnp.pad(gate_hoisted.astype(jnp.float32), ((0, BATCH_TILE - batch), (0, 0),
                                                           (0, 0)))
-    hoisted = hoisted.reshape(BATCH_TILE, steps, rank // CHUNK_ROWS, CHUNK_ROWS)
-    operands.update(gate_w_g=gate_weight,
-                    gate_hoisted_g=hoisted.transpose(1, 2, 0, 3))
+    if plan.gate_split:   # [K, 64 rows, r]: a block reads its units' columns
+      hoisted = hoisted.transpose(1, 0, 2)
+    else:
+      hoisted = hoisted.reshape(BATCH_TILE, steps, rank // CHUNK_ROWS,
+                                CHUNK_ROWS).transpose(1, 2, 0, 3)
+    operands.update(gate_w_g=gate_weight, gate_hoisted_g=hoisted)
+  if plan.gate_split:
+    outputs["zpub_g"] = jax.ShapeDtypeStruct((steps, BATCH_TILE, rank), jnp.float32)
+    scratch["gate_e_s"] = plgpu.SMEM((plan.gate_units, rank), jnp.bfloat16,
+                                     transforms=_w2_transforms(2, rank))
+    scratch["gate_e_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
+    scratch["gate_flag_s"] = plgpu.SMEM((1,), jnp.int32)
   if not spec.greedy:
     def per_row(x, dtype):
       return jnp.zeros((BATCH_TILE,), dtype).at[:batch].set(x.astype(dtype))
@@ -846,5 +905,5 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
              if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
-  tokens, flags = kernel(*operands.values())
+  tokens, flags = kernel(*operands.values())[:2]
   return (tokens.T if n_major else tokens)[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
