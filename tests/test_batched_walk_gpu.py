@@ -12,8 +12,8 @@ differing at one of its fp32 near-ties); the batch on the WGMMA's N at B = 5/16/
 either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one or two
 warpgroups, B = 5/16/64/70; ``kernel="steps"`` (a launch a step, the head's update in
 XLA) for the rnn head at B = 5/16/64/70 and the gated and vanilla heads; the gated
-head's gate split over the blocks; logits and log-probabilities from every Mosaic
-kernel.
+head's gate and the rnn head's update split over the blocks; logits and
+log-probabilities from every Mosaic kernel.
 """
 
 from __future__ import annotations
@@ -194,6 +194,16 @@ def test_stepped_rnn_tokens_equal_reference(rnn_head, axis, warpgroups, batch, t
   _check(rnn_head, batch, temperature, 71, config=config)
 
 
+@pytest.mark.parametrize("axis,batch", [("m", 5), ("m", 16), ("m", 64), ("m", 70),
+                                        ("n", 16)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_split_rnn_tokens_equal_reference(rnn_head, axis, batch, temperature):
+  """The rnn head on the persistent batched kernel, its update split over the blocks (8
+  units each in 32 of them; state and z through global memory, a second barrier)."""
+  config = MosaicConfig(kernel="batched", batch_axis=axis, serial_update="split")
+  _check(rnn_head, batch, temperature, 75, config=config)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_stepped_gated_and_vanilla_tokens_equal_reference(head, gated_head, temperature):
   _check(gated_head, 16, temperature, 72, config=STEPPED)
@@ -228,9 +238,10 @@ PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, produ
 @pytest.mark.parametrize("w2,kernel_config,head_type", [
     ("bf16", BATCHED, "vanilla"), ("int8p", BATCHED, "vanilla"),
     ("int8p", PRODUCER_N2, "vanilla"), ("bf16", PRODUCER_M2, "vanilla"),
-    ("bf16", BATCHED, "gated"), ("bf16", STEPPED, "rnn"), ("bf16", SPLIT_GATE, "gated")],
+    ("bf16", BATCHED, "gated"), ("bf16", STEPPED, "rnn"), ("bf16", SPLIT_GATE, "gated"),
+    ("bf16", SPLIT_GATE, "rnn")],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
-         "rnn-stepped", "gated-split"])
+         "rnn-stepped", "gated-split", "rnn-split"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)
   head = wts_jax.make_head(config, seed=3)

@@ -209,6 +209,25 @@ SPLIT_GATE_CASES = [(520, 64, 5, 3, "auto", 0.0, "m", 1),
                     (1000, 128, 13, 4, "none", 0.7, "n", 2)]
 
 
+# The rnn head, its update split over the blocks (one block owns every unit here: its
+# state and z go to global memory and back; r = 64, where J's rows fit one block).
+RNN_CASES = [(520, 64, 5, 3, "none", 0.0, "m", 1), (1000, 64, 13, 4, "none", 0.7, "m", 1),
+             (1000, 64, 64, 3, "none", 0.0, "n", 1), (776, 64, 70, 3, 64, 1.0, "m", 2),
+             (1000, 64, 13, 4, "none", 0.7, "n", 2)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups",
+                         RNN_CASES)
+def test_rnn_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature, axis,
+                              warpgroups):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type="rnn",
+                      confidence=True)
+  head = wts_jax.make_head(config, seed=vocab + rank + 5)
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=14,
+                      batch_axis=axis, warpgroups=warpgroups, serial_update="split")
+
+
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups",
                          SPLIT_GATE_CASES)
@@ -342,6 +361,9 @@ def test_backend_routes_and_refuses():
   with pytest.raises(ValueError, match="runs the vanilla and gated heads"):
     wts_jax.walk(rnn, rbase, rfirst, rhidden, impl="mosaic",
                  config=MosaicConfig(interpret=True))
+  with pytest.raises(ValueError, match="rnn head with its update split over the blocks"):
+    wts_jax.walk(rnn, rbase, rfirst, rhidden, impl="mosaic",
+                 config=MosaicConfig(interpret=True, kernel="batched"))
   gated = _gated_head(1000, 64)
   with pytest.raises(ValueError, match="gated head needs bf16 W1 and W2"):
     wts_jax.walk(quantize_w2(gated, "int8"), rbase, rfirst, rhidden, impl="mosaic",
@@ -390,19 +412,21 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis
 @pytest.mark.parametrize("batch,temperature,axis,warpgroups,update", [
     (64, 0.0, "m", 1, "auto"), (16, 1.0, "m", 2, "auto"), (96, 0.0, "m", 1, "auto"),
     (16, 0.0, "n", 1, "auto"), (64, 1.0, "n", 2, "auto"), (64, 0.0, "m", 1, "split"),
-    (16, 1.0, "n", 2, "split")])
+    (16, 1.0, "n", 2, "split"), (64, 1.0, "m", None, "rnn"), (16, 0.0, "n", None, "rnn")])
 def test_gated_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups,
                                                    update):
   """The gated head on the batched kernel (G_e streamed, the gate's WGMMA, hi + lo; or the
-  gate split over the blocks) lowers at the real shape (B = 96: two launches)."""
+  gate split over the blocks) and the rnn head (split) lower at the real shape (B = 96:
+  two launches)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
   config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
                       mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups,
-                      serial_update=update)
-  text = lower_walk("gated", batch, 7, temperature=temperature, config=config)
+                      serial_update="split" if update == "rnn" else update)
+  text = lower_walk("rnn" if update == "rnn" else "gated", batch, 7,
+                    temperature=temperature, config=config)
   assert text.count("mosaic_gpu") >= -(-batch // 64)
 
 

@@ -2,7 +2,7 @@
 
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
       [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
-       |batched-gated-split]
+       |batched-gated-split|batched-rnn-split]
       [SEEDS]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
@@ -10,7 +10,8 @@
 ``batched-producer`` / ``batched-producer-64n``: two warpgroups and a producer warpgroup,
 32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12);
 ``batched-gated``: the gated head on the batched kernel (G_e through the ring, hi + lo);
-``batched-gated-split``: the same with its gate split over the 4 blocks (16 units each).
+``batched-gated-split``: the same with its gate split over the 4 blocks (16 units each);
+``batched-rnn-split``: the rnn head, its update split likewise.
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 """
 
@@ -28,8 +29,9 @@ def main(backend: str, seeds: int = 1) -> int:
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
   gated = backend.startswith("batched-gated")
+  rnn = backend == "batched-rnn-split"
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64,
-                      head_type="gated" if gated else "vanilla")
+                      head_type="gated" if gated else "rnn" if rnn else "vanilla")
   head = wts_jax.make_head(config, seed=1)
   batched = backend.startswith("batched")
   producer = backend.startswith("batched-producer")
@@ -47,7 +49,7 @@ def main(backend: str, seeds: int = 1) -> int:
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
          if backend == "batched-wg2" or producer else {}),
       **({"mosaic_producer": True} if producer else {}),
-      **({"serial_update": "split"} if backend == "batched-gated-split" else {}))
+      **({"serial_update": "split"} if backend.endswith("-split") else {}))
   walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
                                                  config=walk_config))
   differ = 0

@@ -136,7 +136,8 @@ class MosaicConfig:
   serial_update: the batched kernel's gated head: "redundant" (every block computes the
     whole gate from G_e streamed through its ring), "split" (each block a slice of the
     gate's units, published to the others through global memory and a second grid
-    barrier a step) or "auto" (the planner's: redundant, the one measured).
+    barrier a step) or "auto" (the planner's: redundant, the one measured); "split" also
+    runs the rnn head on the batched kernel (``kernel="batched"``; not yet measured).
   producer: one more warpgroup in the batched kernel that issues every W2 and base
     refill once the computing warpgroups release the slot (None: the planner's — beside
     two computing warpgroups for int8 planes greedy on N and bf16 sampling on M).

@@ -28,7 +28,9 @@ from wts_jax.walk_config import MosaicConfig
 # jax 0.10's Mosaic GPU cannot lower the batch-on-N kernel's transposed base-tile load.
 BATCH_ON_N_LOWERS = jax.__version_info__ >= (0, 11)
 
-HEAD_TYPES = ("vanilla", "gated")   # the head types the kernel has an ``advance`` for
+HEAD_TYPES = ("vanilla", "gated")   # the head types the row kernel has an ``advance`` for
+# The batched kernel's (the rnn head's update split over the blocks, on request).
+BATCHED_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
@@ -36,8 +38,10 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   head_type = head.config.head_type
   if config.kernel == "steps":
     return _stepped_refusal(head, shapes, config)
-  if head_type not in HEAD_TYPES:
-    return f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
+  if head_type not in HEAD_TYPES and not (head_type in BATCHED_HEAD_TYPES
+                                         and config.kernel == "batched"):
+    return (f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r}; "
+            "kernel='batched' with serial_update='split' runs the rnn head)")
   if head_type == "gated":
     gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
     if gate_dtype != jnp.dtype(jnp.bfloat16):
@@ -101,13 +105,21 @@ def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
 def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   serial = head.markov_head
   head_type = head.config.head_type
-  if head_type not in HEAD_TYPES:
-    return f"the batched Mosaic kernel runs the vanilla and gated heads (not {head_type!r})"
+  if head_type not in BATCHED_HEAD_TYPES:
+    return ("the batched Mosaic kernel runs the vanilla, gated and rnn heads (not "
+            f"{head_type!r})")
+  if head_type == "rnn":
+    joint = jnp.dtype(serial.joint_proj.weight.dtype)
+    if config.serial_update != "split" or config.producer or joint != jnp.dtype(jnp.bfloat16):
+      return ("the batched Mosaic kernel runs the rnn head with its update split over the "
+              "blocks (serial_update='split', no producer, a bf16 joint_proj; not yet "
+              f"measured); got serial_update={config.serial_update!r}, "
+              f"producer={config.producer}, joint_proj {joint}")
   w1, w2 = (jnp.dtype(serial.markov_w1.weight.dtype),
             jnp.dtype(serial.markov_w2.weight.dtype))
-  if head_type == "gated" and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
-    return ("the batched Mosaic kernel's gated head needs bf16 W1 and W2 (its fp32 z "
-            f"meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
+  if head_type != "vanilla" and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
+    return (f"the batched Mosaic kernel's {head_type} head needs bf16 W1 and W2 (its fp32 "
+            f"z meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
   if head_type == "gated" and config.producer:
     return "the batched Mosaic kernel's gated head runs without a producer warpgroup"
   if not serial.z_as_int8_planes and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
@@ -129,10 +141,13 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   axis = config.batch_axis or auto_batch_axis(rows, int8_state=planes, greedy=shapes.greedy,
                                               batch_on_n_lowers=BATCH_ON_N_LOWERS)
   gated = head.config.head_type == "gated" and not z_input
-  wgs = config.warpgroups or auto_warpgroups(axis, int8_state=planes, greedy=shapes.greedy,
-                                             gated=gated)
+  recurrent = head.config.head_type == "rnn" and not z_input
+  # (The rnn head's resident rows leave room for one warpgroup's rings at r = 256.)
+  wgs = config.warpgroups or (1 if recurrent else auto_warpgroups(
+      axis, int8_state=planes, greedy=shapes.greedy, gated=gated))
   producer = (config.producer if config.producer is not None else
-              auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy, gated=gated))
+              auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy,
+                            gated=gated or recurrent))
   wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
   try:
     batched = plan_batched(
@@ -144,7 +159,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
         int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
-        z_input=z_input, gate_split=gated and config.serial_update == "split")
+        z_input=z_input, gate_split=gated and config.serial_update == "split",
+        recurrent=recurrent)
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch,
@@ -282,6 +298,9 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
                                            noise_on=noise_on[rows])
     gate = ({} if not gated else dict(gate_weight=operands["gate_weight"],
                                       gate_hoisted=operands["gate_hoisted"][rows]))
+    if spec.plan.recurrent:
+      gate = dict(joint_weight=operands["joint_weight"],
+                  joint_hoisted=operands["joint_hoisted"][rows])
     part_tokens, part_status = batched_walk(part, base_logits=base_logits[rows],
                                             first_tokens=first[rows], **weights, **sampled,
                                             **gate)

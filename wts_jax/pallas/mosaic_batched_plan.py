@@ -123,6 +123,10 @@ class BatchedPlan:
   # reads the whole z back after a second grid barrier (else every block computes all of
   # it from G_e streamed through its ring).
   gate_split: bool = False
+  # The rnn head, split the same way: a block owns ``gate_units`` of the state's units
+  # (their rows of J_s and J_e resident), advances them for every row, publishes their
+  # state and z; every block reads z back after the second barrier. ``gated`` is False.
+  recurrent: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -136,6 +140,10 @@ class BatchedPlan:
                        "update in the kernel")
     if self.gate_split and not self.gated:
       raise ValueError("gate_split is the gated head's")
+    if self.recurrent and (self.gated or self.int8_state or self.producer or self.z_input
+                           or self.deferred_release):
+      raise ValueError("the rnn head's batched plan needs a bf16 W2, no producer and no "
+                       "given z")
     if self.gated and (self.int8_state or self.producer or self.deferred_release
                        or (self.ring_stages < 1 and not self.gate_split)):
       raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
@@ -159,9 +167,20 @@ class BatchedPlan:
     return self.rank // CHUNK_ROWS if self.gated and not self.gate_split else 0
 
   @property
+  def split(self) -> bool:
+    """The head's update split over the blocks (a split gate, or the rnn head)."""
+    return self.gate_split or self.recurrent
+
+  @property
   def gate_units(self) -> int:
-    """A split gate: the units a block owns (``split_gate_units``)."""
-    return split_gate_units(self.rank, self.num_blocks) if self.gate_split else 0
+    """A split update: the units a block owns (``split_gate_units``)."""
+    return split_gate_units(self.rank, self.num_blocks) if self.split else 0
+
+  @property
+  def resident_update_rows(self) -> int:
+    """Rows of the head's weights a block keeps for a split update: its units' G_e rows,
+    or J_s and J_e rows of its units for each of the rnn's gate, candidate, output."""
+    return self.gate_units * (6 if self.recurrent else 1)
 
   @property
   def base_rows(self) -> int:
@@ -173,8 +192,9 @@ class BatchedPlan:
   def staged_rows(self) -> int:
     """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
     batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
-    axis (its gate is a WGMMA with the batch on M), and for a given z (copied whole)."""
-    if self.batch_axis == "m" or self.gated or self.z_input:
+    axis (its gate is a WGMMA with the batch on M), the rnn head likewise, and for a
+    given z (copied whole)."""
+    if self.batch_axis == "m" or self.gated or self.z_input or self.recurrent:
       return BATCH_TILE
     return staged_rows_on_n(self.batch_rows, self.rank, self.w2_itemsize)
 
@@ -207,7 +227,9 @@ class BatchedPlan:
                   if self.gate_split else "G_e streamed by the leader")
                if self.gated else "")
             + ("; z given as a hi + lo bf16 pair, one step a launch" if self.z_input
-               else ""))
+               else "")
+            + (f"; rnn head split over the blocks ({self.gate_units} units a block), z "
+               "as a hi + lo bf16 pair" if self.recurrent else ""))
 
 
 def split_gate_units(rank: int, num_blocks: int) -> int:
@@ -263,7 +285,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, z_input: bool = False,
-                 gate_split: bool = False) -> BatchedPlan:
+                 gate_split: bool = False, recurrent: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
@@ -306,10 +328,12 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
                       warpgroups=warpgroups,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
-                                   if batch_axis == "n" and not (gated or z_input)
+                                   if batch_axis == "n" and not (gated or z_input
+                                                                 or recurrent)
                                    else BATCH_TILE),
-                      gated=gated, z_input=z_input,
-                      gate_rows=split_gate_units(rank, blocks) if gate_split else 0)
+                      gated=gated or recurrent, z_input=z_input,
+                      gate_rows=split_gate_units(rank, blocks) * (6 if recurrent else 1)
+                      if gate_split or recurrent else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -347,4 +371,4 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated, z_input=z_input,
-                     gate_split=gate_split)
+                     gate_split=gate_split, recurrent=recurrent)

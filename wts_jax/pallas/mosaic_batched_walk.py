@@ -45,9 +45,17 @@ the gate as WGMMAs with the batch on M (e, a bf16 W1 row, is exact), and stores 
 hi + lo bf16 pair; each W2 chunk is then two WGMMAs into one accumulator (z to 2^-17 of
 each element).
 
+A split update (``plan.split``): block p owns the units [8p, 8p + 8) (at r = 256 on 132
+blocks), keeps its rows of the head's weights resident (G_e; for the rnn head J_s and J_e
+of the gate, candidate and output), computes its units for every row with WGMMAs of N = 8
+(the rnn head's state s in global memory, fp32, read back as hi then lo halves), stores
+z (and s) to a global buffer, and meets the others at a second grid barrier; every block
+then reads the whole z back as the hi + lo pair.
+
 Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
 with a bf16 W1 and W2 (z exact in bf16) or an int8 W2 that z meets as two int8 planes,
-and the gated head with a bf16 W1, W2 and gate (no producer). Int8 planes
+the gated head with a bf16 W1, W2 and gate, and the rnn head (split) with a bf16 W1,
+W2 and joint_proj (no producer for either). Int8 planes
 (``wts_jax.int8_state``): two int8 WGMMAs a chunk, s32 accumulators, D = 256 · d_hi +
 d_lo exact, then (f32(D) · s_lo) · scale2 — each row's s_lo comes in a 128-byte copy
 beside its planes. Up to 64 rows a launch, greedy and sampled; no logits written (the
@@ -142,10 +150,13 @@ class BatchedRefs:
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
   gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
                                  # ([K, 64 rows, r] with a split gate)
-  gate_e_s: object = None        # split gate: this block's G_e rows, resident
-  gate_e_bar: object = None
+  update_w_s: object = None      # split update: this block's rows of G_e (or of J_s and
+                                 # J_e for the rnn head's gate, candidate, output)
+  update_w_bar: object = None
   gate_flag_s: object = None     # split gate: its barrier's timeout, for the leader's flags
-  zpub_g: object = None          # split gate: z of every row and step [K, 64, r] f32
+  zpub_g: object = None          # split update: z of every row and step [K, 64, r] f32
+  spub_g: object = None          # the rnn head: its state, likewise
+  joint_w_g: object = None       # the rnn head: joint_proj.weight [3r, 2r + d]
 
 
 def _div(a, b):
@@ -183,7 +194,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
   # A split gate's own barrier (one signal a block a step, like the exchange's).
   gate_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
-              if multi_block and plan.gate_split else None)
+              if multi_block and plan.split else None)
   n_major = plan.batch_axis == "n"
   # The accumulator a chunk: [batch rows, vocab rows] (batch on M) or [vocab rows, batch
   # rows] (batch on N, ``rows`` wide); a batch row's values run along ``vocab_axis``.
@@ -348,22 +359,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     plgpu.commit_smem()
     return _load(refs.plane_scale_s.at[wg, pl.ds(0, rows)], _PER_COLUMN, optimized=False)
 
-  def split_gate(step):
-    """The gate split over the blocks (``plan.gate_split``): a block owning units
-    [block · U, block · U + U) computes their z for every row (a WGMMA of e against its
-    resident G_e rows) and stores it to ``zpub_g[step]``; after a second grid barrier
+  def split_update(step):
+    """The head's update split over the blocks (``plan.split``): a block owning units
+    [block · U, block · U + U) computes their z for every row (``gate_slice`` or
+    ``recurrent_slice``) and stores it to ``zpub_g[step]``; after a second grid barrier
     every block reads the whole z back and stores it as the hi + lo pair."""
     units = plan.gate_units
-    columns = pl.ds(block * units, units)
-    def own_slice():
-      def product(acc_ref):
-        plgpu.wgmma(acc_ref, refs.za_s.at[1], refs.gate_e_s.T)
-        return acc_ref[...]
-      pre = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, units), jnp.float32))
-      hoisted = _load(refs.gate_hoisted_g.at[step, :, columns], _WGMMA, optimized=False)
-      e = _load(refs.z_s.at[:, columns], _WGMMA, optimized=False).astype(jnp.float32)
-      refs.zpub_g.at[step, :, columns][...] = jax.nn.sigmoid(hoisted + pre) * e
-    _when(block * units < rank, own_slice)
+    owns = recurrent_slice if plan.recurrent else gate_slice
+    _when(block * units < rank, functools.partial(owns, step))
     # Every thread's stores before the release (a warpgroup barrier) — and, in one block,
     # before its own threads read them back.
     plgpu.commit_smem()
@@ -377,6 +380,64 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       refs.za_s.at[0][:, chunk_columns] = z_hi
       refs.za_s.at[1][:, chunk_columns] = (z - z_hi.astype(jnp.float32)).astype(jnp.bfloat16)
     plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
+
+  def gate_slice(step):
+    """A split gate's slice: z = σ(hoisted + G_e e) ⊙ e of this block's units (a WGMMA
+    of the e tile ``za_s[1]`` against its resident G_e rows), to ``zpub_g[step]``."""
+    units = plan.gate_units
+    columns = pl.ds(block * units, units)
+    def product(acc_ref):
+      plgpu.wgmma(acc_ref, refs.za_s.at[1], refs.update_w_s.T)
+      return acc_ref[...]
+    pre = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, units), jnp.float32))
+    hoisted = _load(refs.gate_hoisted_g.at[step, :, columns], _WGMMA, optimized=False)
+    e = _load(refs.z_s.at[:, columns], _WGMMA, optimized=False).astype(jnp.float32)
+    refs.zpub_g.at[step, :, columns][...] = jax.nn.sigmoid(hoisted + pre) * e
+
+  def recurrent_slice(step):
+    """The rnn head's slice (``RecurrentHead.advance``) for this block's units, every
+    row: [a ; c ; o] = hoisted + J_s s + J_e e as WGMMAs against its resident rows of J_s
+    and J_e (e in ``za_s[0]``; the last state, fp32 in ``spub_g``, as hi then lo halves
+    through ``za_s[1]``), u = σ(a), s' = u ⊙ s + (1 − u) ⊙ tanh(c) and z = tanh(o) to
+    ``spub_g[step]`` and ``zpub_g[step]``. s is zero before the first step."""
+    units = plan.gate_units
+    own = pl.ds(block * units, units)
+    e_tile, state_tile = refs.za_s.at[0], refs.za_s.at[1]
+    first, previous = step == 0, jnp.maximum(step - 1, 0)
+
+    def last_state(columns):
+      return jnp.where(first, 0.0, _load(refs.spub_g.at[previous, :, columns], _WGMMA,
+                                         optimized=False))
+
+    def store_state_half(lo):
+      for c in range(rank // CHUNK_ROWS):
+        columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
+        s = last_state(columns)
+        s_hi = s.astype(jnp.bfloat16)
+        state_tile[:, columns] = ((s - s_hi.astype(jnp.float32)).astype(jnp.bfloat16)
+                                  if lo else s_hi)
+      plgpu.commit_smem()   # before the WGMMAs' async-proxy reads
+
+    store_state_half(lo=False)
+    def products(*accs):   # (gate, candidate, output)
+      for part, acc in enumerate(accs):
+        plgpu.wgmma(acc, e_tile, refs.update_w_s.at[3 + part].T)        # J_e e
+        plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)        # J_s s_hi
+      plgpu.wgmma_wait(0)   # the hi half read before the lo half overwrites it
+      store_state_half(lo=True)
+      for part, acc in enumerate(accs):
+        plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)        # J_s s_lo
+      return tuple(acc[...] for acc in accs)
+    gate_pre, candidate, output = (
+        pre + _load(refs.gate_hoisted_g.at[step, :, pl.ds(part * rank + block * units,
+                                                           units)],
+                    _WGMMA, optimized=False)
+        for part, pre in enumerate(pl.run_scoped(
+            products, *[plgpu.ACC((BATCH_TILE, units), jnp.float32)] * 3)))
+    update = jax.nn.sigmoid(gate_pre)
+    refs.spub_g.at[step, :, own][...] = (update * last_state(own)
+                                         + (1.0 - update) * jnp.tanh(candidate))
+    refs.zpub_g.at[step, :, own][...] = jnp.tanh(output)
 
   def gate(step):
     """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
@@ -446,16 +507,24 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
         gather_z()
       leader_only(first_z)
-      if plan.gate_split:   # this block's G_e rows (clamped: a block owning none reads
-        def resident_gate_rows():   # the last ones, unused)
-          plgpu.copy_gmem_to_smem(
-              refs.gate_w_g.at[pl.ds(jnp.minimum(block * plan.gate_units,
-                                                 rank - plan.gate_units), plan.gate_units),
-                               pl.ds(refs.gate_w_g.shape[1] - rank, rank)],
-              refs.gate_e_s, refs.gate_e_bar)
+      if plan.split:   # this block's rows of the update's weights (clamped: a block
+        def resident_update_rows():   # owning none reads the last ones, unused)
+          units = plan.gate_units
+          first_unit = jnp.minimum(block * units, rank - units)
+          if plan.recurrent:   # [J_s; J_e] rows of (gate, candidate, output)
+            for part in range(6):
+              plgpu.copy_gmem_to_smem(
+                  refs.joint_w_g.at[pl.ds((part % 3) * rank + first_unit, units),
+                                    pl.ds((part // 3) * rank, rank)],
+                  refs.update_w_s.at[part], refs.update_w_bar)
+          else:
+            plgpu.copy_gmem_to_smem(
+                refs.gate_w_g.at[pl.ds(first_unit, units),
+                                 pl.ds(refs.gate_w_g.shape[1] - rank, rank)],
+                refs.update_w_s, refs.update_w_bar)
           refs.gate_flag_s[0] = jnp.int32(0)
-          plgpu.barrier_wait(refs.gate_e_bar)
-        leader_only(resident_gate_rows)
+          plgpu.barrier_wait(refs.update_w_bar)
+        leader_only(resident_update_rows)
       if planes:
         plgpu.barrier_wait(refs.w2_scale_bar.at[wg])
 
@@ -480,11 +549,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             tile_ref = refs.za_s.at[plane] if planes else refs.za_s
             if gated:   # e, the gate's operand (then z's lo half)
               tile_ref = refs.za_s.at[1]
+            if plan.recurrent:   # e, an operand of the split update (then z's hi half)
+              tile_ref = refs.za_s.at[0]
             tile_ref[...] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)], z_layout)
           plgpu.commit_smem()
-          if gated:
-            with jax.named_scope("gate"):
-              (split_gate if plan.gate_split else gate)(step)
+          if gated or plan.recurrent:
+            with jax.named_scope("update"):
+              (split_update if plan.split else gate)(step)
           if wgs > 1:
             plgpu.barrier_arrive(refs.za_bar)
         if wgs > 1:
@@ -518,7 +589,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
         with jax.named_scope("mma"):
           # int8 planes: a plane an accumulator; gated or a given z: hi and lo into one.
-          operands = ([(acc_refs[0], refs.za_s)] if not (planes or gated or z_given) else
+          operands = ([(acc_refs[0], refs.za_s)]
+                      if not (planes or gated or z_given or plan.recurrent) else
                       [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
                        for plane in range(2)])
           for acc_ref, z in operands:
@@ -715,7 +787,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # their phases observed, so no arrival is pending when the kernel ends.
       for slot in range(base_stages):
         plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
-    if plan.gate_split:
+    if plan.split:
       flags = flags | jnp.where(leader & (refs.gate_flag_s[0] > 0), STATUS_SYNC_TIMEOUT, 0)
     refs.flag_g[block * threads + wg] = flags
 
@@ -767,7 +839,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
 def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None,
                  score_scale=None, noise_on=None, w2_scale=None, w1_scale=None,
-                 gate_weight=None, gate_hoisted=None, z_pair=None, step=None):
+                 gate_weight=None, gate_hoisted=None, z_pair=None, step=None,
+                 joint_weight=None, joint_hoisted=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
   ``base_logits`` [B, K, V]; padded here to the plan's ``batch_rows`` when B is not a
   multiple of 8 and to whole 64-column tiles when V is not (the base tiles are copied
@@ -778,6 +851,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   ``plan.gated``: ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16, inputs
   [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
   (``GatedMarkovHead.hoist``).
+  ``plan.recurrent``: ``joint_weight`` is ``joint_proj.weight`` [3r, 2r + d] (bf16,
+  inputs [s ; e ; h]) and ``joint_hoisted`` its hidden-side terms [B, K, 3r] f32
+  (``RecurrentHead.hoist``).
   ``plan.z_input``: one step (``spec.steps == 1``) of the walk at ``step`` (a scalar, may
   be traced) with z given as ``z_pair`` [2, 64, r] bf16 (hi, lo; rows past B zero);
   ``base_logits`` holds every step, ``w1`` and ``first_tokens`` are None."""
@@ -786,6 +862,15 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   n_major = plan.batch_axis == "n"
   if (gate_weight is None or gate_hoisted is None) == plan.gated:
     raise ValueError("a gated plan needs gate_weight and gate_hoisted, and only it")
+  if (joint_weight is None or joint_hoisted is None) == plan.recurrent:
+    raise ValueError("an rnn plan needs joint_weight and joint_hoisted, and only it")
+  if plan.recurrent and (joint_weight.dtype != jnp.bfloat16
+                         or joint_weight.shape[0] != 3 * rank
+                         or joint_hoisted.shape != (batch, steps, 3 * rank)):
+    raise ValueError(f"the rnn kernel needs a bf16 joint_proj.weight [{3 * rank}, "
+                     f"{2 * rank} + d] and hoisted terms [{batch}, {steps}, {3 * rank}] "
+                     f"(got {joint_weight.dtype}{list(joint_weight.shape)}, "
+                     f"{list(joint_hoisted.shape)})")
   if plan.gated and (gate_weight.dtype != jnp.bfloat16 or gate_weight.shape[0] != rank
                      or gate_hoisted.shape != (batch, steps, rank)):
     raise ValueError(f"the gated kernel needs a bf16 gate_proj.weight [{rank}, d + {rank}] "
@@ -820,7 +905,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  a_tile = ((2, plan.staged_rows, rank) if plan.int8_state or plan.gated or plan.z_input
+  a_tile = ((2, plan.staged_rows, rank)
+            if plan.int8_state or plan.gated or plan.z_input or plan.recurrent
             else (plan.staged_rows, rank))
   z_dtype = jnp.bfloat16 if plan.z_input else w1.dtype
   scratch = {
@@ -880,11 +966,19 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       hoisted = hoisted.reshape(BATCH_TILE, steps, rank // CHUNK_ROWS,
                                 CHUNK_ROWS).transpose(1, 2, 0, 3)
     operands.update(gate_w_g=gate_weight, gate_hoisted_g=hoisted)
-  if plan.gate_split:
+  if plan.recurrent:   # [K, 64 rows, 3r]: a block reads its units' columns
+    operands.update(joint_w_g=joint_weight, gate_hoisted_g=jnp.pad(
+        joint_hoisted.astype(jnp.float32),
+        ((0, BATCH_TILE - batch), (0, 0), (0, 0))).transpose(1, 0, 2))
+  if plan.split:   # the split update's global buffers (outputs, discarded) and weights
     outputs["zpub_g"] = jax.ShapeDtypeStruct((steps, BATCH_TILE, rank), jnp.float32)
-    scratch["gate_e_s"] = plgpu.SMEM((plan.gate_units, rank), jnp.bfloat16,
-                                     transforms=_w2_transforms(2, rank))
-    scratch["gate_e_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
+    if plan.recurrent:
+      outputs["spub_g"] = jax.ShapeDtypeStruct((steps, BATCH_TILE, rank), jnp.float32)
+    copies = 6 if plan.recurrent else 1
+    scratch["update_w_s"] = plgpu.SMEM(
+        ((6,) if plan.recurrent else ()) + (plan.gate_units, rank), jnp.bfloat16,
+        transforms=_w2_transforms(2, rank))
+    scratch["update_w_bar"] = plgpu.Barrier(num_arrivals=copies, num_barriers=1)
     scratch["gate_flag_s"] = plgpu.SMEM((1,), jnp.int32)
   if not spec.greedy:
     def per_row(x, dtype):
