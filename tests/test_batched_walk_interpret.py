@@ -285,8 +285,8 @@ def test_gated_plan_keeps_a_ring():
   # Split over 132 blocks: 8 units a block (a WGMMA's smallest N), 32 blocks own them.
   split = plan(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
                gated=True, gate_split=True)
-  assert (split.gate_units, split.gate_chunks) == (8, 0) and split.smem_bytes <= H200_SMEM
-  assert [mosaic_batched_plan.split_gate_units(rank, blocks) for rank, blocks in
+  assert (split.update_units, split.gate_chunks) == (8, 0) and split.smem_bytes <= H200_SMEM
+  assert [mosaic_batched_plan.split_update_units(rank, blocks) for rank, blocks in
           [(256, 132), (64, 4), (128, 1), (192, 5), (64, 132)]] == [8, 16, 128, 48, 8]
   with pytest.raises(ValueError, match="gate_split is the gated head's"):
     dataclasses.replace(split, gated=False)

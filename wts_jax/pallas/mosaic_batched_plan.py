@@ -118,12 +118,12 @@ class BatchedPlan:
   # z of every row given as a hi + lo bf16 pair (``zin``), one step a launch: the head's
   # update runs between launches (``mosaic_stepped_walk``), the kernel the vocabulary.
   z_input: bool = False
-  # The gated head's gate split over the blocks: each owns ``gate_units`` of its units
+  # The gated head's gate split over the blocks: each owns ``update_units`` of its units
   # (their G_e rows resident), publishes its slice of z to global memory, and every block
   # reads the whole z back after a second grid barrier (else every block computes all of
   # it from G_e streamed through its ring).
   gate_split: bool = False
-  # The rnn head, split the same way: a block owns ``gate_units`` of the state's units
+  # The rnn head, split the same way: a block owns ``update_units`` of the state's units
   # (their rows of J_s and J_e resident), advances them for every row, publishes their
   # state and z; every block reads z back after the second barrier. ``gated`` is False.
   recurrent: bool = False
@@ -172,15 +172,15 @@ class BatchedPlan:
     return self.gate_split or self.recurrent
 
   @property
-  def gate_units(self) -> int:
-    """A split update: the units a block owns (``split_gate_units``)."""
-    return split_gate_units(self.rank, self.num_blocks) if self.split else 0
+  def update_units(self) -> int:
+    """A split update: the units a block owns (``split_update_units``)."""
+    return split_update_units(self.rank, self.num_blocks) if self.split else 0
 
   @property
   def resident_update_rows(self) -> int:
     """Rows of the head's weights a block keeps for a split update: its units' G_e rows,
     or J_s and J_e rows of its units for each of the rnn's gate, candidate, output."""
-    return self.gate_units * (6 if self.recurrent else 1)
+    return self.update_units * (6 if self.recurrent else 1)
 
   @property
   def base_rows(self) -> int:
@@ -223,16 +223,16 @@ class BatchedPlan:
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; gated head: z as a hi + lo bf16 pair, "
-               + (f"the gate split over the blocks ({self.gate_units} units a block)"
+               + (f"the gate split over the blocks ({self.update_units} units a block)"
                   if self.gate_split else "G_e streamed by the leader")
                if self.gated else "")
             + ("; z given as a hi + lo bf16 pair, one step a launch" if self.z_input
                else "")
-            + (f"; rnn head split over the blocks ({self.gate_units} units a block), z "
+            + (f"; rnn head split over the blocks ({self.update_units} units a block), z "
                "as a hi + lo bf16 pair" if self.recurrent else ""))
 
 
-def split_gate_units(rank: int, num_blocks: int) -> int:
+def split_update_units(rank: int, num_blocks: int) -> int:
   """The gate's units a block owns when the gate is split: the fewest that a WGMMA's N
   takes (a multiple of 8) and that divide r, with every unit owned by some block."""
   need = -(-rank // num_blocks)
@@ -332,7 +332,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                                                                  or recurrent)
                                    else BATCH_TILE),
                       gated=gated or recurrent, z_input=z_input,
-                      gate_rows=split_gate_units(rank, blocks) * (6 if recurrent else 1)
+                      gate_rows=split_update_units(rank, blocks) * (6 if recurrent else 1)
                       if gate_split or recurrent else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:

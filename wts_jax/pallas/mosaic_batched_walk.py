@@ -153,7 +153,7 @@ class BatchedRefs:
   update_w_s: object = None      # split update: this block's rows of G_e (or of J_s and
                                  # J_e for the rnn head's gate, candidate, output)
   update_w_bar: object = None
-  gate_flag_s: object = None     # split gate: its barrier's timeout, for the leader's flags
+  update_flag_s: object = None   # split update: its barrier's timeout, for the leader's flags
   zpub_g: object = None          # split update: z of every row and step [K, 64, r] f32
   spub_g: object = None          # the rnn head: its state, likewise
   joint_w_g: object = None       # the rnn head: joint_proj.weight [3r, 2r + d]
@@ -192,8 +192,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   keys_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((spec.steps * _STEP_KEY_WORDS,)))
             if multi_block else None)
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
-  # A split gate's own barrier (one signal a block a step, like the exchange's).
-  gate_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
+  # A split update's own barrier (one signal a block a step, like the exchange's).
+  update_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
               if multi_block and plan.split else None)
   n_major = plan.batch_axis == "n"
   # The accumulator a chunk: [batch rows, vocab rows] (batch on M) or [vocab rows, batch
@@ -364,15 +364,15 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     [block · U, block · U + U) computes their z for every row (``gate_slice`` or
     ``recurrent_slice``) and stores it to ``zpub_g[step]``; after a second grid barrier
     every block reads the whole z back and stores it as the hi + lo pair."""
-    units = plan.gate_units
+    units = plan.update_units
     owns = recurrent_slice if plan.recurrent else gate_slice
     _when(block * units < rank, functools.partial(owns, step))
     # Every thread's stores before the release (a warpgroup barrier) — and, in one block,
     # before its own threads read them back.
     plgpu.commit_smem()
     if multi_block:
-      timed_out = grid_sync.signal_and_poll(gate_sem, blocks, step, spin_limit=spec.spin_limit)
-      refs.gate_flag_s[0] = refs.gate_flag_s[0] | timed_out
+      timed_out = grid_sync.signal_and_poll(update_sem, blocks, step, spin_limit=spec.spin_limit)
+      refs.update_flag_s[0] = refs.update_flag_s[0] | timed_out
     for c in range(rank // CHUNK_ROWS):
       chunk_columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
       z = _load(refs.zpub_g.at[step, :, chunk_columns], _WGMMA, optimized=False)
@@ -384,7 +384,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def gate_slice(step):
     """A split gate's slice: z = σ(hoisted + G_e e) ⊙ e of this block's units (a WGMMA
     of the e tile ``za_s[1]`` against its resident G_e rows), to ``zpub_g[step]``."""
-    units = plan.gate_units
+    units = plan.update_units
     columns = pl.ds(block * units, units)
     def product(acc_ref):
       plgpu.wgmma(acc_ref, refs.za_s.at[1], refs.update_w_s.T)
@@ -400,7 +400,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     and J_e (e in ``za_s[0]``; the last state, fp32 in ``spub_g``, as hi then lo halves
     through ``za_s[1]``), u = σ(a), s' = u ⊙ s + (1 − u) ⊙ tanh(c) and z = tanh(o) to
     ``spub_g[step]`` and ``zpub_g[step]``. s is zero before the first step."""
-    units = plan.gate_units
+    units = plan.update_units
     own = pl.ds(block * units, units)
     e_tile, state_tile = refs.za_s.at[0], refs.za_s.at[1]
     first, previous = step == 0, jnp.maximum(step - 1, 0)
@@ -509,7 +509,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       leader_only(first_z)
       if plan.split:   # this block's rows of the update's weights (clamped: a block
         def resident_update_rows():   # owning none reads the last ones, unused)
-          units = plan.gate_units
+          units = plan.update_units
           first_unit = jnp.minimum(block * units, rank - units)
           if plan.recurrent:   # [J_s; J_e] rows of (gate, candidate, output)
             for part in range(6):
@@ -522,7 +522,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                 refs.gate_w_g.at[pl.ds(first_unit, units),
                                  pl.ds(refs.gate_w_g.shape[1] - rank, rank)],
                 refs.update_w_s, refs.update_w_bar)
-          refs.gate_flag_s[0] = jnp.int32(0)
+          refs.update_flag_s[0] = jnp.int32(0)
           plgpu.barrier_wait(refs.update_w_bar)
         leader_only(resident_update_rows)
       if planes:
@@ -788,7 +788,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       for slot in range(base_stages):
         plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
     if plan.split:
-      flags = flags | jnp.where(leader & (refs.gate_flag_s[0] > 0), STATUS_SYNC_TIMEOUT, 0)
+      flags = flags | jnp.where(leader & (refs.update_flag_s[0] > 0), STATUS_SYNC_TIMEOUT, 0)
     refs.flag_g[block * threads + wg] = flags
 
   def producer():
@@ -976,10 +976,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       outputs["spub_g"] = jax.ShapeDtypeStruct((steps, BATCH_TILE, rank), jnp.float32)
     copies = 6 if plan.recurrent else 1
     scratch["update_w_s"] = plgpu.SMEM(
-        ((6,) if plan.recurrent else ()) + (plan.gate_units, rank), jnp.bfloat16,
+        ((6,) if plan.recurrent else ()) + (plan.update_units, rank), jnp.bfloat16,
         transforms=_w2_transforms(2, rank))
     scratch["update_w_bar"] = plgpu.Barrier(num_arrivals=copies, num_barriers=1)
-    scratch["gate_flag_s"] = plgpu.SMEM((1,), jnp.int32)
+    scratch["update_flag_s"] = plgpu.SMEM((1,), jnp.int32)
   if not spec.greedy:
     def per_row(x, dtype):
       return jnp.zeros((BATCH_TILE,), dtype).at[:batch].set(x.astype(dtype))
