@@ -5,7 +5,9 @@ device call that checks, times and profiles many variants at the Qwen3-4B shape.
       [--profile VARIANT,...] [--dump VARIANT,...]
 
 A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two int8
-planes), mode greedy or sample, options joined by ``+``: ``rR`` / ``sS`` / ``bN``
+planes) for the vanilla head, or gated / rnn (those heads, bf16), mode greedy or
+sample, options joined by ``+``: ``x`` (the head's update split over the blocks:
+``serial_update="split"``, the rnn head's only way), ``rR`` / ``sS`` / ``bN``
 (resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
 block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
 mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier), ``P`` / ``C``
@@ -62,11 +64,12 @@ class Variant:
   warpgroups: int | None = None
   deferred_release: bool | None = None   # None: the planner's
   producer: bool | None = None
+  split: bool = False
 
 
 def parse_variant(text: str) -> Variant:
   dtype, batch, mode, *rest = text.split(":")
-  if dtype not in ("bf16", "int8p") or mode not in ("greedy", "sample"):
+  if dtype not in ("bf16", "int8p", "gated", "rnn") or mode not in ("greedy", "sample"):
     raise SystemExit(f"error: bad variant {text!r}")
   options = {}
   for option in (rest[0].split("+") if rest and rest[0] else []):
@@ -74,6 +77,8 @@ def parse_variant(text: str) -> Variant:
       options["batch_axis"] = "n"
     elif option in ("c", "d"):
       options["deferred_release"] = option == "d"
+    elif option == "x":
+      options["split"] = True
     elif option == "P":
       options["producer"] = True
     elif option == "C":
@@ -88,15 +93,20 @@ def parse_variant(text: str) -> Variant:
 
 
 class Heads:
-  """The Qwen3-4B-shape vanilla head in bf16 and int8 planes, built once each."""
+  """The Qwen3-4B-shape heads: vanilla in bf16 and int8 planes, gated and rnn in bf16,
+  built once each."""
 
   def __init__(self):
-    self.config = HeadConfig.qwen3_4b("vanilla", confidence=False)
     self._heads = {}
+
+  @staticmethod
+  def config(dtype):
+    return HeadConfig.qwen3_4b(dtype if dtype in ("gated", "rnn") else "vanilla",
+                               confidence=False)
 
   def __call__(self, dtype):
     if dtype not in self._heads:
-      head = wts_jax.make_head(self.config, seed=0)
+      head = wts_jax.make_head(self.config(dtype), seed=0)
       if dtype == "int8p":
         from wts_jax.quantize import quantize_w2
         head = quantize_w2(head, "int8", state="planes")
@@ -106,14 +116,17 @@ class Heads:
 
 def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir: str = ""):
   head = heads(variant.dtype)
-  base, first, _ = random_inputs(heads.config, variant.batch, STEPS,
-                                 jax.random.key(variant.batch))
+  base, first, hidden = random_inputs(heads.config(variant.dtype), variant.batch, STEPS,
+                                      jax.random.key(variant.batch))
+  if not head.config.needs_hidden:
+    hidden = None
   temperature = 0.0 if variant.greedy else 0.8
   key = None if variant.greedy else jax.random.key(7)
   mode = validation.make_sampling(temperature, key, variant.batch)
   config = MosaicConfig(kernel="batched", ring_stages=variant.stages,
                         batch_axis=variant.batch_axis, warpgroups=variant.warpgroups,
                         base_stages=variant.base_stages, producer=variant.producer,
+                        serial_update="split" if variant.split else "auto",
                         residency=(variant.resident * 64 * (variant.warpgroups or 1)
                                    if variant.resident is not None
                                    else "auto"))
@@ -128,10 +141,11 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
         spec.plan, deferred_release=variant.deferred_release))
   spec = dataclasses.replace(spec, profile_dir=profile_dir,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
-  run = jax.jit(lambda head, base, first: mosaic_backend.launch(
-      spec, backend.WalkOperands(head, base, first, None, mode)))
-  want = wts_jax.walk(head, base, first, temperature=temperature, key=key, impl="xla")
-  return spec, run, (head, base, first), np.asarray(want.tokens)
+  run = jax.jit(lambda head, base, first, hidden: mosaic_backend.launch(
+      spec, backend.WalkOperands(head, base, first, hidden, mode)))
+  want = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key,
+                      impl="xla")
+  return spec, run, (head, base, first, hidden), np.asarray(want.tokens)
 
 
 def _device_ops(trace_dir):
