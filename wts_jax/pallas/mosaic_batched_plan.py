@@ -29,7 +29,7 @@ BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of bas
 Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 8 bank groups
 DEFAULT_RING_STAGES = 2
 # The gated head's ring: its four G_e chunks a step stream through it too, and a third
-# slot measured 4-7 % faster than 1 resident chunk + 2 slots (NOTES v13).
+# slot measured faster than a resident chunk beside two (NOTES v13).
 GATED_RING_STAGES = 3
 DEFAULT_BASE_STAGES = 3
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
