@@ -105,6 +105,11 @@ def reference_walk(head: DraftHead, base_logits: jax.Array, first_tokens: jax.Ar
                     logprobs=per_step.get("logprobs"))
 
 
+def previous_tokens(first_tokens: jax.Array, tokens: jax.Array) -> jax.Array:
+  """[B, K]: the token each step's e reads, x_{k-1} (the first token at step 0)."""
+  return jnp.concatenate([first_tokens[:, None], tokens[:, :-1]], axis=1)
+
+
 @functools.partial(jax.jit, static_argnames=("return_logits", "return_logprobs"))
 def logits_of_tokens(head: DraftHead, base_logits: jax.Array, first_tokens: jax.Array,
                      tokens: jax.Array, hidden: jax.Array | None,
@@ -117,7 +122,7 @@ def logits_of_tokens(head: DraftHead, base_logits: jax.Array, first_tokens: jax.
   serial = head.markov_head
   batch, steps, vocab = base_logits.shape
   first, _ = clamp_first_tokens(first_tokens, vocab)
-  previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
+  previous = previous_tokens(first, tokens)
   hoisted = serial.hoist(hidden) if hidden is not None else None
 
   def step(state, k):

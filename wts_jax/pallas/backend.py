@@ -244,11 +244,6 @@ def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
   low, high = AUTO_BATCHED_RANGE
   head_type = head.config.head_type
-  if shapes.return_logits or shapes.return_logprobs:
-    # The Mosaic kernels return them by a second pass over the drafted tokens
-    # (``reference.logits_of_tokens``), not yet measured against the Triton kernel's
-    # in-kernel logits.
-    return ("triton", "mosaic")
   batched = low < shapes.batch <= high
   bf16_w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype) == jnp.dtype(jnp.bfloat16)
   faster = ((head_type == "vanilla" and (shapes.batch <= AUTO_MAX_BATCH or batched))
@@ -263,8 +258,13 @@ def preference(head, shapes: WalkShapes, device_kind: str, *,
     # Interpret mode prefers the Triton kernel: jax 0.10.2's Mosaic GPU interpreter
     # cannot run every variant (the Mosaic interpret tests name it).
     return ("triton", "mosaic")
+  if shapes.return_logits or shapes.return_logprobs:
+    # The Mosaic kernels return them by a second pass over the drafted tokens
+    # (``reference.logits_of_tokens``), not yet measured against the Triton kernel's
+    # in-kernel logits; the table was measured without them.
+    return ("triton", "mosaic")
   entry = tuned_table(device_kind).get(table_key(head, shapes))
-  if entry is not None and not (shapes.return_logits or shapes.return_logprobs):
+  if entry is not None:
     return (entry["impl"], *[n for n in _fallback_preference(head, shapes)
                              if n != entry["impl"]])
   return _fallback_preference(head, shapes)

@@ -19,8 +19,8 @@ from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_batch_axis, auto_producer,
-                                                auto_warpgroups, padded_batch,
-                                                plan_batched, warpgroup_chunks)
+                                                auto_warpgroups, plan_batched,
+                                                warpgroup_chunks)
 from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
                                         launch_facts, make_plan)
 from wts_jax.walk_config import MosaicConfig
@@ -268,7 +268,8 @@ def confidence_logits(head, hidden, first, tokens, w1):
   conf_head = head.confidence_head
   if conf_head is None:
     return None
-  previous = jnp.concatenate([first[:, None], tokens[:, :-1]], axis=1)
+  from wts_jax.reference import previous_tokens
+  previous = previous_tokens(first, tokens)
   return (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
                                              out_axes=1)(w1[previous]))
 
@@ -278,32 +279,29 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
                     seed):
   """The batched kernel, one launch per 64 rows (the rows of a walk are independent)."""
   from wts_jax.output import WalkOutput
-  from wts_jax.pallas.mosaic_batched_walk import batched_walk
+  from wts_jax.pallas.mosaic_batched_walk import batched_walk, row_launches
   from wts_jax.reference import clamp_first_tokens
   first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]
   weights = dict(w2=operands["w2"], w1=w1)
-  gated = spec.plan.gated
   if spec.plan.int8_state:
     weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"],
                    w2_scale=operands["w2_scale"])
   tokens, kernel_status = [], status
-  for start in range(0, spec.batch, BATCH_TILE):
-    rows = slice(start, min(start + BATCH_TILE, spec.batch))
-    part = dataclasses.replace(spec, batch=rows.stop - rows.start, row_offset=start,
-                               plan=dataclasses.replace(
-                                   spec.plan, batch_rows=padded_batch(rows.stop - rows.start)))
+  for rows, part in row_launches(spec, spec.batch):
     sampled = {} if spec.greedy else dict(seed=seed, score_scale=score_scale[rows],
                                            noise_on=noise_on[rows])
-    gate = ({} if not gated else dict(gate_weight=operands["gate_weight"],
-                                      gate_hoisted=operands["gate_hoisted"][rows]))
-    if spec.plan.recurrent:
-      gate = dict(joint_weight=operands["joint_weight"],
-                  joint_hoisted=operands["joint_hoisted"][rows])
+    update = {}   # the head's own update weights and hoisted terms
+    if spec.plan.gated:
+      update = dict(gate_weight=operands["gate_weight"],
+                    gate_hoisted=operands["gate_hoisted"][rows])
+    elif spec.plan.recurrent:
+      update = dict(joint_weight=operands["joint_weight"],
+                    joint_hoisted=operands["joint_hoisted"][rows])
     part_tokens, part_status = batched_walk(part, base_logits=base_logits[rows],
                                             first_tokens=first[rows], **weights, **sampled,
-                                            **gate)
+                                            **update)
     tokens.append(part_tokens)
     kernel_status = kernel_status | part_status
   tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)

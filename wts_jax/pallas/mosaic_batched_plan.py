@@ -161,6 +161,12 @@ class BatchedPlan:
     return self.wg_chunks - self.resident_chunks
 
   @property
+  def z_pair(self) -> bool:
+    """z meets W2 as a hi + lo bf16 pair (two tiles, two WGMMAs a chunk into one
+    accumulator): an fp32 z — the gated and rnn heads' — or a given one."""
+    return self.gated or self.recurrent or self.z_input
+
+  @property
   def gate_chunks(self) -> int:
     """G_e's 64-row chunks the leader streams ahead of each step's W2 chunks (a
     redundant gate)."""
@@ -194,7 +200,7 @@ class BatchedPlan:
     batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
     axis (its gate is a WGMMA with the batch on M), the rnn head likewise, and for a
     given z (copied whole)."""
-    if self.batch_axis == "m" or self.gated or self.z_input or self.recurrent:
+    if self.batch_axis == "m" or self.z_pair:
       return BATCH_TILE
     return staged_rows_on_n(self.batch_rows, self.rank, self.w2_itemsize)
 
@@ -253,7 +259,7 @@ def _aligned(nbytes: int) -> int:
 def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
-                staged_rows: int = BATCH_TILE, gated: bool = False,
+                staged_rows: int = BATCH_TILE, z_pair: bool = False,
                 z_input: bool = False, gate_rows: int = 0) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
@@ -261,10 +267,10 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   [stages, base_rows, 64], an int8 W2's per-row scales [chunks, 64] f32, the tokens [64] and exchange keys
   [2, 64]; with int8 planes the scales around each row's s_lo [64, 32 + 8] f32
   ([64, 64 + 8] and a warpgroup's [64] s_lo with the batch on N); with warpgroups the
-  merge slots [warpgroups, 64] f32 + i32; the gated head's z tiles are two (hi, lo), and a
-  given z's are two with no staging; a split gate's G_e rows [gate_rows, r] bf16."""
+  merge slots [warpgroups, 64] f32 + i32; z as a hi + lo pair has two tiles (a given z no
+  staging); a split update's resident weight rows [gate_rows, r] bf16."""
   z_stage = ((0 if z_input else staged_rows * (rank * 2 + Z_ROW_PAD_BYTES))
-             + (2 if gated or z_input else 1) * _aligned(staged_rows * rank * 2))
+             + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
@@ -322,16 +328,15 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
     raise ValueError(f"base_stages={base_stages} must be in [1, {wg_chunks}] (the chunks "
                      "a warpgroup owns: the prologue fills the ring from the first step)")
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
+  z_pair = gated or recurrent or z_input   # (``BatchedPlan.z_pair``)
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
                       base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
                       int8_state=int8_state, batch_axis=batch_axis,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
                       warpgroups=warpgroups,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
-                                   if batch_axis == "n" and not (gated or z_input
-                                                                 or recurrent)
-                                   else BATCH_TILE),
-                      gated=gated or recurrent, z_input=z_input,
+                                   if batch_axis == "n" and not z_pair else BATCH_TILE),
+                      z_pair=z_pair, z_input=z_input,
                       gate_rows=split_update_units(rank, blocks) * (6 if recurrent else 1)
                       if gate_split or recurrent else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups

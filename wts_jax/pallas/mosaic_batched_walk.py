@@ -78,10 +78,10 @@ from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
 from wts_jax.pallas import grid_sync
-from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan
+from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
-from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _interpret_params, _load, _not,
-                                        _rem, _select, _w2_transforms, _when)
+from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
+                                        _not, _rem, _select, _w2_transforms, _when)
 
 _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
@@ -159,10 +159,17 @@ class BatchedRefs:
   joint_w_g: object = None       # the rnn head: joint_proj.weight [3r, 2r + d]
 
 
-def _div(a, b):
-  if isinstance(a, int) and isinstance(b, int):
-    return a // b
-  return lax.div(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+def row_launches(spec: BatchedSpec, batch: int) -> list[tuple[slice, BatchedSpec]]:
+  """A walk's rows cut into launches of at most 64 (the rows of a walk are independent):
+  (the rows, the launch's spec — its rows padded to whole 8-row tiles, its first row's
+  index for the noise streams)."""
+  launches = []
+  for start in range(0, batch, BATCH_TILE):
+    count = min(BATCH_TILE, batch - start)
+    launches.append((slice(start, start + count), dataclasses.replace(
+        spec, batch=count, row_offset=start,
+        plan=dataclasses.replace(spec.plan, batch_rows=padded_batch(count)))))
+  return launches
 
 
 def _base_transforms(itemsize: int):
@@ -194,7 +201,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
   # A split update's own barrier (one signal a block a step, like the exchange's).
   update_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
-              if multi_block and plan.split else None)
+                if multi_block and plan.split else None)
   n_major = plan.batch_axis == "n"
   # The accumulator a chunk: [batch rows, vocab rows] (batch on M) or [vocab rows, batch
   # rows] (batch on N, ``rows`` wide); a batch row's values run along ``vocab_axis``.
@@ -217,7 +224,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
   z_dtype = refs.za_s.dtype
-  if n_major and not (gated or z_given):
+  if n_major and not plan.z_pair:
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
         (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
   else:
@@ -545,12 +552,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             return
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
-          for plane in range(2 if planes else 1):   # (int8: q_hi, q_lo)
-            tile_ref = refs.za_s.at[plane] if planes else refs.za_s
-            if gated:   # e, the gate's operand (then z's lo half)
-              tile_ref = refs.za_s.at[1]
-            if plan.recurrent:   # e, an operand of the split update (then z's hi half)
-              tile_ref = refs.za_s.at[0]
+          # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
+          # or the rnn update's (then z's hi half).
+          tiles = ([refs.za_s.at[0], refs.za_s.at[1]] if planes else
+                   [refs.za_s.at[1]] if gated else [refs.za_s.at[0]] if plan.recurrent
+                   else [refs.za_s])
+          for plane, tile_ref in enumerate(tiles):
             tile_ref[...] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)], z_layout)
           plgpu.commit_smem()
           if gated or plan.recurrent:
@@ -588,9 +595,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if stages:
             _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
         with jax.named_scope("mma"):
-          # int8 planes: a plane an accumulator; gated or a given z: hi and lo into one.
-          operands = ([(acc_refs[0], refs.za_s)]
-                      if not (planes or gated or z_given or plan.recurrent) else
+          # int8 planes: a plane an accumulator; a hi + lo pair: both into one.
+          operands = ([(acc_refs[0], refs.za_s)] if not (planes or plan.z_pair) else
                       [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
                        for plane in range(2)])
           for acc_ref, z in operands:
@@ -905,8 +911,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  a_tile = ((2, plan.staged_rows, rank)
-            if plan.int8_state or plan.gated or plan.z_input or plan.recurrent
+  a_tile = ((2, plan.staged_rows, rank) if plan.int8_state or plan.z_pair
             else (plan.staged_rows, rank))
   z_dtype = jnp.bfloat16 if plan.z_input else w1.dtype
   scratch = {
@@ -957,19 +962,19 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
         first_tokens.astype(jnp.int32)))
   if plan.int8_state:
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
-  if plan.gated:   # the hoisted terms as whole [64 rows, 64] tiles a step and G_e chunk
-    hoisted = jnp.pad(gate_hoisted.astype(jnp.float32), ((0, BATCH_TILE - batch), (0, 0),
-                                                          (0, 0)))
-    if plan.gate_split:   # [K, 64 rows, r]: a block reads its units' columns
-      hoisted = hoisted.transpose(1, 0, 2)
-    else:
-      hoisted = hoisted.reshape(BATCH_TILE, steps, rank // CHUNK_ROWS,
-                                CHUNK_ROWS).transpose(1, 2, 0, 3)
+  def hoisted_by_step(hoisted):
+    """[B, K, n] -> [K, 64 rows, n] f32 (rows past B zero): a split update's block reads
+    its units' columns of a step."""
+    return jnp.pad(hoisted.astype(jnp.float32),
+                   ((0, BATCH_TILE - batch), (0, 0), (0, 0))).transpose(1, 0, 2)
+  if plan.gated:
+    hoisted = hoisted_by_step(gate_hoisted)
+    if not plan.gate_split:   # whole [64 rows, 64] tiles a step and G_e chunk
+      hoisted = hoisted.reshape(steps, BATCH_TILE, rank // CHUNK_ROWS,
+                                CHUNK_ROWS).transpose(0, 2, 1, 3)
     operands.update(gate_w_g=gate_weight, gate_hoisted_g=hoisted)
-  if plan.recurrent:   # [K, 64 rows, 3r]: a block reads its units' columns
-    operands.update(joint_w_g=joint_weight, gate_hoisted_g=jnp.pad(
-        joint_hoisted.astype(jnp.float32),
-        ((0, BATCH_TILE - batch), (0, 0), (0, 0))).transpose(1, 0, 2))
+  if plan.recurrent:
+    operands.update(joint_w_g=joint_weight, gate_hoisted_g=hoisted_by_step(joint_hoisted))
   if plan.split:   # the split update's global buffers (outputs, discarded) and weights
     outputs["zpub_g"] = jax.ShapeDtypeStruct((steps, BATCH_TILE, rank), jnp.float32)
     if plan.recurrent:

@@ -21,7 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, padded_batch
+from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS
 
 
@@ -47,20 +47,18 @@ def stepped_walk(spec: SteppedSpec, head, base_logits, first_tokens, hidden, sco
   every 64 rows."""
   from wts_jax.output import WalkOutput
   from wts_jax.pallas.mosaic_backend import confidence_logits
-  from wts_jax.pallas.mosaic_batched_walk import batched_walk
+  from wts_jax.pallas.mosaic_batched_walk import batched_walk, row_launches
   from wts_jax.reference import clamp_first_tokens
   serial = head.markov_head
   vocab = head.config.vocab_size
   first, status = clamp_first_tokens(first_tokens, vocab)
   hoisted = serial.hoist(hidden) if hidden is not None else None
   w2 = serial.markov_w2.weight[...]
-  groups = [slice(start, min(start + BATCH_TILE, spec.batch))
-            for start in range(0, spec.batch, BATCH_TILE)]
+  launches = row_launches(spec.batched, spec.batch)
   # Padded once (rows to the launch's, V to whole 64-column tiles), not at every launch.
-  bases = [jnp.pad(base_logits[rows], ((0, padded_batch(rows.stop - rows.start)
-                                        - (rows.stop - rows.start)), (0, 0),
+  bases = [jnp.pad(base_logits[rows], ((0, launch.plan.batch_rows - launch.batch), (0, 0),
                                        (0, -vocab % CHUNK_ROWS)))
-           for rows in groups]
+           for rows, launch in launches]
 
   def step(carry, k):
     x_prev, state, flags = carry
@@ -68,11 +66,7 @@ def stepped_walk(spec: SteppedSpec, head, base_logits, first_tokens, hidden, sco
     state, z = serial.advance(state, e, None if hoisted is None else
                               serial.hoisted_at(hoisted, k))
     tokens = []
-    for rows, base in zip(groups, bases):
-      count = rows.stop - rows.start
-      launch = dataclasses.replace(
-          spec.batched, batch=count, row_offset=rows.start,
-          plan=dataclasses.replace(spec.batched.plan, batch_rows=padded_batch(count)))
+    for (rows, launch), base in zip(launches, bases):
       sampled = ({} if spec.batched.greedy else
                  dict(seed=seed, score_scale=score_scale[rows], noise_on=noise_on[rows]))
       part, part_flags = batched_walk(launch, w2, base, None, None,

@@ -118,6 +118,12 @@ def _rem(a, b):
   return a % b if isinstance(a, int) else lax.rem(a, b)
 
 
+def _div(a, b):
+  if isinstance(a, int) and isinstance(b, int):
+    return a // b
+  return lax.div(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+
+
 def _chunk_kind(position, order):
   """(resident?, its resident index, its streamed index) of the chunk at a rolled chunk
   loop's ``position`` in ``order`` (``chunk_schedule``'s, one chunk a group; the i-th
