@@ -235,31 +235,37 @@ PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, produ
 PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
 
 
-@pytest.mark.parametrize("w2,kernel_config,head_type", [
-    ("bf16", BATCHED, "vanilla"), ("int8p", BATCHED, "vanilla"),
-    ("int8p", PRODUCER_N2, "vanilla"), ("bf16", PRODUCER_M2, "vanilla"),
-    ("bf16", BATCHED, "gated"), ("bf16", STEPPED, "rnn"), ("bf16", SPLIT_GATE, "gated"),
-    ("bf16", SPLIT_GATE, "rnn")],
+@pytest.mark.parametrize("w2,kernel_config,head_type,temperature", [
+    ("bf16", BATCHED, "vanilla", 0.0), ("int8p", BATCHED, "vanilla", 0.0),
+    ("int8p", PRODUCER_N2, "vanilla", 0.0), ("bf16", PRODUCER_M2, "vanilla", 0.0),
+    ("bf16", BATCHED, "gated", 0.0), ("bf16", STEPPED, "rnn", 0.0),
+    ("bf16", SPLIT_GATE, "gated", 0.0), ("bf16", SPLIT_GATE, "rnn", 0.0),
+    ("bf16", BATCHED, "vanilla", 0.8), ("int8p", BATCHED, "vanilla", 0.8),
+    ("bf16", SPLIT_GATE, "gated", 0.8)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
-         "rnn-stepped", "gated-split", "rnn-split"])
-def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type):
+         "rnn-stepped", "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
+         "gated-split-sample"])
+def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)
   head = wts_jax.make_head(config, seed=3)
   if w2 == "int8p":
     head = quantize_w2(head, "int8", state="planes")
-  kernel = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="mosaic",
-                                                   config=kernel_config).tokens)
-  reference = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="xla").tokens)
+  kernel = jax.jit(lambda h, b, f, x, key: wts_jax.walk(
+      h, b, f, x, impl="mosaic", config=kernel_config, temperature=temperature,
+      key=key).tokens)
+  reference = jax.jit(lambda h, b, f, x, key: wts_jax.walk(
+      h, b, f, x, impl="xla", temperature=temperature, key=key).tokens)
   mismatches, near_ties = [], []
   for i in range(1000):
     base, first, hidden = random_inputs(config, 16, 7, jax.random.key(2000 + i))
-    tokens = np.asarray(kernel(head, base, first, hidden))
-    if np.array_equal(tokens, np.asarray(reference(head, base, first, hidden))):
+    key = jax.random.key(9000 + i) if temperature else None
+    tokens = np.asarray(kernel(head, base, first, hidden, key))
+    if np.array_equal(tokens, np.asarray(reference(head, base, first, hidden, key))):
       continue
     # A walk may first differ only where the reference's own top-2 gap is at fp32
     # rounding (two fp32 sums in different orders may order such a pair either way).
-    ref_tokens, gaps = reference_tokens_and_gaps(head, base, first, hidden,
-                                                 BenchMode("greedy"))
+    mode = BenchMode("sample", temperature, key) if temperature else BenchMode("greedy")
+    ref_tokens, gaps = reference_tokens_and_gaps(head, base, first, hidden, mode)
     passed, text, _ = compare_tokens(ref_tokens, tokens, gaps, margin=FP32_TIE_MARGIN)
     (near_ties if passed else mismatches).append(f"walk {i}: {text}")
   assert not mismatches, f"walks differ from the reference: {mismatches[:5]}"

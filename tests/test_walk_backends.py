@@ -39,13 +39,15 @@ def test_rank_192_runs_on_mosaic_where_triton_refuses():
 
 def test_a_named_backend_that_cannot_run_lists_its_reason():
   with pytest.raises(ValueError, match=r"impl='mosaic' cannot run this walk: mosaic: the "
-                                       r"Mosaic kernel runs the vanilla and gated heads"):
+                                       r"Mosaic row kernel runs the vanilla and gated heads"):
     _choose(_head("rnn"), impl="mosaic")
+  int8_rnn = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("rnn"))
   with pytest.raises(ValueError, match=r"impl='pallas' cannot run this walk: mosaic: the "
-                                       r"Mosaic kernel runs the vanilla and gated heads.*; "
-                                       r"triton: batch B=300"):
-    _choose(_head("rnn"), batch=300, impl="pallas")
-  assert _choose(_head("rnn"), batch=300).impl == "xla"
+                                       r"batched Mosaic kernel's rnn head needs bf16 W1 and "
+                                       r"W2.*; triton: batch B=300"):
+    _choose(int8_rnn, batch=300, impl="pallas")
+  assert _choose(int8_rnn, batch=300).impl == "xla"
+  assert _choose(_head("rnn"), batch=300).impl == "mosaic"   # 64-row launches
   # Past the Triton kernel's rows the batched Mosaic kernel runs (one launch per 64).
   assert _choose(_head(), batch=300).impl == "mosaic"
 
@@ -105,6 +107,9 @@ def test_auto_choices_at_the_qwen3_shape():
   assert _choose(head, batch=128).impl == "triton"
   assert _choose(head, return_logits=True).impl == "triton"
   assert _choose(_head("gated")).impl == "triton"
+  assert _choose(_head("gated"), batch=4).impl == "mosaic"   # the gate split over blocks
+  assert _choose(_head("rnn")).impl == "triton"
+  assert _choose(_head("rnn"), batch=16, greedy=False).impl == "mosaic"
   assert _choose(head, config=wts_jax.WalkConfig(interpret=True)).impl == "triton"
 
 

@@ -182,23 +182,28 @@ def test_stepwise_kernel_matches_reference():
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
-@pytest.mark.parametrize("backend, batch, gemv, w2", [("mosaic", 1, "registers", "bf16"),
-                                                      ("mosaic", 1, "wgmma", "bf16"),
-                                                      ("mosaic", 1, "wgmma", "int8"),
-                                                      ("triton", 2, "registers", "bf16")])
-def test_stress_1000_fresh_walks_equal_reference(backend, batch, gemv, w2):
+@pytest.mark.parametrize("backend, batch, gemv, w2, temperature", [
+    ("mosaic", 1, "registers", "bf16", 0.0), ("mosaic", 1, "wgmma", "bf16", 0.0),
+    ("mosaic", 1, "wgmma", "int8", 0.0), ("triton", 2, "registers", "bf16", 0.0),
+    ("mosaic", 1, "registers", "bf16", 0.8), ("mosaic", 1, "wgmma", "int8", 0.8),
+    ("triton", 2, "registers", "bf16", 0.8)])
+def test_stress_1000_fresh_walks_equal_reference(backend, batch, gemv, w2, temperature):
+  """Exact tokens, greedy and sampled with the same key (the sampled noise is drawn in
+  the kernel: every walk's 7 winning Gumbel values are its precision's test)."""
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   head = wts_jax.make_head(config, seed=3)
   if w2 == "int8":   # against the quantized reference
     head = quantize_w2(head, "int8")
   walk_config = wts_jax.WalkConfig(backend=backend, mosaic_gemv=gemv)
-  kernel = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas",
-                                                config=walk_config).tokens)
-  reference = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="xla").tokens)
+  kernel = jax.jit(lambda h, b, f, key: wts_jax.walk(
+      h, b, f, impl="pallas", config=walk_config, temperature=temperature, key=key).tokens)
+  reference = jax.jit(lambda h, b, f, key: wts_jax.walk(
+      h, b, f, impl="xla", temperature=temperature, key=key).tokens)
   mismatches = []
   for i in range(1000):
     base, first, _ = random_inputs(config, batch, 7, jax.random.key(1000 + i))
-    got, want = kernel(head, base, first), reference(head, base, first)
+    key = jax.random.key(7000 + i) if temperature else None
+    got, want = kernel(head, base, first, key), reference(head, base, first, key)
     if not np.array_equal(np.asarray(got), np.asarray(want)):
       mismatches.append(i)
   assert not mismatches, f"walks {mismatches[:10]} differ from the reference"

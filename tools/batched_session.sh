@@ -15,7 +15,7 @@ python -c "import jax; print('jax', jax.__version__, jax.devices())"
 if has tests; then
   stamp tests
   timeout ${TESTS_S:-240} python -m pytest -m gpu ${TESTS:-tests/test_batched_walk_gpu.py} \
-    -x -q -p no:warnings -k "${TESTS_K:-}" 2>&1 | tee "$OUT/batched_gpu_tests.log" | tail -30
+    ${PYTEST_X--x} -q -p no:warnings -k "${TESTS_K:-}" 2>&1 | tee "$OUT/batched_gpu_tests.log" | tail -30
 fi
 if has variants; then
   stamp variants

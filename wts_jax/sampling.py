@@ -1,4 +1,4 @@
-"""Counter-based Gumbel noise, shared bit for bit by the reference walk and the kernels.
+"""Counter-based Gumbel noise, shared by the reference walk and the kernels.
 
 Sampling is Gumbel-max: ``x_k = argmax_v(logits_k[v] * inv_temperature + g[v])`` with
 ``g = -log(-log(u))``. The uniform ``u`` for (batch row, step, vocabulary index) comes from
@@ -6,11 +6,15 @@ a stateless integer hash of that counter and two seed words, so every implementa
 (XLA on any backend, the Triton and Mosaic GPU kernels) draws the same noise without
 sharing any random state, and any shard of the vocabulary can draw its own part.
 
-Everything here is written with plain ``jax.lax`` integer ops on ``uint32`` values
-(xor, logical shifts, wrapping multiplies) so the same functions trace inside Pallas
-kernels and in XLA. The only floating-point steps are an exact int→float conversion and
-two ``log`` calls; backends may differ in the last ulp of ``log``, which can flip a token
-only on a near-tie of the noisy scores.
+Everything here is written with plain ``jax.lax`` ops — integer xor, shifts and wrapping
+multiplies on ``uint32``, then IEEE float adds, multiplies and one divide — so the same
+functions trace inside Pallas kernels and in XLA. XLA and the Triton kernels give the
+same bits; the Mosaic GPU kernels are within one ulp (2 % of values differ, by one ulp:
+its compiler rounds a few steps differently), so a token can differ only where two
+scores are within an ulp. The two logarithms are ``log_positive``, not ``jnp.log``: a
+backend's ``log`` may be an approximation whose error near 1 is absolute, about 2^-23,
+and ``-log(u)`` for u near 1 is the small value that makes a large, winning Gumbel
+value, so that error lands on exactly the scores that decide a sampled step.
 """
 
 from __future__ import annotations
@@ -66,8 +70,36 @@ def uniform_from_stream(stream: jax.Array, vocab_index: jax.Array) -> jax.Array:
   return (mantissa + 0.5) * (1.0 / (1 << 23))
 
 
+# log_positive: the reduction and minimax polynomial of FreeBSD's e_logf.c (|error| < 1
+# ulp); ln 2 in two parts so k · ln2_hi is exact for the exponents of normal floats.
+_LN2_HI = 6.9313812256e-01
+_LN2_LO = 9.0580006145e-06
+_LOG_COEFFICIENTS = (0.66666662693, 0.40000972152, 0.28498786688, 0.24279078841)
+_SQRT_HALF_BITS = 0x3F3504F3
+_ONE_BITS = 0x3F800000
+
+
+def log_positive(x: jax.Array) -> jax.Array:
+  """Natural log of positive normal fp32 ``x`` from integer and IEEE add/multiply/divide
+  ops only: x = 2^k (1 + f) with 1 + f in [sqrt(1/2), sqrt(2)), then log(1 + f) from
+  s = f / (2 + f). Near x = 1 it keeps full relative precision (f = x - 1 exactly)."""
+  bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  bits = bits + _u32(_ONE_BITS - _SQRT_HALF_BITS)
+  k = lax.shift_right_logical(bits, _u32(23)).astype(jnp.int32) - 0x7F
+  mantissa = (bits & _u32(0x007FFFFF)) + _u32(_SQRT_HALF_BITS)
+  f = lax.bitcast_convert_type(mantissa, jnp.float32) - 1.0
+  s = f / (2.0 + f)
+  z = s * s
+  w = z * z
+  lg1, lg2, lg3, lg4 = _LOG_COEFFICIENTS
+  r = z * (lg1 + w * lg3) + w * (lg2 + w * lg4)
+  half_f_squared = 0.5 * f * f
+  dk = k.astype(jnp.float32)
+  return dk * _LN2_HI - ((half_f_squared - (s * (half_f_squared + r) + dk * _LN2_LO)) - f)
+
+
 def gumbel_from_uniform(u: jax.Array) -> jax.Array:
-  return -jnp.log(-jnp.log(u))
+  return -log_positive(-log_positive(u))
 
 
 def gumbel_noise(seed: jax.Array, rows: jax.Array, step: jax.Array,

@@ -133,11 +133,10 @@ class MosaicConfig:
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
     two with the batch on N for int8 planes or sampling), each computing its own half of
     the block's chunks.
-  serial_update: the batched kernel's gated head: "redundant" (every block computes the
-    whole gate from G_e streamed through its ring), "split" (each block a slice of the
-    gate's units, published to the others through global memory and a second grid
-    barrier a step) or "auto" (the planner's: redundant, the one measured); "split" also
-    runs the rnn head on the batched kernel (``kernel="batched"``; not yet measured).
+  serial_update: the batched kernel's gated and rnn heads: "split" (each block a slice of
+    the update's units, published to the others through global memory and a second grid
+    barrier a step), "redundant" (gated only: every block computes the whole gate from
+    G_e streamed through its ring) or "auto" (split, measured the faster on the H200).
   producer: one more warpgroup in the batched kernel that issues every W2 and base
     refill once the computing warpgroups release the slot (None: the planner's — beside
     two computing warpgroups for int8 planes greedy on N and bf16 sampling on M).

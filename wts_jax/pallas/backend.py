@@ -235,11 +235,11 @@ def tuned_table(device_kind: str) -> dict[tuple, dict]:
 
 
 def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
-  # Measured on the H200 (NOTES.md v5-v7, v10, v11, v13): Mosaic is faster for vanilla
-  # walks at one row (the row kernel) and from 2 to 64 rows (the batched kernel), greedy
-  # and sampled, and for the gated head with a bf16 W2 from 2 to 64 rows (the batched
-  # kernel); past 64 rows, the gated head at one row or with an int8 W2, and the rnn
-  # head, the Triton kernel.
+  # Measured on the H200 (NOTES.md v5-v7, v10, v11, v13, v14): Mosaic is faster for
+  # vanilla walks at one row (the row kernel) and from 2 to 64 rows (the batched kernel),
+  # greedy and sampled, and for the gated and rnn heads with a bf16 W2 from 2 to 64 rows
+  # (the batched kernel, their update split over the blocks); past 64 rows, the gated
+  # and rnn heads at one row or with an int8 W2, the Triton kernel.
   from wts_jax.pallas.mosaic_batched_plan import AUTO_BATCHED_RANGE
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
   low, high = AUTO_BATCHED_RANGE
@@ -247,7 +247,7 @@ def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
   batched = low < shapes.batch <= high
   bf16_w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype) == jnp.dtype(jnp.bfloat16)
   faster = ((head_type == "vanilla" and (shapes.batch <= AUTO_MAX_BATCH or batched))
-            or (head_type == "gated" and bf16_w2 and batched))
+            or (head_type in ("gated", "rnn") and bf16_w2 and batched))
   return ("mosaic", "triton") if faster else ("triton", "mosaic")
 
 

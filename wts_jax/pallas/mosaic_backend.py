@@ -39,9 +39,10 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   if config.kernel == "steps":
     return _stepped_refusal(head, shapes, config)
   if head_type not in HEAD_TYPES and not (head_type in BATCHED_HEAD_TYPES
-                                         and config.kernel == "batched"):
-    return (f"the Mosaic kernel runs the vanilla and gated heads (not {head_type!r}; "
-            "kernel='batched' with serial_update='split' runs the rnn head)")
+                                         and uses_batched_kernel(head, shapes, config)):
+    return (f"the Mosaic row kernel runs the vanilla and gated heads (not {head_type!r}; "
+            "the batched kernel runs the rnn head: kernel='batched', or 'auto' past one "
+            "row)")
   if head_type == "gated":
     gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
     if gate_dtype != jnp.dtype(jnp.bfloat16):
@@ -110,11 +111,12 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
             f"{head_type!r})")
   if head_type == "rnn":
     joint = jnp.dtype(serial.joint_proj.weight.dtype)
-    if config.serial_update != "split" or config.producer or joint != jnp.dtype(jnp.bfloat16):
+    if (config.serial_update == "redundant" or config.producer
+        or joint != jnp.dtype(jnp.bfloat16)):
       return ("the batched Mosaic kernel runs the rnn head with its update split over the "
-              "blocks (serial_update='split', no producer, a bf16 joint_proj; not yet "
-              f"measured); got serial_update={config.serial_update!r}, "
-              f"producer={config.producer}, joint_proj {joint}")
+              "blocks (serial_update 'split' or 'auto', no producer, a bf16 joint_proj); "
+              f"got serial_update={config.serial_update!r}, producer={config.producer}, "
+              f"joint_proj {joint}")
   w1, w2 = (jnp.dtype(serial.markov_w1.weight.dtype),
             jnp.dtype(serial.markov_w2.weight.dtype))
   if head_type != "vanilla" and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
@@ -159,7 +161,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
         int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
-        z_input=z_input, gate_split=gated and config.serial_update == "split",
+        z_input=z_input, gate_split=gated and config.serial_update != "redundant",
         recurrent=recurrent)
   except ValueError as err:
     return Refusal(str(err))
