@@ -4,16 +4,16 @@ The real Qwen3-4B DSpark shape (V = 151 936, r = 256, 132 blocks) against the XL
 reference on fresh random inputs: exact tokens greedy, the same tokens sampled with the
 same key; bf16 and an int8 W2 with z as two int8 planes; B = 5 (padded to 8 rows), 16,
 64 and 70 (two launches); every split from all streamed to the planner's; a NaN in the
-base logits is reported; repeats are identical; 1000 fresh walks (B = 16, bf16 and int8
-planes, with a producer, the gated head) all equal the reference (at most two first
-differing at one of its fp32 near-ties); the batch on the WGMMA's N at B = 5/16/64/70
-(bf16) and 5/16/64 (int8 planes); two warpgroups a block on either axis at B = 5/16/64
-(bf16 and int8 planes); a producer warpgroup beside one or two computing warpgroups on
-either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one or two
-warpgroups, B = 5/16/64/70; ``kernel="steps"`` (a launch a step, the head's update in
-XLA) for the rnn head at B = 5/16/64/70 and the gated and vanilla heads; the gated
-head's gate and the rnn head's update split over the blocks; logits and
-log-probabilities from every Mosaic kernel.
+base logits is reported; repeats are identical; 1000 fresh walks (B = 16: bf16 and int8
+planes, with a producer, the gated head, the split gated and rnn heads; greedy, and
+sampled for bf16, int8 planes and the split gate) all equal the reference (at most two
+first differing at one of its fp32 near-ties); the batch on the WGMMA's N at B =
+5/16/64/70 (bf16) and 5/16/64 (int8 planes); two warpgroups a block on either axis at B
+= 5/16/64 (bf16 and int8 planes); a producer warpgroup beside one or two computing
+warpgroups on either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one
+or two warpgroups, B = 5/16/64/70; the gated head's gate and the rnn head's update split
+over the blocks, and ``impl="auto"`` choosing them; logits and log-probabilities from
+every Mosaic kernel.
 """
 
 from __future__ import annotations
@@ -158,9 +158,10 @@ def gated_head():
     ("m", 2, 16), ("m", 2, 64), ("n", 2, 16)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_gated_tokens_equal_reference(gated_head, axis, warpgroups, batch, temperature):
-  """The gated head on the batched kernel: G_e streamed by the leader, the gate's WGMMA,
-  z as a hi + lo bf16 pair."""
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups)
+  """The gated head on the batched kernel, its gate redundant: G_e streamed by the leader,
+  the gate's WGMMA, z as a hi + lo bf16 pair."""
+  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
+                        serial_update="redundant")
   _check(gated_head, batch, temperature, 61, config=config)
 
 
@@ -169,8 +170,8 @@ def rnn_head():
   return wts_jax.make_head(HeadConfig.qwen3_4b("rnn", confidence=True), seed=5)
 
 
-STEPPED = MosaicConfig(kernel="steps")
 SPLIT_GATE = MosaicConfig(kernel="batched", serial_update="split")
+REDUNDANT_GATE = MosaicConfig(kernel="batched", serial_update="redundant")
 
 
 @pytest.mark.parametrize("axis,warpgroups,batch", [
@@ -185,15 +186,6 @@ def test_split_gate_tokens_equal_reference(gated_head, axis, warpgroups, batch,
   _check(gated_head, batch, temperature, 74, config=config)
 
 
-@pytest.mark.parametrize("axis,warpgroups,batch", [
-    ("m", 1, 5), ("m", 1, 16), ("m", 1, 64), ("m", 1, 70), ("n", 1, 16), ("m", 2, 64)])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_stepped_rnn_tokens_equal_reference(rnn_head, axis, warpgroups, batch, temperature):
-  """kernel="steps": the rnn head's update in XLA, the batched kernel a launch a step."""
-  config = MosaicConfig(kernel="steps", batch_axis=axis, warpgroups=warpgroups)
-  _check(rnn_head, batch, temperature, 71, config=config)
-
-
 @pytest.mark.parametrize("axis,batch", [("m", 5), ("m", 16), ("m", 64), ("m", 70),
                                         ("n", 16)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -205,13 +197,20 @@ def test_split_rnn_tokens_equal_reference(rnn_head, axis, batch, temperature):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_stepped_gated_and_vanilla_tokens_equal_reference(head, gated_head, temperature):
-  _check(gated_head, 16, temperature, 72, config=STEPPED)
-  _check(head, 16, temperature, 73, config=STEPPED)
+def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, temperature):
+  """impl="auto" (the tuned table, the planner's axis and split update) at B = 4 and 64."""
+  for head, batch, seed in ((gated_head, 4, 76), (gated_head, 64, 77), (rnn_head, 4, 78),
+                            (rnn_head, 64, 79)):
+    base, first, hidden = random_inputs(head.config, batch, 7, jax.random.key(seed))
+    assert wts_jax.chosen_implementation(head, base, temperature=temperature) == "mosaic"
+    key = jax.random.key(seed + 100) if temperature else None
+    out = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key)
+    ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                       key=key)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
-@pytest.mark.parametrize("kernel,batch", [("rows", 1), ("batched", 16), ("batched", 64),
-                                          ("steps", 16)])
+@pytest.mark.parametrize("kernel,batch", [("rows", 1), ("batched", 16), ("batched", 64)])
 def test_logits_and_logprobs_from_the_tokens(head, kernel, batch):
   """Asked for logits and log-probabilities, a Mosaic kernel's walk returns the
   reference's (computed after it from the drafted tokens)."""
@@ -238,12 +237,12 @@ PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, produ
 @pytest.mark.parametrize("w2,kernel_config,head_type,temperature", [
     ("bf16", BATCHED, "vanilla", 0.0), ("int8p", BATCHED, "vanilla", 0.0),
     ("int8p", PRODUCER_N2, "vanilla", 0.0), ("bf16", PRODUCER_M2, "vanilla", 0.0),
-    ("bf16", BATCHED, "gated", 0.0), ("bf16", STEPPED, "rnn", 0.0),
-    ("bf16", SPLIT_GATE, "gated", 0.0), ("bf16", SPLIT_GATE, "rnn", 0.0),
+    ("bf16", REDUNDANT_GATE, "gated", 0.0), ("bf16", SPLIT_GATE, "gated", 0.0),
+    ("bf16", SPLIT_GATE, "rnn", 0.0),
     ("bf16", BATCHED, "vanilla", 0.8), ("int8p", BATCHED, "vanilla", 0.8),
     ("bf16", SPLIT_GATE, "gated", 0.8)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
-         "rnn-stepped", "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
+         "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)

@@ -196,7 +196,7 @@ def test_gated_tokens_equal_xla(vocab, rank, batch, steps, residency, temperatur
                                 warpgroups):
   head = _gated_head(vocab, rank, confidence=True)
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=12,
-                      batch_axis=axis, warpgroups=warpgroups)
+                      batch_axis=axis, warpgroups=warpgroups, serial_update="redundant")
 
 
 # The gate split over the blocks (one block here owns every unit: its slice of z goes
@@ -239,15 +239,17 @@ def test_split_gate_tokens_equal_xla(vocab, rank, batch, steps, residency, tempe
 
 
 @NEEDS_INTERPRETER
+@pytest.mark.parametrize("update", ["redundant", "split"])
 @pytest.mark.parametrize("axis", ["m", "n"])
-def test_gated_z_lo_half_decides_a_near_tie(axis):
+def test_gated_z_lo_half_decides_a_near_tie(axis, update):
   """The lo half of z is not lost: at step 0 each row's two candidates are ordered one
   way by the exact z and the other way by z rounded to bf16 (a kernel without the lo
   WGMMA picks the other token)."""
   head = _gated_head(1000, 128)
   base, first, hidden = random_inputs(head.config, 8, 2, jax.random.key(21))
   base, expected = tie_broken_by_lo(head, base, first, hidden)
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis)
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis,
+                        serial_update=update)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla")
   np.testing.assert_array_equal(np.asarray(ref.tokens)[:, 0], expected)
@@ -358,12 +360,14 @@ def test_backend_routes_and_refuses():
   rnn = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
                                      head_type="rnn"), seed=0)
   rbase, rfirst, rhidden = random_inputs(rnn.config, 8, 3, jax.random.key(0))
-  with pytest.raises(ValueError, match="runs the vanilla and gated heads"):
-    wts_jax.walk(rnn, rbase, rfirst, rhidden, impl="mosaic",
+  # The rnn head: the batched kernel only ("auto" past one row), its update split.
+  with pytest.raises(ValueError, match="row kernel runs the vanilla and gated heads"):
+    wts_jax.walk(rnn, rbase[:1], rfirst[:1], rhidden[:1], impl="mosaic",
                  config=MosaicConfig(interpret=True))
   with pytest.raises(ValueError, match="rnn head with its update split over the blocks"):
     wts_jax.walk(rnn, rbase, rfirst, rhidden, impl="mosaic",
-                 config=MosaicConfig(interpret=True, kernel="batched"))
+                 config=MosaicConfig(interpret=True, kernel="batched",
+                                     serial_update="redundant"))
   gated = _gated_head(1000, 64)
   with pytest.raises(ValueError, match="gated head needs bf16 W1 and W2"):
     wts_jax.walk(quantize_w2(gated, "int8"), rbase, rfirst, rhidden, impl="mosaic",
@@ -410,8 +414,9 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis
 
 
 @pytest.mark.parametrize("batch,temperature,axis,warpgroups,update", [
-    (64, 0.0, "m", 1, "auto"), (16, 1.0, "m", 2, "auto"), (96, 0.0, "m", 1, "auto"),
-    (16, 0.0, "n", 1, "auto"), (64, 1.0, "n", 2, "auto"), (64, 0.0, "m", 1, "split"),
+    (64, 0.0, "m", 1, "redundant"), (16, 1.0, "m", 2, "redundant"),
+    (96, 0.0, "m", 1, "redundant"), (16, 0.0, "n", 1, "redundant"),
+    (64, 1.0, "n", 2, "redundant"), (64, 0.0, "m", 1, "auto"),
     (16, 1.0, "n", 2, "split"), (64, 1.0, "m", None, "rnn"), (16, 0.0, "n", None, "rnn")])
 def test_gated_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups,
                                                    update):

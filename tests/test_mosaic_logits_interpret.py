@@ -57,7 +57,7 @@ def test_replay_matches_the_reference_walk(head_type, temperature):
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("head_type,batch,kernel", [
     ("vanilla", 1, "rows"), ("gated", 2, "rows"), ("vanilla", 13, "batched"),
-    ("gated", 8, "batched"), ("rnn", 5, "steps")])
+    ("gated", 8, "batched"), ("rnn", 5, "batched")])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_mosaic_kernels_return_logits_and_logprobs(head_type, batch, kernel, temperature):
   head = _head(head_type)

@@ -439,7 +439,7 @@ def test_gated_head_refusals_and_auto():
                             smem_per_block=H200_SMEM, gated=True, gemv="wgmma")
   rnn, _ = _case(1000, 64, 1, 3, head_type="rnn")
   reason = backend.refusal_reason("mosaic", rnn, 1, wts_jax.MosaicConfig())
-  assert ("vanilla and gated heads (not 'rnn'; kernel='batched' with "
-          "serial_update='split'") in reason
-  # "auto" keeps the gated head on the Triton kernel until it is measured on Mosaic.
+  assert ("row kernel runs the vanilla and gated heads (not 'rnn'; the batched kernel "
+          "runs the rnn head") in reason
+  # At one row "auto" keeps the gated head on the Triton kernel (measured faster there).
   assert chosen_backend(head, 1, wts_jax.WalkConfig()) == "triton"

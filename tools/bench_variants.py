@@ -12,11 +12,9 @@ wait; a trailing
 ``f`` streams every step forward (no snake order). ``wts-mb`` is the batched Mosaic
 kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b{N}``
 with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
-optional), ``…-w2`` with two warpgroups a block (else one), ``…-split`` with the gated
-head's gate split over the blocks; ``wts-mbn…`` the same with
-the batch on the WGMMA's N; ``wts-ms`` / ``wts-msn`` (``…-w2``) the batched kernel launched
-once a step with the head's update in XLA between launches (``kernel="steps"``). Any
-R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
+optional), ``…-w2`` with two warpgroups a block (else one), ``…-split`` / ``…-redundant``
+with the gated head's gate split over the blocks or computed by every block (else the
+planner's); ``wts-mbn…`` the same with the batch on the WGMMA's N. Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
 compares are registered in ``wts_jax.bench.paths``.
 """
 
@@ -30,14 +28,14 @@ MOSAIC_VARIANT = re.compile(
 
 
 BATCHED_VARIANT = re.compile(
-    r"wts-mb(n?)(?:-r(\d+)s(\d+))?(?:b(\d+))?(?:-?w(\d))?(-split)?$")
+    r"wts-mb(n?)(?:-r(\d+)s(\d+))?(?:b(\d+))?(?:-?w(\d))?(?:-(split|redundant))?$")
 
 
-def register_batched(name, on_n, resident, stages, base_stages, warpgroups, split):
+def register_batched(name, on_n, resident, stages, base_stages, warpgroups, update):
   options = dict(backend="mosaic", mosaic_kernel="batched",
                  mosaic_batch_axis="n" if on_n else "m",
                  mosaic_warpgroups=int(warpgroups or 1),
-                 serial_update="split" if split else "auto")
+                 serial_update=update or "auto")
   if resident is not None:
     options.update(residency=int(resident) * 64, num_stages=int(stages) or None)
   if base_stages is not None:
@@ -48,20 +46,7 @@ def register_batched(name, on_n, resident, stages, base_stages, warpgroups, spli
                          if resident is not None else "")
                       + (f", {base_stages}-slot base ring" if base_stages else "")
                       + (f", {warpgroups} warpgroups a block" if warpgroups else "")
-                      + (", the gated head's gate split over the blocks" if split else ""))
-
-
-STEPPED_VARIANT = re.compile(r"wts-ms(n?)(?:-?w(\d))?$")
-
-
-def register_stepped(name, on_n, warpgroups):
-  paths.register_path(name, jax_paths.available_wts,
-                      jax_paths.wts_variant(backend="mosaic", mosaic_kernel="steps",
-                                            mosaic_batch_axis="n" if on_n else "m",
-                                            mosaic_warpgroups=int(warpgroups or 1)),
-                      description="the batched Mosaic kernel a launch a step, the head's "
-                      "update in XLA" + (", batch on N" if on_n else "")
-                      + (f", {warpgroups} warpgroups a block" if warpgroups else ""))
+                      + (f", the head's update {update}" if update else ""))
 
 
 def register_variants(names):
@@ -75,10 +60,6 @@ def register_variants(names):
                           jax_paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
   for name in names:
-    stepped = STEPPED_VARIANT.match(name)
-    if stepped and name not in paths.PATHS:
-      register_stepped(name, *stepped.groups())
-      continue
     batched = BATCHED_VARIANT.match(name)
     if batched and name not in paths.PATHS:
       register_batched(name, *batched.groups())

@@ -61,6 +61,14 @@ CASES = {
     "mosaic-blocks64": dict(config=dict(backend="mosaic", num_programs=64)),
     "mosaic-spin": dict(config=dict(backend="mosaic", sync_spin_limit=1000)),
     "mosaic-rank192": dict(rank=192, config=dict(backend="mosaic")),
+    # The batched kernel on either axis, every head (int8 planes for the vanilla one).
+    **{f"mosaic-batched-{head}-b{b}-{axis}-{mode}": dict(
+        head_type=head, batch=b, temperature=t, quantize=q,
+        config=dict(backend="mosaic", mosaic_kernel="batched", mosaic_batch_axis=axis))
+       for head, q in (("vanilla", None), ("vanilla-int8p", "int8p"), ("gated", None),
+                       ("rnn", None))
+       for b in (16, 70) for axis in ("m", "n")
+       for mode, t in (("greedy", 0.0), ("sampled", 0.8))},
     # Triton, asked for by name.
     **{f"triton-vanilla-b{b}-{mode}": dict(batch=b, temperature=t,
                                            config=dict(backend="triton"))
@@ -164,10 +172,12 @@ def as_if_on_a_gpu():
 def _walk_function(case, spelling=None):
   import wts_jax
   from wts_jax.heads import HeadConfig
-  head_config = HeadConfig.qwen3_4b(case.get("head_type", "vanilla"),
+  head_config = HeadConfig.qwen3_4b(case.get("head_type", "vanilla").split("-")[0],
                                     rank=case.get("rank", 256))
   head = jax.eval_shape(lambda: wts_jax.make_head(head_config))
-  if case.get("quantize"):
+  if case.get("quantize") == "int8p":   # z as two int8 planes
+    head = jax.eval_shape(lambda h: wts_jax.quantize_w2(h, "int8", state="planes"), head)
+  elif case.get("quantize"):
     head = jax.eval_shape(lambda h: wts_jax.quantize_w2(h, case["quantize"]), head)
   batch, steps = case.get("batch", 1), case.get("steps", 7)
   temperature = case.get("temperature", 0.0)

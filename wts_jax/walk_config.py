@@ -13,7 +13,7 @@ import numbers
 RESIDENCY_MODES = ("auto", "full", "none")
 BACKENDS = ("auto", "mosaic", "triton")
 MOSAIC_GEMVS = ("auto", "registers", "wgmma")
-MOSAIC_KERNELS = ("auto", "rows", "batched", "steps")
+MOSAIC_KERNELS = ("auto", "rows", "batched")
 SERIAL_UPDATES = ("auto", "split", "redundant")
 DEFAULT_SPIN_LIMIT = 1 << 22
 
@@ -120,9 +120,7 @@ class MosaicConfig:
   register_chunks: an int8 W2 whose z meets it as two int8 planes only: chunks of each
     block's shard held in registers for the whole walk (the WGMMA's A operand).
   kernel: "rows" (W2 rows on the WGMMA's M, the batch on N: up to 4 rows), "batched"
-    (up to 64 rows a launch, ``mosaic_batched_walk``), "steps" (any head with a bf16
-    W2: its update in XLA, the batched kernel launched once a step,
-    ``mosaic_stepped_walk``) or "auto" (rows at one row, and up to 4 where the batched
+    (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (rows at one row, and up to 4 where the batched
     kernel cannot run the walk or a row-kernel option — gemv, group, resident_group,
     register_chunks — is set; else batched).
   base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's

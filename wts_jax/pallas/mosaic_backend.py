@@ -36,8 +36,6 @@ BATCHED_HEAD_TYPES = ("vanilla", "gated", "rnn")
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   serial = head.markov_head
   head_type = head.config.head_type
-  if config.kernel == "steps":
-    return _stepped_refusal(head, shapes, config)
   if head_type not in HEAD_TYPES and not (head_type in BATCHED_HEAD_TYPES
                                          and uses_batched_kernel(head, shapes, config)):
     return (f"the Mosaic row kernel runs the vanilla and gated heads (not {head_type!r}; "
@@ -83,13 +81,6 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
   return None
 
 
-def _stepped_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
-  w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype)
-  if w2 != jnp.dtype(jnp.bfloat16):
-    return f"kernel='steps' needs a bf16 W2 (its z meets W2 as a hi + lo bf16 pair); got {w2}"
-  return _batched_launch_refusal(config)
-
-
 def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
   """``kernel="auto"``: past the row kernel's rows, and past ``AUTO_MAX_BATCH`` rows
   where the batched kernel runs the walk and the config names no row-kernel option."""
@@ -131,19 +122,18 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   return _batched_launch_refusal(config)
 
 
-def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts,
-                  *, z_input: bool = False):
+def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   from wts_jax.walk_config import resident_units
   num_sms, smem = launch_facts(config, device)
   vocab, rank = head.config.vocab_size, head.config.rank
   blocks = config.num_blocks or num_sms
   rows = min(shapes.batch, BATCH_TILE)
-  planes = head.markov_head.z_as_int8_planes and not z_input
+  planes = head.markov_head.z_as_int8_planes
   axis = config.batch_axis or auto_batch_axis(rows, int8_state=planes, greedy=shapes.greedy,
                                               batch_on_n_lowers=BATCH_ON_N_LOWERS)
-  gated = head.config.head_type == "gated" and not z_input
-  recurrent = head.config.head_type == "rnn" and not z_input
+  gated = head.config.head_type == "gated"
+  recurrent = head.config.head_type == "rnn"
   # (The rnn head's resident rows leave room for one warpgroup's rings at r = 256.)
   wgs = config.warpgroups or (1 if recurrent else auto_warpgroups(
       axis, int8_state=planes, greedy=shapes.greedy, gated=gated))
@@ -161,22 +151,13 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
         int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
-        z_input=z_input, gate_split=gated and config.serial_update != "redundant",
+        gate_split=gated and config.serial_update != "redundant",
         recurrent=recurrent)
   except ValueError as err:
     return Refusal(str(err))
-  return BatchedSpec(plan=batched, batch=shapes.batch,
-                     steps=1 if z_input else shapes.steps,
+  return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret)
-
-
-def _stepped_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
-  from wts_jax.pallas.mosaic_stepped_walk import SteppedSpec
-  batched = _batched_plan(head, shapes, config, device, z_input=True)
-  if isinstance(batched, Refusal):
-    return batched
-  return SteppedSpec(batched=batched, batch=shapes.batch, steps=shapes.steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +171,9 @@ class WithLogits:
 
 
 def plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
-  """The kernel build of this walk (a ``MosaicSpec``, ``BatchedSpec`` or ``SteppedSpec``,
-  in a ``WithLogits`` when logits or log-probabilities are asked for), or why Mosaic
-  cannot run it."""
+  """The kernel build of this walk (a ``MosaicSpec`` or ``BatchedSpec``, in a
+  ``WithLogits`` when logits or log-probabilities are asked for), or why Mosaic cannot
+  run it."""
   spec = _kernel_plan(head, shapes, config, device)
   if isinstance(spec, Refusal) or not (shapes.return_logits or shapes.return_logprobs):
     return spec
@@ -204,8 +185,6 @@ def _kernel_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceF
   reason = _refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
-  if config.kernel == "steps":
-    return _stepped_plan(head, shapes, config, device)
   if uses_batched_kernel(head, shapes, config):
     return _batched_plan(head, shapes, config, device)
   try:
@@ -229,10 +208,6 @@ def launch(spec, operands: WalkOperands):
         return_logprobs=spec.logprobs)
     return dataclasses.replace(output, logits=logits, logprobs=logprobs)
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
-  from wts_jax.pallas.mosaic_stepped_walk import SteppedSpec, stepped_walk
-  if isinstance(spec, SteppedSpec):
-    return stepped_walk(spec, operands.head, operands.base_logits, operands.first_tokens,
-                        operands.hidden, mode.score_scale, mode.noise_on, mode.seed)
   if isinstance(spec, BatchedSpec):
     return _launch_batched(spec, operands.head, operands.base_logits,
                            operands.first_tokens, operands.hidden, mode.score_scale,

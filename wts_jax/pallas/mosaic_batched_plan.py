@@ -115,9 +115,6 @@ class BatchedPlan:
   # (two WGMMAs a chunk into one accumulator); G_e's 64-row chunks stream through the
   # leader's W2 ring ahead of each step's W2 chunks.
   gated: bool = False
-  # z of every row given as a hi + lo bf16 pair (``zin``), one step a launch: the head's
-  # update runs between launches (``mosaic_stepped_walk``), the kernel the vocabulary.
-  z_input: bool = False
   # The gated head's gate split over the blocks: each owns ``update_units`` of its units
   # (their G_e rows resident), publishes its slice of z to global memory, and every block
   # reads the whole z back after a second grid barrier (else every block computes all of
@@ -135,15 +132,11 @@ class BatchedPlan:
     if self.deferred_release and self.base_stages < 2:
       raise ValueError("a deferred base release needs a base ring of 2 or more slots: "
                        "a slot is refilled one chunk after its reads")
-    if self.z_input and (self.gated or self.int8_state):
-      raise ValueError("a given z (a hi + lo bf16 pair) meets a bf16 W2 and no head's "
-                       "update in the kernel")
     if self.gate_split and not self.gated:
       raise ValueError("gate_split is the gated head's")
-    if self.recurrent and (self.gated or self.int8_state or self.producer or self.z_input
+    if self.recurrent and (self.gated or self.int8_state or self.producer
                            or self.deferred_release):
-      raise ValueError("the rnn head's batched plan needs a bf16 W2, no producer and no "
-                       "given z")
+      raise ValueError("the rnn head's batched plan needs a bf16 W2 and no producer")
     if self.gated and (self.int8_state or self.producer or self.deferred_release
                        or (self.ring_stages < 1 and not self.gate_split)):
       raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
@@ -163,8 +156,8 @@ class BatchedPlan:
   @property
   def z_pair(self) -> bool:
     """z meets W2 as a hi + lo bf16 pair (two tiles, two WGMMAs a chunk into one
-    accumulator): an fp32 z — the gated and rnn heads' — or a given one."""
-    return self.gated or self.recurrent or self.z_input
+    accumulator): the gated and rnn heads' fp32 z."""
+    return self.gated or self.recurrent
 
   @property
   def gate_chunks(self) -> int:
@@ -198,8 +191,7 @@ class BatchedPlan:
   def staged_rows(self) -> int:
     """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
     batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
-    axis (its gate is a WGMMA with the batch on M), the rnn head likewise, and for a
-    given z (copied whole)."""
+    axis (its gate is a WGMMA with the batch on M), and the rnn head likewise."""
     if self.batch_axis == "m" or self.z_pair:
       return BATCH_TILE
     return staged_rows_on_n(self.batch_rows, self.rank, self.w2_itemsize)
@@ -232,8 +224,6 @@ class BatchedPlan:
                + (f"the gate split over the blocks ({self.update_units} units a block)"
                   if self.gate_split else "G_e streamed by the leader")
                if self.gated else "")
-            + ("; z given as a hi + lo bf16 pair, one step a launch" if self.z_input
-               else "")
             + (f"; rnn head split over the blocks ({self.update_units} units a block), z "
                "as a hi + lo bf16 pair" if self.recurrent else ""))
 
@@ -260,16 +250,16 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
-                z_input: bool = False, gate_rows: int = 0) -> int:
+                gate_rows: int = 0) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
-  batch on N), each warpgroup's base ring
-  [stages, base_rows, 64], an int8 W2's per-row scales [chunks, 64] f32, the tokens [64] and exchange keys
-  [2, 64]; with int8 planes the scales around each row's s_lo [64, 32 + 8] f32
-  ([64, 64 + 8] and a warpgroup's [64] s_lo with the batch on N); with warpgroups the
-  merge slots [warpgroups, 64] f32 + i32; z as a hi + lo pair has two tiles (a given z no
-  staging); a split update's resident weight rows [gate_rows, r] bf16."""
-  z_stage = ((0 if z_input else staged_rows * (rank * 2 + Z_ROW_PAD_BYTES))
+  batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
+  scales [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes
+  the scales around each row's s_lo [64, 32 + 8] f32 ([64, 64 + 8] and a warpgroup's
+  [64] s_lo with the batch on N); with warpgroups the merge slots [warpgroups, 64] f32 +
+  i32; z as a hi + lo pair has two tiles; a split update's resident weight rows
+  [gate_rows, r] bf16."""
+  z_stage = (staged_rows * (rank * 2 + Z_ROW_PAD_BYTES)
              + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
@@ -290,8 +280,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  w2_itemsize: int = 2, int8_state: bool = False,
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
-                 gated: bool = False, z_input: bool = False,
-                 gate_split: bool = False, recurrent: bool = False) -> BatchedPlan:
+                 gated: bool = False, gate_split: bool = False,
+                 recurrent: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
@@ -328,7 +318,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
     raise ValueError(f"base_stages={base_stages} must be in [1, {wg_chunks}] (the chunks "
                      "a warpgroup owns: the prologue fills the ring from the first step)")
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
-  z_pair = gated or recurrent or z_input   # (``BatchedPlan.z_pair``)
+  z_pair = gated or recurrent   # (``BatchedPlan.z_pair``)
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
                       base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
                       int8_state=int8_state, batch_axis=batch_axis,
@@ -336,7 +326,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       warpgroups=warpgroups,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
                                    if batch_axis == "n" and not z_pair else BATCH_TILE),
-                      z_pair=z_pair, z_input=z_input,
+                      z_pair=z_pair,
                       gate_rows=split_update_units(rank, blocks) * (6 if recurrent else 1)
                       if gate_split or recurrent else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
@@ -375,5 +365,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
-                     producer=producer, gated=gated, z_input=z_input,
+                     producer=producer, gated=gated,
                      gate_split=gate_split, recurrent=recurrent)

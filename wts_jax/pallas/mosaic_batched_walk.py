@@ -142,11 +142,9 @@ class BatchedRefs:
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
   merge_value_s: object = None
   merge_index_s: object = None
-  w1_g: object = None            # W1 and the first tokens (not with a given z)
+  w1_g: object = None            # W1 and the first tokens
   first_g: object = None
-  z_s: object = None             # z staging (not with a given z)
-  zin_g: object = None           # a given z: [2, 64, r] bf16 (hi, lo), one step a launch
-  step_g: object = None          # a given z: the walk step of this launch [1] int32
+  z_s: object = None             # z staging
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
   gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
                                  # ([K, 64 rows, r] with a split gate)
@@ -212,12 +210,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
-  z_given = plan.z_input
-  # The walk step of the kernel's step (a launch of a given z runs one, the walk's
-  # ``step_g``): its base logits and its rows' noise streams.
-  step0 = refs.step_g[0] if z_given else 0
-  def walk_step(step):
-    return step + step0
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
@@ -330,7 +322,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def copy_base(step, position, owner=None):
     base_slot = base_slot_of(step, position, owner)
     start = chunk_start(chunk_at(step, position), owner)
-    plgpu.copy_gmem_to_smem(refs.base_g.at[:, walk_step(step), pl.ds(start, CHUNK_ROWS)],
+    plgpu.copy_gmem_to_smem(refs.base_g.at[:, step, pl.ds(start, CHUNK_ROWS)],
                             refs.base_s.at[base_slot, pl.ds(0, rows)],
                             refs.base_bar.at[base_slot])
 
@@ -481,7 +473,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     if plan.producer and wgs > 1:   # the producer gave its registers up
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
     with jax.named_scope("prologue"):
-      if rows < BATCH_TILE and not z_given:   # rows past the batch: zeros, never NaN
+      if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
         def zero_staging():
           refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
           if planes:
@@ -506,9 +498,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                   refs.w2_scale_bar.at[wg])
 
       def first_z():
-        if z_given:   # straight into the swizzled tiles (a tensor-map copy swizzles)
-          plgpu.copy_gmem_to_smem(refs.zin_g, refs.za_s, refs.z_bar)
-          return
         first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, batch_width)],
                                       per_batch_row, optimized=False), 0, vocab - 1)
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
@@ -546,10 +535,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       with jax.named_scope("z_wait"):
         def stage_z():
           plgpu.barrier_wait(refs.z_bar)
-          if z_given:   # (already swizzled by its copy)
-            if wgs > 1:
-              plgpu.barrier_arrive(refs.za_bar)
-            return
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
@@ -573,7 +558,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         if planes:
           plane_scale = lax.broadcast_in_dim(row_plane_scale(), tile, (batch_axis,))
       if not spec.greedy:
-        streams = sampling.stream_key(seeds, row_ids + spec.row_offset, walk_step(step))
+        streams = sampling.stream_key(seeds, row_ids + spec.row_offset, step)
         streams = lax.broadcast_in_dim(streams, tile, (batch_axis,))
         scale = lax.broadcast_in_dim(row_scale, tile, (batch_axis,))
         noise_on = lax.broadcast_in_dim(row_noise, tile, (batch_axis,))
@@ -778,13 +763,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         else:
           refs.tok_g[:, step] = tokens
 
-      if not z_given:   # (a given z: one step a launch)
-        @pl.when(step + 1 < spec.steps)
-        def _():
-          # The z staging's generic reads (this step's WGMMA tile) and the tokens' stores
-          # before the bulk copies.
-          plgpu.commit_smem()
-          gather_z()
+      @pl.when(step + 1 < spec.steps)
+      def _():
+        # The z staging's generic reads (this step's WGMMA tile) and the tokens' stores
+        # before the bulk copies.
+        plgpu.commit_smem()
+        gather_z()
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
     flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
@@ -845,8 +829,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
 def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None,
                  score_scale=None, noise_on=None, w2_scale=None, w1_scale=None,
-                 gate_weight=None, gate_hoisted=None, z_pair=None, step=None,
-                 joint_weight=None, joint_hoisted=None):
+                 gate_weight=None, gate_hoisted=None, joint_weight=None,
+                 joint_hoisted=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
   ``base_logits`` [B, K, V]; padded here to the plan's ``batch_rows`` when B is not a
   multiple of 8 and to whole 64-column tiles when V is not (the base tiles are copied
@@ -859,10 +843,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   (``GatedMarkovHead.hoist``).
   ``plan.recurrent``: ``joint_weight`` is ``joint_proj.weight`` [3r, 2r + d] (bf16,
   inputs [s ; e ; h]) and ``joint_hoisted`` its hidden-side terms [B, K, 3r] f32
-  (``RecurrentHead.hoist``).
-  ``plan.z_input``: one step (``spec.steps == 1``) of the walk at ``step`` (a scalar, may
-  be traced) with z given as ``z_pair`` [2, 64, r] bf16 (hi, lo; rows past B zero);
-  ``base_logits`` holds every step, ``w1`` and ``first_tokens`` are None."""
+  (``RecurrentHead.hoist``)."""
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   rank, vocab = plan.rank, plan.vocab_size
   n_major = plan.batch_axis == "n"
@@ -891,17 +872,11 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                        f"{list(w1.shape)})")
     w1 = w1.reshape(vocab, 2 * rank)                  # a token's two planes side by side
     w1_scale = w1_scale.astype(jnp.float32)
-  elif plan.z_input:
-    if (w2.dtype != jnp.bfloat16 or z_pair is None or z_pair.dtype != jnp.bfloat16
-        or z_pair.shape != (2, BATCH_TILE, rank) or steps != 1 or step is None):
-      raise ValueError(f"a given z needs a bf16 W2 (got {w2.dtype}), z_pair [2, "
-                       f"{BATCH_TILE}, {rank}] bf16, one step a launch and its step")
   elif w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
     raise ValueError(f"the batched walk needs bf16 W1 and W2 (got {w1.dtype}, {w2.dtype})")
   rows = plan.batch_rows
   # Base tiles are [8-row, 64-column] TMA tiles: rows padded to the plan's, and V to a
   # whole tile (the chunks never read past V: their starts are clamped).
-  # (A caller launching every step pads once: then nothing is padded here.)
   vocab_pad = -base_logits.shape[2] % CHUNK_ROWS
   if base_logits.shape[0] != rows or vocab_pad:
     base_logits = jnp.pad(base_logits, ((0, rows - base_logits.shape[0]), (0, 0),
@@ -913,7 +888,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   w_itemsize = jnp.dtype(w2.dtype).itemsize
   a_tile = ((2, plan.staged_rows, rank) if plan.int8_state or plan.z_pair
             else (plan.staged_rows, rank))
-  z_dtype = jnp.bfloat16 if plan.z_input else w1.dtype
+  z_dtype = w1.dtype
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
                         transforms=_w2_transforms(w_itemsize, rank)),
@@ -929,12 +904,11 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A base slot read by every thread of its warpgroup (one arrival each).
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
-      # A row's copies each (a given z: its one copy).
-      "z_bar": plgpu.Barrier(num_arrivals=1 if plan.z_input else
-                             rows * (2 if plan.int8_state else 1), num_barriers=1),
+      # A row's copies each.
+      "z_bar": plgpu.Barrier(num_arrivals=rows * (2 if plan.int8_state else 1),
+                             num_barriers=1),
+      "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // w_itemsize), z_dtype),
   }
-  if not plan.z_input:
-    scratch["z_s"] = plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // w_itemsize), z_dtype)
   if plan.int8_state:
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
@@ -955,11 +929,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                                            else (BATCH_TILE, steps), jnp.int32),
              "flag_g": jax.ShapeDtypeStruct((plan.num_blocks * threads,), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits}
-  if plan.z_input:
-    operands.update(zin_g=z_pair, step_g=jnp.reshape(step, (1,)).astype(jnp.int32))
-  else:
-    operands.update(w1_g=w1, first_g=jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(
-        first_tokens.astype(jnp.int32)))
+  operands.update(w1_g=w1, first_g=jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(
+      first_tokens.astype(jnp.int32)))
   if plan.int8_state:
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
   def hoisted_by_step(hoisted):
