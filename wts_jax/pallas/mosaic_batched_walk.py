@@ -365,20 +365,25 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     every block reads the whole z back and stores it as the hi + lo pair."""
     units = plan.update_units
     owns = recurrent_slice if plan.recurrent else gate_slice
-    _when(block * units < rank, functools.partial(owns, step))
-    # Every thread's stores before the release (a warpgroup barrier) — and, in one block,
-    # before its own threads read them back.
-    plgpu.commit_smem()
+    with jax.named_scope("update_slice"):   # (profile regions: where the update's time goes)
+      _when(block * units < rank, functools.partial(owns, step))
+      # Every thread's stores before the release (a warpgroup barrier) — and, in one
+      # block, before its own threads read them back.
+      plgpu.commit_smem()
     if multi_block:
-      timed_out = grid_sync.signal_and_poll(update_sem, blocks, step, spin_limit=spec.spin_limit)
-      refs.update_flag_s[0] = refs.update_flag_s[0] | timed_out
-    for c in range(rank // CHUNK_ROWS):
-      chunk_columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
-      z = _load(refs.zpub_g.at[step, :, chunk_columns], _WGMMA, optimized=False)
-      z_hi = z.astype(jnp.bfloat16)
-      refs.za_s.at[0][:, chunk_columns] = z_hi
-      refs.za_s.at[1][:, chunk_columns] = (z - z_hi.astype(jnp.float32)).astype(jnp.bfloat16)
-    plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
+      with jax.named_scope("update_sync"):
+        timed_out = grid_sync.signal_and_poll(update_sem, blocks, step,
+                                              spin_limit=spec.spin_limit)
+        refs.update_flag_s[0] = refs.update_flag_s[0] | timed_out
+    with jax.named_scope("update_readback"):
+      for c in range(rank // CHUNK_ROWS):
+        chunk_columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
+        z = _load(refs.zpub_g.at[step, :, chunk_columns], _WGMMA, optimized=False)
+        z_hi = z.astype(jnp.bfloat16)
+        refs.za_s.at[0][:, chunk_columns] = z_hi
+        refs.za_s.at[1][:, chunk_columns] = (z - z_hi.astype(jnp.float32)).astype(
+            jnp.bfloat16)
+      plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
 
   def gate_slice(step):
     """A split gate's slice: z = σ(hoisted + G_e e) ⊙ e of this block's units (a WGMMA
@@ -408,6 +413,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       return jnp.where(first, 0.0, _load(refs.spub_g.at[previous, :, columns], _WGMMA,
                                          optimized=False))
 
+    @jax.named_scope("state_half")
     def store_state_half(lo):
       for c in range(rank // CHUNK_ROWS):
         columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
