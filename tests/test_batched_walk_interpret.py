@@ -435,6 +435,21 @@ def test_gated_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warp
   assert text.count("mosaic_gpu") >= -(-batch // 64)
 
 
+@pytest.mark.parametrize("head_type,rank,batch,temperature", [
+    ("rnn", 64, 4, 0.0), ("rnn", 128, 64, 0.8), ("gated", 64, 64, 0.8),
+    ("gated", 128, 16, 0.0)])
+def test_split_update_lowers_at_the_smaller_ranks(head_type, rank, batch, temperature):
+  """The tuned table sends gated and rnn walks of 2–64 rows to the batched kernel at
+  every rank (measured at r = 256): at r = 64 and 128 the planner's split (fewer blocks
+  own units) lowers too, on the planner's axis."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  config = WalkConfig(num_programs=132, backend="mosaic",
+                      mosaic_batch_axis=None if jax.__version_info__ >= (0, 11) else "m")
+  text = lower_walk(head_type, batch, 7, temperature=temperature, config=config, rank=rank)
+  assert "mosaic_gpu" in text
+
+
 @pytest.mark.parametrize("batch,temperature,axis,quantize", [
     (16, 0.0, "n", None), (64, 1.0, "m", None), (32, 0.0, "n", "int8p")])
 def test_producer_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, quantize):

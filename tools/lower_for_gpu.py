@@ -53,9 +53,10 @@ def cuda_target():
 
 
 def lower_walk(head_type, batch, steps, *, temperature=0.0, logits=False, logprobs=False,
-               quantize=None, config=None, stepwise=False):
+               quantize=None, config=None, stepwise=False, rank=None):
   config = config or WalkConfig(num_programs=132)
-  head_config = HeadConfig.qwen3_4b(head_type)
+  head_config = (HeadConfig.qwen3_4b(head_type) if rank is None
+                 else HeadConfig.qwen3_4b(head_type, rank=rank))
   head = jax.eval_shape(lambda: wts_jax.make_head(head_config))
   if quantize:
     from wts_jax.quantize import quantize_w2
