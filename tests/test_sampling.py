@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 from wts_jax import sampling
 
 
-def _every_uniform() -> np.ndarray:
+def every_uniform() -> np.ndarray:
   """Every value ``uniform_from_stream`` can return: (m + 0.5) 2^-23, m < 2^23."""
   return ((np.arange(1 << 23, dtype=np.float64) + 0.5) * 2.0 ** -23).astype(np.float32)
 
@@ -24,7 +24,7 @@ def _ulps(got, exact) -> np.ndarray:
 
 
 def test_log_within_an_ulp_of_every_uniform_and_its_exponential():
-  u = _every_uniform()
+  u = every_uniform()
   log = jax.jit(sampling.log_positive)
   inner = np.asarray(log(jnp.asarray(u)))
   assert _ulps(inner, np.log(u.astype(np.float64))).max() < 1.0
@@ -41,7 +41,7 @@ def test_log_over_the_normal_range():
 def test_winning_gumbel_values_keep_their_precision():
   """The largest Gumbel values come from u nearest 1: there the noise must still be
   within 1e-6 of -log(-log(u)) in float64 (a lg2-approximate log is off by up to 1e-3)."""
-  u = _every_uniform()[-(1 << 16):]
+  u = every_uniform()[-(1 << 16):]
   g = np.asarray(jax.jit(sampling.gumbel_from_uniform)(jnp.asarray(u)))
   exact = -np.log(-np.log(u.astype(np.float64)))
   assert np.abs(g - exact).max() < 2e-6
@@ -49,7 +49,7 @@ def test_winning_gumbel_values_keep_their_precision():
 
 
 def test_kernel_noise_is_xla_noise_bit_for_bit():
-  u = jnp.asarray(_every_uniform()[::61][:1 << 16])
+  u = jnp.asarray(every_uniform()[::61][:1 << 16])
 
   def kernel(u_ref, out_ref):
     out_ref[...] = sampling.gumbel_from_uniform(u_ref[...])

@@ -18,6 +18,7 @@ import pytest
 from jax import lax
 from jax.experimental import pallas as pl
 
+from test_sampling import every_uniform
 from wts_jax import sampling
 
 pytestmark = [
@@ -27,11 +28,6 @@ pytestmark = [
 ]
 
 BLOCK = 4096
-
-
-def _every_uniform() -> jax.Array:
-  return jnp.asarray(((np.arange(1 << 23, dtype=np.float64) + 0.5)
-                      * 2.0 ** -23).astype(np.float32))
 
 
 def _kernel(u_ref, out_ref):
@@ -65,7 +61,7 @@ def _mosaic_noise(u):
 
 @pytest.mark.parametrize("backend", ["mosaic", "triton"])
 def test_kernel_noise_is_xla_noise(backend):
-  u = _every_uniform()
+  u = jnp.asarray(every_uniform())
   in_kernel = np.asarray((_mosaic_noise if backend == "mosaic" else _triton_noise)(u))
   xla = np.asarray(jax.jit(sampling.gumbel_from_uniform)(u))
   # Compared as floats (a kernel may give +0.0 where XLA gives -0.0, at u = 1/e: the

@@ -14,8 +14,9 @@ kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b
 with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
 optional), ``…-w2`` with two warpgroups a block (else one), ``…-split`` / ``…-redundant``
 with the gated head's gate split over the blocks or computed by every block (else the
-planner's); ``wts-mbn…`` the same with the batch on the WGMMA's N. Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report
-compares are registered in ``wts_jax.bench.paths``.
+planner's); ``wts-mbn…`` the same with the batch on the WGMMA's N. Any R, S, G named in
+``--paths`` is registered. Development sweeps only: the paths every report compares are
+registered in ``wts_jax.bench.paths``.
 """
 
 import re

@@ -62,11 +62,12 @@ CASES = {
     "mosaic-spin": dict(config=dict(backend="mosaic", sync_spin_limit=1000)),
     "mosaic-rank192": dict(rank=192, config=dict(backend="mosaic")),
     # The batched kernel on either axis, every head (int8 planes for the vanilla one).
-    **{f"mosaic-batched-{head}-b{b}-{axis}-{mode}": dict(
+    **{f"mosaic-batched-{label}-b{b}-{axis}-{mode}": dict(
         head_type=head, batch=b, temperature=t, quantize=q,
         config=dict(backend="mosaic", mosaic_kernel="batched", mosaic_batch_axis=axis))
-       for head, q in (("vanilla", None), ("vanilla-int8p", "int8p"), ("gated", None),
-                       ("rnn", None))
+       for label, head, q in (("vanilla", "vanilla", None),
+                              ("vanilla-int8p", "vanilla", "int8p"),
+                              ("gated", "gated", None), ("rnn", "rnn", None))
        for b in (16, 70) for axis in ("m", "n")
        for mode, t in (("greedy", 0.0), ("sampled", 0.8))},
     # Triton, asked for by name.
@@ -172,7 +173,7 @@ def as_if_on_a_gpu():
 def _walk_function(case, spelling=None):
   import wts_jax
   from wts_jax.heads import HeadConfig
-  head_config = HeadConfig.qwen3_4b(case.get("head_type", "vanilla").split("-")[0],
+  head_config = HeadConfig.qwen3_4b(case.get("head_type", "vanilla"),
                                     rank=case.get("rank", 256))
   head = jax.eval_shape(lambda: wts_jax.make_head(head_config))
   if case.get("quantize") == "int8p":   # z as two int8 planes

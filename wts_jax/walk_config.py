@@ -51,6 +51,9 @@ def _check_common(config) -> None:
   check_residency(config.residency)
   if config.sync_spin_limit < 1:
     raise ValueError(f"sync_spin_limit={config.sync_spin_limit} must be >= 1")
+  if config.serial_update not in SERIAL_UPDATES:
+    raise ValueError(f"serial_update={config.serial_update!r} must be 'auto', 'split' "
+                     "or 'redundant'")
 
 
 def _check_at_least_one(**values) -> None:
@@ -93,9 +96,6 @@ class TritonConfig:
       raise ValueError(f"tile_rows={self.tile_rows} must be a power of two >= 16")
     if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16, 32):
       raise ValueError(f"num_warps={self.num_warps} must be a power of two <= 32")
-    if self.serial_update not in SERIAL_UPDATES:
-      raise ValueError(f"serial_update={self.serial_update!r} must be 'auto', 'split' "
-                       "or 'redundant'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +120,9 @@ class MosaicConfig:
   register_chunks: an int8 W2 whose z meets it as two int8 planes only: chunks of each
     block's shard held in registers for the whole walk (the WGMMA's A operand).
   kernel: "rows" (W2 rows on the WGMMA's M, the batch on N: up to 4 rows), "batched"
-    (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (rows at one row, and up to 4 where the batched
-    kernel cannot run the walk or a row-kernel option — gemv, group, resident_group,
-    register_chunks — is set; else batched).
+    (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (rows at one row, and up
+    to 4 where the batched kernel cannot run the walk or a row-kernel option — gemv,
+    group, resident_group, register_chunks — is set; else batched).
   base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's
     chunks; None: the planner's).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
@@ -159,9 +159,6 @@ class MosaicConfig:
 
   def __post_init__(self):
     _check_common(self)
-    if self.serial_update not in SERIAL_UPDATES:
-      raise ValueError(f"serial_update={self.serial_update!r} must be 'auto', 'split' "
-                       "or 'redundant'")
     if self.warpgroups not in (None, 1, 2):
       raise ValueError(f"warpgroups={self.warpgroups} must be 1 or 2")
     if self.kernel not in MOSAIC_KERNELS:

@@ -82,6 +82,7 @@ from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_b
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
                                         _not, _rem, _select, _w2_transforms, _when)
+from wts_jax.pallas.tile_math import make_operand
 
 _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
@@ -378,11 +379,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     with jax.named_scope("update_readback"):
       for c in range(rank // CHUNK_ROWS):
         chunk_columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
-        z = _load(refs.zpub_g.at[step, :, chunk_columns], _WGMMA, optimized=False)
-        z_hi = z.astype(jnp.bfloat16)
-        refs.za_s.at[0][:, chunk_columns] = z_hi
-        refs.za_s.at[1][:, chunk_columns] = (z - z_hi.astype(jnp.float32)).astype(
-            jnp.bfloat16)
+        z = make_operand(_load(refs.zpub_g.at[step, :, chunk_columns], _WGMMA,
+                               optimized=False), exact_in_bf16=False)
+        refs.za_s.at[0][:, chunk_columns] = z.hi
+        refs.za_s.at[1][:, chunk_columns] = z.lo
       plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
 
   def gate_slice(step):
@@ -417,10 +417,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def store_state_half(lo):
       for c in range(rank // CHUNK_ROWS):
         columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
-        s = last_state(columns)
-        s_hi = s.astype(jnp.bfloat16)
-        state_tile[:, columns] = ((s - s_hi.astype(jnp.float32)).astype(jnp.bfloat16)
-                                  if lo else s_hi)
+        s = make_operand(last_state(columns), exact_in_bf16=False)
+        state_tile[:, columns] = s.lo if lo else s.hi
       plgpu.commit_smem()   # before the WGMMAs' async-proxy reads
 
     store_state_half(lo=False)
@@ -465,10 +463,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       _when(index + stages < stream_total(0), functools.partial(copy_stream, index + stages, 0))
       columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
       e = _load(refs.z_s.at[:, columns], _WGMMA).astype(jnp.float32)
-      z = jax.nn.sigmoid(hoisted + pre) * e
-      z_hi = z.astype(jnp.bfloat16)
-      hi_tile[:, columns] = z_hi
-      lo_parts.append((z - z_hi.astype(jnp.float32)).astype(jnp.bfloat16))
+      z = make_operand(jax.nn.sigmoid(hoisted + pre) * e, exact_in_bf16=False)
+      hi_tile[:, columns] = z.hi
+      lo_parts.append(z.lo)
     for c, z_lo in enumerate(lo_parts):
       e_tile[:, pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)] = z_lo
     plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
