@@ -6,11 +6,13 @@ import numpy as np
 import wts_jax
 
 
-def assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature):
+def assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature,
+                              kernel="auto"):
   """The Mosaic walk (interpret mode, one block) against the XLA walk of the same head:
   exact tokens (greedy), bit-identical with the same key (sampled), confidence close."""
   key = jax.random.key(3) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency)
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
+                              mosaic_kernel=kernel)
   out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,

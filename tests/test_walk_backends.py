@@ -40,7 +40,11 @@ def test_rank_192_runs_on_mosaic_where_triton_refuses():
 def test_a_named_backend_that_cannot_run_lists_its_reason():
   with pytest.raises(ValueError, match=r"impl='mosaic' cannot run this walk: mosaic: the "
                                        r"Mosaic row kernel runs the vanilla and gated heads"):
-    _choose(_head("rnn"), impl="mosaic")
+    _choose(_head("rnn"), impl="mosaic", config=wts_jax.MosaicConfig(kernel="rows"))
+  # kernel="auto" runs the gated and rnn heads on the batched kernel from one row.
+  for head_type in ("gated", "rnn"):
+    choice = _choose(_head(head_type), impl="mosaic")
+    assert type(choice.plan).__name__ == "BatchedSpec" and choice.plan.plan.split
   int8_rnn = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("rnn"))
   with pytest.raises(ValueError, match=r"impl='pallas' cannot run this walk: mosaic: the "
                                        r"batched Mosaic kernel's rnn head needs bf16 W1 and "
@@ -106,9 +110,13 @@ def test_auto_choices_at_the_qwen3_shape():
   assert _choose(head, batch=16, greedy=False).impl == "mosaic"
   assert _choose(head, batch=128).impl == "triton"
   assert _choose(head, return_logits=True).impl == "triton"
-  assert _choose(_head("gated")).impl == "triton"
-  assert _choose(_head("gated"), batch=4).impl == "mosaic"   # the gate split over blocks
-  assert _choose(_head("rnn")).impl == "triton"
+  assert _choose(_head("gated")).impl == "mosaic"   # the gate split over the blocks
+  assert _choose(_head("gated"), greedy=False).impl == "mosaic"
+  assert _choose(_head("gated"), batch=4).impl == "mosaic"
+  assert _choose(_head("rnn")).impl == "mosaic"
+  assert _choose(_head("rnn"), greedy=False).impl == "triton"
+  assert _choose(jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("gated"))
+                 ).impl == "triton"
   assert _choose(_head("rnn"), batch=16, greedy=False).impl == "mosaic"
   assert _choose(head, config=wts_jax.WalkConfig(interpret=True)).impl == "triton"
 

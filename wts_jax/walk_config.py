@@ -120,9 +120,10 @@ class MosaicConfig:
   register_chunks: an int8 W2 whose z meets it as two int8 planes only: chunks of each
     block's shard held in registers for the whole walk (the WGMMA's A operand).
   kernel: "rows" (W2 rows on the WGMMA's M, the batch on N: up to 4 rows), "batched"
-    (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (rows at one row, and up
-    to 4 where the batched kernel cannot run the walk or a row-kernel option — gemv,
-    group, resident_group, register_chunks — is set; else batched).
+    (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (batched, except rows
+    at one row for the vanilla head, and up to 4 rows where the batched kernel cannot
+    run the walk or a row-kernel option — gemv, group, resident_group, register_chunks
+    — is set).
   base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's
     chunks; None: the planner's).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk

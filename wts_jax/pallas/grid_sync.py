@@ -91,6 +91,21 @@ Invariants:
 - a block reads step ``k``'s slots only after observing every block's signal of step
   ``k``, each signal following that block's ``red``s (a CTA barrier, then the release);
 - the buffer is the kernel's first global allocation, so its slots are 8-byte aligned.
+
+== The batched Mosaic kernel's split update (``signal_and_poll`` on its own semaphore) ==
+
+A block owning units stores their z (the rnn head: and its state) as a hi + lo bf16 pair
+into this step's rows of a global buffer (ordinary stores), then a CTA barrier, then the
+signal; every block polls, then ``global_writes_to_bulk_copies`` (a proxy fence: the
+acquired generic-proxy writes ordered before the async proxy's reads) and bulk-copies
+(TMA) the pair into its swizzled WGMMA tiles.
+
+Invariants:
+- one buffer row per step, never reused within a walk: no block writes a row another may
+  still be copying;
+- a block copies step ``k``'s rows only after observing every block's signal of step
+  ``k``, each following that block's stores; the rnn owners copy step ``k - 1``'s state
+  rows, whose signals they observed at the previous step's barrier.
 """
 
 from __future__ import annotations
@@ -209,3 +224,18 @@ def collect_keys(slots_g, keys_s, rows: int):
                   "@p st.shared.b32 [sa], hi; @p st.shared.b32 [sa+{low_offset}], lo;\n",
                   keys, slots, rows)
   collect(keys_s, slots_g)
+
+
+def global_writes_to_bulk_copies():
+  """``fence.proxy.async.global``: the global writes this thread has observed (its own,
+  and other blocks' acquired at the barrier) ordered before its later bulk copies (TMA,
+  the async proxy) read the same addresses — the split update's published pairs."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import llvm
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.inline_mgpu()
+  def fence(_):
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "fence.proxy.async.global;", "",
+                    has_side_effects=True)
+  fence()

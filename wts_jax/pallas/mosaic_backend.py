@@ -39,8 +39,7 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   if head_type not in HEAD_TYPES and not (head_type in BATCHED_HEAD_TYPES
                                          and uses_batched_kernel(head, shapes, config)):
     return (f"the Mosaic row kernel runs the vanilla and gated heads (not {head_type!r}; "
-            "the batched kernel runs the rnn head: kernel='batched', or 'auto' past one "
-            "row)")
+            "the batched kernel runs the rnn head: kernel='batched' or 'auto')")
   if head_type == "gated":
     gate_dtype = jnp.dtype(serial.gate_proj.weight.dtype)
     if gate_dtype != jnp.dtype(jnp.bfloat16):
@@ -82,15 +81,17 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
 
 
 def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
-  """``kernel="auto"``: past the row kernel's rows, and past ``AUTO_MAX_BATCH`` rows
-  where the batched kernel runs the walk and the config names no row-kernel option."""
+  """``kernel="auto"``: past the row kernel's rows, and where the batched kernel runs
+  the walk and the config names no row-kernel option: past ``AUTO_MAX_BATCH`` rows, and
+  at any batch for the gated and rnn heads (their update split over the blocks)."""
   if config.kernel != "auto":
     return config.kernel == "batched"
   if shapes.batch > MAX_BATCH:
     return True
   row_options = (config.gemv != "auto" or config.register_chunks or config.group
                  or config.resident_group)
-  return (shapes.batch > AUTO_MAX_BATCH and not row_options
+  split_head = head.config.head_type in ("gated", "rnn")
+  return ((shapes.batch > AUTO_MAX_BATCH or split_head) and not row_options
           and _batched_refusal(head, shapes, config) is None)
 
 

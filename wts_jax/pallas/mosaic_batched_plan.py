@@ -250,7 +250,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
-                gate_rows: int = 0) -> int:
+                gate_rows: int = 0, state_units: int = 0) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
@@ -258,7 +258,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   the scales around each row's s_lo [64, 32 + 8] f32 ([64, 64 + 8] and a warpgroup's
   [64] s_lo with the batch on N); with warpgroups the merge slots [warpgroups, 64] f32 +
   i32; z as a hi + lo pair has two tiles; a split update's resident weight rows
-  [gate_rows, r] bf16."""
+  [gate_rows, r] bf16 and its timeout flag and barriers (one more aligned allocation),
+  and the rnn head's own units' state [64, state_units] f32."""
   z_stage = (staged_rows * (rank * 2 + Z_ROW_PAD_BYTES)
              + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
@@ -270,7 +271,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   merge = 2 * _aligned(warpgroups * BATCH_TILE * 4) if warpgroups > 1 else 0
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
           + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge
-          + _aligned(gate_rows * rank * 2))
+          + (_aligned(gate_rows * rank * 2) + SMEM_ALIGNMENT if gate_rows else 0)
+          + _aligned(BATCH_TILE * state_units * 4))
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
@@ -328,7 +330,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                                    if batch_axis == "n" and not z_pair else BATCH_TILE),
                       z_pair=z_pair,
                       gate_rows=split_update_units(rank, blocks) * (6 if recurrent else 1)
-                      if gate_split or recurrent else 0)
+                      if gate_split or recurrent else 0,
+                      state_units=split_update_units(rank, blocks) if recurrent else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "

@@ -153,8 +153,12 @@ class BatchedRefs:
                                  # J_e for the rnn head's gate, candidate, output)
   update_w_bar: object = None
   update_flag_s: object = None   # split update: its barrier's timeout, for the leader's flags
-  zpub_g: object = None          # split update: z of every row and step [K, 64, r] f32
+  zpub_g: object = None          # split update: z of every row and step as a hi + lo
+                                 # bf16 pair [K, 2, 64, r]
   spub_g: object = None          # the rnn head: its state, likewise
+  pub_bar: object = None         # split update: the published z pair copied in
+  state_bar: object = None       # the rnn head: a published state half copied in
+  state_s: object = None         # the rnn head: its own units' state, fp32 [64, units]
   joint_w_g: object = None       # the rnn head: joint_proj.weight [3r, 2r + d]
 
 
@@ -208,6 +212,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   vocab_axis, batch_axis = (0, 1) if n_major else (1, 0)
   per_batch_row = _PER_COLUMN if n_major else _PER_ROW
   batch_width = tile[batch_axis]   # the batch rows a step's vectors carry
+  published_rows = rows if n_major else BATCH_TILE   # a split update's rows copied back
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
@@ -377,13 +382,32 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                               spin_limit=spec.spin_limit)
         refs.update_flag_s[0] = refs.update_flag_s[0] | timed_out
     with jax.named_scope("update_readback"):
-      for c in range(rank // CHUNK_ROWS):
-        chunk_columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
-        z = make_operand(_load(refs.zpub_g.at[step, :, chunk_columns], _WGMMA,
-                               optimized=False), exact_in_bf16=False)
-        refs.za_s.at[0][:, chunk_columns] = z.hi
-        refs.za_s.at[1][:, chunk_columns] = z.lo
-      plgpu.commit_smem()   # the pair stored before the W2 WGMMAs' async-proxy reads
+      copy_published(refs.zpub_g, step, ((0, refs.za_s.at[0]), (1, refs.za_s.at[1])),
+                     refs.pub_bar)
+      plgpu.barrier_wait(refs.pub_bar)
+
+  def zero_tile(tile_ref):
+    """A [64, r] bf16 WGMMA tile of z's (``za_s``) zeroed (generic stores)."""
+    for c in range(rank // CHUNK_ROWS):
+      tile_ref[:, pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)] = plgpu.layout_cast(
+          jnp.zeros((BATCH_TILE, CHUNK_ROWS), jnp.bfloat16), _WGMMA)
+
+  def copy_published(pub_g, step, halves, barrier):
+    """A published pair's halves (``pub_g[step, half]``, bf16) into their WGMMA tiles by
+    bulk copies, which swizzle on the way: the rows the W2 WGMMAs read (the batch rows on
+    N, 64 on M)."""
+    if not spec.interpret:
+      grid_sync.global_writes_to_bulk_copies()
+    for half, tile_ref in halves:
+      plgpu.copy_gmem_to_smem(pub_g.at[step, half, pl.ds(0, published_rows)],
+                              tile_ref.at[pl.ds(0, published_rows)], barrier)
+
+  def publish(pub_g, step, columns, value):
+    """This block's units of an fp32 [64 rows, units] value as the hi + lo bf16 pair the
+    readers' WGMMAs take (``pub_g[step]``)."""
+    pair = make_operand(value, exact_in_bf16=False)
+    pub_g.at[step, 0, :, columns][...] = pair.hi
+    pub_g.at[step, 1, :, columns][...] = pair.lo
 
   def gate_slice(step):
     """A split gate's slice: z = σ(hoisted + G_e e) ⊙ e of this block's units (a WGMMA
@@ -396,51 +420,55 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     pre = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, units), jnp.float32))
     hoisted = _load(refs.gate_hoisted_g.at[step, :, columns], _WGMMA, optimized=False)
     e = _load(refs.z_s.at[:, columns], _WGMMA, optimized=False).astype(jnp.float32)
-    refs.zpub_g.at[step, :, columns][...] = jax.nn.sigmoid(hoisted + pre) * e
+    publish(refs.zpub_g, step, columns, jax.nn.sigmoid(hoisted + pre) * e)
 
   def recurrent_slice(step):
     """The rnn head's slice (``RecurrentHead.advance``) for this block's units, every
     row: [a ; c ; o] = hoisted + J_s s + J_e e as WGMMAs against its resident rows of J_s
-    and J_e (e in ``za_s[0]``; the last state, fp32 in ``spub_g``, as hi then lo halves
-    through ``za_s[1]``), u = σ(a), s' = u ⊙ s + (1 − u) ⊙ tanh(c) and z = tanh(o) to
-    ``spub_g[step]`` and ``zpub_g[step]``. s is zero before the first step."""
+    and J_e (e in ``za_s[0]``; the last state's published hi then lo halves through
+    ``za_s[1]``), u = σ(a), s' = u ⊙ s + (1 − u) ⊙ tanh(c) (its own units' s kept in
+    fp32 in ``state_s``) and z = tanh(o), both published (``spub_g``, ``zpub_g``). s is
+    zero before the first step."""
     units = plan.update_units
     own = pl.ds(block * units, units)
     e_tile, state_tile = refs.za_s.at[0], refs.za_s.at[1]
-    first, previous = step == 0, jnp.maximum(step - 1, 0)
-
-    def last_state(columns):
-      return jnp.where(first, 0.0, _load(refs.spub_g.at[previous, :, columns], _WGMMA,
-                                         optimized=False))
+    first = step == 0
+    # (Loaded before the state's copies are waited for, so their latencies overlap.)
+    hoisted = [_load(refs.gate_hoisted_g.at[step, :, pl.ds(part * rank + block * units,
+                                                            units)],
+                     _WGMMA, optimized=False) for part in range(3)]
 
     @jax.named_scope("state_half")
-    def store_state_half(lo):
-      for c in range(rank // CHUNK_ROWS):
-        columns = pl.ds(c * CHUNK_ROWS, CHUNK_ROWS)
-        s = make_operand(last_state(columns), exact_in_bf16=False)
-        state_tile[:, columns] = s.lo if lo else s.hi
-      plgpu.commit_smem()   # before the WGMMAs' async-proxy reads
+    def stage_state_half(half):
+      def zeros():
+        zero_tile(state_tile)
+        plgpu.commit_smem()   # before the WGMMAs' async-proxy reads
+      def published():
+        copy_published(refs.spub_g, jnp.maximum(step - 1, 0), ((half, state_tile),),
+                       refs.state_bar)
+        plgpu.barrier_wait(refs.state_bar)
+      _when(first, zeros)
+      _when(jnp.logical_not(first), published)
 
-    store_state_half(lo=False)
+    stage_state_half(0)
     def products(*accs):   # (gate, candidate, output)
       for part, acc in enumerate(accs):
         plgpu.wgmma(acc, e_tile, refs.update_w_s.at[3 + part].T)        # J_e e
         plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)        # J_s s_hi
       plgpu.wgmma_wait(0)   # the hi half read before the lo half overwrites it
-      store_state_half(lo=True)
+      stage_state_half(1)
       for part, acc in enumerate(accs):
         plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)        # J_s s_lo
       return tuple(acc[...] for acc in accs)
     gate_pre, candidate, output = (
-        pre + _load(refs.gate_hoisted_g.at[step, :, pl.ds(part * rank + block * units,
-                                                           units)],
-                    _WGMMA, optimized=False)
-        for part, pre in enumerate(pl.run_scoped(
-            products, *[plgpu.ACC((BATCH_TILE, units), jnp.float32)] * 3)))
+        pre + part_hoisted for pre, part_hoisted in zip(pl.run_scoped(
+            products, *[plgpu.ACC((BATCH_TILE, units), jnp.float32)] * 3), hoisted))
     update = jax.nn.sigmoid(gate_pre)
-    refs.spub_g.at[step, :, own][...] = (update * last_state(own)
-                                         + (1.0 - update) * jnp.tanh(candidate))
-    refs.zpub_g.at[step, :, own][...] = jnp.tanh(output)
+    last = jnp.where(first, 0.0, _load(refs.state_s, _WGMMA, optimized=False))
+    state = update * last + (1.0 - update) * jnp.tanh(candidate)
+    refs.state_s[...] = state   # (each thread reads back only what it stored)
+    publish(refs.spub_g, step, own, state)
+    publish(refs.zpub_g, step, own, jnp.tanh(output))
 
   def gate(step):
     """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
@@ -481,6 +509,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
           if planes:
             refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
+          if plan.split:   # the rows past the batch that no copy back writes
+            zero_tile(refs.za_s.at[0])
+            zero_tile(refs.za_s.at[1])
         leader_only(zero_staging)
         if not n_major:   # (batch on N: a base tile is the batch rows only, all copied)
           zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
@@ -950,9 +981,12 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   if plan.recurrent:
     operands.update(joint_w_g=joint_weight, gate_hoisted_g=hoisted_by_step(joint_hoisted))
   if plan.split:   # the split update's global buffers (outputs, discarded) and weights
-    outputs["zpub_g"] = jax.ShapeDtypeStruct((steps, BATCH_TILE, rank), jnp.float32)
+    outputs["zpub_g"] = jax.ShapeDtypeStruct((steps, 2, BATCH_TILE, rank), jnp.bfloat16)
+    scratch["pub_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=1)
     if plan.recurrent:
-      outputs["spub_g"] = jax.ShapeDtypeStruct((steps, BATCH_TILE, rank), jnp.float32)
+      outputs["spub_g"] = jax.ShapeDtypeStruct((steps, 2, BATCH_TILE, rank), jnp.bfloat16)
+      scratch["state_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
+      scratch["state_s"] = plgpu.SMEM((BATCH_TILE, plan.update_units), jnp.float32)
     copies = 6 if plan.recurrent else 1
     scratch["update_w_s"] = plgpu.SMEM(
         ((6,) if plan.recurrent else ()) + (plan.update_units, rank), jnp.bfloat16,
