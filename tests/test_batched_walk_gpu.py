@@ -198,11 +198,14 @@ def test_split_rnn_tokens_equal_reference(rnn_head, axis, batch, temperature):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, temperature):
-  """impl="auto" (the tuned table, the planner's axis and split update) at B = 4 and 64."""
-  for head, batch, seed in ((gated_head, 4, 76), (gated_head, 64, 77), (rnn_head, 4, 78),
-                            (rnn_head, 64, 79)):
+  """impl="auto" (the tuned table, the planner's axis and split update) at B = 1, 4 and
+  64 (the rnn head's sampled walk at one row: the Triton kernel)."""
+  for head, batch, seed in ((gated_head, 1, 74), (gated_head, 4, 76), (gated_head, 64, 77),
+                            (rnn_head, 1, 75), (rnn_head, 4, 78), (rnn_head, 64, 79)):
     base, first, hidden = random_inputs(head.config, batch, 7, jax.random.key(seed))
-    assert wts_jax.chosen_implementation(head, base, temperature=temperature) == "mosaic"
+    triton = head is rnn_head and batch == 1 and temperature
+    assert wts_jax.chosen_implementation(head, base, temperature=temperature) == (
+        "triton" if triton else "mosaic")
     key = jax.random.key(seed + 100) if temperature else None
     out = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key)
     ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,

@@ -360,10 +360,10 @@ def test_backend_routes_and_refuses():
   rnn = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
                                      head_type="rnn"), seed=0)
   rbase, rfirst, rhidden = random_inputs(rnn.config, 8, 3, jax.random.key(0))
-  # The rnn head: the batched kernel only ("auto" past one row), its update split.
+  # The rnn head: the batched kernel only ("auto" from one row), its update split.
   with pytest.raises(ValueError, match="row kernel runs the vanilla and gated heads"):
     wts_jax.walk(rnn, rbase[:1], rfirst[:1], rhidden[:1], impl="mosaic",
-                 config=MosaicConfig(interpret=True))
+                 config=MosaicConfig(interpret=True, kernel="rows"))
   with pytest.raises(ValueError, match="rnn head with its update split over the blocks"):
     wts_jax.walk(rnn, rbase, rfirst, rhidden, impl="mosaic",
                  config=MosaicConfig(interpret=True, kernel="batched",
