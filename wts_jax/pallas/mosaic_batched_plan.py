@@ -321,6 +321,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      "a warpgroup owns: the prologue fills the ring from the first step)")
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   z_pair = gated or recurrent   # (``BatchedPlan.z_pair``)
+  update_units = split_update_units(rank, blocks) if gate_split or recurrent else 0
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
                       base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
                       int8_state=int8_state, batch_axis=batch_axis,
@@ -329,9 +330,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
                                    if batch_axis == "n" and not z_pair else BATCH_TILE),
                       z_pair=z_pair,
-                      gate_rows=split_update_units(rank, blocks) * (6 if recurrent else 1)
-                      if gate_split or recurrent else 0,
-                      state_units=split_update_units(rank, blocks) if recurrent else 0)
+                      gate_rows=update_units * (6 if recurrent else 1),
+                      state_units=update_units if recurrent else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "

@@ -47,10 +47,11 @@ each element).
 
 A split update (``plan.split``): block p owns the units [8p, 8p + 8) (at r = 256 on 132
 blocks), keeps its rows of the head's weights resident (G_e; for the rnn head J_s and J_e
-of the gate, candidate and output), computes its units for every row with WGMMAs of N = 8
-(the rnn head's state s in global memory, fp32, read back as hi then lo halves), stores
-z (and s) to a global buffer, and meets the others at a second grid barrier; every block
-then reads the whole z back as the hi + lo pair.
+of the gate, candidate and output), computes its units for every row with WGMMAs of N = 8,
+publishes z (and the rnn head's state s) as a hi + lo bf16 pair in a global buffer, and
+meets the others at a second grid barrier; every block then copies the whole pair into
+its WGMMA tiles by TMA (the rnn owners copy s's halves in likewise, one at a time, and
+keep their own units' s in fp32).
 
 Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
 with a bf16 W1 and W2 (z exact in bf16) or an int8 W2 that z meets as two int8 planes,
@@ -367,8 +368,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def split_update(step):
     """The head's update split over the blocks (``plan.split``): a block owning units
     [block · U, block · U + U) computes their z for every row (``gate_slice`` or
-    ``recurrent_slice``) and stores it to ``zpub_g[step]``; after a second grid barrier
-    every block reads the whole z back and stores it as the hi + lo pair."""
+    ``recurrent_slice``) and publishes it to ``zpub_g[step]`` as the hi + lo pair; after
+    a second grid barrier every block copies the whole pair into ``za_s``."""
     units = plan.update_units
     owns = recurrent_slice if plan.recurrent else gate_slice
     with jax.named_scope("update_slice"):   # (profile regions: where the update's time goes)
