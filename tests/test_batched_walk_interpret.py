@@ -134,6 +134,30 @@ def test_deferred_release_tokens_equal_xla():
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type", ["int8p", "rnn"])
+def test_pair_in_two_wgmmas_tokens_equal_xla(head_type):
+  """The two-WGMMA form of z's halves with the batch on N (a measurement option of the
+  plan; the default puts them side by side in one WGMMA): int8 planes with 8 rows staged
+  16, and the rnn head's split update."""
+  if head_type == "int8p":
+    head = quantize_w2(_head(1000, 128), "int8", state="planes")
+  else:
+    head = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
+                                        head_type="rnn"), seed=3)
+  base, first, hidden = random_inputs(head.config, 8, 3, jax.random.key(21))
+  mode = validation.make_sampling(0.0, None, 8)
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
+                        warpgroups=1, serial_update="split" if head_type == "rnn" else "auto")
+  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, True), config, H200_FACTS)
+  assert spec.plan.pair_on_n
+  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
+                                                            pair_in_one_wgmma=False))
+  out = mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, hidden, mode))
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla")
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
 # A producer warpgroup issuing the refills: beside two computing warpgroups on N
 # (sampled, B not a multiple of 8) and on M (a resident chunk each beside the ring); beside
 # one on M past 64 rows (two launches); 64 rows on N; int8 planes on N.
@@ -328,6 +352,24 @@ def test_planner_choices():
   assert plan(batch=16, base_stages=4, **args).base_stages == 4   # 4 does not divide 18
   with pytest.raises(ValueError, match="deferred_release does not apply"):
     dataclasses.replace(with_producer, deferred_release=True)
+
+
+def test_pair_on_n_where_both_halves_fit_one_tile():
+  """z's two halves share one WGMMA with the batch on N: the int8 planes at any batch,
+  a split update's hi + lo pair while both halves' rows fit 64; never on M."""
+  plan = mosaic_batched_plan.plan_batched
+  args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
+  int8 = dict(w2_itemsize=1, int8_state=True)
+  planes_b8 = plan(batch=8, batch_axis="n", **int8, **args)
+  assert planes_b8.pair_on_n and (planes_b8.staged_rows, planes_b8.lo_offset) == (16, 16)
+  assert plan(batch=64, batch_axis="n", **int8, **args).pair_on_n
+  assert not plan(batch=16, batch_axis="m", **int8, **args).pair_on_n
+  split_b32 = plan(batch=32, batch_axis="n", gated=True, gate_split=True, **args)
+  assert split_b32.pair_on_n and split_b32.lo_offset == 32
+  assert not plan(batch=40, batch_axis="n", recurrent=True, **args).pair_on_n
+  assert not plan(batch=16, batch_axis="n", gated=True, **args).pair_on_n   # redundant gate
+  assert not plan(batch=16, batch_axis="n", **args).pair_on_n   # a bf16 z: one half
+  assert not dataclasses.replace(planes_b8, pair_in_one_wgmma=False).pair_on_n
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -11,7 +11,8 @@ sample, options joined by ``+``: ``x`` (the head's update split over the blocks:
 (resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
 block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
 mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier), ``P`` / ``C``
-(a producer warpgroup issues every refill, or the computing warpgroups do).
+(a producer warpgroup issues every refill, or the computing warpgroups do), ``q`` (z's two
+halves in two WGMMAs a chunk where the batch is on N, not side by side in one).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -65,6 +66,7 @@ class Variant:
   deferred_release: bool | None = None   # None: the planner's
   producer: bool | None = None
   split: bool = False
+  pair_in_one_wgmma: bool = True
 
 
 def parse_variant(text: str) -> Variant:
@@ -79,6 +81,8 @@ def parse_variant(text: str) -> Variant:
       options["deferred_release"] = option == "d"
     elif option == "x":
       options["split"] = True
+    elif option == "q":
+      options["pair_in_one_wgmma"] = False
     elif option == "P":
       options["producer"] = True
     elif option == "C":
@@ -136,6 +140,9 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   spec = mosaic_backend.plan(head, shapes, config, device)
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
+  if not variant.pair_in_one_wgmma:
+    spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
+                                                              pair_in_one_wgmma=False))
   if variant.deferred_release is not None:
     spec = dataclasses.replace(spec, plan=dataclasses.replace(
         spec.plan, deferred_release=variant.deferred_release))

@@ -124,6 +124,9 @@ class BatchedPlan:
   # (their rows of J_s and J_e resident), advances them for every row, publishes their
   # state and z; every block reads z back after the second barrier. ``gated`` is False.
   recurrent: bool = False
+  # Where the batch is on N, z's two halves in one WGMMA a chunk (``pair_on_n``); off only
+  # to measure the two-WGMMA form.
+  pair_in_one_wgmma: bool = True
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -158,6 +161,23 @@ class BatchedPlan:
     """z meets W2 as a hi + lo bf16 pair (two tiles, two WGMMAs a chunk into one
     accumulator): the gated and rnn heads' fp32 z."""
     return self.gated or self.recurrent
+
+  @property
+  def pair_on_n(self) -> bool:
+    """Batch on N: z's two halves (the int8 planes, or a split update's hi + lo pair) side
+    by side on the WGMMA's N, so a chunk is one WGMMA that reads its W2 tile from shared
+    memory once, not two (at N <= 64 the tile's reads, not the columns, set a WGMMA's
+    time). The pair needs both halves' rows in one 64-row tile: 2 · rows <= 64."""
+    if self.batch_axis != "n" or not self.pair_in_one_wgmma:
+      return False
+    return self.int8_state or (self.split and 2 * self.batch_rows <= BATCH_TILE)
+
+  @property
+  def lo_offset(self) -> int:
+    """With ``pair_on_n``: the tile row (and accumulator column) where z's second half
+    starts — after the staged rows of the first plane, or after the batch rows of the
+    copied hi half."""
+    return self.staged_rows if self.int8_state else self.batch_rows
 
   @property
   def gate_chunks(self) -> int:
@@ -220,6 +240,8 @@ class BatchedPlan:
             + ("; a producer warpgroup issues the refills" if self.producer else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
+            + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n
+               else "")
             + ("; gated head: z as a hi + lo bf16 pair, "
                + (f"the gate split over the blocks ({self.update_units} units a block)"
                   if self.gate_split else "G_e streamed by the leader")

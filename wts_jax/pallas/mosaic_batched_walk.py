@@ -214,6 +214,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   per_batch_row = _PER_COLUMN if n_major else _PER_ROW
   batch_width = tile[batch_axis]   # the batch rows a step's vectors carry
   published_rows = rows if n_major else BATCH_TILE   # a split update's rows copied back
+  # Batch on N: the WGMMA's N (both halves' columns with ``pair_on_n``).
+  n_width = plan.lo_offset + rows if plan.pair_on_n else rows
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
@@ -383,9 +385,24 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                               spin_limit=spec.spin_limit)
         refs.update_flag_s[0] = refs.update_flag_s[0] | timed_out
     with jax.named_scope("update_readback"):
-      copy_published(refs.zpub_g, step, ((0, refs.za_s.at[0]), (1, refs.za_s.at[1])),
+      copy_published(refs.zpub_g, step, tuple(enumerate(pair_destinations())),
                      refs.pub_bar)
       plgpu.barrier_wait(refs.pub_bar)
+
+  def plane_tiles():
+    """The WGMMA tiles of z's two int8 planes (one above the other with ``pair_on_n``)."""
+    if plan.pair_on_n:
+      staged = plan.staged_rows
+      return [refs.za_s.at[pl.ds(0, staged)], refs.za_s.at[pl.ds(staged, staged)]]
+    return [refs.za_s.at[0], refs.za_s.at[1]]
+
+  def pair_destinations():
+    """Where a split update's published hi and lo halves are copied: two tiles, or with
+    ``pair_on_n`` the lo rows right below the hi rows of ``za_s[0]``."""
+    hi = refs.za_s.at[0].at[pl.ds(0, published_rows)]
+    if plan.pair_on_n:
+      return hi, refs.za_s.at[0].at[pl.ds(plan.lo_offset, published_rows)]
+    return hi, refs.za_s.at[1].at[pl.ds(0, published_rows)]
 
   def zero_tile(tile_ref):
     """A [64, r] bf16 WGMMA tile of z's (``za_s``) zeroed (generic stores)."""
@@ -394,14 +411,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           jnp.zeros((BATCH_TILE, CHUNK_ROWS), jnp.bfloat16), _WGMMA)
 
   def copy_published(pub_g, step, halves, barrier):
-    """A published pair's halves (``pub_g[step, half]``, bf16) into their WGMMA tiles by
+    """A published pair's halves (``pub_g[step, half]``, bf16) into rows of WGMMA tiles by
     bulk copies, which swizzle on the way: the rows the W2 WGMMAs read (the batch rows on
     N, 64 on M)."""
     if not spec.interpret:
       grid_sync.global_writes_to_bulk_copies()
-    for half, tile_ref in halves:
-      plgpu.copy_gmem_to_smem(pub_g.at[step, half, pl.ds(0, published_rows)],
-                              tile_ref.at[pl.ds(0, published_rows)], barrier)
+    for half, rows_ref in halves:
+      plgpu.copy_gmem_to_smem(pub_g.at[step, half, pl.ds(0, published_rows)], rows_ref,
+                              barrier)
 
   def publish(pub_g, step, columns, value):
     """This block's units of an fp32 [64 rows, units] value as the hi + lo bf16 pair the
@@ -445,8 +462,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         zero_tile(state_tile)
         plgpu.commit_smem()   # before the WGMMAs' async-proxy reads
       def published():
-        copy_published(refs.spub_g, jnp.maximum(step - 1, 0), ((half, state_tile),),
-                       refs.state_bar)
+        copy_published(refs.spub_g, jnp.maximum(step - 1, 0),
+                       ((half, state_tile.at[pl.ds(0, published_rows)]),), refs.state_bar)
         plgpu.barrier_wait(refs.state_bar)
       _when(first, zeros)
       _when(jnp.logical_not(first), published)
@@ -574,7 +591,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
           # or the rnn update's (then z's hi half).
-          tiles = ([refs.za_s.at[0], refs.za_s.at[1]] if planes else
+          tiles = (plane_tiles() if planes else
                    [refs.za_s.at[1]] if gated else [refs.za_s.at[0]] if plan.recurrent
                    else [refs.za_s])
           for plane, tile_ref in enumerate(tiles):
@@ -615,13 +632,19 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if stages:
             _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
         with jax.named_scope("mma"):
-          # int8 planes: a plane an accumulator; a hi + lo pair: both into one.
-          operands = ([(acc_refs[0], refs.za_s)] if not (planes or plan.z_pair) else
-                      [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
-                       for plane in range(2)])
+          # int8 planes: a plane an accumulator; a hi + lo pair: both into one; either
+          # with ``pair_on_n``: both halves' rows in one operand, one accumulator.
+          if plan.pair_on_n:
+            operands = [(acc_refs[0], refs.za_s if planes else refs.za_s.at[0])]
+          elif planes or plan.z_pair:
+            operands = [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
+                        for plane in range(2)]
+          else:
+            operands = [(acc_refs[0], refs.za_s)]
           for acc_ref, z in operands:
             if n_major:   # the chunk is the A operand, the batch rows' z the B operand
-              plgpu.wgmma(acc_ref, refs.w_s.at[slot_base(wg) + slot], z.at[pl.ds(0, rows)].T)
+              plgpu.wgmma(acc_ref, refs.w_s.at[slot_base(wg) + slot],
+                          z.at[pl.ds(0, n_width)].T)
             else:
               plgpu.wgmma(acc_ref, z, refs.w_s.at[slot_base(wg) + slot].T)
 
@@ -630,9 +653,17 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         int8 planes: D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2,
         the order of wts_jax.int8_state."""
         with jax.named_scope("mma_wait"):
-          if not planes:
+          if plan.pair_on_n:   # the halves' columns: [0, rows) and [lo_offset, + rows)
+            both = acc_refs[0][...]
+            first = both[:, :rows]
+            second = both[:, plan.lo_offset:plan.lo_offset + rows]
+            if not planes:
+              return first + second
+            d_hi, d_lo = first, second
+          elif not planes:
             return acc_refs[0][...]
-          d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
+          else:
+            d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
           c = locate(position)[4]
           vocab_scale = lax.broadcast_in_dim(
               _load(refs.w2_scale_s.at[wg * chunks + c], _PER_ROW if n_major else _PER_COLUMN),
@@ -640,7 +671,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
 
       def accumulators():
-        return [plgpu.ACC(tile, jnp.int32 if planes else jnp.float32)] * (2 if planes else 1)
+        dtype = jnp.int32 if planes else jnp.float32
+        if plan.pair_on_n:
+          return [plgpu.ACC((CHUNK_ROWS, n_width), dtype)]
+        return [plgpu.ACC(tile, dtype)] * (2 if planes else 1)
 
       def epilogue(position, logits, carry):
         """Base logits added and the chunk folded into ``carry``, then its base slot and
@@ -921,8 +955,12 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  a_tile = ((2, plan.staged_rows, rank) if plan.int8_state or plan.z_pair
-            else (plan.staged_rows, rank))
+  if plan.int8_state and plan.pair_on_n:   # the two planes one above the other
+    a_tile = (2 * plan.staged_rows, rank)
+  elif plan.int8_state or plan.z_pair:
+    a_tile = (2, plan.staged_rows, rank)
+  else:
+    a_tile = (plan.staged_rows, rank)
   z_dtype = w1.dtype
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
