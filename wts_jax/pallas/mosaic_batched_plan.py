@@ -112,7 +112,7 @@ class BatchedPlan:
   # the slot (mbarrier arrivals), so no computing warp issues a copy in the chunk loop.
   producer: bool = False
   # The gated head: z = σ(hoisted_k + G_e e) ⊙ e in fp32 meets W2 as a hi + lo bf16 pair
-  # (two WGMMAs a chunk into one accumulator); G_e's 64-row chunks stream through the
+  # (two WGMMAs a chunk into one accumulator, or one: ``pair_on_n``); G_e's 64-row chunks stream through the
   # leader's W2 ring ahead of each step's W2 chunks.
   gated: bool = False
   # The gated head's gate split over the blocks: each owns ``update_units`` of its units
@@ -159,7 +159,7 @@ class BatchedPlan:
   @property
   def z_pair(self) -> bool:
     """z meets W2 as a hi + lo bf16 pair (two tiles, two WGMMAs a chunk into one
-    accumulator): the gated and rnn heads' fp32 z."""
+    accumulator, or one WGMMA: ``pair_on_n``): the gated and rnn heads' fp32 z."""
     return self.gated or self.recurrent
 
   @property

@@ -43,7 +43,9 @@ The gated head (``plan.gated``): z = σ(hoisted_k + G_e e) ⊙ e is fp32. The le
 streams G_e's 64-row chunks through its W2 ring ahead of each step's W2 chunks, computes
 the gate as WGMMAs with the batch on M (e, a bf16 W1 row, is exact), and stores z as a
 hi + lo bf16 pair; each W2 chunk is then two WGMMAs into one accumulator (z to 2^-17 of
-each element).
+each element) — or, with the batch on N and a split update (``plan.pair_on_n``), one
+WGMMA over both halves' rows whose two column blocks are summed; the int8 planes on N
+likewise share one WGMMA.
 
 A split update (``plan.split``): block p owns the units [8p, 8p + 8) (at r = 256 on 132
 blocks), keeps its rows of the head's weights resident (G_e; for the rnn head J_s and J_e
