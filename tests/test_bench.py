@@ -5,6 +5,7 @@ the timing chain's compiled form are marked ``gpu``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -225,6 +226,65 @@ def test_summarize_subtracts_the_flush_only_chain():
   assert result.flush_us == pytest.approx(60.0)
 
 
+def test_device_timing_counts_busy_time_per_run(tmp_path):
+  """Device time (--timing device): a trace's GPU ops cut into runs at idle gaps, each
+  run's span from its first op to its last, the flush-only runs subtracted; beside it
+  the busy time (the union of its ops: overlaps once, idle time inside not at all) and
+  the host wall clock."""
+  import gzip
+  events = [{"ph": "M", "name": "process_name", "pid": 1,
+             "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
+  # Run 0 (a chain of 2 walks): busy 100 + 50 (a 20 µs overlap counted once, a 30 µs
+  # gap not at all); run 1 (flush only): busy 40; run 2: busy 130; run 3: busy 40.
+  ops = [(0, 80), (60, 40), (130, 50), (10_000, 40), (20_000, 130), (30_000, 40)]
+  events += [{"ph": "X", "pid": 1, "ts": ts, "dur": dur, "name": "op"} for ts, dur in ops]
+  events.append({"ph": "X", "pid": 2, "ts": 5, "dur": 9_000, "name": "host work"})
+  (tmp_path / "plugins" / "profile").mkdir(parents=True)
+  with gzip.open(tmp_path / "plugins" / "profile" / "x.trace.json.gz", "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  found = timing.gpu_ops(str(tmp_path))
+  assert found == [(float(ts), float(dur)) for ts, dur in ops]
+  runs = timing.split_runs(found, gap_us=2_500)
+  assert [len(run) for run in runs] == [3, 1, 1, 1]
+  assert [timing.busy_us(run) for run in runs] == [150.0, 40.0, 130.0, 40.0]
+  result = timing.device_timing(runs, [300e-6, 100e-6, 320e-6, 100e-6], n_walks=2)
+  assert result.method == "device"   # spans 180 and 130 less 40, per walk
+  assert sorted(result.samples_us) == pytest.approx([45.0, 70.0])
+  record = result.as_record()
+  assert record["timing_method"] == "device"
+  assert record["device_busy_us"] == pytest.approx(((150 + 130) / 2 - 40) / 2)
+  assert record["host_wall_us"] == pytest.approx(((300 + 320) / 2 - 100) / 2)
+  with pytest.raises(RuntimeError, match="holds 3 runs where 4 were timed"):
+    timing.device_timing(runs[:3], [1e-4] * 4, n_walks=2)
+
+
+def test_device_timing_needs_a_gpu_trace():
+  """On the CPU the trace has no GPU ops: asked for device time, the chain's timing is
+  an error naming it, and the harness's default there is the host clock."""
+  assert timing.default_timing_method() == "host"
+  config = SHAPES["qwen3_4b"].head_config("vanilla", confidence=False)
+  small = dataclasses.replace(config, vocab_size=512, rank=64, hidden_size=64)
+  head = wts_jax.make_head(small)
+  base, first, _ = random_inputs(small, 2, 2, jax.random.key(0))
+  prepared = jax_paths.prepare_xla(head, base, first, None, paths.BenchMode("greedy"))
+  flush = l2_flush.make_jax_flush_buffer(1 << 12)
+  compiled = {}
+  for name, fn in (("walks", prepared.walk_fn), ("flush", None)):
+    lowered, finish = timing.lower_chain(fn, prepared.operands, first, flush, n_walks=2,
+                                         flush_impl="static", cold=True)
+    compiled[name] = finish(lowered.compile())
+  with pytest.raises(RuntimeError, match="the device trace holds 0 runs"):
+    timing.time_chain(compiled["walks"], compiled["flush"], first, flush, l2="cold",
+                      repeats=2, method="device")
+  with pytest.raises(ValueError, match="timing method 'wall'"):
+    timing.time_chain(compiled["walks"], compiled["flush"], first, flush, l2="cold",
+                      repeats=2, method="wall")
+  host = timing.time_chain(compiled["walks"], compiled["flush"], first, flush, l2="cold",
+                           repeats=2, method="host")
+  assert host.method == "host" and len(host.samples_us) == 2
+
+
 def test_torch_loop_matches_deepspec_sample_block_tokens():
   torch = pytest.importorskip("torch")
   from wts_jax.peers import deepspec_torch
@@ -350,10 +410,14 @@ def test_gpu_quick_run(tmp_path):
   assert cli.main(["--quick", "--paths", "xla,torch-eager,torch-graph", "--out", out]) == 0
   with open(out) as handle:
     results = json.load(handle)
+  assert results["timing"]["method"] == "device"
   for record in results["records"]:
     if record["path"] in ("xla", "torch-eager", "torch-graph"):
       assert record["check"].startswith("ok"), record
       assert record["median_us"] > 0
+    if record["path"] == "xla":   # the span: at least the busy time
+      assert record["timing_method"] == "device"
+      assert record["device_busy_us"] <= record["median_us"] + 1.0
 
 
 def test_merge_keeps_records_of_every_run(quick_run, tmp_path, capsys):

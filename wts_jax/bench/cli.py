@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
   timing.add_argument("--flush-impl", default=None, choices=("kernel", "cond", "static"),
                       help="the L2 flush step (default: kernel on GPU, static on CPU; "
                            "see timing.METHOD)")
+  timing.add_argument("--timing", default=None, choices=("device", "host"),
+                      help="the JAX paths' clock: the device time of a CUPTI trace "
+                           "(default on GPU) or the host wall clock (default on CPU; "
+                           "see timing.METHOD)")
   timing.add_argument("--command-buffers", default="no-custom-calls",
                       choices=("no-custom-calls", "xla-default"),
                       help="XLA command buffers of every timed JAX chain: without custom "

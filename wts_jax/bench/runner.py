@@ -157,6 +157,10 @@ class Runner:
       self.results["ceilings"] = {"error": error_text(err)}
       log(f"ceilings failed: {error_text(err)}")
 
+  def timing_method(self) -> str:
+    from wts_jax.bench import timing
+    return getattr(self.args, "timing", None) or timing.default_timing_method()
+
   def choose_flush_impl(self, flush) -> None:
     """The asked-for flush step if the probe finds it right, else "static"."""
     from wts_jax.bench import timing
@@ -172,6 +176,7 @@ class Runner:
         "flush_impl": self.flush_impl, "flush_impl_wanted": wanted,
         "flush_probe_error": problem, "flush_elements": int(flush.shape[0]),
         "n_walks": self.grid["walks"], "repeats": self.grid["repeats"],
+        "method": self.timing_method(),
         "warmup_runs": "JAX: the check run + 1; torch: the check run + 3",
         "compile_jobs": self.grid["jobs"], "compile_ahead": self.grid["compile_ahead"]}
 
@@ -198,7 +203,7 @@ class Runner:
         try:
           entry.update(timing.time_chain(
               chains[l2].result(), flush_only[l2].result(), first_tokens, flush_jax,
-              l2=l2, repeats=repeats).as_record())
+              l2=l2, repeats=repeats, method=self.timing_method()).as_record())
         except Exception as err:  # noqa: BLE001
           entry["error"] = error_text(err)
         self.sanity.append(entry)
@@ -568,7 +573,8 @@ class Runner:
       n_walks, repeats = self.grid["walks"], self.grid["repeats"]
       if chain is not None:
         result = timing.time_chain(chain, flush_only[l2].result(), first_tokens,
-                                   flush_jax, l2=l2, repeats=repeats, warmup=1)
+                                   flush_jax, l2=l2, repeats=repeats, warmup=1,
+                                   method=self.timing_method())
       elif flush_torch is None:
         raise RuntimeError("no torch flush buffer")
       else:

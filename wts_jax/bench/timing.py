@@ -12,6 +12,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import glob
+import gzip
+import json
+import os
+import tempfile
 import threading
 import time
 import warnings
@@ -59,14 +64,24 @@ adding `bump` to the whole buffer with an XLA op and the warm chain with no flus
 at all (its next walk takes its first tokens through `where(last_tokens < 0, ...)`);
 "cond" is a `lax.cond` on the size. The results JSON names the flush_impl used.
 
-The executable is timed by host wall clock around `jax.block_until_ready` (one dispatch
-per N walks). A second executable, the identical chain minus the walks (flush and
-dependency ops only, with the same flush size), is timed the same way, interleaved with
-the first; both are compiled ahead and called on flat argument lists, so their dispatch
-costs the same. The per-walk time of repetition r is (T_r - median(T_flush_only)) / N:
-the flush, the dependency ops and the dispatch cancel out. Before the R repetitions the
-executable has run at least twice (the correctness check below, then one warm-up run
-of each of the two executables).
+A second executable, the identical chain minus the walks (flush and dependency ops
+only, with the same flush size), runs interleaved with the first; both are compiled
+ahead and called on flat argument lists, so their dispatch costs the same. The per-walk
+time of repetition r is (T_r - median(T_flush_only)) / N: the flush and the dependency
+ops cancel out. Before the R repetitions the executable has run at least twice (the
+correctness check below, then one warm-up run of each of the two executables). T is,
+by `--timing` (the results JSON's `timing.method` and each record's `timing_method`):
+- "device" (the GPU's default): the device time of the executable's run from a CUPTI
+  trace (`jax.profiler.trace`) of the 2R runs: from its first GPU op's start to its
+  last GPU op's end, as CUDA events around the run on its stream would read it (the
+  torch paths' clock). The runs are told apart by a 5 ms host pause after each (the
+  device is idle between them); the trace must hold exactly 2R runs, else the figure is
+  an error. Beside it: `device_busy_us`, the same difference of the length of the union
+  of each run's op intervals (the span less the time the device waited for the host to
+  launch an op), and `host_wall_us`, of the host wall clock around each run (under the
+  trace, which adds a little host work a launch).
+- "host" (the CPU's default): the host wall clock around `jax.block_until_ready` (one
+  dispatch per N walks), which also counts any time the device waits for the host.
 
 Torch paths (torch-eager, torch-graph): CUDA events recorded around N walks (N eager
 loop calls, or N CUDA-graph replays) on the current stream, with the same 256 MB
@@ -111,11 +126,14 @@ class Timing:
   n_walks: int
   repeats: int
   samples_us: tuple[float, ...]
+  method: str = "host"   # "host", "device" (JAX chains) or "cuda events" (torch)
+  extra: tuple[tuple[str, float], ...] = ()   # per-walk medians by other clocks
 
   def as_record(self) -> dict:
     return {"median_us": self.median_us, "min_us": self.min_us, "p90_us": self.p90_us,
             "flush_only_us": self.flush_us, "n_walks": self.n_walks,
-            "repeats": self.repeats, "samples_us": list(self.samples_us)}
+            "repeats": self.repeats, "samples_us": list(self.samples_us),
+            "timing_method": self.method, **dict(self.extra)}
 
 
 def summarize(total_s, flush_only_s, n_walks: int) -> Timing:
@@ -335,19 +353,98 @@ def _wall(fn, *args) -> float:
   return time.perf_counter() - start
 
 
+TIMING_METHODS = ("device", "host")
+RUN_PAUSE_S = 0.005   # host pause after each traced run: the device idles between runs
+
+
+def default_timing_method() -> str:
+  return "device" if jax.default_backend() == "gpu" else "host"
+
+
 def time_chain(chain: CompiledChain, flush_only: CompiledChain, first_tokens: jax.Array,
-               flush: jax.Array, *, l2: str, repeats: int, warmup: int = 2) -> Timing:
+               flush: jax.Array, *, l2: str, repeats: int, warmup: int = 2,
+               method: str = "host") -> Timing:
   """Time a compiled chain against its flush-only chain, interleaved (see METHOD)."""
+  if method not in TIMING_METHODS:
+    raise ValueError(f"timing method {method!r} must be one of {TIMING_METHODS}")
   walks_args = chain.args(first_tokens, flush, l2)
   base_args = flush_only.args(first_tokens, flush, l2)
   for _ in range(warmup):
     _wall(chain.executable, *walks_args)
     _wall(flush_only.executable, *base_args)
-  total, base = [], []
-  for _ in range(repeats):
-    total.append(_wall(chain.executable, *walks_args))
-    base.append(_wall(flush_only.executable, *base_args))
-  return summarize(total, base, chain.n_walks)
+  if method == "host":
+    total, base = [], []
+    for _ in range(repeats):
+      total.append(_wall(chain.executable, *walks_args))
+      base.append(_wall(flush_only.executable, *base_args))
+    return summarize(total, base, chain.n_walks)
+  walls = []
+  with tempfile.TemporaryDirectory(prefix="wts_bench_trace_") as trace_dir:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(repeats):
+        for executable, args in ((chain.executable, walks_args),
+                                 (flush_only.executable, base_args)):
+          walls.append(_wall(executable, *args))
+          time.sleep(RUN_PAUSE_S)
+    runs = split_runs(gpu_ops(trace_dir), gap_us=RUN_PAUSE_S * 1e6 / 2)
+  return device_timing(runs, walls, chain.n_walks)
+
+
+# --- device time from a CUPTI trace ------------------------------------------------------
+
+def gpu_ops(trace_dir: str) -> list[tuple[float, float]]:
+  """(start, duration) in µs of every GPU op of the trace ``jax.profiler.trace`` wrote
+  under ``trace_dir``, by start."""
+  paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+  if not paths:
+    raise RuntimeError(f"no trace written under {trace_dir}")
+  with gzip.open(sorted(paths)[-1], "rt") as f:
+    events = json.load(f)["traceEvents"]
+  gpu = {e["pid"] for e in events
+         if e.get("ph") == "M" and e.get("name") == "process_name"
+         and "/device:GPU" in str(e.get("args", {}).get("name", ""))}
+  return sorted((float(e["ts"]), float(e["dur"])) for e in events
+                if e.get("ph") == "X" and e.get("pid") in gpu)
+
+
+def split_runs(ops: list[tuple[float, float]], gap_us: float) -> list[list[tuple[float, float]]]:
+  """The ops cut into runs wherever the device was idle longer than ``gap_us``."""
+  runs, end = [], None
+  for start, duration in ops:
+    if end is None or start - end > gap_us:
+      runs.append([])
+      end = start
+    runs[-1].append((start, duration))
+    end = max(end, start + duration)
+  return runs
+
+
+def busy_us(run: list[tuple[float, float]]) -> float:
+  """The length of the union of the run's op intervals (overlapping ops count once)."""
+  total, reach = 0.0, None
+  for start, duration in sorted(run):
+    end = start + duration
+    if reach is None or start >= reach:
+      total += duration
+      reach = end
+    elif end > reach:
+      total += end - reach
+      reach = end
+  return total
+
+
+def device_timing(runs, walls_s, n_walks: int) -> Timing:
+  """Per-walk device time from the traced runs, alternately the chain's and the
+  flush-only chain's (``walls_s``: the host wall clock around each, seconds)."""
+  if not runs or len(runs) != len(walls_s):
+    raise RuntimeError(f"the device trace holds {len(runs)} runs where {len(walls_s)} were "
+                       "timed (the runs could not be told apart)")
+  span = [(max(s + d for s, d in run) - run[0][0]) * 1e-6 for run in runs]
+  busy = [busy_us(run) * 1e-6 for run in runs]
+  timing = summarize(span[0::2], span[1::2], n_walks)
+  extra = {"device_busy_us": summarize(busy[0::2], busy[1::2], n_walks).median_us,
+           "host_wall_us": summarize(walls_s[0::2], walls_s[1::2], n_walks).median_us}
+  return dataclasses.replace(timing, method="device", extra=tuple(extra.items()))
 
 
 # --- the sanity lines: empty walks -------------------------------------------------------

@@ -4,6 +4,7 @@ graph (``torch-graph``), and their timing by CUDA events (``time_torch``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -240,7 +241,7 @@ def time_torch(run: Callable[[], Any], *, l2: str, n_walks: int, repeats: int,
   for _ in range(repeats):
     total.append(timed(True))
     base.append(timed(False))
-  return summarize(total, base, n_walks)
+  return dataclasses.replace(summarize(total, base, n_walks), method="cuda events")
 
 
 def time_torch_empty(batch: int, *, l2: str, n_walks: int, repeats: int,
