@@ -158,6 +158,54 @@ def test_pair_in_two_wgmmas_tokens_equal_xla(head_type):
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
+def _warp_level_plans(monkeypatch):
+  """Every batched plan with the warp-level copy options on (measurement options, off
+  in the planner's plans): the z rows gathered by four warps, a producer's copies by
+  one warp."""
+  planned = mosaic_backend.plan_batched
+
+  def with_warp_copies(**kwargs):
+    plan = planned(**kwargs)
+    return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer)
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_warp_copies)
+
+
+# Two computing warpgroups and a producer on N (int8 planes, B not a multiple of 8,
+# sampled); one computing warpgroup and a producer on M; no producer, two launches.
+WARP_COPY_CASES = [(1000, 128, 13, 3, "none", 0.7, "n", 2, True, True),
+                   (776, 64, 64, 3, 64, 0.0, "m", 1, True, False),
+                   (520, 64, 70, 2, "auto", 0.0, "m", 1, False, False)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups,"
+                         "producer,int8", WARP_COPY_CASES)
+def test_warp_level_copies_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
+                                            residency, temperature, axis, warpgroups,
+                                            producer, int8):
+  _warp_level_plans(monkeypatch)
+  head = _head(vocab, rank, confidence=not int8)
+  if int8:
+    head = quantize_w2(head, "int8", state="planes")
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=23, batch_axis=axis,
+                      warpgroups=warpgroups, producer=producer)
+
+
+@pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
+def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
+                                                             quantize):
+  """The warp-level copy options lower at the real shape (two computing warpgroups and a
+  producer)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  _warp_level_plans(monkeypatch)
+  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
+                      mosaic_batch_axis=axis, mosaic_warpgroups=2, mosaic_producer=True)
+  assert "mosaic_gpu" in lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
+
+
 # A producer warpgroup issuing the refills: beside two computing warpgroups on N
 # (sampled, B not a multiple of 8) and on M (a resident chunk each beside the ring); beside
 # one on M past 64 rows (two launches); 64 rows on N; int8 planes on N.

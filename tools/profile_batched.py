@@ -12,7 +12,9 @@ sample, options joined by ``+``: ``x`` (the head's update split over the blocks:
 block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
 mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier), ``P`` / ``C``
 (a producer warpgroup issues every refill, or the computing warpgroups do), ``q`` (z's two
-halves in two WGMMAs a chunk where the batch is on N, not side by side in one).
+halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g``
+(the z rows gathered by the leader's four warps), ``p`` (the producer's copies issued by
+one warp).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -67,6 +69,8 @@ class Variant:
   producer: bool | None = None
   split: bool = False
   pair_in_one_wgmma: bool = True
+  warp_gather: bool = False
+  warp_producer: bool = False
 
 
 def parse_variant(text: str) -> Variant:
@@ -83,6 +87,10 @@ def parse_variant(text: str) -> Variant:
       options["split"] = True
     elif option == "q":
       options["pair_in_one_wgmma"] = False
+    elif option == "g":
+      options["warp_gather"] = True
+    elif option == "p":
+      options["warp_producer"] = True
     elif option == "P":
       options["producer"] = True
     elif option == "C":
@@ -140,9 +148,11 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   spec = mosaic_backend.plan(head, shapes, config, device)
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
-  if not variant.pair_in_one_wgmma:
-    spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
-                                                              pair_in_one_wgmma=False))
+  plan_options = {key: getattr(variant, key) for key in
+                  ("pair_in_one_wgmma", "warp_gather", "warp_producer")}
+  if plan_options != {"pair_in_one_wgmma": True, "warp_gather": False,
+                      "warp_producer": False}:
+    spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, **plan_options))
   if variant.deferred_release is not None:
     spec = dataclasses.replace(spec, plan=dataclasses.replace(
         spec.plan, deferred_release=variant.deferred_release))

@@ -127,11 +127,20 @@ class BatchedPlan:
   # Where the batch is on N, z's two halves in one WGMMA a chunk (``pair_on_n``); off only
   # to measure the two-WGMMA form.
   pair_in_one_wgmma: bool = True
+  # Warp-level copy issue (measurement options, off in every plan until measured): the
+  # step's z rows gathered by the leader's four warps, each its share of the rows with
+  # no warpgroup barrier between copies (``plgpu.warp_map``; else one thread issues every
+  # row's copy, a warpgroup barrier before each); and the producer's copies issued by
+  # one warp of its warpgroup, the other three parked at its end.
+  warp_gather: bool = False
+  warp_producer: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
       raise ValueError("with a producer warpgroup the consumers release slots, never refill "
                        "them: deferred_release does not apply")
+    if self.warp_producer and not self.producer:
+      raise ValueError("warp_producer needs a producer warpgroup")
     if self.deferred_release and self.base_stages < 2:
       raise ValueError("a deferred base release needs a base ring of 2 or more slots: "
                        "a slot is refilled one chunk after its reads")
@@ -237,7 +246,9 @@ class BatchedPlan:
             f"{self.batch_axis.upper()}"
             + (f"; {self.warpgroups} warpgroups a block, the counts a warpgroup's"
                if self.warpgroups > 1 else "")
-            + ("; a producer warpgroup issues the refills" if self.producer else "")
+            + ("; a producer warpgroup issues the refills"
+               + (" (one warp)" if self.warp_producer else "") if self.producer else "")
+            + ("; z rows gathered by four warps" if self.warp_gather else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n

@@ -90,6 +90,7 @@ from wts_jax.pallas.tile_math import make_operand
 _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
 _PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
+_WARPS = 4                      # warps a warpgroup
 SCALE_WINDOW = 32   # scales a bulk copy moves (128 bytes: its smallest unit here)
 SCALE_WINDOW_N = 64   # the batch on N: a window as wide as the [64, 64] layout tile
 _BIG_INDEX = 1 << 30
@@ -340,8 +341,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
     side by side, and the window of scales holding its s_lo) into staging row b. Rows >= B of a
-    padded batch walk along on their own tokens; rows past ``rows`` stay zero."""
-    for b in range(rows):
+    padded batch walk along on their own tokens; rows past ``rows`` stay zero. With
+    ``plan.warp_gather`` warp w issues rows w, w + 4, ... (copies in warp semantics meet
+    no warpgroup barrier)."""
+    def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
                               refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
@@ -350,6 +353,15 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
                                 refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
                                 oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+    if not plan.warp_gather:
+      for b in range(rows):
+        gather_row(b)
+      return
+
+    @plgpu.warp_map
+    def _(warp):
+      for b in range(rows):
+        _when(warp == b % _WARPS, functools.partial(gather_row, b))
 
   def scale_window(token):
     return jnp.minimum(token - lax.rem(token, window), vocab - window)
@@ -855,10 +867,22 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def producer():
     """The copying warpgroup: every refill of the W2 ring and the base ring, each issued
     once its slot is released by the consumer's arrivals (in the order the consumers
-    read them, consumer by consumer), so no computing warp waits on a copy's issue."""
+    read them, consumer by consumer), so no computing warp waits on a copy's issue.
+    With ``plan.warp_producer`` one warp does it all and the other three wait at the
+    warp map's end."""
     if wgs > 1:
       plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+    if plan.warp_producer:
+      @plgpu.warp_map
+      def _(warp):
+        _when(warp == 0, refill_all)
+    else:
+      refill_all()
+    refs.flag_g[block * threads + wg] = jnp.int32(0)
 
+  def refill_all():
+    """Every refill the consumers' releases allow, in their order, then the last
+    releases observed."""
     def refill(step, position, owner):
       next_step, next_position = base_after(step, position)
       def refill_base():
@@ -889,7 +913,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         plgpu.barrier_wait(refs.base_free_bar.at[owner * base_stages + slot])
       for ring in range(min(stages, stream_total(owner))):
         plgpu.barrier_wait(refs.ring_free_bar.at[owner * stages + ring])
-    refs.flag_g[block * threads + wg] = jnp.int32(0)
 
   if plan.producer:
     pl.when(wg == wgs)(producer)
