@@ -158,16 +158,17 @@ def test_pair_in_two_wgmmas_tokens_equal_xla(head_type):
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
-def _warp_level_plans(monkeypatch):
-  """Every batched plan with the warp-level copy options on (measurement options, off
-  in the planner's plans): the z rows gathered by four warps, a producer's copies by
-  one warp."""
+def _measurement_options_on(monkeypatch):
+  """Every batched plan with the copy options that are off in the planner's plans on:
+  the z rows gathered by four warps, a producer's copies by one warp, the candidates'
+  W1 rows prefetched into L2 (inline PTX: compiled out in interpret mode)."""
   planned = mosaic_backend.plan_batched
 
-  def with_warp_copies(**kwargs):
+  def with_options(**kwargs):
     plan = planned(**kwargs)
-    return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer)
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_warp_copies)
+    return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
+                               prefetch_candidates=True)
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_options)
 
 
 # Two computing warpgroups and a producer on N (int8 planes, B not a multiple of 8,
@@ -183,7 +184,7 @@ WARP_COPY_CASES = [(1000, 128, 13, 3, "none", 0.7, "n", 2, True, True),
 def test_warp_level_copies_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
                                             residency, temperature, axis, warpgroups,
                                             producer, int8):
-  _warp_level_plans(monkeypatch)
+  _measurement_options_on(monkeypatch)
   head = _head(vocab, rank, confidence=not int8)
   if int8:
     head = quantize_w2(head, "int8", state="planes")
@@ -194,16 +195,19 @@ def test_warp_level_copies_tokens_equal_xla(monkeypatch, vocab, rank, batch, ste
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
 def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
                                                              quantize):
-  """The warp-level copy options lower at the real shape (two computing warpgroups and a
-  producer)."""
+  """The warp-level copies and the candidates' prefetch lower at the real shape (two
+  computing warpgroups and a producer)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  _warp_level_plans(monkeypatch)
+  _measurement_options_on(monkeypatch)
   config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
                       mosaic_batch_axis=axis, mosaic_warpgroups=2, mosaic_producer=True)
-  assert "mosaic_gpu" in lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
+  text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
+  assert "mosaic_gpu" in text
+  if jax.__version_info__ >= (0, 11):   # (jax 0.10 serializes the kernel's module)
+    assert "cp.async.bulk.prefetch.L2.global" in text
 
 
 # A producer warpgroup issuing the refills: beside two computing warpgroups on N

@@ -14,7 +14,8 @@ mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrie
 (a producer warpgroup issues every refill, or the computing warpgroups do), ``q`` (z's two
 halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g``
 (the z rows gathered by the leader's four warps), ``p`` (the producer's copies issued by
-one warp).
+one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
+barrier).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -71,6 +72,7 @@ class Variant:
   pair_in_one_wgmma: bool = True
   warp_gather: bool = False
   warp_producer: bool = False
+  prefetch_candidates: bool = False
 
 
 def parse_variant(text: str) -> Variant:
@@ -91,6 +93,8 @@ def parse_variant(text: str) -> Variant:
       options["warp_gather"] = True
     elif option == "p":
       options["warp_producer"] = True
+    elif option == "L":
+      options["prefetch_candidates"] = True
     elif option == "P":
       options["producer"] = True
     elif option == "C":
@@ -149,9 +153,10 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
   plan_options = {key: getattr(variant, key) for key in
-                  ("pair_in_one_wgmma", "warp_gather", "warp_producer")}
+                  ("pair_in_one_wgmma", "warp_gather", "warp_producer",
+                   "prefetch_candidates")}
   if plan_options != {"pair_in_one_wgmma": True, "warp_gather": False,
-                      "warp_producer": False}:
+                      "warp_producer": False, "prefetch_candidates": False}:
     spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, **plan_options))
   if variant.deferred_release is not None:
     spec = dataclasses.replace(spec, plan=dataclasses.replace(

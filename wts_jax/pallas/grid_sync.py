@@ -175,10 +175,11 @@ def key_index(low):
   return (jnp.uint32(0xFFFFFFFF) - low).astype(jnp.int32)
 
 
-def _row_slot_asm(body: str, keys_s, slots_g, rows: int):
+def _row_slot_asm(body: str, keys_s, slots_g, rows: int,
+                  slot_bytes: int = 4 * KEY_ROW_WORDS):
   """Inline PTX run by threads [0, rows) of the warpgroup, one row each: ``$0`` the row's
-  high key word in shared memory (its low word one ``keys_s`` row on), ``$1`` its global
-  slot."""
+  high key word in shared memory (its low word one ``keys_s`` row on), ``$1`` the global
+  buffer, ``g`` the row's slot in it (``slot_bytes`` a row)."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -193,7 +194,7 @@ def _row_slot_asm(body: str, keys_s, slots_g, rows: int):
       "{ .reg .pred p; .reg .b32 hi, lo, sa; .reg .b64 key, g, off;\n"
       f"setp.lt.u32 p, $2, {rows};\n"
       "shl.b32 sa, $2, 2; add.u32 sa, sa, $0;\n"
-      f"mul.wide.u32 off, $2, {4 * KEY_ROW_WORDS}; add.u64 g, $1, off;\n"
+      f"mul.wide.u32 off, $2, {slot_bytes}; add.u64 g, $1, off;\n"
       + body.format(low_offset=4 * ir.MemRefType(keys_s.type).shape[1]) + "}",
       "r,l,r", has_side_effects=True)
 
@@ -224,6 +225,33 @@ def collect_keys(slots_g, keys_s, rows: int):
                   "@p st.shared.b32 [sa], hi; @p st.shared.b32 [sa+{low_offset}], lo;\n",
                   keys, slots, rows)
   collect(keys_s, slots_g)
+
+
+def prefetch_candidate_rows(keys_s, table_g, rows: int, *, row_bytes: int, num_rows: int,
+                            window: int = 1):
+  """``cp.async.bulk.prefetch.L2`` of the ``table_g`` rows ([num_rows, row_bytes]) that
+  each of the first ``rows`` candidates in ``keys_s`` (as ``publish_keys`` reads it)
+  names: its row, or the ``window`` rows (a power of two) holding it, starting at a
+  multiple of ``window`` and clamped into the table. The block holding a row's winner
+  has what the next step gathers on its way to L2 while the grid barrier runs. A hint
+  only: nothing waits for it."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  if row_bytes * window % 16 or window & (window - 1) or num_rows < window:
+    raise ValueError(f"a bulk prefetch of {window} rows of {row_bytes} bytes from "
+                     f"{num_rows}: whole 16 bytes and a power-of-two window within the "
+                     "table")
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  def prefetch(_, keys, table):
+    _row_slot_asm("@p ld.shared.b32 lo, [sa+{low_offset}];\n"
+                  "not.b32 hi, lo;\n"
+                  f"and.b32 hi, hi, 0x{-window & 0xFFFFFFFF:08X};\n"
+                  f"min.u32 hi, hi, {num_rows - window};\n"
+                  f"mul.wide.u32 off, hi, {row_bytes}; add.u64 g, $1, off;\n"
+                  f"mov.b32 lo, {row_bytes * window};\n"
+                  "@p cp.async.bulk.prefetch.L2.global [g], lo;\n",
+                  keys, table, rows, slot_bytes=0)
+  prefetch(keys_s, table_g)
 
 
 def global_writes_to_bulk_copies():

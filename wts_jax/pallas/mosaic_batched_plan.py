@@ -134,6 +134,10 @@ class BatchedPlan:
   # one warp of its warpgroup, the other three parked at its end.
   warp_gather: bool = False
   warp_producer: bool = False
+  # Each block's candidate of every row names the W1 row (and int8 planes' scale window)
+  # the next step gathers if it wins: prefetched into L2 while the grid barrier runs
+  # (measurement option, off until measured).
+  prefetch_candidates: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -249,6 +253,8 @@ class BatchedPlan:
             + ("; a producer warpgroup issues the refills"
                + (" (one warp)" if self.warp_producer else "") if self.producer else "")
             + ("; z rows gathered by four warps" if self.warp_gather else "")
+            + ("; candidates' W1 rows prefetched to L2" if self.prefetch_candidates
+               else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n

@@ -363,6 +363,15 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       for b in range(rows):
         _when(warp == b % _WARPS, functools.partial(gather_row, b))
 
+  def prefetch_candidates():
+    """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
+    for the gather after the barrier (``plan.prefetch_candidates``)."""
+    grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_g, batch_width,
+                                      row_bytes=2 * rank, num_rows=vocab)
+    if planes:
+      grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_scale_g, batch_width,
+                                        row_bytes=4, num_rows=vocab, window=window)
+
   def scale_window(token):
     return jnp.minimum(token - lax.rem(token, window), vocab - window)
 
@@ -826,6 +835,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           refs.keys_s[0, pl.ds(0, batch_width)] = high
           refs.keys_s[1, pl.ds(0, batch_width)] = low
           grid_sync.publish_keys(refs.keys_s, step_slots, batch_width)
+          if plan.prefetch_candidates and not spec.interpret:
+            prefetch_candidates()
         with jax.named_scope("grid_sync"):
           timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
         with jax.named_scope("exchange_reduce"):
