@@ -161,11 +161,12 @@ def test_pair_in_two_wgmmas_tokens_equal_xla(head_type):
 def _measurement_options_on(monkeypatch):
   """Every batched plan with the copy options that are off in the planner's plans on:
   the z rows gathered by four warps, a producer's copies by one warp, the candidates'
-  W1 rows prefetched into L2 (inline PTX: compiled out in interpret mode)."""
+  W1 rows prefetched into L2 (inline PTX: compiled out in interpret mode), int8 planes'
+  s_lo by scalar loads."""
   planned = mosaic_backend.plan_batched
 
   def with_options(**kwargs):
-    plan = planned(**kwargs)
+    plan = planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
     return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
                                prefetch_candidates=True)
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_options)
@@ -190,6 +191,48 @@ def test_warp_level_copies_tokens_equal_xla(monkeypatch, vocab, rank, batch, ste
     head = quantize_w2(head, "int8", state="planes")
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=23, batch_axis=axis,
                       warpgroups=warpgroups, producer=producer)
+
+
+def _scalar_plane_scales(monkeypatch):
+  planned = mosaic_backend.plan_batched
+
+  def with_option(**kwargs):
+    return planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+
+
+# int8 planes: on N with two warpgroups and a producer (sampled, B not a multiple of 8),
+# on M with one (rows past the batch), past 64 rows.
+SCALAR_SCALE_CASES = [(1000, 128, 13, 3, "none", 0.7, "n", 2, True),
+                      (776, 64, 20, 3, 64, 0.0, "m", 1, False),
+                      (520, 64, 70, 2, "auto", 0.0, "m", 1, False)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups,"
+                         "producer", SCALAR_SCALE_CASES)
+def test_scalar_plane_scales_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
+                                              residency, temperature, axis, warpgroups,
+                                              producer):
+  """Each row's s_lo by a scalar load of its token's scale (a measurement option of the
+  planner) walks the reference's tokens."""
+  _scalar_plane_scales(monkeypatch)
+  head = quantize_w2(_head(vocab, rank), "int8", state="planes")
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=29, batch_axis=axis,
+                      warpgroups=warpgroups, producer=producer)
+
+
+def test_scalar_plane_scales_free_the_scale_windows():
+  """Without the [64, window + 8] f32 scale windows a block holds more W2: int8 planes
+  at B 16 on N with one warpgroup, two more resident chunks (10 of 18)."""
+  plan = mosaic_batched_plan.plan_batched
+  args = dict(vocab_size=151936, rank=256, batch=16, num_sms=132, smem_per_block=H200_SMEM,
+              batch_axis="n", w2_itemsize=1, int8_state=True)
+  windows, scalars = plan(**args), plan(**args, scalar_plane_scales=True)
+  assert scalars.scalar_plane_scales
+  assert (windows.resident_chunks, scalars.resident_chunks) == (8, 10)
+  with pytest.raises(ValueError, match="the int8 planes' option"):
+    plan(**{**args, "w2_itemsize": 2, "int8_state": False}, scalar_plane_scales=True)
 
 
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])

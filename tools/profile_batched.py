@@ -15,7 +15,8 @@ mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrie
 halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g``
 (the z rows gathered by the leader's four warps), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
-barrier).
+barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
+memory given to W2).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import glob
 import gzip
 import json
@@ -73,6 +75,7 @@ class Variant:
   warp_gather: bool = False
   warp_producer: bool = False
   prefetch_candidates: bool = False
+  scalar_plane_scales: bool = False
 
 
 def parse_variant(text: str) -> Variant:
@@ -95,6 +98,8 @@ def parse_variant(text: str) -> Variant:
       options["warp_producer"] = True
     elif option == "L":
       options["prefetch_candidates"] = True
+    elif option == "S":
+      options["scalar_plane_scales"] = True
     elif option == "P":
       options["producer"] = True
     elif option == "C":
@@ -149,7 +154,13 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   device = device_facts.current()
   device = dataclasses.replace(device, smem_per_block=device.smem_per_block - smem_reserve)
   shapes = backend.WalkShapes.of(base, mode.greedy)
-  spec = mosaic_backend.plan(head, shapes, config, device)
+  planned = mosaic_backend.plan_batched
+  if variant.scalar_plane_scales:   # a planner option: the shared memory it frees is W2's
+    mosaic_backend.plan_batched = functools.partial(planned, scalar_plane_scales=True)
+  try:
+    spec = mosaic_backend.plan(head, shapes, config, device)
+  finally:
+    mosaic_backend.plan_batched = planned
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
   plan_options = {key: getattr(variant, key) for key in

@@ -138,11 +138,17 @@ class BatchedPlan:
   # the next step gathers if it wins: prefetched into L2 while the grid barrier runs
   # (measurement option, off until measured).
   prefetch_candidates: bool = False
+  # int8 planes: each row's s_lo read by a scalar load of its token's scale after the
+  # gather (into [64] f32), instead of a bulk copy a row of the 32 or 64 scales around
+  # it and their [64, window + 8] f32 staging (measurement option, off until measured).
+  scalar_plane_scales: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
       raise ValueError("with a producer warpgroup the consumers release slots, never refill "
                        "them: deferred_release does not apply")
+    if self.scalar_plane_scales and not self.int8_state:
+      raise ValueError("scalar_plane_scales is the int8 planes' option")
     if self.warp_producer and not self.producer:
       raise ValueError("warp_producer needs a producer warpgroup")
     if self.deferred_release and self.base_stages < 2:
@@ -255,6 +261,7 @@ class BatchedPlan:
             + ("; z rows gathered by four warps" if self.warp_gather else "")
             + ("; candidates' W1 rows prefetched to L2" if self.prefetch_candidates
                else "")
+            + ("; each row's s_lo by a scalar load" if self.scalar_plane_scales else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n
@@ -289,13 +296,15 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
-                gate_rows: int = 0, state_units: int = 0) -> int:
+                gate_rows: int = 0, state_units: int = 0,
+                scalar_plane_scales: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
   scales [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes
   the scales around each row's s_lo [64, 32 + 8] f32 ([64, 64 + 8] and a warpgroup's
-  [64] s_lo with the batch on N); with warpgroups the merge slots [warpgroups, 64] f32 +
+  [64] s_lo with the batch on N; only each row's s_lo [64] f32 with
+  ``scalar_plane_scales``); with warpgroups the merge slots [warpgroups, 64] f32 +
   i32; z as a hi + lo pair has two tiles; a split update's resident weight rows
   [gate_rows, r] bf16 and its timeout flag and barriers (one more aligned allocation),
   and the rnn head's own units' state [64, state_units] f32."""
@@ -304,9 +313,13 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
-  plane_scales = (_aligned(BATCH_TILE * (window + 8) * 4)
-                  + (_aligned(warpgroups * BATCH_TILE * 4) if batch_axis == "n" else 0)
-                  if int8_state else 0)
+  if not int8_state:
+    plane_scales = 0
+  elif scalar_plane_scales:   # each row's s_lo only
+    plane_scales = _aligned(BATCH_TILE * 4)
+  else:
+    plane_scales = (_aligned(BATCH_TILE * (window + 8) * 4)
+                    + (_aligned(warpgroups * BATCH_TILE * 4) if batch_axis == "n" else 0))
   merge = 2 * _aligned(warpgroups * BATCH_TILE * 4) if warpgroups > 1 else 0
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
           + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge
@@ -322,7 +335,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
-                 recurrent: bool = False) -> BatchedPlan:
+                 recurrent: bool = False,
+                 scalar_plane_scales: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
@@ -370,7 +384,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                                    if batch_axis == "n" and not z_pair else BATCH_TILE),
                       z_pair=z_pair,
                       gate_rows=update_units * (6 if recurrent else 1),
-                      state_units=update_units if recurrent else 0)
+                      state_units=update_units if recurrent else 0,
+                      scalar_plane_scales=scalar_plane_scales)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -408,4 +423,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
-                     gate_split=gate_split, recurrent=recurrent)
+                     gate_split=gate_split, recurrent=recurrent,
+                     scalar_plane_scales=scalar_plane_scales)

@@ -142,6 +142,7 @@ class BatchedRefs:
   w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
   zscale_s: object = None     # the scales (a window) around each row's s_lo
   plane_scale_s: object = None   # batch on N: each row's s_lo on its way to N
+  row_scale_s: object = None     # ``scalar_plane_scales``: each row's s_lo [64] f32
   ring_free_bar: object = None   # producer: a W2 ring slot read by its consumer
   za_bar: object = None          # warpgroups: the WGMMA tile of z is staged
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
@@ -349,7 +350,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
                               refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-      if planes:   # bulk copies move multiples of 128 bytes: a window around s_lo
+      if planes and not plan.scalar_plane_scales:
+        # Bulk copies move multiples of 128 bytes: a window around s_lo.
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
                                 refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
                                 oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
@@ -375,10 +377,24 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def scale_window(token):
     return jnp.minimum(token - lax.rem(token, window), vocab - window)
 
+  def load_row_scales():
+    """``scalar_plane_scales``: each row's s_lo by a scalar load of its token's scale
+    (after the gather's copies are issued, so the latencies overlap), stored for every
+    warpgroup's ``row_plane_scale``."""
+    scales = None
+    for b in range(rows):
+      scale = refs.w1_scale_g[refs.tok_s[b]]
+      scales = jnp.where(row_ids == b, scale, 0.0 if scales is None else scales)
+    refs.row_scale_s[pl.ds(0, batch_width)] = scales
+
   def row_plane_scale():
     """Each row's s_lo: its place in the scales copied beside its planes (found from the
     step's tokens in ``tok_s``). Batch on N: then through shared memory into the column
-    layout (Mosaic has no transposed f32 load), a warpgroup's own slots."""
+    layout (Mosaic has no transposed f32 load), a warpgroup's own slots. With
+    ``scalar_plane_scales``: as ``load_row_scales`` stored them."""
+    if plan.scalar_plane_scales:
+      return _load(refs.row_scale_s.at[pl.ds(0, batch_width)], per_batch_row,
+                   optimized=False)
     tokens = _load(refs.tok_s, _PER_ROW, optimized=False)
     held = _load(refs.zscale_s.at[:, pl.ds(0, window)], _WGMMA)
     place = plgpu.broadcasted_iota(jnp.int32, held.shape, 1, layout=_WGMMA)
@@ -548,7 +564,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
         def zero_staging():
           refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
-          if planes:
+          if planes and not plan.scalar_plane_scales:
             refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
           if plan.split:   # the rows past the batch that no copy back writes
             zero_tile(refs.za_s.at[0])
@@ -577,6 +593,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                       per_batch_row, optimized=False), 0, vocab - 1)
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
         gather_z()
+        if plan.scalar_plane_scales:
+          load_row_scales()
       leader_only(first_z)
       if plan.split:   # this block's rows of the update's weights (clamped: a block
         def resident_update_rows():   # owning none reads the last ones, unused)
@@ -863,6 +881,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         # before the bulk copies.
         plgpu.commit_smem()
         gather_z()
+        if plan.scalar_plane_scales:
+          load_row_scales()
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
     flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
@@ -1014,18 +1034,21 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       # A base slot read by every thread of its warpgroup (one arrival each).
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A row's copies each.
-      "z_bar": plgpu.Barrier(num_arrivals=rows * (2 if plan.int8_state else 1),
-                             num_barriers=1),
+      "z_bar": plgpu.Barrier(num_arrivals=rows * (
+          2 if plan.int8_state and not plan.scalar_plane_scales else 1), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // w_itemsize), z_dtype),
   }
   if plan.int8_state:
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
-    # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
-    scratch["zscale_s"] = plgpu.SMEM(
-        (BATCH_TILE, (SCALE_WINDOW_N if n_major else SCALE_WINDOW) + 8), jnp.float32)
-    if n_major:
-      scratch["plane_scale_s"] = plgpu.SMEM((wgs, BATCH_TILE), jnp.float32)
+    if plan.scalar_plane_scales:
+      scratch["row_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
+    else:
+      # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
+      scratch["zscale_s"] = plgpu.SMEM(
+          (BATCH_TILE, (SCALE_WINDOW_N if n_major else SCALE_WINDOW) + 8), jnp.float32)
+      if n_major:
+        scratch["plane_scale_s"] = plgpu.SMEM((wgs, BATCH_TILE), jnp.float32)
   if plan.producer:   # slots released to the producer, by every consumer thread
     scratch["ring_free_bar"] = plgpu.Barrier(num_arrivals=1,
                                              num_barriers=wgs * max(1, plan.ring_stages))
