@@ -50,6 +50,7 @@ from wts_jax import device as device_facts
 from wts_jax import validation
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
+from wts_jax.bench import timing
 from wts_jax.pallas import backend, mosaic_backend
 from wts_jax.walk_config import MosaicConfig
 
@@ -78,32 +79,26 @@ class Variant:
   scalar_plane_scales: bool = False
 
 
+# Single-letter options: the Variant field each sets, and to what.
+FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
+         "d": ("deferred_release", True), "x": ("split", True),
+         "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
+         "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
+         "S": ("scalar_plane_scales", True), "P": ("producer", True),
+         "C": ("producer", False)}
+# Plan fields a variant sets after planning (the planner leaves them at their defaults).
+PLAN_OPTIONS = ("pair_in_one_wgmma", "warp_gather", "warp_producer", "prefetch_candidates")
+
+
 def parse_variant(text: str) -> Variant:
   dtype, batch, mode, *rest = text.split(":")
   if dtype not in ("bf16", "int8p", "gated", "rnn") or mode not in ("greedy", "sample"):
     raise SystemExit(f"error: bad variant {text!r}")
   options = {}
   for option in (rest[0].split("+") if rest and rest[0] else []):
-    if option == "n":
-      options["batch_axis"] = "n"
-    elif option in ("c", "d"):
-      options["deferred_release"] = option == "d"
-    elif option == "x":
-      options["split"] = True
-    elif option == "q":
-      options["pair_in_one_wgmma"] = False
-    elif option == "g":
-      options["warp_gather"] = True
-    elif option == "p":
-      options["warp_producer"] = True
-    elif option == "L":
-      options["prefetch_candidates"] = True
-    elif option == "S":
-      options["scalar_plane_scales"] = True
-    elif option == "P":
-      options["producer"] = True
-    elif option == "C":
-      options["producer"] = False
+    if option in FLAGS:
+      key, value = FLAGS[option]
+      options[key] = value
     elif m := re.fullmatch(r"([rsbw])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
              "w": "warpgroups"}[m.group(1)]
@@ -163,12 +158,8 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
     mosaic_backend.plan_batched = planned
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
-  plan_options = {key: getattr(variant, key) for key in
-                  ("pair_in_one_wgmma", "warp_gather", "warp_producer",
-                   "prefetch_candidates")}
-  if plan_options != {"pair_in_one_wgmma": True, "warp_gather": False,
-                      "warp_producer": False, "prefetch_candidates": False}:
-    spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, **plan_options))
+  spec = dataclasses.replace(spec, plan=dataclasses.replace(
+      spec.plan, **{key: getattr(variant, key) for key in PLAN_OPTIONS}))
   if variant.deferred_release is not None:
     spec = dataclasses.replace(spec, plan=dataclasses.replace(
         spec.plan, deferred_release=variant.deferred_release))
@@ -179,17 +170,6 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   want = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key,
                       impl="xla")
   return spec, run, (head, base, first, hidden), np.asarray(want.tokens)
-
-
-def _device_ops(trace_dir):
-  paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
-  with gzip.open(sorted(paths)[0], "rt") as f:
-    events = json.load(f)["traceEvents"]
-  names = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
-           if e.get("ph") == "M" and e.get("name") == "process_name"}
-  gpu = {pid for pid, name in names.items() if "/device:GPU" in name}
-  return sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu),
-                key=lambda e: e["ts"])
 
 
 def time_walks(run, args, walks: int):
@@ -203,14 +183,14 @@ def time_walks(run, args, walks: int):
   with tempfile.TemporaryDirectory() as trace_dir:   # the flush's own op names
     with jax.profiler.trace(trace_dir):
       flush_buffer = flush(flush_buffer).block_until_ready()
-    flush_names = {op["name"] for op in _device_ops(trace_dir)}
+    flush_names = {op["name"] for op in timing.gpu_events(trace_dir)}
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir):
       for _ in range(walks):
         flush_buffer = flush(flush_buffer)
         out = run(*args)
       jax.block_until_ready(out)
-    ops = _device_ops(trace_dir)
+    ops = timing.gpu_events(trace_dir)
   per_walk, current, biggest, longest = [], None, 0.0, []
   for op in ops:
     if op["name"] in flush_names and op["dur"] > 50:   # the 2 × 256 MB flush itself

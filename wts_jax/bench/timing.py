@@ -392,9 +392,9 @@ def time_chain(chain: CompiledChain, flush_only: CompiledChain, first_tokens: ja
 
 # --- device time from a CUPTI trace ------------------------------------------------------
 
-def gpu_ops(trace_dir: str) -> list[tuple[float, float]]:
-  """(start, duration) in µs of every GPU op of the trace ``jax.profiler.trace`` wrote
-  under ``trace_dir``, by start."""
+def gpu_events(trace_dir: str) -> list[dict]:
+  """Every GPU op's event (name, ``ts`` and ``dur`` in µs) of the trace
+  ``jax.profiler.trace`` wrote under ``trace_dir``, by start."""
   paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
   if not paths:
     raise RuntimeError(f"no trace written under {trace_dir}")
@@ -403,8 +403,13 @@ def gpu_ops(trace_dir: str) -> list[tuple[float, float]]:
   gpu = {e["pid"] for e in events
          if e.get("ph") == "M" and e.get("name") == "process_name"
          and "/device:GPU" in str(e.get("args", {}).get("name", ""))}
-  return sorted((float(e["ts"]), float(e["dur"])) for e in events
-                if e.get("ph") == "X" and e.get("pid") in gpu)
+  return sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu),
+                key=lambda e: e["ts"])
+
+
+def gpu_ops(trace_dir: str) -> list[tuple[float, float]]:
+  """(start, duration) in µs of every GPU op of the trace under ``trace_dir``, by start."""
+  return [(float(e["ts"]), float(e["dur"])) for e in gpu_events(trace_dir)]
 
 
 def split_runs(ops: list[tuple[float, float]], gap_us: float) -> list[list[tuple[float, float]]]:
