@@ -626,3 +626,101 @@ def test_lowers_for_cuda_with_a_vocab_not_a_multiple_of_64(temperature):
         spec, backend.WalkOperands(h, b, f, None, mode))).trace(head, base, first).lower(
             lowering_platforms=("cuda",)).as_text()
   assert "red.relaxed.gpu.global.max.u64" in text
+
+
+def _overlap_mma_on(monkeypatch, group=3, alternate=False):
+  """Plans with WGMMAs overlapping epilogues in groups of ``group`` chunks, and (with
+  ``alternate``, where a plan has two computing warpgroups) turns at the tensor cores."""
+  planned = mosaic_backend.plan_batched
+
+  def with_option(**kwargs):
+    plan = planned(**kwargs)
+    return dataclasses.replace(plan, overlap_chunks=group,
+                               alternate_wgmma=alternate and plan.warpgroups == 2)
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+
+
+# Each chunk's WGMMA issued before the previous chunk's epilogue, in groups (a
+# measurement option, off in the planner's plans), for each form of a chunk's WGMMAs:
+# bf16 on N (13 chunks: groups of 3 and a tail of 1) and on M (two warpgroups of 8:
+# groups of 3 and a tail of 2); int8 planes in one WGMMA on N (two computing warpgroups
+# and a producer, sampled) and in two on M (groups of 2); the gated head's pair in two
+# WGMMAs into one accumulator (M) and the split rnn's in one (N), past 64 rows.
+OVERLAP_CASES = [("vanilla", 776, 64, 13, 3, "none", 0.0, "n", 1, None, 3),
+                 ("vanilla", 1000, 128, 64, 3, 64, 0.7, "m", 2, None, 3),
+                 ("int8p", 1000, 128, 13, 3, "none", 0.7, "n", 2, True, 3),
+                 ("int8p", 520, 64, 20, 3, "none", 0.0, "m", 1, None, 2),
+                 ("gated", 1000, 128, 13, 3, "none", 0.7, "m", 1, None, 4),
+                 ("rnn", 1000, 64, 70, 3, "none", 0.0, "n", 1, None, 3)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,residency,temperature,axis,"
+                         "warpgroups,producer,group", OVERLAP_CASES)
+def test_overlap_chunks_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
+                                         residency, temperature, axis, warpgroups,
+                                         producer, group):
+  _overlap_mma_on(monkeypatch, group)
+  if head_type in ("gated", "rnn"):
+    config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type=head_type,
+                        confidence=True)
+    head = wts_jax.make_head(config, seed=vocab + rank + 7)
+  else:
+    head = _head(vocab, rank, confidence=head_type == "vanilla")
+    if head_type == "int8p":
+      head = quantize_w2(head, "int8", state="planes")
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=31, batch_axis=axis,
+                      warpgroups=warpgroups, producer=producer,
+                      serial_update="split" if head_type == "rnn" else "auto")
+
+
+@pytest.mark.parametrize("batch,axis,quantize,warpgroups", [(16, "n", "int8p", 2),
+                                                            (64, "m", None, 1)])
+def test_overlap_chunks_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis, quantize,
+                                                        warpgroups):
+  """Overlapping chunks (one chunk's WGMMA left running while the previous chunk's
+  accumulators are read) lower at the real shape, with wait_group 1 where it reads."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  _overlap_mma_on(monkeypatch)
+  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
+                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
+  text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
+  assert "mosaic_gpu" in text
+  if jax.__version_info__ >= (0, 11):   # (jax 0.10 serializes the kernel's module)
+    assert "wgmma.wait_group.sync.aligned 1" in text
+
+
+# Two computing warpgroups taking turns at the tensor cores (a measurement option, off
+# in the planner's plans): int8 planes on N beside a producer (sampled), bf16 on M past
+# 64 rows, the split gate on N; with and without overlapping chunks.
+ALTERNATE_CASES = [("int8p", 1000, 128, 13, 3, 0.7, "n", True, 0),
+                   ("vanilla", 776, 64, 70, 3, 0.0, "m", None, 3),
+                   ("gated", 1000, 128, 13, 3, 0.0, "n", None, 0)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,axis,producer,group",
+                         ALTERNATE_CASES)
+def test_alternate_wgmma_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch,
+                                          steps, temperature, axis, producer, group):
+  _overlap_mma_on(monkeypatch, group, alternate=True)
+  if head_type == "gated":
+    head = _gated_head(vocab, rank, confidence=True)
+  else:
+    head = _head(vocab, rank, confidence=head_type == "vanilla")
+    if head_type == "int8p":
+      head = quantize_w2(head, "int8", state="planes")
+  _assert_matches_xla(head, batch, steps, "none", temperature, seed=37, batch_axis=axis,
+                      warpgroups=2, producer=producer,
+                      serial_update="split" if head_type == "gated" else "auto")
+
+
+def test_alternate_wgmma_needs_two_warpgroups():
+  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=16,
+                                          num_sms=132, smem_per_block=H200_SMEM,
+                                          batch_axis="n")
+  with pytest.raises(ValueError, match="alternate_wgmma needs two computing warpgroups"):
+    dataclasses.replace(plan, alternate_wgmma=True)

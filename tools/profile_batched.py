@@ -16,7 +16,10 @@ halves in two WGMMAs a chunk where the batch is on N, not side by side in one), 
 (the z rows gathered by the leader's four warps), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
 barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
-memory given to W2).
+memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
+epilogue, in groups of G chunks), ``k`` (profiling: a warpgroup barrier, region "skew",
+before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
+cores).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -77,6 +80,9 @@ class Variant:
   warp_producer: bool = False
   prefetch_candidates: bool = False
   scalar_plane_scales: bool = False
+  overlap_chunks: int = 0
+  probe_skew: bool = False
+  alternate_wgmma: bool = False
 
 
 # Single-letter options: the Variant field each sets, and to what.
@@ -85,9 +91,11 @@ FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
-         "C": ("producer", False)}
+         "C": ("producer", False), "k": ("probe_skew", True),
+         "t": ("alternate_wgmma", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
-PLAN_OPTIONS = ("pair_in_one_wgmma", "warp_gather", "warp_producer", "prefetch_candidates")
+PLAN_OPTIONS = ("pair_in_one_wgmma", "warp_gather", "warp_producer", "prefetch_candidates",
+                "overlap_chunks", "alternate_wgmma")
 
 
 def parse_variant(text: str) -> Variant:
@@ -99,9 +107,9 @@ def parse_variant(text: str) -> Variant:
     if option in FLAGS:
       key, value = FLAGS[option]
       options[key] = value
-    elif m := re.fullmatch(r"([rsbw])(\d+)", option):
+    elif m := re.fullmatch(r"([rsbwo])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
-             "w": "warpgroups"}[m.group(1)]
+             "w": "warpgroups", "o": "overlap_chunks"}[m.group(1)]
       options[key] = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")
@@ -163,7 +171,7 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   if variant.deferred_release is not None:
     spec = dataclasses.replace(spec, plan=dataclasses.replace(
         spec.plan, deferred_release=variant.deferred_release))
-  spec = dataclasses.replace(spec, profile_dir=profile_dir,
+  spec = dataclasses.replace(spec, profile_dir=profile_dir, probe_skew=variant.probe_skew,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
   run = jax.jit(lambda head, base, first, hidden: mosaic_backend.launch(
       spec, backend.WalkOperands(head, base, first, hidden, mode)))
@@ -246,7 +254,8 @@ def dump_stats(directory: str) -> dict:
     text = open(path, errors="replace").read()
     if "ptxas" in os.path.basename(path) or "Used" in text[:20000] and "registers" in text:
       stats["ptxas"] = [line.strip() for line in text.splitlines()
-                        if "registers" in line or "spill" in line or "stack" in line][:20]
+                        if any(word in line for word in ("registers", "spill", "stack",
+                                                         "wgmma", "arning"))][:30]
     if path.endswith(".sass") or "sass" in os.path.basename(path):
       ops = collections.Counter()
       for line in text.splitlines():

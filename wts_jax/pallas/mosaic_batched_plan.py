@@ -142,6 +142,16 @@ class BatchedPlan:
   # gather (into [64] f32), instead of a bulk copy a row of the 32 or 64 scales around
   # it and their [64, window + 8] f32 staging (measurement option, off until measured).
   scalar_plane_scales: bool = False
+  # Chunks a group whose WGMMAs overlap: within a group each chunk's WGMMA is issued
+  # before the previous chunk's epilogue, so the tensor cores run while the warpgroup
+  # adds the base logits and folds the scores; the last of a group waits for its own
+  # (0 or 1: every chunk waits for its own). Measurement option, off until measured.
+  overlap_chunks: int = 0
+  # Two computing warpgroups take turns at the tensor cores: they meet at an mbarrier
+  # after each chunk's WGMMA issue, warpgroup 1 a turn behind, so one's epilogue runs
+  # beside the other's WGMMA instead of both contending for the tensor cores at once.
+  # Measurement option, off until measured.
+  alternate_wgmma: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -149,6 +159,8 @@ class BatchedPlan:
                        "them: deferred_release does not apply")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
+    if self.alternate_wgmma and self.warpgroups != 2:
+      raise ValueError("alternate_wgmma needs two computing warpgroups")
     if self.warp_producer and not self.producer:
       raise ValueError("warp_producer needs a producer warpgroup")
     if self.deferred_release and self.base_stages < 2:
@@ -262,6 +274,10 @@ class BatchedPlan:
             + ("; candidates' W1 rows prefetched to L2" if self.prefetch_candidates
                else "")
             + ("; each row's s_lo by a scalar load" if self.scalar_plane_scales else "")
+            + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
+               if self.overlap_chunks > 1 else "")
+            + ("; the warpgroups take turns at the tensor cores" if self.alternate_wgmma
+               else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n

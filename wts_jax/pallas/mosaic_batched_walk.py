@@ -114,6 +114,9 @@ class BatchedSpec:
   row_offset: int = 0   # the first row's index in the whole walk (its noise streams)
   profile_dir: str = ""   # Mosaic GPU's profiler over the named regions, when set
   profile_space: int = 0
+  # Profiling only: a warpgroup barrier (region "skew") before each chunk's WGMMA, so the
+  # profile separates the warps' arrival spread from the WGMMA's issue.
+  probe_skew: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +149,7 @@ class BatchedRefs:
   ring_free_bar: object = None   # producer: a W2 ring slot read by its consumer
   za_bar: object = None          # warpgroups: the WGMMA tile of z is staged
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
+  turn_bar: object = None        # ``alternate_wgmma``: the warpgroups' WGMMA turns
   merge_value_s: object = None
   merge_index_s: object = None
   w1_g: object = None            # W1 and the first tokens
@@ -263,6 +267,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     wraps = ahead >= chunks
     return (_select(wraps, step + 1, lambda: step),
             _select(wraps, ahead - chunks, lambda: ahead))
+
+  def take_turns():
+    """``plan.alternate_wgmma``: both computing warpgroups meet here after each chunk's
+    WGMMA issue, warpgroup 1 once more before its chunks and the leader once more after
+    its own, so warpgroup 1 issues chunk k after the leader issued chunk k and each
+    warpgroup's epilogue runs beside the other's WGMMA."""
+    plgpu.barrier_arrive(refs.turn_bar)
+    plgpu.barrier_wait(refs.turn_bar)
 
   def leader_only(body):
     if wgs > 1:
@@ -663,15 +675,25 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         return (resident, j, ring, _select(resident, index, lambda: res + ring),
                 _select(resident, index, lambda: streamed_chunk(step, j)), index)
 
-      def issue(position, acc_refs):
-        """Wait for the chunk's W2 and issue its WGMMA(s) (asynchronous)."""
-        resident, _, ring, slot, _, index = locate(position)
+      def await_chunk(position):
+        """Wait for the chunk's W2. Before its accumulators exist: their zeros and
+        ``wgmma.fence`` must reach the WGMMA with no branch between, else ptxas
+        inserts a fence of its own at the WGMMA, which inside a warpgroup's branch of
+        the kernel serializes every WGMMA of the kernel (its C7520 report)."""
+        resident, _, ring, _, _, index = locate(position)
         with jax.named_scope("wait"):
           if res:   # once: the resident chunks copied in the prologue have landed
             _when(_and(_and(resident, index == 0), step == 0),
                   lambda: plgpu.barrier_wait(refs.res_bar.at[wg]))
           if stages:
             _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
+        if spec.probe_skew:
+          with jax.named_scope("skew"):
+            plgpu.commit_smem()
+
+      def issue(position, acc_refs):
+        """Issue the chunk's WGMMA(s) (asynchronous; its W2 awaited: ``await_chunk``)."""
+        slot = locate(position)[3]
         with jax.named_scope("mma"):
           # int8 planes: a plane an accumulator; a hi + lo pair: both into one; either
           # with ``pair_on_n``: both halves' rows in one operand, one accumulator.
@@ -688,28 +710,39 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                           z.at[pl.ds(0, n_width)].T)
             else:
               plgpu.wgmma(acc_ref, z, refs.w_s.at[slot_base(wg) + slot].T)
+        if plan.alternate_wgmma:
+          with jax.named_scope("turn"):
+            take_turns()
 
-      def finish(position, acc_refs):
-        """The chunk's logits less the base: its accumulator(s), read when complete.
+      def finish(position, acc_refs, in_flight=0):
+        """The chunk's logits less the base: its accumulator(s), read when complete
+        (``in_flight``: the WGMMAs issued after this chunk's, left running).
         int8 planes: D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2,
         the order of wts_jax.int8_state."""
+        def read(acc_ref):
+          return plgpu.wgmma_accumulator_load(acc_ref, wait_n=in_flight)
         with jax.named_scope("mma_wait"):
           if plan.pair_on_n:   # the halves' columns: [0, rows) and [lo_offset, + rows)
-            both = acc_refs[0][...]
+            both = read(acc_refs[0])
             first = both[:, :rows]
             second = both[:, plan.lo_offset:plan.lo_offset + rows]
             if not planes:
               return first + second
             d_hi, d_lo = first, second
           elif not planes:
-            return acc_refs[0][...]
+            return read(acc_refs[0])
           else:
-            d_hi, d_lo = (acc_ref[...] for acc_ref in acc_refs)
+            d_hi, d_lo = (read(acc_ref) for acc_ref in acc_refs)
           c = locate(position)[4]
           vocab_scale = lax.broadcast_in_dim(
               _load(refs.w2_scale_s.at[wg * chunks + c], _PER_ROW if n_major else _PER_COLUMN),
               tile, (vocab_axis,))
           return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
+
+      def wgmma_groups():
+        """WGMMA groups a chunk issues (``issue``): one, or two for the int8 planes or
+        a hi + lo pair unless they share one (``plan.pair_on_n``)."""
+        return 1 if plan.pair_on_n or not (planes or plan.z_pair) else 2
 
       def accumulators():
         dtype = jnp.int32 if planes else jnp.float32
@@ -792,12 +825,48 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # One loop, not one code copy a chunk: unrolled, the copies spilled registers
       # (NOTES v10).
       def chunk(position, carry):
+        await_chunk(position)
         def product(*acc_refs):
           issue(position, acc_refs)
           return finish(position, acc_refs)
         return epilogue(position, pl.run_scoped(product, *accumulators()), carry)
 
-      carry = lax.fori_loop(0, chunks, chunk, carry)
+      def overlapped_chunks(first, count, carry):
+        """``plan.overlap_chunks``: chunks [first, first + count) with each chunk's
+        WGMMAs issued before the previous chunk's accumulators are read (a wait that
+        leaves the newer WGMMA group(s) running) and its epilogue. Each chunk's
+        accumulators are a scope nested in the previous one's (a scope's accumulators
+        start as zeros; an accumulator cannot be re-zeroed in interpret mode), so the
+        last chunk of a group waits for its own WGMMAs."""
+        groups = wgmma_groups()
+
+        def nest(i, previous, carry):
+          if i == count:
+            return epilogue(first + i - 1, finish(first + i - 1, previous), carry)
+          await_chunk(first + i)
+          def scope(*acc_refs):
+            issue(first + i, acc_refs)
+            folded = carry
+            if previous is not None:
+              folded = epilogue(first + i - 1,
+                                finish(first + i - 1, previous, in_flight=groups), folded)
+            return nest(i + 1, acc_refs, folded)
+          return pl.run_scoped(scope, *accumulators())
+        return nest(0, None, carry)
+
+      if plan.alternate_wgmma:   # warpgroup 1 a turn behind (see ``take_turns``)
+        pl.when(jnp.logical_not(leader))(take_turns)
+      if plan.overlap_chunks > 1:
+        group = plan.overlap_chunks
+        carry = lax.fori_loop(
+            0, chunks // group,
+            lambda k, carry: overlapped_chunks(k * group, group, carry), carry)
+        if chunks % group:
+          carry = overlapped_chunks(chunks - chunks % group, chunks % group, carry)
+      else:
+        carry = lax.fori_loop(0, chunks, chunk, carry)
+      if plan.alternate_wgmma:   # the leader's last turn, so both took chunks + 1
+        pl.when(leader)(take_turns)
 
       def reduced():
         """(best value, its index, NaN flag) per batch row of this warpgroup's chunks.
@@ -1055,6 +1124,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   if wgs > 1:
     scratch["za_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
     scratch["merge_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
+    if plan.alternate_wgmma:
+      scratch["turn_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=1)
     scratch["merge_value_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
     scratch["merge_index_s"] = plgpu.SMEM((BATCH_TILE,), jnp.int32)
   outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE) if n_major
