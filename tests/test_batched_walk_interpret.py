@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import wts_jax
-from wts_jax import validation
+from wts_jax import output, validation
 from wts_jax.device import H200 as H200_FACTS
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
@@ -724,3 +724,21 @@ def test_alternate_wgmma_needs_two_warpgroups():
                                           batch_axis="n")
   with pytest.raises(ValueError, match="alternate_wgmma needs two computing warpgroups"):
     dataclasses.replace(plan, alternate_wgmma=True)
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("axis,batch", [("n", 13), ("m", 64)])
+def test_out_of_range_first_tokens_reported_by_the_kernel(axis, batch):
+  """Without a confidence head the batched kernel takes the first tokens as given: it
+  clamps them and sets STATUS_TOKEN_OUT_OF_RANGE itself (no op before the launch),
+  walking the reference's tokens from the clamped ids."""
+  head = _head(776, 64)
+  base, first, _ = random_inputs(head.config, batch, 3, jax.random.key(41))
+  first = first.at[2].set(-3).at[batch - 1].set(776 + 5)
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none",
+                        batch_axis=axis)
+  # (Under jit: concrete out-of-range ids are refused eagerly, traced ones flagged.)
+  out = jax.jit(lambda f: wts_jax.walk(head, base, f, impl="mosaic", config=config))(first)
+  ref = jax.jit(lambda f: wts_jax.walk(head, base, f, impl="xla"))(first)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == output.STATUS_TOKEN_OUT_OF_RANGE == int(ref.status)

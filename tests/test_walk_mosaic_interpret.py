@@ -231,6 +231,19 @@ def test_nan_logits_and_out_of_range_first_tokens_are_reported():
     _run(head, base, first.at[0].set(1000))
 
 
+@NEEDS_INTERPRETER
+def test_out_of_range_first_tokens_reported_by_the_kernel():
+  """Without a confidence head the row kernel takes the first tokens as given: it
+  clamps them and sets STATUS_TOKEN_OUT_OF_RANGE itself (no op before the launch),
+  walking the reference's tokens from the clamped ids."""
+  head, (base, first, _) = _case(1000, 64, 3, 3, seed=9)
+  first = first.at[0].set(-2).at[2].set(1000 + 7)
+  out = jax.jit(lambda f: _run(head, base, f))(first)
+  ref = jax.jit(lambda f: wts_jax.walk(head, base, f, impl="xla"))(first)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == wts_jax.output.STATUS_TOKEN_OUT_OF_RANGE == int(ref.status)
+
+
 # --- shared-memory staging ------------------------------------------------------------
 def test_plan_stages_the_base_logits_beside_the_slots():
   """The base logits of two steps ([2, chunks, B, 64]) come out of the same shared memory

@@ -181,8 +181,9 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
 
 
 def time_walks(run, args, walks: int):
-  """Device µs of each walk (the sum of its ops), each after an L2 flush; and the
-  median of its longest op (the kernel)."""
+  """Device µs of each walk (the sum of its ops), each after an L2 flush; the median of
+  its longest op (the kernel); and the last walk's ops (name, start after the walk's
+  first op, duration; µs), which show what runs around the kernel and the gaps."""
   flush_buffer = jnp.zeros((256 << 20) // 4, jnp.float32)
   flush = jax.jit(lambda x: x + 1.0)
   out = run(*args)
@@ -199,20 +200,24 @@ def time_walks(run, args, walks: int):
         out = run(*args)
       jax.block_until_ready(out)
     ops = timing.gpu_events(trace_dir)
-  per_walk, current, biggest, longest = [], None, 0.0, []
+  per_walk, current, biggest, longest, walk_ops = [], None, 0.0, [], []
   for op in ops:
     if op["name"] in flush_names and op["dur"] > 50:   # the 2 × 256 MB flush itself
       if current is not None:
         per_walk.append(current)
         longest.append(biggest)
-      current, biggest = 0.0, 0.0
+      current, biggest, walk_ops = 0.0, 0.0, []
     elif current is not None:
-      current += op["dur"]
-      biggest = max(biggest, op["dur"])
+      current += float(op["dur"])
+      biggest = max(biggest, float(op["dur"]))
+      walk_ops.append(op)
   if current is not None:
     per_walk.append(current)
     longest.append(biggest)
-  return per_walk, statistics.median(longest)
+  start = float(walk_ops[0]["ts"]) if walk_ops else 0.0
+  last_ops = [(op["name"][:60], round(float(op["ts"]) - start, 2), round(float(op["dur"]), 2))
+              for op in walk_ops]
+  return per_walk, statistics.median(longest), last_ops
 
 
 def summarise_profile(directory: str, clock_ghz: float) -> dict:
@@ -312,12 +317,12 @@ def main(argv=None):
     try:
       spec, run, operands, want = build(variant, heads)
       tokens, status = (np.asarray(x) for x in (lambda o: (o.tokens, o.status))(run(*operands)))
-      per_walk, kernel_us = time_walks(run, operands, args.walks)
+      per_walk, kernel_us, walk_ops = time_walks(run, operands, args.walks)
       record(text, {"plan": spec.plan.describe(), "tokens_equal": bool(
           np.array_equal(tokens, want)), "status": int(status),
           "walk_us_median": round(statistics.median(per_walk), 1),
           "walk_us_min": round(min(per_walk), 1), "kernel_us_median": round(kernel_us, 1),
-          "walks": len(per_walk)})
+          "walks": len(per_walk), "last_walk_ops": walk_ops})
     except Exception as err:   # report every variant, then go on
       record(text, {"error": f"{type(err).__name__}: {str(err)[-1500:]}"})
 

@@ -222,8 +222,7 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
             noise_on, seed):
   from wts_jax.output import WalkOutput
   from wts_jax.pallas.mosaic_walk import mosaic_walk
-  from wts_jax.reference import clamp_first_tokens
-  first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
+  first, status = _first_tokens(head, first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]
   gate = ({} if not spec.plan.gated else
@@ -238,6 +237,17 @@ def _launch(spec: MosaicSpec, head, base_logits, first_tokens, hidden, score_sca
                                       **z_source, **gate)
   return WalkOutput(tokens=tokens, status=status | kernel_status,
                     confidence=confidence_logits(head, hidden, first, tokens, w1))
+
+
+def _first_tokens(head, first_tokens, vocab):
+  """(the first tokens, the status they set). The Mosaic kernels clamp the first tokens
+  and report those outside [0, V) themselves, so without a confidence head they go in
+  as given, with no op before the launch; the confidence logits read the W1 rows of
+  the clamped ids, so with one they are clamped here too."""
+  if head.confidence_head is None:
+    return first_tokens.astype(jnp.int32), jnp.int32(0)
+  from wts_jax.reference import clamp_first_tokens
+  return clamp_first_tokens(first_tokens, vocab)
 
 
 def confidence_logits(head, hidden, first, tokens, w1):
@@ -258,8 +268,7 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
   """The batched kernel, one launch per 64 rows (the rows of a walk are independent)."""
   from wts_jax.output import WalkOutput
   from wts_jax.pallas.mosaic_batched_walk import batched_walk, row_launches
-  from wts_jax.reference import clamp_first_tokens
-  first, status = clamp_first_tokens(first_tokens, spec.plan.vocab_size)
+  first, status = _first_tokens(head, first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]
   weights = dict(w2=operands["w2"], w1=w1)

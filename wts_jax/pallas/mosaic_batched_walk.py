@@ -79,7 +79,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
-from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
+from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
+                             STATUS_TOKEN_OUT_OF_RANGE)
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
@@ -267,6 +268,19 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     wraps = ahead >= chunks
     return (_select(wraps, step + 1, lambda: step),
             _select(wraps, ahead - chunks, lambda: ahead))
+
+  def load_first_tokens():
+    """The walk's first tokens as given (``first_g`` is ``batch_width`` long: the
+    caller's rows, zeros past them)."""
+    return _load(refs.first_g.at[pl.ds(0, batch_width)], per_batch_row, optimized=False)
+
+  def first_tokens_flag():
+    """STATUS_TOKEN_OUT_OF_RANGE where a row's first token is outside [0, V) (the walk
+    runs on from it clamped): reported here, so the caller needs no op of its own."""
+    first = load_first_tokens()
+    outside = jnp.where((first < 0) | (first >= vocab), 1, 0) * jnp.where(
+        row_ids < spec.batch, 1, 0)
+    return jnp.where(outside.max() > 0, STATUS_TOKEN_OUT_OF_RANGE, 0)
 
   def take_turns():
     """``plan.alternate_wgmma``: both computing warpgroups meet here after each chunk's
@@ -601,8 +615,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                   refs.w2_scale_bar.at[wg])
 
       def first_z():
-        first_tokens = jnp.clip(_load(refs.first_g.at[pl.ds(0, batch_width)],
-                                      per_batch_row, optimized=False), 0, vocab - 1)
+        first_tokens = jnp.clip(load_first_tokens(), 0, vocab - 1)
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
         gather_z()
         if plan.scalar_plane_scales:
@@ -954,7 +967,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           load_row_scales()
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
-    flags = lax.fori_loop(0, spec.steps, step_body, jnp.int32(0))
+    flags = lax.fori_loop(0, spec.steps, step_body, first_tokens_flag())
     if plan.deferred_release:
       # The walk's last base_stages reads (one a slot) were released and never refilled:
       # their phases observed, so no arrival is pending when the kernel ends.
@@ -1132,8 +1145,11 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                                            else (BATCH_TILE, steps), jnp.int32),
              "flag_g": jax.ShapeDtypeStruct((plan.num_blocks * threads,), jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits}
-  operands.update(w1_g=w1, first_g=jnp.zeros((BATCH_TILE,), jnp.int32).at[:batch].set(
-      first_tokens.astype(jnp.int32)))
+  # The first tokens as they come (the kernel clamps them and reports those outside
+  # [0, V)), padded only where the kernel's first load is wider than the batch.
+  first_width = rows if n_major else BATCH_TILE
+  operands.update(w1_g=w1, first_g=jnp.pad(first_tokens.astype(jnp.int32),
+                                           (0, first_width - batch)))
   if plan.int8_state:
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
   def hoisted_by_step(hoisted):

@@ -63,7 +63,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
-from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT
+from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
+                             STATUS_TOKEN_OUT_OF_RANGE)
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, Z_TILE_ROWS, MosaicPlan,
                                         chunk_schedule, row_swizzle)
@@ -582,9 +583,14 @@ def _walk_kernel(*refs, spec: MosaicSpec, names: tuple[str, ...]):
       e = gather(tokens, needed=step + 1 < spec.steps)
     return e, flags, register_chunks
 
-  first = [jnp.clip(refs.first_g[b], 0, vocab - 1) for b in range(batch)]
+  given = [refs.first_g[b] for b in range(batch)]
+  first = [jnp.clip(token, 0, vocab - 1) for token in given]
+  # First tokens outside [0, V) are reported here (the walk runs on from them clamped),
+  # so the caller needs no op of its own before the launch.
+  outside = functools.reduce(jnp.logical_or, [(t < 0) | (t >= vocab) for t in given])
+  first_flag = jnp.where(outside, STATUS_TOKEN_OUT_OF_RANGE, 0)
   _, flags, _ = lax.fori_loop(0, spec.steps, step_body,
-                              (gather(first), jnp.int32(0), register_chunks))
+                              (gather(first), first_flag, register_chunks))
   refs.flag_g[block] = flags
 
 
