@@ -4,7 +4,8 @@ device call that checks, times and profiles many variants at the Qwen3-4B shape.
   python tools/profile_batched.py --out $OUT/batched [--variants bf16:64:greedy:r2+s2,...]
       [--profile VARIANT,...] [--dump VARIANT,...]
 
-A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two int8
+``--variants sweep:DTYPE`` expands to the planner's choices over B and mode
+(``planner_sweep``). A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two int8
 planes) for the vanilla head, or gated / rnn (those heads, bf16), mode greedy or
 sample, options joined by ``+``: ``x`` (the head's update split over the blocks:
 ``serial_update="split"``, the rnn head's only way), ``rR`` / ``sS`` / ``bN``
@@ -96,6 +97,30 @@ FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("pair_in_one_wgmma", "warp_gather", "warp_producer", "prefetch_candidates",
                 "overlap_chunks", "alternate_wgmma")
+
+
+def planner_sweep(dtype: str) -> list[str]:
+  """``sweep:DTYPE`` in ``--variants``: the planner's choices (batch axis, computing
+  warpgroups, producer) over B 4, 16, 32, 64, greedy and sampled — what
+  ``auto_batch_axis``, ``auto_warpgroups`` and ``auto_producer`` are read from. The
+  gated and rnn heads (their update split) without a producer, which they do not take."""
+  split = dtype in ("gated", "rnn")
+  variants = []
+  for batch in (4, 16, 32, 64):
+    for mode in ("greedy", "sample"):
+      on_n = (["n+x+w1", "n+x+w2"] if split else ["n+w1", "n+w1+P", "n+w2+C", "n+w2+P"])
+      on_m = ["x+w1", "x+w2"] if split else ["w1", "w2+C", "w2+P"]
+      for options in (on_n if batch <= 32 else []) + on_m:
+        variants.append(f"{dtype}:{batch}:{mode}:{options}")
+  return variants
+
+
+def expand_variants(text: str) -> list[str]:
+  """The comma-separated variants, each ``sweep:DTYPE`` expanded (``planner_sweep``)."""
+  out = []
+  for item in (t for t in text.split(",") if t):
+    out += planner_sweep(item.split(":", 1)[1]) if item.startswith("sweep:") else [item]
+  return out
 
 
 def parse_variant(text: str) -> Variant:
@@ -312,7 +337,7 @@ def main(argv=None):
         os.environ.pop(name, None)
     record(text, {"dump": dump_stats(directory)})
 
-  for text in [t for t in args.variants.split(",") if t]:
+  for text in expand_variants(args.variants):
     variant = parse_variant(text)
     try:
       spec, run, operands, want = build(variant, heads)
