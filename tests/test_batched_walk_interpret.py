@@ -9,6 +9,7 @@ interpreter cannot run tiled shared-memory loads, so the interpret cases need ja
 """
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -742,3 +743,91 @@ def test_out_of_range_first_tokens_reported_by_the_kernel(axis, batch):
   ref = jax.jit(lambda f: wts_jax.walk(head, base, f, impl="xla"))(first)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   assert int(out.status) == output.STATUS_TOKEN_OUT_OF_RANGE == int(ref.status)
+
+
+def _merge_tiles_on(monkeypatch):
+  planned = mosaic_backend.plan_batched
+
+  def with_option(**kwargs):
+    two_on_n = kwargs.get("warpgroups") == 2 and kwargs.get("batch_axis") == "n"
+    return planned(**kwargs, merge_tiles=two_on_n)
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+
+
+# Warpgroup 1's per-element bests merged unreduced (a planner option, off in the
+# planner's plans): int8 planes beside a producer (sampled, B not a multiple of 8), bf16
+# greedy with V % 64 = 8, the split gate sampled.
+MERGE_TILES_CASES = [("int8p", 1000, 128, 13, 3, 0.7, True),
+                     ("vanilla", 776, 64, 5, 3, 0.0, None),
+                     ("gated", 1000, 128, 13, 3, 0.7, None)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,producer",
+                         MERGE_TILES_CASES)
+def test_merge_tiles_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
+                                      temperature, producer):
+  _merge_tiles_on(monkeypatch)
+  if head_type == "gated":
+    head = _gated_head(vocab, rank, confidence=True)
+  else:
+    head = _head(vocab, rank, confidence=head_type == "vanilla")
+    if head_type == "int8p":
+      head = quantize_w2(head, "int8", state="planes")
+  _assert_matches_xla(head, batch, steps, "none", temperature, seed=43, batch_axis="n",
+                      warpgroups=2, producer=producer,
+                      serial_update="split" if head_type == "gated" else "auto")
+
+
+@NEEDS_INTERPRETER
+def test_merge_tiles_report_warpgroup_ones_nan():
+  """A NaN logit in either warpgroup's chunks still sets the status when warpgroup 1
+  hands its bests over unreduced (its NaN tile joins the leader's reduction)."""
+  head = _head(776, 64)
+  base, first, _ = random_inputs(head.config, 8, 2, jax.random.key(47))
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
+                        warpgroups=2)
+  planned = mosaic_backend.plan_batched
+  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, True), config, H200_FACTS)
+  assert not spec.plan.merge_tiles
+  for column in (5, 770):   # a chunk of each warpgroup (chunks split into halves or turns)
+    bad = base.at[3, 1, column].set(jnp.nan)
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(mosaic_backend, "plan_batched",
+                    lambda **kwargs: planned(**kwargs, merge_tiles=True))
+      out = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config))(
+          bad)
+    assert int(out.status) & output.STATUS_NAN_LOGITS, column
+
+
+def test_merge_tiles_plan_counts_its_tiles():
+  """The three [64, rows] tiles come out of the W2 slots' shared memory; the option
+  needs two computing warpgroups with the batch on N."""
+  plan = mosaic_batched_plan.plan_batched
+  args = dict(vocab_size=151936, rank=256, batch=32, num_sms=132, smem_per_block=H200_SMEM,
+              batch_axis="n", w2_itemsize=1, int8_state=True, warpgroups=2)
+  without, with_tiles = plan(**args), plan(**args, merge_tiles=True)
+  assert with_tiles.merge_tiles and not without.merge_tiles
+  fixed = functools.partial(mosaic_batched_plan.fixed_bytes, chunks=18, rank=256,
+                            base_stages=3, base_itemsize=2, scaled=True, int8_state=True,
+                            batch_axis="n", base_rows=32, warpgroups=2, staged_rows=32)
+  assert fixed(merge_tile_rows=32) - fixed() == 3 * 64 * 32 * 4
+  # 24 KB more of fixed shared memory: one 16 KB W2 slot fewer a warpgroup.
+  assert (with_tiles.resident_chunks, without.resident_chunks) == (
+      without.resident_chunks - 1, without.resident_chunks)
+  assert with_tiles.smem_bytes <= H200_SMEM
+  with pytest.raises(ValueError, match="merge_tiles needs two computing warpgroups"):
+    plan(**{**args, "warpgroups": 1}, merge_tiles=True)
+
+
+@pytest.mark.parametrize("batch,quantize", [(16, "int8p"), (32, None)])
+def test_merge_tiles_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, quantize):
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  _merge_tiles_on(monkeypatch)
+  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
+                      mosaic_batch_axis="n", mosaic_warpgroups=2,
+                      mosaic_producer=quantize == "int8p")
+  assert "mosaic_gpu" in lower_walk("vanilla", batch, 7, quantize=quantize, config=config)

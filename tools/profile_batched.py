@@ -5,9 +5,10 @@ device call that checks, times and profiles many variants at the Qwen3-4B shape.
       [--profile VARIANT,...] [--dump VARIANT,...]
 
 ``--variants sweep:DTYPE`` expands to the planner's choices over B and mode
-(``planner_sweep``). A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p (int8 W2, z as two int8
-planes) for the vanilla head, or gated / rnn (those heads, bf16), mode greedy or
-sample, options joined by ``+``: ``x`` (the head's update split over the blocks:
+(``planner_sweep``). A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p
+(int8 W2, z as two int8 planes) for the vanilla head, or gated / rnn (those heads,
+bf16), mode greedy or sample, options joined by ``+``: ``x`` (the head's update split
+over the blocks:
 ``serial_update="split"``, the rnn head's only way), ``rR`` / ``sS`` / ``bN``
 (resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
 block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
@@ -20,7 +21,7 @@ barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale window
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
 epilogue, in groups of G chunks), ``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
-cores).
+cores), ``M`` (warpgroup 1's bests handed over unreduced, one reduction a step).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -84,6 +85,7 @@ class Variant:
   overlap_chunks: int = 0
   probe_skew: bool = False
   alternate_wgmma: bool = False
+  merge_tiles: bool = False
 
 
 # Single-letter options: the Variant field each sets, and to what.
@@ -93,10 +95,12 @@ FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
-         "t": ("alternate_wgmma", True)}
+         "t": ("alternate_wgmma", True), "M": ("merge_tiles", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("pair_in_one_wgmma", "warp_gather", "warp_producer", "prefetch_candidates",
                 "overlap_chunks", "alternate_wgmma")
+# Planner arguments a variant sets (they change the plan's shared-memory split).
+PLANNER_OPTIONS = ("scalar_plane_scales", "merge_tiles")
 
 
 def planner_sweep(dtype: str) -> list[str]:
@@ -183,8 +187,10 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   device = dataclasses.replace(device, smem_per_block=device.smem_per_block - smem_reserve)
   shapes = backend.WalkShapes.of(base, mode.greedy)
   planned = mosaic_backend.plan_batched
-  if variant.scalar_plane_scales:   # a planner option: the shared memory it frees is W2's
-    mosaic_backend.plan_batched = functools.partial(planned, scalar_plane_scales=True)
+  # Planner options: the shared memory they free or take is W2's.
+  planner_options = {key: True for key in PLANNER_OPTIONS if getattr(variant, key)}
+  if planner_options:
+    mosaic_backend.plan_batched = functools.partial(planned, **planner_options)
   try:
     spec = mosaic_backend.plan(head, shapes, config, device)
   finally:

@@ -152,6 +152,13 @@ class BatchedPlan:
   # beside the other's WGMMA instead of both contending for the tensor cores at once.
   # Measurement option, off until measured.
   alternate_wgmma: bool = False
+  # Two computing warpgroups with the batch on N: warpgroup 1 hands its per-element
+  # bests over unreduced ([64, rows] value, index and NaN tiles in shared memory) and the
+  # leader reduces over the vocabulary once a step for both, instead of each reducing
+  # its own in turn (Mosaic's cross-warp reductions share one scratch buffer) before the
+  # leader merges the two per-row results. A planner option (its tiles are shared memory
+  # the plan counts), off until measured.
+  merge_tiles: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -159,6 +166,8 @@ class BatchedPlan:
                        "them: deferred_release does not apply")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
+    if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
+      raise ValueError("merge_tiles needs two computing warpgroups with the batch on N")
     if self.alternate_wgmma and self.warpgroups != 2:
       raise ValueError("alternate_wgmma needs two computing warpgroups")
     if self.warp_producer and not self.producer:
@@ -278,6 +287,7 @@ class BatchedPlan:
                if self.overlap_chunks > 1 else "")
             + ("; the warpgroups take turns at the tensor cores" if self.alternate_wgmma
                else "")
+            + ("; warpgroup 1's bests merged unreduced" if self.merge_tiles else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n
@@ -313,7 +323,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
                 gate_rows: int = 0, state_units: int = 0,
-                scalar_plane_scales: bool = False) -> int:
+                scalar_plane_scales: bool = False, merge_tile_rows: int = 0) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
@@ -323,7 +333,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   ``scalar_plane_scales``); with warpgroups the merge slots [warpgroups, 64] f32 +
   i32; z as a hi + lo pair has two tiles; a split update's resident weight rows
   [gate_rows, r] bf16 and its timeout flag and barriers (one more aligned allocation),
-  and the rnn head's own units' state [64, state_units] f32."""
+  and the rnn head's own units' state [64, state_units] f32; with ``merge_tiles``
+  warpgroup 1's unreduced bests, three [64, merge_tile_rows] 4-byte tiles."""
   z_stage = (staged_rows * (rank * 2 + Z_ROW_PAD_BYTES)
              + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
@@ -340,7 +351,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
           + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge
           + (_aligned(gate_rows * rank * 2) + SMEM_ALIGNMENT if gate_rows else 0)
-          + _aligned(BATCH_TILE * state_units * 4))
+          + _aligned(BATCH_TILE * state_units * 4)
+          + 3 * _aligned(CHUNK_ROWS * merge_tile_rows * 4))
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
@@ -352,7 +364,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
                  recurrent: bool = False,
-                 scalar_plane_scales: bool = False) -> BatchedPlan:
+                 scalar_plane_scales: bool = False, merge_tiles: bool = False) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
@@ -401,7 +413,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       z_pair=z_pair,
                       gate_rows=update_units * (6 if recurrent else 1),
                       state_units=update_units if recurrent else 0,
-                      scalar_plane_scales=scalar_plane_scales)
+                      scalar_plane_scales=scalar_plane_scales,
+                      merge_tile_rows=padded_batch(batch) if merge_tiles else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -440,4 +453,4 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
                      gate_split=gate_split, recurrent=recurrent,
-                     scalar_plane_scales=scalar_plane_scales)
+                     scalar_plane_scales=scalar_plane_scales, merge_tiles=merge_tiles)

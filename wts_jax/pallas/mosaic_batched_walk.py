@@ -153,6 +153,9 @@ class BatchedRefs:
   turn_bar: object = None        # ``alternate_wgmma``: the warpgroups' WGMMA turns
   merge_value_s: object = None
   merge_index_s: object = None
+  merge_tile_value_s: object = None   # ``merge_tiles``: warpgroup 1's unreduced bests
+  merge_tile_index_s: object = None
+  merge_tile_nan_s: object = None
   w1_g: object = None            # W1 and the first tokens
   first_g: object = None
   z_s: object = None             # z staging
@@ -881,8 +884,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       if plan.alternate_wgmma:   # the leader's last turn, so both took chunks + 1
         pl.when(leader)(take_turns)
 
-      def reduced():
-        """(best value, its index, NaN flag) per batch row of this warpgroup's chunks.
+      def reduced(carry):
+        """(best value, its index, NaN flag) per batch row of ``carry`` (this
+        warpgroup's chunks, or on N with ``plan.merge_tiles`` both warpgroups').
         Mosaic's cross-warp reductions (over the vocabulary on N, the NaN flag over the
         rows) share one scratch buffer among warpgroups: two warpgroups reduce in turn."""
         best_value, best_index, nan_seen = carry
@@ -898,26 +902,47 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         return best_value, best_index, nan_flag
 
       if wgs == 1:
-        best_value, best_index, nan_flag = reduced()
+        best_value, best_index, nan_flag = reduced(carry)
         return flags | nan_flag | exchange(step, best_value, best_index)
 
-      def hand_over():   # warpgroup 1: its best per row to the leader, then the next step
-        best_value, best_index, nan_flag = reduced()
+      merge_tiles = (refs.merge_tile_value_s, refs.merge_tile_index_s,
+                     refs.merge_tile_nan_s) if plan.merge_tiles else None
+
+      def hand_over():   # warpgroup 1: its bests to the leader, then the next step
+        if plan.merge_tiles:   # every element's, unreduced: the leader reduces once
+          for tile_ref, part in zip(merge_tiles, carry):
+            tile_ref[...] = part
+          plgpu.barrier_arrive(refs.merge_bar)
+          return jnp.int32(0)   # (its NaNs are in the leader's reduction)
+        best_value, best_index, nan_flag = reduced(carry)
         refs.merge_value_s[pl.ds(0, batch_width)] = best_value
         refs.merge_index_s[pl.ds(0, batch_width)] = best_index
         plgpu.barrier_arrive(refs.merge_bar)
         return nan_flag
 
+      def better_of(value, index, other_value, other_index):
+        """Where the other candidate wins: a higher score, or the same and a lower
+        index (the walk's tie rule)."""
+        return (other_value > value) | ((other_value == value) & (other_index < index))
+
       def merge_and_exchange():
         with jax.named_scope("merge"):
-          plgpu.barrier_wait(refs.merge_bar)   # also: warpgroup 1 has reduced
-          best_value, best_index, nan_flag = reduced()
+          plgpu.barrier_wait(refs.merge_bar)   # also: warpgroup 1 has reduced or stored
+          if plan.merge_tiles:   # element by element, then one reduction of both
+            value, index, nan_seen = carry
+            other_value, other_index, other_nan = (
+                _load(tile_ref, _WGMMA, optimized=False) for tile_ref in merge_tiles)
+            better = better_of(value, index, other_value, other_index)
+            best_value, best_index, nan_flag = reduced(
+                (jnp.where(better, other_value, value), jnp.where(better, other_index, index),
+                 jnp.maximum(nan_seen, other_nan)))
+            return nan_flag | exchange(step, best_value, best_index)
+          best_value, best_index, nan_flag = reduced(carry)
           other_value = _load(refs.merge_value_s.at[pl.ds(0, batch_width)], per_batch_row,
                               optimized=False)
           other_index = _load(refs.merge_index_s.at[pl.ds(0, batch_width)], per_batch_row,
                               optimized=False)
-          better = ((other_value > best_value)
-                    | ((other_value == best_value) & (other_index < best_index)))
+          better = better_of(best_value, best_index, other_value, other_index)
         return nan_flag | exchange(step, jnp.where(better, other_value, best_value),
                                    jnp.where(better, other_index, best_index))
       return flags | lax.cond(leader, merge_and_exchange, hand_over)
@@ -1141,6 +1166,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       scratch["turn_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=1)
     scratch["merge_value_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
     scratch["merge_index_s"] = plgpu.SMEM((BATCH_TILE,), jnp.int32)
+    if plan.merge_tiles:   # warpgroup 1's per-element bests, [64 vocab rows, rows]
+      for name, dtype in (("value", jnp.float32), ("index", jnp.int32), ("nan", jnp.int32)):
+        scratch[f"merge_tile_{name}_s"] = plgpu.SMEM((CHUNK_ROWS, rows), dtype)
   outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE) if n_major
                                            else (BATCH_TILE, steps), jnp.int32),
              "flag_g": jax.ShapeDtypeStruct((plan.num_blocks * threads,), jnp.int32)}
