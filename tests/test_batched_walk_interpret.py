@@ -629,6 +629,17 @@ def test_lowers_for_cuda_with_a_vocab_not_a_multiple_of_64(temperature):
   assert "red.relaxed.gpu.global.max.u64" in text
 
 
+def _head_of_type(head_type, vocab, rank):
+  """A head by name: vanilla (with a confidence head), int8p (an int8 W2 that z meets as
+  two int8 planes), gated or rnn (with a confidence head)."""
+  if head_type in ("gated", "rnn"):
+    config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type=head_type,
+                        confidence=True)
+    return wts_jax.make_head(config, seed=vocab + rank + 7)
+  head = _head(vocab, rank, confidence=head_type == "vanilla")
+  return quantize_w2(head, "int8", state="planes") if head_type == "int8p" else head
+
+
 def _overlap_mma_on(monkeypatch, group=3, alternate=False):
   """Plans with WGMMAs overlapping epilogues in groups of ``group`` chunks, and (with
   ``alternate``, where a plan has two computing warpgroups) turns at the tensor cores."""
@@ -662,15 +673,7 @@ def test_overlap_chunks_tokens_equal_xla(monkeypatch, head_type, vocab, rank, ba
                                          residency, temperature, axis, warpgroups,
                                          producer, group):
   _overlap_mma_on(monkeypatch, group)
-  if head_type in ("gated", "rnn"):
-    config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type=head_type,
-                        confidence=True)
-    head = wts_jax.make_head(config, seed=vocab + rank + 7)
-  else:
-    head = _head(vocab, rank, confidence=head_type == "vanilla")
-    if head_type == "int8p":
-      head = quantize_w2(head, "int8", state="planes")
-  _assert_matches_xla(head, batch, steps, residency, temperature, seed=31, batch_axis=axis,
+  _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, residency, temperature, seed=31, batch_axis=axis,
                       warpgroups=warpgroups, producer=producer,
                       serial_update="split" if head_type == "rnn" else "auto")
 
@@ -708,13 +711,7 @@ ALTERNATE_CASES = [("int8p", 1000, 128, 13, 3, 0.7, "n", True, 0),
 def test_alternate_wgmma_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch,
                                           steps, temperature, axis, producer, group):
   _overlap_mma_on(monkeypatch, group, alternate=True)
-  if head_type == "gated":
-    head = _gated_head(vocab, rank, confidence=True)
-  else:
-    head = _head(vocab, rank, confidence=head_type == "vanilla")
-    if head_type == "int8p":
-      head = quantize_w2(head, "int8", state="planes")
-  _assert_matches_xla(head, batch, steps, "none", temperature, seed=37, batch_axis=axis,
+  _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, "none", temperature, seed=37, batch_axis=axis,
                       warpgroups=2, producer=producer,
                       serial_update="split" if head_type == "gated" else "auto")
 
@@ -768,13 +765,7 @@ MERGE_TILES_CASES = [("int8p", 1000, 128, 13, 3, 0.7, True),
 def test_merge_tiles_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
                                       temperature, producer):
   _merge_tiles_on(monkeypatch)
-  if head_type == "gated":
-    head = _gated_head(vocab, rank, confidence=True)
-  else:
-    head = _head(vocab, rank, confidence=head_type == "vanilla")
-    if head_type == "int8p":
-      head = quantize_w2(head, "int8", state="planes")
-  _assert_matches_xla(head, batch, steps, "none", temperature, seed=43, batch_axis="n",
+  _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, "none", temperature, seed=43, batch_axis="n",
                       warpgroups=2, producer=producer,
                       serial_update="split" if head_type == "gated" else "auto")
 
