@@ -640,7 +640,7 @@ def _head_of_type(head_type, vocab, rank):
   return quantize_w2(head, "int8", state="planes") if head_type == "int8p" else head
 
 
-def _overlap_mma_on(monkeypatch, group=3, alternate=False):
+def _overlap_options_on(monkeypatch, group=3, alternate=False):
   """Plans with WGMMAs overlapping epilogues in groups of ``group`` chunks, and (with
   ``alternate``, where a plan has two computing warpgroups) turns at the tensor cores."""
   planned = mosaic_backend.plan_batched
@@ -672,7 +672,7 @@ OVERLAP_CASES = [("vanilla", 776, 64, 13, 3, "none", 0.0, "n", 1, None, 3),
 def test_overlap_chunks_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
                                          residency, temperature, axis, warpgroups,
                                          producer, group):
-  _overlap_mma_on(monkeypatch, group)
+  _overlap_options_on(monkeypatch, group)
   _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, residency, temperature, seed=31, batch_axis=axis,
                       warpgroups=warpgroups, producer=producer,
                       serial_update="split" if head_type == "rnn" else "auto")
@@ -688,7 +688,7 @@ def test_overlap_chunks_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, ax
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  _overlap_mma_on(monkeypatch)
+  _overlap_options_on(monkeypatch)
   config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
                       mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
   text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
@@ -710,7 +710,7 @@ ALTERNATE_CASES = [("int8p", 1000, 128, 13, 3, 0.7, "n", True, 0),
                          ALTERNATE_CASES)
 def test_alternate_wgmma_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch,
                                           steps, temperature, axis, producer, group):
-  _overlap_mma_on(monkeypatch, group, alternate=True)
+  _overlap_options_on(monkeypatch, group, alternate=True)
   _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, "none", temperature, seed=37, batch_axis=axis,
                       warpgroups=2, producer=producer,
                       serial_update="split" if head_type == "gated" else "auto")
@@ -771,23 +771,19 @@ def test_merge_tiles_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch
 
 
 @NEEDS_INTERPRETER
-def test_merge_tiles_report_warpgroup_ones_nan():
+def test_merge_tiles_report_warpgroup_ones_nan(monkeypatch):
   """A NaN logit in either warpgroup's chunks still sets the status when warpgroup 1
   hands its bests over unreduced (its NaN tile joins the leader's reduction)."""
   head = _head(776, 64)
   base, first, _ = random_inputs(head.config, 8, 2, jax.random.key(47))
   config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
                         warpgroups=2)
-  planned = mosaic_backend.plan_batched
   spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, True), config, H200_FACTS)
-  assert not spec.plan.merge_tiles
+  assert not spec.plan.merge_tiles   # (the planner's own plans: off)
+  _merge_tiles_on(monkeypatch)
+  walk = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config))
   for column in (5, 770):   # a chunk of each warpgroup (chunks split into halves or turns)
-    bad = base.at[3, 1, column].set(jnp.nan)
-    with pytest.MonkeyPatch.context() as patch:
-      patch.setattr(mosaic_backend, "plan_batched",
-                    lambda **kwargs: planned(**kwargs, merge_tiles=True))
-      out = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config))(
-          bad)
+    out = walk(base.at[3, 1, column].set(jnp.nan))
     assert int(out.status) & output.STATUS_NAN_LOGITS, column
 
 

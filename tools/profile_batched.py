@@ -74,21 +74,17 @@ class Variant:
   base_stages: int | None = None
   batch_axis: str = "m"
   warpgroups: int | None = None
-  deferred_release: bool | None = None   # None: the planner's
   producer: bool | None = None
   split: bool = False
-  pair_in_one_wgmma: bool = True
-  warp_gather: bool = False
-  warp_producer: bool = False
-  prefetch_candidates: bool = False
-  scalar_plane_scales: bool = False
-  overlap_chunks: int = 0
   probe_skew: bool = False
-  alternate_wgmma: bool = False
-  merge_tiles: bool = False
+  # BatchedPlan fields set after planning, and plan_batched arguments: only those the
+  # variant names (the rest stay the planner's).
+  plan_options: dict = dataclasses.field(default_factory=dict)
+  planner_options: dict = dataclasses.field(default_factory=dict)
 
 
-# Single-letter options: the Variant field each sets, and to what.
+# Single-letter options: the Variant field (or plan field, or planner argument) each
+# sets, and to what.
 FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
          "d": ("deferred_release", True), "x": ("split", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
@@ -97,8 +93,8 @@ FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
-PLAN_OPTIONS = ("pair_in_one_wgmma", "warp_gather", "warp_producer", "prefetch_candidates",
-                "overlap_chunks", "alternate_wgmma")
+PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
+                "prefetch_candidates", "overlap_chunks", "alternate_wgmma")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
 PLANNER_OPTIONS = ("scalar_plane_scales", "merge_tiles")
 
@@ -131,18 +127,20 @@ def parse_variant(text: str) -> Variant:
   dtype, batch, mode, *rest = text.split(":")
   if dtype not in ("bf16", "int8p", "gated", "rnn") or mode not in ("greedy", "sample"):
     raise SystemExit(f"error: bad variant {text!r}")
-  options = {}
+  options, plan_options, planner_options = {}, {}, {}
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option in FLAGS:
       key, value = FLAGS[option]
-      options[key] = value
     elif m := re.fullmatch(r"([rsbwo])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
              "w": "warpgroups", "o": "overlap_chunks"}[m.group(1)]
-      options[key] = int(m.group(2))
+      value = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")
-  return Variant(text, dtype, int(batch), mode == "greedy", **options)
+    (plan_options if key in PLAN_OPTIONS else planner_options if key in PLANNER_OPTIONS
+     else options)[key] = value
+  return Variant(text, dtype, int(batch), mode == "greedy", plan_options=plan_options,
+                 planner_options=planner_options, **options)
 
 
 class Heads:
@@ -187,21 +185,16 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   device = dataclasses.replace(device, smem_per_block=device.smem_per_block - smem_reserve)
   shapes = backend.WalkShapes.of(base, mode.greedy)
   planned = mosaic_backend.plan_batched
-  # Planner options: the shared memory they free or take is W2's.
-  planner_options = {key: True for key in PLANNER_OPTIONS if getattr(variant, key)}
-  if planner_options:
-    mosaic_backend.plan_batched = functools.partial(planned, **planner_options)
+  if variant.planner_options:   # the shared memory they free or take is W2's
+    mosaic_backend.plan_batched = functools.partial(planned, **variant.planner_options)
   try:
     spec = mosaic_backend.plan(head, shapes, config, device)
   finally:
     mosaic_backend.plan_batched = planned
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
-  spec = dataclasses.replace(spec, plan=dataclasses.replace(
-      spec.plan, **{key: getattr(variant, key) for key in PLAN_OPTIONS}))
-  if variant.deferred_release is not None:
-    spec = dataclasses.replace(spec, plan=dataclasses.replace(
-        spec.plan, deferred_release=variant.deferred_release))
+  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
+                                                            **variant.plan_options))
   spec = dataclasses.replace(spec, profile_dir=profile_dir, probe_skew=variant.probe_skew,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
   run = jax.jit(lambda head, base, first, hidden: mosaic_backend.launch(

@@ -272,15 +272,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     return (_select(wraps, step + 1, lambda: step),
             _select(wraps, ahead - chunks, lambda: ahead))
 
-  def load_first_tokens():
-    """The walk's first tokens as given (``first_g`` is ``batch_width`` long: the
-    caller's rows, zeros past them)."""
-    return _load(refs.first_g.at[pl.ds(0, batch_width)], per_batch_row, optimized=False)
-
-  def first_tokens_flag():
-    """STATUS_TOKEN_OUT_OF_RANGE where a row's first token is outside [0, V) (the walk
-    runs on from it clamped): reported here, so the caller needs no op of its own."""
-    first = load_first_tokens()
+  def first_tokens_flag(first):
+    """STATUS_TOKEN_OUT_OF_RANGE where a row's first token (as given) is outside [0, V)
+    (the walk runs on from it clamped): reported here, so the caller needs no op of its
+    own."""
     outside = jnp.where((first < 0) | (first >= vocab), 1, 0) * jnp.where(
         row_ids < spec.batch, 1, 0)
     return jnp.where(outside.max() > 0, STATUS_TOKEN_OUT_OF_RANGE, 0)
@@ -617,8 +612,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                                   refs.w2_scale_s.at[wg * chunks + c],
                                   refs.w2_scale_bar.at[wg])
 
+      # The first tokens as given (``first_g`` is ``batch_width`` long: the caller's rows,
+      # zeros past them); clamped for the walk, checked for the status.
+      given_first = _load(refs.first_g.at[pl.ds(0, batch_width)], per_batch_row,
+                          optimized=False)
+
       def first_z():
-        first_tokens = jnp.clip(load_first_tokens(), 0, vocab - 1)
+        first_tokens = jnp.clip(given_first, 0, vocab - 1)
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
         gather_z()
         if plan.scalar_plane_scales:
@@ -992,7 +992,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           load_row_scales()
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
-    flags = lax.fori_loop(0, spec.steps, step_body, first_tokens_flag())
+    flags = lax.fori_loop(0, spec.steps, step_body, first_tokens_flag(given_first))
     if plan.deferred_release:
       # The walk's last base_stages reads (one a slot) were released and never refilled:
       # their phases observed, so no arrival is pending when the kernel ends.
