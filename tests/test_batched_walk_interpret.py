@@ -59,14 +59,15 @@ def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
 
 
 def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="m",
-                        warpgroups=None, producer=None, serial_update="auto"):
+                        warpgroups=None, producer=None, serial_update="auto",
+                        merge_tiles=None):
   """The batched kernel (interpret mode) against the XLA walk on fresh inputs: exact
   tokens (greedy), the same tokens with the same key (sampled), confidence close."""
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
   key = jax.random.key(seed + 10) if temperature else None
   config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
                         batch_axis=batch_axis, warpgroups=warpgroups, producer=producer,
-                        serial_update=serial_update)
+                        serial_update=serial_update, merge_tiles=merge_tiles)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -450,6 +451,23 @@ def test_planner_choices():
     dataclasses.replace(with_producer, deferred_release=True)
 
 
+def test_ring_preference_and_stated_residency():
+  """``ring_preference`` deepens the ring before any chunk stays resident (never past
+  the W2 slots or the streamed chunks); stated resident chunks keep their slots and the
+  ring takes what is left, one slot at least; a preference below one is refused."""
+  plan = mosaic_batched_plan.plan_batched
+  args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM)
+  default = plan(**args)
+  deep = plan(**args, ring_preference=4)
+  slots = default.resident_chunks + default.ring_stages
+  assert (deep.ring_stages, deep.resident_chunks) == (min(4, slots), slots - min(4, slots))
+  assert plan(**args, ring_preference=64).ring_stages == slots
+  stated = plan(**args, ring_preference=4, resident_chunks=slots - 1)
+  assert (stated.resident_chunks, stated.ring_stages) == (slots - 1, 1)
+  with pytest.raises(ValueError, match="ring_preference=0 must be >= 1"):
+    plan(**args, ring_preference=0)
+
+
 def test_pair_on_n_where_both_halves_fit_one_tile():
   """z's two halves share one WGMMA with the batch on N: the int8 planes at any batch,
   a split update's hi + lo pair while both halves' rows fit 64; never on M."""
@@ -742,17 +760,8 @@ def test_out_of_range_first_tokens_reported_by_the_kernel(axis, batch):
   assert int(out.status) == output.STATUS_TOKEN_OUT_OF_RANGE == int(ref.status)
 
 
-def _merge_tiles_on(monkeypatch):
-  planned = mosaic_backend.plan_batched
-
-  def with_option(**kwargs):
-    two_on_n = kwargs.get("warpgroups") == 2 and kwargs.get("batch_axis") == "n"
-    return planned(**kwargs, merge_tiles=two_on_n)
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
-
-
-# Warpgroup 1's per-element bests merged unreduced (a planner option, off in the
-# planner's plans): int8 planes beside a producer (sampled, B not a multiple of 8), bf16
+# Warpgroup 1's per-element bests merged unreduced (``merge_tiles``, stated here for
+# every head): int8 planes beside a producer (sampled, B not a multiple of 8), bf16
 # greedy with V % 64 = 8, the split gate sampled.
 MERGE_TILES_CASES = [("int8p", 1000, 128, 13, 3, 0.7, True),
                      ("vanilla", 776, 64, 5, 3, 0.0, None),
@@ -762,25 +771,24 @@ MERGE_TILES_CASES = [("int8p", 1000, 128, 13, 3, 0.7, True),
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,producer",
                          MERGE_TILES_CASES)
-def test_merge_tiles_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
-                                      temperature, producer):
-  _merge_tiles_on(monkeypatch)
-  _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, "none", temperature, seed=43, batch_axis="n",
-                      warpgroups=2, producer=producer,
-                      serial_update="split" if head_type == "gated" else "auto")
+def test_merge_tiles_tokens_equal_xla(head_type, vocab, rank, batch, steps, temperature,
+                                      producer):
+  _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, "none",
+                      temperature, seed=43, batch_axis="n", warpgroups=2, producer=producer,
+                      serial_update="split" if head_type == "gated" else "auto",
+                      merge_tiles=True)
 
 
 @NEEDS_INTERPRETER
-def test_merge_tiles_report_warpgroup_ones_nan(monkeypatch):
+def test_merge_tiles_report_warpgroup_ones_nan():
   """A NaN logit in either warpgroup's chunks still sets the status when warpgroup 1
   hands its bests over unreduced (its NaN tile joins the leader's reduction)."""
   head = _head(776, 64)
   base, first, _ = random_inputs(head.config, 8, 2, jax.random.key(47))
   config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
-                        warpgroups=2)
+                        warpgroups=2, merge_tiles=True)
   spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, True), config, H200_FACTS)
-  assert not spec.plan.merge_tiles   # (the planner's own plans: off)
-  _merge_tiles_on(monkeypatch)
+  assert spec.plan.merge_tiles
   walk = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config))
   for column in (5, 770):   # a chunk of each warpgroup (chunks split into halves or turns)
     out = walk(base.at[3, 1, column].set(jnp.nan))
@@ -808,13 +816,11 @@ def test_merge_tiles_plan_counts_its_tiles():
 
 
 @pytest.mark.parametrize("batch,quantize", [(16, "int8p"), (32, None)])
-def test_merge_tiles_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, quantize):
+def test_merge_tiles_lower_for_cuda_at_the_qwen3_shape(batch, quantize):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  _merge_tiles_on(monkeypatch)
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis="n", mosaic_warpgroups=2,
-                      mosaic_producer=quantize == "int8p")
+  config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis="n", warpgroups=2,
+                        producer=quantize == "int8p", merge_tiles=True)
   assert "mosaic_gpu" in lower_walk("vanilla", batch, 7, quantize=quantize, config=config)

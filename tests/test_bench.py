@@ -109,6 +109,18 @@ def test_full_grid_defaults_state_the_method():
   assert (f"N = {timing.DEFAULT_WALKS}, R = {timing.DEFAULT_REPEATS}" in timing.METHOD)
 
 
+def test_command_buffer_settings_reach_the_chains():
+  """--command-buffers: fusions and library calls but not custom calls (the default),
+  none at all, or XLA's own default (no option set)."""
+  from wts_jax.bench.runner import chain_compiler_options
+  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
+  assert chain_compiler_options("no-custom-calls") == KERNEL_COMPILER_OPTIONS
+  assert chain_compiler_options("off") == {"xla_gpu_enable_command_buffer": ""}
+  assert chain_compiler_options("xla-default") == {}
+  assert cli.build_parser().parse_args([]).command_buffers == "no-custom-calls"
+  assert cli.build_parser().parse_args(["--command-buffers", "off"]).command_buffers == "off"
+
+
 def test_path_names_expand_default_and_all():
   assert cli._path_names(None) == paths.DEFAULT_PATHS
   assert cli._path_names("default,xla") == paths.DEFAULT_PATHS

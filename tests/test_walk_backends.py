@@ -154,16 +154,20 @@ def test_each_backend_by_name_walks_like_the_reference(impl, config):
 
 @pytest.mark.parametrize("batch,w2,greedy,want", [
     (1, "bf16", True, "rows"), (4, "bf16", True, ("n", 1)), (4, "bf16", False, ("n", 2)),
-    (16, "int8p", True, ("n", 2)), (32, "bf16", True, ("m", 1)),
-    (32, "int8p", True, ("n", 2)), (64, "bf16", False, ("m", 2)),
-    (64, "int8p", True, ("m", 1))])
+    (16, "int8p", True, ("n", 2)), (16, "bf16", True, ("n", 1)),
+    (32, "bf16", True, ("n", 2)), (32, "int8p", True, ("n", 2)),
+    (64, "bf16", False, ("m", 2)), (64, "bf16", True, ("m", 1)),
+    (64, "int8p", True, ("m", 2)), (64, "int8p", False, ("m", 2))])
 def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want):
-  """The Mosaic planner's measured choices (NOTES v11-v13): the row kernel at one row, else
-  the batched kernel, the batch on N up to 16 rows (32 for int8 planes or sampling) where
-  jax lowers it, two warpgroups for sampling and for int8 planes on N, a producer beside
-  them for int8 planes greedy on N and bf16 sampling on M; the gated head likewise but
-  one warpgroup except sampling on M, no producer."""
+  """The Mosaic planner's measured choices (NOTES v18): the row kernel at one row, else
+  the batched kernel, the batch on N up to 32 rows where jax lowers it; two computing
+  warpgroups for sampling, for int8 planes, and for bf16 greedy past 16 rows, with a
+  producer for greedy walks; warpgroup 1's bests merged unreduced on N up to 16 rows;
+  a ring up to 4 slots deep before chunks stay resident, and on M with two warpgroups a
+  1-slot base ring; the gated head one warpgroup but for sampling past 16 rows or on
+  M, no producer, the default ring."""
   from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE, DEFAULT_BASE_STAGES
   from wts_jax.walk_config import MosaicConfig
   head = _head()
   if w2 == "int8p":
@@ -174,18 +178,30 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
     assert not hasattr(spec.plan, "batch_axis")
     return
   axis, warpgroups = want
-  if not mosaic_backend.BATCH_ON_N_LOWERS:   # jax 0.10: on M, two warpgroups sampled
-    axis, warpgroups = "m", 1 if greedy else 2
-  assert (spec.plan.batch_axis, spec.plan.warpgroups) == (axis, warpgroups)
-  # A producer beside two computing warpgroups where it measured faster (NOTES v12).
-  assert spec.plan.producer == (warpgroups == 2 and (
-      (w2 == "int8p" and greedy and axis == "n") or (w2 == "bf16" and not greedy
-                                                     and axis == "m")))
-  # The gated head (bf16): the batched kernel, one warpgroup but for sampling on M.
-  gated_shapes = shapes if batch > 1 else backend.WalkShapes(batch=4, steps=7)
-  gated_plan = mosaic_backend.plan(_head("gated"), gated_shapes, MosaicConfig(), H200).plan
-  assert gated_plan.gated and not gated_plan.producer
-  assert gated_plan.warpgroups == (2 if not greedy and gated_plan.batch_axis == "m" else 1)
+  if not mosaic_backend.BATCH_ON_N_LOWERS:   # jax 0.10: on M, bf16 greedy one warpgroup
+    axis, warpgroups = "m", 2 if w2 == "int8p" or not greedy else 1
+  plan = spec.plan
+  assert (plan.batch_axis, plan.warpgroups) == (axis, warpgroups)
+  assert plan.producer == (warpgroups == 2 and greedy)
+  assert plan.merge_tiles == (warpgroups == 2 and axis == "n" and batch <= 16)
+  assert plan.base_stages == (1 if axis == "m" and warpgroups == 2 else DEFAULT_BASE_STAGES)
+  # The ring first: as deep as the preference or the W2 slots allow, the rest resident.
+  assert plan.ring_stages == min(AUTO_RING_PREFERENCE, plan.ring_stages
+                                 + plan.resident_chunks, plan.wg_chunks)
+  assert plan.ring_stages >= 2
+  # Stated choices win over the planner's.
+  base_stages = 2 if plan.base_stages == 1 else 1
+  stated = mosaic_backend.plan(head, shapes, MosaicConfig(
+      batch_axis=axis, warpgroups=warpgroups, ring_stages=1, base_stages=base_stages,
+      merge_tiles=False, producer=not greedy), H200).plan
+  assert (stated.ring_stages, stated.base_stages, stated.merge_tiles, stated.producer) == (
+      1, base_stages, False, not greedy)
+  # The gated head (bf16): the batched kernel, one warpgroup but for sampling past 16
+  # rows or on M, no producer, no merged tiles, the default ring.
+  gated_plan = mosaic_backend.plan(_head("gated"), shapes, MosaicConfig(), H200).plan
+  assert gated_plan.gated and not gated_plan.producer and not gated_plan.merge_tiles
+  assert gated_plan.warpgroups == (2 if not greedy and (batch > 16 or axis == "m") else 1)
+  assert gated_plan.base_stages == min(DEFAULT_BASE_STAGES, gated_plan.wg_chunks)
   # The row kernel keeps walks the batched kernel cannot run, and row-kernel options.
   gated_int8 = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("gated"))
   assert not hasattr(mosaic_backend.plan(gated_int8, shapes if batch <= 4 else

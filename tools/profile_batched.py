@@ -21,7 +21,9 @@ barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale window
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
 epilogue, in groups of G chunks), ``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
-cores), ``M`` (warpgroup 1's bests handed over unreduced, one reduction a step).
+cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
+or not; unnamed: the planner's). Options unnamed are the planner's, except the batch
+axis (M unless ``n``).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -77,6 +79,7 @@ class Variant:
   producer: bool | None = None
   split: bool = False
   probe_skew: bool = False
+  merge_tiles: bool | None = None
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
   plan_options: dict = dataclasses.field(default_factory=dict)
@@ -91,12 +94,13 @@ FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
-         "t": ("alternate_wgmma", True), "M": ("merge_tiles", True)}
+         "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
+         "N": ("merge_tiles", False)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
-PLANNER_OPTIONS = ("scalar_plane_scales", "merge_tiles")
+PLANNER_OPTIONS = ("scalar_plane_scales",)
 
 
 def planner_sweep(dtype: str) -> list[str]:
@@ -178,6 +182,7 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
                         batch_axis=variant.batch_axis, warpgroups=variant.warpgroups,
                         base_stages=variant.base_stages, producer=variant.producer,
                         serial_update="split" if variant.split else "auto",
+                        merge_tiles=variant.merge_tiles,
                         residency=(variant.resident * 64 * (variant.warpgroups or 1)
                                    if variant.resident is not None
                                    else "auto"))

@@ -18,3 +18,5 @@ from __future__ import annotations
 COMMAND_BUFFERS_WITHOUT_CUSTOM_CALLS = "FUSION,CUBLAS,CUBLASLT,CUDNN"
 KERNEL_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer":
                            COMMAND_BUFFERS_WITHOUT_CUSTOM_CALLS}
+# No command buffers at all: every op a plain stream launch (measured beside the above).
+NO_COMMAND_BUFFERS = {"xla_gpu_enable_command_buffer": ""}

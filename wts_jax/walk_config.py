@@ -138,7 +138,10 @@ class MosaicConfig:
     G_e streamed through its ring) or "auto" (split, measured the faster on the H200).
   producer: one more warpgroup in the batched kernel that issues every W2 and base
     refill once the computing warpgroups release the slot (None: the planner's — beside
-    two computing warpgroups for int8 planes greedy on N and bf16 sampling on M).
+    two computing warpgroups for greedy walks of the vanilla head).
+  merge_tiles: the batched kernel with two computing warpgroups on N: the second hands
+    its per-element bests to the first unreduced, which reduces both once a step (None:
+    the planner's — on N up to 16 rows for the vanilla head).
   """
 
   residency: str | float | int = "auto"
@@ -157,6 +160,7 @@ class MosaicConfig:
   warpgroups: int | None = None
   producer: bool | None = None
   serial_update: str = "auto"
+  merge_tiles: bool | None = None
 
   def __post_init__(self):
     _check_common(self)

@@ -109,11 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default on GPU) or the host wall clock (default on CPU; "
                            "see timing.METHOD)")
   timing.add_argument("--command-buffers", default="no-custom-calls",
-                      choices=("no-custom-calls", "xla-default"),
+                      choices=("no-custom-calls", "off", "xla-default"),
                       help="XLA command buffers of every timed JAX chain: without custom "
                            "calls (wts_jax.KERNEL_COMPILER_OPTIONS, the default: XLA "
-                           "re-records a Mosaic call each execution otherwise) or XLA's "
-                           "default")
+                           "re-records a Mosaic call each execution otherwise), none at "
+                           "all, or XLA's default")
   timing.add_argument("--flush-mb", type=float, default=None,
                       help="L2 flush buffer (default 256 on GPU, 4 on CPU)")
   timing.add_argument("--hbm-mb", type=float, default=None,

@@ -36,8 +36,9 @@ def make_bench_head(config, dtype_name: str, seed: int):
 
 def chain_compiler_options(command_buffers: str) -> dict:
   """The XLA options of every timed JAX chain for ``--command-buffers``."""
-  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
-  return dict(KERNEL_COMPILER_OPTIONS) if command_buffers == "no-custom-calls" else {}
+  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS, NO_COMMAND_BUFFERS
+  return {"no-custom-calls": dict(KERNEL_COMPILER_OPTIONS),
+          "off": dict(NO_COMMAND_BUFFERS)}.get(command_buffers, {})
 
 
 def _versions() -> dict:

@@ -18,7 +18,9 @@ import jax.numpy as jnp
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_batch_axis, auto_producer,
+from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_base_stages,
+                                                auto_batch_axis, auto_merge_tiles,
+                                                auto_producer, auto_ring_preference,
                                                 auto_warpgroups, plan_batched,
                                                 warpgroup_chunks)
 from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
@@ -137,10 +139,14 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   recurrent = head.config.head_type == "rnn"
   # (The rnn head's resident rows leave room for one warpgroup's rings at r = 256.)
   wgs = config.warpgroups or (1 if recurrent else auto_warpgroups(
-      axis, int8_state=planes, greedy=shapes.greedy, gated=gated))
+      axis, int8_state=planes, greedy=shapes.greedy, gated=gated, batch=rows))
   producer = (config.producer if config.producer is not None else
               auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy,
                             gated=gated or recurrent))
+  merge_tiles = (config.merge_tiles if config.merge_tiles is not None else
+                 auto_merge_tiles(axis, wgs, rows, gated=gated or recurrent))
+  base_stages = (config.base_stages if config.base_stages is not None else
+                 auto_base_stages(axis, wgs, gated=gated, recurrent=recurrent))
   wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
   try:
     batched = plan_batched(
@@ -148,12 +154,13 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         num_sms=num_sms, smem_per_block=smem, num_blocks=blocks, warpgroups=wgs,
         # A row count is the block's, shared by its warpgroups.
         resident_chunks=resident_units(config.residency, wg_chunks, CHUNK_ROWS * wgs),
-        ring_stages=config.ring_stages, base_stages=config.base_stages,
+        ring_stages=config.ring_stages, base_stages=base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
         w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
         int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
         gate_split=gated and config.serial_update != "redundant",
-        recurrent=recurrent)
+        recurrent=recurrent, merge_tiles=merge_tiles,
+        ring_preference=auto_ring_preference(gated=gated, recurrent=recurrent))
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,

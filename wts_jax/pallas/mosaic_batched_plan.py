@@ -35,37 +35,74 @@ DEFAULT_BASE_STAGES = 3
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
 # Qwen3 shape, NOTES v11: the row kernel is faster at one row, this kernel from 4 rows).
 AUTO_BATCHED_RANGE = (1, 64)
-# The planner's orientation and warpgroups where the config leaves them (H200, NOTES
-# v11): the batch on N up to 16 rows, and up to 32 for int8 planes or sampling (on M
-# the WGMMA computes 64 rows whatever B; on N the per-element epilogue grows with B);
-# two warpgroups where the epilogue is long — int8 planes (two accumulators and the
-# scales) on N, sampling (the Gumbel noise) on either axis.
-AUTO_BATCH_ON_N_MAX = 16
-AUTO_BATCH_ON_N_MAX_LONG_EPILOGUE = 32
+# The planner's choices where the config leaves them, read from one sweep of every
+# orientation, warpgroup count, producer, ring depth and base ring at B 4, 16, 32 and 64,
+# greedy and sampled, per head and W2 dtype (H200, NOTES v18):
+# - the batch on N up to 32 rows (on M the WGMMA computes 64 rows whatever B, and the
+#   sampled epilogue draws noise for all 64);
+# - two computing warpgroups for sampling, for int8 planes, and for bf16 greedy past 16
+#   rows; the gated head two only for sampling past 16 rows, the rnn head one;
+# - a producer warpgroup beside two computing ones for greedy walks (for sampling the
+#   computing warpgroups' own refills measured faster);
+# - warpgroup 1's bests merged unreduced (``merge_tiles``) on N up to 16 rows;
+# - the vanilla head's ring as deep as 4 slots before any chunk stays resident (the
+#   walk waits on streamed chunks' latency, not on their bandwidth), and on M with two
+#   warpgroups a 1-slot base ring, which leaves the W2 ring its second or third slot.
+AUTO_BATCH_ON_N_MAX = 32
+AUTO_MERGE_TILES_MAX = 16
+AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX = 16
+AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX = 16
+AUTO_RING_PREFERENCE = 4
+AUTO_BASE_STAGES_TWO_ON_M = 1
 
 
 def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
                     batch_on_n_lowers: bool = True) -> str:
-  limit = (AUTO_BATCH_ON_N_MAX_LONG_EPILOGUE if int8_state or not greedy
-           else AUTO_BATCH_ON_N_MAX)
-  return "n" if batch_on_n_lowers and batch <= limit else "m"
+  del int8_state, greedy   # (the same limit for all: NOTES v18)
+  return "n" if batch_on_n_lowers and batch <= AUTO_BATCH_ON_N_MAX else "m"
 
 
 def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool,
-                    gated: bool = False) -> int:
-  if gated:   # (its rings are one slot a warpgroup with two: NOTES v13)
-    return 2 if not greedy and batch_axis == "m" else 1
-  return 2 if not greedy or (batch_axis == "n" and int8_state) else 1
+                    gated: bool = False, batch: int = 1) -> int:
+  if gated:
+    return 2 if not greedy and (batch_axis == "m"
+                                or batch > AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX) else 1
+  if not greedy or int8_state:
+    return 2
+  return 2 if batch_axis == "n" and batch > AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX else 1
 
 
 def auto_producer(batch_axis: str, warpgroups: int, *, int8_state: bool,
                   greedy: bool, gated: bool = False) -> bool:
-  """A producer warpgroup where it measured faster (NOTES v12): beside two computing
-  warpgroups, int8 planes greedy on N and bf16 sampling on M."""
-  if warpgroups != 2 or gated:
-    return False
-  return ((int8_state and greedy and batch_axis == "n")
-          or (not int8_state and not greedy and batch_axis == "m"))
+  """A producer warpgroup beside two computing warpgroups of a greedy walk, the vanilla
+  head's (NOTES v18)."""
+  del batch_axis, int8_state
+  return warpgroups == 2 and greedy and not gated
+
+
+def auto_merge_tiles(batch_axis: str, warpgroups: int, batch: int, *,
+                     gated: bool = False) -> bool:
+  """Warpgroup 1's bests handed over unreduced where they measured faster: two computing
+  warpgroups on N up to 16 rows, the vanilla head (past 16 rows the three tiles cost a
+  resident chunk or a ring slot a warpgroup, which measured the larger loss)."""
+  return (warpgroups == 2 and batch_axis == "n" and batch <= AUTO_MERGE_TILES_MAX
+          and not gated)
+
+
+def auto_ring_preference(*, gated: bool = False, recurrent: bool = False) -> int:
+  """The ring slots the planner takes before keeping chunks resident: the vanilla head's
+  deeper ring; the gated and rnn heads keep the default (their few W2 slots beside the
+  update's weights were not measured deeper)."""
+  return DEFAULT_RING_STAGES if gated or recurrent else AUTO_RING_PREFERENCE
+
+
+def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
+                     recurrent: bool = False) -> int | None:
+  """The base ring's slots where the planner's default (3) is not the measured best: one
+  on M with two computing warpgroups (the vanilla head), or None."""
+  if batch_axis == "m" and warpgroups == 2 and not (gated or recurrent):
+    return AUTO_BASE_STAGES_TWO_ON_M
+  return None
 
 
 def padded_batch(batch: int) -> int:
@@ -364,13 +401,16 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
                  recurrent: bool = False,
-                 scalar_plane_scales: bool = False, merge_tiles: bool = False) -> BatchedPlan:
+                 scalar_plane_scales: bool = False, merge_tiles: bool = False,
+                 ring_preference: int = DEFAULT_RING_STAGES) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
   resident chunks as leave ``ring_stages`` slots to stream the rest (the ring runs on
   across steps: a chunk's slot is its place in the walk's stream modulo the slots).
   ``resident_chunks``, ``ring_stages`` and ``base_stages`` are a warpgroup's. The gated
-  head keeps a ring of at least one slot (its G_e chunks stream through the leader's)."""
+  head keeps a ring of at least one slot (its G_e chunks stream through the leader's).
+  ``ring_preference``: the ring slots taken before any chunk stays resident where
+  neither count is given (``auto_ring_preference``)."""
   if w2_itemsize == 1 and not int8_state:
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
                      "(quantize_w2(head, 'int8', state='planes'))")
@@ -397,6 +437,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   chunks = wg_chunks * warpgroups
   if base_stages is None:
     base_stages = min(DEFAULT_BASE_STAGES, wg_chunks)
+  if ring_preference < 1:
+    raise ValueError(f"ring_preference={ring_preference} must be >= 1")
   if not 1 <= base_stages <= wg_chunks:
     raise ValueError(f"base_stages={base_stages} must be in [1, {wg_chunks}] (the chunks "
                      "a warpgroup owns: the prologue fills the ring from the first step)")
@@ -424,8 +466,11 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
     resident_chunks, ring_stages = wg_chunks, 0
   if ring_stages is None:
     rest = wg_chunks - min(resident_chunks or 0, wg_chunks)
+    # Stated resident chunks keep their slots: the ring takes what is left (one at least).
+    room = slots if resident_chunks is None else max(1, slots - resident_chunks)
+    preference = DEFAULT_RING_STAGES if resident_chunks is not None else ring_preference
     ring_stages = (min(GATED_RING_STAGES, slots) if gated and not gate_split
-                   else min(DEFAULT_RING_STAGES, slots, rest))
+                   else min(preference, room, rest))
   if resident_chunks is None:
     resident_chunks = max(0, min(wg_chunks, slots - ring_stages))
   resident_chunks = min(resident_chunks, wg_chunks)
