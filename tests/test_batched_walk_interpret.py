@@ -569,6 +569,26 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis
   assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("quantize", [None, "int8p"])
+def test_base_logits_not_padded_on_n(quantize):
+  """B not a multiple of 8 with the batch on N: the base logits go in as given (each copy
+  brings the batch's rows, the slots' other rows are zeroed in the kernel), so the
+  lowered walk pads nothing of the [B, K, V] logits; on M they are padded to 8 rows."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+
+  def base_pads(axis):
+    config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis=axis)
+    text = lower_walk("vanilla", 5, 7, quantize=quantize, config=config)
+    assert "mosaic_gpu" in text
+    return [line for line in text.splitlines()
+            if "stablehlo.pad" in line and "5x7x151936" in line]
+  assert base_pads("n") == []
+  assert base_pads("m")
+
+
 @pytest.mark.parametrize("batch,temperature,axis,warpgroups,update", [
     (64, 0.0, "m", 1, "redundant"), (16, 1.0, "m", 2, "redundant"),
     (96, 0.0, "m", 1, "redundant"), (16, 0.0, "n", 1, "redundant"),

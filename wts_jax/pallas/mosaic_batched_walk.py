@@ -219,6 +219,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   update_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
                 if multi_block and plan.split else None)
   n_major = plan.batch_axis == "n"
+  # The base logits' rows each copy brings: the plan's batch rows, or on N the batch as
+  # given (a slot's rows past it are zeroed once and never written).
+  base_copy_rows = refs.base_g.shape[0]
   # The accumulator a chunk: [batch rows, vocab rows] (batch on M) or [vocab rows, batch
   # rows] (batch on N, ``rows`` wide); a batch row's values run along ``vocab_axis``.
   tile = (CHUNK_ROWS, rows) if n_major else (BATCH_TILE, CHUNK_ROWS)
@@ -360,7 +363,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     base_slot = base_slot_of(step, position, owner)
     start = chunk_start(chunk_at(step, position), owner)
     plgpu.copy_gmem_to_smem(refs.base_g.at[:, step, pl.ds(start, CHUNK_ROWS)],
-                            refs.base_s.at[base_slot, pl.ds(0, rows)],
+                            refs.base_s.at[base_slot, pl.ds(0, base_copy_rows)],
                             refs.base_bar.at[base_slot])
 
   def gather_z():
@@ -594,11 +597,15 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             zero_tile(refs.za_s.at[0])
             zero_tile(refs.za_s.at[1])
         leader_only(zero_staging)
-        if not n_major:   # (batch on N: a base tile is the batch rows only, all copied)
+        if not n_major:
           zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
                                     _WGMMA)
           for s in range(base_stages):
             refs.base_s[wg * base_stages + s] = zeros
+        elif base_copy_rows < rows:   # batch on N: only the padded rows, never copied
+          for s in range(base_stages):
+            refs.base_s[wg * base_stages + s] = jnp.zeros((rows, CHUNK_ROWS),
+                                                          refs.base_s.dtype)
         plgpu.commit_smem()   # the generic writes before any async copy lands beside them
       for g in range(stages):   # the stream's first entries
         _when(g < stream_total(wg), functools.partial(copy_stream, g))
@@ -1064,9 +1071,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                  gate_weight=None, gate_hoisted=None, joint_weight=None,
                  joint_hoisted=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
-  ``base_logits`` [B, K, V]; padded here to the plan's ``batch_rows`` when B is not a
-  multiple of 8 and to whole 64-column tiles when V is not (the base tiles are copied
-  as whole TMA tiles).
+  ``base_logits`` [B, K, V]; padded here to whole 64-column tiles when V is not a
+  multiple of 64 and, with the batch on M, to the plan's ``batch_rows`` when B is not a
+  multiple of 8 (the base tiles are copied as whole TMA tiles).
   ``plan.int8_state``: ``w2`` int8 with its per-row ``w2_scale`` [V]; ``w1`` is W1's
   interleaved int8 planes [2V, r] and ``w1_scale`` their ``s_lo`` [V]
   (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2.
@@ -1107,12 +1114,15 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   elif w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
     raise ValueError(f"the batched walk needs bf16 W1 and W2 (got {w1.dtype}, {w2.dtype})")
   rows = plan.batch_rows
-  # Base tiles are [8-row, 64-column] TMA tiles: rows padded to the plan's, and V to a
-  # whole tile (the chunks never read past V: their starts are clamped).
+  # On M base tiles are [8-row, 64-column] TMA tiles: rows padded to the plan's. On N a
+  # tile is untiled and a copy brings the batch's rows as given (the kernel zeroes the
+  # rest of each slot once): padding them would copy all the base logits before the
+  # launch. V is padded to a whole tile either way (the chunks never read past V: their
+  # starts are clamped).
   vocab_pad = -base_logits.shape[2] % CHUNK_ROWS
-  if base_logits.shape[0] != rows or vocab_pad:
-    base_logits = jnp.pad(base_logits, ((0, rows - base_logits.shape[0]), (0, 0),
-                                        (0, vocab_pad)))
+  row_pad = 0 if n_major else rows - base_logits.shape[0]
+  if row_pad or vocab_pad:
+    base_logits = jnp.pad(base_logits, ((0, row_pad), (0, 0), (0, vocab_pad)))
   wgs = plan.warpgroups
   threads = wgs + (1 if plan.producer else 0)
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
