@@ -844,3 +844,27 @@ def test_merge_tiles_lower_for_cuda_at_the_qwen3_shape(batch, quantize):
   config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis="n", warpgroups=2,
                         producer=quantize == "int8p", merge_tiles=True)
   assert "mosaic_gpu" in lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
+
+
+def test_profile_tool_variants_name_what_they_set():
+  """tools/profile_batched.py: a variant's options set only what they name (the rest is
+  the planner's, the batch axis M unless ``n`` or ``a``); ``auto:`` and ``sweep:``
+  expand; a bad option is refused."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import profile_batched
+  variant = profile_batched.parse_variant("int8p:16:greedy:n+w2+P+M+r0+s4+b1")
+  assert (variant.batch_axis, variant.warpgroups, variant.producer, variant.merge_tiles,
+          variant.resident, variant.stages, variant.base_stages) == ("n", 2, True, True,
+                                                                     0, 4, 1)
+  plain = profile_batched.parse_variant("bf16:64:sample")
+  assert (plain.batch_axis, plain.warpgroups, plain.producer, plain.merge_tiles,
+          plain.stages, plain.base_stages, plain.greedy) == ("m", None, None, None, None,
+                                                             None, False)
+  assert profile_batched.parse_variant("bf16:5:greedy:a").batch_axis is None
+  autos = profile_batched.expand_variants("auto:int8p,bf16:4:greedy:N")
+  assert len(autos) == 2 * len(profile_batched.AUTO_BATCHES) + 1
+  assert all(profile_batched.parse_variant(v).batch_axis is None for v in autos[:-1])
+  assert profile_batched.parse_variant(autos[-1]).merge_tiles is False
+  assert "gated:64:sample:x+w2" in profile_batched.expand_variants("sweep:gated")
+  with pytest.raises(SystemExit, match="bad option 'z'"):
+    profile_batched.parse_variant("bf16:4:greedy:z")

@@ -5,7 +5,7 @@ device call that checks, times and profiles many variants at the Qwen3-4B shape.
       [--profile VARIANT,...] [--dump VARIANT,...]
 
 ``--variants sweep:DTYPE`` expands to the planner's choices over B and mode
-(``planner_sweep``). A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p
+(``planner_sweep``), ``auto:DTYPE`` to the planner's own plans (``auto_sweep``). A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p
 (int8 W2, z as two int8 planes) for the vanilla head, or gated / rnn (those heads,
 bf16), mode greedy or sample, options joined by ``+``: ``x`` (the head's update split
 over the blocks:
@@ -22,8 +22,8 @@ memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk
 epilogue, in groups of G chunks), ``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
-or not; unnamed: the planner's). Options unnamed are the planner's, except the batch
-axis (M unless ``n``).
+or not; unnamed: the planner's), ``a`` (the planner's batch axis). Options unnamed are
+the planner's, except the batch axis (M unless ``n`` or ``a``).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -74,7 +74,7 @@ class Variant:
   resident: int | None = None
   stages: int | None = None
   base_stages: int | None = None
-  batch_axis: str = "m"
+  batch_axis: str | None = "m"   # None: the planner's
   warpgroups: int | None = None
   producer: bool | None = None
   split: bool = False
@@ -88,8 +88,9 @@ class Variant:
 
 # Single-letter options: the Variant field (or plan field, or planner argument) each
 # sets, and to what.
-FLAGS = {"n": ("batch_axis", "n"), "c": ("deferred_release", False),
-         "d": ("deferred_release", True), "x": ("split", True),
+FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
+         "c": ("deferred_release", False), "d": ("deferred_release", True),
+         "x": ("split", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
@@ -119,11 +120,24 @@ def planner_sweep(dtype: str) -> list[str]:
   return variants
 
 
+AUTO_BATCHES = (4, 5, 13, 16, 32, 64)
+
+
+def auto_sweep(dtype: str) -> list[str]:
+  """``auto:DTYPE`` in ``--variants``: the planner's own plans (every choice its own, the
+  batch axis too) over B 4, 5, 13, 16, 32, 64, greedy and sampled."""
+  return [f"{dtype}:{batch}:{mode}:a" for batch in AUTO_BATCHES
+          for mode in ("greedy", "sample")]
+
+
 def expand_variants(text: str) -> list[str]:
-  """The comma-separated variants, each ``sweep:DTYPE`` expanded (``planner_sweep``)."""
+  """The comma-separated variants, each ``sweep:DTYPE`` (``planner_sweep``) or
+  ``auto:DTYPE`` (``auto_sweep``) expanded."""
   out = []
   for item in (t for t in text.split(",") if t):
-    out += planner_sweep(item.split(":", 1)[1]) if item.startswith("sweep:") else [item]
+    kind, _, dtype = item.partition(":")
+    out += ({"sweep": planner_sweep, "auto": auto_sweep}[kind](dtype)
+            if kind in ("sweep", "auto") else [item])
   return out
 
 
