@@ -861,6 +861,7 @@ def test_profile_tool_variants_name_what_they_set():
           plain.stages, plain.base_stages, plain.greedy) == ("m", None, None, None, None,
                                                              None, False)
   assert profile_batched.parse_variant("bf16:5:greedy:a").batch_axis is None
+  assert profile_batched.parse_variant("bf16:5:greedy:a+F").first_op
   autos = profile_batched.expand_variants("auto:int8p,bf16:4:greedy:N")
   assert len(autos) == 2 * len(profile_batched.AUTO_BATCHES) + 1
   assert all(profile_batched.parse_variant(v).batch_axis is None for v in autos[:-1])

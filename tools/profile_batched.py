@@ -22,8 +22,10 @@ memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk
 epilogue, in groups of G chunks), ``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
-or not; unnamed: the planner's), ``a`` (the planner's batch axis). Options unnamed are
-the planner's, except the batch axis (M unless ``n`` or ``a``).
+or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profiling: the first
+tokens produced by an op of the walk, which otherwise passes them to the kernel as
+given). Options unnamed are the planner's, except the batch axis (M unless ``n`` or
+``a``).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
@@ -80,6 +82,7 @@ class Variant:
   split: bool = False
   probe_skew: bool = False
   merge_tiles: bool | None = None
+  first_op: bool = False
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
   plan_options: dict = dataclasses.field(default_factory=dict)
@@ -96,7 +99,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
-         "N": ("merge_tiles", False)}
+         "N": ("merge_tiles", False), "F": ("first_op", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma")
@@ -216,8 +219,11 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
                                                             **variant.plan_options))
   spec = dataclasses.replace(spec, profile_dir=profile_dir, probe_skew=variant.probe_skew,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
-  run = jax.jit(lambda head, base, first, hidden: mosaic_backend.launch(
-      spec, backend.WalkOperands(head, base, first, hidden, mode)))
+  def walk(head, base, first, hidden):
+    if variant.first_op:   # the first tokens produced by an op of the walk (adds 0)
+      first = first + (base[0, 0, 0] != base[0, 0, 0]).astype(first.dtype)
+    return mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, hidden, mode))
+  run = jax.jit(walk)
   want = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key,
                       impl="xla")
   return spec, run, (head, base, first, hidden), np.asarray(want.tokens)
