@@ -210,3 +210,26 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   assert not hasattr(mosaic_backend.plan(_head(), backend.WalkShapes(batch=4, steps=7),
                                          MosaicConfig(gemv="registers"), H200).plan,
                      "batch_axis")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(merge_tiles="yes"), "merge_tiles='yes' must be True, False or None"),
+    (dict(warpgroups=3), "warpgroups=3 must be 1 or 2"),
+    (dict(batch_axis="k"), "batch_axis='k' must be 'm' or 'n'"),
+    (dict(base_stages=0), "base_stages=0 must be >= 1")])
+def test_mosaic_config_refuses_bad_batched_options(kwargs, match):
+  from wts_jax.walk_config import MosaicConfig
+  with pytest.raises(ValueError, match=match):
+    MosaicConfig(**kwargs)
+
+
+def test_stated_merge_tiles_without_two_warpgroups_on_n_is_refused():
+  """merge_tiles=True where the plan has one computing warpgroup: Mosaic refuses the
+  walk, with the reason."""
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.walk_config import MosaicConfig
+  shapes = backend.WalkShapes(batch=16, steps=7, greedy=True)
+  refusal = mosaic_backend.plan(_head(), shapes, MosaicConfig(warpgroups=1,
+                                                              merge_tiles=True), H200)
+  assert isinstance(refusal, backend.Refusal)
+  assert "merge_tiles needs two computing warpgroups" in refusal.reason

@@ -107,7 +107,8 @@ class MosaicConfig:
     a 2-slot ring; otherwise as for ``TritonConfig``).
   num_blocks: the persistent grid (default: one block per SM).
   interpret, sync_spin_limit: as for ``TritonConfig``.
-  ring_stages: slots of the TMA ring that streams the other chunks.
+  ring_stages: slots of the TMA ring that streams the other chunks (None: the planner's;
+    the batched kernel's vanilla head takes up to 4 before any chunk stays resident).
   gemv: how a chunk meets z: "registers" (an fp32 GEMV in registers), "wgmma" (a
     tensor-core WGMMA, 64 x 8B x r, bf16 operands, fp32 accumulation; exact for the
     vanilla head, whose z is a bf16 row of W1), or "auto" (wgmma where it applies).
@@ -125,13 +126,14 @@ class MosaicConfig:
     run the walk or a row-kernel option — gemv, group, resident_group, register_chunks
     — is set).
   base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's
-    chunks; None: the planner's).
+    chunks; None: the planner's — 3, or 1 on M with two computing warpgroups).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
     the B operand), "n" (a chunk the A operand, the batch on N; jax >= 0.11) or None
     (the planner's: N up to 32 rows where it lowers, else M).
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
-    two with the batch on N for int8 planes or sampling), each computing its own half of
-    the block's chunks.
+    two for sampling, for int8 planes and for bf16 greedy past 16 rows; the gated head
+    two only for sampling past 16 rows or on M; the rnn head one), each computing its own
+    half of the block's chunks.
   serial_update: the batched kernel's gated and rnn heads: "split" (each block a slice of
     the update's units, published to the others through global memory and a second grid
     barrier a step), "redundant" (gated only: every block computes the whole gate from
@@ -170,6 +172,8 @@ class MosaicConfig:
       raise ValueError(f"kernel={self.kernel!r} must be one of {MOSAIC_KERNELS}")
     if self.batch_axis not in (None, "m", "n"):
       raise ValueError(f"batch_axis={self.batch_axis!r} must be 'm' or 'n'")
+    if self.merge_tiles not in (None, True, False):
+      raise ValueError(f"merge_tiles={self.merge_tiles!r} must be True, False or None")
     if self.base_stages is not None and self.base_stages < 1:
       raise ValueError(f"base_stages={self.base_stages} must be >= 1")
     _check_at_least_one(num_blocks=self.num_blocks, group=self.group,
