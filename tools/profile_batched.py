@@ -24,7 +24,8 @@ before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the te
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
 or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profiling: the first
 tokens produced by an op of the walk, which otherwise passes them to the kernel as
-given). Options unnamed are the planner's, except the batch axis (M unless ``n`` or
+given), ``H`` (the gated and rnn heads' hoisted terms from a bf16 GEMM with fp32
+accumulation, for the kernel's walk and the XLA walk alike). Options unnamed are the planner's, except the batch axis (M unless ``n`` or
 ``a``).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -83,6 +85,7 @@ class Variant:
   probe_skew: bool = False
   merge_tiles: bool | None = None
   first_op: bool = False
+  bf16_hoist: bool = False
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
   plan_options: dict = dataclasses.field(default_factory=dict)
@@ -99,7 +102,8 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
-         "N": ("merge_tiles", False), "F": ("first_op", True)}
+         "N": ("merge_tiles", False), "F": ("first_op", True),
+         "H": ("bf16_hoist", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma")
@@ -186,7 +190,45 @@ class Heads:
     return self._heads[dtype]
 
 
+@contextlib.contextmanager
+def bf16_hoist(on: bool):
+  """Option ``H``: the gated and rnn heads' hoisted terms (the hidden side of their
+  projections, [B, K, r] / [B, K, 3r]) from a bf16 GEMM with fp32 accumulation of the
+  weights' hidden columns as stored, instead of an fp32 GEMM of fp32 copies (which
+  costs the walk a slice, two converts and a non-tensor-core GEMM before the kernel).
+  The products are exact either way; the sums' order and rounding may differ."""
+  if not on:
+    yield
+    return
+  from wts_jax.heads.markov import GatedMarkovHead
+  from wts_jax.heads.recurrent import RecurrentHead
+
+  def bf16_terms(proj, columns, hidden):
+    weight = proj.weight[...]
+    return jnp.einsum("bkd,jd->bkj", hidden.astype(weight.dtype), weight[:, columns],
+                      preferred_element_type=jnp.float32) + proj.bias[...].astype(
+                          jnp.float32)
+
+  saved = GatedMarkovHead.hoist, RecurrentHead.hoist
+  jax.clear_caches()   # (the walks' jitted functions retrace with the patched hoist)
+  # Inputs [h ; e] (gated) and [s ; e ; h] (rnn).
+  GatedMarkovHead.hoist = lambda self, hidden: bf16_terms(
+      self.gate_proj, slice(0, self.config.hidden_size), hidden)
+  RecurrentHead.hoist = lambda self, hidden: bf16_terms(
+      self.joint_proj, slice(2 * self.config.rank, None), hidden)
+  try:
+    yield
+  finally:
+    GatedMarkovHead.hoist, RecurrentHead.hoist = saved
+    jax.clear_caches()
+
+
 def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir: str = ""):
+  with bf16_hoist(variant.bf16_hoist):
+    return _build(variant, heads, smem_reserve=smem_reserve, profile_dir=profile_dir)
+
+
+def _build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir: str = ""):
   head = heads(variant.dtype)
   base, first, hidden = random_inputs(heads.config(variant.dtype), variant.batch, STEPS,
                                       jax.random.key(variant.batch))
@@ -223,7 +265,8 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
     if variant.first_op:   # the first tokens produced by an op of the walk (adds 0)
       first = first + (base[0, 0, 0] != base[0, 0, 0]).astype(first.dtype)
     return mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, hidden, mode))
-  run = jax.jit(walk)
+  # Compiled here, where build's options (``bf16_hoist``) are in force.
+  run = jax.jit(walk).lower(head, base, first, hidden).compile()
   want = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key,
                       impl="xla")
   return spec, run, (head, base, first, hidden), np.asarray(want.tokens)
