@@ -41,7 +41,7 @@ AUTO_BATCHED_RANGE = (1, 64)
 # - the batch on N up to 32 rows (on M the WGMMA computes 64 rows whatever B, and the
 #   sampled epilogue draws noise for all 64);
 # - two computing warpgroups for sampling, for int8 planes, and for bf16 greedy past 16
-#   rows; the gated head two only for sampling past 16 rows, the rnn head one;
+#   rows; the gated head two only for sampling past 16 rows or on M, the rnn head one;
 # - a producer warpgroup beside two computing ones for greedy walks (for sampling the
 #   computing warpgroups' own refills measured faster);
 # - warpgroup 1's bests merged unreduced (``merge_tiles``) on N up to 16 rows;
