@@ -588,7 +588,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     if plan.producer and wgs > 1:   # the producer gave its registers up
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
     with jax.named_scope("prologue"):
-      if rows < BATCH_TILE:   # rows past the batch: zeros, never NaN
+      # Rows past the batch: zeros, never NaN (on N the base copies bring the batch's
+      # rows only, so a slot's padded rows are zeroed here even at 64 plan rows).
+      short_base = n_major and base_copy_rows < rows
+      if rows < BATCH_TILE or short_base:
         def zero_staging():
           refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
           if planes and not plan.scalar_plane_scales:
@@ -596,13 +599,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if plan.split:   # the rows past the batch that no copy back writes
             zero_tile(refs.za_s.at[0])
             zero_tile(refs.za_s.at[1])
-        leader_only(zero_staging)
+        if rows < BATCH_TILE:
+          leader_only(zero_staging)
         if not n_major:
           zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
                                     _WGMMA)
           for s in range(base_stages):
             refs.base_s[wg * base_stages + s] = zeros
-        elif base_copy_rows < rows:   # batch on N: only the padded rows, never copied
+        elif short_base:
           for s in range(base_stages):
             refs.base_s[wg * base_stages + s] = jnp.zeros((rows, CHUNK_ROWS),
                                                           refs.base_s.dtype)
