@@ -140,13 +140,14 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # (The rnn head's resident rows leave room for one warpgroup's rings at r = 256.)
   wgs = config.warpgroups or (1 if recurrent else auto_warpgroups(
       axis, int8_state=planes, greedy=shapes.greedy, gated=gated, batch=rows))
+  update_head = gated or recurrent   # (the auto_* functions' ``gated``)
   producer = (config.producer if config.producer is not None else
               auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy,
-                            gated=gated or recurrent))
+                            gated=update_head))
   merge_tiles = (config.merge_tiles if config.merge_tiles is not None else
-                 auto_merge_tiles(axis, wgs, rows, gated=gated or recurrent))
+                 auto_merge_tiles(axis, wgs, rows, gated=update_head))
   base_stages = (config.base_stages if config.base_stages is not None else
-                 auto_base_stages(axis, wgs, gated=gated, recurrent=recurrent))
+                 auto_base_stages(axis, wgs, gated=update_head))
   wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
   try:
     batched = plan_batched(
@@ -160,7 +161,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
         gate_split=gated and config.serial_update != "redundant",
         recurrent=recurrent, merge_tiles=merge_tiles,
-        ring_preference=auto_ring_preference(gated=gated, recurrent=recurrent))
+        ring_preference=auto_ring_preference(gated=update_head))
   except ValueError as err:
     return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,

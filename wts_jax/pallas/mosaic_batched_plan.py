@@ -89,18 +89,19 @@ def auto_merge_tiles(batch_axis: str, warpgroups: int, batch: int, *,
           and not gated)
 
 
-def auto_ring_preference(*, gated: bool = False, recurrent: bool = False) -> int:
+def auto_ring_preference(*, gated: bool = False) -> int:
   """The ring slots the planner takes before keeping chunks resident: the vanilla head's
-  deeper ring; the gated and rnn heads keep the default (their few W2 slots beside the
-  update's weights were not measured deeper)."""
-  return DEFAULT_RING_STAGES if gated or recurrent else AUTO_RING_PREFERENCE
+  deeper ring; the gated and rnn heads (``gated``, as for ``auto_producer``) keep the
+  default (their few W2 slots beside the update's weights were not measured deeper)."""
+  return DEFAULT_RING_STAGES if gated else AUTO_RING_PREFERENCE
 
 
-def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
-                     recurrent: bool = False) -> int | None:
+def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False
+                     ) -> int | None:
   """The base ring's slots where the planner's default (3) is not the measured best: one
-  on M with two computing warpgroups (the vanilla head), or None."""
-  if batch_axis == "m" and warpgroups == 2 and not (gated or recurrent):
+  on M with two computing warpgroups, the vanilla head's (``gated``: the gated or rnn
+  head), or None."""
+  if batch_axis == "m" and warpgroups == 2 and not gated:
     return AUTO_BASE_STAGES_TWO_ON_M
   return None
 
@@ -466,9 +467,10 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
     resident_chunks, ring_stages = wg_chunks, 0
   if ring_stages is None:
     rest = wg_chunks - min(resident_chunks or 0, wg_chunks)
-    # Stated resident chunks keep their slots: the ring takes what is left (one at least).
-    room = slots if resident_chunks is None else max(1, slots - resident_chunks)
-    preference = DEFAULT_RING_STAGES if resident_chunks is not None else ring_preference
+    if resident_chunks is None:
+      preference, room = ring_preference, slots
+    else:   # stated resident chunks keep their slots: the ring takes what is left
+      preference, room = DEFAULT_RING_STAGES, max(1, slots - resident_chunks)
     ring_stages = (min(GATED_RING_STAGES, slots) if gated and not gate_split
                    else min(preference, room, rest))
   if resident_chunks is None:
