@@ -25,7 +25,9 @@ cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction 
 or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profiling: the first
 tokens produced by an op of the walk, which otherwise passes them to the kernel as
 given), ``H`` (the gated and rnn heads' hoisted terms from a bf16 GEMM with fp32
-accumulation, for the kernel's walk and the XLA walk alike). Options unnamed are the planner's, except the batch axis (M unless ``n`` or
+accumulation, for the kernel's walk and the XLA walk alike), ``A`` (profiling: ≈ 3 ms of
+device work queued before the timed walks, so the host launches ahead of the device).
+Options unnamed are the planner's, except the batch axis (M unless ``n`` or
 ``a``).
 
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
@@ -86,6 +88,7 @@ class Variant:
   merge_tiles: bool | None = None
   first_op: bool = False
   bf16_hoist: bool = False
+  host_ahead: bool = False
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
   plan_options: dict = dataclasses.field(default_factory=dict)
@@ -103,7 +106,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "H": ("bf16_hoist", True)}
+         "H": ("bf16_hoist", True), "A": ("host_ahead", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma")
@@ -272,10 +275,14 @@ def _build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir
   return spec, run, (head, base, first, hidden), np.asarray(want.tokens)
 
 
-def time_walks(run, args, walks: int):
+def time_walks(run, args, walks: int, host_ahead: bool = False):
   """Device µs of each walk (the sum of its ops), each after an L2 flush; the median of
-  its longest op (the kernel); and the last walk's ops (name, start after the walk's
-  first op, duration; µs), which show what runs around the kernel and the gaps."""
+  its longest op (the kernel); the last walk's ops (name, start after the walk's first
+  op, duration; µs), which show what runs around the kernel and the gaps; and the
+  medians of the idle between a flush and its walk's first op and between that op and
+  the kernel. ``host_ahead`` (option ``A``) first queues ≈ 3 ms of device work, so the
+  host has every walk launched before the device reaches it: an idle that stays is the
+  device's own, one that goes was the host launching late."""
   flush_buffer = jnp.zeros((256 << 20) // 4, jnp.float32)
   flush = jax.jit(lambda x: x + 1.0)
   out = run(*args)
@@ -285,31 +292,44 @@ def time_walks(run, args, walks: int):
     with jax.profiler.trace(trace_dir):
       flush_buffer = flush(flush_buffer).block_until_ready()
     flush_names = {op["name"] for op in timing.gpu_events(trace_dir)}
+  lead = jax.jit(lambda x: jax.lax.fori_loop(0, 30, lambda _, y: y * 1.0001 + 1.0, x))
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir):
+      if host_ahead:
+        flush_buffer = lead(flush_buffer)
       for _ in range(walks):
         flush_buffer = flush(flush_buffer)
         out = run(*args)
       jax.block_until_ready(out)
     ops = timing.gpu_events(trace_dir)
   per_walk, current, biggest, longest, walk_ops = [], None, 0.0, [], []
+  flush_end, lead_gaps, kernel_gaps = None, [], []
+  def close_walk():
+    if not walk_ops:   # two flush-like ops in a row (the lead's loop): no walk between
+      return
+    per_walk.append(current)
+    longest.append(biggest)
+    kernel = max(walk_ops, key=lambda op: float(op["dur"]))
+    kernel_gaps.append(float(kernel["ts"]) - float(walk_ops[0]["ts"]))
+    lead_gaps.append(float(walk_ops[0]["ts"]) - flush_end)
   for op in ops:
     if op["name"] in flush_names and op["dur"] > 50:   # the 2 × 256 MB flush itself
       if current is not None:
-        per_walk.append(current)
-        longest.append(biggest)
+        close_walk()
       current, biggest, walk_ops = 0.0, 0.0, []
+      flush_end = float(op["ts"]) + float(op["dur"])
     elif current is not None:
       current += float(op["dur"])
       biggest = max(biggest, float(op["dur"]))
       walk_ops.append(op)
   if current is not None:
-    per_walk.append(current)
-    longest.append(biggest)
+    close_walk()
   start = float(walk_ops[0]["ts"]) if walk_ops else 0.0
   last_ops = [(op["name"][:60], round(float(op["ts"]) - start, 2), round(float(op["dur"]), 2))
               for op in walk_ops]
-  return per_walk, statistics.median(longest), last_ops
+  gaps = {"flush_to_walk_us_median": round(statistics.median(lead_gaps), 2),
+          "walk_to_kernel_us_median": round(statistics.median(kernel_gaps), 2)}
+  return per_walk, statistics.median(longest), last_ops, gaps
 
 
 def summarise_profile(directory: str, clock_ghz: float) -> dict:
@@ -409,12 +429,13 @@ def main(argv=None):
     try:
       spec, run, operands, want = build(variant, heads)
       tokens, status = (np.asarray(x) for x in (lambda o: (o.tokens, o.status))(run(*operands)))
-      per_walk, kernel_us, walk_ops = time_walks(run, operands, args.walks)
+      per_walk, kernel_us, walk_ops, gaps = time_walks(run, operands, args.walks,
+                                                       variant.host_ahead)
       record(text, {"plan": spec.plan.describe(), "tokens_equal": bool(
           np.array_equal(tokens, want)), "status": int(status),
           "walk_us_median": round(statistics.median(per_walk), 1),
           "walk_us_min": round(min(per_walk), 1), "kernel_us_median": round(kernel_us, 1),
-          "walks": len(per_walk), "last_walk_ops": walk_ops})
+          "walks": len(per_walk), **gaps, "last_walk_ops": walk_ops})
     except Exception as err:   # report every variant, then go on
       record(text, {"error": f"{type(err).__name__}: {str(err)[-1500:]}"})
 

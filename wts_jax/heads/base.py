@@ -26,6 +26,22 @@ from wts_jax.heads.layers import Embedding, Linear
 from wts_jax.int8_state import planes_vocab_bias
 
 
+def hidden_terms(hidden: jax.Array, weight: jax.Array, bias: jax.Array) -> jax.Array:
+  """``hidden · weightᵀ + bias`` [B, K, j] in fp32: a projection's hidden-side terms.
+
+  When the hidden states and the weight share a 16-bit float dtype the GEMM takes them as
+  stored and accumulates in fp32 (tensor cores on a GPU): every product of two 16-bit
+  floats is exact in fp32, as in the fp32 GEMM of widened copies, which would cost the
+  walk two converts and a CUDA-core GEMM before the kernel. Otherwise both widen to fp32.
+  """
+  if hidden.dtype == weight.dtype and weight.dtype in (jnp.bfloat16, jnp.float16):
+    terms = jnp.einsum("bkd,jd->bkj", hidden, weight, preferred_element_type=jnp.float32)
+  else:
+    terms = jnp.einsum("bkd,jd->bkj", hidden.astype(jnp.float32),
+                       weight.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+  return terms + bias.astype(jnp.float32)
+
+
 class SerialHead(nnx.Module):
   """Base of the vanilla, gated and recurrent heads (``markov_head.*`` in DeepSpec)."""
 

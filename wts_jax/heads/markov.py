@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wts_jax.heads.base import SerialHead
+from wts_jax.heads.base import SerialHead, hidden_terms
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.layers import Linear
 
@@ -40,9 +40,8 @@ class GatedMarkovHead(SerialHead):
     return weight[:, :d], weight[:, d:], self.gate_proj.bias[...].astype(jnp.float32)
 
   def hoist(self, hidden):
-    gate_h, _, gate_b = self.gate_weights()
-    return jnp.einsum("bkd,rd->bkr", hidden.astype(jnp.float32), gate_h,
-                      precision=jax.lax.Precision.HIGHEST) + gate_b
+    return hidden_terms(hidden, self.gate_proj.weight[...][:, :self.config.hidden_size],
+                        self.gate_proj.bias[...])
 
   def advance(self, state, e, hoisted_k):
     _, gate_e, _ = self.gate_weights()

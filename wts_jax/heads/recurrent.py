@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wts_jax.heads.base import SerialHead
+from wts_jax.heads.base import SerialHead, hidden_terms
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.layers import Linear
 
@@ -34,9 +34,8 @@ class RecurrentHead(SerialHead):
             self.joint_proj.bias[...].astype(jnp.float32))
 
   def hoist(self, hidden):
-    _, _, joint_h, joint_b = self.joint_weights()
-    return jnp.einsum("bkd,jd->bkj", hidden.astype(jnp.float32), joint_h,
-                      precision=jax.lax.Precision.HIGHEST) + joint_b
+    return hidden_terms(hidden, self.joint_proj.weight[...][:, 2 * self.config.rank:],
+                        self.joint_proj.bias[...])
 
   def init_state(self, batch):
     return jnp.zeros((batch, self.config.rank), jnp.float32)
