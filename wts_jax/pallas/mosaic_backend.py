@@ -85,7 +85,9 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
 def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
   """``kernel="auto"``: past the row kernel's rows, and where the batched kernel runs
   the walk and the config names no row-kernel option: past ``AUTO_MAX_BATCH`` rows, and
-  at any batch for the gated and rnn heads (their update split over the blocks)."""
+  at any batch for the gated and rnn heads (their update split over the blocks); an int8
+  W2 that z does not meet as planes (``w2_widened``) only on ``kernel="batched"``
+  (``_batched_refusal``)."""
   if config.kernel != "auto":
     return config.kernel == "batched"
   if shapes.batch > MAX_BATCH:
@@ -113,16 +115,32 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
               f"joint_proj {joint}")
   w1, w2 = (jnp.dtype(serial.markov_w1.weight.dtype),
             jnp.dtype(serial.markov_w2.weight.dtype))
-  if head_type != "vanilla" and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
-    return (f"the batched Mosaic kernel's {head_type} head needs bf16 W1 and W2 (its fp32 "
-            f"z meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
+  bf16 = jnp.dtype(jnp.bfloat16)
+  # An int8 W2 (with its per-row scales, checked in ``_refusal``) that z does not meet as
+  # planes goes to the kernel widened to bf16, scaled in the epilogue (``w2_row_scale``).
+  w2_as_bf16 = w2 in (bf16, jnp.dtype(jnp.int8)) and not serial.z_as_int8_planes
+  if head_type != "vanilla" and (w1 != bf16 or not w2_as_bf16):
+    return (f"the batched Mosaic kernel's {head_type} head needs a bf16 W1 and a bf16 or "
+            f"int8 W2 (its fp32 z meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
   if head_type == "gated" and config.producer:
     return "the batched Mosaic kernel's gated head runs without a producer warpgroup"
-  if not serial.z_as_int8_planes and (w1, w2) != (jnp.dtype(jnp.bfloat16),) * 2:
-    return ("the batched Mosaic kernel needs bf16 W1 and W2, or an int8 W2 that z meets "
-            f"as two int8 planes (quantize_w2(head, 'int8', state='planes')); got {w1}, "
-            f"{w2}")
+  if not serial.z_as_int8_planes and (w1 != bf16 or not w2_as_bf16):
+    return ("the batched Mosaic kernel needs a bf16 W1 with a bf16 or int8 W2, or an int8 "
+            "W2 that z meets as two int8 planes (quantize_w2(head, 'int8', "
+            f"state='planes')); got {w1}, {w2}")
+  if w2_widened(head) and config.kernel != "batched":
+    # Not yet measured on the device against the Triton kernel that "auto" runs now.
+    return ("the batched Mosaic kernel meets an int8 W2 that z does not meet as planes "
+            "(widened to bf16) on kernel='batched' only")
   return _batched_launch_refusal(config)
+
+
+def w2_widened(head) -> bool:
+  """Whether the batched kernel meets this head's W2 widened to bf16 with its row scales
+  (an int8 W2 that z does not meet as two int8 planes)."""
+  serial = head.markov_head
+  return (jnp.dtype(serial.markov_w2.weight.dtype) == jnp.dtype(jnp.int8)
+          and not serial.z_as_int8_planes)
 
 
 def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
@@ -149,6 +167,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   base_stages = (config.base_stages if config.base_stages is not None else
                  auto_base_stages(axis, wgs, gated=update_head))
   wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
+  w2_row_scale = w2_widened(head)
   try:
     batched = plan_batched(
         vocab_size=vocab, rank=rank, batch=rows,
@@ -157,8 +176,10 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         resident_chunks=resident_units(config.residency, wg_chunks, CHUNK_ROWS * wgs),
         ring_stages=config.ring_stages, base_stages=base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
-        w2_itemsize=jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize,
-        int8_state=planes, batch_axis=axis, producer=producer, gated=gated,
+        w2_itemsize=(2 if w2_row_scale else
+                     jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize),
+        int8_state=planes, w2_row_scale=w2_row_scale, batch_axis=axis, producer=producer,
+        gated=gated,
         gate_split=gated and config.serial_update != "redundant",
         recurrent=recurrent, merge_tiles=merge_tiles,
         ring_preference=auto_ring_preference(gated=update_head))
@@ -283,6 +304,8 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
   if spec.plan.int8_state:
     weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"],
                    w2_scale=operands["w2_scale"])
+  if spec.plan.w2_row_scale:   # int8 values are exact in bf16; the scales come after
+    weights.update(w2=operands["w2"].astype(jnp.bfloat16), w2_scale=operands["w2_scale"])
   tokens, kernel_status = [], status
   for rows, part in row_launches(spec, spec.batch):
     sampled = {} if spec.greedy else dict(seed=seed, score_scale=score_scale[rows],

@@ -138,6 +138,10 @@ class BatchedPlan:
   base_itemsize: int = 2
   w2_itemsize: int = 2
   int8_state: bool = False  # int8 W2 × z as two int8 planes (``wts_jax.int8_state``)
+  # An int8 W2 met by a bf16 z (or a hi + lo pair): its values come widened to bf16
+  # (exact: |q| <= 127) and each chunk's accumulator is scaled by W2's per-row scales in
+  # the epilogue, as the int8 planes' is.
+  w2_row_scale: bool = False
   snake: bool = True
   batch_axis: str = "m"     # "m": [B, r] x [r, 64] a chunk; "n": [64, r] x [r, B]
   warpgroups: int = 1       # warpgroups sharing a block's chunks (each its own share)
@@ -202,6 +206,8 @@ class BatchedPlan:
     if self.producer and self.deferred_release:
       raise ValueError("with a producer warpgroup the consumers release slots, never refill "
                        "them: deferred_release does not apply")
+    if self.w2_row_scale and (self.int8_state or self.w2_itemsize != 2):
+      raise ValueError("w2_row_scale is an int8 W2 widened to bf16, not the int8 planes'")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
@@ -223,6 +229,11 @@ class BatchedPlan:
       raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
                        "least one slot (its G_e chunks stream through it), without a "
                        "producer or a deferred release")
+
+  @property
+  def scaled(self) -> bool:
+    """Each chunk's accumulator is scaled by W2's per-row scales (an int8 W2)."""
+    return self.int8_state or self.w2_row_scale
 
   @property
   def wg_chunks(self) -> int:
@@ -328,6 +339,8 @@ class BatchedPlan:
             + ("; warpgroup 1's bests merged unreduced" if self.merge_tiles else "")
             + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
+            + ("; an int8 W2 widened to bf16, its row scales in the epilogue"
+               if self.w2_row_scale else "")
             + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n
                else "")
             + ("; gated head: z as a hi + lo bf16 pair, "
@@ -398,6 +411,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  resident_chunks: int | None = None, ring_stages: int | None = None,
                  base_stages: int | None = None, base_itemsize: int = 2,
                  w2_itemsize: int = 2, int8_state: bool = False,
+                 w2_row_scale: bool = False,
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
@@ -411,7 +425,9 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   ``resident_chunks``, ``ring_stages`` and ``base_stages`` are a warpgroup's. The gated
   head keeps a ring of at least one slot (its G_e chunks stream through the leader's).
   ``ring_preference``: the ring slots taken before any chunk stays resident where
-  neither count is given (``auto_ring_preference``)."""
+  neither count is given (``auto_ring_preference``). ``w2_row_scale``: an int8 W2 that
+  comes widened to bf16 (``w2_itemsize`` 2) with its per-row scales
+  (``BatchedPlan.w2_row_scale``)."""
   if w2_itemsize == 1 and not int8_state:
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
                      "(quantize_w2(head, 'int8', state='planes'))")
@@ -447,7 +463,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   z_pair = gated or recurrent   # (``BatchedPlan.z_pair``)
   update_units = split_update_units(rank, blocks) if gate_split or recurrent else 0
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
-                      base_itemsize=base_itemsize, scaled=w2_itemsize == 1,
+                      base_itemsize=base_itemsize,
+                      scaled=w2_itemsize == 1 or w2_row_scale,
                       int8_state=int8_state, batch_axis=batch_axis,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
                       warpgroups=warpgroups,
@@ -496,7 +513,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      ring_stages=ring_stages, base_stages=base_stages,
                      vocab_size=vocab_size, rank=rank, batch_rows=padded_batch(batch),
                      smem_bytes=used, base_itemsize=base_itemsize,
-                     w2_itemsize=w2_itemsize, int8_state=int8_state, snake=snake,
+                     w2_itemsize=w2_itemsize, int8_state=int8_state,
+                     w2_row_scale=w2_row_scale, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
                      gate_split=gate_split, recurrent=recurrent,

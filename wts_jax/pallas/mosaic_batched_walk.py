@@ -617,7 +617,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         copy_base(0, p)
       for c in range(res):
         copy_chunk(c, c, refs.res_bar.at[wg])
-      if planes:   # the warpgroup's per-row W2 scales, once: [chunks, 64] f32
+      if plan.scaled:   # the warpgroup's per-row W2 scales, once: [chunks, 64] f32
         for c in range(chunks):
           plgpu.copy_gmem_to_smem(refs.w2_scale_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)],
                                   refs.w2_scale_s.at[wg * chunks + c],
@@ -653,7 +653,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           refs.update_flag_s[0] = jnp.int32(0)
           plgpu.barrier_wait(refs.update_w_bar)
         leader_only(resident_update_rows)
-      if planes:
+      if plan.scaled:
         plgpu.barrier_wait(refs.w2_scale_bar.at[wg])
 
     if not spec.greedy:
@@ -745,26 +745,30 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         """The chunk's logits less the base: its accumulator(s), read when complete
         (``in_flight``: the WGMMAs issued after this chunk's, left running).
         int8 planes: D = 256 · d_hi + d_lo exact in int32, then (f32(D) · s_lo) · scale2,
-        the order of wts_jax.int8_state."""
+        the order of wts_jax.int8_state. ``plan.w2_row_scale``: the fp32 sum times the
+        vocabulary rows' scales, as ``SerialHead.vocab_bias`` scales it."""
         def read(acc_ref):
           return plgpu.wgmma_accumulator_load(acc_ref, wait_n=in_flight)
+        def vocab_scale():
+          c = locate(position)[4]
+          scales = _load(refs.w2_scale_s.at[wg * chunks + c],
+                         _PER_ROW if n_major else _PER_COLUMN)
+          return lax.broadcast_in_dim(scales, tile, (vocab_axis,))
+        def row_scaled(logits):
+          return logits * vocab_scale() if plan.w2_row_scale else logits
         with jax.named_scope("mma_wait"):
           if plan.pair_on_n:   # the halves' columns: [0, rows) and [lo_offset, + rows)
             both = read(acc_refs[0])
             first = both[:, :rows]
             second = both[:, plan.lo_offset:plan.lo_offset + rows]
             if not planes:
-              return first + second
+              return row_scaled(first + second)
             d_hi, d_lo = first, second
           elif not planes:
-            return read(acc_refs[0])
+            return row_scaled(read(acc_refs[0]))
           else:
             d_hi, d_lo = (read(acc_ref) for acc_ref in acc_refs)
-          c = locate(position)[4]
-          vocab_scale = lax.broadcast_in_dim(
-              _load(refs.w2_scale_s.at[wg * chunks + c], _PER_ROW if n_major else _PER_COLUMN),
-              tile, (vocab_axis,))
-          return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale
+          return (d_hi * LO_STEPS + d_lo).astype(jnp.float32) * plane_scale * vocab_scale()
 
       def wgmma_groups():
         """WGMMA groups a chunk issues (``issue``): one, or two for the int8 planes or
@@ -1080,7 +1084,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   multiple of 8 (the base tiles are copied as whole TMA tiles).
   ``plan.int8_state``: ``w2`` int8 with its per-row ``w2_scale`` [V]; ``w1`` is W1's
   interleaved int8 planes [2V, r] and ``w1_scale`` their ``s_lo`` [V]
-  (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2.
+  (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2, and with
+  ``plan.w2_row_scale`` W2 is an int8 W2's values widened to bf16, ``w2_scale`` [V] its
+  per-row scales.
   ``plan.gated``: ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16, inputs
   [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
   (``GatedMarkovHead.hoist``).
@@ -1117,6 +1123,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     w1_scale = w1_scale.astype(jnp.float32)
   elif w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
     raise ValueError(f"the batched walk needs bf16 W1 and W2 (got {w1.dtype}, {w2.dtype})")
+  if plan.w2_row_scale and (w2_scale is None or w2_scale.shape != (vocab,)):
+    raise ValueError(f"a w2_row_scale plan needs W2's per-row scales [{vocab}] (got "
+                     f"{None if w2_scale is None else list(w2_scale.shape)})")
   rows = plan.batch_rows
   # On M base tiles are [8-row, 64-column] TMA tiles: rows padded to the plan's. On N a
   # tile is untiled and a copy brings the batch's rows as given (the kernel zeroes the
@@ -1159,9 +1168,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
           2 if plan.int8_state and not plan.scalar_plane_scales else 1), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // w_itemsize), z_dtype),
   }
-  if plan.int8_state:
+  if plan.scaled:
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
+  if plan.int8_state:
     if plan.scalar_plane_scales:
       scratch["row_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
     else:
@@ -1192,8 +1202,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   first_width = rows if n_major else BATCH_TILE
   operands.update(w1_g=w1, first_g=jnp.pad(first_tokens.astype(jnp.int32),
                                            (0, first_width - batch)))
+  if plan.scaled:
+    operands.update(w2_scale_g=w2_scale.astype(jnp.float32))
   if plan.int8_state:
-    operands.update(w2_scale_g=w2_scale.astype(jnp.float32), w1_scale_g=w1_scale)
+    operands.update(w1_scale_g=w1_scale)
   def hoisted_by_step(hoisted):
     """[B, K, n] -> [K, 64 rows, n] f32 (rows past B zero): a split update's block reads
     its units' columns of a step."""
