@@ -196,6 +196,19 @@ def test_split_rnn_tokens_equal_reference(rnn_head, axis, batch, temperature):
   _check(rnn_head, batch, temperature, 75, config=config)
 
 
+@pytest.mark.parametrize("head_type,axis,batch", [
+    ("gated", "m", 5), ("gated", "n", 16), ("gated", "m", 64), ("rnn", "m", 16),
+    ("rnn", "m", 64), ("vanilla", "n", 13), ("vanilla", "m", 64)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_int8_w2_widened_tokens_equal_reference(head, gated_head, rnn_head, head_type, axis,
+                                                batch, temperature):
+  """An int8 W2 (quantized without planes) widened to bf16 on the batched kernel, its
+  row scales in the epilogue (kernel="batched"; the planner's other choices)."""
+  base_head = {"vanilla": head, "gated": gated_head, "rnn": rnn_head}[head_type]
+  config = MosaicConfig(kernel="batched", batch_axis=axis)
+  _check(quantize_w2(base_head, "int8"), batch, temperature, 80 + batch, config=config)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, temperature):
   """impl="auto" (the tuned table, the planner's axis and split update) at B = 1, 4 and

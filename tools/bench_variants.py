@@ -14,7 +14,9 @@ kernel (the batch on the WGMMA's M) with its planner's split, ``wts-mb-r{R}s{S}b
 with R resident chunks, an S-slot ring and an N-slot base-logit ring (each part
 optional), ``…-w2`` with two warpgroups a block (else one), ``…-split`` / ``…-redundant``
 with the gated head's gate split over the blocks or computed by every block (else the
-planner's); ``wts-mbn…`` the same with the batch on the WGMMA's N. Any R, S, G named in
+planner's); ``wts-mbn…`` the same with the batch on the WGMMA's N; ``wts-mb-auto`` the
+batched kernel with every choice the planner's (``kernel="batched"``, which also runs an
+int8 W2 that z does not meet as planes, widened to bf16). Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -60,6 +62,10 @@ def register_variants(names):
       paths.register_path(f"wts-{update}", jax_paths.available_wts,
                           jax_paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
+  if "wts-mb-auto" in names and "wts-mb-auto" not in paths.PATHS:
+    paths.register_path("wts-mb-auto", jax_paths.available_wts,
+                        jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
+                        description="the batched Mosaic kernel, the planner's choices")
   for name in names:
     batched = BATCHED_VARIANT.match(name)
     if batched and name not in paths.PATHS:
