@@ -934,25 +934,4 @@ def test_profile_tool_variants_name_what_they_set():
   assert "gated:64:sample:x+w2" in profile_batched.expand_variants("sweep:gated")
   with pytest.raises(SystemExit, match="bad option 'z'"):
     profile_batched.parse_variant("bf16:4:greedy:z")
-
-
-def test_profile_tool_bf16_hoist_is_the_heads_hoist_in_bf16():
-  """Option H: the gated and rnn heads' hoisted terms from a bf16 GEMM with fp32
-  accumulation are their fp32 hoist up to the sums' rounding, and the patch is undone."""
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import profile_batched
-  from wts_jax.heads.markov import GatedMarkovHead
-  assert profile_batched.parse_variant("gated:16:greedy:n+x+H").bf16_hoist
-  for head_type in ("gated", "rnn"):
-    config = HeadConfig(vocab_size=520, rank=64, hidden_size=96, head_type=head_type)
-    head = wts_jax.make_head(config, seed=3)
-    _, _, hidden = random_inputs(config, 3, 2, jax.random.key(4))
-    exact = head.markov_head.hoist(hidden)
-    with profile_batched.bf16_hoist(True):
-      fast = head.markov_head.hoist(hidden)
-    assert fast.shape == exact.shape and fast.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(fast), np.asarray(exact), rtol=1e-5, atol=1e-5)
-  saved = GatedMarkovHead.hoist
-  with profile_batched.bf16_hoist(False):
-    assert GatedMarkovHead.hoist is saved
   assert GatedMarkovHead.hoist is saved

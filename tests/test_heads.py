@@ -79,3 +79,30 @@ def test_teacher_forced_block_matches_oracle(head_type):
                              atol=2e-4)
   np.testing.assert_allclose(np.asarray(confidence), conf64, atol=1e-4)
   np.testing.assert_array_equal(np.asarray(out.tokens), tokens64)
+
+
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+def test_hoisted_terms_exact_products_in_either_gemm(head_type):
+  """The hidden-side terms: with bf16 hidden states and weights, a bf16 GEMM accumulating
+  in fp32 (exact products) equals the fp32 GEMM of widened copies up to the sums'
+  rounding; fp32 hidden states take the fp32 GEMM, so they lose nothing to bf16."""
+  from wts_jax.heads.base import hidden_terms
+  config = HeadConfig(vocab_size=520, rank=64, hidden_size=96, head_type=head_type)
+  head = wts_jax.make_head(config, seed=3)
+  serial = head.markov_head
+  hidden = jax.random.normal(jax.random.key(4), (3, 2, 96), jnp.float32)
+  proj = serial.gate_proj if head_type == "gated" else serial.joint_proj
+  columns = slice(0, 96) if head_type == "gated" else slice(2 * config.rank, None)
+  weight, bias = proj.weight[...][:, columns], proj.bias[...]
+  widened = jnp.einsum("bkd,jd->bkj", hidden.astype(jnp.bfloat16).astype(jnp.float32),
+                       weight.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+  fast = serial.hoist(hidden.astype(jnp.bfloat16))
+  assert fast.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(fast), np.asarray(widened + bias), rtol=1e-5,
+                             atol=1e-5)
+  exact = jnp.einsum("bkd,jd->bkj", hidden, weight.astype(jnp.float32),
+                     precision=jax.lax.Precision.HIGHEST) + bias
+  np.testing.assert_array_equal(np.asarray(hidden_terms(hidden, weight, bias)),
+                                np.asarray(exact))
+  # fp32 hidden states differ from their bf16 rounding: the fp32 path kept them.
+  assert not np.allclose(np.asarray(serial.hoist(hidden)), np.asarray(fast), atol=1e-6)

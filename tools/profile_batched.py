@@ -7,7 +7,8 @@ device call that checks, times and profiles many variants at the Qwen3-4B shape.
 ``--variants sweep:DTYPE`` expands to the planner's choices over B and mode
 (``planner_sweep``), ``auto:DTYPE`` to the planner's own plans (``auto_sweep``). A variant is ``dtype:B:mode:options`` — dtype bf16 or int8p
 (int8 W2, z as two int8 planes) for the vanilla head, or gated / rnn (those heads,
-bf16), mode greedy or sample, options joined by ``+``: ``x`` (the head's update split
+bf16); int8, gated8, rnn8: the same heads with an int8 W2 quantized without planes,
+widened to bf16 on the kernel (``BatchedPlan.w2_row_scale``); mode greedy or sample, options joined by ``+``: ``x`` (the head's update split
 over the blocks:
 ``serial_update="split"``, the rnn head's only way), ``rR`` / ``sS`` / ``bN``
 (resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
@@ -24,8 +25,7 @@ before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the te
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
 or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profiling: the first
 tokens produced by an op of the walk, which otherwise passes them to the kernel as
-given), ``H`` (the gated and rnn heads' hoisted terms from a bf16 GEMM with fp32
-accumulation, for the kernel's walk and the XLA walk alike), ``A`` (profiling: ≈ 3 ms of
+given), ``A`` (profiling: ≈ 3 ms of
 device work queued before the timed walks, so the host launches ahead of the device).
 Options unnamed are the planner's, except the batch axis (M unless ``n`` or
 ``a``).
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import dataclasses
 import functools
 import glob
@@ -87,7 +86,6 @@ class Variant:
   probe_skew: bool = False
   merge_tiles: bool | None = None
   first_op: bool = False
-  bf16_hoist: bool = False
   host_ahead: bool = False
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
@@ -106,7 +104,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "H": ("bf16_hoist", True), "A": ("host_ahead", True)}
+         "A": ("host_ahead", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma")
@@ -114,12 +112,19 @@ PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_pr
 PLANNER_OPTIONS = ("scalar_plane_scales",)
 
 
+# dtype -> (head type, W2 quantization: None, "planes", or "int8" widened on the kernel)
+DTYPES = {"bf16": ("vanilla", None), "int8p": ("vanilla", "planes"),
+          "int8": ("vanilla", "int8"), "gated": ("gated", None), "rnn": ("rnn", None),
+          "gated8": ("gated", "int8"), "rnn8": ("rnn", "int8")}
+UPDATE_DTYPES = ("gated", "rnn", "gated8", "rnn8")
+
+
 def planner_sweep(dtype: str) -> list[str]:
   """``sweep:DTYPE`` in ``--variants``: the planner's choices (batch axis, computing
   warpgroups, producer) over B 4, 16, 32, 64, greedy and sampled — what
   ``auto_batch_axis``, ``auto_warpgroups`` and ``auto_producer`` are read from. The
   gated and rnn heads (their update split) without a producer, which they do not take."""
-  split = dtype in ("gated", "rnn")
+  split = dtype in UPDATE_DTYPES
   variants = []
   for batch in (4, 16, 32, 64):
     for mode in ("greedy", "sample"):
@@ -153,7 +158,7 @@ def expand_variants(text: str) -> list[str]:
 
 def parse_variant(text: str) -> Variant:
   dtype, batch, mode, *rest = text.split(":")
-  if dtype not in ("bf16", "int8p", "gated", "rnn") or mode not in ("greedy", "sample"):
+  if dtype not in DTYPES or mode not in ("greedy", "sample"):
     raise SystemExit(f"error: bad variant {text!r}")
   options, plan_options, planner_options = {}, {}, {}
   for option in (rest[0].split("+") if rest and rest[0] else []):
@@ -172,66 +177,28 @@ def parse_variant(text: str) -> Variant:
 
 
 class Heads:
-  """The Qwen3-4B-shape heads: vanilla in bf16 and int8 planes, gated and rnn in bf16,
-  built once each."""
+  """The Qwen3-4B-shape heads of ``DTYPES``, built once each."""
 
   def __init__(self):
     self._heads = {}
 
   @staticmethod
   def config(dtype):
-    return HeadConfig.qwen3_4b(dtype if dtype in ("gated", "rnn") else "vanilla",
-                               confidence=False)
+    return HeadConfig.qwen3_4b(DTYPES[dtype][0], confidence=False)
 
   def __call__(self, dtype):
     if dtype not in self._heads:
       head = wts_jax.make_head(self.config(dtype), seed=0)
-      if dtype == "int8p":
+      quantized = DTYPES[dtype][1]
+      if quantized:
         from wts_jax.quantize import quantize_w2
-        head = quantize_w2(head, "int8", state="planes")
+        head = quantize_w2(head, "int8",
+                           state="planes" if quantized == "planes" else "float")
       self._heads[dtype] = head
     return self._heads[dtype]
 
 
-@contextlib.contextmanager
-def bf16_hoist(on: bool):
-  """Option ``H``: the gated and rnn heads' hoisted terms (the hidden side of their
-  projections, [B, K, r] / [B, K, 3r]) from a bf16 GEMM with fp32 accumulation of the
-  weights' hidden columns as stored, instead of an fp32 GEMM of fp32 copies (which
-  costs the walk a slice, two converts and a non-tensor-core GEMM before the kernel).
-  The products are exact either way; the sums' order and rounding may differ."""
-  if not on:
-    yield
-    return
-  from wts_jax.heads.markov import GatedMarkovHead
-  from wts_jax.heads.recurrent import RecurrentHead
-
-  def bf16_terms(proj, columns, hidden):
-    weight = proj.weight[...]
-    return jnp.einsum("bkd,jd->bkj", hidden.astype(weight.dtype), weight[:, columns],
-                      preferred_element_type=jnp.float32) + proj.bias[...].astype(
-                          jnp.float32)
-
-  saved = GatedMarkovHead.hoist, RecurrentHead.hoist
-  jax.clear_caches()   # (the walks' jitted functions retrace with the patched hoist)
-  # Inputs [h ; e] (gated) and [s ; e ; h] (rnn).
-  GatedMarkovHead.hoist = lambda self, hidden: bf16_terms(
-      self.gate_proj, slice(0, self.config.hidden_size), hidden)
-  RecurrentHead.hoist = lambda self, hidden: bf16_terms(
-      self.joint_proj, slice(2 * self.config.rank, None), hidden)
-  try:
-    yield
-  finally:
-    GatedMarkovHead.hoist, RecurrentHead.hoist = saved
-    jax.clear_caches()
-
-
 def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir: str = ""):
-  with bf16_hoist(variant.bf16_hoist):
-    return _build(variant, heads, smem_reserve=smem_reserve, profile_dir=profile_dir)
-
-
-def _build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir: str = ""):
   head = heads(variant.dtype)
   base, first, hidden = random_inputs(heads.config(variant.dtype), variant.batch, STEPS,
                                       jax.random.key(variant.batch))
@@ -268,7 +235,6 @@ def _build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir
     if variant.first_op:   # the first tokens produced by an op of the walk (adds 0)
       first = first + (base[0, 0, 0] != base[0, 0, 0]).astype(first.dtype)
     return mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, hidden, mode))
-  # Compiled here, where build's options (``bf16_hoist``) are in force.
   run = jax.jit(walk).lower(head, base, first, hidden).compile()
   want = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key,
                       impl="xla")
