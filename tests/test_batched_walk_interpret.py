@@ -934,4 +934,5 @@ def test_profile_tool_variants_name_what_they_set():
   assert "gated:64:sample:x+w2" in profile_batched.expand_variants("sweep:gated")
   with pytest.raises(SystemExit, match="bad option 'z'"):
     profile_batched.parse_variant("bf16:4:greedy:z")
-  assert GatedMarkovHead.hoist is saved
+  assert profile_batched.parse_variant("gated8:16:greedy:a+A").host_ahead
+  assert profile_batched.DTYPES["rnn8"] == ("rnn", "int8")
