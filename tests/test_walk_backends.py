@@ -46,10 +46,14 @@ def test_a_named_backend_that_cannot_run_lists_its_reason():
     choice = _choose(_head(head_type), impl="mosaic")
     assert type(choice.plan).__name__ == "BatchedSpec" and choice.plan.plan.split
   int8_rnn = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("rnn"))
+  # An int8 W2 without planes: the batched kernel widens it on kernel="batched" only.
   with pytest.raises(ValueError, match=r"impl='pallas' cannot run this walk: mosaic: the "
-                                       r"batched Mosaic kernel's rnn head needs bf16 W1 and "
-                                       r"W2.*; triton: batch B=300"):
+                                       r"batched Mosaic kernel meets an int8 W2 .* on "
+                                       r"kernel='batched' only; triton: batch B=300"):
     _choose(int8_rnn, batch=300, impl="pallas")
+  widened = _choose(int8_rnn, batch=300, impl="mosaic",
+                    config=wts_jax.MosaicConfig(kernel="batched"))
+  assert widened.plan.plan.w2_row_scale
   assert _choose(int8_rnn, batch=300).impl == "xla"
   assert _choose(_head("rnn"), batch=300).impl == "mosaic"   # 64-row launches
   # Past the Triton kernel's rows the batched Mosaic kernel runs (one launch per 64).
