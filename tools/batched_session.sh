@@ -28,9 +28,9 @@ if has bench; then
   timeout ${BENCH_S:-300} python tools/bench_variants.py --shape qwen3_4b \
     --head ${BENCH_HEADS:-vanilla} --batch ${BENCH_BATCH:-16,64} --k 7 \
     --mode ${BENCH_MODE:-greedy,sample} --l2 cold --dtype ${BENCH_DTYPE:-bf16} \
-    --repeats ${BENCH_REPEATS:-5} --walks-per-repeat 10 \
+    --repeats ${BENCH_REPEATS:-5} --walks-per-repeat ${BENCH_WALKS:-10} \
     --paths ${BENCH_PATHS:-torch-graph,wts-triton,wts-mb,wts-mb-r0s2,wts-mb-r4s2} \
-    --out "$OUT/batched_bench.json" 2>&1 | grep -v -i warn | tee "$OUT/batched_bench.log" | tail -40
+    --out "$OUT/${BENCH_NAME:-batched_bench}.json" 2>&1 | grep -v -i warn | tee "$OUT/batched_bench.log" | tail -40
 fi
 if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
   stamp sanitizer
