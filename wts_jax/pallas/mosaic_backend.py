@@ -301,11 +301,12 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]
   weights = dict(w2=operands["w2"], w1=w1)
+  if spec.plan.scaled:   # an int8 W2's per-row scales
+    weights["w2_scale"] = operands["w2_scale"]
   if spec.plan.int8_state:
-    weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"],
-                   w2_scale=operands["w2_scale"])
+    weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"])
   if spec.plan.w2_row_scale:   # int8 values are exact in bf16; the scales come after
-    weights.update(w2=operands["w2"].astype(jnp.bfloat16), w2_scale=operands["w2_scale"])
+    weights["w2"] = operands["w2"].astype(jnp.bfloat16)
   tokens, kernel_status = [], status
   for rows, part in row_launches(spec, spec.batch):
     sampled = {} if spec.greedy else dict(seed=seed, score_scale=score_scale[rows],
