@@ -11,7 +11,9 @@ import importlib.util
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 import wts_jax
 from wts_jax.device import H200
@@ -46,15 +48,12 @@ def test_a_named_backend_that_cannot_run_lists_its_reason():
     choice = _choose(_head(head_type), impl="mosaic")
     assert type(choice.plan).__name__ == "BatchedSpec" and choice.plan.plan.split
   int8_rnn = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("rnn"))
-  # An int8 W2 without planes: the batched kernel widens it on kernel="batched" only.
-  with pytest.raises(ValueError, match=r"impl='pallas' cannot run this walk: mosaic: the "
-                                       r"batched Mosaic kernel meets an int8 W2 .* on "
-                                       r"kernel='batched' only; triton: batch B=300"):
-    _choose(int8_rnn, batch=300, impl="pallas")
-  widened = _choose(int8_rnn, batch=300, impl="mosaic",
-                    config=wts_jax.MosaicConfig(kernel="batched"))
-  assert widened.plan.plan.w2_row_scale
-  assert _choose(int8_rnn, batch=300).impl == "xla"
+  # An int8 W2 without planes: the batched kernel widens it to bf16 (its row scales in
+  # the epilogue), also past the Triton kernel's rows.
+  widened = _choose(int8_rnn, batch=300, impl="pallas")
+  assert widened.impl == "mosaic" and widened.plan.plan.w2_row_scale
+  assert dict(widened.refusals)["triton"].startswith("batch B=300")
+  assert _choose(int8_rnn, batch=300).impl == "mosaic"
   assert _choose(_head("rnn"), batch=300).impl == "mosaic"   # 64-row launches
   # Past the Triton kernel's rows the batched Mosaic kernel runs (one launch per 64).
   assert _choose(_head(), batch=300).impl == "mosaic"
@@ -119,8 +118,12 @@ def test_auto_choices_at_the_qwen3_shape():
   assert _choose(_head("gated"), batch=4).impl == "mosaic"
   assert _choose(_head("rnn")).impl == "mosaic"
   assert _choose(_head("rnn"), greedy=False).impl == "triton"
-  assert _choose(jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("gated"))
-                 ).impl == "triton"
+  for head_type in ("gated", "rnn"):   # an int8 W2 widened to bf16 on the batched kernel
+    int8_head = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head(head_type))
+    for batch in (1, 4, 16, 64):
+      for greedy in (True, False):
+        choice = _choose(int8_head, batch=batch, greedy=greedy)
+        assert choice.impl == "mosaic" and choice.plan.plan.w2_row_scale
   assert _choose(_head("rnn"), batch=16, greedy=False).impl == "mosaic"
   assert _choose(head, config=wts_jax.WalkConfig(interpret=True)).impl == "triton"
 
@@ -207,8 +210,12 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   assert gated_plan.warpgroups == (2 if not greedy and (batch > 16 or axis == "m") else 1)
   assert gated_plan.base_stages == min(DEFAULT_BASE_STAGES, gated_plan.wg_chunks)
   # The row kernel keeps walks the batched kernel cannot run, and row-kernel options.
-  gated_int8 = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("gated"))
-  assert not hasattr(mosaic_backend.plan(gated_int8, shapes if batch <= 4 else
+  def with_fp32_w1(head):   # (the row kernel's register GEMV takes an fp32 W1)
+    w1 = head.markov_head.markov_w1
+    w1.weight = nnx.Param(w1.weight[...].astype(jnp.float32))
+    return head
+  gated_fp32 = jax.eval_shape(with_fp32_w1, _head("gated"))
+  assert not hasattr(mosaic_backend.plan(gated_fp32, shapes if batch <= 4 else
                                          backend.WalkShapes(batch=4, steps=7),
                                          MosaicConfig(), H200).plan, "batch_axis")
   assert not hasattr(mosaic_backend.plan(_head(), backend.WalkShapes(batch=4, steps=7),

@@ -235,22 +235,22 @@ def tuned_table(device_kind: str) -> dict[tuple, dict]:
 
 
 def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
-  # Measured on the H200 (NOTES.md v5-v7, v10, v11, v13-v15): Mosaic is faster for
+  # Measured on the H200 (NOTES.md v5-v7, v10, v11, v13-v15, v20): Mosaic is faster for
   # vanilla walks at one row (the row kernel) and from 2 to 64 rows (the batched kernel),
-  # greedy and sampled, and for the gated and rnn heads with a bf16 W2 up to 64 rows
-  # (the batched kernel, their update split over the blocks) except the rnn head's
-  # sampled walk at one row; past 64 rows, that walk, and the gated and rnn heads with
-  # an int8 W2, the Triton kernel.
+  # greedy and sampled, and for the gated and rnn heads up to 64 rows (the batched
+  # kernel, their update split over the blocks; an int8 W2 widened to bf16) except the
+  # rnn head's sampled walk at one row with a bf16 W2; past 64 rows, and that walk, the
+  # Triton kernel.
   from wts_jax.pallas.mosaic_batched_plan import AUTO_BATCHED_RANGE
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
   low, high = AUTO_BATCHED_RANGE
   head_type = head.config.head_type
   batched = low < shapes.batch <= high
   bf16_w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype) == jnp.dtype(jnp.bfloat16)
-  split_at_one_row = shapes.batch == 1 and (head_type == "gated" or shapes.greedy)
+  split_at_one_row = shapes.batch == 1 and (head_type == "gated" or shapes.greedy
+                                            or not bf16_w2)
   faster = ((head_type == "vanilla" and (shapes.batch <= AUTO_MAX_BATCH or batched))
-            or (head_type in ("gated", "rnn") and bf16_w2
-                and (batched or split_at_one_row)))
+            or (head_type in ("gated", "rnn") and (batched or split_at_one_row)))
   return ("mosaic", "triton") if faster else ("triton", "mosaic")
 
 

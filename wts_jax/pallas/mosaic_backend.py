@@ -85,9 +85,7 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
 def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
   """``kernel="auto"``: past the row kernel's rows, and where the batched kernel runs
   the walk and the config names no row-kernel option: past ``AUTO_MAX_BATCH`` rows, and
-  at any batch for the gated and rnn heads (their update split over the blocks); an int8
-  W2 that z does not meet as planes (``w2_widened``) only on ``kernel="batched"``
-  (``_batched_refusal``)."""
+  at any batch for the gated and rnn heads (their update split over the blocks)."""
   if config.kernel != "auto":
     return config.kernel == "batched"
   if shapes.batch > MAX_BATCH:
@@ -128,10 +126,6 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
     return ("the batched Mosaic kernel needs a bf16 W1 with a bf16 or int8 W2, or an int8 "
             "W2 that z meets as two int8 planes (quantize_w2(head, 'int8', "
             f"state='planes')); got {w1}, {w2}")
-  if w2_widened(head) and config.kernel != "batched":
-    # Not yet measured on the device against the Triton kernel that "auto" runs now.
-    return ("the batched Mosaic kernel meets an int8 W2 that z does not meet as planes "
-            "(widened to bf16) on kernel='batched' only")
   return _batched_launch_refusal(config)
 
 
