@@ -59,3 +59,24 @@ def test_kernel_noise_is_xla_noise_bit_for_bit():
   np.testing.assert_array_equal(np.asarray(in_kernel).view(np.uint32),
                                 np.asarray(jax.jit(sampling.gumbel_from_uniform)(u)).view(
                                     np.uint32))
+
+
+
+def test_uniforms_are_the_top_23_hash_bits():
+  """``uniform_from_stream`` is (m + 0.5) 2^-23 with m the top 23 bits of the hash."""
+  stream = jnp.asarray([0x9E3779B9, 7, 0xFFFFFFFF], jnp.uint32)
+  index = jnp.arange(1 << 16, dtype=jnp.uint32)
+  u = np.asarray(jax.jit(sampling.uniform_from_stream)(stream[:, None], index[None, :]))
+  bits = np.asarray(jax.jit(lambda s, v: sampling.mix32(sampling.mix32(v ^ s) + s))(
+      stream[:, None], index[None, :]))
+  np.testing.assert_array_equal(u, every_uniform()[bits >> 9])
+
+
+def test_log_is_exact_in_its_exponent_at_every_binade():
+  """At the powers of two ``log_positive`` is k ln 2 within an ulp, for every normal k,
+  and log 1 is 0."""
+  k = np.arange(-126, 128)
+  x = np.ldexp(np.float32(1.0), k).astype(np.float32)
+  assert _ulps(jax.jit(sampling.log_positive)(jnp.asarray(x)),
+               np.log(x.astype(np.float64)))[k != 0].max() < 1.0
+  assert float(jax.jit(sampling.log_positive)(jnp.float32(1.0))) == 0.0
