@@ -209,6 +209,20 @@ def test_int8_w2_widened_tokens_equal_reference(head, gated_head, rnn_head, head
   _check(quantize_w2(base_head, "int8"), batch, temperature, 80 + batch, config=config)
 
 
+@pytest.mark.parametrize("head_type,batch,warpgroups", [
+    ("gated", 5, None), ("gated", 64, None), ("rnn", 16, None), ("rnn", 64, None),
+    ("vanilla", 13, None), ("vanilla", 64, 2), ("vanilla", 70, None)])
+@pytest.mark.parametrize("widening", ["registers", "smem"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_int8_w2_widened_in_the_kernel_tokens_equal_reference(
+    head, gated_head, rnn_head, head_type, batch, warpgroups, widening, temperature):
+  """An int8 W2 streamed as int8 and widened in the kernel (into the WGMMA's A operand,
+  or through a bf16 tile in shared memory), the batch on N, at the real shape."""
+  base_head = {"vanilla": head, "gated": gated_head, "rnn": rnn_head}[head_type]
+  config = MosaicConfig(kernel="batched", w2_widening=widening, warpgroups=warpgroups)
+  _check(quantize_w2(base_head, "int8"), batch, temperature, 90 + batch, config=config)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, temperature):
   """impl="auto" (the tuned table, the planner's axis and split update) at B = 1, 4 and

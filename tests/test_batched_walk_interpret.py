@@ -60,14 +60,15 @@ def test_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
 
 def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="m",
                         warpgroups=None, producer=None, serial_update="auto",
-                        merge_tiles=None):
+                        merge_tiles=None, w2_widening="auto"):
   """The batched kernel (interpret mode) against the XLA walk on fresh inputs: exact
   tokens (greedy), the same tokens with the same key (sampled), confidence close."""
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
   key = jax.random.key(seed + 10) if temperature else None
   config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
                         batch_axis=batch_axis, warpgroups=warpgroups, producer=producer,
-                        serial_update=serial_update, merge_tiles=merge_tiles)
+                        serial_update=serial_update, merge_tiles=merge_tiles,
+                        w2_widening=w2_widening)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -409,6 +410,93 @@ def test_int8_w2_widened_is_what_auto_runs():
         walk_shapes = backend.WalkShapes.of(jnp.zeros((batch, 3, 1000), jnp.bfloat16),
                                             greedy)
         assert backend.preference(head, walk_shapes, "NVIDIA H200")[0] == "mosaic"
+
+
+# The int8 W2 streamed as int8 and widened in the kernel (through the warpgroup's bf16
+# tile: what interpret mode runs), the batch on N: B not a multiple of 8, sampled, the
+# gate and the rnn update split, chunks resident and streamed, two warpgroups, past 64
+# rows (two launches).
+WIDENED_IN_KERNEL_CASES = [("vanilla", 520, 64, 13, 3, "none", 0.0, 1, "auto"),
+                           ("vanilla", 1000, 128, 16, 4, "auto", 1.0, 2, "auto"),
+                           ("gated", 520, 64, 16, 3, "none", 0.7, 1, "split"),
+                           ("gated", 776, 128, 70, 2, 64, 0.0, 1, "split"),
+                           ("rnn", 520, 64, 5, 3, "auto", 0.0, 1, "split"),
+                           ("rnn", 1000, 64, 13, 4, "none", 0.7, 1, "split")]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,residency,temperature,"
+                         "warpgroups,update", WIDENED_IN_KERNEL_CASES)
+def test_int8_w2_widened_in_the_kernel_tokens_equal_xla(head_type, vocab, rank, batch,
+                                                        steps, residency, temperature,
+                                                        warpgroups, update):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type=head_type,
+                      confidence=True)
+  head = quantize_w2(wts_jax.make_head(config, seed=vocab + rank + 9), "int8")
+  plan = backend.choose(head, backend.WalkShapes.of(
+      jnp.zeros((batch, steps, vocab), jnp.bfloat16), not temperature), "mosaic",
+      MosaicConfig(interpret=True, kernel="batched", num_blocks=1, w2_widening="smem",
+                   warpgroups=warpgroups, residency=residency, serial_update=update),
+      require_gpu=False).plan.plan
+  assert (plan.w2_widening, plan.w2_itemsize, plan.batch_axis) == ("smem", 1, "n")
+  assert "widened in the kernel, through smem" in plan.describe()
+  for seed in (17, 18):
+    _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_axis="n",
+                        warpgroups=warpgroups, serial_update=update, w2_widening="smem")
+
+
+def test_int8_w2_widened_in_the_kernel_plans_and_refusals():
+  """Streamed as int8 a chunk is half the bytes (more of them stay resident); the smem
+  way counts its bf16 tiles; the batch must be on N, the gated head's gate split, and the
+  registers way runs on the GPU only."""
+  head = jax.eval_shape(lambda: quantize_w2(wts_jax.make_head(HeadConfig.qwen3_4b("gated")),
+                                            "int8"))
+  shapes = backend.WalkShapes(batch=16, steps=7)
+  def plan(**options):
+    return mosaic_backend.plan(head, shapes, MosaicConfig(kernel="batched", **options),
+                               H200_FACTS)
+  if not mosaic_backend.BATCH_ON_N_LOWERS:
+    assert "needs the batch on N (the chunk is the WGMMA's A operand) and jax >= 0.11" in (
+        plan(w2_widening="registers").reason)
+    return
+  copied, in_registers, through_smem = (plan(w2_widening=w).plan
+                                        for w in ("xla", "registers", "smem"))
+  assert (copied.w2_itemsize, in_registers.w2_itemsize, through_smem.w2_itemsize) == (2, 1, 1)
+  assert in_registers.resident_chunks > copied.resident_chunks
+  assert through_smem.resident_chunks < in_registers.resident_chunks   # its 32 KB tile
+  assert in_registers.batch_axis == through_smem.batch_axis == "n"
+  assert "needs the batch on N" in plan(w2_widening="smem", batch_axis="m").reason
+  assert "gate split" in plan(w2_widening="smem", serial_update="redundant").reason
+  interpreted = mosaic_backend.plan(head, shapes, MosaicConfig(
+      kernel="batched", interpret=True, num_blocks=1, w2_widening="registers"), H200_FACTS)
+  assert "runs on the GPU only" in interpreted.reason
+  # A bf16 W2 has nothing to widen: the option does not change its plan.
+  bf16 = jax.eval_shape(lambda: wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
+  assert (mosaic_backend.plan(bf16, shapes, MosaicConfig(kernel="batched",
+                                                          w2_widening="registers"),
+                              H200_FACTS).plan
+          == mosaic_backend.plan(bf16, shapes, MosaicConfig(kernel="batched"),
+                                 H200_FACTS).plan)
+  with pytest.raises(ValueError, match="w2_widening='vram' must be one of"):
+    MosaicConfig(w2_widening="vram")
+
+
+@pytest.mark.parametrize("head_type,batch,temperature,widening", [
+    ("gated", 64, 0.0, "registers"), ("rnn", 16, 1.0, "registers"),
+    ("vanilla", 64, 0.0, "registers"), ("vanilla", 5, 1.0, "smem"),
+    ("gated", 5, 0.0, "smem")])
+def test_int8_w2_widened_in_the_kernel_lowers_for_cuda_at_the_qwen3_shape(
+    head_type, batch, temperature, widening):
+  """Mosaic GPU's layout checks accept the int8 chunk's load in the upcast layout, its
+  conversion and its relayout into the WGMMA's A operand (registers) or tile (smem)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if jax.__version_info__ < (0, 11):
+    pytest.skip("the batch on N (which this widening needs) lowers on jax >= 0.11")
+  config = MosaicConfig(num_blocks=132, kernel="batched", w2_widening=widening)
+  text = lower_walk(head_type, batch, 7, temperature=temperature, quantize="int8",
+                    config=config)
+  assert "mosaic_gpu" in text
 
 
 @pytest.mark.parametrize("head_type,batch,temperature,axis", [

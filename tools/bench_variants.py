@@ -16,7 +16,8 @@ optional), ``…-w2`` with two warpgroups a block (else one), ``…-split`` / ``
 with the gated head's gate split over the blocks or computed by every block (else the
 planner's); ``wts-mbn…`` the same with the batch on the WGMMA's N; ``wts-mb-auto`` the
 batched kernel with every choice the planner's (``kernel="batched"``, which also runs an
-int8 W2 that z does not meet as planes, widened to bf16). Any R, S, G named in
+int8 W2 that z does not meet as planes, widened to bf16); ``wts-mb-widen-registers`` /
+``wts-mb-widen-smem`` the same with that W2 widened in the kernel (``w2_widening``). Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -66,6 +67,14 @@ def register_variants(names):
     paths.register_path("wts-mb-auto", jax_paths.available_wts,
                         jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
                         description="the batched Mosaic kernel, the planner's choices")
+  for widening in ("registers", "smem"):   # an int8 W2 widened in the kernel
+    name = f"wts-mb-widen-{widening}"
+    if name in names and name not in paths.PATHS:
+      paths.register_path(name, jax_paths.available_wts,
+                          jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched",
+                                                mosaic_w2_widening=widening),
+                          description=f"the batched Mosaic kernel, an int8 W2 widened in "
+                                      f"the kernel ({widening})")
   for name in names:
     batched = BATCHED_VARIANT.match(name)
     if batched and name not in paths.PATHS:

@@ -14,6 +14,8 @@ RESIDENCY_MODES = ("auto", "full", "none")
 BACKENDS = ("auto", "mosaic", "triton")
 MOSAIC_GEMVS = ("auto", "registers", "wgmma")
 MOSAIC_KERNELS = ("auto", "rows", "batched")
+# Where the batched kernel widens an int8 W2 that z meets in bf16 (``BatchedPlan``).
+W2_WIDENINGS = ("xla", "registers", "smem")
 SERIAL_UPDATES = ("auto", "split", "redundant")
 DEFAULT_SPIN_LIMIT = 1 << 22
 
@@ -144,6 +146,11 @@ class MosaicConfig:
   merge_tiles: the batched kernel with two computing warpgroups on N: the second hands
     its per-element bests to the first unreduced, which reduces both once a step (None:
     the planner's — on N up to 16 rows for the vanilla head).
+  w2_widening: the batched kernel with an int8 W2 that z meets in bf16 (quantized
+    without planes): "xla" (a bf16 copy of W2 before each launch), "registers" (the int8
+    chunk streamed and converted into the WGMMA's A operand; the batch on N),
+    "smem" (converted into a bf16 tile in shared memory the WGMMA reads; the batch on
+    N; what interpret mode runs) or "auto" (the planner's: "xla").
   """
 
   residency: str | float | int = "auto"
@@ -163,9 +170,13 @@ class MosaicConfig:
   producer: bool | None = None
   serial_update: str = "auto"
   merge_tiles: bool | None = None
+  w2_widening: str = "auto"
 
   def __post_init__(self):
     _check_common(self)
+    if self.w2_widening not in ("auto",) + W2_WIDENINGS:
+      raise ValueError(f"w2_widening={self.w2_widening!r} must be one of "
+                       f"{('auto',) + W2_WIDENINGS}")
     if self.warpgroups not in (None, 1, 2):
       raise ValueError(f"warpgroups={self.warpgroups} must be 1 or 2")
     if self.kernel not in MOSAIC_KERNELS:
@@ -200,9 +211,9 @@ class WalkConfig(TritonConfig):
   ``ring_stages``, ``mosaic_gemv`` / ``mosaic_group`` / ``mosaic_snake`` /
   ``mosaic_resident_group`` / ``mosaic_register_chunks`` / ``mosaic_kernel`` /
   ``mosaic_base_stages`` / ``mosaic_batch_axis`` / ``mosaic_warpgroups`` /
-  ``mosaic_producer`` -> ``gemv`` / ``group`` / ``snake`` / ``resident_group`` /
-  ``register_chunks`` / ``kernel`` / ``base_stages`` / ``batch_axis`` / ``warpgroups`` /
-  ``producer``.
+  ``mosaic_producer`` / ``mosaic_w2_widening`` -> ``gemv`` / ``group`` / ``snake`` /
+  ``resident_group`` / ``register_chunks`` / ``kernel`` / ``base_stages`` /
+  ``batch_axis`` / ``warpgroups`` / ``producer`` / ``w2_widening``.
   """
 
   backend: str = "auto"
@@ -216,6 +227,7 @@ class WalkConfig(TritonConfig):
   mosaic_batch_axis: str | None = None
   mosaic_warpgroups: int | None = None
   mosaic_producer: bool | None = None
+  mosaic_w2_widening: str = "auto"
 
   def __post_init__(self):
     super().__post_init__()
@@ -225,6 +237,9 @@ class WalkConfig(TritonConfig):
       raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
     if self.mosaic_group is not None and self.mosaic_group < 1:
       raise ValueError(f"mosaic_group={self.mosaic_group} must be >= 1")
+    if self.mosaic_w2_widening not in ("auto",) + W2_WIDENINGS:
+      raise ValueError(f"mosaic_w2_widening={self.mosaic_w2_widening!r} must be one of "
+                       f"{('auto',) + W2_WIDENINGS}")
 
   def triton(self) -> TritonConfig:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(TritonConfig)}
@@ -242,7 +257,8 @@ class WalkConfig(TritonConfig):
                         batch_axis=self.mosaic_batch_axis,
                         warpgroups=self.mosaic_warpgroups,
                         producer=self.mosaic_producer,
-                        serial_update=self.serial_update)
+                        serial_update=self.serial_update,
+                        w2_widening=self.mosaic_w2_widening)
 
   def for_backend(self, name: str):
     return {"triton": self.triton, "mosaic": self.mosaic}[name]()

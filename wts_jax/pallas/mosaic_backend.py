@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_base_stages,
+from wts_jax.pallas.mosaic_batched_plan import (AUTO_W2_WIDENING, BATCH_TILE,
+                                                auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
                                                 auto_producer, auto_ring_preference,
                                                 auto_warpgroups, plan_batched,
@@ -122,6 +123,13 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
             f"int8 W2 (its fp32 z meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
   if head_type == "gated" and config.producer:
     return "the batched Mosaic kernel's gated head runs without a producer warpgroup"
+  if w2_widened(head) and config.w2_widening in ("registers", "smem"):
+    if config.w2_widening == "registers" and config.interpret:
+      return ("w2_widening='registers' runs on the GPU only (Pallas interpret mode's WGMMA "
+              "reads its A operand from shared memory: w2_widening='smem')")
+    if not BATCH_ON_N_LOWERS or config.batch_axis == "m":
+      return (f"w2_widening={config.w2_widening!r} needs the batch on N (the chunk is the "
+              "WGMMA's A operand) and jax >= 0.11")
   if not serial.z_as_int8_planes and (w1 != bf16 or not w2_as_bf16):
     return ("the batched Mosaic kernel needs a bf16 W1 with a bf16 or int8 W2, or an int8 "
             "W2 that z meets as two int8 planes (quantize_w2(head, 'int8', "
@@ -145,8 +153,13 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   blocks = config.num_blocks or num_sms
   rows = min(shapes.batch, BATCH_TILE)
   planes = head.markov_head.z_as_int8_planes
-  axis = config.batch_axis or auto_batch_axis(rows, int8_state=planes, greedy=shapes.greedy,
-                                              batch_on_n_lowers=BATCH_ON_N_LOWERS)
+  w2_row_scale = w2_widened(head)
+  widening = config.w2_widening if w2_row_scale else "xla"
+  if widening == "auto":
+    widening = AUTO_W2_WIDENING
+  # (Widened in the kernel the chunk is the WGMMA's A operand: the batch goes on N.)
+  axis = config.batch_axis or ("n" if widening != "xla" else auto_batch_axis(
+      rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS))
   gated = head.config.head_type == "gated"
   recurrent = head.config.head_type == "rnn"
   # (The rnn head's resident rows leave room for one warpgroup's rings at r = 256.)
@@ -161,7 +174,6 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   base_stages = (config.base_stages if config.base_stages is not None else
                  auto_base_stages(axis, wgs, gated=update_head))
   wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
-  w2_row_scale = w2_widened(head)
   try:
     batched = plan_batched(
         vocab_size=vocab, rank=rank, batch=rows,
@@ -170,9 +182,10 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         resident_chunks=resident_units(config.residency, wg_chunks, CHUNK_ROWS * wgs),
         ring_stages=config.ring_stages, base_stages=base_stages,
         base_itemsize=shapes.base_itemsize, snake=config.snake,
-        w2_itemsize=(2 if w2_row_scale else
+        w2_itemsize=(2 if w2_row_scale and widening == "xla" else
                      jnp.dtype(head.markov_head.markov_w2.weight.dtype).itemsize),
-        int8_state=planes, w2_row_scale=w2_row_scale, batch_axis=axis, producer=producer,
+        int8_state=planes, w2_row_scale=w2_row_scale, w2_widening=widening,
+        batch_axis=axis, producer=producer,
         gated=gated,
         gate_split=gated and config.serial_update != "redundant",
         recurrent=recurrent, merge_tiles=merge_tiles,
@@ -299,7 +312,8 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
     weights["w2_scale"] = operands["w2_scale"]
   if spec.plan.int8_state:
     weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"])
-  if spec.plan.w2_row_scale:   # int8 values are exact in bf16; the scales come after
+  if spec.plan.w2_row_scale and not spec.plan.widened_in_kernel:
+    # int8 values are exact in bf16; the scales come after
     weights["w2"] = operands["w2"].astype(jnp.bfloat16)
   tokens, kernel_status = [], status
   for rows, part in row_launches(spec, spec.batch):

@@ -23,6 +23,7 @@ import dataclasses
 
 from wts_jax.pallas.mosaic_plan import (CHUNK_ROWS, SMEM_ALIGNMENT, SMEM_RESERVED_BYTES,
                                         chunks_per_block, row_swizzle)
+from wts_jax.walk_config import W2_WIDENINGS
 
 BATCH_TILE = 64          # WGMMA M: the batch rows of one launch (unused rows are zeros)
 BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of base logits
@@ -35,6 +36,9 @@ DEFAULT_BASE_STAGES = 3
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
 # Qwen3 shape, NOTES v11: the row kernel is faster at one row, this kernel from 4 rows).
 AUTO_BATCHED_RANGE = (1, 64)
+# Where "auto" widens an int8 W2 met by a bf16 z (``BatchedPlan.w2_widening``): a bf16
+# copy before the launch, the only way measured on the device (NOTES v20).
+AUTO_W2_WIDENING = "xla"
 # The planner's choices where the config leaves them, read from one sweep of every
 # orientation, warpgroup count, producer, ring depth and base ring at B 4, 16, 32 and 64,
 # greedy and sampled, per head and W2 dtype (H200, NOTES v18):
@@ -142,6 +146,13 @@ class BatchedPlan:
   # (exact: |q| <= 127) and each chunk's accumulator is scaled by W2's per-row scales in
   # the epilogue, as the int8 planes' is.
   w2_row_scale: bool = False
+  # Where that int8 W2 is widened (``W2_WIDENINGS``): "xla", a bf16 copy before the
+  # launch; or in the kernel, the int8 chunk streamed (half the bytes) and widened after
+  # it lands — "registers", loaded into the WGMMA's A operand and converted there, or
+  # "smem", converted into a bf16 tile of the warpgroup's that the WGMMA reads (what
+  # Pallas interpret mode runs). In the kernel it needs the batch on N (the chunk is the
+  # A operand) and no WGMMA left in flight past its chunk.
+  w2_widening: str = "xla"
   snake: bool = True
   batch_axis: str = "m"     # "m": [B, r] x [r, 64] a chunk; "n": [64, r] x [r, B]
   warpgroups: int = 1       # warpgroups sharing a block's chunks (each its own share)
@@ -206,8 +217,18 @@ class BatchedPlan:
     if self.producer and self.deferred_release:
       raise ValueError("with a producer warpgroup the consumers release slots, never refill "
                        "them: deferred_release does not apply")
-    if self.w2_row_scale and (self.int8_state or self.w2_itemsize != 2):
-      raise ValueError("w2_row_scale is an int8 W2 widened to bf16, not the int8 planes'")
+    if self.w2_widening not in W2_WIDENINGS:
+      raise ValueError(f"w2_widening={self.w2_widening!r} must be one of {W2_WIDENINGS}")
+    if self.w2_row_scale and (self.int8_state
+                              or self.w2_itemsize != (1 if self.widened_in_kernel else 2)):
+      raise ValueError("w2_row_scale is an int8 W2 widened to bf16 (in the kernel from "
+                       "int8, else from a bf16 copy), not the int8 planes'")
+    if self.widened_in_kernel and (not self.w2_row_scale or self.batch_axis != "n"
+                                   or self.overlap_chunks
+                                   or (self.gated and not self.gate_split)):
+      raise ValueError("an int8 W2 widened in the kernel needs the batch on N, its row "
+                       "scales, no overlapped chunks and, for the gated head, the gate "
+                       "split (G_e streams through a bf16 ring otherwise)")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
@@ -229,6 +250,16 @@ class BatchedPlan:
       raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
                        "least one slot (its G_e chunks stream through it), without a "
                        "producer or a deferred release")
+
+  @property
+  def widened_in_kernel(self) -> bool:
+    """An int8 W2 streamed as int8 and widened to bf16 in the kernel."""
+    return self.w2_widening != "xla"
+
+  @property
+  def z_itemsize(self) -> int:
+    """Bytes of a staged z element: int8 planes, else bf16 (hi + lo pairs included)."""
+    return 1 if self.int8_state else 2
 
   @property
   def scaled(self) -> bool:
@@ -303,7 +334,7 @@ class BatchedPlan:
     axis (its gate is a WGMMA with the batch on M), and the rnn head likewise."""
     if self.batch_axis == "m" or self.z_pair:
       return BATCH_TILE
-    return staged_rows_on_n(self.batch_rows, self.rank, self.w2_itemsize)
+    return staged_rows_on_n(self.batch_rows, self.rank, self.z_itemsize)
 
   @property
   def resident_fraction(self) -> float:
@@ -341,6 +372,8 @@ class BatchedPlan:
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; an int8 W2 widened to bf16, its row scales in the epilogue"
                if self.w2_row_scale else "")
+            + (f" (widened in the kernel, through {self.w2_widening})"
+               if self.widened_in_kernel else "")
             + ("; z's two halves side by side on N, one WGMMA a chunk" if self.pair_on_n
                else "")
             + ("; gated head: z as a hi + lo bf16 pair, "
@@ -374,7 +407,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
                 gate_rows: int = 0, state_units: int = 0,
-                scalar_plane_scales: bool = False, merge_tile_rows: int = 0) -> int:
+                scalar_plane_scales: bool = False, merge_tile_rows: int = 0,
+                widen_tiles: int = 0) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
@@ -385,7 +419,9 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   i32; z as a hi + lo pair has two tiles; a split update's resident weight rows
   [gate_rows, r] bf16 and its timeout flag and barriers (one more aligned allocation),
   and the rnn head's own units' state [64, state_units] f32; with ``merge_tiles``
-  warpgroup 1's unreduced bests, three [64, merge_tile_rows] 4-byte tiles."""
+  warpgroup 1's unreduced bests, three [64, merge_tile_rows] 4-byte tiles; an int8 W2
+  widened through shared memory, a bf16 chunk tile [64, r] a warpgroup
+  (``widen_tiles``)."""
   z_stage = (staged_rows * (rank * 2 + Z_ROW_PAD_BYTES)
              + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
@@ -403,7 +439,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
           + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge
           + (_aligned(gate_rows * rank * 2) + SMEM_ALIGNMENT if gate_rows else 0)
           + _aligned(BATCH_TILE * state_units * 4)
-          + 3 * _aligned(CHUNK_ROWS * merge_tile_rows * 4))
+          + 3 * _aligned(CHUNK_ROWS * merge_tile_rows * 4)
+          + widen_tiles * _aligned(CHUNK_ROWS * rank * 2))
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
@@ -411,7 +448,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  resident_chunks: int | None = None, ring_stages: int | None = None,
                  base_stages: int | None = None, base_itemsize: int = 2,
                  w2_itemsize: int = 2, int8_state: bool = False,
-                 w2_row_scale: bool = False,
+                 w2_row_scale: bool = False, w2_widening: str = "xla",
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
@@ -427,13 +464,15 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   ``ring_preference``: the ring slots taken before any chunk stays resident where
   neither count is given (``auto_ring_preference``). ``w2_row_scale``: an int8 W2 that
   comes widened to bf16 (``w2_itemsize`` 2) with its per-row scales
-  (``BatchedPlan.w2_row_scale``)."""
-  if w2_itemsize == 1 and not int8_state:
+  (``BatchedPlan.w2_row_scale``), or as int8 (``w2_itemsize`` 1) to be widened in the
+  kernel (``w2_widening``)."""
+  in_kernel = w2_row_scale and w2_widening != "xla"
+  if w2_itemsize == 1 and not (int8_state or in_kernel):
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
                      "(quantize_w2(head, 'int8', state='planes'))")
   if int8_state and w2_itemsize != 1:
     raise ValueError("int8 planes of z meet an int8 W2 only")
-  if gated and (w2_itemsize != 2 or producer):
+  if gated and ((w2_itemsize != 2 and not in_kernel) or producer):
     raise ValueError("the gated head's batched walk needs a bf16 W2 (its fp32 z meets W2 "
                      "as a hi + lo bf16 pair) and no producer warpgroup")
   if rank % 64 or rank > 256:
@@ -468,13 +507,15 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       int8_state=int8_state, batch_axis=batch_axis,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
                       warpgroups=warpgroups,
-                      staged_rows=(staged_rows_on_n(padded_batch(batch), rank, w2_itemsize)
+                      staged_rows=(staged_rows_on_n(padded_batch(batch), rank,
+                                                    1 if int8_state else 2)
                                    if batch_axis == "n" and not z_pair else BATCH_TILE),
                       z_pair=z_pair,
                       gate_rows=update_units * (6 if recurrent else 1),
                       state_units=update_units if recurrent else 0,
                       scalar_plane_scales=scalar_plane_scales,
-                      merge_tile_rows=padded_batch(batch) if merge_tiles else 0)
+                      merge_tile_rows=padded_batch(batch) if merge_tiles else 0,
+                      widen_tiles=warpgroups if in_kernel and w2_widening == "smem" else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -514,7 +555,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      vocab_size=vocab_size, rank=rank, batch_rows=padded_batch(batch),
                      smem_bytes=used, base_itemsize=base_itemsize,
                      w2_itemsize=w2_itemsize, int8_state=int8_state,
-                     w2_row_scale=w2_row_scale, snake=snake,
+                     w2_row_scale=w2_row_scale, w2_widening=w2_widening, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
                      gate_split=gate_split, recurrent=recurrent,

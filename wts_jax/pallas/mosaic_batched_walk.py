@@ -156,6 +156,7 @@ class BatchedRefs:
   merge_tile_value_s: object = None   # ``merge_tiles``: warpgroup 1's unreduced bests
   merge_tile_index_s: object = None
   merge_tile_nan_s: object = None
+  widen_s: object = None   # ``w2_widening="smem"``: each warpgroup's bf16 chunk tile
   w1_g: object = None            # W1 and the first tokens
   first_g: object = None
   z_s: object = None             # z staging
@@ -731,15 +732,32 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                         for plane in range(2)]
           else:
             operands = [(acc_refs[0], refs.za_s)]
+          chunk_ref = refs.w_s.at[slot_base(wg) + slot]
+          if plan.widened_in_kernel:
+            chunk_ref = widened(chunk_ref)
           for acc_ref, z in operands:
             if n_major:   # the chunk is the A operand, the batch rows' z the B operand
-              plgpu.wgmma(acc_ref, refs.w_s.at[slot_base(wg) + slot],
-                          z.at[pl.ds(0, n_width)].T)
+              plgpu.wgmma(acc_ref, chunk_ref, z.at[pl.ds(0, n_width)].T)
             else:
               plgpu.wgmma(acc_ref, z, refs.w_s.at[slot_base(wg) + slot].T)
         if plan.alternate_wgmma:
           with jax.named_scope("turn"):
             take_turns()
+
+      def widened(chunk_ref):
+        """An int8 chunk as the bf16 A operand: loaded in the layout whose upcast is
+        the WGMMA's (4 bytes a load), converted (exact: |q| <= 127), then either kept in
+        registers or stored to the warpgroup's bf16 tile and fenced for the WGMMA (no
+        WGMMA reads the tile past its chunk: ``finish`` waits before the next issue)."""
+        with jax.named_scope("widen"):
+          values = _load(chunk_ref, plgpu.Layout.WGMMA_UPCAST_2X, optimized=True)
+          values = plgpu.layout_cast(values.astype(jnp.bfloat16), _WGMMA)
+          if plan.w2_widening == "registers":
+            return values
+          tile_ref = refs.widen_s.at[wg]
+          tile_ref[...] = values
+          plgpu.commit_smem()
+          return tile_ref
 
       def finish(position, acc_refs, in_flight=0):
         """The chunk's logits less the base: its accumulator(s), read when complete
@@ -1085,8 +1103,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   ``plan.int8_state``: ``w2`` int8 with its per-row ``w2_scale`` [V]; ``w1`` is W1's
   interleaved int8 planes [2V, r] and ``w1_scale`` their ``s_lo`` [V]
   (``wts_jax.int8_state.interleaved_planes``). Otherwise bf16 W1 and W2, and with
-  ``plan.w2_row_scale`` W2 is an int8 W2's values widened to bf16, ``w2_scale`` [V] its
-  per-row scales.
+  ``plan.w2_row_scale`` W2 is an int8 W2's values widened to bf16 (or, widened in the
+  kernel, the int8 W2 itself), ``w2_scale`` [V] its per-row scales.
   ``plan.gated``: ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16, inputs
   [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
   (``GatedMarkovHead.hoist``).
@@ -1121,8 +1139,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                        f"{list(w1.shape)})")
     w1 = w1.reshape(vocab, 2 * rank)                  # a token's two planes side by side
     w1_scale = w1_scale.astype(jnp.float32)
-  elif w2.dtype != jnp.bfloat16 or w1.dtype != jnp.bfloat16:
-    raise ValueError(f"the batched walk needs bf16 W1 and W2 (got {w1.dtype}, {w2.dtype})")
+  elif (w2.dtype != (jnp.int8 if plan.widened_in_kernel else jnp.bfloat16)
+        or w1.dtype != jnp.bfloat16):
+    raise ValueError("the batched walk needs a bf16 W1 and a bf16 W2, or an int8 W2 to "
+                     f"widen in the kernel (got {w1.dtype}, {w2.dtype})")
   if plan.w2_row_scale and (w2_scale is None or w2_scale.shape != (vocab,)):
     raise ValueError(f"a w2_row_scale plan needs W2's per-row scales [{vocab}] (got "
                      f"{None if w2_scale is None else list(w2_scale.shape)})")
@@ -1151,7 +1171,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
                         transforms=_w2_transforms(w_itemsize, rank)),
-      "za_s": plgpu.SMEM(a_tile, z_dtype, transforms=_w2_transforms(w_itemsize, rank)),
+      "za_s": plgpu.SMEM(a_tile, z_dtype, transforms=_w2_transforms(plan.z_itemsize, rank)),
       # Batch on N reads the base tile transposed: untiled.
       "base_s": plgpu.SMEM((wgs * plan.base_stages, plan.base_rows, CHUNK_ROWS), base_dtype,
                            transforms=() if plan.batch_axis == "n"
@@ -1166,8 +1186,11 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       # A row's copies each.
       "z_bar": plgpu.Barrier(num_arrivals=rows * (
           2 if plan.int8_state and not plan.scalar_plane_scales else 1), num_barriers=1),
-      "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // w_itemsize), z_dtype),
+      "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), z_dtype),
   }
+  if plan.w2_widening == "smem":
+    scratch["widen_s"] = plgpu.SMEM((wgs, CHUNK_ROWS, rank), jnp.bfloat16,
+                                    transforms=_w2_transforms(2, rank))
   if plan.scaled:
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
