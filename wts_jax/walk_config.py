@@ -149,8 +149,8 @@ class MosaicConfig:
   w2_widening: the batched kernel with an int8 W2 that z meets in bf16 (quantized
     without planes): "xla" (a bf16 copy of W2 before each launch), "registers" (the int8
     chunk streamed and converted into the WGMMA's A operand; the batch on N),
-    "smem" (converted into a bf16 tile in shared memory the WGMMA reads; the batch on
-    N; what interpret mode runs) or "auto" (the planner's: "xla").
+    "smem" (converted into a bf16 tile in shared memory the WGMMA reads; either axis;
+    what interpret mode runs) or "auto" (the planner's: "xla").
   """
 
   residency: str | float | int = "auto"

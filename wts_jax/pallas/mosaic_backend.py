@@ -127,9 +127,10 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
     if config.w2_widening == "registers" and config.interpret:
       return ("w2_widening='registers' runs on the GPU only (Pallas interpret mode's WGMMA "
               "reads its A operand from shared memory: w2_widening='smem')")
-    if not BATCH_ON_N_LOWERS or config.batch_axis == "m":
-      return (f"w2_widening={config.w2_widening!r} needs the batch on N (the chunk is the "
-              "WGMMA's A operand) and jax >= 0.11")
+    if config.w2_widening == "registers" and (not BATCH_ON_N_LOWERS
+                                              or config.batch_axis == "m"):
+      return ("w2_widening='registers' needs the batch on N (the chunk is the WGMMA's A "
+              "operand) and jax >= 0.11")
   if not serial.z_as_int8_planes and (w1 != bf16 or not w2_as_bf16):
     return ("the batched Mosaic kernel needs a bf16 W1 with a bf16 or int8 W2, or an int8 "
             "W2 that z meets as two int8 planes (quantize_w2(head, 'int8', "
@@ -157,8 +158,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   widening = config.w2_widening if w2_row_scale else "xla"
   if widening == "auto":
     widening = AUTO_W2_WIDENING
-  # (Widened in the kernel the chunk is the WGMMA's A operand: the batch goes on N.)
-  axis = config.batch_axis or ("n" if widening != "xla" else auto_batch_axis(
+  # (Widened into registers the chunk is the WGMMA's A operand: the batch goes on N.)
+  axis = config.batch_axis or ("n" if widening == "registers" else auto_batch_axis(
       rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS))
   gated = head.config.head_type == "gated"
   recurrent = head.config.head_type == "rnn"

@@ -150,8 +150,8 @@ class BatchedPlan:
   # launch; or in the kernel, the int8 chunk streamed (half the bytes) and widened after
   # it lands — "registers", loaded into the WGMMA's A operand and converted there, or
   # "smem", converted into a bf16 tile of the warpgroup's that the WGMMA reads (what
-  # Pallas interpret mode runs). In the kernel it needs the batch on N (the chunk is the
-  # A operand) and no WGMMA left in flight past its chunk.
+  # Pallas interpret mode runs). In the kernel it needs no WGMMA left in flight past its
+  # chunk, and "registers" the batch on N (there the chunk is the A operand).
   w2_widening: str = "xla"
   snake: bool = True
   batch_axis: str = "m"     # "m": [B, r] x [r, 64] a chunk; "n": [64, r] x [r, B]
@@ -223,12 +223,14 @@ class BatchedPlan:
                               or self.w2_itemsize != (1 if self.widened_in_kernel else 2)):
       raise ValueError("w2_row_scale is an int8 W2 widened to bf16 (in the kernel from "
                        "int8, else from a bf16 copy), not the int8 planes'")
-    if self.widened_in_kernel and (not self.w2_row_scale or self.batch_axis != "n"
-                                   or self.overlap_chunks
+    if self.widened_in_kernel and (not self.w2_row_scale or self.overlap_chunks
                                    or (self.gated and not self.gate_split)):
-      raise ValueError("an int8 W2 widened in the kernel needs the batch on N, its row "
-                       "scales, no overlapped chunks and, for the gated head, the gate "
-                       "split (G_e streams through a bf16 ring otherwise)")
+      raise ValueError("an int8 W2 widened in the kernel needs its row scales, no "
+                       "overlapped chunks and, for the gated head, the gate split (G_e "
+                       "streams through a bf16 ring otherwise)")
+    if self.w2_widening == "registers" and self.batch_axis != "n":
+      raise ValueError("an int8 W2 widened into registers needs the batch on N (the "
+                       "chunk is the WGMMA's A operand)")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):

@@ -739,16 +739,17 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             if n_major:   # the chunk is the A operand, the batch rows' z the B operand
               plgpu.wgmma(acc_ref, chunk_ref, z.at[pl.ds(0, n_width)].T)
             else:
-              plgpu.wgmma(acc_ref, z, refs.w_s.at[slot_base(wg) + slot].T)
+              plgpu.wgmma(acc_ref, z, chunk_ref.T)
         if plan.alternate_wgmma:
           with jax.named_scope("turn"):
             take_turns()
 
       def widened(chunk_ref):
-        """An int8 chunk as the bf16 A operand: loaded in the layout whose upcast is
+        """An int8 chunk as a bf16 WGMMA operand: loaded in the layout whose upcast is
         the WGMMA's (4 bytes a load), converted (exact: |q| <= 127), then either kept in
-        registers or stored to the warpgroup's bf16 tile and fenced for the WGMMA (no
-        WGMMA reads the tile past its chunk: ``finish`` waits before the next issue)."""
+        registers (the A operand, batch on N) or stored to the warpgroup's bf16 tile
+        and fenced for the WGMMA, as either operand (no WGMMA reads the tile past its
+        chunk: ``finish`` waits before the next issue)."""
         with jax.named_scope("widen"):
           values = _load(chunk_ref, plgpu.Layout.WGMMA_UPCAST_2X, optimized=True)
           values = plgpu.layout_cast(values.astype(jnp.bfloat16), _WGMMA)
