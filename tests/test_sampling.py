@@ -5,9 +5,13 @@ draws (Pallas interpret mode) bit for bit XLA's."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental import pallas as pl
 
 from wts_jax import sampling
@@ -80,3 +84,14 @@ def test_log_is_exact_in_its_exponent_at_every_binade():
   assert _ulps(jax.jit(sampling.log_positive)(jnp.asarray(x)),
                np.log(x.astype(np.float64)))[k != 0].max() < 1.0
   assert float(jax.jit(sampling.log_positive)(jnp.float32(1.0))) == 0.0
+
+
+@pytest.mark.skipif(jax.__version_info__ < (0, 11),
+                    reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory "
+                           "loads")
+def test_noise_microbenchmark_kernel_draws_the_walks_noise():
+  """``tools/noise_microbench.py``'s Mosaic kernel (interpret mode) draws, stage by stage,
+  the values XLA computes from ``wts_jax.sampling``, so what it times is that noise."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import noise_microbench
+  assert noise_microbench.check(blocks=2, tiles=2) == 0

@@ -2,7 +2,7 @@
 # One device call for the batched Mosaic walk: GPU tests, build variants checked and
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,sanitizer]; logs and JSON
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,noise,sanitizer]; logs and JSON
 # under $OUT)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -31,6 +31,11 @@ if has bench; then
     --repeats ${BENCH_REPEATS:-5} --walks-per-repeat ${BENCH_WALKS:-10} \
     --paths ${BENCH_PATHS:-torch-graph,wts-triton,wts-mb,wts-mb-r0s2,wts-mb-r4s2} \
     --out "$OUT/${BENCH_NAME:-batched_bench}.json" 2>&1 | grep -v -i warn | tee "$OUT/batched_bench.log" | tail -40
+fi
+if has noise; then   # the sampled epilogue's noise, stage by stage (tools/noise_microbench.py)
+  stamp noise
+  timeout ${NOISE_S:-120} python tools/noise_microbench.py --out "$OUT/noise_microbench.json" \
+    2>&1 | grep -v -i warn | tee "$OUT/noise_microbench.log"
 fi
 if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
   stamp sanitizer
