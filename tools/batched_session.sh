@@ -45,7 +45,7 @@ if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
       # Into a file, not a pipe (a pipe stayed open past the limit while the instrumented
       # python ran on); what outlives the limit is killed before the next tool starts.
       timeout -k 10 ${SANITIZER_S:-200} compute-sanitizer --tool $tool python \
-        tools/sanitizer_case.py $case > /tmp/sanitizer_case.log 2>&1
+        tools/sanitizer_case.py $case 1 ${SANITIZER_SPIN:-16384} > /tmp/sanitizer_case.log 2>&1
       echo "(exit status $?)" >> /tmp/sanitizer_case.log
       pkill -9 -f sanitizer_case.py; sleep 2
       grep -v -i warn /tmp/sanitizer_case.log | tail -6 | tee -a "$OUT/batched_sanitizer.log"

@@ -2,8 +2,8 @@
 
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
       [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
-       |batched-gated-split|batched-rnn-split]
-      [SEEDS]
+       |batched-gated-split|batched-rnn-split|batched-widen-registers|batched-widen-smem]
+      [SEEDS] [SPIN_LIMIT]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
 ``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
@@ -11,8 +11,13 @@
 32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12);
 ``batched-gated``: the gated head on the batched kernel (G_e through the ring, hi + lo);
 ``batched-gated-split``: the same with its gate split over the 4 blocks (16 units each);
-``batched-rnn-split``: the rnn head, its update split likewise.
+``batched-rnn-split``: the rnn head, its update split likewise;
+``batched-widen-registers`` / ``batched-widen-smem``: an int8 W2 streamed as int8 and
+widened in the kernel (into the WGMMA's A operand, or through each warpgroup's bf16 tile:
+its stores and fence), two warpgroups on N.
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
+SPIN_LIMIT (default 2^14) bounds each grid-barrier wait: a walk whose instrumented blocks
+wait longer ends with the timeout status (4), not a race; raise it to let them finish.
 """
 
 import sys
@@ -25,7 +30,7 @@ from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 
 
-def main(backend: str, seeds: int = 1) -> int:
+def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
   gated = backend.startswith("batched-gated")
@@ -33,6 +38,10 @@ def main(backend: str, seeds: int = 1) -> int:
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64,
                       head_type="gated" if gated else "rnn" if rnn else "vanilla")
   head = wts_jax.make_head(config, seed=1)
+  widening = backend.removeprefix("batched-widen-") if "-widen-" in backend else None
+  if widening:
+    from wts_jax.quantize import quantize_w2
+    head = quantize_w2(head, "int8")
   batched = backend.startswith("batched")
   producer = backend.startswith("batched-producer")
   batch = 5 if batched else 2
@@ -44,10 +53,11 @@ def main(backend: str, seeds: int = 1) -> int:
   # ~450 s; the cause is not known).
   walk_config = wts_jax.WalkConfig(
       backend="mosaic" if batched else backend, num_programs=4, residency=64,
-      num_stages=2, sync_spin_limit=1 << 14,
+      num_stages=2, sync_spin_limit=spin_limit,
       **({"mosaic_kernel": "batched"} if batched else {}),
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
-         if backend == "batched-wg2" or producer else {}),
+         if backend == "batched-wg2" or producer or widening else {}),
+      **({"mosaic_w2_widening": widening} if widening else {}),
       **({"mosaic_producer": True} if producer else {}),
       **({"serial_update": "split"} if backend.endswith("-split") else {}))
   walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
@@ -66,4 +76,5 @@ def main(backend: str, seeds: int = 1) -> int:
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "mosaic",
-                int(sys.argv[2]) if len(sys.argv) > 2 else 1))
+                int(sys.argv[2]) if len(sys.argv) > 2 else 1,
+                int(sys.argv[3]) if len(sys.argv) > 3 else 1 << 14))
