@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pathlib
 import statistics
 import sys
 import tempfile
@@ -45,7 +46,7 @@ STAGES = ("hash", "uniform", "log", "gumbel", "gumbel-2wg")
 def stage_values(stage: str, streams, vocab_index):
   """The stage's values of a tile: f32 (the hash's bits as f32 by value, exact order)."""
   if stage == "hash":
-    bits = sampling.mix32(sampling.mix32(vocab_index ^ streams) + streams)
+    bits = sampling.stream_bits(streams, vocab_index)
     return lax.shift_right_logical(bits, jnp.uint32(9)).astype(jnp.int32).astype(
         jnp.float32)
   u = sampling.uniform_from_stream(streams, vocab_index)
@@ -126,7 +127,7 @@ def check(blocks: int = 2, tiles: int = 3) -> int:
 
 
 def time_stages(values_m: float, repeats: int) -> dict:
-  sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
   from device_time import _device_ops, _trace_events
   from wts_jax import device
   blocks = device.current().num_sms

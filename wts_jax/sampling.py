@@ -63,9 +63,15 @@ def stream_key(seed, row: jax.Array, step: jax.Array) -> jax.Array:
   return mix32(mix32(counter ^ seed[0]) + seed[1])
 
 
+def stream_bits(stream: jax.Array, vocab_index: jax.Array) -> jax.Array:
+  """The 32 hash bits of (stream, vocabulary index) that a uniform is made from."""
+  return mix32(mix32(vocab_index.astype(jnp.uint32) ^ stream) + stream)
+
+
 def uniform_from_stream(stream: jax.Array, vocab_index: jax.Array) -> jax.Array:
-  """u in (0, 1), never 0 or 1: (m + 0.5) * 2^-23 with m a 23-bit hash (exact in fp32)."""
-  bits = mix32(mix32(vocab_index.astype(jnp.uint32) ^ stream) + stream)
+  """u in (0, 1), never 0 or 1: (m + 0.5) * 2^-23 with m the top 23 bits of
+  ``stream_bits`` (exact in fp32)."""
+  bits = stream_bits(stream, vocab_index)
   mantissa = lax.shift_right_logical(bits, _u32(9)).astype(jnp.int32).astype(jnp.float32)
   return (mantissa + 0.5) * (1.0 / (1 << 23))
 

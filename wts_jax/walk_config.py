@@ -16,6 +16,7 @@ MOSAIC_GEMVS = ("auto", "registers", "wgmma")
 MOSAIC_KERNELS = ("auto", "rows", "batched")
 # Where the batched kernel widens an int8 W2 that z meets in bf16 (``BatchedPlan``).
 W2_WIDENINGS = ("xla", "registers", "smem")
+MOSAIC_W2_WIDENINGS = ("auto",) + W2_WIDENINGS   # (a config's: "auto", the planner's)
 SERIAL_UPDATES = ("auto", "split", "redundant")
 DEFAULT_SPIN_LIMIT = 1 << 22
 
@@ -174,9 +175,9 @@ class MosaicConfig:
 
   def __post_init__(self):
     _check_common(self)
-    if self.w2_widening not in ("auto",) + W2_WIDENINGS:
+    if self.w2_widening not in MOSAIC_W2_WIDENINGS:
       raise ValueError(f"w2_widening={self.w2_widening!r} must be one of "
-                       f"{('auto',) + W2_WIDENINGS}")
+                       f"{MOSAIC_W2_WIDENINGS}")
     if self.warpgroups not in (None, 1, 2):
       raise ValueError(f"warpgroups={self.warpgroups} must be 1 or 2")
     if self.kernel not in MOSAIC_KERNELS:
@@ -237,9 +238,9 @@ class WalkConfig(TritonConfig):
       raise ValueError(f"mosaic_gemv={self.mosaic_gemv!r} must be one of {MOSAIC_GEMVS}")
     if self.mosaic_group is not None and self.mosaic_group < 1:
       raise ValueError(f"mosaic_group={self.mosaic_group} must be >= 1")
-    if self.mosaic_w2_widening not in ("auto",) + W2_WIDENINGS:
+    if self.mosaic_w2_widening not in MOSAIC_W2_WIDENINGS:
       raise ValueError(f"mosaic_w2_widening={self.mosaic_w2_widening!r} must be one of "
-                       f"{('auto',) + W2_WIDENINGS}")
+                       f"{MOSAIC_W2_WIDENINGS}")
 
   def triton(self) -> TritonConfig:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(TritonConfig)}

@@ -123,12 +123,11 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
             f"int8 W2 (its fp32 z meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
   if head_type == "gated" and config.producer:
     return "the batched Mosaic kernel's gated head runs without a producer warpgroup"
-  if w2_widened(head) and config.w2_widening in ("registers", "smem"):
-    if config.w2_widening == "registers" and config.interpret:
+  if w2_widened(head) and config.w2_widening == "registers":
+    if config.interpret:
       return ("w2_widening='registers' runs on the GPU only (Pallas interpret mode's WGMMA "
               "reads its A operand from shared memory: w2_widening='smem')")
-    if config.w2_widening == "registers" and (not BATCH_ON_N_LOWERS
-                                              or config.batch_axis == "m"):
+    if not BATCH_ON_N_LOWERS or config.batch_axis == "m":
       return ("w2_widening='registers' needs the batch on N (the chunk is the WGMMA's A "
               "operand) and jax >= 0.11")
   if not serial.z_as_int8_planes and (w1 != bf16 or not w2_as_bf16):
