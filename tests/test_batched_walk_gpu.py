@@ -32,6 +32,7 @@ from wts_jax.bench.registry import BenchMode
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS
+from wts_jax.pallas import backend
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig
 
@@ -210,7 +211,7 @@ def test_int8_w2_widened_tokens_equal_reference(head, gated_head, rnn_head, head
 
 
 @pytest.mark.parametrize("head_type,batch,warpgroups", [
-    ("gated", 5, None), ("gated", 64, None), ("rnn", 16, None), ("rnn", 64, None),
+    ("gated", 5, None), ("gated", 16, 2), ("gated", 64, 1), ("rnn", 16, None), ("rnn", 64, None),
     ("vanilla", 13, None), ("vanilla", 64, 2), ("vanilla", 70, None)])
 @pytest.mark.parametrize("widening", ["registers", "smem"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -221,6 +222,23 @@ def test_int8_w2_widened_in_the_kernel_tokens_equal_reference(
   base_head = {"vanilla": head, "gated": gated_head, "rnn": rnn_head}[head_type]
   config = MosaicConfig(kernel="batched", w2_widening=widening, warpgroups=warpgroups)
   _check(quantize_w2(base_head, "int8"), batch, temperature, 90 + batch, config=config)
+
+
+@pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("batch", [4, 16])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_int8_w2_auto_widens_in_registers(head, gated_head, rnn_head, head_type, batch,
+                                          temperature):
+  """The Mosaic walk's own choices for an int8 W2 (no planes) up to 16 rows: the chunk
+  widened in registers, the batch on N (the rnn head's sampled walk to 4 rows, NOTES
+  v21); tokens equal the reference's."""
+  quantized = quantize_w2({"vanilla": head, "gated": gated_head, "rnn": rnn_head}[head_type],
+                          "int8")
+  shapes = backend.WalkShapes(batch=batch, steps=7, greedy=not temperature)
+  spec = backend.choose(quantized, shapes, "mosaic", MosaicConfig()).plan
+  in_registers = head_type != "rnn" or not temperature or batch <= 4
+  assert spec.plan.w2_widening == ("registers" if in_registers else "xla")
+  _check(quantized, batch, temperature, 110 + batch, config=MosaicConfig())
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

@@ -24,6 +24,7 @@ from wts_jax.device import H200 as H200_FACTS
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.pallas import backend, mosaic_backend, mosaic_batched_plan
+from wts_jax.pallas.mosaic_batched_plan import AUTO_WIDEN_IN_REGISTERS_MAX, auto_w2_widening
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig, WalkConfig
 
@@ -403,6 +404,7 @@ def test_int8_w2_widened_is_what_auto_runs():
     spec = mosaic_backend.plan(head, shapes, MosaicConfig(interpret=True, num_blocks=1),
                                H200_FACTS)
     assert spec.plan.w2_row_scale and spec.plan.scaled
+    assert spec.plan.w2_widening == "xla"   # (interpret mode: "registers" is the GPU's)
     one_row = backend.WalkShapes.of(jnp.zeros((1, 3, 1000), jnp.bfloat16), True)
     assert mosaic_backend.uses_batched_kernel(head, one_row, MosaicConfig(interpret=True))
     for batch in (1, 4, 16, 64):   # (V = 1000: the planners' preference, as the table's)
@@ -462,7 +464,7 @@ def test_int8_w2_widened_in_the_kernel_plans_and_refusals():
     assert "needs the batch on N (the chunk is the WGMMA's A operand) and jax >= 0.11" in (
         plan(w2_widening="registers").reason)
     return
-  copied, in_registers, through_smem = (plan(w2_widening=w).plan
+  copied, in_registers, through_smem = (plan(w2_widening=w, warpgroups=1).plan
                                         for w in ("xla", "registers", "smem"))
   assert (copied.w2_itemsize, in_registers.w2_itemsize, through_smem.w2_itemsize) == (2, 1, 1)
   assert in_registers.resident_chunks > copied.resident_chunks
@@ -483,6 +485,53 @@ def test_int8_w2_widened_in_the_kernel_plans_and_refusals():
                                  H200_FACTS).plan)
   with pytest.raises(ValueError, match="w2_widening='vram' must be one of"):
     MosaicConfig(w2_widening="vram")
+
+
+def test_int8_w2_auto_widening_follows_the_measurement():
+  """widening "auto" at the Qwen3 shape on the GPU: into registers up to 16 rows (the
+  batch on N; two warpgroups but for the rnn head; the rnn head's sampled walk to 4
+  rows), a bf16 copy past them, with the batch on M, with the gate computed by every
+  block and on jax 0.10 (NOTES v21)."""
+  def plan(head_type, batch, greedy=True, **options):
+    head = jax.eval_shape(lambda: quantize_w2(
+        wts_jax.make_head(HeadConfig.qwen3_4b(head_type)), "int8"))
+    return mosaic_backend.plan(head, backend.WalkShapes(batch=batch, steps=7, greedy=greedy),
+                               MosaicConfig(kernel="batched", **options), H200_FACTS)
+  lowers = mosaic_backend.BATCH_ON_N_LOWERS
+  for head_type in ("vanilla", "gated", "rnn"):
+    for batch in (1, 5, 16):
+      chosen = plan(head_type, batch).plan
+      assert (chosen.w2_widening, chosen.batch_axis) == (
+          ("registers", "n") if lowers else ("xla", "m"))
+      sampled = plan(head_type, batch, greedy=False).plan.w2_widening
+      assert sampled == ("registers" if lowers and (head_type != "rnn" or batch <= 4)
+                         else "xla")
+    assert plan(head_type, 17).plan.w2_widening == "xla"
+    assert plan(head_type, 64).plan.w2_widening == "xla"
+    assert plan(head_type, 16, batch_axis="m").plan.w2_widening == "xla"
+  assert plan("gated", 16, serial_update="redundant").plan.w2_widening == "xla"
+  if lowers:   # two computing warpgroups for the vanilla and gated heads, the rnn one
+    for greedy in (True, False):
+      assert plan("vanilla", 16, greedy=greedy).plan.warpgroups == 2
+      assert plan("gated", 16, greedy=greedy).plan.warpgroups == 2
+      assert plan("rnn", 16, greedy=greedy).plan.warpgroups == 1
+    assert plan("gated", 16, greedy=False, w2_widening="xla").plan.warpgroups == 1
+  # One row: a greedy walk on the batched kernel where it widens in registers, a sampled
+  # one on the row kernel.
+  vanilla = jax.eval_shape(lambda: quantize_w2(
+      wts_jax.make_head(HeadConfig.qwen3_4b("vanilla")), "int8"))
+  for greedy in (True, False):
+    assert mosaic_backend.uses_batched_kernel(
+        vanilla, backend.WalkShapes(batch=1, steps=7, greedy=greedy),
+        MosaicConfig()) == (lowers and greedy)
+  for batch in (1, 16, 17, 64):
+    expected = "registers" if batch <= AUTO_WIDEN_IN_REGISTERS_MAX else "xla"
+    assert auto_w2_widening(batch, batch_axis=None, gate_split=True,
+                            in_registers_lowers=True) == expected
+  assert auto_w2_widening(1, batch_axis=None, gate_split=True,
+                          in_registers_lowers=False) == "xla"
+  assert auto_w2_widening(AUTO_WIDEN_IN_REGISTERS_MAX, batch_axis=None, gate_split=True,
+                          in_registers_lowers=True, recurrent=True, greedy=False) == "xla"
 
 
 @pytest.mark.parametrize("head_type,batch,temperature,widening", [

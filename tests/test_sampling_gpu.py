@@ -2,10 +2,11 @@
 
 A Triton kernel and a Mosaic GPU kernel draw the noise for every uniform value the
 counter hash can give (2^23 of them). The Triton kernel's equals XLA's bit for bit; the
-Mosaic kernel's is within one ulp of it (its compiler contracts a different set of
-multiply-adds: 2 % of the values differ, by one ulp), which can order two scores
-differently only where they are within an ulp. The largest values (u nearest 1, the
-ones that win a sampled step) stay within 2e-6 of the float64 noise."""
+Mosaic kernel's is within 2^-20 of it (its compiler contracts a different set of
+multiply-adds: about 4 % of the values differ; where -log(u) is near 1, an ulp of the
+inner log is many ulps of the small outer one, so the bound is absolute), which can order
+two scores differently only where they are within 2^-20. The largest values (u nearest 1,
+the ones that win a sampled step) stay within 2e-6 of the float64 noise."""
 
 from __future__ import annotations
 
@@ -70,6 +71,6 @@ def test_kernel_noise_is_xla_noise(backend):
   if backend == "triton":
     np.testing.assert_array_equal(in_kernel, xla)
   else:
-    assert (np.abs(in_kernel - xla) <= np.spacing(np.abs(xla))).all()
+    assert np.abs(in_kernel - xla).max() <= 2.0 ** -20
   top = np.asarray(u)[-(1 << 16):].astype(np.float64)
   assert np.abs(in_kernel[-(1 << 16):] - -np.log(-np.log(top))).max() < 2e-6

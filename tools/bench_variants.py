@@ -16,8 +16,9 @@ optional), ``…-w2`` with two warpgroups a block (else one), ``…-split`` / ``
 with the gated head's gate split over the blocks or computed by every block (else the
 planner's); ``wts-mbn…`` the same with the batch on the WGMMA's N; ``wts-mb-auto`` the
 batched kernel with every choice the planner's (``kernel="batched"``, which also runs an
-int8 W2 that z does not meet as planes, widened to bf16); ``wts-mb-widen-registers`` /
-``wts-mb-widen-smem`` the same with that W2 widened in the kernel (``w2_widening``),
+int8 W2 that z does not meet as planes, widened to bf16); ``wts-mb-widen-xla`` /
+``wts-mb-widen-registers`` / ``wts-mb-widen-smem`` the same with that W2 widened by a bf16
+copy before the launch or in the kernel (``w2_widening``),
 ``…-w2`` with two computing warpgroups. Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
@@ -68,7 +69,7 @@ def register_variants(names):
     paths.register_path("wts-mb-auto", jax_paths.available_wts,
                         jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
                         description="the batched Mosaic kernel, the planner's choices")
-  for widening in ("registers", "smem"):   # an int8 W2 widened in the kernel
+  for widening in ("xla", "registers", "smem"):   # an int8 W2 widened before or in the kernel
     for warpgroups in (None, 2):
       name = f"wts-mb-widen-{widening}" + ("-w2" if warpgroups else "")
       if name in names and name not in paths.PATHS:
@@ -77,8 +78,7 @@ def register_variants(names):
             jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched",
                                   mosaic_w2_widening=widening,
                                   mosaic_warpgroups=warpgroups),
-            description=f"the batched Mosaic kernel, an int8 W2 widened in the kernel "
-                        f"({widening})" + (", two warpgroups" if warpgroups else ""))
+            description=f"the batched Mosaic kernel, an int8 W2 widened ({widening})" + (", two warpgroups" if warpgroups else ""))
   for name in names:
     batched = BATCHED_VARIANT.match(name)
     if batched and name not in paths.PATHS:

@@ -117,10 +117,16 @@ def check(blocks: int = 2, tiles: int = 3) -> int:
   for stage in STAGES:
     got = jax.jit(noise_kernel(stage, blocks=blocks, tiles=tiles, interpret=True))(seed)
     want = expected(stage, seed, blocks=blocks, tiles=tiles)
-    # The hash and the uniform bit for bit; the logs within an ulp (compilers may round
-    # a step differently, as between XLA and Mosaic GPU: wts_jax.sampling).
-    ulp = 0.0 if stage in ("hash", "uniform") else 1.0
-    same = bool(jnp.all(jnp.abs(got - want) <= ulp * jnp.spacing(jnp.abs(want))))
+    # The hash and the uniform bit for bit; the log within an ulp and the noise within
+    # 2^-20 (compilers may round a step differently, as between XLA and Mosaic GPU:
+    # wts_jax.sampling).
+    error = jnp.abs(got - want)
+    if stage in ("hash", "uniform"):
+      same = bool(jnp.all(error == 0))
+    elif stage == "log":
+      same = bool(jnp.all(error <= jnp.spacing(jnp.abs(want))))
+    else:
+      same = bool(jnp.all(error <= 2.0 ** -20))
     failures += not same
     print(f"{'ok' if same else 'FAIL':4} {stage}")
   return 1 if failures else 0

@@ -7,11 +7,12 @@ a stateless integer hash of that counter and two seed words, so every implementa
 sharing any random state, and any shard of the vocabulary can draw its own part.
 
 Everything here is written with plain ``jax.lax`` ops — integer xor, shifts and wrapping
-multiplies on ``uint32``, then IEEE float adds, multiplies and one divide — so the same
-functions trace inside Pallas kernels and in XLA. XLA and the Triton kernels give the
-same bits; the Mosaic GPU kernels are within one ulp (2 % of values differ, by one ulp:
-its compiler rounds a few steps differently), so a token can differ only where two
-scores are within an ulp. The two logarithms are ``log_positive``, not ``jnp.log``: a
+multiplies on ``uint32``, then IEEE float adds and multiplies — so the same functions
+trace inside Pallas kernels and in XLA. XLA and the Triton kernels give the same bits; the
+Mosaic GPU kernels differ from them by at most 2^-20 (its compiler contracts a different
+set of multiply-adds: 4 % of the values differ, and where ``-log(u)`` is near 1 an ulp of
+the inner log is many ulps of the small outer one), so a token can differ only where two
+scores are within 2^-20, an ulp of a score of 8. The two logarithms are ``log_positive``, not ``jnp.log``: a
 backend's ``log`` may be an approximation whose error near 1 is absolute, about 2^-23,
 and ``-log(u)`` for u near 1 is the small value that makes a large, winning Gumbel
 value, so that error lands on exactly the scores that decide a sampled step.
@@ -76,32 +77,36 @@ def uniform_from_stream(stream: jax.Array, vocab_index: jax.Array) -> jax.Array:
   return (mantissa + 0.5) * (1.0 / (1 << 23))
 
 
-# log_positive: the reduction and minimax polynomial of FreeBSD's e_logf.c (|error| < 1
-# ulp); ln 2 in two parts so k · ln2_hi is exact for the exponents of normal floats.
+# log_positive: x = 2^k (1 + f) with 1 + f in [sqrt(1/2), sqrt(2)) (FreeBSD e_logf.c's
+# reduction), then log(1 + f) = f - f^2 / 2 + f^3 P(f) with P a degree-7 polynomial fitted
+# for relative error (5.8e-9 in float64): no divide (the GPU's divide left a warpgroup
+# drawing noise latency-bound, NOTES v21), under an ulp in float32 on every uniform and
+# its exponential. ln 2 in two parts so k · ln2_hi is exact.
 _LN2_HI = 6.9313812256e-01
 _LN2_LO = 9.0580006145e-06
-_LOG_COEFFICIENTS = (0.66666662693, 0.40000972152, 0.28498786688, 0.24279078841)
+_LOG1P_CUBIC_COEFFICIENTS = (0.3333333134651184, -0.2500081956386566, 0.20001226663589478,
+                             -0.16623356938362122, 0.14201758801937103,
+                             -0.13160184025764465, 0.1276157647371292,
+                             -0.07634493708610535)
 _SQRT_HALF_BITS = 0x3F3504F3
 _ONE_BITS = 0x3F800000
 
 
 def log_positive(x: jax.Array) -> jax.Array:
-  """Natural log of positive normal fp32 ``x`` from integer and IEEE add/multiply/divide
-  ops only: x = 2^k (1 + f) with 1 + f in [sqrt(1/2), sqrt(2)), then log(1 + f) from
-  s = f / (2 + f). Near x = 1 it keeps full relative precision (f = x - 1 exactly)."""
+  """Natural log of positive normal fp32 ``x`` from integer and IEEE add/multiply ops
+  only. Near x = 1 it keeps full relative precision (f = x - 1 exactly)."""
   bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
   bits = bits + _u32(_ONE_BITS - _SQRT_HALF_BITS)
   k = lax.shift_right_logical(bits, _u32(23)).astype(jnp.int32) - 0x7F
   mantissa = (bits & _u32(0x007FFFFF)) + _u32(_SQRT_HALF_BITS)
   f = lax.bitcast_convert_type(mantissa, jnp.float32) - 1.0
-  s = f / (2.0 + f)
-  z = s * s
-  w = z * z
-  lg1, lg2, lg3, lg4 = _LOG_COEFFICIENTS
-  r = z * (lg1 + w * lg3) + w * (lg2 + w * lg4)
-  half_f_squared = 0.5 * f * f
+  p = jnp.float32(_LOG1P_CUBIC_COEFFICIENTS[-1])
+  for coefficient in reversed(_LOG1P_CUBIC_COEFFICIENTS[:-1]):
+    p = p * f + coefficient
+  f_squared = f * f
+  rest = f_squared * f * p - 0.5 * f_squared
   dk = k.astype(jnp.float32)
-  return dk * _LN2_HI - ((half_f_squared - (s * (half_f_squared + r) + dk * _LN2_LO)) - f)
+  return dk * _LN2_HI + (f + (rest + dk * _LN2_LO))
 
 
 def gumbel_from_uniform(u: jax.Array) -> jax.Array:

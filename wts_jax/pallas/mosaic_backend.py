@@ -18,12 +18,11 @@ import jax.numpy as jnp
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (AUTO_W2_WIDENING, BATCH_TILE,
-                                                auto_base_stages,
+from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
                                                 auto_producer, auto_ring_preference,
-                                                auto_warpgroups, plan_batched,
-                                                warpgroup_chunks)
+                                                auto_w2_widening, auto_warpgroups,
+                                                plan_batched, warpgroup_chunks)
 from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
                                         launch_facts, make_plan)
 from wts_jax.walk_config import MosaicConfig
@@ -94,8 +93,11 @@ def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
   row_options = (config.gemv != "auto" or config.register_chunks or config.group
                  or config.resident_group)
   split_head = head.config.head_type in ("gated", "rnn")
-  return ((shapes.batch > AUTO_MAX_BATCH or split_head) and not row_options
-          and _batched_refusal(head, shapes, config) is None)
+  # (A greedy walk of an int8 W2 widened in registers measured faster on the batched
+  # kernel from one row; sampled, the row kernel's one row, NOTES v21.)
+  widened_greedy = shapes.greedy and w2_widening(head, shapes, config) == "registers"
+  return ((shapes.batch > AUTO_MAX_BATCH or split_head or widened_greedy)
+          and not row_options and _batched_refusal(head, shapes, config) is None)
 
 
 def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
@@ -145,6 +147,21 @@ def w2_widened(head) -> bool:
           and not serial.z_as_int8_planes)
 
 
+def w2_widening(head, shapes: WalkShapes, config: MosaicConfig) -> str:
+  """Where the batched kernel widens this head's W2 (``BatchedPlan.w2_widening``): "xla"
+  for a W2 that needs no widening; else the config's choice, or under "auto" the
+  planner's (``auto_w2_widening``)."""
+  if not w2_widened(head):
+    return "xla"
+  if config.w2_widening != "auto":
+    return config.w2_widening
+  return auto_w2_widening(
+      min(shapes.batch, BATCH_TILE), batch_axis=config.batch_axis,
+      gate_split=head.config.head_type != "gated" or config.serial_update != "redundant",
+      in_registers_lowers=BATCH_ON_N_LOWERS and not config.interpret,
+      recurrent=head.config.head_type == "rnn", greedy=shapes.greedy)
+
+
 def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   from wts_jax.walk_config import resident_units
@@ -154,17 +171,16 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   rows = min(shapes.batch, BATCH_TILE)
   planes = head.markov_head.z_as_int8_planes
   w2_row_scale = w2_widened(head)
-  widening = config.w2_widening if w2_row_scale else "xla"
-  if widening == "auto":
-    widening = AUTO_W2_WIDENING
+  gated = head.config.head_type == "gated"
+  recurrent = head.config.head_type == "rnn"
+  widening = w2_widening(head, shapes, config)
   # (Widened into registers the chunk is the WGMMA's A operand: the batch goes on N.)
   axis = config.batch_axis or ("n" if widening == "registers" else auto_batch_axis(
       rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS))
-  gated = head.config.head_type == "gated"
-  recurrent = head.config.head_type == "rnn"
   # (The rnn head's resident rows leave room for one warpgroup's rings at r = 256.)
   wgs = config.warpgroups or (1 if recurrent else auto_warpgroups(
-      axis, int8_state=planes, greedy=shapes.greedy, gated=gated, batch=rows))
+      axis, int8_state=planes, greedy=shapes.greedy, gated=gated, batch=rows,
+      w2_in_registers=widening == "registers"))
   update_head = gated or recurrent   # (the auto_* functions' ``gated``)
   producer = (config.producer if config.producer is not None else
               auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy,

@@ -36,9 +36,13 @@ DEFAULT_BASE_STAGES = 3
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
 # Qwen3 shape, NOTES v11: the row kernel is faster at one row, this kernel from 4 rows).
 AUTO_BATCHED_RANGE = (1, 64)
-# Where "auto" widens an int8 W2 met by a bf16 z (``BatchedPlan.w2_widening``): a bf16
-# copy before the launch, the only way measured on the device (NOTES v20).
-AUTO_W2_WIDENING = "xla"
+# Where "auto" widens an int8 W2 met by a bf16 z (``BatchedPlan.w2_widening``), measured
+# at B 1, 4, 16 and 64 (NOTES v21): into the WGMMA's A operand up to 16 rows (the batch on
+# N; the chunk streams as int8 and no bf16 copy is made before the launch), a bf16 copy
+# before the launch past them (there the batch goes on M, and "registers" needs N); the
+# rnn head's sampled walk in registers up to 4 rows only (one warpgroup draws its noise).
+AUTO_WIDEN_IN_REGISTERS_MAX = 16
+AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX = 4
 # The planner's choices where the config leaves them, read from one sweep of every
 # orientation, warpgroup count, producer, ring depth and base ring at B 4, 16, 32 and 64,
 # greedy and sampled, per head and W2 dtype (H200, NOTES v18):
@@ -66,8 +70,27 @@ def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
   return "n" if batch_on_n_lowers and batch <= AUTO_BATCH_ON_N_MAX else "m"
 
 
+def auto_w2_widening(batch: int, *, batch_axis: str | None, gate_split: bool,
+                     in_registers_lowers: bool, recurrent: bool = False,
+                     greedy: bool = True) -> str:
+  """Where an int8 W2 met by a bf16 z is widened: "registers" up to
+  ``AUTO_WIDEN_IN_REGISTERS_MAX`` rows (the rnn head's sampled walk
+  ``AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX``) where the batch may go on N, the gated
+  head's gate is split and the WGMMA can take its A operand from registers
+  (``in_registers_lowers``: jax >= 0.11, not interpret mode); else "xla"."""
+  most = (AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX if recurrent and not greedy
+          else AUTO_WIDEN_IN_REGISTERS_MAX)
+  in_registers = (batch <= most and batch_axis in (None, "n") and gate_split
+                  and in_registers_lowers)
+  return "registers" if in_registers else "xla"
+
+
 def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool,
-                    gated: bool = False, batch: int = 1) -> int:
+                    gated: bool = False, batch: int = 1, w2_in_registers: bool = False) -> int:
+  if w2_in_registers:
+    # (An int8 chunk widened in registers is half a bf16 one: two warpgroups fit, and
+    # measured faster for the vanilla and gated heads, greedy and sampled, NOTES v21.)
+    return 2
   if gated:
     return 2 if not greedy and (batch_axis == "m"
                                 or batch > AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX) else 1
