@@ -3,7 +3,7 @@
 A Triton kernel and a Mosaic GPU kernel draw the noise for every uniform value the
 counter hash can give (2^23 of them). The Triton kernel's equals XLA's bit for bit; the
 Mosaic kernel's is within 2^-20 of it (its compiler contracts a different set of
-multiply-adds: about 4 % of the values differ; where -log(u) is near 1, an ulp of the
+multiply-adds: a few per cent of the values differ; where -log(u) is near 1, an ulp of the
 inner log is many ulps of the small outer one, so the bound is absolute), which can order
 two scores differently only where they are within 2^-20. The largest values (u nearest 1,
 the ones that win a sampled step) stay within 2e-6 of the float64 noise."""

@@ -10,12 +10,13 @@ Everything here is written with plain ``jax.lax`` ops — integer xor, shifts an
 multiplies on ``uint32``, then IEEE float adds and multiplies — so the same functions
 trace inside Pallas kernels and in XLA. XLA and the Triton kernels give the same bits; the
 Mosaic GPU kernels differ from them by at most 2^-20 (its compiler contracts a different
-set of multiply-adds: 4 % of the values differ, and where ``-log(u)`` is near 1 an ulp of
-the inner log is many ulps of the small outer one), so a token can differ only where two
-scores are within 2^-20, an ulp of a score of 8. The two logarithms are ``log_positive``, not ``jnp.log``: a
-backend's ``log`` may be an approximation whose error near 1 is absolute, about 2^-23,
-and ``-log(u)`` for u near 1 is the small value that makes a large, winning Gumbel
-value, so that error lands on exactly the scores that decide a sampled step.
+set of multiply-adds: a few per cent of the values differ; where ``-log(u)`` is near 1 an
+ulp of the inner log is many ulps of the small outer one), so a token can differ only
+where two scores are within 2^-20, an ulp of a score of 8. The two logarithms are
+``log_positive``, not ``jnp.log``: a backend's ``log`` may be an approximation whose error
+near 1 is absolute, about 2^-23, and ``-log(u)`` for u near 1 is the small value that
+makes a large, winning Gumbel value, so that error lands on exactly the scores that
+decide a sampled step.
 """
 
 from __future__ import annotations
