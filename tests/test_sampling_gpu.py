@@ -71,6 +71,6 @@ def test_kernel_noise_is_xla_noise(backend):
   if backend == "triton":
     np.testing.assert_array_equal(in_kernel, xla)
   else:
-    assert np.abs(in_kernel - xla).max() <= 2.0 ** -20
+    assert np.abs(in_kernel - xla).max() <= sampling.KERNEL_NOISE_TOLERANCE
   top = np.asarray(u)[-(1 << 16):].astype(np.float64)
   assert np.abs(in_kernel[-(1 << 16):] - -np.log(-np.log(top))).max() < 2e-6

@@ -78,7 +78,8 @@ def register_variants(names):
             jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched",
                                   mosaic_w2_widening=widening,
                                   mosaic_warpgroups=warpgroups),
-            description=f"the batched Mosaic kernel, an int8 W2 widened ({widening})" + (", two warpgroups" if warpgroups else ""))
+            description=f"the batched Mosaic kernel, an int8 W2 widened ({widening})"
+                        + (", two warpgroups" if warpgroups else ""))
   for name in names:
     batched = BATCHED_VARIANT.match(name)
     if batched and name not in paths.PATHS:

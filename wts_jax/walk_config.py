@@ -151,7 +151,8 @@ class MosaicConfig:
     without planes): "xla" (a bf16 copy of W2 before each launch), "registers" (the int8
     chunk streamed and converted into the WGMMA's A operand; the batch on N),
     "smem" (converted into a bf16 tile in shared memory the WGMMA reads; either axis;
-    what interpret mode runs) or "auto" (the planner's: "xla").
+    what interpret mode runs) or "auto" (the planner's: "registers" up to 16 rows where
+    it lowers, else "xla"; ``mosaic_batched_plan.auto_w2_widening``).
   """
 
   residency: str | float | int = "auto"

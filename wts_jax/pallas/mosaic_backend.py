@@ -84,8 +84,9 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
 
 def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
   """``kernel="auto"``: past the row kernel's rows, and where the batched kernel runs
-  the walk and the config names no row-kernel option: past ``AUTO_MAX_BATCH`` rows, and
-  at any batch for the gated and rnn heads (their update split over the blocks)."""
+  the walk and the config names no row-kernel option: past ``AUTO_MAX_BATCH`` rows, at
+  any batch for the gated and rnn heads (their update split over the blocks), and for a
+  greedy walk whose int8 W2 the batched kernel widens in registers."""
   if config.kernel != "auto":
     return config.kernel == "batched"
   if shapes.batch > MAX_BATCH:
