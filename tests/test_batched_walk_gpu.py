@@ -244,13 +244,11 @@ def test_int8_w2_auto_widens_in_registers(head, gated_head, rnn_head, head_type,
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, temperature):
   """impl="auto" (the tuned table, the planner's axis and split update) at B = 1, 4 and
-  64 (the rnn head's sampled walk at one row: the Triton kernel)."""
+  64."""
   for head, batch, seed in ((gated_head, 1, 74), (gated_head, 4, 76), (gated_head, 64, 77),
                             (rnn_head, 1, 75), (rnn_head, 4, 78), (rnn_head, 64, 79)):
     base, first, hidden = random_inputs(head.config, batch, 7, jax.random.key(seed))
-    triton = head is rnn_head and batch == 1 and temperature
-    assert wts_jax.chosen_implementation(head, base, temperature=temperature) == (
-        "triton" if triton else "mosaic")
+    assert wts_jax.chosen_implementation(head, base, temperature=temperature) == "mosaic"
     key = jax.random.key(seed + 100) if temperature else None
     out = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key)
     ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -280,6 +278,7 @@ def test_logits_and_logprobs_from_the_tokens(head, kernel, batch):
 FP32_TIE_MARGIN = 1e-5
 PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, producer=True)
 PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
+AUTO = MosaicConfig()
 
 
 @pytest.mark.parametrize("w2,kernel_config,head_type,temperature", [
@@ -288,15 +287,22 @@ PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, produ
     ("bf16", REDUNDANT_GATE, "gated", 0.0), ("bf16", SPLIT_GATE, "gated", 0.0),
     ("bf16", SPLIT_GATE, "rnn", 0.0),
     ("bf16", BATCHED, "vanilla", 0.8), ("int8p", BATCHED, "vanilla", 0.8),
-    ("bf16", SPLIT_GATE, "gated", 0.8)],
+    ("bf16", SPLIT_GATE, "gated", 0.8),
+    # auto's choices for an int8 W2 (no planes) at 16 rows: widened in registers, two
+    # warpgroups (vanilla, gated; the rnn head one, its sampled walk the bf16 copy)
+    ("int8", AUTO, "vanilla", 0.0), ("int8", AUTO, "gated", 0.0),
+    ("int8", AUTO, "rnn", 0.0), ("int8", AUTO, "gated", 0.8), ("int8", AUTO, "rnn", 0.8)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
-         "gated-split-sample"])
+         "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
+         "gated-int8-auto-sample", "rnn-int8-auto-sample"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)
   head = wts_jax.make_head(config, seed=3)
   if w2 == "int8p":
     head = quantize_w2(head, "int8", state="planes")
+  elif w2 == "int8":
+    head = quantize_w2(head, "int8")
   kernel = jax.jit(lambda h, b, f, x, key: wts_jax.walk(
       h, b, f, x, impl="mosaic", config=kernel_config, temperature=temperature,
       key=key).tokens)

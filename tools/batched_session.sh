@@ -3,7 +3,7 @@
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
 # bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,noise,sanitizer]; logs and JSON
-# under $OUT)
+# under $OUT; SANITIZER_CASES, SANITIZER_TOOLS, SANITIZER_SPIN pick the sanitizer's runs)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -40,7 +40,7 @@ fi
 if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
   stamp sanitizer
   for case in ${SANITIZER_CASES:-batched batched-wg2}; do
-    for tool in memcheck racecheck; do
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
       echo "== $case $tool" | tee -a "$OUT/batched_sanitizer.log"
       # Into a file, not a pipe (a pipe stayed open past the limit while the instrumented
       # python ran on); what outlives the limit is killed before the next tool starts.

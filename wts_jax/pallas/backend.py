@@ -235,22 +235,18 @@ def tuned_table(device_kind: str) -> dict[tuple, dict]:
 
 
 def _fallback_preference(head, shapes: WalkShapes) -> tuple[str, ...]:
-  # Measured on the H200 (NOTES.md v5-v7, v10, v11, v13-v15, v20): Mosaic is faster for
-  # vanilla walks at one row (the row kernel) and from 2 to 64 rows (the batched kernel),
-  # greedy and sampled, and for the gated and rnn heads up to 64 rows (the batched
-  # kernel, their update split over the blocks; an int8 W2 widened to bf16) except the
-  # rnn head's sampled walk at one row with a bf16 W2; past 64 rows, and that walk, the
-  # Triton kernel.
+  # Measured on the H200 (NOTES.md v5-v7, v10, v11, v13-v15, v20, v22): Mosaic is faster
+  # for vanilla walks at one row (the row kernel) and from 2 to 64 rows (the batched
+  # kernel), greedy and sampled, and for the gated and rnn heads from one row to 64 (the
+  # batched kernel, their update split over the blocks; an int8 W2 widened to bf16);
+  # past 64 rows the Triton kernel.
   from wts_jax.pallas.mosaic_batched_plan import AUTO_BATCHED_RANGE
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
   low, high = AUTO_BATCHED_RANGE
   head_type = head.config.head_type
   batched = low < shapes.batch <= high
-  bf16_w2 = jnp.dtype(head.markov_head.markov_w2.weight.dtype) == jnp.dtype(jnp.bfloat16)
-  split_at_one_row = shapes.batch == 1 and (head_type == "gated" or shapes.greedy
-                                            or not bf16_w2)
   faster = ((head_type == "vanilla" and (shapes.batch <= AUTO_MAX_BATCH or batched))
-            or (head_type in ("gated", "rnn") and (batched or split_at_one_row)))
+            or (head_type in ("gated", "rnn") and shapes.batch <= high))
   return ("mosaic", "triton") if faster else ("triton", "mosaic")
 
 

@@ -537,23 +537,28 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
     stage_state_half(0)
     def products(*accs):   # (gate, candidate, output)
-      for part, acc in enumerate(accs):
-        plgpu.wgmma(acc, e_tile, refs.update_w_s.at[3 + part].T)        # J_e e
-        plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)        # J_s s_hi
-      plgpu.wgmma_wait(0)   # the hi half read before the lo half overwrites it
+      with jax.named_scope("update_mma_hi"):
+        for part, acc in enumerate(accs):
+          plgpu.wgmma(acc, e_tile, refs.update_w_s.at[3 + part].T)      # J_e e
+          plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)      # J_s s_hi
+        plgpu.wgmma_wait(0)   # the hi half read before the lo half overwrites it
       stage_state_half(1)
-      for part, acc in enumerate(accs):
-        plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)        # J_s s_lo
-      return tuple(acc[...] for acc in accs)
+      with jax.named_scope("update_mma_lo"):
+        for part, acc in enumerate(accs):
+          plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)      # J_s s_lo
+        return tuple(acc[...] for acc in accs)
     gate_pre, candidate, output = (
         pre + part_hoisted for pre, part_hoisted in zip(pl.run_scoped(
             products, *[plgpu.ACC((BATCH_TILE, units), jnp.float32)] * 3), hoisted))
-    update = jax.nn.sigmoid(gate_pre)
-    last = jnp.where(first, 0.0, _load(refs.state_s, _WGMMA, optimized=False))
-    state = update * last + (1.0 - update) * jnp.tanh(candidate)
-    refs.state_s[...] = state   # (each thread reads back only what it stored)
-    publish(refs.spub_g, step, own, state)
-    publish(refs.zpub_g, step, own, jnp.tanh(output))
+    with jax.named_scope("update_activation"):
+      update = jax.nn.sigmoid(gate_pre)
+      last = jnp.where(first, 0.0, _load(refs.state_s, _WGMMA, optimized=False))
+      state = update * last + (1.0 - update) * jnp.tanh(candidate)
+      refs.state_s[...] = state   # (each thread reads back only what it stored)
+      output = jnp.tanh(output)
+    with jax.named_scope("update_publish"):
+      publish(refs.spub_g, step, own, state)
+      publish(refs.zpub_g, step, own, output)
 
   def gate(step):
     """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
