@@ -29,6 +29,7 @@ BATCH_TILE = 64          # WGMMA M: the batch rows of one launch (unused rows ar
 BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of base logits
 Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 8 bank groups
 DEFAULT_RING_STAGES = 2
+WGMMA_MAX_N = 256
 # The gated head's ring: its four G_e chunks a step stream through it too, and a third
 # slot measured faster than a resident chunk beside two (NOTES v13).
 GATED_RING_STAGES = 3
@@ -526,6 +527,10 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   chunk_bytes = CHUNK_ROWS * rank * w2_itemsize
   z_pair = gated or recurrent   # (``BatchedPlan.z_pair``)
   update_units = split_update_units(rank, blocks) if gate_split or recurrent else 0
+  if recurrent and 3 * update_units > WGMMA_MAX_N:   # (one WGMMA for the three parts)
+    raise ValueError(f"the rnn head's {update_units} units a block on {blocks} blocks: its "
+                     f"three parts' {3 * update_units} rows exceed a WGMMA's N of "
+                     f"{WGMMA_MAX_N}; use more blocks")
   fixed = fixed_bytes(chunks=chunks, rank=rank, base_stages=base_stages,
                       base_itemsize=base_itemsize,
                       scaled=w2_itemsize == 1 or w2_row_scale,

@@ -163,8 +163,8 @@ class BatchedRefs:
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
   gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
                                  # ([K, 64 rows, r] with a split gate)
-  update_w_s: object = None      # split update: this block's rows of G_e (or of J_s and
-                                 # J_e for the rnn head's gate, candidate, output)
+  update_w_s: object = None      # split update: this block's rows of G_e (or [J_s, J_e],
+                                 # each the rnn head's gate, candidate, output rows)
   update_w_bar: object = None
   update_flag_s: object = None   # split update: its barrier's timeout, for the leader's flags
   zpub_g: object = None          # split update: z of every row and step as a hi + lo
@@ -536,20 +536,23 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       _when(jnp.logical_not(first), published)
 
     stage_state_half(0)
-    def products(*accs):   # (gate, candidate, output)
+    # The parts' weight rows side by side on N ([J_s; J_e] of gate, candidate, output;
+    # 3 · units <= WGMMA_MAX_N, ``plan_batched``): one WGMMA an operand tile for all
+    # three, so each tile is read once, not once a part.
+    def weights(operand):   # 0: J_s, 1: J_e
+      return refs.update_w_s.at[operand].T
+    def products(acc):
       with jax.named_scope("update_mma_hi"):
-        for part, acc in enumerate(accs):
-          plgpu.wgmma(acc, e_tile, refs.update_w_s.at[3 + part].T)      # J_e e
-          plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)      # J_s s_hi
+        plgpu.wgmma(acc, e_tile, weights(1))       # J_e e
+        plgpu.wgmma(acc, state_tile, weights(0))   # J_s s_hi
         plgpu.wgmma_wait(0)   # the hi half read before the lo half overwrites it
       stage_state_half(1)
       with jax.named_scope("update_mma_lo"):
-        for part, acc in enumerate(accs):
-          plgpu.wgmma(acc, state_tile, refs.update_w_s.at[part].T)      # J_s s_lo
-        return tuple(acc[...] for acc in accs)
-    gate_pre, candidate, output = (
-        pre + part_hoisted for pre, part_hoisted in zip(pl.run_scoped(
-            products, *[plgpu.ACC((BATCH_TILE, units), jnp.float32)] * 3), hoisted))
+        plgpu.wgmma(acc, state_tile, weights(0))   # J_s s_lo
+        return acc[...]
+    sums = pl.run_scoped(products, plgpu.ACC((BATCH_TILE, 3 * units), jnp.float32))
+    gate_pre, candidate, output = (sums[:, part * units:(part + 1) * units] + hoisted[part]
+                                   for part in range(3))
     with jax.named_scope("update_activation"):
       update = jax.nn.sigmoid(gate_pre)
       last = jnp.where(first, 0.0, _load(refs.state_s, _WGMMA, optimized=False))
@@ -650,7 +653,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
               plgpu.copy_gmem_to_smem(
                   refs.joint_w_g.at[pl.ds((part % 3) * rank + first_unit, units),
                                     pl.ds((part // 3) * rank, rank)],
-                  refs.update_w_s.at[part], refs.update_w_bar)
+                  refs.update_w_s.at[part // 3].at[pl.ds((part % 3) * units, units)],
+                  refs.update_w_bar)
           else:
             plgpu.copy_gmem_to_smem(
                 refs.gate_w_g.at[pl.ds(first_unit, units),
@@ -1257,7 +1261,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       scratch["state_s"] = plgpu.SMEM((BATCH_TILE, plan.update_units), jnp.float32)
     copies = 6 if plan.recurrent else 1
     scratch["update_w_s"] = plgpu.SMEM(
-        ((6,) if plan.recurrent else ()) + (plan.update_units, rank), jnp.bfloat16,
+        ((2, 3 * plan.update_units) if plan.recurrent else (plan.update_units,)) + (rank,),
+        jnp.bfloat16,
         transforms=_w2_transforms(2, rank))
     scratch["update_w_bar"] = plgpu.Barrier(num_arrivals=copies, num_barriers=1)
     scratch["update_flag_s"] = plgpu.SMEM((1,), jnp.int32)
