@@ -127,12 +127,9 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   if head_type == "gated" and config.producer:
     return "the batched Mosaic kernel's gated head runs without a producer warpgroup"
   if w2_widened(head) and config.w2_widening == "registers":
-    if config.interpret:
-      return ("w2_widening='registers' runs on the GPU only (Pallas interpret mode's WGMMA "
-              "reads its A operand from shared memory: w2_widening='smem')")
-    if not BATCH_ON_N_LOWERS or config.batch_axis == "m":
-      return ("w2_widening='registers' needs the batch on N (the chunk is the WGMMA's A "
-              "operand) and jax >= 0.11")
+    reason = _in_registers_refusal(config)
+    if reason is not None:
+      return reason
   if not serial.z_as_int8_planes and (w1 != bf16 or not w2_as_bf16):
     return ("the batched Mosaic kernel needs a bf16 W1 with a bf16 or int8 W2, or an int8 "
             "W2 that z meets as two int8 planes (quantize_w2(head, 'int8', "
@@ -148,6 +145,19 @@ def w2_widened(head) -> bool:
           and not serial.z_as_int8_planes)
 
 
+def _in_registers_refusal(config: MosaicConfig) -> str | None:
+  """Why this config cannot widen an int8 W2 in registers, or None: the one condition that
+  refuses an explicit ``w2_widening="registers"`` and that ``auto`` checks before
+  choosing it."""
+  if config.interpret:
+    return ("w2_widening='registers' runs on the GPU only (Pallas interpret mode's WGMMA "
+            "reads its A operand from shared memory: w2_widening='smem')")
+  if not BATCH_ON_N_LOWERS or config.batch_axis == "m":
+    return ("w2_widening='registers' needs the batch on N (the chunk is the WGMMA's A "
+            "operand) and jax >= 0.11")
+  return None
+
+
 def w2_widening(head, shapes: WalkShapes, config: MosaicConfig) -> str:
   """Where the batched kernel widens this head's W2 (``BatchedPlan.w2_widening``): "xla"
   for a W2 that needs no widening; else the config's choice, or under "auto" the
@@ -159,7 +169,7 @@ def w2_widening(head, shapes: WalkShapes, config: MosaicConfig) -> str:
   return auto_w2_widening(
       min(shapes.batch, BATCH_TILE), batch_axis=config.batch_axis,
       gate_split=head.config.head_type != "gated" or config.serial_update != "redundant",
-      in_registers_lowers=BATCH_ON_N_LOWERS and not config.interpret,
+      in_registers_lowers=_in_registers_refusal(config) is None,
       recurrent=head.config.head_type == "rnn", greedy=shapes.greedy)
 
 
