@@ -587,6 +587,62 @@ def test_the_floor_stays_under_the_public_int8_kernel():
     assert predicted["floor_us"] < measured, (batch, predicted["floor_us"])
 
 
+def _fake_ceiling_sources(monkeypatch, *, stream_hbm, stream_l2, barrier, kernel_sync):
+  """The harness's ceilings with each source replaced by a fixed figure (GB/s, µs)."""
+  from wts_jax.bench import microbench
+  monkeypatch.setattr(floor.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(floor, "device_num_sms", lambda: 132)
+  monkeypatch.setattr(floor, "measure_hbm_gbps", lambda nbytes: {"hbm_read_gbps": 3500.0})
+  monkeypatch.setattr(floor, "measure_l2_gbps", lambda nbytes: {
+      "l2_chained_gbps": 3000.0, "l2_fused_gbps": 2900.0})
+  monkeypatch.setattr(floor, "sync_latency", lambda given: (
+      (given, "given", None) if given is not None else (kernel_sync, "measured", None)))
+  monkeypatch.setattr(microbench, "stream_gbps", lambda nbytes, programs, passes=1: (
+      stream_l2 if passes > 1 else stream_hbm))
+  def barrier_us(programs, rounds):
+    if isinstance(barrier, Exception):
+      raise barrier
+    return barrier
+  monkeypatch.setattr(microbench, "barrier_us", barrier_us)
+
+
+def test_ceilings_take_the_best_estimate_so_the_floor_stays_under_real_kernels(monkeypatch):
+  """Bandwidth: the larger of the XLA reductions' and the streaming kernel's; the step
+  exchange: the smaller of our kernel's and the bare barrier's — and the run records
+  whether the floor then stays under the public int8 kernel."""
+  _fake_ceiling_sources(monkeypatch, stream_hbm=3900.0, stream_l2=9000.0, barrier=1.2,
+                        kernel_sync=3.2)
+  ceilings = floor.measure_ceilings(hbm_bytes=1 << 20, l2_bytes=1 << 20)
+  assert (ceilings.hbm_gbps, ceilings.l2_gbps, ceilings.sync_us) == (3900.0, 9000.0, 1.2)
+  assert ceilings.sync_source == "barrier microbenchmark"
+  assert ceilings.details["kernel_exchange_us"] == 3.2
+  check = floor.public_int8_check(ceilings)
+  assert all(entry["below"] for entry in check.values()), check
+  # With our kernel's exchange (3.2 µs a step) the floor at one row is above the public
+  # kernel's 31.4 µs: the wrong floor the barrier's figure replaces.
+  slow = floor.Ceilings(hbm_gbps=3500.0, l2_gbps=3000.0, sync_us=3.2, sync_source="measured")
+  assert not floor.public_int8_check(slow)["1"]["below"]
+  line = report._ceilings_line({"ceilings": {**slow.as_record(),
+                                             "public_int8_check": floor.public_int8_check(slow)}})
+  assert "above the public int8 kernel's measured walk at B = 1" in line
+
+
+def test_ceilings_keep_their_own_estimates_when_a_microbenchmark_fails(monkeypatch):
+  _fake_ceiling_sources(monkeypatch, stream_hbm=100.0, stream_l2=100.0,
+                        barrier=RuntimeError("a barrier of 132 programs timed out"),
+                        kernel_sync=3.2)
+  ceilings = floor.measure_ceilings(hbm_bytes=1 << 20, l2_bytes=1 << 20)
+  assert (ceilings.hbm_gbps, ceilings.l2_gbps, ceilings.sync_us) == (3500.0, 3000.0, 3.2)
+  assert ceilings.sync_source == "measured"
+  assert "timed out" in ceilings.details["microbenchmark_error"]
+  # A given exchange is used as is; the barrier is not run.
+  _fake_ceiling_sources(monkeypatch, stream_hbm=100.0, stream_l2=100.0,
+                        barrier=RuntimeError("not run"), kernel_sync=3.2)
+  ceilings = floor.measure_ceilings(hbm_bytes=1 << 20, l2_bytes=1 << 20, sync_latency_us=2.5)
+  assert (ceilings.sync_us, ceilings.sync_source) == (2.5, "given")
+  assert "microbenchmark_error" not in ceilings.details
+
+
 def test_the_floor_microbenchmarks_read_everything_and_lower_for_cuda():
   from wts_jax.bench import microbench
   block = microbench.STREAM_BLOCK

@@ -9,8 +9,8 @@
   polling) on a persistent grid of one program per SM, ``rounds`` times in one launch
   with no other work; per barrier = (time of 1 + R rounds − time of 1 round) / R.
 
-Used by ``tools/floor_microbench.py``; the harness's own ceilings (``floor.py``) are
-XLA reductions and our kernel's exchange, which bound these from above.
+Used by the harness's ceilings (``floor.measure_ceilings`` takes the best of these and
+its XLA reductions and our kernel's exchange) and by ``tools/floor_microbench.py``.
 """
 
 from __future__ import annotations

@@ -190,9 +190,15 @@ def _ceilings_line(results: dict) -> str:
   ceilings = results.get("ceilings") or {}
   if not ceilings or "hbm_gbps" not in ceilings:
     return f"ceilings: not measured ({ceilings.get('error', 'none')})"
-  return (f"ceilings (measured in this run): HBM read {ceilings['hbm_gbps']:.0f} GB/s, "
+  line = (f"ceilings (measured in this run): HBM read {ceilings['hbm_gbps']:.0f} GB/s, "
           f"L2 {ceilings['l2_gbps']:.0f} GB/s, grid sync {ceilings['sync_us']:.2f} µs "
           f"({ceilings['sync_source']})")
+  above = [batch for batch, entry in (ceilings.get("public_int8_check") or {}).items()
+           if not entry["below"]]
+  if above:
+    line += ("; the floor is above the public int8 kernel's measured walk at B = "
+             + ", ".join(above) + ": these ceilings are too low")
+  return line
 
 
 def _sanity_lines(results: dict) -> list[str]:

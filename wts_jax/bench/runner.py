@@ -150,7 +150,8 @@ class Runner:
                                              l2_bytes=self.grid["l2_bytes"],
                                              sync_latency_us=self.args.sync_us)
       self.results["ceilings"] = {**self.ceilings.as_record(),
-                                  "num_sms": floor.device_num_sms()}
+                                  "num_sms": floor.device_num_sms(),
+                                  "public_int8_check": floor.public_int8_check(self.ceilings)}
       log(f"ceilings: HBM {self.ceilings.hbm_gbps:.0f} GB/s, L2 "
            f"{self.ceilings.l2_gbps:.0f} GB/s, sync {self.ceilings.sync_us:.2f} µs "
            f"({self.ceilings.sync_source})")
