@@ -2,7 +2,7 @@
 # One device call for the batched Mosaic walk: GPU tests, build variants checked and
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,noise,sanitizer]; logs and JSON
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,noise,floor,ncu,sanitizer]; logs and JSON
 # under $OUT; SANITIZER_CASES, SANITIZER_TOOLS, SANITIZER_SPIN pick the sanitizer's runs)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -36,6 +36,23 @@ if has noise; then   # the sampled epilogue's noise, stage by stage (tools/noise
   stamp noise
   timeout ${NOISE_S:-120} python tools/noise_microbench.py --out "$OUT/noise_microbench.json" \
     2>&1 | grep -v -i warn | tee "$OUT/noise_microbench.log"
+fi
+if has floor; then   # the harness's ceilings source by source (tools/floor_microbench.py)
+  stamp floor
+  timeout ${FLOOR_S:-120} python tools/floor_microbench.py --out "$OUT/floor_microbench.json" \
+    2>&1 | grep -v -i warn | tee "$OUT/floor_microbench.log"
+fi
+if has ncu; then   # a walk's HBM bytes and L2 hit rate (tools/walk_dram_bytes.py)
+  stamp ncu
+  for dtype in ${NCU_DTYPES:-bf16 int8p}; do
+    timeout -k 10 ${NCU_S:-150} ncu --kernel-name regex:mosaic --launch-skip 2 \
+      --launch-count 3 --csv --metrics \
+      dram__bytes_read.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
+      python tools/walk_dram_bytes.py --dtype $dtype --batch ${NCU_BATCH:-16} \
+      > "$OUT/ncu_$dtype.csv" 2>&1
+    echo "(exit status $?)" >> "$OUT/ncu_$dtype.csv"
+    grep -v -i warn "$OUT/ncu_$dtype.csv" | tail -12
+  done
 fi
 if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
   stamp sanitizer
