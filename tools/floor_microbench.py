@@ -18,6 +18,8 @@ import sys
 
 import jax
 
+from wts_jax.bench.registry import gpu_reason
+
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -25,8 +27,9 @@ def main(argv=None) -> int:
   parser.add_argument("--hbm-mb", type=int, default=2048)
   parser.add_argument("--l2-mb", type=int, default=24)
   args = parser.parse_args(argv)
-  if jax.default_backend() != "gpu":
-    print(f"error: needs a GPU (JAX backend is {jax.default_backend()!r})", file=sys.stderr)
+  reason = gpu_reason()
+  if reason is not None:
+    print(f"error: {reason}", file=sys.stderr)
     return 2
   from wts_jax import device
   from wts_jax.bench import floor

@@ -39,6 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import sampling
+from wts_jax.bench.registry import gpu_reason
 
 TILE = 64
 STAGES = ("hash", "uniform", "log", "gumbel", "gumbel-2wg")
@@ -171,9 +172,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.check:
     return check()
-  if jax.default_backend() != "gpu":
-    print(f"error: needs a GPU (JAX backend is {jax.default_backend()!r}); --check runs "
-          "anywhere", file=sys.stderr)
+  reason = gpu_reason()
+  if reason is not None:
+    print(f"error: {reason}; --check runs anywhere", file=sys.stderr)
     return 2
   result = time_stages(args.values_m, args.repeats)
   if args.out:

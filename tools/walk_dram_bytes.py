@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import wts_jax
+from wts_jax.bench.registry import gpu_reason
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.quantize import quantize_w2
@@ -31,8 +32,9 @@ def main(argv=None) -> int:
   parser.add_argument("--steps", type=int, default=7)
   parser.add_argument("--walks", type=int, default=3)
   args = parser.parse_args(argv)
-  if jax.default_backend() != "gpu":
-    print(f"error: needs a GPU (JAX backend is {jax.default_backend()!r})", file=sys.stderr)
+  reason = gpu_reason()
+  if reason is not None:
+    print(f"error: {reason}", file=sys.stderr)
     return 2
   config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   head = wts_jax.make_head(config, seed=3)

@@ -147,13 +147,12 @@ def measure_microbenchmarks(*, hbm_bytes: int, l2_bytes: int, sync: bool = True,
     return {}
   from wts_jax.bench import microbench
   try:
-    programs = 4 * device_num_sms()
-    found = {"stream_hbm_gbps": microbench.stream_gbps(hbm_bytes, programs=programs),
-             "stream_l2_gbps": microbench.stream_gbps(l2_bytes, programs=programs,
+    sms = device_num_sms()
+    found = {"stream_hbm_gbps": microbench.stream_gbps(hbm_bytes, programs=4 * sms),
+             "stream_l2_gbps": microbench.stream_gbps(l2_bytes, programs=4 * sms,
                                                       passes=l2_passes)}
     if sync:
-      found["barrier_us"] = microbench.barrier_us(programs=device_num_sms(),
-                                                  rounds=barrier_rounds)
+      found["barrier_us"] = microbench.barrier_us(programs=sms, rounds=barrier_rounds)
   except Exception as err:  # noqa: BLE001 - the harness's own ceilings stand
     return {"microbenchmark_error": f"{type(err).__name__}: {err}"[:300]}
   if not all(np.isfinite(v) and v > 0 for v in found.values()):

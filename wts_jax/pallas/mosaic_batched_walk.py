@@ -50,10 +50,10 @@ likewise share one WGMMA.
 A split update (``plan.split``): block p owns the units [8p, 8p + 8) (at r = 256 on 132
 blocks), keeps its rows of the head's weights resident (G_e; for the rnn head J_s and J_e
 of the gate, candidate and output), computes its units for every row with WGMMAs of N = 8
-(the rnn head's three parts side by side, N = 24), publishes z (and the rnn head's state s) as a hi + lo bf16 pair in a global buffer, and
-meets the others at a second grid barrier; every block then copies the whole pair into
-its WGMMA tiles by TMA (the rnn owners copy s's halves in likewise, one at a time, and
-keep their own units' s in fp32).
+(the rnn head's three parts side by side, N = 24), publishes z (and the rnn head's state
+s) as a hi + lo bf16 pair in a global buffer, and meets the others at a second grid
+barrier; every block then copies the whole pair into its WGMMA tiles by TMA (the rnn
+owners copy s's halves in likewise, one at a time, and keep their own units' s in fp32).
 
 Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
 with a bf16 W1 and W2 (z exact in bf16) or an int8 W2 that z meets as two int8 planes,
