@@ -156,7 +156,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   many chunks held in registers as the WGMMA's A operand (staged once through the
   shared-memory slots), taken from the streamed ones. ``resident_group``: with the WGMMA
   GEMV, how many on-chip chunks' WGMMAs are issued before one wait (default: ``group``;
-  int8 planes: 5 — their latency, not bytes, set a step's time, NOTES v8)."""
+  int8 planes: ``DEFAULT_PLANES_RESIDENT_GROUP``)."""
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
