@@ -54,5 +54,7 @@ def test_errors_exit_2(checkpoints, tmp_path, capsys):
   code = cli.main(["--target", str(checkpoints / "target"), "--drafter",
                    str(checkpoints / "target"), "--ids", "1"])
   assert code == 2 and capsys.readouterr().err.startswith("error: ")
-  with pytest.raises(SystemExit):
+  with pytest.raises(SystemExit) as exit_info:
     cli.main(["--target", str(tmp_path), "--drafter", str(tmp_path), "--ids", "1,x"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "'1,x'" in err, err

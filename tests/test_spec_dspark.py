@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from convert_fixtures import drafter_config, drafter_state_dict, write_checkpoint
+import wts_jax
 from wts_jax.convert.converter import convert
 from wts_jax.spec.dspark import DSparkConfig, load_dspark
 from wts_jax.spec.qwen3 import Qwen3Config
@@ -112,6 +113,11 @@ def test_draft_runs_the_walk_and_the_plain_argmax(converted):
   walked = drafter.draft(base, hidden, last, temperature=0.0, key=None, walk_impl="xla")
   plain = drafter.draft(base, hidden, last, temperature=0.0, key=None, walk_impl="none")
   assert walked.tokens.shape == (2, 3) and walked.confidence.shape == (2, 3)
+  head = drafter.head
+  ref = wts_jax.walk(head, base, last, hidden if head.config.needs_hidden else None,
+                     impl="xla")
+  assert walked.tokens.tolist() == ref.tokens.tolist()
+  np.testing.assert_array_equal(np.asarray(walked.confidence), np.asarray(ref.confidence))
   assert plain.tokens.tolist() == jnp.argmax(base, -1).tolist()
   sampled = drafter.draft(base, hidden, last, temperature=1.0, key=jax.random.key(2),
                           walk_impl="xla")

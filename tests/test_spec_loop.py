@@ -70,7 +70,8 @@ def test_greedy_with_the_walk_kernel_stops_at_eos_per_row(models):
                  walk_config=WalkConfig(interpret=True), eos_id=eos)
   expected = greedy_reference(target, PROMPTS, 12, eos_id=eos)
   assert out.rows() == expected
-  assert len(expected[1]) == 5 and any(len(row) == 12 or row[-1] == eos for row in expected)
+  # The rows stop at their EOS at different steps (row 1 first), the others running on.
+  assert len(expected[1]) == 5 and len({len(row) for row in expected}) == len(expected)
 
 
 @dataclasses.dataclass(frozen=True)

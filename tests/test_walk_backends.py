@@ -134,10 +134,14 @@ def test_backend_spellings_lower_exactly_as_walk_config():
   tool = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(tool)
   checked = {"mosaic-stages3", "triton-tuned", "auto-vanilla-b1-greedy-bf16"}
-  for name, spelling in tool.new_spellings():
-    if name in checked:
-      assert tool.fingerprint(tool.CASES[name], spelling) == tool.fingerprint(
-          tool.CASES[name]), name
+  spellings = dict(tool.new_spellings())
+  assert checked <= spellings.keys()
+  for name in sorted(checked):
+    # (A lowering that fails gives "error: ..." for both spellings alike: not a pass.)
+    new, old = tool.fingerprint(tool.CASES[name], spellings[name]), tool.fingerprint(
+        tool.CASES[name])
+    assert not old.startswith("error:"), old
+    assert new == old, name
 
 
 @pytest.mark.parametrize("impl, config", [
@@ -156,7 +160,6 @@ def test_each_backend_by_name_walks_like_the_reference(impl, config):
   out = wts_jax.walk(head, base, first, impl=impl, config=config)
   ref = wts_jax.walk(head, base, first, impl="xla")
   assert (out.tokens == ref.tokens).all() and int(out.status) == 0
-  assert wts_jax.chosen_implementation(head, base, impl, config) == impl
 
 
 @pytest.mark.parametrize("batch,w2,greedy,want", [
@@ -165,15 +168,19 @@ def test_each_backend_by_name_walks_like_the_reference(impl, config):
     (32, "bf16", True, ("n", 2)), (32, "int8p", True, ("n", 2)),
     (64, "bf16", False, ("m", 2)), (64, "bf16", True, ("m", 1)),
     (64, "int8p", True, ("m", 2)), (64, "int8p", False, ("m", 2))])
-def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want):
+@pytest.mark.parametrize("n_lowers", [True, False], ids=["jax-0.11", "jax-0.10"])
+def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want, n_lowers,
+                                                          monkeypatch):
   """The Mosaic planner's measured choices (NOTES v18): the row kernel at one row, else
   the batched kernel, the batch on N up to 32 rows where jax lowers it; two computing
   warpgroups for sampling, for int8 planes, and for bf16 greedy past 16 rows, with a
   producer for greedy walks; warpgroup 1's bests merged unreduced on N up to 16 rows;
   a ring up to 4 slots deep before chunks stay resident, and on M with two warpgroups a
   1-slot base ring; the gated head one warpgroup but for sampling past 16 rows or on
-  M, no producer, the default ring."""
+  M, no producer, the default ring. The planner is the same arithmetic on either jax;
+  whether jax lowers the batch on N is set here, so both cases run on either."""
   from wts_jax.pallas import mosaic_backend
+  monkeypatch.setattr(mosaic_backend, "BATCH_ON_N_LOWERS", n_lowers)
   from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE, DEFAULT_BASE_STAGES
   from wts_jax.walk_config import MosaicConfig
   head = _head()
@@ -185,7 +192,7 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
     assert not hasattr(spec.plan, "batch_axis")
     return
   axis, warpgroups = want
-  if not mosaic_backend.BATCH_ON_N_LOWERS:   # jax 0.10: on M, bf16 greedy one warpgroup
+  if not n_lowers:   # jax 0.10: on M, bf16 greedy one warpgroup
     axis, warpgroups = "m", 2 if w2 == "int8p" or not greedy else 1
   plan = spec.plan
   assert (plan.batch_axis, plan.warpgroups) == (axis, warpgroups)

@@ -180,6 +180,8 @@ def test_stepwise_kernel_matches_reference():
     ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=0.8,
                        key=jax.random.key(2), return_logprobs=True)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs),
+                               atol=1e-3)
 
 
 @pytest.mark.parametrize("backend, batch, gemv, w2, temperature", [
