@@ -536,12 +536,36 @@ def test_sigterm_keeps_finished_points(tmp_path):
     (["--k", "-1"], "--k '-1': -1 must be >= 1"),
     (["--render", "missing.json"], "'missing.json' is not a readable results JSON"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--head", "foo"], "--head 'foo': must be one of"),
+    (["--head", ","], "--head ',': must name at least one value"),
+    (["--paths", ","], "--paths ',': must name at least one value"),
+    (["--batch", "4,4"], "--batch '4,4': names 4 more than once"),
+    (["--mode", "sample", "--temperature", "-1"], "--temperature -1.0: --mode sample"),
+    (["--mode", "sample", "--temperature", "nan"], "--temperature nan: --mode sample"),
+    (["--repeats", "0"], "--repeats 0: must be >= 1"),
+    (["--jobs", "0"], "--jobs 0: must be >= 1"),
+    (["--flush-mb", "-1"], "--flush-mb -1.0: must be a finite number > 0"),
+    (["--time-budget-s", "-5"], "--time-budget-s -5.0: must be a finite number > 0"),
+    (["--resident-fraction", "2"], "--resident-fraction 2.0: must be in [0, 1]"),
+    (["--out", "{folder}"], "is a folder, not a file path"),
+    (["--plot", "{file}/x.png"], "cannot write a file there"),
 ])
-def test_bad_arguments_print_one_error_line_and_exit_2(argv, message, capsys):
+def test_bad_arguments_print_one_error_line_and_exit_2(argv, message, capsys, tmp_path):
+  (tmp_path / "file").write_text("")
+  argv = [a.format(folder=tmp_path, file=tmp_path / "file") for a in argv]
   assert cli.main(["--platform", "cpu", *argv]) == 2
   err = capsys.readouterr().err.strip()
   assert err == f"error: {err[len('error: '):]}" and len(err.splitlines()) == 1
   assert message in err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]   # nothing written
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "{}"])
+def test_render_refuses_a_json_that_is_not_a_results_file(content, tmp_path, capsys):
+  path = tmp_path / "x.json"
+  path.write_text(content)
+  assert cli.main(["--render", str(path)]) == 2
+  assert "is not a wts-bench results JSON" in capsys.readouterr().err
 
 
 def test_a_failed_point_or_path_is_reported_as_a_failure():

@@ -296,9 +296,13 @@ def test_inspect_explains_a_refusal(tmp_path, capsys):
   config["dflash_config"] = {"target_layer_ids": [1, 3]}
   src = write_checkpoint(tmp_path / "src", config, drafter_state_dict(drafter_config()))
   assert main(["inspect", str(src)]) == 2
-  report = capsys.readouterr().out
+  captured = capsys.readouterr()
+  report = captured.out
   assert "source    " in report and "(safetensors)" in report
   assert "REFUSED:" in report and "z-lab DFlash" in report
+  error = captured.err.strip()
+  assert len(error.splitlines()) == 1 and error.startswith("wts-convert inspect: error: ")
+  assert "z-lab DFlash" in error
 
 
 def test_progress_bar_on_stderr(tmp_path, capsys):

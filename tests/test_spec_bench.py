@@ -36,3 +36,33 @@ def test_bad_arguments_exit_2(capsys):
   assert bench_e2e.main(["--models", "tiny", "--draft-len", "9", "--dtype", "float32",
                          "--out", "/tmp/never.json"]) == 2
   assert "block_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--time-budget", "-1"], "--time-budget=-1.0 must be a finite number > 0"),
+    (["--out", "{file}/e.json"], "--out='{file}/e.json': cannot write a file there"),
+    (["--out", "{dir}/e.json", "--plot", "{file}/e.png"],
+     "--plot='{file}/e.png': cannot write a file there"),
+    (["--replot", "{list}"], "--replot='{list}' is not a wts-e2e-bench JSON"),
+    (["--replot", "{empty}"], "--replot='{empty}' is not a wts-e2e-bench JSON"),
+])
+def test_refused_before_measuring(argv, message, tmp_path, capsys):
+  """One error line naming the value and exit 2 before any measurement; nothing
+  written."""
+  (tmp_path / "file").write_text("")
+  (tmp_path / "list.json").write_text("[1, 2]")
+  (tmp_path / "empty.json").write_text("{}")
+  names = dict(file=tmp_path / "file", dir=tmp_path, list=tmp_path / "list.json",
+               empty=tmp_path / "empty.json")
+  argv = [a.format(**names) for a in argv]
+  assert bench_e2e.main(["--models", "tiny", "--dtype", "float32", *argv]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and message.format(**names) in err, err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.json", "file", "list.json"]
+
+
+def test_duplicate_batches_refused(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    bench_e2e.main(["--batches", "1,1"])
+  assert exit_info.value.code == 2 and "'1,1' names a value more than once" in (
+      capsys.readouterr().err)

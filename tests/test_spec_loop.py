@@ -142,6 +142,11 @@ def test_bad_input_is_refused_before_any_work(models, monkeypatch):
     generate(target, drafter, [[1, 2, 3, 4, 5]], 3, cache_len=4)
   with pytest.raises(ValueError, match="cache_len=9 is too small"):
     generate(target, drafter, [[1, 2, 3, 4, 5]], 3, cache_len=9)
+  vocab = target.config.vocab_size
+  for eos in (-5, vocab, [2, vocab + 3]):
+    bad = eos[-1] if isinstance(eos, list) else eos
+    with pytest.raises(ValueError, match=f"eos_id {bad} is outside \\[0, vocab_size={vocab}\\)"):
+      generate(target, drafter, PROMPTS, 3, eos_id=eos)
   other_vocab = abstract_drafter(DSparkConfig.tiny(Qwen3Config.tiny(vocab_size=7)))
   with pytest.raises(ValueError, match="vocab_size=7"):
     generate(target, other_vocab, PROMPTS, 3)

@@ -8,7 +8,7 @@ import pytest
 from wts_jax.tabletune import cli
 from wts_jax.tabletune.cost_model import modelled_cost_fn
 from wts_jax.tabletune.evaluate import BASELINES, TABLETUNE, evaluate, plot_results
-from wts_jax.tabletune.files import write_json
+from wts_jax.result_files import write_json
 from wts_jax.tabletune.profile import profile_costs
 from wts_jax.tabletune.traces import standard_traces
 
@@ -63,3 +63,30 @@ def test_cli_table_and_errors(tmp_path, capsys):
   with pytest.raises(SystemExit) as exit_info:
     cli.main(["profile", "--batches", "0,4", "--out", "x"])
   assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["table", "--costs", "{list}"], "--costs='{list}' could not be read as a cost table: "
+                                     "a cost table is a JSON object, not a list"),
+    (["evaluate", "--policy-costs", "{missing}", "--iterations", "6"],
+     "--policy-costs='{missing}' could not be read"),
+    (["table", "--acceptance", "0.5,0.9,0.1"], "--acceptance='0.5,0.9,0.1' must be"),
+    (["profile", "--noise", "-1", "--out", "{dir}/p.json"], "--noise=-1.0 must be"),
+    (["evaluate", "--policy-noise", "nan"], "--policy-noise=nan must be"),
+    (["profile", "--out", "{file}/p.json"], "--out='{file}/p.json': cannot write a file"),
+    (["table", "--out", "{dir}/t.json", "--plot", "{file}/t.png"],
+     "--plot='{file}/t.png': cannot write a file"),
+])
+def test_cli_refuses_before_any_work(argv, message, tmp_path, capsys):
+  """One error line naming the value, exit 2, and no output file left (the output paths
+  are tried before a profile or an evaluation starts)."""
+  (tmp_path / "file").write_text("")
+  (tmp_path / "list.json").write_text("[1, 2]")
+  names = dict(list=tmp_path / "list.json", missing=tmp_path / "missing.json",
+               file=tmp_path / "file", dir=tmp_path)
+  argv = [a.format(**names) for a in argv]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and err.startswith("error: ")
+  assert message.format(**names) in err, err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "list.json"]

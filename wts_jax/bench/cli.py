@@ -21,6 +21,7 @@ is caught) keeps what it measured and lists the points it did not run.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -32,6 +33,7 @@ QUICK_CPU = {**QUICK, "batch": "1,4", "k": "4", "repeats": 3, "walks_per_repeat"
 # N = R = 10 (timing.DEFAULT_WALKS, DEFAULT_REPEATS): 100 walks per figure.
 FULL = {"batch": None, "k": None, "head": "vanilla,gated,rnn", "mode": "greedy,sample",
         "l2": "cold,warm", "repeats": 10, "walks_per_repeat": 10}
+HEADS = ("vanilla", "gated", "rnn")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 QUANTIZED = ("int8", "fp8")   # a bf16 head with W2 quantized per row (wts_jax.quantize)
 # int8 W2 meeting z as two int8 planes (quantize_w2(..., state="planes"): int8 tensor cores)
@@ -60,13 +62,20 @@ def _ints(text: str, flag: str = "--batch") -> tuple[int, ...]:
     if value < 1:
       raise UsageError(f"{flag} {text!r}: {value} must be >= 1")
     values.append(value)
+  return _once_each(values, text, flag)
+
+
+def _names(text: str, flag: str) -> tuple[str, ...]:
+  return _once_each([part.strip() for part in text.split(",") if part.strip()], text, flag)
+
+
+def _once_each(values: list, text: str, flag: str) -> tuple:
   if not values:
     raise UsageError(f"{flag} {text!r}: must name at least one value")
+  repeated = sorted({str(value) for value in values if values.count(value) > 1})
+  if repeated:
+    raise UsageError(f"{flag} {text!r}: names {', '.join(repeated)} more than once")
   return tuple(values)
-
-
-def _names(text: str) -> tuple[str, ...]:
-  return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,14 +186,14 @@ def _resolve(args) -> dict:
   batch = pick("batch")
   k = pick("k")
   grid = {
-      "shapes": _names(args.shape or ("small_v1000" if cpu else "qwen3_4b")),
+      "shapes": _names(args.shape or ("small_v1000" if cpu else "qwen3_4b"), "--shape"),
       "batches": _ints(batch, "--batch") if batch else shapes.BENCH_BATCHES,
       "steps": _ints(k, "--k") if k else shapes.BENCH_STEPS,
-      "heads": _names(pick("head")),
+      "heads": _names(pick("head"), "--head"),
       "ranks": _ints(args.rank, "--rank") if args.rank else (None,),
-      "dtypes": _names(args.dtype),
-      "modes": _names(pick("mode")),
-      "l2": _names(pick("l2")),
+      "dtypes": _names(args.dtype, "--dtype"),
+      "modes": _names(pick("mode"), "--mode"),
+      "l2": _names(pick("l2"), "--l2"),
       "paths": _path_names(args.paths),
       "repeats": pick("repeats"),
       "walks": pick("walks_per_repeat"),
@@ -196,21 +205,36 @@ def _resolve(args) -> dict:
     if dtype not in DTYPES and dtype not in QUANTIZED + (QUANTIZED_PLANES,):
       raise UsageError(f"--dtype {dtype!r}: must be one of "
                        f"{sorted(DTYPES) + list(QUANTIZED)}")
+  for head in grid["heads"]:
+    if head not in HEADS:
+      raise UsageError(f"--head {head!r}: must be one of {list(HEADS)}")
   for mode in grid["modes"]:
     if mode not in ("greedy", "sample"):
       raise UsageError(f"--mode {mode!r}: must be greedy or sample")
+  if "sample" in grid["modes"] and not (math.isfinite(args.temperature)
+                                        and args.temperature > 0):
+    raise UsageError(f"--temperature {args.temperature}: --mode sample needs a finite "
+                     "temperature > 0")
   for l2 in grid["l2"]:
     if l2 not in ("cold", "warm"):
       raise UsageError(f"--l2 {l2!r}: must be cold or warm")
-  if grid["repeats"] < 1 or grid["walks"] < 1:
-    raise UsageError("--repeats and --walks-per-repeat must be >= 1")
+  for flag, value in (("--repeats", grid["repeats"]),
+                      ("--walks-per-repeat", grid["walks"]),
+                      ("--compile-ahead", args.compile_ahead)):
+    if value < 1:
+      raise UsageError(f"{flag} {value}: must be >= 1")
   jobs = args.jobs if args.jobs is not None else min(16, os.cpu_count() or 1)
   if jobs < 1:
-    raise UsageError("--jobs must be >= 1")
+    raise UsageError(f"--jobs {jobs}: must be >= 1")
   grid["jobs"] = jobs
-  if args.compile_ahead < 1:
-    raise UsageError("--compile-ahead must be >= 1")
   grid["compile_ahead"] = args.compile_ahead
+  for flag, value in (("--flush-mb", args.flush_mb), ("--hbm-mb", args.hbm_mb),
+                      ("--l2-mb", args.l2_mb), ("--sync-us", args.sync_us),
+                      ("--time-budget-s", args.time_budget_s)):
+    if value is not None and not (math.isfinite(value) and value > 0):
+      raise UsageError(f"{flag} {value}: must be a finite number > 0")
+  if args.resident_fraction is not None and not 0 <= args.resident_fraction <= 1:
+    raise UsageError(f"--resident-fraction {args.resident_fraction}: must be in [0, 1]")
   mb = lambda value, gpu_default, cpu_default: int(
       (value if value is not None else (cpu_default if cpu else gpu_default)) * (1 << 20))
   grid["flush_bytes"] = mb(args.flush_mb, 256, 4)
@@ -223,7 +247,7 @@ def _path_names(text: str | None) -> tuple[str, ...]:
   """--paths: names, 'default' (DEFAULT_PATHS) and 'all' (every registered path)."""
   from wts_jax.bench.paths import DEFAULT_PATHS, PATHS
   names: dict[str, None] = {}
-  for name in _names(text) if text else ("default",):
+  for name in _names(text, "--paths") if text else ("default",):
     expanded = {"default": DEFAULT_PATHS, "all": tuple(PATHS)}.get(name, (name,))
     names.update(dict.fromkeys(expanded))
   return tuple(names)
@@ -248,7 +272,28 @@ def _read_results(paths):
     except (OSError, ValueError) as err:
       raise UsageError(f"{path!r} is not a readable results JSON: "
                        f"{getattr(err, 'strerror', None) or err}") from None
+    if not (isinstance(results[-1], dict) and isinstance(results[-1].get("records"), list)):
+      raise UsageError(f"{path!r} is not a wts-bench results JSON (no list of records)")
   return results
+
+
+def _check_outputs(args) -> None:
+  """--out and --plot writable before any work (a run may take an hour)."""
+  from wts_jax.result_files import OutputPathError, check_writable
+  try:
+    check_writable(args.out, "--out")
+    check_writable(args.plot, "--plot")
+  except OutputPathError as err:
+    raise UsageError(str(err)) from None
+
+
+def _plot(results: dict, args) -> None:
+  from wts_jax.bench import report
+  try:
+    report.plot(results, args.plot)
+  except OSError as err:
+    kept = f"; the results are in {args.out}" if args.out else ""
+    raise UsageError(f"--plot={args.plot!r}: {err.strerror or err}{kept}") from None
 
 
 def errored(results: dict) -> list[str]:
@@ -277,11 +322,12 @@ def _main(argv: list[str] | None) -> int:
   if args.merge:
     if not args.out:
       raise UsageError("--merge needs --out")
+    _check_outputs(args)
     results = report.merge(_read_results(args.merge))
     report.write_json(results, args.out)
     print(report.render_table(results))
     if args.plot:
-      report.plot(results, args.plot)
+      _plot(results, args)
     return 0
   _set_platform(args.platform)
   if args.list_paths:
@@ -292,6 +338,7 @@ def _main(argv: list[str] | None) -> int:
             f"({path.description})")
     return 0
   grid = _resolve(args)
+  _check_outputs(args)
   from wts_jax.bench.runner import Interrupted, Runner, log, stop_on_signals
   from wts_jax.bench.timing import MIN_WALKS_PER_FIGURE
   if grid["repeats"] * grid["walks"] < MIN_WALKS_PER_FIGURE and not args.quick:
@@ -311,7 +358,7 @@ def _main(argv: list[str] | None) -> int:
     restore()
   print(report.render_table(results))
   if args.plot:
-    report.plot(results, args.plot)
+    _plot(results, args)
   if args.out:
     log(f"wrote {os.path.abspath(args.out)}")
   failures = errored(results)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
-import tempfile
+
+from wts_jax import result_files
 
 POINT_KEYS = ("shape", "head", "rank", "w2_dtype", "confidence", "return_logits", "mode",
               "l2", "k", "batch")
@@ -62,19 +62,8 @@ def _clean(value):
 
 
 def write_json(results: dict, path: str) -> None:
-  """Write atomically: a temporary file in the same folder, then a rename."""
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  handle, temporary = tempfile.mkstemp(prefix=".wts-bench-", suffix=".json", dir=folder)
-  try:
-    with os.fdopen(handle, "w") as out:
-      json.dump(_clean(results), out, indent=1)
-      out.write("\n")
-    os.replace(temporary, path)
-  except BaseException:
-    if os.path.exists(temporary):
-      os.unlink(temporary)
-    raise
+  """Written atomically (``result_files``), non-finite floats as null."""
+  result_files.write_json(_clean(results), path)
 
 
 def read_json(path: str) -> dict:
@@ -324,7 +313,5 @@ def plot(results: dict, path: str) -> bool:
                f"{results.get('jax_version')}, torch {results.get('torch_version')})",
                fontsize=10)
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  result_files.save_figure(fig, path, dpi=120)
   return True

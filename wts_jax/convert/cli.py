@@ -63,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _inspect_parser().parse_args(argv[1:])
     from wts_jax.convert.report import inspect_checkpoint
     report, refusal = inspect_checkpoint(args.src)
-    print(report)
-    return EXIT_REFUSED if refusal is not None else 0
+    print(report)   # the report, the refusal included, on stdout; the refusal on stderr too
+    if refusal is None:
+      return 0
+    print(f"wts-convert inspect: error: {refusal}", file=sys.stderr)
+    return EXIT_REFUSED
 
   args = _convert_parser().parse_args(argv)
   from wts_jax.convert.converter import convert

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wts_jax import result_files
 from wts_jax.spec import timing
 from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
@@ -52,6 +54,8 @@ def _ints(text: str) -> tuple[int, ...]:
     raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints")
   if not values or min(values) < 1:
     raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+  if len(set(values)) < len(values):
+    raise argparse.ArgumentTypeError(f"{text!r} names a value more than once")
   return values
 
 
@@ -226,15 +230,14 @@ def walk_gains(records: list[dict]) -> list[dict]:
   return gains
 
 
-def plot(report: dict, path: Path) -> None:
-  """tokens/s against tokens per iteration L, one line per walk, one panel per model/B."""
-  import matplotlib
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt
+def plot(report: dict, path: Path) -> bool:
+  """tokens/s against tokens per iteration L, one line per walk, one panel per model/B;
+  False when no point was measured (nothing to draw)."""
+  plt = result_files.pyplot()
   rows = [r for r in report["results"] if "total_s" in r]
   panels = sorted({(r["model"], r["batch"]) for r in rows})
   if not panels:
-    return
+    return False
   models = sorted({model for model, _ in panels})
   batches = sorted({batch for _, batch in panels})
   fig, axes = plt.subplots(len(models), len(batches),
@@ -258,44 +261,64 @@ def plot(report: dict, path: Path) -> None:
   fig.suptitle(f"{report['device_kind']}: measured iteration time, modelled tokens/s "
                f"= B·L / total", fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  result_files.save_figure(fig, path, dpi=110)
+  return True
 
 
-def _plot_or_say_why(report: dict, path: Path) -> None:
+def _plot_or_say_why(report: dict, path: Path, kept: str = "") -> int:
+  """The plot, or why not: 0, or 2 with an ``error:`` line when it cannot be written
+  (``kept`` says where the results are)."""
   try:
-    plot(report, path)
+    drawn = plot(report, path)
   except ImportError as err:   # a device image without matplotlib: the JSON is the result
     _log(f"no plot ({err}); draw it elsewhere with: wts-e2e-bench --replot JSON")
-    return
-  _log(f"wrote {path}")
+    return 0
+  except OSError as err:
+    print(f"error: --plot={str(path)!r}: {err.strerror or err}{kept}", file=sys.stderr)
+    return 2
+  _log(f"wrote {path}" if drawn else f"no plot: no point of {path.stem} was measured")
+  return 0
+
+
+def _read_report(path: Path) -> dict:
+  """An earlier run's JSON, or ValueError naming the file."""
+  try:
+    report = json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError) as err:
+    raise ValueError(f"--replot={str(path)!r}: {getattr(err, 'strerror', None) or err}") \
+        from None
+  if not (isinstance(report, dict) and isinstance(report.get("results"), list)
+          and all(isinstance(r, dict) for r in report["results"])):
+    raise ValueError(f"--replot={str(path)!r} is not a wts-e2e-bench JSON (no list of "
+                     "results)")
+  return report
 
 
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
-  if args.replot is not None:
-    try:
-      report = json.loads(args.replot.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-      parser.error(f"--replot={str(args.replot)!r}: {err}")
-    _plot_or_say_why(report, args.plot or args.replot.with_suffix(".png"))
-    return 0
-  for name in ("prompt_len", "draft_len", "repeats", "chain"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
-  if args.out.parent and not args.out.parent.exists():
-    parser.error(f"--out={str(args.out)!r}: the directory {str(args.out.parent)!r} "
-                 "does not exist")
   try:
+    if args.replot is not None:
+      plot_path = args.plot or args.replot.with_suffix(".png")
+      report = _read_report(args.replot)
+      result_files.check_writable(plot_path, "--plot")
+      return _plot_or_say_why(report, plot_path)
+    for name in ("prompt_len", "draft_len", "repeats", "chain"):
+      if getattr(args, name) < 1:
+        raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    if not (math.isfinite(args.time_budget) and args.time_budget > 0):
+      raise ValueError(f"--time-budget={args.time_budget} must be a finite number > 0")
+    plot_path = args.plot or args.out.with_suffix(".png")
+    # (Tried before measuring: a run takes minutes.)
+    result_files.check_writable(args.out, "--out")
+    result_files.check_writable(plot_path, "--plot")
     report = run(args)
   except ValueError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
-  args.out.write_text(json.dumps(report, indent=2) + "\n")
+  result_files.write_json(report, args.out, indent=2)
   _log(f"wrote {args.out} ({report['elapsed_s']:.0f} s)")
-  _plot_or_say_why(report, args.plot or args.out.with_suffix(".png"))
-  return 0
+  return _plot_or_say_why(report, plot_path, kept=f"; the results are in {args.out}")
 
 
 if __name__ == "__main__":

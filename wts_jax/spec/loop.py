@@ -278,6 +278,10 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   prompt_ids, prompt_lengths = _prompt_array(prompts, target.config.vocab_size)
   eos_ids = [] if eos_id is None else [
       int(i) for i in ((eos_id,) if isinstance(eos_id, (int, np.integer)) else eos_id)]
+  outside = [i for i in eos_ids if not 0 <= i < target.config.vocab_size]
+  if outside:   # (such an id would never end a row: a typo, not a wish)
+    raise ValueError(f"eos_id {outside[0]} is outside [0, vocab_size="
+                     f"{target.config.vocab_size})")
   # At least one entry (-1 matches no token): no EOS and one EOS share a compile.
   eos_ids = np.array(eos_ids or [-1], np.int32)
   needed = prompt_ids.shape[1] + max_new_tokens + policy.max_draft_len

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 import numpy as np
 
+from wts_jax.result_files import check_writable, write_json
 from wts_jax.tabletune.cost_model import MODELLED_SHAPES, modelled_cost_fn
 from wts_jax.tabletune.cost_table import CostTable
-from wts_jax.tabletune.files import write_json
 from wts_jax.tabletune.profile import (DEFAULT_BATCHES, DEFAULT_BUDGET_S, profile_costs,
                                       remeasure_contested)
 from wts_jax.tabletune.traces import REGIME_RATES, regime_profile
@@ -61,11 +62,11 @@ def _modelled_table(target: str, max_draft_len: int, *, noise: float = 0.0, seed
                        batches=batches, source="modelled" + (f", noise {noise}" if noise else ""))
 
 
-def _load_table(path: str) -> CostTable:
+def _load_table(path: str, option: str = "--costs") -> CostTable:
   try:
     return CostTable.load(path)
-  except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-    raise CliError(f"--costs={path!r} could not be read as a cost table: {err}") from None
+  except (OSError, ValueError, KeyError, TypeError) as err:
+    raise CliError(f"{option}={path!r} could not be read as a cost table: {err}") from None
 
 
 def _loop_cost(args):
@@ -124,8 +125,11 @@ def cmd_profile(args) -> int:
 def _profiles(args, max_draft_len: int) -> dict[str, np.ndarray]:
   profiles = {r: regime_profile(r, max_draft_len) for r in (args.regime or [])}
   for text in args.acceptance or []:
+    parts = text.split(",")
     try:
-      rate, decay = (float(v) for v in (text.split(",") + ["1"])[:2])
+      if len(parts) > 2:
+        raise ValueError
+      rate, decay = (float(v) for v in (parts + ["1"])[:2])
     except ValueError:
       raise CliError(f"--acceptance={text!r} must be RATE[,DECAY] floats") from None
     if not (0 <= rate <= 1 and 0 < decay <= 1):
@@ -164,7 +168,7 @@ def cmd_evaluate(args) -> int:
   true_costs = (_load_table(args.costs) if args.costs
                 else _modelled_table(args.target, args.max_draft_len))
   if args.policy_costs:
-    policy_costs = _load_table(args.policy_costs)
+    policy_costs = _load_table(args.policy_costs, "--policy-costs")
   elif args.remeasure and not args.costs and args.policy_noise > 0:
     # The policies' table as the profiler would measure the noisy model, contested
     # points measured again.
@@ -282,9 +286,21 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _check_arguments(args) -> None:
+  """What can be checked before any work: noise levels, and that the output files can be
+  written (a profile on the GPU takes minutes)."""
+  for option in ("noise", "policy_noise"):
+    value = getattr(args, option, None)
+    if value is not None and not (math.isfinite(value) and value >= 0):
+      raise CliError(f"--{option.replace('_', '-')}={value} must be a finite number >= 0")
+  check_writable(getattr(args, "out", None), "--out")
+  check_writable(getattr(args, "plot", None), "--plot")
+
+
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   try:
+    _check_arguments(args)
     return args.run(args)
   except (CliError, ValueError) as err:
     print(f"error: {err}", file=sys.stderr)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.tabletune.files import write_json
+from wts_jax.result_files import write_json
 
 SCHEMA = "wts_jax.tabletune.cost_table/1"
 
@@ -111,6 +111,8 @@ class CostTable:
 
   @classmethod
   def from_json(cls, data: dict[str, Any]) -> CostTable:
+    if not isinstance(data, dict):
+      raise ValueError(f"a cost table is a JSON object, not a {type(data).__name__}")
     if data.get("schema") != SCHEMA:
       raise ValueError(f"schema={data.get('schema')!r} must be {SCHEMA!r}")
     return cls(device_kind=data["device_kind"], target=data["target"],

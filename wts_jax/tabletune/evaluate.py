@@ -30,7 +30,7 @@ from wts_jax.tabletune.baselines import (ConfidenceStopPolicy, EntropyStopPolicy
                                          VLLMAdaptiveVerifyPolicy)
 from wts_jax.tabletune.controller import TableTuneController
 from wts_jax.tabletune.cost_table import CostTable
-from wts_jax.tabletune.files import pyplot, save_figure
+from wts_jax.result_files import pyplot, save_figure
 from wts_jax.tabletune.simulate import replay
 from wts_jax.tabletune.traces import Phase, Trace, make_trace, regime_profile
 

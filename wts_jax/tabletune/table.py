@@ -13,7 +13,7 @@ import numpy as np
 
 from wts_jax.tabletune.acceptance import expected_tokens
 from wts_jax.tabletune.cost_table import CostTable
-from wts_jax.tabletune.files import pyplot, save_figure
+from wts_jax.result_files import pyplot, save_figure
 
 
 def profile_from_rate(rate: float, max_draft_len: int, decay: float = 1.0) -> np.ndarray:
