@@ -173,14 +173,15 @@ def _mosaic_launches(text: str) -> int:
 def _measurement_options_on(monkeypatch):
   """Every batched plan with the copy options that are off in the planner's plans on:
   the z rows gathered by four warps, a producer's copies by one warp, the candidates'
-  W1 rows prefetched into L2 (inline PTX: compiled out in interpret mode), int8 planes'
-  s_lo by scalar loads."""
+  W1 rows prefetched into L2 and two streamed chunks a warpgroup kept there (inline PTX:
+  compiled out in interpret mode), int8 planes' s_lo by scalar loads."""
   planned = mosaic_backend.plan_batched
 
   def with_options(**kwargs):
     plan = planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
     return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
-                               prefetch_candidates=True)
+                               prefetch_candidates=True,
+                               l2_keep_chunks=min(2, plan.streamed_chunks))
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_options)
 
 
@@ -250,8 +251,8 @@ def test_scalar_plane_scales_free_the_scale_windows():
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
 def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
                                                              quantize):
-  """The warp-level copies and the candidates' prefetch lower at the real shape (two
-  computing warpgroups and a producer)."""
+  """The warp-level copies, the candidates' prefetch and the streamed chunks' L2
+  priorities lower at the real shape (two computing warpgroups and a producer)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
@@ -262,7 +263,12 @@ def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch,
   text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
   assert "mosaic_gpu" in text
   if jax.__version_info__ >= (0, 11):   # (jax 0.10 serializes the kernel's module)
-    assert "cp.async.bulk.prefetch.L2.global" in text
+    assert "cp.async.bulk.prefetch.L2.global [" in text
+    for ptx in ("createpolicy.fractional.L2::evict_last",
+                "createpolicy.fractional.L2::evict_first",
+                "cp.async.bulk.prefetch.L2.global.L2::cache_hint",
+                "applypriority.global.L2::evict_normal"):
+      assert ptx in text, ptx
 
 
 # A producer warpgroup issuing the refills: beside two computing warpgroups on N
@@ -984,6 +990,17 @@ def test_alternate_wgmma_needs_two_warpgroups():
                                           batch_axis="n")
   with pytest.raises(ValueError, match="alternate_wgmma needs two computing warpgroups"):
     dataclasses.replace(plan, alternate_wgmma=True)
+
+
+def test_l2_keep_chunks_within_the_streamed_chunks():
+  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=16,
+                                          num_sms=132, smem_per_block=H200_SMEM,
+                                          batch_axis="n")
+  kept = dataclasses.replace(plan, l2_keep_chunks=plan.streamed_chunks)
+  assert f"{plan.streamed_chunks} streamed chunks a warpgroup kept in L2" in kept.describe()
+  for bad in (-1, plan.streamed_chunks + 1):
+    with pytest.raises(ValueError, match=f"l2_keep_chunks={bad} must be in"):
+      dataclasses.replace(plan, l2_keep_chunks=bad)
 
 
 @NEEDS_INTERPRETER

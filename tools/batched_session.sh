@@ -2,7 +2,7 @@
 # One device call for the batched Mosaic walk: GPU tests, build variants checked and
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,noise,floor,ncu,sanitizer]; logs and JSON
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,noise,floor,ncu,l2prio,sanitizer]; logs and JSON
 # under $OUT; SANITIZER_CASES, SANITIZER_TOOLS, SANITIZER_SPIN pick the sanitizer's runs)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -52,6 +52,15 @@ if has ncu; then   # a walk's HBM bytes and L2 hit rate (tools/walk_dram_bytes.p
       > "$OUT/ncu_$dtype.csv" 2>&1
     echo "(exit status $?)" >> "$OUT/ncu_$dtype.csv"
     grep -v -i warn "$OUT/ncu_$dtype.csv" | tail -12
+  done
+fi
+if has l2prio; then   # whether L2 eviction priorities keep part of a streamed W2 on chip
+  stamp l2prio
+  nvcc -O3 -arch=sm_90a -o /tmp/l2prio tools/l2_priority_microbench.cu || echo "(nvcc failed)"
+  for set_aside in ${L2PRIO_SET_ASIDE:-0 40}; do   # MB of L2 set aside for persisting lines
+    timeout ${L2PRIO_S:-60} /tmp/l2prio ${L2PRIO_STEPS:-7} $set_aside \
+      | tee -a "$OUT/l2_priority.jsonl"
+    echo "(exit status $?)"
   done
 fi
 if has sanitizer; then   # memcheck and racecheck on 4-block batched walks

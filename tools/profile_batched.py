@@ -20,7 +20,9 @@ halves in two WGMMAs a chunk where the batch is on N, not side by side in one), 
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
 barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
-epilogue, in groups of G chunks), ``k`` (profiling: a warpgroup barrier, region "skew",
+epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
+prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
+``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
 or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profiling: the first
@@ -107,7 +109,8 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "A": ("host_ahead", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
-                "prefetch_candidates", "overlap_chunks", "alternate_wgmma")
+                "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
+                "l2_keep_chunks")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
 PLANNER_OPTIONS = ("scalar_plane_scales",)
 
@@ -164,9 +167,9 @@ def parse_variant(text: str) -> Variant:
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option in FLAGS:
       key, value = FLAGS[option]
-    elif m := re.fullmatch(r"([rsbwo])(\d+)", option):
+    elif m := re.fullmatch(r"([rsbwoh])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
-             "w": "warpgroups", "o": "overlap_chunks"}[m.group(1)]
+             "w": "warpgroups", "o": "overlap_chunks", "h": "l2_keep_chunks"}[m.group(1)]
       value = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")

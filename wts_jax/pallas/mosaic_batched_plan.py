@@ -236,6 +236,12 @@ class BatchedPlan:
   # leader merges the two per-row results. A planner option (its tiles are shared memory
   # the plan counts), off until measured.
   merge_tiles: bool = False
+  # The first ``l2_keep_chunks`` of each warpgroup's streamed chunks prefetched into the L2
+  # under an evict_last cache policy before each copy, the others under evict_first, so
+  # that of a W2 larger than the L2 those stay there from one step to the next
+  # (``l2_priority``; the kept lines back to evict_normal when the walk ends).
+  # Measurement option, off until measured.
+  l2_keep_chunks: int = 0
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -257,6 +263,9 @@ class BatchedPlan:
                        "chunk is the WGMMA's A operand)")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
+    if not 0 <= self.l2_keep_chunks <= self.streamed_chunks:
+      raise ValueError(f"l2_keep_chunks={self.l2_keep_chunks} must be in [0, "
+                       f"{self.streamed_chunks}] (a warpgroup's streamed chunks)")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
       raise ValueError("merge_tiles needs two computing warpgroups with the batch on N")
     if self.alternate_wgmma and self.warpgroups != 2:
@@ -388,6 +397,8 @@ class BatchedPlan:
             + ("; z rows gathered by four warps" if self.warp_gather else "")
             + ("; candidates' W1 rows prefetched to L2" if self.prefetch_candidates
                else "")
+            + (f"; {self.l2_keep_chunks} streamed chunks a warpgroup kept in L2 "
+               "(evict_last)" if self.l2_keep_chunks else "")
             + ("; each row's s_lo by a scalar load" if self.scalar_plane_scales else "")
             + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
                if self.overlap_chunks > 1 else "")

@@ -81,7 +81,7 @@ from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                              STATUS_TOKEN_OUT_OF_RANGE)
-from wts_jax.pallas import grid_sync
+from wts_jax.pallas import grid_sync, l2_priority
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
@@ -210,6 +210,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   leader = wg == 0   # the warpgroup that stages z and runs the exchange
   def slot_base(owner):   # a warpgroup's first W2 slot
     return owner * (res + stages)
+  # (Cache hints are inline PTX: not in interpret mode.)
+  keep_in_l2 = 0 if spec.interpret else plan.l2_keep_chunks
   multi_block = blocks > 1
   # The keys first: the kernel's first global allocation starts the (zeroed) buffer, so
   # its 64-bit slots are aligned (grid_sync).
@@ -343,14 +345,29 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     length, lead = stream_length(owner), lead_of(owner)
     step, within = _div(index, length), _rem(index, length)
     if not gate_chunks:
-      copy_chunk(streamed_chunk(step, within), res + ring, barrier, owner)
+      copy_streamed_chunk(streamed_chunk(step, within), res + ring, barrier, owner)
       return
     hidden_size = refs.gate_w_g.shape[1] - rank
-    _when(within >= lead, lambda: copy_chunk(
+    _when(within >= lead, lambda: copy_streamed_chunk(
         streamed_chunk(step, within - lead), res + ring, barrier, owner))
     _when(within < lead, lambda: plgpu.copy_gmem_to_smem(
         refs.gate_w_g.at[pl.ds(within * CHUNK_ROWS, CHUNK_ROWS), pl.ds(hidden_size, rank)],
         refs.w_s.at[slot_base(owner) + res + ring], barrier))
+
+  def copy_streamed_chunk(c, slot, barrier, owner):
+    """A streamed W2 chunk into its ring slot; with ``plan.l2_keep_chunks`` named to the
+    L2 first under its eviction priority (``l2_priority``)."""
+    if keep_in_l2:
+      chunk_g = refs.w2_g.at[pl.ds(chunk_start(c, owner), CHUNK_ROWS)]
+      kept = c < res + keep_in_l2
+      _when(kept, lambda: l2_priority.prefetch_with_priority(chunk_g, keep=True))
+      _when(_not(kept), lambda: l2_priority.prefetch_with_priority(chunk_g, keep=False))
+    copy_chunk(c, slot, barrier, owner)
+
+  def restore_kept_chunks():
+    """This warpgroup's kept chunks back to the L2's normal eviction priority."""
+    for c in range(res, res + keep_in_l2):
+      l2_priority.restore_normal_priority(refs.w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)])
 
   def ring_refill_due(step, j, owner=None):
     owner = wg if owner is None else owner
@@ -1036,6 +1053,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
     flags = lax.fori_loop(0, spec.steps, step_body, first_tokens_flag(given_first))
+    if keep_in_l2:
+      restore_kept_chunks()
     if plan.deferred_release:
       # The walk's last base_stages reads (one a slot) were released and never refilled:
       # their phases observed, so no arrival is pending when the kernel ends.
