@@ -33,7 +33,6 @@ QUICK_CPU = {**QUICK, "batch": "1,4", "k": "4", "repeats": 3, "walks_per_repeat"
 # N = R = 10 (timing.DEFAULT_WALKS, DEFAULT_REPEATS): 100 walks per figure.
 FULL = {"batch": None, "k": None, "head": "vanilla,gated,rnn", "mode": "greedy,sample",
         "l2": "cold,warm", "repeats": 10, "walks_per_repeat": 10}
-HEADS = ("vanilla", "gated", "rnn")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 QUANTIZED = ("int8", "fp8")   # a bf16 head with W2 quantized per row (wts_jax.quantize)
 # int8 W2 meeting z as two int8 planes (quantize_w2(..., state="planes"): int8 tensor cores)
@@ -180,6 +179,7 @@ def _resolve(args) -> dict:
   """The grid: explicit flags, else --quick's, else the full defaults."""
   import jax
   from wts_jax import shapes
+  from wts_jax.heads.config import HEAD_TYPES
   cpu = jax.default_backend() == "cpu"
   preset = (QUICK_CPU if cpu else QUICK) if args.quick else FULL
   pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset[name]
@@ -206,8 +206,8 @@ def _resolve(args) -> dict:
       raise UsageError(f"--dtype {dtype!r}: must be one of "
                        f"{sorted(DTYPES) + list(QUANTIZED)}")
   for head in grid["heads"]:
-    if head not in HEADS:
-      raise UsageError(f"--head {head!r}: must be one of {list(HEADS)}")
+    if head not in HEAD_TYPES:
+      raise UsageError(f"--head {head!r}: must be one of {list(HEAD_TYPES)}")
   for mode in grid["modes"]:
     if mode not in ("greedy", "sample"):
       raise UsageError(f"--mode {mode!r}: must be greedy or sample")

@@ -14,7 +14,8 @@ PTX, compiled out in Pallas interpret mode.
 
 from __future__ import annotations
 
-WARPGROUP_THREADS = 128
+import math
+
 LINE_BYTES = 128   # what applypriority acts on
 
 
@@ -27,7 +28,7 @@ def _warpgroup_thread():
   thread = mgpu_utils.thread_idx()
   if thread.type != i32:
     thread = arith.index_cast(i32, thread)
-  return arith.remui(thread, mgpu_utils.c(WARPGROUP_THREADS, i32))
+  return arith.remui(thread, mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE, i32))
 
 
 def _global_address(ref):
@@ -41,10 +42,7 @@ def _ref_bytes(ref) -> int:
   from jax._src.lib.mlir import ir
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   memref = ir.MemRefType(ref.type)
-  count = 1
-  for size in memref.shape:
-    count *= size
-  return count * mgpu_utils.bitwidth(memref.element_type) // 8
+  return math.prod(memref.shape) * mgpu_utils.bytewidth(memref.element_type)
 
 
 def prefetch_with_priority(chunk_g, *, keep: bool):
@@ -76,6 +74,7 @@ def restore_normal_priority(range_g):
   ``range_g`` (contiguous global memory), the warpgroup's threads a line each in turn."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import llvm
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
@@ -85,7 +84,7 @@ def restore_normal_priority(range_g):
     body = "".join(
         f"setp.lt.u32 q, $1, {lines - first};\n"
         f"@q applypriority.global.L2::evict_normal [a+{first * LINE_BYTES}], {LINE_BYTES};\n"
-        for first in range(0, lines, WARPGROUP_THREADS))
+        for first in range(0, lines, mgpu_utils.WARPGROUP_SIZE))
     llvm.inline_asm(
         ir.Type.parse("!llvm.void"), [_global_address(lines_ref), _warpgroup_thread()],
         "{ .reg .pred q; .reg .b64 a, off;\n"
