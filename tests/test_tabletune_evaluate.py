@@ -90,3 +90,22 @@ def test_cli_refuses_before_any_work(argv, message, tmp_path, capsys):
   assert len(err.splitlines()) == 1 and err.startswith("error: ")
   assert message.format(**names) in err, err
   assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "list.json"]
+
+
+def test_cli_plot_that_fails_after_the_work_is_one_error_line(tmp_path, capsys, monkeypatch):
+  """The paths were writable when tried, the plot's write fails afterwards (a disk that
+  filled meanwhile): one ``error:`` line naming the plot and where the JSON is, exit 2,
+  no partial PNG."""
+  from wts_jax.tabletune import table as tables
+
+  def disk_full(*_args, **_kwargs):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(tables, "plot_table", disk_full)
+  out, plot = tmp_path / "t.json", tmp_path / "t.png"
+  assert cli.main(["table", "--regime", "chat", "--batches", "1,64", "--out", str(out),
+                   "--plot", str(plot)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == (f"error: --plot={str(plot)!r}: No space left on device; the results are "
+                 f"in {out}"), err
+  assert out.exists() and not plot.exists()

@@ -139,11 +139,18 @@ def _profiles(args, max_draft_len: int) -> dict[str, np.ndarray]:
 
 
 def _write_outputs(args, result, plot) -> int:
-  """``--out`` (the JSON) and ``--plot`` (the PNG), where asked for."""
-  if args.out:
-    print(f"wrote {write_json(result, args.out)}")
-  if args.plot:
-    print(f"wrote {plot(args.plot)}")
+  """``--out`` (the JSON) and ``--plot`` (the PNG), where asked for. Both were tried
+  before the work; a write that fails anyway (the disk filled meanwhile) is an
+  ``error:`` line naming the file, and where the JSON landed if it did."""
+  for option, path, write in (("--out", args.out, lambda: write_json(result, args.out)),
+                              ("--plot", args.plot, lambda: plot(args.plot))):
+    if not path:
+      continue
+    try:
+      print(f"wrote {write()}")
+    except OSError as err:
+      kept = f"; the results are in {args.out}" if option == "--plot" and args.out else ""
+      raise CliError(f"{option}={path!r}: {err.strerror or err}{kept}") from None
   return 0
 
 
