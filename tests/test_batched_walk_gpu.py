@@ -13,7 +13,7 @@ first differing at one of its fp32 near-ties); the batch on the WGMMA's N at B =
 warpgroups on either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one
 or two warpgroups, B = 5/16/64/70; the gated head's gate and the rnn head's update split
 over the blocks, and ``impl="auto"`` choosing them; logits and log-probabilities from
-every Mosaic kernel.
+every Mosaic kernel; the L2 hints (streamed chunks kept, base tiles prefetched ahead).
 """
 
 from __future__ import annotations
@@ -153,6 +153,34 @@ def test_producer_tokens_equal_reference(head, planes_head, axis, warpgroups, ba
   if warpgroups == 2:
     _check(planes_head, batch, temperature, 53,
            config=dataclasses.replace(config, producer=False))
+
+
+@pytest.mark.parametrize("axis,warpgroups,producer,batch", [("n", 1, False, 16),
+                                                             ("n", 2, True, 16),
+                                                             ("m", 2, True, 64),
+                                                             ("m", 1, False, 70)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_l2_hints_tokens_equal_reference(monkeypatch, head, planes_head, axis, warpgroups,
+                                         producer, batch, temperature):
+  """The L2 hints (inline PTX, compiled out in interpret mode, so only checked here):
+  streamed chunks kept under evict_last and base tiles prefetched ahead change no
+  token."""
+  from wts_jax.pallas import mosaic_backend
+  planned = mosaic_backend.plan_batched
+
+  hinted = []
+
+  def with_hints(**kwargs):
+    plan = planned(**kwargs)
+    hinted.append(dataclasses.replace(plan, l2_keep_chunks=min(4, plan.streamed_chunks),
+                                      base_l2_ahead=4))
+    return hinted[-1]
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_hints)
+  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
+                        producer=producer)
+  _check(head, batch, temperature, 61, config=config)
+  _check(planes_head, batch, temperature, 62, config=config)
+  assert hinted and all(plan.base_l2_ahead == 4 for plan in hinted)
 
 
 @pytest.fixture(scope="module")

@@ -173,15 +173,17 @@ def _mosaic_launches(text: str) -> int:
 def _measurement_options_on(monkeypatch):
   """Every batched plan with the copy options that are off in the planner's plans on:
   the z rows gathered by four warps, a producer's copies by one warp, the candidates'
-  W1 rows prefetched into L2 and two streamed chunks a warpgroup kept there (inline PTX:
-  compiled out in interpret mode), int8 planes' s_lo by scalar loads."""
+  W1 rows prefetched into L2, two streamed chunks a warpgroup kept there and the base
+  tiles prefetched into it three ahead (inline PTX: compiled out in interpret mode), int8
+  planes' s_lo by scalar loads."""
   planned = mosaic_backend.plan_batched
 
   def with_options(**kwargs):
     plan = planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
     return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
                                prefetch_candidates=True,
-                               l2_keep_chunks=min(2, plan.streamed_chunks))
+                               l2_keep_chunks=min(2, plan.streamed_chunks),
+                               base_l2_ahead=3)
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_options)
 
 
@@ -267,7 +269,8 @@ def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch,
     for ptx in ("createpolicy.fractional.L2::evict_last",
                 "createpolicy.fractional.L2::evict_first",
                 "cp.async.bulk.prefetch.L2.global.L2::cache_hint",
-                "applypriority.global.L2::evict_normal"):
+                "applypriority.global.L2::evict_normal",
+                "// base tile rows into the L2"):
       assert ptx in text, ptx
 
 
@@ -1003,6 +1006,17 @@ def test_l2_keep_chunks_within_the_streamed_chunks():
       dataclasses.replace(plan, l2_keep_chunks=bad)
 
 
+def test_base_l2_ahead_within_its_bound():
+  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=64,
+                                          num_sms=132, smem_per_block=H200_SMEM)
+  ahead = dataclasses.replace(plan, base_l2_ahead=mosaic_batched_plan.MAX_BASE_L2_AHEAD)
+  assert (f"base tiles prefetched to L2 {mosaic_batched_plan.MAX_BASE_L2_AHEAD} ahead"
+          in ahead.describe())
+  for bad in (-1, mosaic_batched_plan.MAX_BASE_L2_AHEAD + 1):
+    with pytest.raises(ValueError, match=f"base_l2_ahead={bad} must be in"):
+      dataclasses.replace(plan, base_l2_ahead=bad)
+
+
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("axis,batch", [("n", 13), ("m", 64)])
 def test_out_of_range_first_tokens_reported_by_the_kernel(axis, batch):
@@ -1103,6 +1117,8 @@ def test_profile_tool_variants_name_what_they_set():
                                                              None, False)
   assert profile_batched.parse_variant("bf16:5:greedy:a").batch_axis is None
   assert profile_batched.parse_variant("bf16:5:greedy:a+F").first_op
+  assert profile_batched.parse_variant("bf16:64:greedy:a+f4").plan_options == {
+      "base_l2_ahead": 4}
   autos = profile_batched.expand_variants("auto:int8p,bf16:4:greedy:N")
   assert len(autos) == 2 * len(profile_batched.AUTO_BATCHES) + 1
   assert all(profile_batched.parse_variant(v).batch_axis is None for v in autos[:-1])

@@ -22,6 +22,8 @@ barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale window
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
 epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
 prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
+``fN`` (each base tile's copy prefetches the tile N further along into L2:
+``BatchedPlan.base_l2_ahead``),
 ``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
@@ -110,7 +112,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
-                "l2_keep_chunks")
+                "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
 PLANNER_OPTIONS = ("scalar_plane_scales",)
 
@@ -167,9 +169,10 @@ def parse_variant(text: str) -> Variant:
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option in FLAGS:
       key, value = FLAGS[option]
-    elif m := re.fullmatch(r"([rsbwoh])(\d+)", option):
+    elif m := re.fullmatch(r"([rsbwohf])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
-             "w": "warpgroups", "o": "overlap_chunks", "h": "l2_keep_chunks"}[m.group(1)]
+             "w": "warpgroups", "o": "overlap_chunks", "h": "l2_keep_chunks",
+             "f": "base_l2_ahead"}[m.group(1)]
       value = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")

@@ -34,6 +34,9 @@ WGMMA_MAX_N = 256
 # slot measured faster than a resident chunk beside two (NOTES v13).
 GATED_RING_STAGES = 3
 DEFAULT_BASE_STAGES = 3
+# The largest base_l2_ahead: at most this many prefetched tiles wait in the L2 per
+# warpgroup, a few MB chip-wide.
+MAX_BASE_L2_AHEAD = 16
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
 # Qwen3 shape, NOTES v11: the row kernel is faster at one row, this kernel from 4 rows).
 AUTO_BATCHED_RANGE = (1, 64)
@@ -242,6 +245,12 @@ class BatchedPlan:
   # (``l2_priority``; the kept lines back to evict_normal when the walk ends).
   # Measurement option, off until measured.
   l2_keep_chunks: int = 0
+  # Each base tile's copy also prefetches into the L2 the tile ``base_l2_ahead`` further
+  # along the warpgroup's stream of base tiles (the first ones at the walk's start), so a
+  # shallow base ring waits on the L2's latency rather than HBM's: the base logits are
+  # read once, from HBM, and a ring of one or two slots leaves a copy a chunk's epilogue
+  # to land (``l2_priority.prefetch_rows``). Measurement option, off until measured.
+  base_l2_ahead: int = 0
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -266,6 +275,9 @@ class BatchedPlan:
     if not 0 <= self.l2_keep_chunks <= self.streamed_chunks:
       raise ValueError(f"l2_keep_chunks={self.l2_keep_chunks} must be in [0, "
                        f"{self.streamed_chunks}] (a warpgroup's streamed chunks)")
+    if not 0 <= self.base_l2_ahead <= MAX_BASE_L2_AHEAD:
+      raise ValueError(f"base_l2_ahead={self.base_l2_ahead} must be in [0, "
+                       f"{MAX_BASE_L2_AHEAD}] (base tiles ahead of the one copied)")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
       raise ValueError("merge_tiles needs two computing warpgroups with the batch on N")
     if self.alternate_wgmma and self.warpgroups != 2:
@@ -399,6 +411,8 @@ class BatchedPlan:
                else "")
             + (f"; {self.l2_keep_chunks} streamed chunks a warpgroup kept in L2 "
                "(evict_last)" if self.l2_keep_chunks else "")
+            + (f"; base tiles prefetched to L2 {self.base_l2_ahead} ahead"
+               if self.base_l2_ahead else "")
             + ("; each row's s_lo by a scalar load" if self.scalar_plane_scales else "")
             + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
                if self.overlap_chunks > 1 else "")

@@ -212,6 +212,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     return owner * (res + stages)
   # (Cache hints are inline PTX: not in interpret mode.)
   keep_in_l2 = 0 if spec.interpret else plan.l2_keep_chunks
+  base_ahead = 0 if spec.interpret else plan.base_l2_ahead
   multi_block = blocks > 1
   # The keys first: the kernel's first global allocation starts the (zeroed) buffer, so
   # its 64-bit slots are aligned (grid_sync).
@@ -377,12 +378,29 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     """Streamed chunk j of ``step`` read: the stream entry ``stages`` later into its slot."""
     copy_stream(stream_index(step, j, owner) + stages, owner)
 
-  def copy_base(step, position, owner=None):
-    base_slot = base_slot_of(step, position, owner)
+  def base_tile_g(step, position, owner=None):
     start = chunk_start(chunk_at(step, position), owner)
-    plgpu.copy_gmem_to_smem(refs.base_g.at[:, step, pl.ds(start, CHUNK_ROWS)],
+    return refs.base_g.at[:, step, pl.ds(start, CHUNK_ROWS)]
+
+  def copy_base(step, position, owner=None, prefetch_ahead=True):
+    """The base tile of (step, position) into its slot; with ``plan.base_l2_ahead`` the
+    tile that many further along the stream named to the L2 (the stream's first
+    ``base_stages`` copies, issued at the start, leave that to ``prefetch_first_bases``)."""
+    base_slot = base_slot_of(step, position, owner)
+    plgpu.copy_gmem_to_smem(base_tile_g(step, position, owner),
                             refs.base_s.at[base_slot, pl.ds(0, base_copy_rows)],
                             refs.base_bar.at[base_slot])
+    if base_ahead and prefetch_ahead:
+      ahead = step * chunks + position + base_ahead
+      ahead_step, ahead_position = _div(ahead, chunks), _rem(ahead, chunks)
+      _when(ahead_step < spec.steps, lambda: l2_priority.prefetch_rows(
+          base_tile_g(ahead_step, ahead_position, owner)))
+
+  def prefetch_first_bases():
+    """The stream's tiles [base_stages, base_stages + base_l2_ahead) named to the L2;
+    each later copy names the tile base_l2_ahead past its own."""
+    for tile in range(base_stages, min(base_stages + base_ahead, spec.steps * chunks)):
+      l2_priority.prefetch_rows(base_tile_g(tile // chunks, tile % chunks))
 
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
@@ -640,7 +658,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       for g in range(stages):   # the stream's first entries
         _when(g < stream_total(wg), functools.partial(copy_stream, g))
       for p in range(base_stages):
-        copy_base(0, p)
+        copy_base(0, p, prefetch_ahead=False)
+      if base_ahead:
+        prefetch_first_bases()
       for c in range(res):
         copy_chunk(c, c, refs.res_bar.at[wg])
       if plan.scaled:   # the warpgroup's per-row W2 scales, once: [chunks, 64] f32
@@ -835,7 +855,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         resident, j, ring, _, c, _ = locate(position)
         base_slot = base_slot_of(step, position)
         with jax.named_scope("epilogue"):
-          plgpu.barrier_wait(refs.base_bar.at[base_slot])
+          with jax.named_scope("base_wait"):   # (profile region: the base copy's latency)
+            plgpu.barrier_wait(refs.base_bar.at[base_slot])
           if n_major:   # the [rows, 64] tile read transposed
             base = _load(refs.base_s.at[base_slot, pl.ds(0, rows)].T, _WGMMA,
                          optimized=False)
