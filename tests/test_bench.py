@@ -446,6 +446,22 @@ def test_merge_keeps_records_of_every_run(quick_run, tmp_path, capsys):
   assert len(merged["runs"]) == 2 and merged["device_kind"] == single["device_kind"]
 
 
+def test_plot_that_fails_after_the_work_is_one_error_line(quick_run, tmp_path, capsys,
+                                                         monkeypatch):
+  """The plot's path was writable when tried and its write fails afterwards (a disk that
+  filled meanwhile): one ``error:`` line naming it and where the results are, exit 2."""
+  _, _, out = quick_run
+  def disk_full(*_args):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(report, "plot", disk_full)
+  merged, png = tmp_path / "merged.json", tmp_path / "merged.png"
+  assert cli.main(["--merge", out, "--out", str(merged), "--plot", str(png)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == (f"error: --plot={str(png)!r}: No space left on device; the results are "
+                 f"in {merged}"), err
+  assert merged.exists() and not png.exists()
+
+
 SMALL_GRID = ["--platform", "cpu", "--shape", "small_v1000", "--head", "vanilla",
               "--k", "4", "--mode", "greedy", "--l2", "cold,warm", "--paths", "xla",
               "--no-ceilings", "--repeats", "2", "--walks-per-repeat", "2", "--jobs", "1"]

@@ -29,6 +29,19 @@ def test_tiny_run_writes_the_json_and_the_plot(tmp_path):
   assert (tmp_path / "again.png").stat().st_size > 0
 
 
+def test_replot_that_fails_to_write_is_one_error_line(tmp_path, capsys, monkeypatch):
+  """A plot whose write fails after its path was tried: one ``error:`` line, exit 2."""
+  out = tmp_path / "e2e.json"
+  out.write_text(json.dumps({"device_kind": "cpu", "results": []}))
+  def disk_full(*_args):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(bench_e2e, "plot", disk_full)
+  png = tmp_path / "again.png"
+  assert bench_e2e.main(["--replot", str(out), "--plot", str(png)]) == 2
+  assert capsys.readouterr().err.strip() == (f"error: --plot={str(png)!r}: No space left "
+                                             "on device")
+
+
 def test_bad_arguments_exit_2(capsys):
   with pytest.raises(SystemExit) as exit_info:
     bench_e2e.main(["--walks", "fast"])

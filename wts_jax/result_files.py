@@ -50,6 +50,15 @@ def check_writable(path: str | os.PathLike | None, option: str) -> None:
         pass
 
 
+def write_failure(option: str, path: str | os.PathLike, err: OSError,
+                  results: str | os.PathLike | None = None) -> str:
+  """The one line for a result file whose write failed after the work (its path was tried
+  before it; the disk can fill meanwhile): the option, the path, the reason, and where
+  the results are when they landed in another file."""
+  kept = f"; the results are in {results}" if results else ""
+  return f"{option}={str(path)!r}: {err.strerror or err}{kept}"
+
+
 def _write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> pathlib.Path:
   """``write(temporary_path)`` then a rename onto ``path`` (its folder created); the
   temporary file is removed if anything fails."""

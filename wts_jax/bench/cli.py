@@ -289,11 +289,11 @@ def _check_outputs(args) -> None:
 
 def _plot(results: dict, args) -> None:
   from wts_jax.bench import report
+  from wts_jax.result_files import write_failure
   try:
     report.plot(results, args.plot)
   except OSError as err:
-    kept = f"; the results are in {args.out}" if args.out else ""
-    raise UsageError(f"--plot={args.plot!r}: {err.strerror or err}{kept}") from None
+    raise UsageError(write_failure("--plot", args.plot, err, args.out)) from None
 
 
 def errored(results: dict) -> list[str]:

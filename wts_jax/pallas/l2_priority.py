@@ -50,6 +50,13 @@ def _ref_bytes(ref) -> int:
   return math.prod(memref.shape) * mgpu_utils.bytewidth(memref.element_type)
 
 
+def _bulk_bytes(size: int, what: str) -> int:
+  """``size``, the bytes of one bulk prefetch, which moves whole 16 bytes."""
+  if size % 16:
+    raise ValueError(f"a bulk prefetch moves whole 16 bytes ({what} has {size})")
+  return size
+
+
 def prefetch_with_priority(chunk_g, *, keep: bool):
   """``cp.async.bulk.prefetch.L2`` of ``chunk_g`` (contiguous global memory, a multiple of
   16 bytes) under an ``evict_last`` (``keep``) or ``evict_first`` cache policy, issued by
@@ -61,9 +68,7 @@ def prefetch_with_priority(chunk_g, *, keep: bool):
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
   def prefetch(_, chunk):
-    size = _ref_bytes(chunk)
-    if size % 16:
-      raise ValueError(f"a bulk prefetch moves whole 16 bytes (got {size})")
+    size = _bulk_bytes(_ref_bytes(chunk), "the chunk")
     llvm.inline_asm(
         ir.Type.parse("!llvm.void"), [_global_address(chunk), _warpgroup_thread()],
         "{ .reg .pred p; .reg .b64 policy;\n"
@@ -130,8 +135,7 @@ def prefetch_rows(tile_g):
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
   def prefetch(_, tile):
     rows, row_bytes, stride = _row_layout(ir.MemRefType(tile.type))
-    if row_bytes % 16:
-      raise ValueError(f"a bulk prefetch moves whole 16 bytes (a row has {row_bytes})")
+    _bulk_bytes(row_bytes, "a row")
     body = "".join(
         f"setp.lt.u32 q, $1, {min(WARP_SIZE, rows - first)};\n"
         f"@q cp.async.bulk.prefetch.L2.global [a+{first * stride}], {row_bytes};\n"

@@ -53,7 +53,8 @@ AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX = 4
 # - the batch on N up to 32 rows (on M the WGMMA computes 64 rows whatever B, and the
 #   sampled epilogue draws noise for all 64);
 # - two computing warpgroups for sampling, for int8 planes, and for bf16 greedy walks on
-#   N past 16 rows (on M, one); the gated head two only for sampling past 16 rows or on M, the rnn head one;
+#   N past 16 rows (on M, one); the gated head two only for sampling past 16 rows or on
+#   M, the rnn head one;
 # - a producer warpgroup beside two computing ones for greedy walks (for sampling the
 #   computing warpgroups' own refills measured faster);
 # - warpgroup 1's bests merged unreduced (``merge_tiles``) on N up to 16 rows;

@@ -265,16 +265,17 @@ def plot(report: dict, path: Path) -> bool:
   return True
 
 
-def _plot_or_say_why(report: dict, path: Path, kept: str = "") -> int:
+def _plot_or_say_why(report: dict, path: Path, results: Path | None = None) -> int:
   """The plot, or why not: 0, or 2 with an ``error:`` line when it cannot be written
-  (``kept`` says where the results are)."""
+  (naming ``results``, where the run's JSON is)."""
   try:
     drawn = plot(report, path)
   except ImportError as err:   # a device image without matplotlib: the JSON is the result
     _log(f"no plot ({err}); draw it elsewhere with: wts-e2e-bench --replot JSON")
     return 0
   except OSError as err:
-    print(f"error: --plot={str(path)!r}: {err.strerror or err}{kept}", file=sys.stderr)
+    print(f"error: {result_files.write_failure('--plot', path, err, results)}",
+          file=sys.stderr)
     return 2
   _log(f"wrote {path}" if drawn else f"no plot: no point of {path.stem} was measured")
   return 0
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   result_files.write_json(report, args.out, indent=2)
   _log(f"wrote {args.out} ({report['elapsed_s']:.0f} s)")
-  return _plot_or_say_why(report, plot_path, kept=f"; the results are in {args.out}")
+  return _plot_or_say_why(report, plot_path, results=args.out)
 
 
 if __name__ == "__main__":

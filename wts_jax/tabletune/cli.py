@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from wts_jax.result_files import check_writable, write_json
+from wts_jax.result_files import check_writable, write_failure, write_json
 from wts_jax.tabletune.cost_model import MODELLED_SHAPES, modelled_cost_fn
 from wts_jax.tabletune.cost_table import CostTable
 from wts_jax.tabletune.profile import (DEFAULT_BATCHES, DEFAULT_BUDGET_S, profile_costs,
@@ -149,8 +149,8 @@ def _write_outputs(args, result, plot) -> int:
     try:
       print(f"wrote {write()}")
     except OSError as err:
-      kept = f"; the results are in {args.out}" if option == "--plot" and args.out else ""
-      raise CliError(f"{option}={path!r}: {err.strerror or err}{kept}") from None
+      results = args.out if option == "--plot" else None
+      raise CliError(write_failure(option, path, err, results)) from None
   return 0
 
 
