@@ -387,6 +387,7 @@ WIDENED_CASES = [("vanilla", 520, 64, 5, 3, "none", 0.0, "m", 1, "auto"),
                  ("gated", 520, 64, 16, 3, "none", 0.0, "n", 1, "split"),
                  ("gated", 776, 64, 64, 3, 64, 1.0, "m", 2, "split"),
                  ("rnn", 1000, 64, 13, 4, "none", 0.7, "m", 1, "split"),
+                 ("rnn", 776, 64, 40, 3, "none", 0.7, "m", 2, "split"),
                  ("rnn", 520, 64, 16, 3, "none", 0.0, "n", 1, "split")]
 
 
@@ -537,6 +538,11 @@ def test_int8_w2_auto_widening_follows_the_measurement(lowers, monkeypatch):
       assert plan("gated", 16, greedy=greedy).plan.warpgroups == 2
       assert plan("rnn", 16, greedy=greedy).plan.warpgroups == 1
     assert plan("gated", 16, greedy=False, w2_widening="xla").plan.warpgroups == 1
+  # The rnn head's sampled walk on M: two warpgroups, a 1-slot base ring each (NOTES v23).
+  sampled_on_m = plan("rnn", 64, greedy=False).plan
+  assert (sampled_on_m.batch_axis, sampled_on_m.warpgroups, sampled_on_m.base_stages) == (
+      "m", 2, 1)
+  assert plan("rnn", 64).plan.warpgroups == 1
   # One row: a greedy walk on the batched kernel where it widens in registers, a sampled
   # one on the row kernel.
   vanilla = jax.eval_shape(lambda: quantize_w2(
@@ -1068,6 +1074,24 @@ def test_merge_tiles_report_warpgroup_ones_nan():
   for column in (5, 770):   # a chunk of each warpgroup (chunks split into halves or turns)
     out = walk(base.at[3, 1, column].set(jnp.nan))
     assert int(out.status) & output.STATUS_NAN_LOGITS, column
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_nan_on_m_reported(temperature):
+  """With the batch on M, greedy and sampled: a NaN logit in a real row sets the status
+  (in the first chunk and in the last, past the vocabulary's last whole tile); rows past
+  the batch (their scale 0, their base padded) never do."""
+  head = _head(776, 64)
+  base, first, _ = random_inputs(head.config, 5, 2, jax.random.key(53))
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="m")
+  key = jax.random.key(54) if temperature else None
+  walk = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config,
+                                        temperature=temperature, key=key))
+  assert int(walk(base).status) == 0
+  for row, step, column in ((0, 0, 3), (4, 1, 775)):
+    out = walk(base.at[row, step, column].set(jnp.nan))
+    assert int(out.status) & output.STATUS_NAN_LOGITS, (row, step, column)
 
 
 def test_merge_tiles_plan_counts_its_tiles():

@@ -162,6 +162,22 @@ def test_each_backend_by_name_walks_like_the_reference(impl, config):
   assert (out.tokens == ref.tokens).all() and int(out.status) == 0
 
 
+def test_planner_takes_one_warpgroup_where_its_second_does_not_fit():
+  """The rnn head's sampled walk on M takes two warpgroups; with its int8 W2 widened
+  through a bf16 tile a warpgroup the second does not fit, and the planner plans one
+  instead of refusing the kernel; two asked for by the config are refused, naming why."""
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.walk_config import MosaicConfig
+  head = jax.eval_shape(lambda h: quantize_w2(h, "int8"), _head("rnn"))
+  shapes = backend.WalkShapes(batch=64, steps=7, greedy=False)
+  assert mosaic_backend.plan(head, shapes, MosaicConfig(), H200).plan.warpgroups == 2
+  smem = mosaic_backend.plan(head, shapes, MosaicConfig(w2_widening="smem"), H200).plan
+  assert (smem.warpgroups, smem.w2_widening) == (1, "smem")
+  refused = mosaic_backend.plan(head, shapes, MosaicConfig(w2_widening="smem",
+                                                           warpgroups=2), H200)
+  assert isinstance(refused, backend.Refusal) and "W2 chunk" in refused.reason
+
+
 @pytest.mark.parametrize("batch,w2,greedy,want", [
     (1, "bf16", True, "rows"), (4, "bf16", True, ("n", 1)), (4, "bf16", False, ("n", 2)),
     (16, "int8p", True, ("n", 2)), (16, "bf16", True, ("n", 1)),
@@ -174,11 +190,13 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   """The Mosaic planner's measured choices (NOTES v18): the row kernel at one row, else
   the batched kernel, the batch on N up to 32 rows where jax lowers it; two computing
   warpgroups for sampling, for int8 planes, and for bf16 greedy past 16 rows, with a
-  producer for greedy walks; warpgroup 1's bests merged unreduced on N up to 16 rows;
+  producer for greedy walks; warpgroup 1's bests merged unreduced on N up to 16 rows,
+  and there greedy walks' WGMMAs overlapping epilogues in pairs (NOTES v23);
   a ring up to 4 slots deep before chunks stay resident, and on M with two warpgroups a
   1-slot base ring; the gated head one warpgroup but for sampling past 16 rows or on
-  M, no producer, the default ring. The planner is the same arithmetic on either jax;
-  whether jax lowers the batch on N is set here, so both cases run on either."""
+  M, no producer, the default ring; the rnn head one but for sampling on M (NOTES v23).
+  The planner is the same arithmetic on either jax; whether jax lowers the batch on N is
+  set here, so both cases run on either."""
   from wts_jax.pallas import mosaic_backend
   monkeypatch.setattr(mosaic_backend, "BATCH_ON_N_LOWERS", n_lowers)
   from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE, DEFAULT_BASE_STAGES
@@ -198,6 +216,7 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   assert (plan.batch_axis, plan.warpgroups) == (axis, warpgroups)
   assert plan.producer == (warpgroups == 2 and greedy)
   assert plan.merge_tiles == (warpgroups == 2 and axis == "n" and batch <= 16)
+  assert plan.overlap_chunks == (2 if greedy and axis == "n" and batch <= 16 else 0)
   assert plan.base_stages == (1 if axis == "m" and warpgroups == 2 else DEFAULT_BASE_STAGES)
   # The ring first: as deep as the preference or the W2 slots allow, the rest resident.
   assert plan.ring_stages == min(AUTO_RING_PREFERENCE, plan.ring_stages
@@ -216,6 +235,13 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   assert gated_plan.gated and not gated_plan.producer and not gated_plan.merge_tiles
   assert gated_plan.warpgroups == (2 if not greedy and (batch > 16 or axis == "m") else 1)
   assert gated_plan.base_stages == min(DEFAULT_BASE_STAGES, gated_plan.wg_chunks)
+  # The rnn head: one warpgroup but for sampling on M, there two with a 1-slot base ring.
+  rnn_plan = mosaic_backend.plan(_head("rnn"), shapes, MosaicConfig(), H200).plan
+  rnn_two = not greedy and rnn_plan.batch_axis == "m"
+  assert (rnn_plan.warpgroups, rnn_plan.producer) == (2 if rnn_two else 1, False)
+  assert rnn_plan.overlap_chunks == gated_plan.overlap_chunks == 0
+  assert rnn_plan.base_stages == (1 if rnn_two else min(DEFAULT_BASE_STAGES,
+                                                        rnn_plan.wg_chunks))
   # The row kernel keeps walks the batched kernel cannot run, and row-kernel options.
   def with_fp32_w1(head):   # (the row kernel's register GEMV takes an fp32 W1)
     w1 = head.markov_head.markov_w1

@@ -57,7 +57,7 @@ fi
 if has l2prio; then   # whether L2 eviction priorities keep part of a streamed W2 on chip
   stamp l2prio
   nvcc -O3 -arch=sm_90a -o /tmp/l2prio tools/l2_priority_microbench.cu || echo "(nvcc failed)"
-  for set_aside in ${L2PRIO_SET_ASIDE:-0 40}; do   # MB of L2 set aside for persisting lines
+  for set_aside in ${L2PRIO_SET_ASIDE:-0 39}; do   # MB of L2 set aside for persisting lines
     timeout ${L2PRIO_S:-60} /tmp/l2prio ${L2PRIO_STEPS:-7} $set_aside \
       | tee -a "$OUT/l2_priority.jsonl"
     echo "(exit status $?)"

@@ -2,7 +2,8 @@
 
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
       [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
-       |batched-gated-split|batched-rnn-split|batched-widen-registers|batched-widen-smem]
+       |batched-gated-split|batched-rnn-split|batched-rnn-split-m2|batched-widen-registers
+       |batched-widen-smem]
       [SEEDS] [SPIN_LIMIT]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
@@ -11,7 +12,8 @@
 32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12);
 ``batched-gated``: the gated head on the batched kernel (G_e through the ring, hi + lo);
 ``batched-gated-split``: the same with its gate split over the 4 blocks (16 units each);
-``batched-rnn-split``: the rnn head, its update split likewise;
+``batched-rnn-split``: the rnn head, its update split likewise; ``-m2``: 40 rows on M,
+two warpgroups (a 1-slot base ring each);
 ``batched-widen-registers`` / ``batched-widen-smem``: an int8 W2 streamed as int8 and
 widened in the kernel (into the WGMMA's A operand, or through each warpgroup's bf16 tile:
 its stores and fence), two warpgroups on N.
@@ -34,7 +36,9 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
   gated = backend.startswith("batched-gated")
-  rnn = backend == "batched-rnn-split"
+  rnn = backend.startswith("batched-rnn-split")
+  # (-m2: the rnn head's two warpgroups on M, each with a 1-slot base ring.)
+  rnn_two_on_m = backend == "batched-rnn-split-m2"
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64,
                       head_type="gated" if gated else "rnn" if rnn else "vanilla")
   head = wts_jax.make_head(config, seed=1)
@@ -44,7 +48,7 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
     head = quantize_w2(head, "int8")
   batched = backend.startswith("batched")
   producer = backend.startswith("batched-producer")
-  batch = 5 if batched else 2
+  batch = 40 if rnn_two_on_m else 5 if batched else 2
   if producer:
     batch = 64 if backend.endswith("64n") else 32
   # A bounded barrier: under the sanitizer every poll is instrumented (slow), and if the
@@ -59,7 +63,8 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
          if backend == "batched-wg2" or producer or widening else {}),
       **({"mosaic_w2_widening": widening} if widening else {}),
       **({"mosaic_producer": True} if producer else {}),
-      **({"serial_update": "split"} if backend.endswith("-split") else {}))
+      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"} if rnn_two_on_m else {}),
+      **({"serial_update": "split"} if "-split" in backend else {}))
   walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
                                                  config=walk_config))
   differ = 0

@@ -20,9 +20,10 @@ from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
-                                                auto_producer, auto_ring_preference,
-                                                auto_w2_widening, auto_warpgroups,
-                                                plan_batched, warpgroup_chunks)
+                                                auto_overlap_chunks, auto_producer,
+                                                auto_ring_preference, auto_w2_widening,
+                                                auto_warpgroups, plan_batched,
+                                                warpgroup_chunks)
 from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
                                         launch_facts, make_plan)
 from wts_jax.walk_config import MosaicConfig
@@ -188,21 +189,21 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # (Widened into registers the chunk is the WGMMA's A operand: the batch goes on N.)
   axis = config.batch_axis or ("n" if widening == "registers" else auto_batch_axis(
       rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS))
-  # (The rnn head's resident rows leave room for one warpgroup's rings at r = 256.)
-  wgs = config.warpgroups or (1 if recurrent else auto_warpgroups(
+  wgs = config.warpgroups or auto_warpgroups(
       axis, int8_state=planes, greedy=shapes.greedy, gated=gated, batch=rows,
-      w2_in_registers=widening == "registers"))
+      w2_in_registers=widening == "registers", recurrent=recurrent)
   update_head = gated or recurrent   # (the auto_* functions' ``gated``)
-  producer = (config.producer if config.producer is not None else
-              auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy,
-                            gated=update_head))
-  merge_tiles = (config.merge_tiles if config.merge_tiles is not None else
-                 auto_merge_tiles(axis, wgs, rows, gated=update_head))
-  base_stages = (config.base_stages if config.base_stages is not None else
-                 auto_base_stages(axis, wgs, gated=update_head))
-  wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
-  try:
-    batched = plan_batched(
+
+  def planned(wgs: int):
+    producer = (config.producer if config.producer is not None else
+                auto_producer(axis, wgs, int8_state=planes, greedy=shapes.greedy,
+                              gated=update_head))
+    merge_tiles = (config.merge_tiles if config.merge_tiles is not None else
+                   auto_merge_tiles(axis, wgs, rows, gated=update_head))
+    base_stages = (config.base_stages if config.base_stages is not None else
+                   auto_base_stages(axis, wgs, gated=update_head, recurrent=recurrent))
+    wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
+    return plan_batched(
         vocab_size=vocab, rank=rank, batch=rows,
         num_sms=num_sms, smem_per_block=smem, num_blocks=blocks, warpgroups=wgs,
         # A row count is the block's, shared by its warpgroups.
@@ -217,8 +218,22 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         gate_split=gated and config.serial_update != "redundant",
         recurrent=recurrent, merge_tiles=merge_tiles,
         ring_preference=auto_ring_preference(gated=update_head))
+
+  try:
+    batched = planned(wgs)
   except ValueError as err:
-    return Refusal(str(err))
+    if config.warpgroups or wgs == 1:
+      return Refusal(str(err))
+    # The planner's second warpgroup does not fit beside what this walk stages (say a
+    # W2 widened through a bf16 tile a warpgroup): one warpgroup, not another kernel.
+    try:
+      batched = planned(1)
+    except ValueError:
+      return Refusal(str(err))
+  overlap = auto_overlap_chunks(axis, rows, greedy=shapes.greedy, gated=update_head,
+                                widened_in_kernel=batched.widened_in_kernel)
+  if overlap and not batched.overlap_chunks:
+    batched = dataclasses.replace(batched, overlap_chunks=overlap)
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret)

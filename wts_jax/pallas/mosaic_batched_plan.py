@@ -54,19 +54,26 @@ AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX = 4
 #   sampled epilogue draws noise for all 64);
 # - two computing warpgroups for sampling, for int8 planes, and for bf16 greedy walks on
 #   N past 16 rows (on M, one); the gated head two only for sampling past 16 rows or on
-#   M, the rnn head one;
+#   M, the rnn head two only for sampling on M (its greedy walks and its sampled walks
+#   on N measured slower with two, NOTES v23);
 # - a producer warpgroup beside two computing ones for greedy walks (for sampling the
 #   computing warpgroups' own refills measured faster);
 # - warpgroup 1's bests merged unreduced (``merge_tiles``) on N up to 16 rows;
 # - the vanilla head's ring as deep as 4 slots before any chunk stays resident (the
 #   walk waits on streamed chunks' latency, not on their bandwidth), and on M with two
-#   warpgroups a 1-slot base ring, which leaves the W2 ring its second or third slot.
+#   warpgroups a 1-slot base ring, which leaves the W2 ring its second or third slot
+#   (the rnn head's two warpgroups on M: a 1-slot ring each beside its resident rows).
 AUTO_BATCH_ON_N_MAX = 32
 AUTO_MERGE_TILES_MAX = 16
 AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX = 16
 AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX = 16
 AUTO_RING_PREFERENCE = 4
 AUTO_BASE_STAGES_TWO_ON_M = 1
+# The vanilla head's greedy walks on N up to 16 rows: each chunk's WGMMA issued before the
+# previous chunk's epilogue, in groups of 2 (faster at B 4 and 16, bf16 and int8 planes;
+# sampled walks, the gated and rnn heads and the batch on M measured slower, NOTES v23).
+AUTO_OVERLAP_CHUNKS = 2
+AUTO_OVERLAP_MAX = 16
 
 
 def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
@@ -91,7 +98,10 @@ def auto_w2_widening(batch: int, *, batch_axis: str | None, gate_split: bool,
 
 
 def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool,
-                    gated: bool = False, batch: int = 1, w2_in_registers: bool = False) -> int:
+                    gated: bool = False, batch: int = 1, w2_in_registers: bool = False,
+                    recurrent: bool = False) -> int:
+  if recurrent:
+    return 2 if not greedy and batch_axis == "m" else 1
   if w2_in_registers:
     # (An int8 chunk widened in registers is half a bf16 one: two warpgroups fit, and
     # measured faster for the vanilla and gated heads, greedy and sampled, NOTES v21.)
@@ -128,14 +138,24 @@ def auto_ring_preference(*, gated: bool = False) -> int:
   return DEFAULT_RING_STAGES if gated else AUTO_RING_PREFERENCE
 
 
-def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False
-                     ) -> int | None:
+def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
+                     recurrent: bool = False) -> int | None:
   """The base ring's slots where the planner's default (3) is not the measured best: one
-  on M with two computing warpgroups, the vanilla head's (``gated``: the gated or rnn
-  head), or None."""
-  if batch_axis == "m" and warpgroups == 2 and not gated:
+  on M with two computing warpgroups, the vanilla and rnn heads' (``gated``: the gated or
+  rnn head; ``recurrent``: the rnn head), or None."""
+  if batch_axis == "m" and warpgroups == 2 and (recurrent or not gated):
     return AUTO_BASE_STAGES_TWO_ON_M
   return None
+
+
+def auto_overlap_chunks(batch_axis: str, batch: int, *, greedy: bool, gated: bool,
+                        widened_in_kernel: bool) -> int:
+  """Chunks a group whose WGMMAs overlap epilogues (``BatchedPlan.overlap_chunks``) where
+  that measured faster: the vanilla head's greedy walks on N up to ``AUTO_OVERLAP_MAX``
+  rows, its W2 not widened in the kernel (which needs each chunk's own wait); else 0.
+  ``gated``: the gated or rnn head."""
+  return (AUTO_OVERLAP_CHUNKS if greedy and batch_axis == "n" and batch <= AUTO_OVERLAP_MAX
+          and not gated and not widened_in_kernel else 0)
 
 
 def padded_batch(batch: int) -> int:
@@ -226,7 +246,8 @@ class BatchedPlan:
   # Chunks a group whose WGMMAs overlap: within a group each chunk's WGMMA is issued
   # before the previous chunk's epilogue, so the tensor cores run while the warpgroup
   # adds the base logits and folds the scores; the last of a group waits for its own
-  # (0 or 1: every chunk waits for its own). Measurement option, off until measured.
+  # (0 or 1: every chunk waits for its own). Set by the planner where it measured faster
+  # (``auto_overlap_chunks``).
   overlap_chunks: int = 0
   # Two computing warpgroups take turns at the tensor cores: they meet at an mbarrier
   # after each chunk's WGMMA issue, warpgroup 1 a turn behind, so one's epilogue runs
@@ -238,19 +259,20 @@ class BatchedPlan:
   # leader reduces over the vocabulary once a step for both, instead of each reducing
   # its own in turn (Mosaic's cross-warp reductions share one scratch buffer) before the
   # leader merges the two per-row results. A planner option (its tiles are shared memory
-  # the plan counts), off until measured.
+  # the plan counts), set where it measured faster (``auto_merge_tiles``).
   merge_tiles: bool = False
   # The first ``l2_keep_chunks`` of each warpgroup's streamed chunks prefetched into the L2
   # under an evict_last cache policy before each copy, the others under evict_first, so
   # that of a W2 larger than the L2 those stay there from one step to the next
   # (``l2_priority``; the kept lines back to evict_normal when the walk ends).
-  # Measurement option, off until measured.
+  # Measurement option; measured slower, so off (NOTES v23).
   l2_keep_chunks: int = 0
   # Each base tile's copy also prefetches into the L2 the tile ``base_l2_ahead`` further
   # along the warpgroup's stream of base tiles (the first ones at the walk's start), so a
   # shallow base ring waits on the L2's latency rather than HBM's: the base logits are
   # read once, from HBM, and a ring of one or two slots leaves a copy a chunk's epilogue
-  # to land (``l2_priority.prefetch_rows``). Measurement option, off until measured.
+  # to land (``l2_priority.prefetch_rows``). Measurement option; measured twice as slow,
+  # cause not found, so off (NOTES v23).
   base_l2_ahead: int = 0
 
   def __post_init__(self):
