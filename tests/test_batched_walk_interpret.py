@@ -532,7 +532,7 @@ def test_int8_w2_auto_widening_follows_the_measurement(lowers, monkeypatch):
     assert plan(head_type, 64).plan.w2_widening == "xla"
     assert plan(head_type, 16, batch_axis="m").plan.w2_widening == "xla"
   assert plan("gated", 16, serial_update="redundant").plan.w2_widening == "xla"
-  if lowers:   # two computing warpgroups for the vanilla and gated heads, the rnn one
+  if lowers:   # two computing warpgroups for the vanilla and gated heads, the rnn one (N)
     for greedy in (True, False):
       assert plan("vanilla", 16, greedy=greedy).plan.warpgroups == 2
       assert plan("gated", 16, greedy=greedy).plan.warpgroups == 2
@@ -1123,6 +1123,29 @@ def test_merge_tiles_lower_for_cuda_at_the_qwen3_shape(batch, quantize):
   config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis="n", warpgroups=2,
                         producer=quantize == "int8p", merge_tiles=True)
   assert "mosaic_gpu" in lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
+
+
+def test_profile_tool_reserves_what_the_compiled_kernel_exceeds(monkeypatch):
+  """tools/profile_batched.py: a profile build the compiled kernel finds too large for
+  shared memory is planned again with the excess reserved too; another error, or the
+  last try's, is raised."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import profile_batched
+  reserves = []
+  def build(variant, heads, *, smem_reserve, profile_dir):
+    reserves.append(smem_reserve)
+    if len(reserves) == 1:
+      raise ValueError("Mosaic GPU kernel exceeds available shared memory: "
+                       "smem_bytes=260536 > max_smem_bytes=232448")
+    return "built"
+  monkeypatch.setattr(profile_batched, "build", build)
+  assert profile_batched.build_with_profile_space(None, None, "dir") == "built"
+  assert reserves[1] - reserves[0] == 260536 - 232448 + 1024
+  def refused(variant, heads, **kwargs):
+    raise ValueError("no W2 chunk fits")
+  monkeypatch.setattr(profile_batched, "build", refused)
+  with pytest.raises(ValueError, match="no W2 chunk fits"):
+    profile_batched.build_with_profile_space(None, None, "dir")
 
 
 def test_profile_tool_variants_name_what_they_set():

@@ -135,8 +135,9 @@ class MosaicConfig:
     (the planner's: N up to 32 rows where it lowers, else M).
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
     two for sampling, for int8 planes and for bf16 greedy walks of 17-32 rows (on N);
-    the gated head two only for sampling past 16 rows or on M; the rnn head one), each
-    computing its own half of the block's chunks.
+    the gated head two only for sampling past 16 rows or on M; the rnn head two only for
+    sampling on M; one where the second does not fit), each computing its own half of
+    the block's chunks.
   serial_update: the batched kernel's gated and rnn heads: "split" (each block a slice of
     the update's units, published to the others through global memory and a second grid
     barrier a step), "redundant" (gated only: every block computes the whole gate from
