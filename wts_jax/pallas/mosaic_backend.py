@@ -217,6 +217,9 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         gated=gated,
         gate_split=gated and config.serial_update != "redundant",
         recurrent=recurrent, merge_tiles=merge_tiles,
+        overlap_chunks=auto_overlap_chunks(axis, rows, greedy=shapes.greedy,
+                                           gated=update_head,
+                                           widened_in_kernel=widening != "xla"),
         ring_preference=auto_ring_preference(gated=update_head))
 
   try:
@@ -230,10 +233,6 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
       batched = planned(1)
     except ValueError:
       return Refusal(str(err))
-  overlap = auto_overlap_chunks(axis, rows, greedy=shapes.greedy, gated=update_head,
-                                widened_in_kernel=batched.widened_in_kernel)
-  if overlap and not batched.overlap_chunks:
-    batched = dataclasses.replace(batched, overlap_chunks=overlap)
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret)

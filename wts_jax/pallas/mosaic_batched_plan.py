@@ -528,6 +528,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  gated: bool = False, gate_split: bool = False,
                  recurrent: bool = False,
                  scalar_plane_scales: bool = False, merge_tiles: bool = False,
+                 overlap_chunks: int = 0,
                  ring_preference: int = DEFAULT_RING_STAGES) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
@@ -539,7 +540,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   neither count is given (``auto_ring_preference``). ``w2_row_scale``: an int8 W2 that
   comes widened to bf16 (``w2_itemsize`` 2) with its per-row scales
   (``BatchedPlan.w2_row_scale``), or as int8 (``w2_itemsize`` 1) to be widened in the
-  kernel (``w2_widening``)."""
+  kernel (``w2_widening``). ``overlap_chunks`` takes no shared memory: it is passed
+  through (``auto_overlap_chunks``)."""
   in_kernel = w2_row_scale and w2_widening != "xla"
   if w2_itemsize == 1 and not (int8_state or in_kernel):
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
@@ -637,4 +639,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
                      gate_split=gate_split, recurrent=recurrent,
-                     scalar_plane_scales=scalar_plane_scales, merge_tiles=merge_tiles)
+                     scalar_plane_scales=scalar_plane_scales, merge_tiles=merge_tiles,
+                     overlap_chunks=overlap_chunks)
