@@ -10,6 +10,7 @@ interpreter cannot run tiled shared-memory loads, so the interpret cases need ja
 
 import dataclasses
 import functools
+import json
 import re
 import sys
 from pathlib import Path
@@ -1175,3 +1176,25 @@ def test_profile_tool_variants_name_what_they_set():
     profile_batched.parse_variant("bf16:4:greedy:z")
   assert profile_batched.parse_variant("gated8:16:greedy:a+A").host_ahead
   assert profile_batched.DTYPES["rnn8"] == ("rnn", "int8")
+
+
+def test_profile_tool_splits_regions_by_warpgroup(tmp_path):
+  """tools/profile_batched.py: a profile's regions are summarised over every trace and per
+  warpgroup (a block's traces are its warpgroups, tids 1 + warpgroup + traces · block),
+  so one warpgroup's lag behind the other shows."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import profile_batched
+  events = []
+  for block in range(2):
+    for warpgroup, length in enumerate((100, 300, 50)):   # cycles in "mma" a warpgroup
+      tid = 1 + warpgroup + 3 * block
+      events += [{"pid": 1 + block, "tid": tid, "ph": "B", "name": "mma", "ts": 0.0},
+                 {"pid": 1 + block, "tid": tid, "ph": "E", "name": "mma",
+                  "ts": length / 1e3}]
+  (tmp_path / "walk-trace.json").write_text(json.dumps({"traceEvents": events}))
+  summary = profile_batched.summarise_profile(str(tmp_path), clock_ghz=1.0)
+  assert summary["blocks"] == 6
+  assert summary["regions"]["mma"]["median_us"] == 0.1
+  by_warpgroup = summary["regions_by_warpgroup"]
+  assert [by_warpgroup[w]["mma"] for w in ("0", "1", "2")] == [0.1, 0.3, 0.05]
+  assert by_warpgroup["1"]["span_median_us"] == 0.3

@@ -21,7 +21,7 @@ if has variants; then
   stamp variants
   timeout ${VARIANTS_S:-250} python tools/profile_batched.py --out "$OUT/variants" \
     --variants "${VARIANTS:-bf16:16:greedy,bf16:64:greedy,int8p:64:greedy}" \
-    --profile "${PROFILE:-}" 2>&1 | grep -v -i warn | tail -40
+    --profile "${PROFILE:-}" --dump "${DUMP:-}" 2>&1 | grep -v -i warn | tail -40
 fi
 if has bench; then
   stamp bench
@@ -46,7 +46,7 @@ if has ncu; then   # a walk's HBM bytes and L2 hit rate (tools/walk_dram_bytes.p
   stamp ncu
   for dtype in ${NCU_DTYPES:-bf16 int8p}; do
     timeout -k 10 ${NCU_S:-150} ncu --kernel-name regex:mosaic --launch-skip 2 \
-      --launch-count 3 --csv --metrics \
+      --launch-count ${NCU_COUNT:-3} --csv --metrics \
       dram__bytes_read.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
       python tools/walk_dram_bytes.py --dtype $dtype --batch ${NCU_BATCH:-16} \
       > "$OUT/ncu_$dtype.csv" 2>&1

@@ -37,7 +37,8 @@ Options unnamed are the planner's, except the batch axis (M unless ``n`` or
 For each variant: tokens against the XLA walk (greedy equal, sampled bit for bit), then
 the walk's device time from a CUPTI trace, each walk after an L2 flush (median of
 ``--walks``). ``--profile``: Mosaic GPU's on-device profiler over the kernel's named
-regions (cycles; median over blocks of each region's total per walk). ``--dump``: the
+regions (cycles; median over blocks of each region's total per walk, over every
+warpgroup's trace and each warpgroup's apart). ``--dump``: the
 ptxas report (registers, spills) and SASS statistics of the variant's kernel.
 Writes ``results.json`` and ``summary.txt`` under ``--out``.
 """
@@ -328,8 +329,10 @@ def summarise_profile(directory: str, clock_ghz: float) -> dict:
   stacks, totals, counts = collections.defaultdict(list), collections.defaultdict(
       collections.Counter), collections.Counter()
   spans = collections.defaultdict(lambda: [None, None])
+  tids_of_sm = collections.defaultdict(set)
   for ev in events:
     tid, ts = ev["tid"], ev["ts"] * 1e3
+    tids_of_sm[ev.get("pid")].add(tid)
     span = spans[tid]
     span[0] = ts if span[0] is None else min(span[0], ts)
     span[1] = ts if span[1] is None else max(span[1], ts)
@@ -346,8 +349,22 @@ def summarise_profile(directory: str, clock_ghz: float) -> dict:
                     "count_per_block": counts[name] / max(1, len(per_tid))}
              for name, per_tid in totals.items()}
   span = [end - begin for begin, end in spans.values()]
+  # Each block (one an SM) writes one trace a warpgroup, tids 1 + warpgroup + traces ·
+  # block: the regions of each warpgroup apart (warpgroup 0 leads; the last one is the
+  # producer where there is one), so their imbalance shows.
+  traces = max(len(tids) for tids in tids_of_sm.values())
+  by_warpgroup = {}
+  for warpgroup in range(traces):
+    own = lambda per_tid: [t for tid, t in per_tid.items() if (tid - 1) % traces == warpgroup]
+    by_warpgroup[str(warpgroup)] = {
+        "span_median_us": us(statistics.median(
+            [end - begin for tid, (begin, end) in spans.items()
+             if (tid - 1) % traces == warpgroup])),
+        **{name: us(statistics.median(own(per_tid)))
+           for name, per_tid in totals.items() if own(per_tid)}}
   return {"blocks": blocks, "span_median_us": us(statistics.median(span)),
-          "span_max_us": us(max(span)), "regions": regions}
+          "span_max_us": us(max(span)), "regions": regions,
+          "regions_by_warpgroup": by_warpgroup}
 
 
 def dump_stats(directory: str) -> dict:

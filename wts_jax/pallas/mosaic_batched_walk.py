@@ -1007,6 +1007,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         return (other_value > value) | ((other_value == value) & (other_index < index))
 
       def merge_and_exchange():
+        # (The exchange outside the profile's "merge" region, so that region is the wait
+        # for warpgroup 1 and the merge alone.)
         with jax.named_scope("merge"):
           plgpu.barrier_wait(refs.merge_bar)   # also: warpgroup 1 has reduced or stored
           if plan.merge_tiles:   # element by element, then one reduction of both
@@ -1017,15 +1019,16 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             best_value, best_index, nan_flag = reduced(
                 (jnp.where(better, other_value, value), jnp.where(better, other_index, index),
                  jnp.maximum(nan_seen, other_nan)))
-            return nan_flag | exchange(step, best_value, best_index)
-          best_value, best_index, nan_flag = reduced(carry)
-          other_value = _load(refs.merge_value_s.at[pl.ds(0, batch_width)], per_batch_row,
-                              optimized=False)
-          other_index = _load(refs.merge_index_s.at[pl.ds(0, batch_width)], per_batch_row,
-                              optimized=False)
-          better = better_of(best_value, best_index, other_value, other_index)
-        return nan_flag | exchange(step, jnp.where(better, other_value, best_value),
-                                   jnp.where(better, other_index, best_index))
+          else:
+            best_value, best_index, nan_flag = reduced(carry)
+            other_value = _load(refs.merge_value_s.at[pl.ds(0, batch_width)], per_batch_row,
+                                optimized=False)
+            other_index = _load(refs.merge_index_s.at[pl.ds(0, batch_width)], per_batch_row,
+                                optimized=False)
+            better = better_of(best_value, best_index, other_value, other_index)
+            best_value = jnp.where(better, other_value, best_value)
+            best_index = jnp.where(better, other_index, best_index)
+        return nan_flag | exchange(step, best_value, best_index)
       return flags | lax.cond(leader, merge_and_exchange, hand_over)
 
     def exchange(step, best_value, best_index):
