@@ -175,8 +175,8 @@ def _measurement_options_on(monkeypatch):
   """Every batched plan with the copy options that are off in the planner's plans on:
   the z rows gathered by four warps, a producer's copies by one warp, the candidates'
   W1 rows prefetched into L2, two streamed chunks a warpgroup kept there and the base
-  tiles prefetched into it three ahead (inline PTX: compiled out in interpret mode), int8
-  planes' s_lo by scalar loads."""
+  tiles prefetched into it three ahead, a producer's slots released by each thread's fence
+  (inline PTX: compiled out in interpret mode), int8 planes' s_lo by scalar loads."""
   planned = mosaic_backend.plan_batched
 
   def with_options(**kwargs):
@@ -184,7 +184,7 @@ def _measurement_options_on(monkeypatch):
     return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
                                prefetch_candidates=True,
                                l2_keep_chunks=min(2, plan.streamed_chunks),
-                               base_l2_ahead=3)
+                               base_l2_ahead=3, fenced_release=plan.producer)
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_options)
 
 
@@ -254,8 +254,9 @@ def test_scalar_plane_scales_free_the_scale_windows():
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
 def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
                                                              quantize):
-  """The warp-level copies, the candidates' prefetch and the streamed chunks' L2
-  priorities lower at the real shape (two computing warpgroups and a producer)."""
+  """The warp-level copies, the candidates' prefetch, the streamed chunks' L2
+  priorities and the fenced release lower at the real shape (two computing warpgroups
+  and a producer)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
@@ -271,7 +272,7 @@ def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch,
                 "createpolicy.fractional.L2::evict_first",
                 "cp.async.bulk.prefetch.L2.global.L2::cache_hint",
                 "applypriority.global.L2::evict_normal",
-                "// base tile rows into the L2"):
+                "// base tile rows into the L2", "// a released slot's reads"):
       assert ptx in text, ptx
 
 
@@ -1011,6 +1012,17 @@ def test_l2_keep_chunks_within_the_streamed_chunks():
   for bad in (-1, plan.streamed_chunks + 1):
     with pytest.raises(ValueError, match=f"l2_keep_chunks={bad} must be in"):
       dataclasses.replace(plan, l2_keep_chunks=bad)
+
+
+def test_fenced_release_needs_a_producer():
+  """The fenced release is the consumers' release to a producer warpgroup; a warpgroup
+  that refills its own slots keeps its barrier, so the plan refuses it there."""
+  plan = mosaic_batched_plan.plan_batched(
+      vocab_size=151936, rank=256, batch=16, num_sms=132, smem_per_block=H200_SMEM,
+      batch_axis="n", w2_itemsize=1, int8_state=True, warpgroups=2, producer=True)
+  assert "each thread's fence" in dataclasses.replace(plan, fenced_release=True).describe()
+  with pytest.raises(ValueError, match="fenced_release is the release to a producer"):
+    dataclasses.replace(plan, producer=False, fenced_release=True)
 
 
 def test_base_l2_ahead_within_its_bound():

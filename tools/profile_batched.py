@@ -24,6 +24,8 @@ epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
 prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
 ``fN`` (each base tile's copy prefetches the tile N further along into L2:
 ``BatchedPlan.base_l2_ahead``),
+``e`` (with a producer: each thread's reads of a released slot ordered by its own
+fence, no warpgroup barrier: ``BatchedPlan.fenced_release``),
 ``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
@@ -109,11 +111,11 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "A": ("host_ahead", True)}
+         "A": ("host_ahead", True), "e": ("fenced_release", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
-                "l2_keep_chunks", "base_l2_ahead")
+                "l2_keep_chunks", "base_l2_ahead", "fenced_release")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
 PLANNER_OPTIONS = ("scalar_plane_scales",)
 

@@ -274,6 +274,11 @@ class BatchedPlan:
   # to land (``l2_priority.prefetch_rows``). Measurement option; measured twice as slow,
   # cause not found, so off (NOTES v23).
   base_l2_ahead: int = 0
+  # With a producer: each computing thread orders its reads of a released slot before
+  # the producer's refill by its own async-proxy fence ahead of its arrival, with no
+  # warpgroup barrier a chunk (else the fence and a warpgroup barrier). Measurement
+  # option, off until measured.
+  fenced_release: bool = False
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -293,6 +298,9 @@ class BatchedPlan:
     if self.w2_widening == "registers" and self.batch_axis != "n":
       raise ValueError("an int8 W2 widened into registers needs the batch on N (the "
                        "chunk is the WGMMA's A operand)")
+    if self.fenced_release and not self.producer:
+      raise ValueError("fenced_release is the release to a producer warpgroup (a "
+                       "warpgroup refilling its own slots needs the barrier)")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
     if not 0 <= self.l2_keep_chunks <= self.streamed_chunks:
@@ -436,6 +444,8 @@ class BatchedPlan:
                "(evict_last)" if self.l2_keep_chunks else "")
             + (f"; base tiles prefetched to L2 {self.base_l2_ahead} ahead"
                if self.base_l2_ahead else "")
+            + ("; slots released by each thread's fence (no warpgroup barrier)"
+               if self.fenced_release else "")
             + ("; each row's s_lo by a scalar load" if self.scalar_plane_scales else "")
             + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
                if self.overlap_chunks > 1 else "")

@@ -189,6 +189,22 @@ def row_launches(spec: BatchedSpec, batch: int) -> list[tuple[slice, BatchedSpec
   return launches
 
 
+def shared_reads_before_bulk_copies():
+  """``fence.proxy.async.shared::cta`` alone: this thread's shared-memory reads ordered
+  before later bulk copies (the async proxy) write the same bytes, once its following
+  mbarrier arrival is observed (``BatchedPlan.fenced_release``). Inline PTX: not in
+  interpret mode."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import llvm
+
+  @plgpu.inline_mgpu()
+  def fence(_):
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [],
+                    "// a released slot's reads\nfence.proxy.async.shared::cta;", "",
+                    has_side_effects=True)
+  fence()
+
+
 def _base_transforms(itemsize: int):
   # The base tile is read in the WGMMA layout: the 128-byte swizzle spreads the 8 rows a
   # warp reads over all banks.
@@ -885,8 +901,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if plan.producer:   # the slots released to the producer: arrivals, no wait
             # Every warp's reads of the base slot done and ordered before the producer's
             # TMA: an arrival alone let the TMA overwrite a slot still being read (tokens
-            # differed on the H200, most at 64 rows on N).
-            plgpu.commit_smem()
+            # differed on the H200, most at 64 rows on N). With ``fenced_release`` each
+            # thread's own fence orders its reads before its arrival, which the producer
+            # waits for; no warpgroup barrier.
+            if plan.fenced_release and not spec.interpret:
+              shared_reads_before_bulk_copies()
+            else:
+              plgpu.commit_smem()
             plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
             if stages:
               _when(_not(resident),
