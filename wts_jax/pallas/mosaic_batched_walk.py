@@ -1092,9 +1092,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         # The z staging's generic reads (this step's WGMMA tile) and the tokens' stores
         # before the bulk copies.
         plgpu.commit_smem()
-        gather_z()
-        if plan.scalar_plane_scales:
-          load_row_scales()
+        with jax.named_scope("gather"):   # (profile region: issuing the rows' copies)
+          gather_z()
+          if plan.scalar_plane_scales:
+            load_row_scales()
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
     flags = lax.fori_loop(0, spec.steps, step_body, first_tokens_flag(given_first))
