@@ -24,6 +24,7 @@ epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
 prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
 ``fN`` (each base tile's copy prefetches the tile N further along into L2:
 ``BatchedPlan.base_l2_ahead``),
+``zN`` (the step's z copies spread over N mbarriers: ``BatchedPlan.z_barriers``),
 ``e`` (with a producer: each thread's reads of a released slot ordered by its own
 fence, no warpgroup barrier: ``BatchedPlan.fenced_release``),
 ``k`` (profiling: a warpgroup barrier, region "skew",
@@ -115,7 +116,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
-                "l2_keep_chunks", "base_l2_ahead", "fenced_release")
+                "l2_keep_chunks", "base_l2_ahead", "fenced_release", "z_barriers")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
 PLANNER_OPTIONS = ("scalar_plane_scales",)
 
@@ -172,10 +173,10 @@ def parse_variant(text: str) -> Variant:
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option in FLAGS:
       key, value = FLAGS[option]
-    elif m := re.fullmatch(r"([rsbwohf])(\d+)", option):
+    elif m := re.fullmatch(r"([rsbwohfz])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
              "w": "warpgroups", "o": "overlap_chunks", "h": "l2_keep_chunks",
-             "f": "base_l2_ahead"}[m.group(1)]
+             "f": "base_l2_ahead", "z": "z_barriers"}[m.group(1)]
       value = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")

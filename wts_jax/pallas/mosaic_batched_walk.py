@@ -427,12 +427,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
-                              refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
+                              refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], z_barrier(b, 0),
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
       if planes and not plan.scalar_plane_scales:
         # Bulk copies move multiples of 128 bytes: a window around s_lo.
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
-                                refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
+                                refs.zscale_s.at[b, pl.ds(0, window)], z_barrier(b, 1),
                                 oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
     if not plan.warp_gather:
       for b in range(rows):
@@ -443,6 +443,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def _(warp):
       for b in range(rows):
         _when(warp == b % _WARPS, functools.partial(gather_row, b))
+
+  def z_barrier(b, copy):
+    """The barrier row b's copy ``copy`` arrives on (``plan.z_barriers``)."""
+    return refs.z_bar.at[(b % _WARPS + _WARPS * copy) % plan.z_barriers]
+
+  def await_z():
+    for barrier in range(plan.z_barriers):
+      plgpu.barrier_wait(refs.z_bar.at[barrier])
 
   def prefetch_candidates():
     """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
@@ -729,7 +737,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def step_body(step, flags):
       with jax.named_scope("z_wait"):
         def stage_z():
-          plgpu.barrier_wait(refs.z_bar)
+          await_z()
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
@@ -1258,9 +1266,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A base slot read by every thread of its warpgroup (one arrival each).
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
-      # A row's copies each.
-      "z_bar": plgpu.Barrier(num_arrivals=rows * (
-          2 if plan.int8_state and not plan.scalar_plane_scales else 1), num_barriers=1),
+      # A row's copies each, spread over ``plan.z_barriers`` (equal shares).
+      "z_bar": plgpu.Barrier(num_arrivals=rows * plan.z_copies_per_row // plan.z_barriers,
+                             num_barriers=plan.z_barriers),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), z_dtype),
   }
   if plan.w2_widening == "smem":
