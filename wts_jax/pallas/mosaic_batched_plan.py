@@ -277,14 +277,14 @@ class BatchedPlan:
   # With a producer: each computing thread orders its reads of a released slot before
   # the producer's refill by its own async-proxy fence ahead of its arrival, with no
   # warpgroup barrier a chunk (else the fence and a warpgroup barrier). Measurement
-  # option, off until measured.
+  # option; measured no faster, so off (NOTES v24).
   fenced_release: bool = False
   # The mbarriers the step's z copies arrive on: every thread arrives on a copy's barrier
   # (Mosaic splits its bytes over them), so one barrier takes 128 arrivals a copy, one
   # after the other. Row b's copy k (its planes, or its scale window) arrives on barrier
   # (b mod 4 + 4k) mod ``z_barriers`` — with ``warp_gather`` warp w's rows are b ≡ w (mod
   # 4), so each warp has its own — and the staging waits for them all. Measurement
-  # option: 1 (one barrier) in every plan until measured.
+  # option; measured no faster, so 1 in every plan (NOTES v24).
   z_barriers: int = 1
 
   def __post_init__(self):
