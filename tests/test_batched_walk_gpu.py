@@ -163,9 +163,9 @@ def test_producer_tokens_equal_reference(head, planes_head, axis, warpgroups, ba
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_l2_hints_tokens_equal_reference(monkeypatch, head, planes_head, axis, warpgroups,
                                          producer, batch, temperature):
-  """The L2 hints and the fenced release (inline PTX, compiled out in interpret mode, so
-  only checked here): streamed chunks kept under evict_last, base tiles prefetched ahead
-  and a producer's slots released by each thread's fence change no token."""
+  """The L2 hints (inline PTX, compiled out in interpret mode, so only checked here):
+  streamed chunks kept under evict_last and base tiles prefetched ahead change no
+  token."""
   from wts_jax.pallas import mosaic_backend
   planned = mosaic_backend.plan_batched
 
@@ -174,7 +174,7 @@ def test_l2_hints_tokens_equal_reference(monkeypatch, head, planes_head, axis, w
   def with_hints(**kwargs):
     plan = planned(**kwargs)
     hinted.append(dataclasses.replace(plan, l2_keep_chunks=min(4, plan.streamed_chunks),
-                                      base_l2_ahead=4, fenced_release=plan.producer))
+                                      base_l2_ahead=4))
     return hinted[-1]
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_hints)
   config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,

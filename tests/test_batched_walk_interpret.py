@@ -175,9 +175,8 @@ def _measurement_options_on(monkeypatch):
   """Every batched plan with the copy options that are off in the planner's plans on:
   the z rows gathered by four warps, a producer's copies by one warp, the candidates'
   W1 rows prefetched into L2, two streamed chunks a warpgroup kept there and the base
-  tiles prefetched into it three ahead, a producer's slots released by each thread's fence
-  (inline PTX: compiled out in interpret mode), int8 planes' s_lo by scalar loads, the z
-  copies spread over a barrier a warp and copy kind."""
+  tiles prefetched into it three ahead (inline PTX: compiled out in interpret mode), int8
+  planes' s_lo by scalar loads."""
   planned = mosaic_backend.plan_batched
 
   def with_options(**kwargs):
@@ -185,8 +184,7 @@ def _measurement_options_on(monkeypatch):
     return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
                                prefetch_candidates=True,
                                l2_keep_chunks=min(2, plan.streamed_chunks),
-                               base_l2_ahead=3, fenced_release=plan.producer,
-                               z_barriers=4 * plan.z_copies_per_row)
+                               base_l2_ahead=3)
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_options)
 
 
@@ -208,26 +206,6 @@ def test_warp_level_copies_tokens_equal_xla(monkeypatch, vocab, rank, batch, ste
   if int8:
     head = quantize_w2(head, "int8", state="planes")
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=23, batch_axis=axis,
-                      warpgroups=warpgroups, producer=producer)
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("batch,axis,warpgroups,producer,int8,z_barriers", [
-    (40, "m", 2, True, True, 8), (13, "n", 1, False, False, 2)])
-def test_z_copies_over_several_barriers_tokens_equal_xla(monkeypatch, batch, axis,
-                                                         warpgroups, producer, int8,
-                                                         z_barriers):
-  """The step's z copies issued by one thread onto several barriers (no warp-level
-  copies): int8 planes on M with two warpgroups and a producer, bf16 on N."""
-  planned = mosaic_backend.plan_batched
-
-  def spread(**kwargs):
-    return dataclasses.replace(planned(**kwargs), z_barriers=z_barriers)
-  monkeypatch.setattr(mosaic_backend, "plan_batched", spread)
-  head = _head(776, 64, confidence=not int8)
-  if int8:
-    head = quantize_w2(head, "int8", state="planes")
-  _assert_matches_xla(head, batch, 3, 64, 0.0, seed=31, batch_axis=axis,
                       warpgroups=warpgroups, producer=producer)
 
 
@@ -276,9 +254,8 @@ def test_scalar_plane_scales_free_the_scale_windows():
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
 def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
                                                              quantize):
-  """The warp-level copies, the candidates' prefetch, the streamed chunks' L2
-  priorities and the fenced release lower at the real shape (two computing warpgroups
-  and a producer)."""
+  """The warp-level copies, the candidates' prefetch and the streamed chunks' L2
+  priorities lower at the real shape (two computing warpgroups and a producer)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
@@ -294,7 +271,7 @@ def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch,
                 "createpolicy.fractional.L2::evict_first",
                 "cp.async.bulk.prefetch.L2.global.L2::cache_hint",
                 "applypriority.global.L2::evict_normal",
-                "// base tile rows into the L2", "// a released slot's reads"):
+                "// base tile rows into the L2"):
       assert ptx in text, ptx
 
 
@@ -1034,34 +1011,6 @@ def test_l2_keep_chunks_within_the_streamed_chunks():
   for bad in (-1, plan.streamed_chunks + 1):
     with pytest.raises(ValueError, match=f"l2_keep_chunks={bad} must be in"):
       dataclasses.replace(plan, l2_keep_chunks=bad)
-
-
-def test_z_barriers_take_equal_shares_of_the_copies():
-  """The step's z copies spread over 1, 2, 4 or (two copies a row) 8 barriers; a count
-  that does not divide the four warps' copies is refused."""
-  plan = mosaic_batched_plan.plan_batched(
-      vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
-      w2_itemsize=1, int8_state=True, warpgroups=2, producer=True)
-  assert plan.z_copies_per_row == 2
-  assert "over 8 barriers" in dataclasses.replace(plan, z_barriers=8).describe()
-  for bad in (3, 16):
-    with pytest.raises(ValueError, match=f"z_barriers={bad} must divide 8"):
-      dataclasses.replace(plan, z_barriers=bad)
-  bf16 = mosaic_batched_plan.plan_batched(
-      vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM)
-  with pytest.raises(ValueError, match="z_barriers=8 must divide 4"):
-    dataclasses.replace(bf16, z_barriers=8)
-
-
-def test_fenced_release_needs_a_producer():
-  """The fenced release is the consumers' release to a producer warpgroup; a warpgroup
-  that refills its own slots keeps its barrier, so the plan refuses it there."""
-  plan = mosaic_batched_plan.plan_batched(
-      vocab_size=151936, rank=256, batch=16, num_sms=132, smem_per_block=H200_SMEM,
-      batch_axis="n", w2_itemsize=1, int8_state=True, warpgroups=2, producer=True)
-  assert "each thread's fence" in dataclasses.replace(plan, fenced_release=True).describe()
-  with pytest.raises(ValueError, match="fenced_release is the release to a producer"):
-    dataclasses.replace(plan, producer=False, fenced_release=True)
 
 
 def test_base_l2_ahead_within_its_bound():

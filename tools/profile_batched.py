@@ -24,9 +24,6 @@ epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
 prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
 ``fN`` (each base tile's copy prefetches the tile N further along into L2:
 ``BatchedPlan.base_l2_ahead``),
-``zN`` (the step's z copies spread over N mbarriers: ``BatchedPlan.z_barriers``),
-``e`` (with a producer: each thread's reads of a released slot ordered by its own
-fence, no warpgroup barrier: ``BatchedPlan.fenced_release``),
 ``k`` (profiling: a warpgroup barrier, region "skew",
 before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
 cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
@@ -112,11 +109,11 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "A": ("host_ahead", True), "e": ("fenced_release", True)}
+         "A": ("host_ahead", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
-                "l2_keep_chunks", "base_l2_ahead", "fenced_release", "z_barriers")
+                "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
 PLANNER_OPTIONS = ("scalar_plane_scales",)
 
@@ -173,10 +170,10 @@ def parse_variant(text: str) -> Variant:
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option in FLAGS:
       key, value = FLAGS[option]
-    elif m := re.fullmatch(r"([rsbwohfz])(\d+)", option):
+    elif m := re.fullmatch(r"([rsbwohf])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
              "w": "warpgroups", "o": "overlap_chunks", "h": "l2_keep_chunks",
-             "f": "base_l2_ahead", "z": "z_barriers"}[m.group(1)]
+             "f": "base_l2_ahead"}[m.group(1)]
       value = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")
@@ -358,13 +355,14 @@ def summarise_profile(directory: str, clock_ghz: float) -> dict:
   traces = max(len(tids) for tids in tids_of_sm.values())
   by_warpgroup = {}
   for warpgroup in range(traces):
-    own = lambda per_tid: [t for tid, t in per_tid.items() if (tid - 1) % traces == warpgroup]
+    def own(per_tid):
+      return [t for tid, t in per_tid.items() if (tid - 1) % traces == warpgroup]
+    own_spans = own({tid: end - begin for tid, (begin, end) in spans.items()})
+    own_totals = {name: own(per_tid) for name, per_tid in totals.items()}
     by_warpgroup[str(warpgroup)] = {
-        "span_median_us": us(statistics.median(
-            [end - begin for tid, (begin, end) in spans.items()
-             if (tid - 1) % traces == warpgroup])),
-        **{name: us(statistics.median(own(per_tid)))
-           for name, per_tid in totals.items() if own(per_tid)}}
+        "span_median_us": us(statistics.median(own_spans)),
+        **{name: us(statistics.median(times)) for name, times in own_totals.items()
+           if times}}
   return {"blocks": blocks, "span_median_us": us(statistics.median(span)),
           "span_max_us": us(max(span)), "regions": regions,
           "regions_by_warpgroup": by_warpgroup}

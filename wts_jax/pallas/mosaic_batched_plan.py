@@ -274,18 +274,6 @@ class BatchedPlan:
   # to land (``l2_priority.prefetch_rows``). Measurement option; measured twice as slow,
   # cause not found, so off (NOTES v23).
   base_l2_ahead: int = 0
-  # With a producer: each computing thread orders its reads of a released slot before
-  # the producer's refill by its own async-proxy fence ahead of its arrival, with no
-  # warpgroup barrier a chunk (else the fence and a warpgroup barrier). Measurement
-  # option; measured no faster, so off (NOTES v24).
-  fenced_release: bool = False
-  # The mbarriers the step's z copies arrive on: every thread arrives on a copy's barrier
-  # (Mosaic splits its bytes over them), so one barrier takes 128 arrivals a copy, one
-  # after the other. Row b's copy k (its planes, or its scale window) arrives on barrier
-  # (b mod 4 + 4k) mod ``z_barriers`` — with ``warp_gather`` warp w's rows are b ≡ w (mod
-  # 4), so each warp has its own — and the staging waits for them all. Measurement
-  # option; measured no faster, so 1 in every plan (NOTES v24).
-  z_barriers: int = 1
 
   def __post_init__(self):
     if self.producer and self.deferred_release:
@@ -305,13 +293,6 @@ class BatchedPlan:
     if self.w2_widening == "registers" and self.batch_axis != "n":
       raise ValueError("an int8 W2 widened into registers needs the batch on N (the "
                        "chunk is the WGMMA's A operand)")
-    if (4 * self.z_copies_per_row) % self.z_barriers:
-      raise ValueError(f"z_barriers={self.z_barriers} must divide "
-                       f"{4 * self.z_copies_per_row} (four warps' rows × "
-                       f"{self.z_copies_per_row} copies a row)")
-    if self.fenced_release and not self.producer:
-      raise ValueError("fenced_release is the release to a producer warpgroup (a "
-                       "warpgroup refilling its own slots needs the barrier)")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
     if not 0 <= self.l2_keep_chunks <= self.streamed_chunks:
@@ -432,12 +413,6 @@ class BatchedPlan:
                / self.vocab_size)
 
   @property
-  def z_copies_per_row(self) -> int:
-    """Bulk copies a staged row takes a step: its W1 row (int8 planes: both planes),
-    and with int8 planes the window of scales around its s_lo."""
-    return 2 if self.int8_state and not self.scalar_plane_scales else 1
-
-  @property
   def z_row_bytes(self) -> int:
     """A z staging row: a bf16 W1 row, or an int8 token's two planes side by side."""
     return self.rank * 2 + Z_ROW_PAD_BYTES
@@ -461,10 +436,6 @@ class BatchedPlan:
                "(evict_last)" if self.l2_keep_chunks else "")
             + (f"; base tiles prefetched to L2 {self.base_l2_ahead} ahead"
                if self.base_l2_ahead else "")
-            + ("; slots released by each thread's fence (no warpgroup barrier)"
-               if self.fenced_release else "")
-            + (f"; z copies over {self.z_barriers} barriers" if self.z_barriers > 1
-               else "")
             + ("; each row's s_lo by a scalar load" if self.scalar_plane_scales else "")
             + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
                if self.overlap_chunks > 1 else "")

@@ -189,22 +189,6 @@ def row_launches(spec: BatchedSpec, batch: int) -> list[tuple[slice, BatchedSpec
   return launches
 
 
-def shared_reads_before_bulk_copies():
-  """``fence.proxy.async.shared::cta`` alone: this thread's shared-memory reads ordered
-  before later bulk copies (the async proxy) write the same bytes, once its following
-  mbarrier arrival is observed (``BatchedPlan.fenced_release``). Inline PTX: not in
-  interpret mode."""
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import llvm
-
-  @plgpu.inline_mgpu()
-  def fence(_):
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), [],
-                    "// a released slot's reads\nfence.proxy.async.shared::cta;", "",
-                    has_side_effects=True)
-  fence()
-
-
 def _base_transforms(itemsize: int):
   # The base tile is read in the WGMMA layout: the 128-byte swizzle spreads the 8 rows a
   # warp reads over all banks.
@@ -427,12 +411,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
-                              refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], z_barrier(b, 0),
+                              refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
       if planes and not plan.scalar_plane_scales:
         # Bulk copies move multiples of 128 bytes: a window around s_lo.
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
-                                refs.zscale_s.at[b, pl.ds(0, window)], z_barrier(b, 1),
+                                refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
                                 oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
     if not plan.warp_gather:
       for b in range(rows):
@@ -443,14 +427,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def _(warp):
       for b in range(rows):
         _when(warp == b % _WARPS, functools.partial(gather_row, b))
-
-  def z_barrier(b, copy):
-    """The barrier row b's copy ``copy`` arrives on (``plan.z_barriers``)."""
-    return refs.z_bar.at[(b % _WARPS + _WARPS * copy) % plan.z_barriers]
-
-  def await_z():
-    for barrier in range(plan.z_barriers):
-      plgpu.barrier_wait(refs.z_bar.at[barrier])
 
   def prefetch_candidates():
     """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
@@ -737,7 +713,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def step_body(step, flags):
       with jax.named_scope("z_wait"):
         def stage_z():
-          await_z()
+          plgpu.barrier_wait(refs.z_bar)
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
@@ -909,13 +885,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if plan.producer:   # the slots released to the producer: arrivals, no wait
             # Every warp's reads of the base slot done and ordered before the producer's
             # TMA: an arrival alone let the TMA overwrite a slot still being read (tokens
-            # differed on the H200, most at 64 rows on N). With ``fenced_release`` each
-            # thread's own fence orders its reads before its arrival, which the producer
-            # waits for; no warpgroup barrier.
-            if plan.fenced_release and not spec.interpret:
-              shared_reads_before_bulk_copies()
-            else:
-              plgpu.commit_smem()
+            # differed on the H200, most at 64 rows on N).
+            plgpu.commit_smem()
             plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
             if stages:
               _when(_not(resident),
@@ -1266,9 +1237,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "base_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A base slot read by every thread of its warpgroup (one arrival each).
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
-      # A row's copies each, spread over ``plan.z_barriers`` (equal shares).
-      "z_bar": plgpu.Barrier(num_arrivals=rows * plan.z_copies_per_row // plan.z_barriers,
-                             num_barriers=plan.z_barriers),
+      # A row's copies each.
+      "z_bar": plgpu.Barrier(num_arrivals=rows * (
+          2 if plan.int8_state and not plan.scalar_plane_scales else 1), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), z_dtype),
   }
   if plan.w2_widening == "smem":
