@@ -251,6 +251,77 @@ def test_scalar_plane_scales_free_the_scale_windows():
     plan(**{**args, "w2_itemsize": 2, "int8_state": False}, scalar_plane_scales=True)
 
 
+def _loaded_gather(monkeypatch):
+  planned = mosaic_backend.plan_batched
+
+  def with_option(**kwargs):
+    plan = planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
+    return dataclasses.replace(plan, loaded_gather=True)
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+
+
+# z read by loads: int8 planes on N (two warpgroups, a producer, sampled, B not a
+# multiple of 8) and on M past 64 rows; bf16 on M with rows past the batch; the split
+# gated head (sampled on M), whose staging holds e. (The rnn head's split on one
+# interpreted block needs r <= 64, too short a row to share over a warpgroup.)
+LOADED_GATHER_CASES = [("int8p", 1000, 128, 13, 3, "none", 0.7, "n", 2, True),
+                       ("int8p", 520, 64, 70, 2, "auto", 0.0, "m", 1, False),
+                       ("vanilla", 776, 128, 20, 3, 64, 0.0, "m", 2, None),
+                       ("gated", 520, 128, 11, 3, "none", 0.9, "m", 1, None),
+                       ("gated", 520, 128, 9, 2, "none", 0.0, "n", 1, None)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,residency,temperature,axis,"
+                         "warpgroups,producer", LOADED_GATHER_CASES)
+def test_loaded_gather_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
+                                        residency, temperature, axis, warpgroups, producer):
+  """The step's z rows read by the leader's loads instead of bulk copies (a measurement
+  option) walk the reference's tokens."""
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  _loaded_gather(monkeypatch)
+  if head_type == "int8p":
+    head = quantize_w2(_head(vocab, rank), "int8", state="planes")
+  else:
+    head = wts_jax.make_head(HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64,
+                                        head_type=head_type), seed=5)
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=31, batch_axis=axis,
+                      warpgroups=warpgroups, producer=producer,
+                      serial_update="split" if head_type in ("gated", "rnn") else "auto")
+
+
+def test_loaded_gather_needs_scalar_scales_and_a_whole_row_a_warpgroup():
+  plan = mosaic_batched_plan.plan_batched(
+      vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
+      w2_itemsize=1, int8_state=True)
+  with pytest.raises(ValueError, match="scalar_plane_scales"):
+    dataclasses.replace(plan, loaded_gather=True)
+  with pytest.raises(ValueError, match="no warp_gather"):
+    dataclasses.replace(plan, scalar_plane_scales=True, loaded_gather=True,
+                        warp_gather=True)
+  small = mosaic_batched_plan.plan_batched(vocab_size=520, rank=64, batch=8, num_sms=132,
+                                           smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="rank=64 gives too few"):
+    dataclasses.replace(small, loaded_gather=True)
+
+
+@pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", "int8p"),
+                                                 (64, "m", None)])
+def test_loaded_gather_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
+                                                          quantize):
+  """The loads that replace the gather's copies lower at the real shape."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  _loaded_gather(monkeypatch)
+  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
+                      mosaic_batch_axis=axis, mosaic_warpgroups=2)
+  text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
+  assert "mosaic_gpu" in text
+
+
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
 def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
                                                              quantize):

@@ -109,9 +109,10 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "A": ("host_ahead", True)}
+         "A": ("host_ahead", True), "G": ("loaded_gather", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
-PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
+PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "loaded_gather",
+                "warp_producer",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
                 "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).

@@ -92,6 +92,7 @@ _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
 _PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
 _WARPS = 4                      # warps a warpgroup
+_WARPGROUP_THREADS = 128
 SCALE_WINDOW = 32   # scales a bulk copy moves (128 bytes: its smallest unit here)
 SCALE_WINDOW_N = 64   # the batch on N: a window as wide as the [64, 64] layout tile
 _BIG_INDEX = 1 << 30
@@ -407,7 +408,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     side by side, and the window of scales holding its s_lo) into staging row b. Rows >= B of a
     padded batch walk along on their own tokens; rows past ``rows`` stay zero. With
     ``plan.warp_gather`` warp w issues rows w, w + 4, ... (copies in warp semantics meet
-    no warpgroup barrier)."""
+    no warpgroup barrier); with ``plan.loaded_gather`` the rows are read by loads
+    (``load_rows``); with ``plan.scalar_plane_scales`` each row's s_lo by a scalar load."""
+    if plan.loaded_gather:
+      load_rows()
+      return
+
     def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
@@ -421,12 +427,27 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     if not plan.warp_gather:
       for b in range(rows):
         gather_row(b)
-      return
+    else:
+      @plgpu.warp_map
+      def _(warp):
+        for b in range(rows):
+          _when(warp == b % _WARPS, functools.partial(gather_row, b))
+    if plan.scalar_plane_scales:
+      store_row_scales([refs.w1_scale_g[refs.tok_s[b]] for b in range(rows)])
 
-    @plgpu.warp_map
-    def _(warp):
-      for b in range(rows):
-        _when(warp == b % _WARPS, functools.partial(gather_row, b))
+  def load_rows():
+    """``plan.loaded_gather``: every row's W1 row (and int8 planes' s_lo) loaded by the
+    warpgroup's threads, an equal share a thread (4 bytes at r = 256), all issued before the first store so one
+    latency covers them, then stored to the staging rows (made visible to the staging's
+    reads by ``stage_z``'s warpgroup barrier)."""
+    tokens = [refs.tok_s[b] for b in range(rows)]
+    row_layout = plgpu.Layout.WG_STRIDED((z_width,), vec_size=z_width // _WARPGROUP_THREADS)
+    loaded = [_load(refs.w1_g.at[token], row_layout, optimized=False) for token in tokens]
+    scales = [refs.w1_scale_g[token] for token in tokens] if planes else None
+    for b, row in enumerate(loaded):
+      refs.z_s[b, pl.ds(0, z_width)] = row
+    if planes:
+      store_row_scales(scales)
 
   def prefetch_candidates():
     """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
@@ -440,21 +461,20 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def scale_window(token):
     return jnp.minimum(token - lax.rem(token, window), vocab - window)
 
-  def load_row_scales():
-    """``scalar_plane_scales``: each row's s_lo by a scalar load of its token's scale
-    (after the gather's copies are issued, so the latencies overlap), stored for every
-    warpgroup's ``row_plane_scale``."""
-    scales = None
-    for b in range(rows):
-      scale = refs.w1_scale_g[refs.tok_s[b]]
-      scales = jnp.where(row_ids == b, scale, 0.0 if scales is None else scales)
-    refs.row_scale_s[pl.ds(0, batch_width)] = scales
+  def store_row_scales(scales):
+    """``scalar_plane_scales``: each row's s_lo (scalar loads of its token's scale, issued
+    after the row's copy or load so the latencies overlap), stored for every warpgroup's
+    ``row_plane_scale``."""
+    per_row = None
+    for b, scale in enumerate(scales):
+      per_row = jnp.where(row_ids == b, scale, 0.0 if per_row is None else per_row)
+    refs.row_scale_s[pl.ds(0, batch_width)] = per_row
 
   def row_plane_scale():
     """Each row's s_lo: its place in the scales copied beside its planes (found from the
     step's tokens in ``tok_s``). Batch on N: then through shared memory into the column
     layout (Mosaic has no transposed f32 load), a warpgroup's own slots. With
-    ``scalar_plane_scales``: as ``load_row_scales`` stored them."""
+    ``scalar_plane_scales``: as ``store_row_scales`` stored them."""
     if plan.scalar_plane_scales:
       return _load(refs.row_scale_s.at[pl.ds(0, batch_width)], per_batch_row,
                    optimized=False)
@@ -678,8 +698,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         first_tokens = jnp.clip(given_first, 0, vocab - 1)
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
         gather_z()
-        if plan.scalar_plane_scales:
-          load_row_scales()
       leader_only(first_z)
       if plan.split:   # this block's rows of the update's weights (clamped: a block
         def resident_update_rows():   # owning none reads the last ones, unused)
@@ -713,7 +731,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def step_body(step, flags):
       with jax.named_scope("z_wait"):
         def stage_z():
-          plgpu.barrier_wait(refs.z_bar)
+          if plan.loaded_gather:   # the rows this warpgroup stored, every thread's
+            plgpu.commit_smem()
+          else:
+            plgpu.barrier_wait(refs.z_bar)
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
@@ -1073,8 +1094,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         plgpu.commit_smem()
         with jax.named_scope("gather"):   # (profile region: issuing the rows' copies)
           gather_z()
-          if plan.scalar_plane_scales:
-            load_row_scales()
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
     flags = lax.fori_loop(0, spec.steps, step_body, first_tokens_flag(given_first))
