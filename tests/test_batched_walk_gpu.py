@@ -330,11 +330,14 @@ AUTO = MosaicConfig()
     ("int8", AUTO, "rnn", 0.8, 16),
     # past 32 rows the planner puts the batch on M; the rnn head's sampled walk there
     # takes two warpgroups with 1-slot rings
-    ("bf16", SPLIT_GATE, "rnn", 0.8, 40)],
+    ("bf16", SPLIT_GATE, "rnn", 0.8, 40),
+    # int8 planes at 64 rows on M: the planner's z rows gathered by the leader's four warps
+    ("int8p", AUTO, "vanilla", 0.0, 64), ("int8p", AUTO, "vanilla", 0.8, 64)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
-         "gated-int8-auto-sample", "rnn-int8-auto-sample", "rnn-split-sample-m2"])
+         "gated-int8-auto-sample", "rnn-int8-auto-sample", "rnn-split-sample-m2", "int8p-auto-m64",
+         "int8p-auto-sample-m64"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature,
                                                  batch):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)

@@ -256,7 +256,7 @@ def _loaded_gather(monkeypatch):
 
   def with_option(**kwargs):
     plan = planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
-    return dataclasses.replace(plan, loaded_gather=True)
+    return dataclasses.replace(plan, loaded_gather=True, warp_gather=False)
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
 
 

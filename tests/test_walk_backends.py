@@ -277,3 +277,23 @@ def test_stated_merge_tiles_without_two_warpgroups_on_n_is_refused():
                                                               merge_tiles=True), H200)
   assert isinstance(refusal, backend.Refusal)
   assert "merge_tiles needs two computing warpgroups" in refusal.reason
+
+
+def test_planner_gathers_int8_planes_rows_by_four_warps_on_m_only():
+  """The measured choice (``auto_warp_gather``): int8 planes on M (64 rows, greedy and
+  sampled) gather z by the leader's four warps; on N (16 rows), and bf16 on M, one
+  thread issues the copies."""
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.walk_config import MosaicConfig
+  planes = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"), _head())
+
+  def plan(head, batch, greedy=True):
+    shapes = backend.WalkShapes(batch=batch, steps=7, greedy=greedy)
+    return mosaic_backend.plan(head, shapes, MosaicConfig(kernel="batched"), H200).plan
+  for greedy in (True, False):
+    on_m = plan(planes, 64, greedy)
+    assert on_m.batch_axis == "m" and on_m.warp_gather
+  assert not plan(_head(), 64).warp_gather
+  on_n = plan(planes, 16)
+  if on_n.batch_axis == "n":
+    assert not on_n.warp_gather

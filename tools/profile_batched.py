@@ -15,8 +15,10 @@ over the blocks:
 block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
 mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier), ``P`` / ``C``
 (a producer warpgroup issues every refill, or the computing warpgroups do), ``q`` (z's two
-halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g``
-(the z rows gathered by the leader's four warps), ``p`` (the producer's copies issued by
+halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g`` /
+``u`` (the z rows gathered by the leader's four warps, or by one thread; unnamed: the
+planner's), ``G`` (the z rows read by the leader's loads, not copied; int8 planes with
+``S``), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
 barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
@@ -104,6 +106,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "c": ("deferred_release", False), "d": ("deferred_release", True),
          "x": ("split", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
+         "u": ("warp_gather", False),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
@@ -251,8 +254,10 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
     mosaic_backend.plan_batched = planned
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
-  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
-                                                            **variant.plan_options))
+  plan_options = dict(variant.plan_options)
+  if plan_options.get("loaded_gather"):   # loads instead of the copies, warp-level or not
+    plan_options.setdefault("warp_gather", False)
+  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, **plan_options))
   spec = dataclasses.replace(spec, profile_dir=profile_dir, probe_skew=variant.probe_skew,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
   def walk(head, base, first, hidden):

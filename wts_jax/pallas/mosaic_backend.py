@@ -21,6 +21,7 @@ from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
                                                 auto_overlap_chunks, auto_producer,
+                                                auto_warp_gather,
                                                 auto_ring_preference, auto_w2_widening,
                                                 auto_warpgroups, plan_batched,
                                                 warpgroup_chunks)
@@ -220,6 +221,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         overlap_chunks=auto_overlap_chunks(axis, rows, greedy=shapes.greedy,
                                            gated=update_head,
                                            widened_in_kernel=widening != "xla"),
+        warp_gather=auto_warp_gather(axis, int8_state=planes),
         ring_preference=auto_ring_preference(gated=update_head))
 
   try:

@@ -74,6 +74,9 @@ AUTO_BASE_STAGES_TWO_ON_M = 1
 # sampled walks, the gated and rnn heads and the batch on M measured slower, NOTES v23).
 AUTO_OVERLAP_CHUNKS = 2
 AUTO_OVERLAP_MAX = 16
+# int8 planes on M: the step's z rows gathered by the leader's four warps (B 64 greedy
+# 158 -> 149 µs, sampled 335 -> 324, in two calls each; B 16 on M measured slower, and
+# bf16 no faster, NOTES v24 and v25).
 
 
 def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
@@ -146,6 +149,11 @@ def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
   if batch_axis == "m" and warpgroups == 2 and (recurrent or not gated):
     return AUTO_BASE_STAGES_TWO_ON_M
   return None
+
+
+def auto_warp_gather(batch_axis: str, *, int8_state: bool) -> bool:
+  """``BatchedPlan.warp_gather`` where it measured faster: int8 planes on M."""
+  return int8_state and batch_axis == "m"
 
 
 def auto_overlap_chunks(batch_axis: str, batch: int, *, greedy: bool, gated: bool,
@@ -228,11 +236,12 @@ class BatchedPlan:
   # Where the batch is on N, z's two halves in one WGMMA a chunk (``pair_on_n``); off only
   # to measure the two-WGMMA form.
   pair_in_one_wgmma: bool = True
-  # Warp-level copy issue (measurement options, off in every plan until measured): the
-  # step's z rows gathered by the leader's four warps, each its share of the rows with
-  # no warpgroup barrier between copies (``plgpu.warp_map``; else one thread issues every
-  # row's copy, a warpgroup barrier before each); and the producer's copies issued by
-  # one warp of its warpgroup, the other three parked at its end.
+  # Warp-level copy issue: the step's z rows gathered by the leader's four warps, each
+  # its share of the rows with no warpgroup barrier between copies (``plgpu.warp_map``;
+  # else one thread issues every row's copy, a warpgroup barrier before each; set by the
+  # planner where it measured faster, ``auto_warp_gather``); and the producer's copies
+  # issued by one warp of its warpgroup, the other three parked at its end (measurement
+  # option, off).
   warp_gather: bool = False
   warp_producer: bool = False
   # The step's z rows read by the leader's threads instead of copied: a vector load a row
@@ -542,7 +551,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  gated: bool = False, gate_split: bool = False,
                  recurrent: bool = False,
                  scalar_plane_scales: bool = False, merge_tiles: bool = False,
-                 overlap_chunks: int = 0,
+                 overlap_chunks: int = 0, warp_gather: bool = False,
                  ring_preference: int = DEFAULT_RING_STAGES) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
@@ -554,8 +563,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   neither count is given (``auto_ring_preference``). ``w2_row_scale``: an int8 W2 that
   comes widened to bf16 (``w2_itemsize`` 2) with its per-row scales
   (``BatchedPlan.w2_row_scale``), or as int8 (``w2_itemsize`` 1) to be widened in the
-  kernel (``w2_widening``). ``overlap_chunks`` takes no shared memory: it is passed
-  through (``auto_overlap_chunks``)."""
+  kernel (``w2_widening``). ``overlap_chunks`` and ``warp_gather`` take no shared
+  memory: they are passed through (``auto_overlap_chunks``, ``auto_warp_gather``)."""
   in_kernel = w2_row_scale and w2_widening != "xla"
   if w2_itemsize == 1 and not (int8_state or in_kernel):
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
@@ -654,4 +663,4 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      producer=producer, gated=gated,
                      gate_split=gate_split, recurrent=recurrent,
                      scalar_plane_scales=scalar_plane_scales, merge_tiles=merge_tiles,
-                     overlap_chunks=overlap_chunks)
+                     overlap_chunks=overlap_chunks, warp_gather=warp_gather)
