@@ -107,6 +107,25 @@ def test_nan_base_logits_reported(head):
   assert int(out.status) & STATUS_NAN_LOGITS
 
 
+@pytest.mark.parametrize("head_fixture", ["head", "planes_head"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_nan_on_m_reported_at_64_rows(request, head_fixture, temperature):
+  """On M a greedy chunk's NaN check is read from its rows' maxima (Mosaic's max
+  propagates NaN; interpret mode keeps the reduction): a NaN in the first chunk, the
+  last, or a middle one sets the status; none does not."""
+  head = request.getfixturevalue(head_fixture)
+  base, first, hidden = random_inputs(head.config, 64, 7, jax.random.key(6))
+  config = MosaicConfig(kernel="batched", batch_axis="m")
+  key = jax.random.key(7) if temperature else None
+  walk = jax.jit(lambda b: wts_jax.walk(head, b, first, hidden, impl="mosaic", config=config,
+                                        temperature=temperature, key=key))
+  assert int(walk(base).status) == 0
+  vocab = head.config.vocab_size
+  for row, step, column in ((0, 0, 3), (63, 6, vocab - 1), (17, 3, vocab // 2)):
+    out = walk(base.at[row, step, column].set(jnp.nan))
+    assert int(out.status) & STATUS_NAN_LOGITS, (row, step, column)
+
+
 def test_repeats_identical(head):
   base, first, hidden = random_inputs(head.config, 64, 7, jax.random.key(9))
   key = jax.random.key(4)

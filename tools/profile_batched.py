@@ -18,7 +18,8 @@ mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrie
 halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g`` /
 ``u`` (the z rows gathered by the leader's four warps, or by one thread; unnamed: the
 planner's), ``G`` (the z rows read by the leader's loads, not copied; int8 planes with
-``S``), ``p`` (the producer's copies issued by
+``S``), ``V`` (greedy on M: the NaN check by its own reduction, not read from the
+rows' maxima), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
 barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
@@ -106,7 +107,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "c": ("deferred_release", False), "d": ("deferred_release", True),
          "x": ("split", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
-         "u": ("warp_gather", False),
+         "u": ("warp_gather", False), "V": ("nan_from_top", False),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
@@ -115,7 +116,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "A": ("host_ahead", True), "G": ("loaded_gather", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "loaded_gather",
-                "warp_producer",
+                "warp_producer", "nan_from_top",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
                 "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).

@@ -3,7 +3,7 @@
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
       [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
        |batched-gated-split|batched-rnn-split|batched-rnn-split-m2|batched-widen-registers
-       |batched-widen-smem]
+       |batched-widen-smem|batched-int8p-m2]
       [SEEDS] [SPIN_LIMIT]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
@@ -16,7 +16,9 @@
 two warpgroups (a 1-slot base ring each);
 ``batched-widen-registers`` / ``batched-widen-smem``: an int8 W2 streamed as int8 and
 widened in the kernel (into the WGMMA's A operand, or through each warpgroup's bf16 tile:
-its stores and fence), two warpgroups on N.
+its stores and fence), two warpgroups on N;
+``batched-int8p-m2``: int8 planes at 40 rows on M, two warpgroups and a producer (the
+planner's choice there), the z rows gathered by the leader's four warps.
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 SPIN_LIMIT (default 2^14) bounds each grid-barrier wait: a walk whose instrumented blocks
 wait longer ends with the timeout status (4), not a race; raise it to let them finish.
@@ -39,16 +41,17 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   rnn = backend.startswith("batched-rnn-split")
   # (-m2: the rnn head's two warpgroups on M, each with a 1-slot base ring.)
   rnn_two_on_m = backend == "batched-rnn-split-m2"
+  planes_on_m = backend == "batched-int8p-m2"
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64,
                       head_type="gated" if gated else "rnn" if rnn else "vanilla")
   head = wts_jax.make_head(config, seed=1)
   widening = backend.removeprefix("batched-widen-") if "-widen-" in backend else None
-  if widening:
+  if widening or planes_on_m:
     from wts_jax.quantize import quantize_w2
-    head = quantize_w2(head, "int8")
+    head = quantize_w2(head, "int8", state="planes" if planes_on_m else "float")
   batched = backend.startswith("batched")
   producer = backend.startswith("batched-producer")
-  batch = 40 if rnn_two_on_m else 5 if batched else 2
+  batch = 40 if rnn_two_on_m or planes_on_m else 5 if batched else 2
   if producer:
     batch = 64 if backend.endswith("64n") else 32
   # A bounded barrier: under the sanitizer every poll is instrumented (slow), and if the
@@ -63,7 +66,8 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
          if backend == "batched-wg2" or producer or widening else {}),
       **({"mosaic_w2_widening": widening} if widening else {}),
       **({"mosaic_producer": True} if producer else {}),
-      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"} if rnn_two_on_m else {}),
+      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"}
+         if rnn_two_on_m or planes_on_m else {}),
       **({"serial_update": "split"} if "-split" in backend else {}))
   walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
                                                  config=walk_config))

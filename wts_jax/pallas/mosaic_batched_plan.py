@@ -258,6 +258,9 @@ class BatchedPlan:
   # gather (into [64] f32), instead of a bulk copy a row of the 32 or 64 scales around
   # it and their [64, window + 8] f32 staging (measurement option, off until measured).
   scalar_plane_scales: bool = False
+  # Greedy walks on M: a chunk's NaN check read from its per-row maxima (NaN wherever a
+  # row holds one) instead of a reduction of its own; off only to measure the reduction.
+  nan_from_top: bool = True
   # Chunks a group whose WGMMAs overlap: within a group each chunk's WGMMA is issued
   # before the previous chunk's epilogue, so the tensor cores run while the warpgroup
   # adds the base logits and folds the scores; the last of a group waits for its own

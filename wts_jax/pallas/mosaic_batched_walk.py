@@ -895,8 +895,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             nan_seen = nan_seen | jnp.where(logits != logits, 1, 0)
             top, top_index = scores, vocab_rows
           else:
-            nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
             top = scores.max(axis=1)
+            if spec.greedy and plan.nan_from_top and not spec.interpret:
+              # The maximum propagates NaN (Mosaic's max.NaN): a row's top is NaN exactly
+              # where one of its logits is, so no reduction of its own. (Interpreted, the
+              # maximum is XLA CPU's, which skips NaN: the reduction stays.)
+              nan_seen = nan_seen | jnp.where(top != top, 1, 0)
+            else:
+              nan_seen = nan_seen | jnp.where(logits != logits, 1, 0).max(axis=1)
             top_index = jnp.where(scores == lax.broadcast_in_dim(top, scores.shape, (0,)),
                                   vocab_rows, _BIG_INDEX).min(axis=1)
           better = (top > best_value) | ((top == best_value) & (top_index < best_index))
