@@ -291,6 +291,51 @@ def test_loaded_gather_tokens_equal_xla(monkeypatch, head_type, vocab, rank, bat
                       serial_update="split" if head_type in ("gated", "rnn") else "auto")
 
 
+def _element_bests(monkeypatch):
+  planned = mosaic_backend.plan_batched
+
+  def with_option(**kwargs):
+    return dataclasses.replace(planned(**kwargs), element_bests=True)
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+
+
+# Each element's best over a step's chunks on M: int8 planes with two warpgroups and a
+# producer (sampled), bf16 past 64 rows (two launches), the split gated head sampled.
+ELEMENT_BESTS_CASES = [("int8p", 1000, 128, 40, 3, "none", 0.7, 2, True),
+                       ("vanilla", 776, 64, 70, 3, 64, 0.0, 1, None),
+                       ("gated", 520, 128, 9, 2, "none", 0.9, 1, None)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,residency,temperature,"
+                         "warpgroups,producer", ELEMENT_BESTS_CASES)
+def test_element_bests_on_m_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch,
+                                             steps, residency, temperature, warpgroups,
+                                             producer):
+  _element_bests(monkeypatch)
+  if head_type == "int8p":
+    head = quantize_w2(_head(vocab, rank), "int8", state="planes")
+  else:
+    head = wts_jax.make_head(HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64,
+                                        head_type=head_type), seed=5)
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=37, batch_axis="m",
+                      warpgroups=warpgroups, producer=producer,
+                      serial_update="split" if head_type == "gated" else "auto")
+
+
+@NEEDS_INTERPRETER
+def test_element_bests_on_m_report_nan(monkeypatch):
+  _element_bests(monkeypatch)
+  head = _head(776, 64)
+  base, first, _ = random_inputs(head.config, 5, 2, jax.random.key(57))
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="m")
+  walk = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config))
+  assert int(walk(base).status) == 0
+  for row, step, column in ((0, 0, 3), (4, 1, 775)):
+    assert int(walk(base.at[row, step, column].set(jnp.nan)).status) & \
+        output.STATUS_NAN_LOGITS, (row, step, column)
+
+
 def test_loaded_gather_needs_scalar_scales_and_a_whole_row_a_warpgroup():
   plan = mosaic_batched_plan.plan_batched(
       vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,

@@ -19,7 +19,8 @@ halves in two WGMMAs a chunk where the batch is on N, not side by side in one), 
 ``u`` (the z rows gathered by the leader's four warps, or by one thread; unnamed: the
 planner's), ``G`` (the z rows read by the leader's loads, not copied; int8 planes with
 ``S``), ``V`` (greedy on M: the NaN check by its own reduction, not read from the
-rows' maxima), ``p`` (the producer's copies issued by
+rows' maxima), ``E`` (on M: each accumulator element its own best over the step's
+chunks, one reduction a step), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
 barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
@@ -108,6 +109,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "x": ("split", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
          "u": ("warp_gather", False), "V": ("nan_from_top", False),
+         "E": ("element_bests", True),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
@@ -116,7 +118,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "A": ("host_ahead", True), "G": ("loaded_gather", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "loaded_gather",
-                "warp_producer", "nan_from_top",
+                "warp_producer", "nan_from_top", "element_bests",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
                 "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).

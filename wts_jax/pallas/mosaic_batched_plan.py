@@ -261,6 +261,11 @@ class BatchedPlan:
   # Greedy walks on M: a chunk's NaN check read from its per-row maxima (NaN wherever a
   # row holds one) instead of a reduction of its own; off only to measure the reduction.
   nan_from_top: bool = True
+  # The batch on M: every accumulator element keeps its own best (score, vocab row, NaN)
+  # over the step's chunks, reduced over the vocabulary once a step as on N, instead of
+  # a chunk's per-row reductions (its maximum, then the lowest index holding it): three
+  # [64, 64] tiles of registers a thread's share. Measurement option, off until measured.
+  element_bests: bool = False
   # Chunks a group whose WGMMAs overlap: within a group each chunk's WGMMA is issued
   # before the previous chunk's epilogue, so the tensor cores run while the warpgroup
   # adds the base logits and folds the scores; the last of a group waits for its own

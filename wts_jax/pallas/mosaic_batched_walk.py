@@ -237,6 +237,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # Batch on N: the WGMMA's N (both halves' columns with ``pair_on_n``).
   n_width = plan.lo_offset + rows if plan.pair_on_n else rows
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
+  # Every accumulator element keeps its own best over the step's chunks, reduced over the
+  # vocabulary once a step: on N always, on M with ``plan.element_bests``.
+  element_bests = n_major or plan.element_bests
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
@@ -891,7 +894,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             noise = sampling.gumbel_from_uniform(
                 sampling.uniform_from_stream(streams, vocab_rows))
             scores = logits * scale + jnp.where(noise_on, noise, 0.0)
-          if n_major:
+          if element_bests:
             nan_seen = nan_seen | jnp.where(logits != logits, 1, 0)
             top, top_index = scores, vocab_rows
           else:
@@ -942,7 +945,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                   lambda: refill_ring_after(step, j))
         return best_value, best_index, nan_seen
 
-      carry_shape, carry_layout = (tile, _WGMMA) if n_major else ((BATCH_TILE,), _PER_ROW)
+      carry_shape, carry_layout = (tile, _WGMMA) if element_bests else ((BATCH_TILE,),
+                                                                        _PER_ROW)
       carry = tuple(plgpu.layout_cast(jnp.full(carry_shape, value, dtype), carry_layout)
                     for value, dtype in ((_NEG_INF, jnp.float32), (0, jnp.int32),
                                          (0, jnp.int32)))
@@ -998,12 +1002,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         Mosaic's cross-warp reductions (over the vocabulary on N, the NaN flag over the
         rows) share one scratch buffer among warpgroups: two warpgroups reduce in turn."""
         best_value, best_index, nan_seen = carry
-        if n_major:   # over the vocabulary (axis 0): the best per batch column
+        if element_bests:   # over the vocabulary: the best per batch row
           with jax.named_scope("column_reduce"):
-            nan_seen = nan_seen.max(axis=0)
-            top = best_value.max(axis=0)
-            best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
-                                   best_index, _BIG_INDEX).min(axis=0)
+            nan_seen = nan_seen.max(axis=vocab_axis)
+            top = best_value.max(axis=vocab_axis)
+            best_index = jnp.where(
+                best_value == lax.broadcast_in_dim(top, tile, (batch_axis,)),
+                best_index, _BIG_INDEX).min(axis=vocab_axis)
             best_value = top
         nan_flag = jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max() > 0,
                              STATUS_NAN_LOGITS, 0)
