@@ -126,6 +126,36 @@ def test_nan_on_m_reported_at_64_rows(request, head_fixture, temperature):
     assert int(out.status) & STATUS_NAN_LOGITS, (row, step, column)
 
 
+@pytest.mark.parametrize("axis", ["m", "n"])
+@pytest.mark.parametrize("num_blocks", [None, 4])
+@pytest.mark.parametrize("planes", [False, True], ids=["bf16", "int8p"])
+def test_vocabulary_tail_rows_on_either_axis(axis, num_blocks, planes):
+  """V not a multiple of 64 (712): the last chunk's start is clamped to V - 64, and its
+  base tile must still hold the rows [V - 64, V) — on M a copy into the tiled base slot
+  moves whole tiles (a tail row's base logit was lost there before the fix). A spike in
+  the base logits at each tail column wins; fresh random walks equal the reference."""
+  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64)
+  head = wts_jax.make_head(config, seed=1)
+  if planes:
+    head = quantize_w2(head, "int8", state="planes")
+  mosaic = MosaicConfig(kernel="batched", batch_axis=axis, num_blocks=num_blocks)
+  base, first, hidden = random_inputs(config, 40, 1, jax.random.key(2))
+  walk = jax.jit(lambda b: wts_jax.walk(head, b, first, hidden, impl="mosaic",
+                                        config=mosaic).tokens)
+  for column in (3, 647, 650, 703, 704, 705, 711):
+    spiked = jnp.zeros_like(base).at[:, 0, column].set(1000.0)
+    assert set(np.asarray(walk(spiked))[:, 0].tolist()) == {column}, column
+  for seed, temperature in ((40, 0.0), (41, 0.0), (42, 0.8)):
+    base, first, hidden = random_inputs(config, 40, 4, jax.random.key(seed))
+    key = jax.random.key(seed + 100) if temperature else None
+    out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=mosaic,
+                       temperature=temperature, key=key)
+    ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                       key=key)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert int(out.status) == 0
+
+
 def test_repeats_identical(head):
   base, first, hidden = random_inputs(head.config, 64, 7, jax.random.key(9))
   key = jax.random.key(4)

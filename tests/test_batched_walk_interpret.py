@@ -336,6 +336,25 @@ def test_element_bests_on_m_report_nan(monkeypatch):
         output.STATUS_NAN_LOGITS, (row, step, column)
 
 
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("axis", ["m", "n"])
+def test_vocabulary_tail_base_tile(axis):
+  """V = 712: the base logits' last tile holds the rows [V - 64, V), and the clamped last
+  chunk reads its base logits from there (``base_start``): a spike at each tail column
+  wins (the GPU test runs the same on the tiled copies this guards)."""
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  head = wts_jax.make_head(HeadConfig(vocab_size=712, rank=64, hidden_size=64), seed=1)
+  base, first, hidden = random_inputs(head.config, 9, 1, jax.random.key(2))
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis,
+                        warpgroups=1)
+  walk = jax.jit(lambda b: wts_jax.walk(head, b, first, hidden, impl="mosaic",
+                                        config=config).tokens)
+  for column in (650, 704, 711):
+    spiked = jnp.zeros_like(base).at[:, 0, column].set(1000.0)
+    assert set(np.asarray(walk(spiked))[:, 0].tolist()) == {column}, column
+
+
 def test_loaded_gather_needs_scalar_scales_and_a_whole_row_a_warpgroup():
   plan = mosaic_batched_plan.plan_batched(
       vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,

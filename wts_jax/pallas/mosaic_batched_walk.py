@@ -258,9 +258,17 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # warpgroup's; the producer serves every consumer).
   def chunk_start(c, owner=None):
     # Clamped, so the last chunks overlap earlier rows rather than read past V.
+    return jnp.minimum(unclamped_start(c, owner), vocab - CHUNK_ROWS)
+
+  def unclamped_start(c, owner=None):
     owner = wg if owner is None else owner
-    return jnp.minimum(block * (plan.chunks * CHUNK_ROWS) + (owner * chunks + c) * CHUNK_ROWS,
-                       vocab - CHUNK_ROWS)
+    return block * (plan.chunks * CHUNK_ROWS) + (owner * chunks + c) * CHUNK_ROWS
+
+  def base_start(c, owner=None):
+    # ``base_g``'s columns: whole tiles, its last one the rows [V - 64, V) (``batched_walk``),
+    # so a clamped chunk's base tile starts on a tile too (a copy into a tiled slot moves
+    # whole tiles: from an unaligned column it would start at the tile below).
+    return jnp.minimum(unclamped_start(c, owner), refs.base_g.shape[2] - CHUNK_ROWS)
 
   def copy_chunk(c, slot, barrier, owner=None):
     owner = wg if owner is None else owner
@@ -383,7 +391,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     copy_stream(stream_index(step, j, owner) + stages, owner)
 
   def base_tile_g(step, position, owner=None):
-    start = chunk_start(chunk_at(step, position), owner)
+    start = base_start(chunk_at(step, position), owner)
     return refs.base_g.at[:, step, pl.ds(start, CHUNK_ROWS)]
 
   def copy_base(step, position, owner=None, prefetch_ahead=True):
@@ -1234,12 +1242,16 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   # On M base tiles are [8-row, 64-column] TMA tiles: rows padded to the plan's. On N a
   # tile is untiled and a copy brings the batch's rows as given (the kernel zeroes the
   # rest of each slot once): padding them would copy all the base logits before the
-  # launch. V is padded to a whole tile either way (the chunks never read past V: their
-  # starts are clamped).
-  vocab_pad = -base_logits.shape[2] % CHUNK_ROWS
+  # launch. The columns are whole tiles either way: where V is not a multiple of 64, the
+  # last tile holds the rows [V - 64, V), the last chunk's (its start clamped so as not to
+  # read W2 past V), so that its base tile starts on a tile (``base_start``).
+  tail = vocab % CHUNK_ROWS
+  if tail:
+    base_logits = jnp.concatenate([base_logits[:, :, :vocab - tail],
+                                   base_logits[:, :, vocab - CHUNK_ROWS:]], axis=2)
   row_pad = 0 if n_major else rows - base_logits.shape[0]
-  if row_pad or vocab_pad:
-    base_logits = jnp.pad(base_logits, ((0, row_pad), (0, 0), (0, vocab_pad)))
+  if row_pad:
+    base_logits = jnp.pad(base_logits, ((0, row_pad), (0, 0), (0, 0)))
   wgs = plan.warpgroups
   threads = wgs + (1 if plan.producer else 0)
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
