@@ -134,7 +134,7 @@ def test_vocabulary_tail_rows_on_either_axis(axis, num_blocks, planes):
   base tile must still hold the rows [V - 64, V) — on M a copy into the tiled base slot
   moves whole tiles (a tail row's base logit was lost there before the fix). A spike in
   the base logits at each tail column wins; fresh random walks equal the reference."""
-  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64)
+  config = HeadConfig(vocab_size=712, rank=128, hidden_size=64)
   head = wts_jax.make_head(config, seed=1)
   if planes:
     head = quantize_w2(head, "int8", state="planes")
