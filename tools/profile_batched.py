@@ -17,10 +17,8 @@ mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrie
 (a producer warpgroup issues every refill, or the computing warpgroups do), ``q`` (z's two
 halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g`` /
 ``u`` (the z rows gathered by the leader's four warps, or by one thread; unnamed: the
-planner's), ``G`` (the z rows read by the leader's loads, not copied; int8 planes with
-``S``), ``V`` (greedy on M: the NaN check by its own reduction, not read from the
-rows' maxima), ``E`` (on M: each accumulator element its own best over the step's
-chunks, one reduction a step), ``p`` (the producer's copies issued by
+planner's), ``V`` (greedy on M: the NaN check by its own reduction, not read from the
+rows' maxima), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
 barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
 memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
@@ -109,16 +107,16 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "x": ("split", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
          "u": ("warp_gather", False), "V": ("nan_from_top", False),
-         "E": ("element_bests", True),
+
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "A": ("host_ahead", True), "G": ("loaded_gather", True)}
+         "A": ("host_ahead", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
-PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "loaded_gather",
-                "warp_producer", "nan_from_top", "element_bests",
+PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
+                "nan_from_top",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
                 "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
@@ -257,10 +255,8 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
     mosaic_backend.plan_batched = planned
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
-  plan_options = dict(variant.plan_options)
-  if plan_options.get("loaded_gather"):   # loads instead of the copies, warp-level or not
-    plan_options.setdefault("warp_gather", False)
-  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, **plan_options))
+  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
+                                                            **variant.plan_options))
   spec = dataclasses.replace(spec, profile_dir=profile_dir, probe_skew=variant.probe_skew,
                              profile_space=PROFILE_SPACE if profile_dir else 0)
   def walk(head, base, first, hidden):

@@ -244,12 +244,6 @@ class BatchedPlan:
   # option, off).
   warp_gather: bool = False
   warp_producer: bool = False
-  # The step's z rows read by the leader's threads instead of copied: a vector load a row
-  # from global memory (every row's load issued before the first store, so their
-  # latencies overlap) stored to the staging rows, no bulk copy and no z barrier; int8
-  # planes read each row's s_lo by a scalar load beside it (``scalar_plane_scales``).
-  # Measurement option, off until measured.
-  loaded_gather: bool = False
   # Each block's candidate of every row names the W1 row (and int8 planes' scale window)
   # the next step gathers if it wins: prefetched into L2 while the grid barrier runs
   # (measurement option, off until measured).
@@ -261,11 +255,6 @@ class BatchedPlan:
   # Greedy walks on M: a chunk's NaN check read from its per-row maxima (NaN wherever a
   # row holds one) instead of a reduction of its own; off only to measure the reduction.
   nan_from_top: bool = True
-  # The batch on M: every accumulator element keeps its own best (score, vocab row, NaN)
-  # over the step's chunks, reduced over the vocabulary once a step as on N, instead of
-  # a chunk's per-row reductions (its maximum, then the lowest index holding it): three
-  # [64, 64] tiles of registers a thread's share. Measurement option, off until measured.
-  element_bests: bool = False
   # Chunks a group whose WGMMAs overlap: within a group each chunk's WGMMA is issued
   # before the previous chunk's epilogue, so the tensor cores run while the warpgroup
   # adds the base logits and folds the scores; the last of a group waits for its own
@@ -318,13 +307,6 @@ class BatchedPlan:
                        "chunk is the WGMMA's A operand)")
     if self.scalar_plane_scales and not self.int8_state:
       raise ValueError("scalar_plane_scales is the int8 planes' option")
-    if self.loaded_gather and (self.warp_gather
-                               or (self.int8_state and not self.scalar_plane_scales)):
-      raise ValueError("loaded_gather reads z by loads, not copies: no warp_gather, and "
-                       "int8 planes' s_lo by scalar loads (scalar_plane_scales)")
-    if self.loaded_gather and (2 * self.rank if self.int8_state else self.rank) % 128:
-      raise ValueError(f"loaded_gather shares a z row over a warpgroup's 128 threads: "
-                       f"rank={self.rank} gives too few elements a row")
     if not 0 <= self.l2_keep_chunks <= self.streamed_chunks:
       raise ValueError(f"l2_keep_chunks={self.l2_keep_chunks} must be in [0, "
                        f"{self.streamed_chunks}] (a warpgroup's streamed chunks)")
@@ -460,7 +442,6 @@ class BatchedPlan:
             + ("; a producer warpgroup issues the refills"
                + (" (one warp)" if self.warp_producer else "") if self.producer else "")
             + ("; z rows gathered by four warps" if self.warp_gather else "")
-            + ("; z rows read by loads" if self.loaded_gather else "")
             + ("; candidates' W1 rows prefetched to L2" if self.prefetch_candidates
                else "")
             + (f"; {self.l2_keep_chunks} streamed chunks a warpgroup kept in L2 "

@@ -92,7 +92,6 @@ _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
 _PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
 _WARPS = 4                      # warps a warpgroup
-_WARPGROUP_THREADS = 128
 SCALE_WINDOW = 32   # scales a bulk copy moves (128 bytes: its smallest unit here)
 SCALE_WINDOW_N = 64   # the batch on N: a window as wide as the [64, 64] layout tile
 _BIG_INDEX = 1 << 30
@@ -237,9 +236,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # Batch on N: the WGMMA's N (both halves' columns with ``pair_on_n``).
   n_width = plan.lo_offset + rows if plan.pair_on_n else rows
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
-  # Every accumulator element keeps its own best over the step's chunks, reduced over the
-  # vocabulary once a step: on N always, on M with ``plan.element_bests``.
-  element_bests = n_major or plan.element_bests
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
   z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
@@ -419,12 +415,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     side by side, and the window of scales holding its s_lo) into staging row b. Rows >= B of a
     padded batch walk along on their own tokens; rows past ``rows`` stay zero. With
     ``plan.warp_gather`` warp w issues rows w, w + 4, ... (copies in warp semantics meet
-    no warpgroup barrier); with ``plan.loaded_gather`` the rows are read by loads
-    (``load_rows``); with ``plan.scalar_plane_scales`` each row's s_lo by a scalar load."""
-    if plan.loaded_gather:
-      load_rows()
-      return
-
+    no warpgroup barrier); with ``plan.scalar_plane_scales`` each row's s_lo by a scalar
+    load."""
     def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
@@ -446,20 +438,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     if plan.scalar_plane_scales:
       store_row_scales([refs.w1_scale_g[refs.tok_s[b]] for b in range(rows)])
 
-  def load_rows():
-    """``plan.loaded_gather``: every row's W1 row (and int8 planes' s_lo) loaded by the
-    warpgroup's threads, an equal share a thread (4 bytes at r = 256), all issued before the first store so one
-    latency covers them, then stored to the staging rows (made visible to the staging's
-    reads by ``stage_z``'s warpgroup barrier)."""
-    tokens = [refs.tok_s[b] for b in range(rows)]
-    row_layout = plgpu.Layout.WG_STRIDED((z_width,), vec_size=z_width // _WARPGROUP_THREADS)
-    loaded = [_load(refs.w1_g.at[token], row_layout, optimized=False) for token in tokens]
-    scales = [refs.w1_scale_g[token] for token in tokens] if planes else None
-    for b, row in enumerate(loaded):
-      refs.z_s[b, pl.ds(0, z_width)] = row
-    if planes:
-      store_row_scales(scales)
-
   def prefetch_candidates():
     """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
     for the gather after the barrier (``plan.prefetch_candidates``)."""
@@ -474,7 +452,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
   def store_row_scales(scales):
     """``scalar_plane_scales``: each row's s_lo (scalar loads of its token's scale, issued
-    after the row's copy or load so the latencies overlap), stored for every warpgroup's
+    after the rows' copies so the latencies overlap), stored for every warpgroup's
     ``row_plane_scale``."""
     per_row = None
     for b, scale in enumerate(scales):
@@ -742,10 +720,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def step_body(step, flags):
       with jax.named_scope("z_wait"):
         def stage_z():
-          if plan.loaded_gather:   # the rows this warpgroup stored, every thread's
-            plgpu.commit_smem()
-          else:
-            plgpu.barrier_wait(refs.z_bar)
+          plgpu.barrier_wait(refs.z_bar)
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
@@ -902,7 +877,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             noise = sampling.gumbel_from_uniform(
                 sampling.uniform_from_stream(streams, vocab_rows))
             scores = logits * scale + jnp.where(noise_on, noise, 0.0)
-          if element_bests:
+          if n_major:
             nan_seen = nan_seen | jnp.where(logits != logits, 1, 0)
             top, top_index = scores, vocab_rows
           else:
@@ -953,8 +928,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                   lambda: refill_ring_after(step, j))
         return best_value, best_index, nan_seen
 
-      carry_shape, carry_layout = (tile, _WGMMA) if element_bests else ((BATCH_TILE,),
-                                                                        _PER_ROW)
+      carry_shape, carry_layout = (tile, _WGMMA) if n_major else ((BATCH_TILE,), _PER_ROW)
       carry = tuple(plgpu.layout_cast(jnp.full(carry_shape, value, dtype), carry_layout)
                     for value, dtype in ((_NEG_INF, jnp.float32), (0, jnp.int32),
                                          (0, jnp.int32)))
@@ -1010,7 +984,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         Mosaic's cross-warp reductions (over the vocabulary on N, the NaN flag over the
         rows) share one scratch buffer among warpgroups: two warpgroups reduce in turn."""
         best_value, best_index, nan_seen = carry
-        if element_bests:   # over the vocabulary: the best per batch row
+        if n_major:   # over the vocabulary (axis 0): the best per batch column
           with jax.named_scope("column_reduce"):
             nan_seen = nan_seen.max(axis=vocab_axis)
             top = best_value.max(axis=vocab_axis)
