@@ -270,6 +270,17 @@ def test_vocabulary_tail_base_tile(axis):
     assert set(np.asarray(walk(spiked))[:, 0].tolist()) == {column}, column
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_int8_planes_at_rank_64_lower_for_cuda(temperature):
+  """The planner's plan for int8 planes at r = 64 and 8 rows (on M) lowers; on N it
+  did not (no conflict-free copy for the z staging)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  text = lower_walk("vanilla", 8, 4, quantize="int8p", rank=64, temperature=temperature,
+                    config=WalkConfig(num_programs=132))
+  assert "mosaic_gpu" in text
+
+
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
 def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
                                                              quantize):

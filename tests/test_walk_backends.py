@@ -297,3 +297,27 @@ def test_planner_gathers_int8_planes_rows_by_four_warps_on_m_only():
   on_n = plan(planes, 16)
   if on_n.batch_axis == "n":
     assert not on_n.warp_gather
+
+
+def test_int8_planes_at_rank_64_go_on_m():
+  """At r = 64 int8 planes with the batch on N do not lower (Mosaic has no conflict-free
+  copy for the z staging): the planner puts them on M at every batch, and a config that
+  asks for N gets a refusal naming the rank, not a lowering error."""
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.walk_config import MosaicConfig
+  planes = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"),
+                          _head(rank=64, vocab=712))
+  for batch in (2, 8, 32):
+    shapes = backend.WalkShapes(batch=batch, steps=7, greedy=True)
+    spec = mosaic_backend.plan(planes, shapes, MosaicConfig(kernel="batched"), H200)
+    assert spec.plan.batch_axis == "m", batch
+  refused = mosaic_backend.plan(planes, backend.WalkShapes(batch=8, steps=7, greedy=True),
+                                MosaicConfig(kernel="batched", batch_axis="n"), H200)
+  assert isinstance(refused, backend.Refusal)
+  if mosaic_backend.BATCH_ON_N_LOWERS:   # (jax 0.10 refuses N for every walk first)
+    assert "rank=64" in refused.reason, refused.reason
+  at_128 = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"),
+                          _head(rank=128, vocab=712))
+  spec = mosaic_backend.plan(at_128, backend.WalkShapes(batch=8, steps=7, greedy=True),
+                             MosaicConfig(kernel="batched"), H200)
+  assert spec.plan.batch_axis == ("n" if mosaic_backend.BATCH_ON_N_LOWERS else "m")

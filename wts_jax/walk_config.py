@@ -132,7 +132,8 @@ class MosaicConfig:
     chunks; None: the planner's — 3, or 1 on M with two computing warpgroups).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
     the B operand), "n" (a chunk the A operand, the batch on N; jax >= 0.11) or None
-    (the planner's: N up to 32 rows where it lowers, else M).
+    (the planner's: N up to 32 rows where it lowers, else M; int8 planes at r < 128
+    always M).
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
     two for sampling, for int8 planes and for bf16 greedy walks of 17-32 rows (on N);
     the gated head two only for sampling past 16 rows or on M; the rnn head two only for

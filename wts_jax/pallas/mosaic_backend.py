@@ -189,7 +189,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   widening = w2_widening(head, shapes, config)
   # (Widened into registers the chunk is the WGMMA's A operand: the batch goes on N.)
   axis = config.batch_axis or ("n" if widening == "registers" else auto_batch_axis(
-      rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS))
+      rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS,
+      rank=rank))
   wgs = config.warpgroups or auto_warpgroups(
       axis, int8_state=planes, greedy=shapes.greedy, gated=gated, batch=rows,
       w2_in_registers=widening == "registers", recurrent=recurrent)

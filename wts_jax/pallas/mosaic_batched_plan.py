@@ -79,9 +79,17 @@ AUTO_OVERLAP_MAX = 16
 # bf16 no faster, NOTES v24 and v25).
 
 
+# int8 planes with the batch on N stage z's rows (r bytes a plane) into a tile swizzled at
+# min(128, r) bytes: at r = 64 Mosaic finds no bank-conflict-free copy layout for that
+# staging and does not lower the kernel (NOTES v25), so such walks go on M.
+PLANES_ON_N_MIN_RANK = 128
+
+
 def auto_batch_axis(batch: int, *, int8_state: bool, greedy: bool,
-                    batch_on_n_lowers: bool = True) -> str:
-  del int8_state, greedy   # (the same limit for all: NOTES v18)
+                    batch_on_n_lowers: bool = True, rank: int = 256) -> str:
+  del greedy   # (the same limit for all: NOTES v18)
+  if int8_state and rank < PLANES_ON_N_MIN_RANK:
+    return "m"
   return "n" if batch_on_n_lowers and batch <= AUTO_BATCH_ON_N_MAX else "m"
 
 
@@ -560,6 +568,10 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      "(quantize_w2(head, 'int8', state='planes'))")
   if int8_state and w2_itemsize != 1:
     raise ValueError("int8 planes of z meet an int8 W2 only")
+  if int8_state and batch_axis == "n" and rank < PLANES_ON_N_MIN_RANK:
+    raise ValueError(f"int8 planes with the batch on N need rank >= {PLANES_ON_N_MIN_RANK} "
+                     f"(rank={rank}: Mosaic has no conflict-free copy for its z staging); "
+                     "use batch_axis='m'")
   if gated and ((w2_itemsize != 2 and not in_kernel) or producer):
     raise ValueError("the gated head's batched walk needs a bf16 W2 (its fp32 z meets W2 "
                      "as a hi + lo bf16 pair) and no producer warpgroup")
