@@ -107,7 +107,6 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "x": ("split", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
          "u": ("warp_gather", False), "V": ("nan_from_top", False),
-
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
          "S": ("scalar_plane_scales", True), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),

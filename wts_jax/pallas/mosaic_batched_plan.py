@@ -74,11 +74,6 @@ AUTO_BASE_STAGES_TWO_ON_M = 1
 # sampled walks, the gated and rnn heads and the batch on M measured slower, NOTES v23).
 AUTO_OVERLAP_CHUNKS = 2
 AUTO_OVERLAP_MAX = 16
-# int8 planes on M: the step's z rows gathered by the leader's four warps (B 64 greedy
-# 158 -> 149 µs, sampled 335 -> 324, in two calls each; B 16 on M measured slower, and
-# bf16 no faster, NOTES v24 and v25).
-
-
 # int8 planes with the batch on N stage z's rows (r bytes a plane) into a tile swizzled at
 # min(128, r) bytes: at r = 64 Mosaic finds no bank-conflict-free copy layout for that
 # staging and does not lower the kernel (NOTES v25), so such walks go on M.
@@ -160,7 +155,9 @@ def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
 
 
 def auto_warp_gather(batch_axis: str, *, int8_state: bool) -> bool:
-  """``BatchedPlan.warp_gather`` where it measured faster: int8 planes on M."""
+  """``BatchedPlan.warp_gather`` where it measured faster: int8 planes on M (at 64 rows,
+  greedy and sampled; on M at 16 rows it measured slower, for bf16 no faster: NOTES v24,
+  v25)."""
   return int8_state and batch_axis == "m"
 
 

@@ -986,11 +986,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         best_value, best_index, nan_seen = carry
         if n_major:   # over the vocabulary (axis 0): the best per batch column
           with jax.named_scope("column_reduce"):
-            nan_seen = nan_seen.max(axis=vocab_axis)
-            top = best_value.max(axis=vocab_axis)
-            best_index = jnp.where(
-                best_value == lax.broadcast_in_dim(top, tile, (batch_axis,)),
-                best_index, _BIG_INDEX).min(axis=vocab_axis)
+            nan_seen = nan_seen.max(axis=0)
+            top = best_value.max(axis=0)
+            best_index = jnp.where(best_value == lax.broadcast_in_dim(top, tile, (1,)),
+                                   best_index, _BIG_INDEX).min(axis=0)
             best_value = top
         nan_flag = jnp.where((nan_seen * jnp.where(row_ids < spec.batch, 1, 0)).max() > 0,
                              STATUS_NAN_LOGITS, 0)
