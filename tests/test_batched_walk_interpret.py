@@ -1206,6 +1206,24 @@ def test_profile_tool_variants_name_what_they_set():
     profile_batched.parse_variant("bf16:4:greedy:z")
   assert profile_batched.parse_variant("gated8:16:greedy:a+A").host_ahead
   assert profile_batched.DTYPES["rnn8"] == ("rnn", "int8")
+  assert profile_batched.parse_variant("int8p:64:greedy:a+T").fixed_tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_profile_tool_fixed_tokens_hold_each_rows_token(temperature):
+  """tools/profile_batched.py ``T``: with each row's base logits spiked at a column of its
+  own, the reference walk picks that token at every step (greedy and sampled), a
+  different one each row."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import profile_batched
+  head = _head(1000, 64)
+  base, first, hidden = random_inputs(head.config, 6, 4, jax.random.key(3))
+  key = jax.random.key(4) if temperature else None
+  tokens = np.asarray(wts_jax.walk(head, profile_batched.with_fixed_tokens(base), first,
+                                   hidden, impl="xla", temperature=temperature,
+                                   key=key).tokens)
+  assert (tokens == tokens[:, :1]).all()
+  assert len(set(tokens[:, 0].tolist())) == 6
 
 
 def test_profile_tool_splits_regions_by_warpgroup(tmp_path):

@@ -32,7 +32,10 @@ cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction 
 or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profiling: the first
 tokens produced by an op of the walk, which otherwise passes them to the kernel as
 given), ``A`` (profiling: ≈ 3 ms of
-device work queued before the timed walks, so the host launches ahead of the device).
+device work queued before the timed walks, so the host launches ahead of the device),
+``T`` (profiling: each row's base logits spiked at one column of its own at every step,
+so a row's token never changes and each step gathers the W1 rows the step before
+gathered — the gather's cost with its rows recently read, against random tokens').
 Options unnamed are the planner's, except the batch axis (M unless ``n`` or
 ``a``).
 
@@ -94,6 +97,7 @@ class Variant:
   merge_tiles: bool | None = None
   first_op: bool = False
   host_ahead: bool = False
+  fixed_tokens: bool = False
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
   plan_options: dict = dataclasses.field(default_factory=dict)
@@ -112,7 +116,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "A": ("host_ahead", True)}
+         "A": ("host_ahead", True), "T": ("fixed_tokens", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "nan_from_top",
@@ -225,10 +229,26 @@ def build_with_profile_space(variant: Variant, heads: Heads, directory: str, tri
       reserve += int(excess[1]) - int(excess[2]) + 1024
 
 
+FIXED_TOKEN_SPIKE = 1000.0   # far above any logit of the random inputs, sampled or not
+
+
+def with_fixed_tokens(base):
+  """``base`` [B, K, V] with row b's logit at column (977 · b + 13) mod V raised by
+  ``FIXED_TOKEN_SPIKE`` at every step: each row's token, distinct from the other rows',
+  is the same at every step."""
+  rows, _, vocab = base.shape
+  columns = (977 * jnp.arange(rows) + 13) % vocab
+  spike = jnp.zeros(base.shape, jnp.float32).at[jnp.arange(rows), :, columns].set(
+      FIXED_TOKEN_SPIKE)
+  return (base.astype(jnp.float32) + spike).astype(base.dtype)
+
+
 def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir: str = ""):
   head = heads(variant.dtype)
   base, first, hidden = random_inputs(heads.config(variant.dtype), variant.batch, STEPS,
                                       jax.random.key(variant.batch))
+  if variant.fixed_tokens:
+    base = with_fixed_tokens(base)
   if not head.config.needs_hidden:
     hidden = None
   temperature = 0.0 if variant.greedy else 0.8
