@@ -14,7 +14,8 @@ first differing at one of its fp32 near-ties); the batch on the WGMMA's N at B =
 warpgroups on either axis; the gated head (z as a hi + lo bf16 pair) on either axis, one
 or two warpgroups, B = 5/16/64/70; the gated head's gate and the rnn head's update split
 over the blocks, and ``impl="auto"`` choosing them; logits and log-probabilities from
-every Mosaic kernel; the L2 hints (streamed chunks kept, base tiles prefetched ahead).
+every Mosaic kernel; the L2 hints (streamed chunks kept, base tiles prefetched ahead);
+``impl="auto"`` on an r = 64 int8-planes head at B = 2-32.
 """
 
 from __future__ import annotations
@@ -86,6 +87,24 @@ def planes_head(head):
 def test_int8_planes_tokens_equal_reference(planes_head, batch, temperature):
   for seed in (1, 2):
     _check(planes_head, batch, temperature, seed)
+
+
+@pytest.mark.parametrize("batch", [2, 5, 16, 32])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_auto_int8_planes_at_rank_64(batch, temperature):
+  """An r = 64 int8-planes head under ``impl="auto"`` (its planes go on M below r = 128:
+  on N their z staging does not lower) compiles and gives the reference's tokens."""
+  config = dataclasses.replace(HeadConfig.qwen3_4b("vanilla"), rank=64)
+  planes = quantize_w2(wts_jax.make_head(config, seed=3), "int8", state="planes")
+  base, first, hidden = random_inputs(config, batch, 7, jax.random.key(batch))
+  key = jax.random.key(batch + 100) if temperature else None
+  shapes = backend.WalkShapes(batch=batch, steps=7, greedy=not temperature)
+  assert backend.choose(planes, shapes).impl == "mosaic"
+  out = wts_jax.walk(planes, base, first, hidden, temperature=temperature, key=key)
+  ref = wts_jax.walk(planes, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  assert int(out.status) == 0
 
 
 def test_auto_takes_batched_kernel(head):
