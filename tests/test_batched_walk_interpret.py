@@ -180,7 +180,7 @@ def _measurement_options_on(monkeypatch):
   planned = mosaic_backend.plan_batched
 
   def with_options(**kwargs):
-    plan = planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
+    plan = planned(**kwargs, plane_scales="scalar" if kwargs.get("int8_state") else "window")
     return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
                                prefetch_candidates=True,
                                l2_keep_chunks=min(2, plan.streamed_chunks),
@@ -209,11 +209,11 @@ def test_warp_level_copies_tokens_equal_xla(monkeypatch, vocab, rank, batch, ste
                       warpgroups=warpgroups, producer=producer)
 
 
-def _scalar_plane_scales(monkeypatch):
+def _plane_scales(monkeypatch, where):
   planned = mosaic_backend.plan_batched
 
   def with_option(**kwargs):
-    return planned(**kwargs, scalar_plane_scales=kwargs.get("int8_state", False))
+    return planned(**kwargs, plane_scales=where if kwargs.get("int8_state") else "window")
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
 
 
@@ -227,28 +227,34 @@ SCALAR_SCALE_CASES = [(1000, 128, 13, 3, "none", 0.7, "n", 2, True),
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups,"
                          "producer", SCALAR_SCALE_CASES)
-def test_scalar_plane_scales_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
-                                              residency, temperature, axis, warpgroups,
-                                              producer):
-  """Each row's s_lo by a scalar load of its token's scale (a measurement option of the
-  planner) walks the reference's tokens."""
-  _scalar_plane_scales(monkeypatch)
+@pytest.mark.parametrize("where", ["scalar", "threads"])
+def test_row_plane_scales_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
+                                           residency, temperature, axis, warpgroups,
+                                           producer, where):
+  """Each row's s_lo loaded on its own, not in a copied window of scales (by scalar
+  loads; by a thread a row, whose PTX interpret mode replaces with the scalar loads),
+  walks the reference's tokens."""
+  _plane_scales(monkeypatch, where)
   head = quantize_w2(_head(vocab, rank), "int8", state="planes")
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=29, batch_axis=axis,
                       warpgroups=warpgroups, producer=producer)
 
 
-def test_scalar_plane_scales_free_the_scale_windows():
+def test_row_plane_scales_free_the_scale_windows():
   """Without the [64, window + 8] f32 scale windows a block holds more W2: int8 planes
   at B 16 on N with one warpgroup, two more resident chunks (10 of 18)."""
   plan = mosaic_batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, batch=16, num_sms=132, smem_per_block=H200_SMEM,
               batch_axis="n", w2_itemsize=1, int8_state=True)
-  windows, scalars = plan(**args), plan(**args, scalar_plane_scales=True)
-  assert scalars.scalar_plane_scales
-  assert (windows.resident_chunks, scalars.resident_chunks) == (8, 10)
-  with pytest.raises(ValueError, match="the int8 planes' option"):
-    plan(**{**args, "w2_itemsize": 2, "int8_state": False}, scalar_plane_scales=True)
+  windows = plan(**args)
+  for where in ("scalar", "threads"):
+    rows_own = plan(**args, plane_scales=where)
+    assert rows_own.plane_scales == where
+    assert (windows.resident_chunks, rows_own.resident_chunks) == (8, 10)
+    with pytest.raises(ValueError, match="the int8 planes' option"):
+      plan(**{**args, "w2_itemsize": 2, "int8_state": False}, plane_scales=where)
+  with pytest.raises(ValueError, match="plane_scales='rows'"):
+    plan(**args, plane_scales="rows")
 
 
 @NEEDS_INTERPRETER

@@ -20,8 +20,9 @@ halves in two WGMMAs a chunk where the batch is on N, not side by side in one), 
 planner's), ``V`` (greedy on M: the NaN check by its own reduction, not read from the
 rows' maxima), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
-barrier), ``S`` (int8 planes: each row's s_lo by a scalar load, the scale windows' shared
-memory given to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
+barrier), ``S`` / ``Q`` / ``W`` (int8 planes: each row's s_lo by a scalar load, by a
+thread of its own, or in a window of scales copied beside its planes:
+``BatchedPlan.plane_scales``; without windows their shared memory goes to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
 epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
 prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
 ``fN`` (each base tile's copy prefetches the tile N further along into L2:
@@ -112,7 +113,8 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
          "u": ("warp_gather", False), "V": ("nan_from_top", False),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
-         "S": ("scalar_plane_scales", True), "P": ("producer", True),
+         "S": ("plane_scales", "scalar"), "Q": ("plane_scales", "threads"),
+         "W": ("plane_scales", "window"), "P": ("producer", True),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
@@ -123,7 +125,7 @@ PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_pr
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
                 "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
-PLANNER_OPTIONS = ("scalar_plane_scales",)
+PLANNER_OPTIONS = ("plane_scales",)
 
 
 # dtype -> (head type, W2 quantization: None, "planes", or "int8" widened on the kernel)

@@ -28,6 +28,7 @@ from wts_jax.walk_config import W2_WIDENINGS
 BATCH_TILE = 64          # WGMMA M: the batch rows of one launch (unused rows are zeros)
 BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of base logits
 Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 8 bank groups
+PLANE_SCALES = ("window", "scalar", "threads")   # BatchedPlan.plane_scales
 DEFAULT_RING_STAGES = 2
 WGMMA_MAX_N = 256
 # The gated head's ring: its four G_e chunks a step stream through it too, and a third
@@ -253,10 +254,14 @@ class BatchedPlan:
   # the next step gathers if it wins: prefetched into L2 while the grid barrier runs
   # (measurement option, off until measured).
   prefetch_candidates: bool = False
-  # int8 planes: each row's s_lo read by a scalar load of its token's scale after the
-  # gather (into [64] f32), instead of a bulk copy a row of the 32 or 64 scales around
-  # it and their [64, window + 8] f32 staging (measurement option, off until measured).
-  scalar_plane_scales: bool = False
+  # int8 planes: where each row's s_lo comes from (``PLANE_SCALES``). "window": a bulk
+  # copy a row, beside its planes, of the 32 or 64 scales around it, staged [64, window
+  # + 8] f32 and picked out by each warpgroup. "scalar": scalar loads of the tokens'
+  # scales after the gather (warpgroup-uniform, one after another), into [64] f32.
+  # "threads": one load a row by the leader's threads, each its own row's, issued after
+  # the planes' copies so its latency runs beside theirs, into [64] f32 (interpret mode:
+  # as "scalar"). Without "window" a row's gather is one copy, not two.
+  plane_scales: str = "window"
   # Greedy walks on M: a chunk's NaN check read from its per-row maxima (NaN wherever a
   # row holds one) instead of a reduction of its own; off only to measure the reduction.
   nan_from_top: bool = True
@@ -310,8 +315,10 @@ class BatchedPlan:
     if self.w2_widening == "registers" and self.batch_axis != "n":
       raise ValueError("an int8 W2 widened into registers needs the batch on N (the "
                        "chunk is the WGMMA's A operand)")
-    if self.scalar_plane_scales and not self.int8_state:
-      raise ValueError("scalar_plane_scales is the int8 planes' option")
+    if self.plane_scales not in PLANE_SCALES:
+      raise ValueError(f"plane_scales={self.plane_scales!r} must be one of {PLANE_SCALES}")
+    if self.plane_scales != "window" and not self.int8_state:
+      raise ValueError(f"plane_scales={self.plane_scales!r} is the int8 planes' option")
     if not 0 <= self.l2_keep_chunks <= self.streamed_chunks:
       raise ValueError(f"l2_keep_chunks={self.l2_keep_chunks} must be in [0, "
                        f"{self.streamed_chunks}] (a warpgroup's streamed chunks)")
@@ -453,7 +460,9 @@ class BatchedPlan:
                "(evict_last)" if self.l2_keep_chunks else "")
             + (f"; base tiles prefetched to L2 {self.base_l2_ahead} ahead"
                if self.base_l2_ahead else "")
-            + ("; each row's s_lo by a scalar load" if self.scalar_plane_scales else "")
+            + ({"scalar": "; each row's s_lo by a scalar load",
+                "threads": "; each row's s_lo loaded by a thread of its own"}.get(
+                    self.plane_scales, "") if self.int8_state else "")
             + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
                if self.overlap_chunks > 1 else "")
             + ("; the warpgroups take turns at the tensor cores" if self.alternate_wgmma
@@ -498,15 +507,15 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
                 gate_rows: int = 0, state_units: int = 0,
-                scalar_plane_scales: bool = False, merge_tile_rows: int = 0,
+                plane_scales: str = "window", merge_tile_rows: int = 0,
                 widen_tiles: int = 0) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
   scales [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes
   the scales around each row's s_lo [64, 32 + 8] f32 ([64, 64 + 8] and a warpgroup's
-  [64] s_lo with the batch on N; only each row's s_lo [64] f32 with
-  ``scalar_plane_scales``); with warpgroups the merge slots [warpgroups, 64] f32 +
+  [64] s_lo with the batch on N; only each row's s_lo [64] f32 with ``plane_scales``
+  other than "window"); with warpgroups the merge slots [warpgroups, 64] f32 +
   i32; z as a hi + lo pair has two tiles; a split update's resident weight rows
   [gate_rows, r] bf16 and its timeout flag and barriers (one more aligned allocation),
   and the rnn head's own units' state [64, state_units] f32; with ``merge_tiles``
@@ -520,7 +529,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
   if not int8_state:
     plane_scales = 0
-  elif scalar_plane_scales:   # each row's s_lo only
+  elif plane_scales != "window":   # each row's s_lo only
     plane_scales = _aligned(BATCH_TILE * 4)
   else:
     plane_scales = (_aligned(BATCH_TILE * (window + 8) * 4)
@@ -544,7 +553,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
                  recurrent: bool = False,
-                 scalar_plane_scales: bool = False, merge_tiles: bool = False,
+                 plane_scales: str = "window", merge_tiles: bool = False,
                  overlap_chunks: int = 0, warp_gather: bool = False,
                  ring_preference: int = DEFAULT_RING_STAGES) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
@@ -614,7 +623,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       z_pair=z_pair,
                       gate_rows=update_units * (6 if recurrent else 1),
                       state_units=update_units if recurrent else 0,
-                      scalar_plane_scales=scalar_plane_scales,
+                      plane_scales=plane_scales,
                       merge_tile_rows=padded_batch(batch) if merge_tiles else 0,
                       widen_tiles=warpgroups if in_kernel and w2_widening == "smem" else 0)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
@@ -660,5 +669,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
                      gate_split=gate_split, recurrent=recurrent,
-                     scalar_plane_scales=scalar_plane_scales, merge_tiles=merge_tiles,
+                     plane_scales=plane_scales, merge_tiles=merge_tiles,
                      overlap_chunks=overlap_chunks, warp_gather=warp_gather)

@@ -81,7 +81,7 @@ from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                              STATUS_TOKEN_OUT_OF_RANGE)
-from wts_jax.pallas import grid_sync, l2_priority
+from wts_jax.pallas import grid_sync, l2_priority, row_words
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
@@ -146,7 +146,7 @@ class BatchedRefs:
   w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
   zscale_s: object = None     # the scales (a window) around each row's s_lo
   plane_scale_s: object = None   # batch on N: each row's s_lo on its way to N
-  row_scale_s: object = None     # ``scalar_plane_scales``: each row's s_lo [64] f32
+  row_scale_s: object = None     # ``plane_scales`` not "window": each row's s_lo [64] f32
   ring_free_bar: object = None   # producer: a W2 ring slot read by its consumer
   za_bar: object = None          # warpgroups: the WGMMA tile of z is staged
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
@@ -412,17 +412,17 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
-    side by side, and the window of scales holding its s_lo) into staging row b. Rows >= B of a
-    padded batch walk along on their own tokens; rows past ``rows`` stay zero. With
-    ``plan.warp_gather`` warp w issues rows w, w + 4, ... (copies in warp semantics meet
-    no warpgroup barrier); with ``plan.scalar_plane_scales`` each row's s_lo by a scalar
-    load."""
+    side by side, and with ``plane_scales`` "window" the window of scales holding its
+    s_lo) into staging row b. Rows >= B of a padded batch walk along on their own tokens;
+    rows past ``rows`` stay zero. With ``plan.warp_gather`` warp w issues rows w, w + 4,
+    ... (copies in warp semantics meet no warpgroup barrier). Otherwise each row's s_lo
+    into ``row_scale_s`` as ``plan.plane_scales`` says."""
     def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
                               refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-      if planes and not plan.scalar_plane_scales:
+      if planes and plan.plane_scales == "window":
         # Bulk copies move multiples of 128 bytes: a window around s_lo.
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
                                 refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
@@ -435,7 +435,13 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       def _(warp):
         for b in range(rows):
           _when(warp == b % _WARPS, functools.partial(gather_row, b))
-    if plan.scalar_plane_scales:
+    if not planes or plan.plane_scales == "window":
+      return
+    if plan.plane_scales == "threads" and not spec.interpret:
+      # After the copies' issue, so the loads' latency runs beside the copies'; stored
+      # by their own threads (the staging's barrier orders them before its reads).
+      row_words.load_row_words(refs.tok_s, refs.w1_scale_g, refs.row_scale_s, rows)
+    else:
       store_row_scales([refs.w1_scale_g[refs.tok_s[b]] for b in range(rows)])
 
   def prefetch_candidates():
@@ -451,9 +457,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     return jnp.minimum(token - lax.rem(token, window), vocab - window)
 
   def store_row_scales(scales):
-    """``scalar_plane_scales``: each row's s_lo (scalar loads of its token's scale, issued
-    after the rows' copies so the latencies overlap), stored for every warpgroup's
-    ``row_plane_scale``."""
+    """``plane_scales`` "scalar" (and "threads" in interpret mode): each row's s_lo
+    (scalar loads of its token's scale, issued after the rows' copies so the latencies
+    overlap), stored for every warpgroup's ``row_plane_scale``."""
     per_row = None
     for b, scale in enumerate(scales):
       per_row = jnp.where(row_ids == b, scale, 0.0 if per_row is None else per_row)
@@ -463,8 +469,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     """Each row's s_lo: its place in the scales copied beside its planes (found from the
     step's tokens in ``tok_s``). Batch on N: then through shared memory into the column
     layout (Mosaic has no transposed f32 load), a warpgroup's own slots. With
-    ``scalar_plane_scales``: as ``store_row_scales`` stored them."""
-    if plan.scalar_plane_scales:
+    ``plane_scales`` other than "window": as ``gather_z`` stored them."""
+    if plan.plane_scales != "window":
       return _load(refs.row_scale_s.at[pl.ds(0, batch_width)], per_batch_row,
                    optimized=False)
     tokens = _load(refs.tok_s, _PER_ROW, optimized=False)
@@ -647,8 +653,11 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       if rows < BATCH_TILE or short_base:
         def zero_staging():
           refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
-          if planes and not plan.scalar_plane_scales:
+          if planes and plan.plane_scales == "window":
             refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
+          elif planes:   # the rows no gather loads a scale for
+            refs.row_scale_s[pl.ds(0, batch_width)] = plgpu.layout_cast(
+                jnp.zeros((batch_width,), jnp.float32), per_batch_row)
           if plan.split:   # the rows past the batch that no copy back writes
             zero_tile(refs.za_s.at[0])
             zero_tile(refs.za_s.at[1])
@@ -686,6 +695,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       def first_z():
         first_tokens = jnp.clip(given_first, 0, vocab - 1)
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
+        if planes and plan.plane_scales == "threads":
+          plgpu.commit_smem()   # each row's token stored before its own thread reads it
         gather_z()
       leader_only(first_z)
       if plan.split:   # this block's rows of the update's weights (clamped: a block
@@ -1254,7 +1265,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A row's copies each.
       "z_bar": plgpu.Barrier(num_arrivals=rows * (
-          2 if plan.int8_state and not plan.scalar_plane_scales else 1), num_barriers=1),
+          2 if plan.int8_state and plan.plane_scales == "window" else 1), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), z_dtype),
   }
   if plan.w2_widening == "smem":
@@ -1264,7 +1275,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
   if plan.int8_state:
-    if plan.scalar_plane_scales:
+    if plan.plane_scales != "window":
       scratch["row_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
     else:
       # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
