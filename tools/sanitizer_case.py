@@ -18,7 +18,8 @@ two warpgroups (a 1-slot base ring each);
 widened in the kernel (into the WGMMA's A operand, or through each warpgroup's bf16 tile:
 its stores and fence), two warpgroups on N;
 ``batched-int8p-m2``: int8 planes at 40 rows on M, two warpgroups and a producer (the
-planner's choice there), the z rows gathered by the leader's four warps.
+planner's choice there), the z rows gathered by the leader's four warps, each row's s_lo
+loaded by a thread of its own.
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 SPIN_LIMIT (default 2^14) bounds each grid-barrier wait: a walk whose instrumented blocks
 wait longer ends with the timeout status (4), not a race; raise it to let them finish.

@@ -20,8 +20,8 @@ from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
-                                                auto_overlap_chunks, auto_producer,
-                                                auto_warp_gather,
+                                                auto_overlap_chunks, auto_plane_scales,
+                                                auto_producer, auto_warp_gather,
                                                 auto_ring_preference, auto_w2_widening,
                                                 auto_warpgroups, plan_batched,
                                                 warpgroup_chunks)
@@ -223,6 +223,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
                                            gated=update_head,
                                            widened_in_kernel=widening != "xla"),
         warp_gather=auto_warp_gather(axis, int8_state=planes),
+        plane_scales=auto_plane_scales(int8_state=planes),
         ring_preference=auto_ring_preference(gated=update_head))
 
   try:

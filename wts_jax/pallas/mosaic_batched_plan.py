@@ -162,6 +162,13 @@ def auto_warp_gather(batch_axis: str, *, int8_state: bool) -> bool:
   return int8_state and batch_axis == "m"
 
 
+def auto_plane_scales(*, int8_state: bool) -> str:
+  """``BatchedPlan.plane_scales`` where it measured faster: int8 planes' s_lo loaded by a
+  thread a row (greedy B 4 / 16 / 32 / 64 −3.5 / −3.9 / −5.5 / −1.3 µs, sampled B 64
+  −12.7, B 16 +0.6: NOTES v26)."""
+  return "threads" if int8_state else "window"
+
+
 def auto_overlap_chunks(batch_axis: str, batch: int, *, greedy: bool, gated: bool,
                         widened_in_kernel: bool) -> int:
   """Chunks a group whose WGMMAs overlap epilogues (``BatchedPlan.overlap_chunks``) where
