@@ -269,7 +269,9 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   shapes = backend.WalkShapes.of(base, mode.greedy)
   planned = mosaic_backend.plan_batched
   if variant.planner_options:   # the shared memory they free or take is W2's
-    mosaic_backend.plan_batched = functools.partial(planned, **variant.planner_options)
+    # (The variant's over the backend's own choices, which it passes by keyword too.)
+    mosaic_backend.plan_batched = lambda **kwargs: planned(
+        **{**kwargs, **variant.planner_options})
   try:
     spec = mosaic_backend.plan(head, shapes, config, device)
   finally:
