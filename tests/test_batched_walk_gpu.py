@@ -16,7 +16,7 @@ or two warpgroups, B = 5/16/64/70; the gated head's gate and the rnn head's upda
 over the blocks, and ``impl="auto"`` choosing them; logits and log-probabilities from
 every Mosaic kernel; the L2 hints (streamed chunks kept, base tiles prefetched ahead);
 ``impl="auto"`` on an r = 64 int8-planes head at B = 2-32; int8 planes' scales loaded by
-a thread a row.
+a thread a row and copied in windows.
 """
 
 from __future__ import annotations
@@ -259,23 +259,24 @@ def test_l2_hints_tokens_equal_reference(monkeypatch, head, planes_head, axis, w
                                                              ("m", 2, True, 64),
                                                              ("m", 1, False, 70)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_plane_scales_by_threads_tokens_equal_reference(monkeypatch, planes_head, axis,
-                                                        warpgroups, producer, batch,
-                                                        temperature):
+@pytest.mark.parametrize("where", ["threads", "window"])
+def test_plane_scales_tokens_equal_reference(monkeypatch, planes_head, axis, warpgroups,
+                                             producer, batch, temperature, where):
   """int8 planes' s_lo loaded by a thread a row (inline PTX; interpret mode runs scalar
-  loads instead, so only checked here) walks the reference's tokens."""
+  loads instead, so only checked here) or copied in a window of scales beside its
+  planes: the reference's tokens."""
   from wts_jax.pallas import mosaic_backend
   planned = mosaic_backend.plan_batched
   plans = []
 
-  def by_threads(**kwargs):
-    plans.append(planned(**kwargs, plane_scales="threads"))
+  def with_scales(**kwargs):
+    plans.append(planned(**{**kwargs, "plane_scales": where}))
     return plans[-1]
-  monkeypatch.setattr(mosaic_backend, "plan_batched", by_threads)
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_scales)
   config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
                         producer=producer)
   _check(planes_head, batch, temperature, 63, config=config)
-  assert plans and all(plan.plane_scales == "threads" for plan in plans)
+  assert plans and all(plan.plane_scales == where for plan in plans)
 
 
 @pytest.fixture(scope="module")

@@ -180,7 +180,8 @@ def _measurement_options_on(monkeypatch):
   planned = mosaic_backend.plan_batched
 
   def with_options(**kwargs):
-    plan = planned(**kwargs, plane_scales="scalar" if kwargs.get("int8_state") else "window")
+    plan = planned(**{**kwargs,
+                      "plane_scales": "scalar" if kwargs.get("int8_state") else "window"})
     return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
                                prefetch_candidates=True,
                                l2_keep_chunks=min(2, plan.streamed_chunks),
@@ -213,7 +214,8 @@ def _plane_scales(monkeypatch, where):
   planned = mosaic_backend.plan_batched
 
   def with_option(**kwargs):
-    return planned(**kwargs, plane_scales=where if kwargs.get("int8_state") else "window")
+    return planned(**{**kwargs,
+                      "plane_scales": where if kwargs.get("int8_state") else "window"})
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
 
 
@@ -227,13 +229,13 @@ SCALAR_SCALE_CASES = [(1000, 128, 13, 3, "none", 0.7, "n", 2, True),
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups,"
                          "producer", SCALAR_SCALE_CASES)
-@pytest.mark.parametrize("where", ["scalar", "threads"])
+@pytest.mark.parametrize("where", ["window", "scalar", "threads"])
 def test_row_plane_scales_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
                                            residency, temperature, axis, warpgroups,
                                            producer, where):
-  """Each row's s_lo loaded on its own, not in a copied window of scales (by scalar
-  loads; by a thread a row, whose PTX interpret mode replaces with the scalar loads),
-  walks the reference's tokens."""
+  """Each row's s_lo from a copied window of scales (the planner's default before
+  "threads"), by scalar loads, or by a thread a row (whose PTX interpret mode replaces
+  with the scalar loads): the reference's tokens."""
   _plane_scales(monkeypatch, where)
   head = quantize_w2(_head(vocab, rank), "int8", state="planes")
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=29, batch_axis=axis,

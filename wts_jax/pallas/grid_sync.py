@@ -181,14 +181,9 @@ def _row_slot_asm(body: str, keys_s, slots_g, rows: int,
   high key word in shared memory (its low word one ``keys_s`` row on), ``$1`` the global
   buffer, ``g`` the row's slot in it (``slot_bytes`` a row)."""
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils
-  i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
-  thread = mgpu_utils.thread_idx()
-  if thread.type != i32:
-    thread = arith.index_cast(i32, thread)
-  shared = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(keys_s))
-  slots = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(slots_g))
+  from jax._src.lib.mlir.dialects import llvm
+  from wts_jax.pallas.row_words import thread_and_addresses
+  thread, (shared,), (slots,) = thread_and_addresses((keys_s,), (slots_g,))
   llvm.inline_asm(
       ir.Type.parse("!llvm.void"), [shared, slots, thread],
       "{ .reg .pred p; .reg .b32 hi, lo, sa; .reg .b64 key, g, off;\n"

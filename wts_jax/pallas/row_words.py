@@ -1,4 +1,5 @@
-"""A table's 32-bit words gathered by one thread a row (inline PTX, Mosaic GPU only).
+"""Inline PTX run one thread a row (Mosaic GPU only): its operands, and a table's
+32-bit words gathered that way.
 
 Mosaic's scalar loads are warpgroup-uniform: every thread loads the same address, one
 row after another, so B rows cost B dependent-free but serially issued loads before
@@ -10,6 +11,20 @@ B loads issued at once, one latency for all of them.
 from __future__ import annotations
 
 
+def thread_and_addresses(shared_refs=(), global_refs=()):
+  """For inline PTX run one thread a row (inside ``plgpu.inline_mgpu``): this thread's
+  index as i32, the shared refs' addresses as i32 and the global refs' as i64."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+  thread = mgpu_utils.thread_idx()
+  if thread.type != i32:
+    thread = arith.index_cast(i32, thread)
+  return (thread, [llvm.ptrtoint(i32, mgpu_utils.memref_ptr(r)) for r in shared_refs],
+          [llvm.ptrtoint(i64, mgpu_utils.memref_ptr(r)) for r in global_refs])
+
+
 def load_row_words(index_s, table_g, out_s, rows: int):
   """``out_s[t] = table_g[index_s[t]]`` for each thread ``t < rows`` of warpgroup 0
   (``index_s`` [>= rows] int32 in shared memory, in range; ``table_g`` a 32-bit global
@@ -17,8 +32,7 @@ def load_row_words(index_s, table_g, out_s, rows: int):
   visible (a warpgroup barrier before); the words' are visible to other threads after
   the next one."""
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jax._src.lib.mlir.dialects import llvm
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   for ref, name in ((index_s, "index_s"), (table_g, "table_g"), (out_s, "out_s")):
@@ -27,13 +41,8 @@ def load_row_words(index_s, table_g, out_s, rows: int):
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType()))
   def load(_, indices, table, out):
-    i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
-    thread = mgpu_utils.thread_idx()
-    if thread.type != i32:
-      thread = arith.index_cast(i32, thread)
-    indices_at = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(indices))
-    table_at = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(table))
-    out_at = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(out))
+    thread, (indices_at, out_at), (table_at,) = thread_and_addresses((indices, out),
+                                                                     (table,))
     llvm.inline_asm(
         ir.Type.parse("!llvm.void"), [indices_at, table_at, out_at, thread],
         "{ .reg .pred p; .reg .b32 row, word, sa; .reg .b64 off, g;\n"
