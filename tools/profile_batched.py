@@ -22,8 +22,8 @@ rows' maxima), ``p`` (the producer's copies issued by
 one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
 barrier), ``S`` / ``Q`` / ``W`` (int8 planes: each row's s_lo by a scalar load, by a
 thread of its own, or in a window of scales copied beside its planes:
-``BatchedPlan.plane_scales``; without windows their shared memory goes to W2), ``oG`` (each chunk's WGMMA issued before the previous chunk's
-epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
+``BatchedPlan.plane_scales``; without windows their shared memory goes to W2), ``oG``
+(each chunk's WGMMA issued before the previous chunk's epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
 prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
 ``fN`` (each base tile's copy prefetches the tile N further along into L2:
 ``BatchedPlan.base_l2_ahead``),

@@ -363,6 +363,12 @@ class BatchedPlan:
     return 1 if self.int8_state else 2
 
   @property
+  def scale_windows(self) -> bool:
+    """int8 planes whose rows' s_lo come in copied windows of scales (a second copy a
+    row, and their staging): ``plane_scales`` "window"."""
+    return self.int8_state and self.plane_scales == "window"
+
+  @property
   def scaled(self) -> bool:
     """Each chunk's accumulator is scaled by W2's per-row scales (an int8 W2)."""
     return self.int8_state or self.w2_row_scale
@@ -467,9 +473,9 @@ class BatchedPlan:
                "(evict_last)" if self.l2_keep_chunks else "")
             + (f"; base tiles prefetched to L2 {self.base_l2_ahead} ahead"
                if self.base_l2_ahead else "")
-            + ({"scalar": "; each row's s_lo by a scalar load",
-                "threads": "; each row's s_lo loaded by a thread of its own"}.get(
-                    self.plane_scales, "") if self.int8_state else "")
+            + {"scalar": "; each row's s_lo by a scalar load",
+               "threads": "; each row's s_lo loaded by a thread of its own"}.get(
+                   self.plane_scales, "")
             + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
                if self.overlap_chunks > 1 else "")
             + ("; the warpgroups take turns at the tensor cores" if self.alternate_wgmma
@@ -535,15 +541,15 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
   if not int8_state:
-    plane_scales = 0
+    scale_bytes = 0
   elif plane_scales != "window":   # each row's s_lo only
-    plane_scales = _aligned(BATCH_TILE * 4)
+    scale_bytes = _aligned(BATCH_TILE * 4)
   else:
-    plane_scales = (_aligned(BATCH_TILE * (window + 8) * 4)
-                    + (_aligned(warpgroups * BATCH_TILE * 4) if batch_axis == "n" else 0))
+    scale_bytes = (_aligned(BATCH_TILE * (window + 8) * 4)
+                   + (_aligned(warpgroups * BATCH_TILE * 4) if batch_axis == "n" else 0))
   merge = 2 * _aligned(warpgroups * BATCH_TILE * 4) if warpgroups > 1 else 0
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
-          + _aligned(2 * BATCH_TILE * 4) + plane_scales + merge
+          + _aligned(2 * BATCH_TILE * 4) + scale_bytes + merge
           + (_aligned(gate_rows * rank * 2) + SMEM_ALIGNMENT if gate_rows else 0)
           + _aligned(BATCH_TILE * state_units * 4)
           + 3 * _aligned(CHUNK_ROWS * merge_tile_rows * 4)

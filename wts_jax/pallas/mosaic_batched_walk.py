@@ -422,7 +422,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
                               refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-      if planes and plan.plane_scales == "window":
+      if plan.scale_windows:
         # Bulk copies move multiples of 128 bytes: a window around s_lo.
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
                                 refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
@@ -435,7 +435,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       def _(warp):
         for b in range(rows):
           _when(warp == b % _WARPS, functools.partial(gather_row, b))
-    if not planes or plan.plane_scales == "window":
+    if not planes or plan.scale_windows:
       return
     if plan.plane_scales == "threads" and not spec.interpret:
       # After the copies' issue, so the loads' latency runs beside the copies'; stored
@@ -470,7 +470,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     step's tokens in ``tok_s``). Batch on N: then through shared memory into the column
     layout (Mosaic has no transposed f32 load), a warpgroup's own slots. With
     ``plane_scales`` other than "window": as ``gather_z`` stored them."""
-    if plan.plane_scales != "window":
+    if not plan.scale_windows:
       return _load(refs.row_scale_s.at[pl.ds(0, batch_width)], per_batch_row,
                    optimized=False)
     tokens = _load(refs.tok_s, _PER_ROW, optimized=False)
@@ -653,7 +653,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       if rows < BATCH_TILE or short_base:
         def zero_staging():
           refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
-          if planes and plan.plane_scales == "window":
+          if plan.scale_windows:
             refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
           elif planes:   # the rows no gather loads a scale for
             refs.row_scale_s[pl.ds(0, batch_width)] = plgpu.layout_cast(
@@ -1265,7 +1265,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A row's copies each.
       "z_bar": plgpu.Barrier(num_arrivals=rows * (
-          2 if plan.int8_state and plan.plane_scales == "window" else 1), num_barriers=1),
+          2 if plan.scale_windows else 1), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), z_dtype),
   }
   if plan.w2_widening == "smem":
@@ -1275,7 +1275,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
   if plan.int8_state:
-    if plan.plane_scales != "window":
+    if not plan.scale_windows:
       scratch["row_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
     else:
       # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
