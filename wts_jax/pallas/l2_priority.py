@@ -8,10 +8,6 @@ chunks, ``evict_first`` for the rest — and then copied by the kernel's TMA cop
 before (Mosaic's copies take no cache hint). When its walk ends a warpgroup puts its kept
 lines back to ``evict_normal``, so no other kernel finds the L2 holding them.
 
-``prefetch_rows`` (``BatchedPlan.base_l2_ahead``) names a base-logits tile to the L2 a few
-tiles before its copy, with no policy: the base logits are read once, from HBM, and the
-copy then finds them in the L2.
-
 All are hints: they change no value the kernel reads, only where it comes from. Inline
 PTX, compiled out in Pallas interpret mode.
 """
@@ -21,7 +17,6 @@ from __future__ import annotations
 import math
 
 LINE_BYTES = 128   # what applypriority acts on
-WARP_SIZE = 32
 
 
 def _warpgroup_thread():
@@ -102,47 +97,3 @@ def restore_normal_priority(range_g):
         "add.u64 a, a, off;\n" + body + "}",
         "l,r", has_side_effects=True)
   restore(range_g)
-
-
-def _row_layout(memref) -> tuple[int, int, int]:
-  """(rows, bytes a row, bytes from one row to the next) of a view of global memory
-  whose first axis is its rows and whose other axes are contiguous within a row."""
-  from jax._src.lib.mlir import ir
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils
-  shape = list(memref.shape)
-  strides, _ = memref.get_strides_and_offset()
-  itemsize = mgpu_utils.bytewidth(memref.element_type)
-  dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
-  inner = 1
-  for size, stride in reversed(list(zip(shape[1:], strides[1:]))):
-    if size != 1 and stride != inner:
-      raise ValueError(f"a row of {memref} is not contiguous (strides {strides})")
-    inner *= size
-  if strides[0] == dynamic:
-    raise ValueError(f"{memref} has no static row stride")
-  return shape[0], inner * itemsize, strides[0] * itemsize
-
-
-def prefetch_rows(tile_g):
-  """``cp.async.bulk.prefetch.L2`` of each row of ``tile_g`` (a view of global memory: its
-  first axis the rows, each row contiguous and a multiple of 16 bytes), with no cache
-  policy: the warpgroup's first warp, a row a lane in turn (so one warp alone can issue
-  it too). Nothing waits for it."""
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import llvm
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
-  def prefetch(_, tile):
-    rows, row_bytes, stride = _row_layout(ir.MemRefType(tile.type))
-    _bulk_bytes(row_bytes, "a row")
-    body = "".join(
-        f"setp.lt.u32 q, $1, {min(WARP_SIZE, rows - first)};\n"
-        f"@q cp.async.bulk.prefetch.L2.global [a+{first * stride}], {row_bytes};\n"
-        for first in range(0, rows, WARP_SIZE))
-    llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [_global_address(tile), _warpgroup_thread()],
-        "{ // base tile rows into the L2\n.reg .pred q; .reg .b64 a, off;\n"
-        f"mul.wide.u32 off, $1, {stride};\nadd.u64 a, $0, off;\n" + body + "}",
-        "l,r", has_side_effects=True)
-  prefetch(tile_g)

@@ -300,8 +300,8 @@ class BatchedPlan:
   # along the warpgroup's stream of base tiles (the first ones at the walk's start), so a
   # shallow base ring waits on the L2's latency rather than HBM's: the base logits are
   # read once, from HBM, and a ring of one or two slots leaves a copy a chunk's epilogue
-  # to land (``l2_priority.prefetch_rows``). Measurement option; measured twice as slow,
-  # cause not found, so off (NOTES v23).
+  # to land: one tensor prefetch a tile (``plgpu.async_prefetch``, the copy's own box; a
+  # bulk prefetch a row measured twice as slow, NOTES v23). Measurement option, off.
   base_l2_ahead: int = 0
 
   def __post_init__(self):

@@ -401,14 +401,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     if base_ahead and prefetch_ahead:
       ahead = step * chunks + position + base_ahead
       ahead_step, ahead_position = _div(ahead, chunks), _rem(ahead, chunks)
-      _when(ahead_step < spec.steps, lambda: l2_priority.prefetch_rows(
+      _when(ahead_step < spec.steps, lambda: plgpu.async_prefetch(
           base_tile_g(ahead_step, ahead_position, owner)))
 
   def prefetch_first_bases():
     """The stream's tiles [base_stages, base_stages + base_l2_ahead) named to the L2;
     each later copy names the tile base_l2_ahead past its own."""
     for tile in range(base_stages, min(base_stages + base_ahead, spec.steps * chunks)):
-      l2_priority.prefetch_rows(base_tile_g(tile // chunks, tile % chunks))
+      plgpu.async_prefetch(base_tile_g(tile // chunks, tile % chunks))
 
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
