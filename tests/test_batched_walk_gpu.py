@@ -35,7 +35,7 @@ from wts_jax.bench.registry import BenchMode
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS
-from wts_jax.pallas import backend
+from wts_jax.pallas import backend, mosaic_backend
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig
 
@@ -315,6 +315,34 @@ def test_split_gate_tokens_equal_reference(gated_head, axis, warpgroups, batch,
   config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
                         serial_update="split")
   _check(gated_head, batch, temperature, 74, config=config)
+
+
+@pytest.fixture(scope="module")
+def tabled_head(gated_head):
+  return wts_jax.with_gate_table(gated_head)
+
+
+@pytest.mark.parametrize("batch,warpgroups,producer", [
+    (1, None, None), (5, None, None), (16, None, None), (16, 2, True), (32, None, None),
+    (40, None, None)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_gate_table_tokens_equal_reference(tabled_head, batch, warpgroups, producer,
+                                           temperature):
+  """The gated head's gate from its table (one gathered row a token, z formed
+  elementwise by the leader): the planner's plan, two warpgroups with a producer; past
+  ``AUTO_GATE_TABLE_MAX`` rows "auto" splits the gate instead."""
+  config = MosaicConfig(kernel="batched", warpgroups=warpgroups, producer=producer,
+                        serial_update="auto")
+  shapes = backend.WalkShapes(batch=batch, steps=7, greedy=not temperature)
+  assert mosaic_backend.gate_table_walk(tabled_head, shapes, config) == (batch <= 16)
+  _check(tabled_head, batch, temperature, 81, config=config)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_gate_table_int8_w2_tokens_equal_reference(tabled_head, temperature):
+  """The table gate beside an int8 W2 widened in registers (the planner's, at 16 rows)."""
+  quantized = quantize_w2(tabled_head, "int8")   # (the table kept: W1 and G_e are)
+  _check(quantized, 16, temperature, 82, config=MosaicConfig(kernel="batched"))
 
 
 @pytest.mark.parametrize("axis,batch", [("m", 5), ("m", 16), ("m", 64), ("m", 70),

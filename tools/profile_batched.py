@@ -94,6 +94,7 @@ class Variant:
   warpgroups: int | None = None
   producer: bool | None = None
   split: bool = False
+  table: bool = False   # serial_update="table" (a gate-table dtype: gatedT, gatedT8)
   probe_skew: bool = False
   merge_tiles: bool | None = None
   first_op: bool = False
@@ -109,7 +110,7 @@ class Variant:
 # sets, and to what.
 FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "c": ("deferred_release", False), "d": ("deferred_release", True),
-         "x": ("split", True),
+         "x": ("split", True), "y": ("table", True),
          "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
          "u": ("warp_gather", False), "V": ("nan_from_top", False),
          "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
@@ -131,8 +132,11 @@ PLANNER_OPTIONS = ("plane_scales",)
 # dtype -> (head type, W2 quantization: None, "planes", or "int8" widened on the kernel)
 DTYPES = {"bf16": ("vanilla", None), "int8p": ("vanilla", "planes"),
           "int8": ("vanilla", "int8"), "gated": ("gated", None), "rnn": ("rnn", None),
-          "gated8": ("gated", "int8"), "rnn8": ("rnn", "int8")}
+          "gated8": ("gated", "int8"), "rnn8": ("rnn", "int8"),
+          "gatedT": ("gated", None), "gatedT8": ("gated", "int8")}
 UPDATE_DTYPES = ("gated", "rnn", "gated8", "rnn8")
+# The gated heads with their gate table (``wts_jax.with_gate_table``: "auto" takes it on N).
+TABLE_DTYPES = ("gatedT", "gatedT8")
 
 
 def planner_sweep(dtype: str) -> list[str]:
@@ -211,6 +215,8 @@ class Heads:
         from wts_jax.quantize import quantize_w2
         head = quantize_w2(head, "int8",
                            state="planes" if quantized == "planes" else "float")
+      if dtype in TABLE_DTYPES:
+        head = wts_jax.with_gate_table(head)
       self._heads[dtype] = head
     return self._heads[dtype]
 
@@ -259,7 +265,8 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   config = MosaicConfig(kernel="batched", ring_stages=variant.stages,
                         batch_axis=variant.batch_axis, warpgroups=variant.warpgroups,
                         base_stages=variant.base_stages, producer=variant.producer,
-                        serial_update="split" if variant.split else "auto",
+                        serial_update=("split" if variant.split else
+                                       "table" if variant.table else "auto"),
                         merge_tiles=variant.merge_tiles,
                         residency=(variant.resident * 64 * (variant.warpgroups or 1)
                                    if variant.resident is not None
@@ -290,6 +297,23 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   want = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key,
                       impl="xla")
   return spec, run, (head, base, first, hidden), np.asarray(want.tokens)
+
+
+def mismatch(variant: Variant, tokens, want, operands) -> dict:
+  """Where a variant's tokens leave the reference's: how many differ, the first (row,
+  step), and for a greedy walk the reference's top-2 logit gap there (a near-tie that
+  summation order can flip has a gap near fp32 rounding; a wrong kernel, any gap)."""
+  differ = tokens != want
+  row = int(np.flatnonzero(differ.any(axis=1))[0])
+  step = int(np.flatnonzero(differ[row])[0])
+  found = {"tokens_differing": int(differ.sum()), "first_differing": [row, step]}
+  if variant.greedy:
+    head, base, first, hidden = operands
+    logits = np.asarray(wts_jax.walk(head, base, first, hidden, impl="xla",
+                                     return_logits=True).logits[row, step], np.float64)
+    top2 = np.sort(logits)[-2:]
+    found["reference_gap"] = float(top2[1] - top2[0])
+  return found
 
 
 def time_walks(run, args, walks: int, host_ahead: bool = False):
@@ -465,8 +489,10 @@ def main(argv=None):
       tokens, status = (np.asarray(x) for x in (lambda o: (o.tokens, o.status))(run(*operands)))
       per_walk, kernel_us, walk_ops, gaps = time_walks(run, operands, args.walks,
                                                        variant.host_ahead)
-      record(text, {"plan": spec.plan.describe(), "tokens_equal": bool(
-          np.array_equal(tokens, want)), "status": int(status),
+      equal = bool(np.array_equal(tokens, want))
+      record(text, {"plan": spec.plan.describe(), "tokens_equal": equal,
+          **({} if equal else mismatch(variant, tokens, want, operands)),
+          "status": int(status),
           "walk_us_median": round(statistics.median(per_walk), 1),
           "walk_us_min": round(min(per_walk), 1), "kernel_us_median": round(kernel_us, 1),
           "walks": len(per_walk), **gaps, "last_walk_ops": walk_ops})

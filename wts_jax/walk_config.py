@@ -17,7 +17,7 @@ MOSAIC_KERNELS = ("auto", "rows", "batched")
 # Where the batched kernel widens an int8 W2 that z meets in bf16 (``BatchedPlan``).
 W2_WIDENINGS = ("xla", "registers", "smem")
 MOSAIC_W2_WIDENINGS = ("auto",) + W2_WIDENINGS   # (a config's: "auto", the planner's)
-SERIAL_UPDATES = ("auto", "split", "redundant")
+SERIAL_UPDATES = ("auto", "split", "redundant", "table")
 DEFAULT_SPIN_LIMIT = 1 << 22
 
 
@@ -55,8 +55,8 @@ def _check_common(config) -> None:
   if config.sync_spin_limit < 1:
     raise ValueError(f"sync_spin_limit={config.sync_spin_limit} must be >= 1")
   if config.serial_update not in SERIAL_UPDATES:
-    raise ValueError(f"serial_update={config.serial_update!r} must be 'auto', 'split' "
-                     "or 'redundant'")
+    raise ValueError(f"serial_update={config.serial_update!r} must be one of "
+                     f"{SERIAL_UPDATES}")
 
 
 def _check_at_least_one(**values) -> None:
@@ -142,7 +142,9 @@ class MosaicConfig:
   serial_update: the batched kernel's gated and rnn heads: "split" (each block a slice of
     the update's units, published to the others through global memory and a second grid
     barrier a step), "redundant" (gated only: every block computes the whole gate from
-    G_e streamed through its ring) or "auto" (split, measured the faster on the H200).
+    G_e streamed through its ring), "table" (gated only, the batch on N: each row's gate
+    term gathered from the head's gate table, ``wts_jax.with_gate_table``) or "auto"
+    (the table where the head has one and the batch goes on N, else split).
   producer: one more warpgroup in the batched kernel that issues every W2 and base
     refill once the computing warpgroups release the slot (None: the planner's — beside
     two computing warpgroups for greedy walks of the vanilla head).

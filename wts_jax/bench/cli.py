@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="paths to run (default xla,pallas-stepwise,torch-eager,"
                          "torch-graph,wts); 'default' stands for those, 'all' for every "
                          "registered path (the wts variants too)")
+  grid.add_argument("--gate-table", default="on", choices=("on", "off"),
+                    help="the gated head with its gate table (wts_jax.with_gate_table; "
+                         "default on): its walks on N gather the gate's token term")
   grid.add_argument("--confidence", action="store_true",
                     help="heads with the confidence head (default: serial head only)")
   grid.add_argument("--temperature", type=float, default=1.0,

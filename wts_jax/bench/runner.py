@@ -21,17 +21,21 @@ from wts_jax.bench import gate, torch_paths
 from wts_jax.bench.cli import DTYPES, QUANTIZED, QUANTIZED_PLANES, UsageError
 
 
-def make_bench_head(config, dtype_name: str, seed: int):
-  """(head, the bf16 head it was quantized from or None) for ``--dtype dtype_name``."""
+def make_bench_head(config, dtype_name: str, seed: int, gate_table: bool = True):
+  """(head, the bf16 head it was quantized from or None) for ``--dtype dtype_name``; a
+  gated head with its gate table (``wts_jax.with_gate_table``) unless ``gate_table`` is
+  False (``--gate-table off``)."""
   import jax.numpy as jnp
-  from wts_jax import make_head
+  from wts_jax import make_head, with_gate_table
+  def tabled(head):
+    return with_gate_table(head) if gate_table and config.head_type == "gated" else head
   if dtype_name in QUANTIZED + (QUANTIZED_PLANES,):
     from wts_jax.quantize import quantize_w2
     bf16_head = make_head(config, seed=seed, param_dtype=jnp.bfloat16)
     if dtype_name == QUANTIZED_PLANES:
       return quantize_w2(bf16_head, "int8", state="planes"), bf16_head
-    return quantize_w2(bf16_head, dtype_name), bf16_head
-  return make_head(config, seed=seed, param_dtype=jnp.dtype(DTYPES[dtype_name])), None
+    return tabled(quantize_w2(bf16_head, dtype_name)), bf16_head
+  return tabled(make_head(config, seed=seed, param_dtype=jnp.dtype(DTYPES[dtype_name]))), None
 
 
 def chain_compiler_options(command_buffers: str) -> dict:
@@ -352,7 +356,8 @@ class Runner:
       head_key = (config, point["w2_dtype"])
       if head_key not in heads:
         try:
-          heads[head_key] = make_bench_head(config, point["w2_dtype"], self.args.seed)
+          heads[head_key] = make_bench_head(config, point["w2_dtype"], self.args.seed,
+                                            gate_table=self.args.gate_table == "on")
         except Exception as err:  # noqa: BLE001
           heads[head_key] = err
           log(f"head {point['head']} r={config.rank} {point['w2_dtype']}: "

@@ -16,9 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from wts_jax.device import DeviceFacts
+from wts_jax.gate_table import table_of
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, auto_base_stages,
+from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, GATE_TABLE_MAX_ROWS,
+                                                auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
                                                 auto_overlap_chunks, auto_plane_scales,
                                                 auto_producer, auto_warp_gather,
@@ -56,6 +58,9 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
     return "an int8 W2 needs per-row scales (use wts_jax.quantize_w2)"
   if uses_batched_kernel(head, shapes, config):
     return _batched_refusal(head, shapes, config)
+  if config.serial_update == "table":
+    return _table_refusal(head, shapes, config) or (
+        "serial_update='table' runs on the batched kernel (kernel='batched' or 'auto')")
   if shapes.batch > MAX_BATCH:
     return (f"the Mosaic row kernel runs up to {MAX_BATCH} rows (B={shapes.batch}); "
             "kernel='batched' or 'auto' runs more")
@@ -126,8 +131,14 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   if head_type != "vanilla" and (w1 != bf16 or not w2_as_bf16):
     return (f"the batched Mosaic kernel's {head_type} head needs a bf16 W1 and a bf16 or "
             f"int8 W2 (its fp32 z meets W2 as a hi + lo bf16 pair); got {w1}, {w2}")
-  if head_type == "gated" and config.producer:
-    return "the batched Mosaic kernel's gated head runs without a producer warpgroup"
+  table = gate_table_walk(head, shapes, config)
+  if config.serial_update == "table":
+    reason = _table_refusal(head, shapes, config)
+    if reason is not None:
+      return reason
+  if head_type == "gated" and config.producer and not table:
+    return ("the batched Mosaic kernel's gated head runs without a producer warpgroup "
+            "unless its gate comes from its table (serial_update='table')")
   if w2_widened(head) and config.w2_widening == "registers":
     reason = _in_registers_refusal(config)
     if reason is not None:
@@ -137,6 +148,35 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
             "W2 that z meets as two int8 planes (quantize_w2(head, 'int8', "
             f"state='planes')); got {w1}, {w2}")
   return _batched_launch_refusal(config)
+
+
+def _table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
+  """Why ``serial_update="table"`` cannot run this walk, or None."""
+  if head.config.head_type != "gated" or table_of(head.markov_head) is None:
+    return ("serial_update='table' needs a gated head with its gate table "
+            "(wts_jax.with_gate_table(head))")
+  if config.batch_axis == "m" or not BATCH_ON_N_LOWERS:
+    return ("serial_update='table' needs the batch on N (batch_axis 'n' or None) and "
+            "jax >= 0.11")
+  if shapes.batch > GATE_TABLE_MAX_ROWS:
+    return (f"serial_update='table' runs up to {GATE_TABLE_MAX_ROWS} rows (B={shapes.batch}: "
+            "at 32 rows its tokens left the reference's on the H200; 'split' runs them)")
+  return None
+
+
+def gate_table_walk(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
+  """Whether the batched kernel takes this gated head's gate from its table: asked for
+  (``serial_update="table"``), or under "auto" where the head has one, the batch goes on
+  N (the planner's axis) and is at most ``GATE_TABLE_MAX_ROWS`` rows."""
+  if head.config.head_type != "gated" or table_of(head.markov_head) is None:
+    return False
+  if config.serial_update == "table":
+    return True
+  rows = min(shapes.batch, BATCH_TILE)
+  return (config.serial_update == "auto" and BATCH_ON_N_LOWERS
+          and shapes.batch <= GATE_TABLE_MAX_ROWS
+          and (config.batch_axis or auto_batch_axis(rows, int8_state=False,
+                                                    greedy=shapes.greedy)) == "n")
 
 
 def w2_widened(head) -> bool:
@@ -186,15 +226,19 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   w2_row_scale = w2_widened(head)
   gated = head.config.head_type == "gated"
   recurrent = head.config.head_type == "rnn"
+  table = gate_table_walk(head, shapes, config)
   widening = w2_widening(head, shapes, config)
-  # (Widened into registers the chunk is the WGMMA's A operand: the batch goes on N.)
-  axis = config.batch_axis or ("n" if widening == "registers" else auto_batch_axis(
+  # (Widened into registers the chunk is the WGMMA's A operand: the batch goes on N; a
+  # table gate is staged on N.)
+  axis = config.batch_axis or ("n" if widening == "registers" or table else auto_batch_axis(
       rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS,
       rank=rank))
+  # (A table gate's walk is the vanilla head's but for the elementwise gate: the planner's
+  # vanilla choices, NOTES v27.)
   wgs = config.warpgroups or auto_warpgroups(
-      axis, int8_state=planes, greedy=shapes.greedy, gated=gated, batch=rows,
+      axis, int8_state=planes, greedy=shapes.greedy, gated=gated and not table, batch=rows,
       w2_in_registers=widening == "registers", recurrent=recurrent)
-  update_head = gated or recurrent   # (the auto_* functions' ``gated``)
+  update_head = (gated and not table) or recurrent   # (the auto_* functions' ``gated``)
 
   def planned(wgs: int):
     producer = (config.producer if config.producer is not None else
@@ -217,7 +261,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         int8_state=planes, w2_row_scale=w2_row_scale, w2_widening=widening,
         batch_axis=axis, producer=producer,
         gated=gated,
-        gate_split=gated and config.serial_update != "redundant",
+        gate_split=gated and not table and config.serial_update != "redundant",
+        gate_table=table,
         recurrent=recurrent, merge_tiles=merge_tiles,
         overlap_chunks=auto_overlap_chunks(axis, rows, greedy=shapes.greedy,
                                            gated=update_head,
@@ -357,6 +402,8 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
     weights["w2_scale"] = operands["w2_scale"]
   if spec.plan.int8_state:
     weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"])
+  if spec.plan.gate_table:   # each token's e and G_e e, gathered as one row
+    weights["w1"] = operands["gate_rows"]
   if spec.plan.w2_row_scale and not spec.plan.widened_in_kernel:
     # int8 values are exact in bf16; the scales come after
     weights["w2"] = operands["w2"].astype(jnp.bfloat16)

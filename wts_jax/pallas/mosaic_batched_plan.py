@@ -65,6 +65,10 @@ AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX = 4
 #   warpgroups a 1-slot base ring, which leaves the W2 ring its second or third slot
 #   (the rnn head's two warpgroups on M: a 1-slot ring each beside its resident rows).
 AUTO_BATCH_ON_N_MAX = 32
+# The gated head's gate from its table: up to 16 rows a launch. At 32 rows on the H200 one
+# token in 224 left the reference's on every input tried (a top-2 gap of 3e-4; B <= 16 and
+# the interpreter at 32 rows agree), cause not found (NOTES v27): refused there.
+GATE_TABLE_MAX_ROWS = 16
 AUTO_MERGE_TILES_MAX = 16
 AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX = 16
 AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX = 16
@@ -242,6 +246,11 @@ class BatchedPlan:
   # reads the whole z back after a second grid barrier (else every block computes all of
   # it from G_e streamed through its ring).
   gate_split: bool = False
+  # The gated head's gate from its table (``wts_jax.gate_table``), batch on N: each row's
+  # gather brings [e ; G_e e as fp32 bit halves] in one copy, and the leader forms z =
+  # σ(hoisted_k + G_e e) ⊙ e elementwise while staging it — no G_e stream, no split, no
+  # second barrier. z's hi + lo halves share one WGMMA (``pair_on_n``).
+  gate_table: bool = False
   # The rnn head, split the same way: a block owns ``update_units`` of the state's units
   # (their rows of J_s and J_e resident), advances them for every row, publishes their
   # state and z; every block reads z back after the second barrier. ``gated`` is False.
@@ -315,7 +324,7 @@ class BatchedPlan:
       raise ValueError("w2_row_scale is an int8 W2 widened to bf16 (in the kernel from "
                        "int8, else from a bf16 copy), not the int8 planes'")
     if self.widened_in_kernel and (not self.w2_row_scale or self.overlap_chunks
-                                   or (self.gated and not self.gate_split)):
+                                   or self.gate_chunks):
       raise ValueError("an int8 W2 widened in the kernel needs its row scales, no "
                        "overlapped chunks and, for the gated head, the gate split (G_e "
                        "streams through a bf16 ring otherwise)")
@@ -343,14 +352,17 @@ class BatchedPlan:
                        "a slot is refilled one chunk after its reads")
     if self.gate_split and not self.gated:
       raise ValueError("gate_split is the gated head's")
+    if self.gate_table and (not self.gated or self.gate_split or self.batch_axis != "n"):
+      raise ValueError("gate_table is the gated head's gate, not split, with the batch on N")
     if self.recurrent and (self.gated or self.int8_state or self.producer
                            or self.deferred_release):
       raise ValueError("the rnn head's batched plan needs a bf16 W2 and no producer")
-    if self.gated and (self.int8_state or self.producer or self.deferred_release
-                       or (self.ring_stages < 1 and not self.gate_split)):
-      raise ValueError("the gated head's batched plan needs a bf16 W2 and a W2 ring of at "
-                       "least one slot (its G_e chunks stream through it), without a "
-                       "producer or a deferred release")
+    if self.gated and (self.int8_state or self.deferred_release
+                       or (self.producer and not self.gate_table)
+                       or (self.ring_stages < 1 and self.gate_chunks)):
+      raise ValueError("the gated head's batched plan needs a bf16 W2, no deferred release "
+                       "and, computing its gate from G_e, no producer (a redundant gate "
+                       "streams G_e through a W2 ring of at least one slot)")
 
   @property
   def widened_in_kernel(self) -> bool:
@@ -397,20 +409,22 @@ class BatchedPlan:
     time). The pair needs both halves' rows in one 64-row tile: 2 · rows <= 64."""
     if self.batch_axis != "n" or not self.pair_in_one_wgmma:
       return False
-    return self.int8_state or (self.split and 2 * self.batch_rows <= BATCH_TILE)
+    return (self.int8_state or self.gate_table
+            or (self.split and 2 * self.batch_rows <= BATCH_TILE))
 
   @property
   def lo_offset(self) -> int:
     """With ``pair_on_n``: the tile row (and accumulator column) where z's second half
-    starts — after the staged rows of the first plane, or after the batch rows of the
-    copied hi half."""
-    return self.staged_rows if self.int8_state else self.batch_rows
+    starts — after the staged rows of the first plane (or of a table gate's hi half), or
+    after the batch rows of a split update's copied hi half."""
+    return self.staged_rows if self.int8_state or self.gate_table else self.batch_rows
 
   @property
   def gate_chunks(self) -> int:
     """G_e's 64-row chunks the leader streams ahead of each step's W2 chunks (a
     redundant gate)."""
-    return self.rank // CHUNK_ROWS if self.gated and not self.gate_split else 0
+    redundant = self.gated and not (self.gate_split or self.gate_table)
+    return self.rank // CHUNK_ROWS if redundant else 0
 
   @property
   def split(self) -> bool:
@@ -438,8 +452,9 @@ class BatchedPlan:
   def staged_rows(self) -> int:
     """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
     batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
-    axis (its gate is a WGMMA with the batch on M), and the rnn head likewise."""
-    if self.batch_axis == "m" or self.z_pair:
+    axis (its gate is a WGMMA with the batch on M) unless from its table, and the rnn
+    head likewise."""
+    if self.batch_axis == "m" or (self.z_pair and not self.gate_table):
       return BATCH_TILE
     return staged_rows_on_n(self.batch_rows, self.rank, self.z_itemsize)
 
@@ -451,8 +466,9 @@ class BatchedPlan:
 
   @property
   def z_row_bytes(self) -> int:
-    """A z staging row: a bf16 W1 row, or an int8 token's two planes side by side."""
-    return self.rank * 2 + Z_ROW_PAD_BYTES
+    """A z staging row: a bf16 W1 row, an int8 token's two planes side by side, or a
+    token's gate table row (three bf16 parts)."""
+    return z_row_bytes(self.rank, gate_table=self.gate_table)
 
   def describe(self) -> str:
     chunk_kb = CHUNK_ROWS * self.rank * self.w2_itemsize / 1024
@@ -491,10 +507,17 @@ class BatchedPlan:
                else "")
             + ("; gated head: z as a hi + lo bf16 pair, "
                + (f"the gate split over the blocks ({self.update_units} units a block)"
-                  if self.gate_split else "G_e streamed by the leader")
+                  if self.gate_split else "the gate from its table" if self.gate_table
+                  else "G_e streamed by the leader")
                if self.gated else "")
             + (f"; rnn head split over the blocks ({self.update_units} units a block), z "
                "as a hi + lo bf16 pair" if self.recurrent else ""))
+
+
+def z_row_bytes(rank: int, *, gate_table: bool = False) -> int:
+  """Bytes of a z staging row (``BatchedPlan.z_row_bytes``): r bf16 (or two int8 planes),
+  3r bf16 for a gate table's row, then the bank padding."""
+  return rank * 2 * (3 if gate_table else 1) + Z_ROW_PAD_BYTES
 
 
 def split_update_units(rank: int, num_blocks: int) -> int:
@@ -521,7 +544,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
                 gate_rows: int = 0, state_units: int = 0,
                 plane_scales: str = "window", merge_tile_rows: int = 0,
-                widen_tiles: int = 0) -> int:
+                widen_tiles: int = 0, gate_table: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
@@ -534,8 +557,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   and the rnn head's own units' state [64, state_units] f32; with ``merge_tiles``
   warpgroup 1's unreduced bests, three [64, merge_tile_rows] 4-byte tiles; an int8 W2
   widened through shared memory, a bf16 chunk tile [64, r] a warpgroup
-  (``widen_tiles``)."""
-  z_stage = (staged_rows * (rank * 2 + Z_ROW_PAD_BYTES)
+  (``widen_tiles``); a gate table's staging rows are three times as wide."""
+  z_stage = (staged_rows * z_row_bytes(rank, gate_table=gate_table)
              + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
@@ -565,7 +588,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  snake: bool = True, batch_axis: str = "m",
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
-                 recurrent: bool = False,
+                 gate_table: bool = False, recurrent: bool = False,
                  plane_scales: str = "window", merge_tiles: bool = False,
                  overlap_chunks: int = 0, warp_gather: bool = False,
                  ring_preference: int = DEFAULT_RING_STAGES) -> BatchedPlan:
@@ -591,9 +614,15 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
     raise ValueError(f"int8 planes with the batch on N need rank >= {PLANES_ON_N_MIN_RANK} "
                      f"(rank={rank}: Mosaic has no conflict-free copy for its z staging); "
                      "use batch_axis='m'")
-  if gated and ((w2_itemsize != 2 and not in_kernel) or producer):
+  if gated and ((w2_itemsize != 2 and not in_kernel) or (producer and not gate_table)):
     raise ValueError("the gated head's batched walk needs a bf16 W2 (its fp32 z meets W2 "
-                     "as a hi + lo bf16 pair) and no producer warpgroup")
+                     "as a hi + lo bf16 pair) and, unless its gate comes from its table, "
+                     "no producer warpgroup")
+  if gate_table and (not gated or gate_split or batch_axis != "n"):
+    raise ValueError("a gate table is the gated head's, its gate not split, with the batch "
+                     "on N")
+  # The gated head's gate computed from G_e streamed through the leader's W2 ring.
+  redundant_gate = gated and not (gate_split or gate_table)
   if rank % 64 or rank > 256:
     raise ValueError(f"rank={rank} must be a multiple of 64 and <= 256 for the Mosaic walk")
   if vocab_size < CHUNK_ROWS or vocab_size % 8:   # (>= 64 also holds a 32-scale window)
@@ -632,19 +661,21 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       warpgroups=warpgroups,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank,
                                                     1 if int8_state else 2)
-                                   if batch_axis == "n" and not z_pair else BATCH_TILE),
+                                   if batch_axis == "n" and (gate_table or not z_pair)
+                                   else BATCH_TILE),
                       z_pair=z_pair,
                       gate_rows=update_units * (6 if recurrent else 1),
                       state_units=update_units if recurrent else 0,
                       plane_scales=plane_scales,
                       merge_tile_rows=padded_batch(batch) if merge_tiles else 0,
-                      widen_tiles=warpgroups if in_kernel and w2_widening == "smem" else 0)
+                      widen_tiles=warpgroups if in_kernel and w2_widening == "smem" else 0,
+                      gate_table=gate_table)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
                      "W2 chunk a warpgroup beside the batched walk's staging")
   if (resident_chunks is None and ring_stages in (None, 0) and wg_chunks <= slots
-      and not (gated and not gate_split)):
+      and not redundant_gate):
     resident_chunks, ring_stages = wg_chunks, 0
   if ring_stages is None:
     rest = wg_chunks - min(resident_chunks or 0, wg_chunks)
@@ -652,17 +683,17 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
       preference, room = ring_preference, slots
     else:   # stated resident chunks keep their slots: the ring takes what is left
       preference, room = DEFAULT_RING_STAGES, max(1, slots - resident_chunks)
-    ring_stages = (min(GATED_RING_STAGES, slots) if gated and not gate_split
+    ring_stages = (min(GATED_RING_STAGES, slots) if redundant_gate
                    else min(preference, room, rest))
   if resident_chunks is None:
     resident_chunks = max(0, min(wg_chunks, slots - ring_stages))
   resident_chunks = min(resident_chunks, wg_chunks)
-  if gated and not gate_split:   # the ring's slots first (residency a wish, the ring a need)
+  if redundant_gate:   # the ring's slots first (residency a wish, the ring a need)
     resident_chunks = max(0, min(resident_chunks, slots - ring_stages))
   streamed = wg_chunks - resident_chunks
-  if gated and not gate_split and ring_stages < 1:
+  if redundant_gate and ring_stages < 1:
     raise ValueError("the gated head streams G_e through the W2 ring: ring_stages >= 1")
-  if streamed == 0 and not (gated and not gate_split):
+  if streamed == 0 and not redundant_gate:
     ring_stages = 0
   elif ring_stages < 1:
     raise ValueError(f"{streamed} streamed chunks need a ring of at least one slot")
@@ -681,6 +712,6 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      w2_row_scale=w2_row_scale, w2_widening=w2_widening, snake=snake,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
-                     gate_split=gate_split, recurrent=recurrent,
+                     gate_split=gate_split, gate_table=gate_table, recurrent=recurrent,
                      plane_scales=plane_scales, merge_tiles=merge_tiles,
                      overlap_chunks=overlap_chunks, warp_gather=warp_gather)

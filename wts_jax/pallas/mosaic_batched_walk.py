@@ -77,7 +77,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from wts_jax import sampling
+from wts_jax import gate_table, sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                              STATUS_TOKEN_OUT_OF_RANGE)
@@ -162,7 +162,8 @@ class BatchedRefs:
   z_s: object = None             # z staging
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
   gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
-                                 # ([K, 64 rows, r] with a split gate)
+                                 # ([K, 64 rows, r] with a split gate; [K, 2, rows, r]
+                                 # fp32 bit halves with a gate table)
   update_w_s: object = None      # split update: this block's rows of G_e (or [J_s, J_e],
                                  # each the rnn head's gate, candidate, output rows)
   update_w_bar: object = None
@@ -238,13 +239,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
-  z_width = 2 * rank if planes else rank   # staged elements a row (int8 / bf16)
+  # Staged elements a row: int8 planes, a bf16 W1 row, or a gate table's three parts.
+  z_width = 2 * rank if planes else 3 * rank if plan.gate_table else rank
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
   z_dtype = refs.za_s.dtype
-  if n_major and not plan.z_pair:
+  if n_major and (plan.gate_table or not plan.z_pair):
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
         (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
   else:
@@ -448,7 +450,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
     for the gather after the barrier (``plan.prefetch_candidates``)."""
     grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_g, batch_width,
-                                      row_bytes=2 * rank, num_rows=vocab)
+                                      row_bytes=z_width * jnp.dtype(refs.z_s.dtype).itemsize,
+                                      num_rows=vocab)
     if planes:
       grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_scale_g, batch_width,
                                         row_bytes=4, num_rows=vocab, window=window)
@@ -507,11 +510,34 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       plgpu.barrier_wait(refs.pub_bar)
 
   def plane_tiles():
-    """The WGMMA tiles of z's two int8 planes (one above the other with ``pair_on_n``)."""
+    """The WGMMA tiles of z's two int8 planes, or of a table gate's hi and lo halves (one
+    above the other with ``pair_on_n``)."""
     if plan.pair_on_n:
       staged = plan.staged_rows
       return [refs.za_s.at[pl.ds(0, staged)], refs.za_s.at[pl.ds(staged, staged)]]
     return [refs.za_s.at[0], refs.za_s.at[1]]
+
+  def table_gate(hoisted):
+    """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
+    of every staged row from its gathered gate table row (``wts_jax.gate_table``: e, then
+    G_e e as fp32 bit halves), stored as the hi + lo pair the W2 WGMMA reads
+    (``plane_tiles``: hi rows above lo rows). ``hoisted``: the step's hoisted_k, in the
+    staging's layout."""
+    def part(index):
+      return _load(refs.z_s.at[:, pl.ds(index * rank, rank)], z_layout)
+    e = part(0).astype(jnp.float32)
+    z = make_operand(jax.nn.sigmoid(hoisted + gate_table.f32_from_halves(part(1), part(2)))
+                     * e, exact_in_bf16=False)
+    hi_tile, lo_tile = plane_tiles()
+    hi_tile[...] = z.hi
+    lo_tile[...] = z.lo
+
+  def table_hoisted(step):
+    """A table gate's hoisted_k of the step's staged rows ([K, 2, rows, r] fp32 bit
+    halves in global memory), in the staging's layout."""
+    return gate_table.f32_from_halves(
+        *(_load(refs.gate_hoisted_g.at[step, half], z_layout, optimized=False)
+          for half in range(2)))
 
   def pair_destinations():
     """Where a split update's published hi and lo halves are copied: two tiles, or with
@@ -731,18 +757,23 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def step_body(step, flags):
       with jax.named_scope("z_wait"):
         def stage_z():
+          # (Loaded before the gather is waited for, so the latencies overlap.)
+          hoisted = table_hoisted(step) if plan.gate_table else None
           plgpu.barrier_wait(refs.z_bar)
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
           # or the rnn update's (then z's hi half).
-          tiles = (plane_tiles() if planes else
+          tiles = (plane_tiles() if planes else [] if plan.gate_table else
                    [refs.za_s.at[1]] if gated else [refs.za_s.at[0]] if plan.recurrent
                    else [refs.za_s])
           for plane, tile_ref in enumerate(tiles):
             tile_ref[...] = _load(refs.z_s.at[:, pl.ds(plane * rank, rank)], z_layout)
+          if plan.gate_table:
+            with jax.named_scope("update"):
+              table_gate(hoisted)
           plgpu.commit_smem()
-          if gated or plan.recurrent:
+          if (gated and not plan.gate_table) or plan.recurrent:
             with jax.named_scope("update"):
               (split_update if plan.split else gate)(step)
           if wgs > 1:
@@ -790,7 +821,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           # int8 planes: a plane an accumulator; a hi + lo pair: both into one; either
           # with ``pair_on_n``: both halves' rows in one operand, one accumulator.
           if plan.pair_on_n:
-            operands = [(acc_refs[0], refs.za_s if planes else refs.za_s.at[0])]
+            operands = [(acc_refs[0], refs.za_s if planes or plan.gate_table
+                         else refs.za_s.at[0])]
           elif planes or plan.z_pair:
             operands = [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
                         for plane in range(2)]
@@ -1183,7 +1215,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   kernel, the int8 W2 itself), ``w2_scale`` [V] its per-row scales.
   ``plan.gated``: ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16, inputs
   [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
-  (``GatedMarkovHead.hoist``).
+  (``GatedMarkovHead.hoist``); with ``plan.gate_table`` ``w1`` is the head's gate table
+  [V, 3r] (``wts_jax.gate_table.gate_rows``) and G_e is not read.
   ``plan.recurrent``: ``joint_weight`` is ``joint_proj.weight`` [3r, 2r + d] (bf16,
   inputs [s ; e ; h]) and ``joint_hoisted`` its hidden-side terms [B, K, 3r] f32
   (``RecurrentHead.hoist``)."""
@@ -1207,6 +1240,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                      f"and hoisted terms [{batch}, {steps}, {rank}] (got "
                      f"{gate_weight.dtype}{list(gate_weight.shape)}, "
                      f"{list(gate_hoisted.shape)})")
+  if plan.gate_table and w1.shape != (vocab, 3 * rank):
+    raise ValueError(f"a gate-table plan needs the head's gate table [{vocab}, {3 * rank}] "
+                     f"as w1 (got {list(w1.shape)})")
   if plan.int8_state:
     if (w2.dtype != jnp.int8 or w2_scale is None or w1.dtype != jnp.int8
         or w1.shape != (2 * vocab, rank) or w1_scale is None):
@@ -1241,7 +1277,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  if plan.int8_state and plan.pair_on_n:   # the two planes one above the other
+  if (plan.int8_state or plan.gate_table) and plan.pair_on_n:   # one above the other
     a_tile = (2 * plan.staged_rows, rank)
   elif plan.int8_state or plan.z_pair:
     a_tile = (2, plan.staged_rows, rank)
@@ -1315,11 +1351,17 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     return jnp.pad(hoisted.astype(jnp.float32),
                    ((0, BATCH_TILE - batch), (0, 0), (0, 0))).transpose(1, 0, 2)
   if plan.gated:
-    hoisted = hoisted_by_step(gate_hoisted)
-    if not plan.gate_split:   # whole [64 rows, 64] tiles a step and G_e chunk
-      hoisted = hoisted.reshape(steps, BATCH_TILE, rank // CHUNK_ROWS,
-                                CHUNK_ROWS).transpose(0, 2, 1, 3)
-    operands.update(gate_w_g=gate_weight, gate_hoisted_g=hoisted)
+    if plan.gate_table:   # the staged rows' terms as fp32 bit halves: [K, 2, rows, r]
+      halves = jnp.stack(gate_table.f32_halves(gate_hoisted), axis=2)   # [B, K, 2, r]
+      operands.update(gate_hoisted_g=jnp.pad(
+          halves, ((0, plan.staged_rows - batch), (0, 0), (0, 0), (0, 0))
+      ).transpose(1, 2, 0, 3))
+    else:
+      hoisted = hoisted_by_step(gate_hoisted)
+      if not plan.gate_split:   # whole [64 rows, 64] tiles a step and G_e chunk
+        hoisted = hoisted.reshape(steps, BATCH_TILE, rank // CHUNK_ROWS,
+                                  CHUNK_ROWS).transpose(0, 2, 1, 3)
+      operands.update(gate_w_g=gate_weight, gate_hoisted_g=hoisted)
   if plan.recurrent:
     operands.update(joint_w_g=joint_weight, gate_hoisted_g=hoisted_by_step(joint_hoisted))
   if plan.split:   # the split update's global buffers (outputs, discarded) and weights

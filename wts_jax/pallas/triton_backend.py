@@ -57,6 +57,9 @@ def _refusal(head: DraftHead, batch: int, config: TritonConfig) -> str | None:
             "wts_jax.quantize_w2)")
   if dtype != jnp.dtype(jnp.bfloat16) and not _scaled(head):
     return f"a {dtype} W2 needs per-row scales (use wts_jax.quantize_w2)"
+  if config.serial_update == "table":
+    return ("serial_update='table' (the gated head's gate table) is the batched Mosaic "
+            "kernel's; the Triton kernel splits the update or computes it redundantly")
   rank = head.config.rank
   if rank > MAX_RANK or rank < 16 or rank & (rank - 1):
     return f"rank={rank} must be a power of two in [16, {MAX_RANK}] for the kernel"

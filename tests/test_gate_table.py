@@ -1,0 +1,196 @@
+"""The gated head's gate table (``wts_jax.gate_table``): its rows, and the batched Mosaic
+kernel's table gate against the XLA walk in Pallas interpret mode (jax >= 0.11: the
+batch on N)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import wts_jax
+from wts_jax import gate_table
+from wts_jax.device import H200 as H200_FACTS
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+from wts_jax.pallas import backend, mosaic_backend
+from wts_jax.walk_config import MosaicConfig, TritonConfig
+
+from near_tie_inputs import tie_broken_by_lo
+
+NEEDS_N = pytest.mark.skipif(
+    jax.__version_info__ < (0, 11),
+    reason="the table gate puts the batch on N, which jax 0.10's Mosaic GPU cannot lower "
+           "or interpret")
+
+
+def _gated(vocab=1000, rank=128, confidence=True, seed=0):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64, head_type="gated",
+                      confidence=confidence)
+  return wts_jax.make_head(config, seed=vocab + rank + seed)
+
+
+def test_halves_rebuild_every_fp32_bit():
+  values = jax.random.normal(jax.random.key(0), (4096,), jnp.float32) * 100.0
+  values = values.at[:6].set(jnp.array([0.0, -0.0, jnp.inf, -jnp.inf, 1e-40, -3e-39]))
+  upper, lower = gate_table.f32_halves(values)
+  assert upper.dtype == lower.dtype == jnp.bfloat16
+  rebuilt = gate_table.f32_from_halves(upper, lower)
+  np.testing.assert_array_equal(np.asarray(rebuilt).view(np.uint32),
+                                np.asarray(values).view(np.uint32))
+
+
+def test_gate_rows_hold_e_and_the_reference_gate_term():
+  """Each row: the token's W1 row, then G_e e as the reference's advance contracts it."""
+  head = _gated(300, 64)
+  serial = wts_jax.with_gate_table(head).markov_head
+  rows = gate_table.table_of(serial)
+  assert rows.shape == (300, 3 * 64) and rows.dtype == jnp.bfloat16
+  w1 = serial.markov_w1.weight[...]
+  np.testing.assert_array_equal(np.asarray(rows[:, :64]), np.asarray(w1))
+  _, gate_e, _ = serial.gate_weights()
+  terms = gate_table.f32_from_halves(rows[:, 64:128], rows[:, 128:])
+  per_step = jnp.einsum("br,sr->bs", w1[:7].astype(jnp.float32), gate_e,
+                        precision=jax.lax.Precision.HIGHEST)
+  # (Two XLA contractions of different shapes: the same products, summed in their own
+  # orders.)
+  np.testing.assert_allclose(np.asarray(terms[:7]), np.asarray(per_step), rtol=2e-5,
+                             atol=1e-5)
+
+
+def test_table_is_the_gated_heads_and_the_original_is_untouched():
+  head = _gated(300, 64)
+  tabled = wts_jax.with_gate_table(head)
+  assert gate_table.table_of(head.markov_head) is None
+  assert gate_table.table_of(tabled.markov_head) is not None
+  vanilla = wts_jax.make_head(HeadConfig(vocab_size=300, rank=64, hidden_size=64,
+                                         head_type="vanilla"), seed=1)
+  with pytest.raises(ValueError, match="a gate table is the gated head's"):
+    wts_jax.with_gate_table(vanilla)
+
+
+def _walks(head, batch, steps, temperature, seed, config):
+  base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
+  key = jax.random.key(seed + 10) if temperature else None
+  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
+                     temperature=temperature, key=key)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key)
+  return out, ref
+
+
+# (V, r, B, K, residency, temperature, warpgroups, producer): every chunk resident; all
+# streamed and sampled; V % 64 = 8 with two warpgroups and a producer; 16 rows, sampled
+# with two warpgroups; past 16 rows is refused (test below).
+TABLE_CASES = [(520, 64, 5, 3, "auto", 0.0, None, None),
+               (1000, 128, 13, 4, "none", 0.7, None, None),
+               (776, 64, 16, 3, 64, 0.0, 2, True),
+               (1000, 128, 16, 3, "none", 1.0, 2, None)]
+
+
+@NEEDS_N
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,warpgroups,producer",
+                         TABLE_CASES)
+def test_table_gate_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature,
+                                     warpgroups, producer):
+  head = wts_jax.with_gate_table(_gated(vocab, rank))
+  config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
+                        warpgroups=warpgroups, producer=producer, serial_update="table")
+  shapes = backend.WalkShapes(batch=batch, steps=steps, greedy=not temperature)
+  plan = mosaic_backend.plan(head, shapes, config, H200_FACTS).plan
+  assert plan.gate_table and plan.pair_on_n and plan.gate_chunks == 0
+  out, ref = _walks(head, batch, steps, temperature, 15, config)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
+                             atol=1e-4)
+  assert int(out.status) == 0
+
+
+@NEEDS_N
+def test_table_gate_reads_the_table():
+  """The kernel's gate is the table's: with every token's G_e e zeroed in the table (a
+  gate of σ(hoisted) alone), its tokens leave the reference's."""
+  head = wts_jax.with_gate_table(_gated(1000, 128))
+  rows = head.markov_head.gate_table.rows
+  rows[...] = rows[...].at[:, 128:].set(0)
+  config = MosaicConfig(interpret=True, kernel="batched", serial_update="table")
+  out, ref = _walks(head, 13, 4, 0.0, 16, config)
+  assert (np.asarray(out.tokens) != np.asarray(ref.tokens)).any()
+
+
+@NEEDS_N
+def test_table_gate_keeps_z_lo_half_at_a_near_tie():
+  """z's lo half reaches W2 on the table path too: at step 0 each row's two candidates
+  are ordered one way by the exact z and the other way by z rounded to bf16."""
+  head = wts_jax.with_gate_table(_gated(1000, 128, confidence=False))
+  base, first, hidden = random_inputs(head.config, 8, 2, jax.random.key(21))
+  base, expected = tie_broken_by_lo(head, base, first, hidden)
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none",
+                        serial_update="table")
+  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config)
+  np.testing.assert_array_equal(np.asarray(out.tokens)[:, 0], expected)
+
+
+def test_auto_takes_the_table_where_the_batch_goes_on_n():
+  head = wts_jax.with_gate_table(_gated(1000, 128))
+  config = MosaicConfig(kernel="batched")
+  def tabled(batch):
+    return mosaic_backend.gate_table_walk(head, backend.WalkShapes(batch=batch, steps=4,
+                                                                   greedy=True), config)
+  on_n = mosaic_backend.BATCH_ON_N_LOWERS
+  assert tabled(1) == on_n and tabled(16) == on_n and not tabled(17) and not tabled(33)
+  assert not mosaic_backend.gate_table_walk(_gated(1000, 128),
+                                            backend.WalkShapes(batch=4, steps=4,
+                                                               greedy=True), config)
+
+
+@pytest.mark.parametrize("what,config,match", [
+    ("vanilla", MosaicConfig(kernel="batched", serial_update="table"),
+     "needs a gated head with its gate table"),
+    ("untabled", MosaicConfig(kernel="batched", serial_update="table"),
+     "needs a gated head with its gate table"),
+    ("tabled", MosaicConfig(kernel="batched", serial_update="table", batch_axis="m"),
+     "needs the batch on N"),
+    ("tabled-17", MosaicConfig(kernel="batched", serial_update="table"),
+     "runs up to 16 rows" if mosaic_backend.BATCH_ON_N_LOWERS else "needs the batch on N"),
+    ("tabled", MosaicConfig(kernel="rows", serial_update="table"),
+     "runs on the batched kernel" if mosaic_backend.BATCH_ON_N_LOWERS
+     else "needs the batch on N"),
+])
+def test_table_refusals_name_the_reason(what, config, match):
+  vanilla = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=128, hidden_size=64,
+                                         head_type="vanilla"), seed=2)
+  head = {"vanilla": vanilla, "untabled": _gated(),
+          "tabled": wts_jax.with_gate_table(_gated()),
+          "tabled-17": wts_jax.with_gate_table(_gated())}[what]
+  shapes = backend.WalkShapes(batch=17 if what == "tabled-17" else 4, steps=4, greedy=True)
+  config = dataclasses.replace(config, interpret=True, num_blocks=1)
+  spec = mosaic_backend.plan(head, shapes, config, H200_FACTS)
+  assert isinstance(spec, backend.Refusal) and match in spec.reason
+
+
+def test_triton_refuses_the_table():
+  head = wts_jax.with_gate_table(_gated())
+  config = TritonConfig(interpret=True, num_programs=1, serial_update="table")
+  from wts_jax.pallas import triton_backend
+  spec = triton_backend.plan(head, backend.WalkShapes(batch=4, steps=4, greedy=True),
+                             config, H200_FACTS)
+  assert isinstance(spec, backend.Refusal) and "batched Mosaic" in spec.reason
+
+
+@NEEDS_N
+@pytest.mark.parametrize("batch,temperature", [(1, 0.0), (16, 0.8)])
+def test_table_gate_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, temperature):
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import lower_for_gpu
+  make_head = wts_jax.make_head
+  monkeypatch.setattr(wts_jax, "make_head",
+                      lambda config, **kw: wts_jax.with_gate_table(make_head(config, **kw)))
+  text = lower_for_gpu.lower_walk("gated", batch, 7, temperature=temperature,
+                                  config=MosaicConfig())
+  assert "mosaic_gpu" in text

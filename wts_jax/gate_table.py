@@ -1,0 +1,80 @@
+"""The gated head's token-side gate as a table: a kernel's step gathers it, not computes it.
+
+The gate ``g_k = σ(G_h h_k + G_e e_k + b)`` reads the token only through ``G_e e_k`` with
+``e_k = W1[x]``, so ``P = W1 · G_eᵀ`` ([V, r] fp32, once per head) holds that term for every
+token: a step gathers ``P[x]`` beside ``W1[x]`` and its gate is elementwise,
+``z = σ(hoisted_k + P[x]) ⊙ e`` — no G_e read, no matmul, no exchange between blocks for
+it. ``P`` is the reference's own contraction (``GatedMarkovHead.advance``: fp32 products
+summed in fp32), taken over all of W1 at once.
+
+Stored as one bf16 row a token, ``[e ; P's upper 16 bits ; P's lower 16 bits]`` ([V, 3r]):
+a kernel gathers a token with one bulk copy, loads the three parts in one register layout,
+and rebuilds ``P`` bit for bit (``f32_from_halves``). The halves are raw bits, not
+numbers: only copies and bitcasts may touch them. At the Qwen3-4B shape the table is
+233 MB beside the head's 156 MB.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+
+def f32_halves(values: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """fp32 ``values`` as (upper, lower) 16-bit halves of their bits, each typed bf16."""
+  bits = lax.bitcast_convert_type(values.astype(jnp.float32), jnp.uint32)
+  def half(word):
+    return lax.bitcast_convert_type(word.astype(jnp.uint16), jnp.bfloat16)
+  return half(bits >> 16), half(bits & 0xFFFF)
+
+
+def f32_from_halves(upper: jax.Array, lower: jax.Array) -> jax.Array:
+  """The fp32 values whose bit halves ``f32_halves`` gave (bf16-typed raw bits). Signed
+  16-bit words widened and masked: the ops a Mosaic GPU kernel has for them."""
+  def word(half):
+    return lax.bitcast_convert_type(half, jnp.int16).astype(jnp.int32)
+  bits = lax.shift_left(word(upper), jnp.int32(16)) | (word(lower) & 0xFFFF)
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def token_gate_terms(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
+  """``P = W1 · G_eᵀ`` [V, r] fp32: every token's ``G_e e`` (``GatedMarkovHead.advance``'s
+  contraction)."""
+  return jnp.einsum("vr,sr->vs", w1.astype(jnp.float32), gate_e.astype(jnp.float32),
+                    precision=lax.Precision.HIGHEST)
+
+
+def gate_rows(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
+  """[V, 3r] bf16: each token's W1 row, then its ``G_e e`` as fp32 bit halves."""
+  upper, lower = f32_halves(token_gate_terms(w1, gate_e))
+  return jnp.concatenate([w1.astype(jnp.bfloat16), upper, lower], axis=1)
+
+
+class GateTable(nnx.Module):
+  """A gated head's ``gate_rows`` [V, 3r] (``with_gate_table``)."""
+
+  def __init__(self, rows: jax.Array):
+    self.rows = nnx.Variable(rows)
+
+
+def with_gate_table(head):
+  """A gated head sharing every weight with ``head``, with its gate table beside them
+  (``serial_update="table"`` and, for the gated head, ``"auto"`` on the batched Mosaic
+  kernel read it; the reference and the other kernels compute the gate as before).
+  The table is a function of W1 and G_e: rebuild it after changing either."""
+  if head.config.head_type != "gated":
+    raise ValueError(f"a gate table is the gated head's (got {head.config.head_type!r})")
+  graphdef, state = nnx.split(head)
+  tabled = nnx.merge(graphdef, state)
+  serial = tabled.markov_head
+  _, gate_e, _ = serial.gate_weights()
+  serial.gate_table = GateTable(gate_rows(serial.markov_w1.weight[...], gate_e))
+  return tabled
+
+
+def table_of(serial):
+  """The serial head's ``GateTable`` rows, or None."""
+  table = getattr(serial, "gate_table", None)
+  return None if table is None else table.rows[...]
