@@ -330,12 +330,22 @@ def test_gate_table_tokens_equal_reference(tabled_head, batch, warpgroups, produ
                                            temperature):
   """The gated head's gate from its table (one gathered row a token, z formed
   elementwise by the leader): the planner's plan, two warpgroups with a producer; past
-  ``AUTO_GATE_TABLE_MAX`` rows "auto" splits the gate instead."""
+  32 rows (the batch on M) "auto" splits the gate instead."""
   config = MosaicConfig(kernel="batched", warpgroups=warpgroups, producer=producer,
                         serial_update="auto")
   shapes = backend.WalkShapes(batch=batch, steps=7, greedy=not temperature)
-  assert mosaic_backend.gate_table_walk(tabled_head, shapes, config) == (batch <= 16)
+  assert mosaic_backend.gate_table_walk(tabled_head, shapes, config) == (batch <= 32)
   _check(tabled_head, batch, temperature, 81, config=config)
+
+
+@pytest.mark.parametrize("warpgroups", [None, 1])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_gate_table_asked_for_at_32_rows(tabled_head, warpgroups, temperature):
+  """``serial_update="table"`` past the planner's range: 32 rows on N (with two
+  warpgroups its staging leaves one ring slot a warpgroup), fresh inputs."""
+  config = MosaicConfig(kernel="batched", warpgroups=warpgroups, serial_update="table")
+  for seed in (83, 84, 32):
+    _check(tabled_head, 32, temperature, seed, config=config)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -437,6 +447,7 @@ FP32_TIE_MARGIN = 1e-5
 PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, producer=True)
 PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
 AUTO = MosaicConfig()
+TABLE_GATE = MosaicConfig(kernel="batched", serial_update="table")
 
 
 @pytest.mark.parametrize("w2,kernel_config,head_type,temperature,batch", [
@@ -455,12 +466,16 @@ AUTO = MosaicConfig()
     # takes two warpgroups with 1-slot rings
     ("bf16", SPLIT_GATE, "rnn", 0.8, 40),
     # int8 planes at 64 rows on M: the planner's z rows gathered by the leader's four warps
-    ("int8p", AUTO, "vanilla", 0.0, 64), ("int8p", AUTO, "vanilla", 0.8, 64)],
+    ("int8p", AUTO, "vanilla", 0.0, 64), ("int8p", AUTO, "vanilla", 0.8, 64),
+    # the gated head with its gate table ("auto"; at 32 rows asked for by name)
+    ("table", AUTO, "gated", 0.0, 16), ("table", AUTO, "gated", 0.8, 16),
+    ("table", TABLE_GATE, "gated", 0.0, 32)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
          "gated-int8-auto-sample", "rnn-int8-auto-sample", "rnn-split-sample-m2", "int8p-auto-m64",
-         "int8p-auto-sample-m64"])
+         "int8p-auto-sample-m64", "gated-table-auto", "gated-table-auto-sample",
+         "gated-table-32"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature,
                                                  batch):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)
@@ -469,6 +484,8 @@ def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, t
     head = quantize_w2(head, "int8", state="planes")
   elif w2 == "int8":
     head = quantize_w2(head, "int8")
+  elif w2 == "table":
+    head = wts_jax.with_gate_table(head)
   kernel = jax.jit(lambda h, b, f, x, key: wts_jax.walk(
       h, b, f, x, impl="mosaic", config=kernel_config, temperature=temperature,
       key=key).tokens)

@@ -39,7 +39,7 @@ def test_halves_rebuild_every_fp32_bit():
   values = jax.random.normal(jax.random.key(0), (4096,), jnp.float32) * 100.0
   values = values.at[:6].set(jnp.array([0.0, -0.0, jnp.inf, -jnp.inf, 1e-40, -3e-39]))
   upper, lower = gate_table.f32_halves(values)
-  assert upper.dtype == lower.dtype == jnp.bfloat16
+  assert upper.dtype == lower.dtype == jnp.int16
   rebuilt = gate_table.f32_from_halves(upper, lower)
   np.testing.assert_array_equal(np.asarray(rebuilt).view(np.uint32),
                                 np.asarray(values).view(np.uint32))
@@ -50,9 +50,10 @@ def test_gate_rows_hold_e_and_the_reference_gate_term():
   head = _gated(300, 64)
   serial = wts_jax.with_gate_table(head).markov_head
   rows = gate_table.table_of(serial)
-  assert rows.shape == (300, 3 * 64) and rows.dtype == jnp.bfloat16
+  assert rows.shape == (300, 3 * 64) and rows.dtype == jnp.int16
   w1 = serial.markov_w1.weight[...]
-  np.testing.assert_array_equal(np.asarray(rows[:, :64]), np.asarray(w1))
+  np.testing.assert_array_equal(np.asarray(gate_table.bf16_from_bits(rows[:, :64])),
+                                np.asarray(w1))
   _, gate_e, _ = serial.gate_weights()
   terms = gate_table.f32_from_halves(rows[:, 64:128], rows[:, 128:])
   per_step = jnp.einsum("br,sr->bs", w1[:7].astype(jnp.float32), gate_e,
@@ -85,12 +86,12 @@ def _walks(head, batch, steps, temperature, seed, config):
 
 
 # (V, r, B, K, residency, temperature, warpgroups, producer): every chunk resident; all
-# streamed and sampled; V % 64 = 8 with two warpgroups and a producer; 16 rows, sampled
-# with two warpgroups; past 16 rows is refused (test below).
+# streamed and sampled; V % 64 = 8 with two warpgroups and a producer; 32 rows, sampled
+# with two warpgroups; past 32 rows is refused (test below).
 TABLE_CASES = [(520, 64, 5, 3, "auto", 0.0, None, None),
                (1000, 128, 13, 4, "none", 0.7, None, None),
                (776, 64, 16, 3, 64, 0.0, 2, True),
-               (1000, 128, 16, 3, "none", 1.0, 2, None)]
+               (1000, 128, 32, 3, "none", 1.0, 2, None)]
 
 
 @NEEDS_N
@@ -143,7 +144,7 @@ def test_auto_takes_the_table_where_the_batch_goes_on_n():
     return mosaic_backend.gate_table_walk(head, backend.WalkShapes(batch=batch, steps=4,
                                                                    greedy=True), config)
   on_n = mosaic_backend.BATCH_ON_N_LOWERS
-  assert tabled(1) == on_n and tabled(16) == on_n and not tabled(17) and not tabled(33)
+  assert tabled(1) == on_n and tabled(32) == on_n and not tabled(33) and not tabled(64)
   assert not mosaic_backend.gate_table_walk(_gated(1000, 128),
                                             backend.WalkShapes(batch=4, steps=4,
                                                                greedy=True), config)
@@ -156,8 +157,8 @@ def test_auto_takes_the_table_where_the_batch_goes_on_n():
      "needs a gated head with its gate table"),
     ("tabled", MosaicConfig(kernel="batched", serial_update="table", batch_axis="m"),
      "needs the batch on N"),
-    ("tabled-17", MosaicConfig(kernel="batched", serial_update="table"),
-     "runs up to 16 rows" if mosaic_backend.BATCH_ON_N_LOWERS else "needs the batch on N"),
+    ("tabled-33", MosaicConfig(kernel="batched", serial_update="table"),
+     "runs up to 32 rows" if mosaic_backend.BATCH_ON_N_LOWERS else "needs the batch on N"),
     ("tabled", MosaicConfig(kernel="rows", serial_update="table"),
      "runs on the batched kernel" if mosaic_backend.BATCH_ON_N_LOWERS
      else "needs the batch on N"),
@@ -167,8 +168,8 @@ def test_table_refusals_name_the_reason(what, config, match):
                                          head_type="vanilla"), seed=2)
   head = {"vanilla": vanilla, "untabled": _gated(),
           "tabled": wts_jax.with_gate_table(_gated()),
-          "tabled-17": wts_jax.with_gate_table(_gated())}[what]
-  shapes = backend.WalkShapes(batch=17 if what == "tabled-17" else 4, steps=4, greedy=True)
+          "tabled-33": wts_jax.with_gate_table(_gated())}[what]
+  shapes = backend.WalkShapes(batch=33 if what == "tabled-33" else 4, steps=4, greedy=True)
   config = dataclasses.replace(config, interpret=True, num_blocks=1)
   spec = mosaic_backend.plan(head, shapes, config, H200_FACTS)
   assert isinstance(spec, backend.Refusal) and match in spec.reason

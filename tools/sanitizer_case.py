@@ -2,8 +2,8 @@
 
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
       [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
-       |batched-gated-split|batched-rnn-split|batched-rnn-split-m2|batched-widen-registers
-       |batched-widen-smem|batched-int8p-m2]
+       |batched-gated-split|batched-gated-table|batched-rnn-split|batched-rnn-split-m2
+       |batched-widen-registers|batched-widen-smem|batched-int8p-m2]
       [SEEDS] [SPIN_LIMIT]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
@@ -12,6 +12,8 @@
 32 / 64 rows on N (where a release without a barrier gave wrong tokens: NOTES v12);
 ``batched-gated``: the gated head on the batched kernel (G_e through the ring, hi + lo);
 ``batched-gated-split``: the same with its gate split over the 4 blocks (16 units each);
+``batched-gated-table``: the same with its gate from its table (the batch on N, 16 rows:
+the leader's gate staging beside two warpgroups and a producer);
 ``batched-rnn-split``: the rnn head, its update split likewise; ``-m2``: 40 rows on M,
 two warpgroups (a 1-slot base ring each);
 ``batched-widen-registers`` / ``batched-widen-smem``: an int8 W2 streamed as int8 and
@@ -43,9 +45,12 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   # (-m2: the rnn head's two warpgroups on M, each with a 1-slot base ring.)
   rnn_two_on_m = backend == "batched-rnn-split-m2"
   planes_on_m = backend == "batched-int8p-m2"
+  table = backend == "batched-gated-table"
   config = HeadConfig(vocab_size=712, rank=64, hidden_size=64,
                       head_type="gated" if gated else "rnn" if rnn else "vanilla")
   head = wts_jax.make_head(config, seed=1)
+  if table:
+    head = wts_jax.with_gate_table(head)
   widening = backend.removeprefix("batched-widen-") if "-widen-" in backend else None
   if widening or planes_on_m:
     from wts_jax.quantize import quantize_w2
@@ -55,6 +60,8 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   batch = 40 if rnn_two_on_m or planes_on_m else 5 if batched else 2
   if producer:
     batch = 64 if backend.endswith("64n") else 32
+  if table:
+    batch = 16
   # A bounded barrier: under the sanitizer every poll is instrumented (slow), and if the
   # tool ever ran the blocks one at a time the walk would end with a timeout status
   # instead of spinning 4M polls per step (session 9's mosaic run did not finish in
@@ -64,7 +71,8 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
       num_stages=2, sync_spin_limit=spin_limit,
       **({"mosaic_kernel": "batched"} if batched else {}),
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
-         if backend == "batched-wg2" or producer or widening else {}),
+         if backend == "batched-wg2" or producer or widening or table else {}),
+      **({"mosaic_producer": True, "serial_update": "table"} if table else {}),
       **({"mosaic_w2_widening": widening} if widening else {}),
       **({"mosaic_producer": True} if producer else {}),
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"}

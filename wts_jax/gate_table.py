@@ -7,11 +7,12 @@ token: a step gathers ``P[x]`` beside ``W1[x]`` and its gate is elementwise,
 it. ``P`` is the reference's own contraction (``GatedMarkovHead.advance``: fp32 products
 summed in fp32), taken over all of W1 at once.
 
-Stored as one bf16 row a token, ``[e ; P's upper 16 bits ; P's lower 16 bits]`` ([V, 3r]):
-a kernel gathers a token with one bulk copy, loads the three parts in one register layout,
-and rebuilds ``P`` bit for bit (``f32_from_halves``). The halves are raw bits, not
-numbers: only copies and bitcasts may touch them. At the Qwen3-4B shape the table is
-233 MB beside the head's 156 MB.
+Stored as one row of 16-bit words a token, ``[e's bf16 bits ; P's upper 16 bits ; P's
+lower 16 bits]`` ([V, 3r] int16): a kernel gathers a token with one bulk copy, loads the
+three parts in one register layout, and rebuilds ``e`` and ``P`` bit for bit
+(``bf16_from_bits``, ``f32_from_halves``). The words are typed as integers so that no
+float handling (a NaN made canonical, a denormal flushed) can touch the halves on their
+way. At the Qwen3-4B shape the table is 233 MB beside the head's 156 MB.
 """
 
 from __future__ import annotations
@@ -23,20 +24,29 @@ from jax import lax
 
 
 def f32_halves(values: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """fp32 ``values`` as (upper, lower) 16-bit halves of their bits, each typed bf16."""
+  """fp32 ``values`` as the (upper, lower) 16 bits of each, int16 words."""
   bits = lax.bitcast_convert_type(values.astype(jnp.float32), jnp.uint32)
   def half(word):
-    return lax.bitcast_convert_type(word.astype(jnp.uint16), jnp.bfloat16)
+    return lax.bitcast_convert_type(word.astype(jnp.uint16), jnp.int16)
   return half(bits >> 16), half(bits & 0xFFFF)
 
 
 def f32_from_halves(upper: jax.Array, lower: jax.Array) -> jax.Array:
-  """The fp32 values whose bit halves ``f32_halves`` gave (bf16-typed raw bits). Signed
-  16-bit words widened and masked: the ops a Mosaic GPU kernel has for them."""
-  def word(half):
-    return lax.bitcast_convert_type(half, jnp.int16).astype(jnp.int32)
-  bits = lax.shift_left(word(upper), jnp.int32(16)) | (word(lower) & 0xFFFF)
+  """The fp32 values whose int16 halves ``f32_halves`` gave: the words widened (with
+  their sign, then the lower one masked) and joined — the ops a Mosaic GPU kernel has."""
+  bits = (lax.shift_left(upper.astype(jnp.int32), jnp.int32(16))
+          | (lower.astype(jnp.int32) & 0xFFFF))
   return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def bf16_bits(values: jax.Array) -> jax.Array:
+  """bf16 ``values`` as int16 words."""
+  return lax.bitcast_convert_type(values.astype(jnp.bfloat16), jnp.int16)
+
+
+def bf16_from_bits(words: jax.Array) -> jax.Array:
+  """The bf16 values of int16 words (``bf16_bits``)."""
+  return lax.bitcast_convert_type(words, jnp.bfloat16)
 
 
 def token_gate_terms(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
@@ -47,9 +57,10 @@ def token_gate_terms(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
 
 
 def gate_rows(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
-  """[V, 3r] bf16: each token's W1 row, then its ``G_e e`` as fp32 bit halves."""
+  """[V, 3r] int16: each token's W1 row (its bf16 bits), then its ``G_e e`` as fp32 bit
+  halves."""
   upper, lower = f32_halves(token_gate_terms(w1, gate_e))
-  return jnp.concatenate([w1.astype(jnp.bfloat16), upper, lower], axis=1)
+  return jnp.concatenate([bf16_bits(w1), upper, lower], axis=1)
 
 
 class GateTable(nnx.Module):

