@@ -64,6 +64,15 @@ def test_gate_rows_hold_e_and_the_reference_gate_term():
                              atol=1e-5)
 
 
+def test_tables_hoist_equals_the_heads():
+  """The hoist from the table's contiguous G_h is the head's own, bit for bit."""
+  head = wts_jax.with_gate_table(_gated(300, 64))
+  hidden = jax.random.normal(jax.random.key(5), (3, 4, 64), jnp.bfloat16)
+  serial = head.markov_head
+  np.testing.assert_array_equal(np.asarray(gate_table.hoisted_terms(serial, hidden)),
+                                np.asarray(serial.hoist(hidden)))
+
+
 def test_table_is_the_gated_heads_and_the_original_is_untouched():
   head = _gated(300, 64)
   tabled = wts_jax.with_gate_table(head)

@@ -13,7 +13,7 @@ Mosaic kernel's ``gated_z``); a backend without a hook for it refuses it in ``pl
 
 from __future__ import annotations
 
-from wts_jax.gate_table import table_of
+from wts_jax.gate_table import hoisted_terms, table_of
 
 
 def _vanilla(serial, hidden) -> dict:
@@ -24,9 +24,10 @@ def _vanilla(serial, hidden) -> dict:
 def _gated(serial, hidden) -> dict:
   # z = σ(G_h h + G_e e + b) ⊙ e: the hidden side hoisted, G_e read per step — or, where
   # the head has its gate table (``wts_jax.gate_table``), G_e e gathered with e.
-  operands = {"gate_hoisted": serial.hoist(hidden),
-              "gate_weight": serial.gate_proj.weight[...]}
   table = table_of(serial)
+  operands = {"gate_hoisted": (serial.hoist(hidden) if table is None
+                               else hoisted_terms(serial, hidden)),
+              "gate_weight": serial.gate_proj.weight[...]}
   if table is not None:
     operands["gate_rows"] = table
   return operands
