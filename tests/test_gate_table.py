@@ -204,3 +204,16 @@ def test_table_gate_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, tempe
   text = lower_for_gpu.lower_walk("gated", batch, 7, temperature=temperature,
                                   config=MosaicConfig())
   assert "mosaic_gpu" in text
+
+
+def test_other_walks_of_a_tabled_head_compute_the_gate():
+  """The table rides along where it is not read: the XLA walk and the Triton kernel
+  (interpret mode) of a tabled head give the untabled head's tokens."""
+  head = _gated(1000, 64)
+  tabled = wts_jax.with_gate_table(head)
+  base, first, hidden = random_inputs(head.config, 3, 3, jax.random.key(17))
+  want = np.asarray(wts_jax.walk(head, base, first, hidden, impl="xla").tokens)
+  for impl, config in (("xla", None),
+                       ("triton", TritonConfig(interpret=True, num_programs=1))):
+    out = wts_jax.walk(tabled, base, first, hidden, impl=impl, config=config)
+    np.testing.assert_array_equal(np.asarray(out.tokens), want)
