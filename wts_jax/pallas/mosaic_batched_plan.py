@@ -467,7 +467,7 @@ class BatchedPlan:
   @property
   def z_row_bytes(self) -> int:
     """A z staging row: a bf16 W1 row, an int8 token's two planes side by side, or a
-    token's gate table row (three bf16 parts)."""
+    token's gate table row (three parts of 16-bit words)."""
     return z_row_bytes(self.rank, gate_table=self.gate_table)
 
   def describe(self) -> str:
@@ -516,7 +516,7 @@ class BatchedPlan:
 
 def z_row_bytes(rank: int, *, gate_table: bool = False) -> int:
   """Bytes of a z staging row (``BatchedPlan.z_row_bytes``): r bf16 (or two int8 planes),
-  3r bf16 for a gate table's row, then the bank padding."""
+  3r 16-bit words for a gate table's row, then the bank padding."""
   return rank * 2 * (3 if gate_table else 1) + Z_ROW_PAD_BYTES
 
 

@@ -168,7 +168,7 @@ class BatchedRefs:
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
   gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
                                  # ([K, 64 rows, r] with a split gate; [K, 2, rows, r]
-                                 # fp32 bit halves with a gate table)
+                                 # int16 halves of its fp32 bits with a gate table)
   update_w_s: object = None      # split update: this block's rows of G_e (or [J_s, J_e],
                                  # each the rnn head's gate, candidate, output rows)
   update_w_bar: object = None
@@ -1222,7 +1222,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   ``plan.gated``: ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16, inputs
   [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
   (``GatedMarkovHead.hoist``); with ``plan.gate_table`` ``w1`` is the head's gate table
-  [V, 3r] (``wts_jax.gate_table.gate_rows``) and G_e is not read.
+  [V, 3r] int16 (``wts_jax.gate_table.gate_rows``) and G_e is not read.
   ``plan.recurrent``: ``joint_weight`` is ``joint_proj.weight`` [3r, 2r + d] (bf16,
   inputs [s ; e ; h]) and ``joint_hoisted`` its hidden-side terms [B, K, 3r] f32
   (``RecurrentHead.hoist``)."""
@@ -1357,7 +1357,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     return jnp.pad(hoisted.astype(jnp.float32),
                    ((0, BATCH_TILE - batch), (0, 0), (0, 0))).transpose(1, 0, 2)
   if plan.gated:
-    if plan.gate_table:   # the staged rows' terms as fp32 bit halves: [K, 2, rows, r]
+    if plan.gate_table:   # the staged rows' terms as int16 halves: [K, 2, rows, r]
       halves = jnp.stack(gate_table.f32_halves(gate_hoisted), axis=2)   # [B, K, 2, r]
       operands.update(gate_hoisted_g=jnp.pad(
           halves, ((0, plan.staged_rows - batch), (0, 0), (0, 0), (0, 0))
