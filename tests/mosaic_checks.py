@@ -6,19 +6,32 @@ import numpy as np
 import wts_jax
 
 
-def assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature,
-                              kernel="auto"):
-  """The Mosaic walk (interpret mode, one block) against the XLA walk of the same head:
-  exact tokens (greedy), bit-identical with the same key (sampled), confidence close."""
-  key = jax.random.key(3) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              mosaic_kernel=kernel)
-  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config,
+def mosaic_and_xla_walks(head, base, first, hidden, *, impl, config, temperature, key):
+  """(the kernel's walk under ``impl`` and ``config``, the XLA walk) of the same head,
+  inputs and key."""
+  out = wts_jax.walk(head, base, first, hidden, impl=impl, config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
                      key=key)
+  return out, ref
+
+
+def assert_walk_matches(out, ref):
+  """Exact tokens (greedy; bit-identical with the same key, sampled), confidence close,
+  a clean status."""
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   if ref.confidence is not None:
     np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
                                atol=1e-4)
   assert int(out.status) == 0
+
+
+def assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature,
+                              kernel="auto"):
+  """The Mosaic walk (interpret mode, one block) against the XLA walk of the same head."""
+  key = jax.random.key(3) if temperature else None
+  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
+                              mosaic_kernel=kernel)
+  assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="pallas",
+                                            config=config, temperature=temperature,
+                                            key=key))

@@ -21,6 +21,7 @@ from wts_jax.inputs import random_inputs
 from wts_jax.pallas import backend, mosaic_backend
 from wts_jax.walk_config import MosaicConfig, TritonConfig
 
+from mosaic_checks import assert_walk_matches, mosaic_and_xla_walks
 from near_tie_inputs import tie_broken_by_lo
 
 NEEDS_N = pytest.mark.skipif(
@@ -86,12 +87,9 @@ def test_table_is_the_gated_heads_and_the_original_is_untouched():
 
 def _walks(head, batch, steps, temperature, seed, config):
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
-  key = jax.random.key(seed + 10) if temperature else None
-  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
-                     temperature=temperature, key=key)
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
-                     key=key)
-  return out, ref
+  return mosaic_and_xla_walks(head, base, first, hidden, impl="mosaic", config=config,
+                              temperature=temperature,
+                              key=jax.random.key(seed + 10) if temperature else None)
 
 
 # (V, r, B, K, residency, temperature, warpgroups, producer): every chunk resident; all
@@ -114,11 +112,7 @@ def test_table_gate_tokens_equal_xla(vocab, rank, batch, steps, residency, tempe
   shapes = backend.WalkShapes(batch=batch, steps=steps, greedy=not temperature)
   plan = mosaic_backend.plan(head, shapes, config, H200_FACTS).plan
   assert plan.gate_table and plan.pair_on_n and plan.gate_chunks == 0
-  out, ref = _walks(head, batch, steps, temperature, 15, config)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
-                             atol=1e-4)
-  assert int(out.status) == 0
+  assert_walk_matches(*_walks(head, batch, steps, temperature, 15, config))
 
 
 @NEEDS_N
