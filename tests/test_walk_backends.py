@@ -229,6 +229,7 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
       merge_tiles=False, producer=not greedy), H200).plan
   assert (stated.ring_stages, stated.base_stages, stated.merge_tiles, stated.producer) == (
       1, base_stages, False, not greedy)
+  assert stated.overlap_chunks == 0   # (one slot cannot overlap chunks: a deadlock)
   # The gated head (bf16): the batched kernel, one warpgroup but for sampling past 16
   # rows or on M, no producer, no merged tiles, the default ring.
   gated_plan = mosaic_backend.plan(_head("gated"), shapes, MosaicConfig(), H200).plan
@@ -297,6 +298,30 @@ def test_planner_gathers_int8_planes_rows_by_four_warps_on_m_only():
   on_n = plan(planes, 16)
   if on_n.batch_axis == "n":
     assert not on_n.warp_gather
+
+
+def test_a_one_slot_ring_never_overlaps_chunks(monkeypatch):
+  """Overlapped, a chunk's slot is awaited before the chunk before it releases its own:
+  with one ring slot the warpgroup would wait on itself for ever (a 1-slot ring asked
+  for at 16 rows hung on the H200). The planner computes such a plan's chunks in turn,
+  and a plan built with both is refused naming the values."""
+  import dataclasses
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.walk_config import MosaicConfig
+  monkeypatch.setattr(mosaic_backend, "BATCH_ON_N_LOWERS", True)   # (the plan, either jax)
+  planes = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"), _head())
+  shapes = backend.WalkShapes(batch=16, steps=7, greedy=True)
+  plans = {stages: mosaic_backend.plan(planes, shapes, MosaicConfig(
+      kernel="batched", batch_axis="n", ring_stages=stages), H200).plan for stages in (1, 2)}
+  assert plans[1].ring_stages == 1 and plans[1].streamed_chunks > 0
+  assert plans[1].overlap_chunks == 0
+  assert plans[2].overlap_chunks == 2   # (two slots overlap, as measured)
+  with pytest.raises(ValueError, match=r"overlap_chunks=2 .*ring_stages=1"):
+    dataclasses.replace(plans[1], overlap_chunks=2)
+  # Every chunk resident: no ring, nothing awaited on one, the overlap stays.
+  resident = dataclasses.replace(plans[2], resident_chunks=plans[2].wg_chunks,
+                                 ring_stages=0)
+  assert resident.overlap_chunks == 2
 
 
 def test_int8_planes_at_rank_64_go_on_m():

@@ -341,6 +341,10 @@ class BatchedPlan:
     if not 0 <= self.base_l2_ahead <= MAX_BASE_L2_AHEAD:
       raise ValueError(f"base_l2_ahead={self.base_l2_ahead} must be in [0, "
                        f"{MAX_BASE_L2_AHEAD}] (base tiles ahead of the one copied)")
+    if self.overlap_chunks > 1 and self.streamed_chunks and self.ring_stages < 2:
+      raise ValueError(f"overlap_chunks={self.overlap_chunks} needs a W2 ring of 2 or more "
+                       f"slots (ring_stages={self.ring_stages}): a chunk is awaited before "
+                       "the one before it releases its slot, so one slot would deadlock")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
       raise ValueError("merge_tiles needs two computing warpgroups with the batch on N")
     if self.alternate_wgmma and self.warpgroups != 2:
@@ -603,7 +607,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   comes widened to bf16 (``w2_itemsize`` 2) with its per-row scales
   (``BatchedPlan.w2_row_scale``), or as int8 (``w2_itemsize`` 1) to be widened in the
   kernel (``w2_widening``). ``overlap_chunks`` and ``warp_gather`` take no shared
-  memory: they are passed through (``auto_overlap_chunks``, ``auto_warp_gather``)."""
+  memory: they are passed through (``auto_overlap_chunks``, ``auto_warp_gather``), the
+  overlap dropped where one ring slot streams chunks (it would deadlock)."""
   in_kernel = w2_row_scale and w2_widening != "xla"
   if w2_itemsize == 1 and not (int8_state or in_kernel):
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
@@ -702,6 +707,10 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      f"the {slots} W2 chunks that fit "
                      + ("a warpgroup's half of " if warpgroups > 1 else "")
                      + "a block's shared memory")
+  if ring_stages < 2 and streamed:
+    # (Overlapped, a chunk is awaited before the chunk before it releases its slot: one
+    # slot would deadlock, so such a plan computes each chunk in turn.)
+    overlap_chunks = 0
   used = (SMEM_RESERVED_BYTES + fixed
           + warpgroups * (resident_chunks + ring_stages) * chunk_bytes)
   return BatchedPlan(num_blocks=blocks, chunks=chunks, resident_chunks=resident_chunks,
