@@ -259,6 +259,56 @@ def test_row_plane_scales_free_the_scale_windows():
     plan(**args, plane_scales="rows")
 
 
+def _z_registers(monkeypatch):
+  planned = mosaic_backend.plan_batched
+
+  def with_option(**kwargs):
+    return planned(**{**kwargs, "z_registers": True})
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+
+
+# int8 planes on M with z loaded into each warpgroup's registers: two warpgroups with a
+# producer (greedy, rows past the batch), two sampled with their own refills, one past 64
+# rows; r = 64 and 128.
+Z_REGISTERS_CASES = [(1000, 128, 13, 3, "none", 0.0, 2, True),
+                     (776, 64, 20, 3, 64, 0.7, 2, False),
+                     (520, 64, 70, 2, "auto", 0.0, 1, False)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,warpgroups,producer",
+                         Z_REGISTERS_CASES)
+def test_z_registers_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps, residency,
+                                      temperature, warpgroups, producer):
+  """``BatchedPlan.z_registers``: the reference's tokens. Interpreted, the rows come by
+  Pallas loads and the WGMMA reads them from a tile (interpret mode runs no inline
+  Mosaic code and no WGMMA from registers): this checks the plan, the tokens' and
+  s_lo's hand-over and the gather's rows, not the register fragments (the GPU tests
+  and ``tools/registers_operand_probe.py`` do)."""
+  _z_registers(monkeypatch)
+  head = quantize_w2(_head(vocab, rank), "int8", state="planes")
+  _assert_matches_xla(head, batch, steps, residency, temperature, seed=37, batch_axis="m",
+                      warpgroups=warpgroups, producer=producer)
+
+
+def test_z_registers_free_the_staging():
+  """Without z's staging and tiles (65 KB at 64 rows) a block holds more W2: int8 planes
+  at B 64 on M, two warpgroups, 2 resident chunks a warpgroup beside a 4-slot ring
+  instead of none; and only int8 planes on M with per-row s_lo take the option."""
+  plan = mosaic_batched_plan.plan_batched
+  args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
+              batch_axis="m", w2_itemsize=1, int8_state=True, warpgroups=2, producer=True,
+              plane_scales="threads", base_stages=1, ring_preference=4)
+  staged, loaded = plan(**args), plan(**args, z_registers=True)
+  assert (staged.resident_chunks, staged.ring_stages) == (0, 4)
+  assert (loaded.resident_chunks, loaded.ring_stages) == (2, 4) and loaded.z_registers
+  assert "registers" in loaded.describe()
+  for wrong in (dict(batch_axis="n", batch=16), dict(plane_scales="window"),
+                dict(w2_itemsize=2, int8_state=False, plane_scales="window")):
+    with pytest.raises(ValueError, match="z_registers"):
+      plan(**{**args, **wrong}, z_registers=True)
+
+
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("axis", ["m", "n"])
 def test_vocabulary_tail_base_tile(axis):

@@ -34,7 +34,8 @@ or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profil
 tokens produced by an op of the walk, which otherwise passes them to the kernel as
 given), ``A`` (profiling: ≈ 3 ms of
 device work queued before the timed walks, so the host launches ahead of the device),
-``T`` (profiling: each row's base logits spiked at one column of its own at every step,
+``R`` (int8 planes on M: z loaded into each warpgroup's WGMMA registers, no staging:
+``BatchedPlan.z_registers``), ``T`` (profiling: each row's base logits spiked at one column of its own at every step,
 so a row's token never changes and each step gathers the W1 rows the step before
 gathered — the gather's cost with its rows recently read, against random tokens').
 Options unnamed are the planner's, except the batch axis (M unless ``n`` or
@@ -119,14 +120,15 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "C": ("producer", False), "k": ("probe_skew", True),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
-         "A": ("host_ahead", True), "T": ("fixed_tokens", True)}
+         "A": ("host_ahead", True), "T": ("fixed_tokens", True),
+         "R": ("z_registers", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "nan_from_top",
                 "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
                 "l2_keep_chunks", "base_l2_ahead")
 # Planner arguments a variant sets (they change the plan's shared-memory split).
-PLANNER_OPTIONS = ("plane_scales",)
+PLANNER_OPTIONS = ("plane_scales", "z_registers")
 
 
 # dtype -> (head type, W2 quantization: None, "planes", or "int8" widened on the kernel)

@@ -7,9 +7,9 @@ holds both of a request's products and combines them exactly in int32), and mult
 them against a W2 tile in shared memory as the B operand: no z staging in shared memory,
 no staging-to-tile round trip, one WGMMA for 32 requests' two planes. Mosaic GPU takes
 an int8 A operand in registers (``WGMMA_LAYOUT_8BIT``); what Pallas does not have is a
-gather into that layout. Here ``plgpu.inline_mgpu`` builds it: each register of the
-layout (4 int8 along K at one (row, k)) is loaded by ``ld.global.nc`` from the row's
-token's plane.
+gather into that layout: ``wts_jax.pallas.z_registers.gather_planes`` builds it (each
+register, 4 int8 along K at one (row, k), loaded by ``ld.global.nc`` from the row's
+token's plane).
 
   python tools/registers_operand_probe.py [--out results.json]
 
@@ -33,59 +33,12 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from wts_jax.pallas.z_registers import gather_planes, stacked_row
+
 RANK = 256
 REQUESTS = 32          # a WGMMA's M of 64 holds 32 requests' two planes
 TILE_ROWS = 64         # W2 rows a tile (the WGMMA's N)
 BLOCKS = 132
-
-
-def stacked_row(m):
-  """M row -> (request, plane) of the stacked layout."""
-  return (m // 16) * 8 + m % 8, (m // 8) % 2
-
-
-def gather_planes(tok_ref, w1_ref):
-  """[64, r] int8 in ``WGMMA_LAYOUT_8BIT``: row m is the ``plane`` half of
-  ``w1_ref[tok_ref[request]]`` for (request, plane) = ``stacked_row(m)``; ``tok_ref`` a
-  [REQUESTS] int32 ref in shared memory, ``w1_ref`` [V, 2r] int8 in global memory."""
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm, memref
-  from jax.experimental.mosaic.gpu import fragmented_array as fa
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils
-
-  layout = fa.WGMMA_LAYOUT_8BIT
-  shape = (2 * REQUESTS, RANK)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()),
-                     return_type=plgpu.ShapeDtypeStruct(shape, jnp.int8,
-                                                        layout=plgpu.Layout.WGMMA_8BIT))
-  def gather(_, tok, w1):
-    i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
-    index = ir.IndexType.get()
-    vec = ir.VectorType.get((4,), ir.IntegerType.get_signless(8))
-    w1_at = llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1))
-    row_bytes = 2 * RANK
-    registers = np.empty(layout.registers_shape(shape), dtype=object)
-    tokens = {}
-    for reg, (row, col) in zip(np.ndindex(registers.shape), layout.thread_idxs(shape)):
-      row32 = arith.index_cast(i32, row)
-      c16, c8 = arith.constant(i32, 16), arith.constant(i32, 8)
-      request = arith.addi(arith.muli(arith.divui(row32, c16), c8), arith.remui(row32, c8))
-      plane = arith.remui(arith.divui(row32, c8), arith.constant(i32, 2))
-      key = str(row)
-      if key not in tokens:   # (the layout's registers share a thread's two rows)
-        tokens[key] = memref.load(tok, [arith.index_cast(index, request)])
-      token = tokens[key]
-      offset = arith.addi(arith.muli(token, arith.constant(i32, row_bytes)),
-                          arith.addi(arith.muli(plane, arith.constant(i32, RANK)),
-                                     arith.index_cast(i32, col)))
-      address = arith.addi(w1_at, arith.extui(i64, offset))
-      word = llvm.inline_asm(i32, [address], "ld.global.nc.b32 $0, [$1];", "=r,l",
-                             has_side_effects=False)
-      registers[reg] = llvm.bitcast(vec, word)
-    return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=True)
-
-  return gather(tok_ref, w1_ref)
 
 
 def _w2_transforms():
@@ -119,7 +72,7 @@ def probe_kernel(iterations: int, blocks: int, gather: str = "registers"):
       elif gather == "fixed":
         z = _load(z_s, plgpu.Layout.WGMMA_8BIT)
       else:
-        z = gather_planes(tok_s, w1_g)
+        z = gather_planes(tok_s, w1_g, rank=RANK, stacked=True)
 
       def mma(acc_ref):
         plgpu.wgmma(acc_ref, z, w_s.T)

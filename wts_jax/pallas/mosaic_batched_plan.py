@@ -265,6 +265,11 @@ class BatchedPlan:
   # issued by one warp of its warpgroup, the other three parked at its end (measurement
   # option, off).
   warp_gather: bool = False
+  # int8 planes on M: each computing warpgroup loads z's two planes from W1 straight into
+  # its WGMMA A registers (a thread its fragments, by token), so z has no staging, no
+  # swizzled tiles (65 KB at 64 rows, which go to W2) and no round trip through them.
+  # Measurement option, off until measured (NOTES v28).
+  z_registers: bool = False
   warp_producer: bool = False
   # Each block's candidate of every row names the W1 row (and int8 planes' scale window)
   # the next step gathers if it wins: prefetched into L2 while the grid barrier runs
@@ -345,6 +350,10 @@ class BatchedPlan:
       raise ValueError(f"overlap_chunks={self.overlap_chunks} needs a W2 ring of 2 or more "
                        f"slots (ring_stages={self.ring_stages}): a chunk is awaited before "
                        "the one before it releases its slot, so one slot would deadlock")
+    if self.z_registers and not (self.int8_state and self.batch_axis == "m"
+                                 and self.plane_scales != "window"):
+      raise ValueError("z_registers is int8 planes' with the batch on M and their s_lo not "
+                       "in copied windows")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
       raise ValueError("merge_tiles needs two computing warpgroups with the batch on N")
     if self.alternate_wgmma and self.warpgroups != 2:
@@ -487,6 +496,8 @@ class BatchedPlan:
             + ("; a producer warpgroup issues the refills"
                + (" (one warp)" if self.warp_producer else "") if self.producer else "")
             + ("; z rows gathered by four warps" if self.warp_gather else "")
+            + ("; z loaded into each warpgroup's WGMMA registers" if self.z_registers
+               else "")
             + ("; candidates' W1 rows prefetched to L2" if self.prefetch_candidates
                else "")
             + (f"; {self.l2_keep_chunks} streamed chunks a warpgroup kept in L2 "
@@ -548,7 +559,8 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
                 gate_rows: int = 0, state_units: int = 0,
                 plane_scales: str = "window", merge_tile_rows: int = 0,
-                widen_tiles: int = 0, gate_table: bool = False) -> int:
+                widen_tiles: int = 0, gate_table: bool = False,
+                z_registers: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
@@ -561,9 +573,10 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   and the rnn head's own units' state [64, state_units] f32; with ``merge_tiles``
   warpgroup 1's unreduced bests, three [64, merge_tile_rows] 4-byte tiles; an int8 W2
   widened through shared memory, a bf16 chunk tile [64, r] a warpgroup
-  (``widen_tiles``); a gate table's staging rows are three times as wide."""
-  z_stage = (staged_rows * z_row_bytes(rank, gate_table=gate_table)
-             + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
+  (``widen_tiles``); a gate table's staging rows are three times as wide; z in
+  registers (``z_registers``) stages nothing."""
+  z_stage = 0 if z_registers else (staged_rows * z_row_bytes(rank, gate_table=gate_table)
+                                   + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
@@ -595,6 +608,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  gate_table: bool = False, recurrent: bool = False,
                  plane_scales: str = "window", merge_tiles: bool = False,
                  overlap_chunks: int = 0, warp_gather: bool = False,
+                 z_registers: bool = False,
                  ring_preference: int = DEFAULT_RING_STAGES) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
@@ -606,9 +620,10 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   neither count is given (``auto_ring_preference``). ``w2_row_scale``: an int8 W2 that
   comes widened to bf16 (``w2_itemsize`` 2) with its per-row scales
   (``BatchedPlan.w2_row_scale``), or as int8 (``w2_itemsize`` 1) to be widened in the
-  kernel (``w2_widening``). ``overlap_chunks`` and ``warp_gather`` take no shared
-  memory: they are passed through (``auto_overlap_chunks``, ``auto_warp_gather``), the
-  overlap dropped where one ring slot streams chunks (it would deadlock)."""
+  kernel (``w2_widening``). ``z_registers`` stages no z. ``overlap_chunks`` and
+  ``warp_gather`` take no shared memory: they are passed through
+  (``auto_overlap_chunks``, ``auto_warp_gather``), the overlap dropped where one ring
+  slot streams chunks (it would deadlock)."""
   in_kernel = w2_row_scale and w2_widening != "xla"
   if w2_itemsize == 1 and not (int8_state or in_kernel):
     raise ValueError("the batched walk meets an int8 W2 only with z as two int8 planes "
@@ -674,7 +689,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       plane_scales=plane_scales,
                       merge_tile_rows=padded_batch(batch) if merge_tiles else 0,
                       widen_tiles=warpgroups if in_kernel and w2_widening == "smem" else 0,
-                      gate_table=gate_table)
+                      gate_table=gate_table, z_registers=z_registers)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -723,4 +738,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      producer=producer, gated=gated,
                      gate_split=gate_split, gate_table=gate_table, recurrent=recurrent,
                      plane_scales=plane_scales, merge_tiles=merge_tiles,
-                     overlap_chunks=overlap_chunks, warp_gather=warp_gather)
+                     overlap_chunks=overlap_chunks, warp_gather=warp_gather,
+                     z_registers=z_registers)

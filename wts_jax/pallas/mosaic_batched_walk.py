@@ -86,7 +86,7 @@ from wts_jax import gate_table, sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                              STATUS_TOKEN_OUT_OF_RANGE)
-from wts_jax.pallas import grid_sync, l2_priority, row_words
+from wts_jax.pallas import grid_sync, l2_priority, row_words, z_registers
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
@@ -133,7 +133,6 @@ class BatchedRefs:
   tok_g: object
   flag_g: object
   w_s: object
-  za_s: object
   base_s: object
   tok_s: object
   keys_s: object
@@ -141,7 +140,8 @@ class BatchedRefs:
   ring_bar: object
   base_bar: object
   base_free_bar: object
-  z_bar: object
+  za_s: object = None            # z's WGMMA tile(s) (none with ``plan.z_registers``)
+  z_bar: object = None           # the staging's copies (likewise)
   seed_g: object = None
   scale_g: object = None
   noise_g: object = None
@@ -250,7 +250,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
-  z_dtype = refs.za_s.dtype   # (a gate table's staging holds int16 words: ``z_s.dtype``)
+  # (A gate table's staging holds int16 words: ``z_s.dtype``.)
+  z_dtype = refs.za_s.dtype if refs.za_s is not None else refs.w1_g.dtype
   if n_major and (plan.gate_table or not plan.z_pair):
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
         (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
@@ -422,8 +423,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     side by side, and with ``plane_scales`` "window" the window of scales holding its
     s_lo) into staging row b. Rows >= B of a padded batch walk along on their own tokens;
     rows past ``rows`` stay zero. With ``plan.warp_gather`` warp w issues rows w, w + 4,
-    ... (copies in warp semantics meet no warpgroup barrier). Otherwise each row's s_lo
-    into ``row_scale_s`` as ``plan.plane_scales`` says."""
+    ... (copies in warp semantics meet no warpgroup barrier); with ``plan.z_registers``
+    no copies. Otherwise each row's s_lo into ``row_scale_s`` as ``plan.plane_scales``
+    says."""
     def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
@@ -434,7 +436,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
                                 refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
                                 oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-    if not plan.warp_gather:
+    if plan.z_registers:
+      pass   # (each warpgroup loads its rows' planes itself: ``z_in_registers``)
+    elif not plan.warp_gather:
       for b in range(rows):
         gather_row(b)
     else:
@@ -455,7 +459,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
     for the gather after the barrier (``plan.prefetch_candidates``)."""
     grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_g, batch_width,
-                                      row_bytes=z_width * jnp.dtype(refs.z_s.dtype).itemsize,
+                                      row_bytes=z_width * jnp.dtype(refs.w1_g.dtype).itemsize,
                                       num_rows=vocab)
     if planes:
       grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_scale_g, batch_width,
@@ -683,8 +687,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       short_base = n_major and base_copy_rows < rows
       if rows < BATCH_TILE or short_base:
         def zero_staging():
-          refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width),
-                                                     refs.z_s.dtype)
+          if refs.z_s is not None:
+            refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width),
+                                                       refs.z_s.dtype)
           if plan.scale_windows:
             refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
           elif planes:   # the rows no gather loads a scale for
@@ -763,6 +768,15 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def step_body(step, flags):
       with jax.named_scope("z_wait"):
         def stage_z():
+          if plan.z_registers:   # nothing staged: the tokens and s_lo shown to all
+            if spec.interpret:   # (interpreted, a WGMMA reads no registers: the tiles)
+              for tile_ref, plane in zip(plane_tiles(), z_registers.gather_planes(
+                  refs.tok_s, refs.w1_g, rank=rank, interpret=True)):
+                tile_ref[...] = plane
+            plgpu.commit_smem()
+            if wgs > 1:
+              plgpu.barrier_arrive(refs.za_bar)
+            return
           # (Loaded before the gather is waited for, so the latencies overlap.)
           hoisted = table_hoisted(step) if plan.gate_table else None
           plgpu.barrier_wait(refs.z_bar)
@@ -789,6 +803,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           pl.when(jnp.logical_not(leader))(lambda: plgpu.barrier_wait(refs.za_bar))
         else:
           stage_z()
+        # Each warpgroup's own A operands, loaded by its threads from the step's tokens.
+        z_in_registers = (z_registers.gather_planes(refs.tok_s, refs.w1_g, rank=rank)
+                          if plan.z_registers and not spec.interpret else None)
         if planes:
           plane_scale = lax.broadcast_in_dim(row_plane_scale(), tile, (batch_axis,))
       if not spec.greedy:
@@ -829,6 +846,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if plan.pair_on_n:
             operands = [(acc_refs[0], refs.za_s if planes or plan.gate_table
                          else refs.za_s.at[0])]
+          elif z_in_registers is not None:
+            operands = list(zip(acc_refs, z_in_registers))
           elif planes or plan.z_pair:
             operands = [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
                         for plane in range(2)]
@@ -1310,6 +1329,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
           2 if plan.scale_windows else 1), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), w1.dtype),
   }
+  if plan.z_registers:   # (interpreted, the tiles stay: a WGMMA reads no registers there)
+    del scratch["z_bar"], scratch["z_s"]
+    if not spec.interpret:
+      del scratch["za_s"]
   if plan.w2_widening == "smem":
     scratch["widen_s"] = plgpu.SMEM((wgs, CHUNK_ROWS, rank), jnp.bfloat16,
                                     transforms=_w2_transforms(2, rank))
