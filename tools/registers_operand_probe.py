@@ -17,7 +17,8 @@ Checks the accumulators against numpy (exact int32), then times a chain of gathe
 WGMMA → wait per block on 132 blocks (a token table per iteration, so each gather reads
 fresh rows): the difference of two chain lengths' wall times, per link; then the same
 with z gathered the batched walk's way (bulk copies into shared memory, then loaded),
-and with no gather at all (the chain's other links).
+with 16-byte loads from rows in fragment order, and with no gather at all (the chain's
+other links).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from wts_jax.pallas.z_registers import gather_planes, stacked_row
+from wts_jax.pallas.z_registers import fragment_ordered, gather_planes, stacked_row
 
 RANK = 256
 REQUESTS = 32          # a WGMMA's M of 64 holds 32 requests' two planes
@@ -52,7 +53,8 @@ def probe_kernel(iterations: int, blocks: int, gather: str = "registers"):
   ``gather`` "staged": z gathered the batched walk's way instead — a bulk copy a row and
   plane into a [64, r] shared-memory tile (the stacked order), then loaded from there in
   the same register layout; "fixed": no gather (the tile loaded as it is: the chain's
-  other links alone)."""
+  other links alone); "registers16": into registers from ``fragment_ordered`` rows by
+  16-byte loads."""
 
   def body(w1_g, w2_g, tok_g, acc_g, count_g, w_s, tok_s, z_s, bar, tok_bar, z_bar):
     block = jax.lax.axis_index("blocks")
@@ -72,7 +74,8 @@ def probe_kernel(iterations: int, blocks: int, gather: str = "registers"):
       elif gather == "fixed":
         z = _load(z_s, plgpu.Layout.WGMMA_8BIT)
       else:
-        z = gather_planes(tok_s, w1_g, rank=RANK, stacked=True)
+        z = gather_planes(tok_s, w1_g, rank=RANK, stacked=True,
+                          fragment_order=gather == "registers16")
 
       def mma(acc_ref):
         plgpu.wgmma(acc_ref, z, w_s.T)
@@ -128,13 +131,15 @@ def main(argv=None):
   w2 = rng.integers(-127, 128, (TILE_ROWS, RANK), dtype=np.int8)
   results = {"jax": jax.__version__, "device": str(jax.devices()[0].device_kind)}
 
-  for form in ("registers", "staged", "fixed"):
+  ordered = fragment_ordered(w1)
+  for form in ("registers", "registers16", "staged", "fixed"):
+    table_w1 = ordered if form == "registers16" else w1
     try:
       # Correctness: one iteration, one block.
       tokens = rng.integers(0, args.vocab, (1, 1, REQUESTS), dtype=np.int32)
       if form != "fixed":
         run = jax.jit(probe_kernel(1, 1, form))
-        acc, _ = run(jnp.asarray(w1), jnp.asarray(w2), jnp.asarray(tokens))
+        acc, _ = run(jnp.asarray(table_w1), jnp.asarray(w2), jnp.asarray(tokens))
         want = expected(w1, w2, tokens[0, 0])
         got = np.asarray(acc[0]).astype(np.int64)
         results[f"{form}_mismatches"] = int((got != want).sum())
@@ -144,7 +149,7 @@ def main(argv=None):
       for iterations in (args.iterations // 10, args.iterations):
         table = rng.integers(0, args.vocab, (iterations, BLOCKS, REQUESTS), dtype=np.int32)
         run = jax.jit(probe_kernel(iterations, BLOCKS, form))
-        operands = (jnp.asarray(w1), jnp.asarray(w2), jnp.asarray(table))
+        operands = (jnp.asarray(table_w1), jnp.asarray(w2), jnp.asarray(table))
         jax.block_until_ready(run(*operands))
         times = []
         for _ in range(5):

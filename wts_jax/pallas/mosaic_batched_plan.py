@@ -268,7 +268,8 @@ class BatchedPlan:
   # int8 planes on M: each computing warpgroup loads z's two planes from W1 straight into
   # its WGMMA A registers (a thread its fragments, by token), so z has no staging, no
   # swizzled tiles (65 KB at 64 rows, which go to W2) and no round trip through them.
-  # Measurement option, off until measured (NOTES v28).
+  # Measurement option, off: the loads' latency took the place of the copies' (greedy
+  # B 64 no faster, sampled slower: NOTES v28).
   z_registers: bool = False
   warp_producer: bool = False
   # Each block's candidate of every row names the W1 row (and int8 planes' scale window)

@@ -26,14 +26,17 @@ def stacked_row(m: int) -> tuple[int, int]:
 
 
 def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
-                  interpret: bool = False):
+                  interpret: bool = False, fragment_order: bool = False):
   """The A operand(s) of a token's int8 planes, ``w1_ref`` [V, 2r] int8 in global memory
   (a token's hi plane then its lo plane), ``tok_ref`` int32 tokens in shared memory, in
   range (their stores visible to every thread: a warpgroup barrier before). Returns
   (hi, lo), each [64, r] int8 whose row b is token ``tok_ref[b]``'s plane; or, with
   ``stacked``, one [64, r] whose row m is ``stacked_row(m)``'s plane of token
-  ``tok_ref[request]`` (32 requests). In ``WGMMA_LAYOUT_8BIT`` on the GPU."""
+  ``tok_ref[request]`` (32 requests). In ``WGMMA_LAYOUT_8BIT`` on the GPU.
+  ``fragment_order``: ``w1_ref`` is ``fragment_ordered`` (GPU only)."""
   if interpret:
+    if fragment_order:
+      raise ValueError("fragment_order: the interpreted gather reads W1's own order")
     return _gather_by_loads(tok_ref, w1_ref, rank=rank, stacked=stacked)
   shape = (ROWS, rank)
   out = plgpu.ShapeDtypeStruct(shape, jnp.int8, layout=plgpu.Layout.WGMMA_8BIT)
@@ -55,17 +58,32 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
         request = arith.addi(arith.muli(arith.divui(row, constant(16)), constant(8)),
                              arith.remui(row, constant(8)))
         return request, arith.remui(arith.divui(row, constant(8)), constant(2))
-      return _fragments(tok, w1_at, shape, source, rank)
+      return _fragments(tok, w1_at, shape, source, rank, fragment_order)
     return tuple(_fragments(tok, w1_at, shape,
-                            lambda row, plane=plane: (row, constant(plane)), rank)
+                            lambda row, plane=plane: (row, constant(plane)), rank,
+                            fragment_order)
                  for plane in range(2))
 
   return gather(tok_ref, w1_ref)
 
 
-def _fragments(tok, w1_at, shape, source, rank: int):
+def fragment_ordered(w1_planes):
+  """W1's planes [V, 2r] int8 with each plane's bytes reordered so that what one thread
+  of ``WGMMA_LAYOUT_8BIT`` holds of a row (4 bytes in each 16-column tile, at the same
+  place in every tile) is contiguous: ``gather_planes(..., fragment_order=True)`` then
+  loads a row's share by 16-byte loads, a quarter as many. Byte ``16 t + 4 g + j`` of a
+  plane moves to ``g · r / 4 + 4 t + j``."""
+  vocab, width = w1_planes.shape
+  rank = width // 2
+  return (w1_planes.reshape(vocab, 2, rank // 16, 4, 4).transpose(0, 1, 3, 2, 4)
+          .reshape(vocab, width))
+
+
+def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False):
   """A ``WGMMA_LAYOUT_8BIT`` array whose register at (row, k) holds the 4 bytes
-  ``w1[tok[request], plane * r + k : + 4]`` for (request, plane) = ``source(row)``."""
+  ``w1[tok[request], plane * r + k : + 4]`` for (request, plane) = ``source(row)``
+  (``fragment_order``: read from ``fragment_ordered``'s place of those bytes, four
+  registers a 16-byte load)."""
   import numpy as np
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm, memref
@@ -75,17 +93,34 @@ def _fragments(tok, w1_at, shape, source, rank: int):
   word = ir.VectorType.get((4,), ir.IntegerType.get_signless(8))
   layout = fa.WGMMA_LAYOUT_8BIT
   registers = np.empty(layout.registers_shape(shape), dtype=object)
+  four = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
   for reg, (row, col) in zip(np.ndindex(registers.shape), layout.thread_idxs(shape)):
+    tile = reg[1]   # (the register's 16-column tile: its column is 16 · tile + 4 g)
+    if fragment_order and tile % 4:
+      continue   # (loaded with the tile three before it)
     request, plane = source(arith.index_cast(i32, row))
     token = memref.load(tok, [arith.index_cast(index, request)])
+    col = arith.index_cast(i32, col)
+    if fragment_order:   # g · r / 4 + 4 · tile
+      col = arith.addi(arith.muli(arith.divui(arith.remui(col, arith.constant(i32, 16)),
+                                              arith.constant(i32, 4)),
+                                  arith.constant(i32, rank // 4)),
+                       arith.constant(i32, 4 * tile))
     offset = arith.addi(arith.muli(token, arith.constant(i32, 2 * rank)),
-                        arith.addi(arith.muli(plane, arith.constant(i32, rank)),
-                                   arith.index_cast(i32, col)))
+                        arith.addi(arith.muli(plane, arith.constant(i32, rank)), col))
     address = arith.addi(w1_at, arith.extui(i64, offset))
     # (Read-only for the kernel's life: the non-coherent path.)
-    loaded = llvm.inline_asm(i32, [address], "ld.global.nc.b32 $0, [$1];", "=r,l",
-                             has_side_effects=False)
-    registers[reg] = llvm.bitcast(word, loaded)
+    if not fragment_order:
+      loaded = llvm.inline_asm(i32, [address], "ld.global.nc.b32 $0, [$1];", "=r,l",
+                               has_side_effects=False)
+      registers[reg] = llvm.bitcast(word, loaded)
+      continue
+    loaded = llvm.inline_asm(four, [address], "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+                             "=r,=r,=r,=r,l", has_side_effects=False)
+    for k in range(4):
+      at = list(reg)
+      at[1] = tile + k
+      registers[tuple(at)] = llvm.bitcast(word, llvm.extractvalue(i32, loaded, [k]))
   return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=True)
 
 
