@@ -34,16 +34,13 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from wts_jax.pallas.mosaic_walk import _load, _w2_transforms
 from wts_jax.pallas.z_registers import fragment_ordered, gather_planes, stacked_row
 
 RANK = 256
 REQUESTS = 32          # a WGMMA's M of 64 holds 32 requests' two planes
 TILE_ROWS = 64         # W2 rows a tile (the WGMMA's N)
 BLOCKS = 132
-
-
-def _w2_transforms():
-  return (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
 
 
 def probe_kernel(iterations: int, blocks: int, gather: str = "registers"):
@@ -70,9 +67,9 @@ def probe_kernel(iterations: int, blocks: int, gather: str = "registers"):
           plgpu.copy_gmem_to_smem(w1_g.at[tok_s[request], pl.ds(plane * RANK, RANK)],
                                   z_s.at[m], z_bar)
         plgpu.barrier_wait(z_bar)
-        z = _load(z_s, plgpu.Layout.WGMMA_8BIT)
+        z = _load(z_s, plgpu.Layout.WGMMA_8BIT, optimized=False)
       elif gather == "fixed":
-        z = _load(z_s, plgpu.Layout.WGMMA_8BIT)
+        z = _load(z_s, plgpu.Layout.WGMMA_8BIT, optimized=False)
       else:
         z = gather_planes(tok_s, w1_g, rank=RANK, stacked=True,
                           fragment_order=gather == "registers16")
@@ -94,7 +91,7 @@ def probe_kernel(iterations: int, blocks: int, gather: str = "registers"):
       out_type=(jax.ShapeDtypeStruct((blocks, 2 * REQUESTS, TILE_ROWS), jnp.int32),
                 jax.ShapeDtypeStruct((blocks,), jnp.int32)),
       grid=(blocks,), grid_names=("blocks",),
-      scratch_types=[plgpu.SMEM((TILE_ROWS, RANK), jnp.int8, transforms=_w2_transforms()),
+      scratch_types=[plgpu.SMEM((TILE_ROWS, RANK), jnp.int8, transforms=_w2_transforms(1, RANK)),
                      plgpu.SMEM((REQUESTS,), jnp.int32),
                      plgpu.SMEM((2 * REQUESTS, RANK), jnp.int8),
                      plgpu.Barrier(num_arrivals=1, num_barriers=1),
@@ -102,13 +99,6 @@ def probe_kernel(iterations: int, blocks: int, gather: str = "registers"):
                      plgpu.Barrier(num_arrivals=2 * REQUESTS, num_barriers=1)],
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane))
-
-
-def _load(ref, layout):
-  try:
-    return plgpu.load(ref, (), layout=layout, optimized=False)
-  except TypeError:   # (jax versions whose load takes no index)
-    return plgpu.load(ref, layout=layout, optimized=False)
 
 
 def expected(w1, w2, tokens):
