@@ -1,4 +1,4 @@
-"""One check shared by the Mosaic kernel's interpret-mode suites."""
+"""Checks and helpers shared by the Mosaic kernel's interpret-mode and GPU suites."""
 
 import jax
 import numpy as np
@@ -35,3 +35,15 @@ def assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature,
   assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="pallas",
                                             config=config, temperature=temperature,
                                             key=key))
+
+
+def planner_option(monkeypatch, **option):
+  """The batched planner with ``option`` set in every plan; returns the plans it made."""
+  from wts_jax.pallas import mosaic_backend
+  planned, plans = mosaic_backend.plan_batched, []
+
+  def with_option(**kwargs):
+    plans.append(planned(**{**kwargs, **option}))
+    return plans[-1]
+  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+  return plans

@@ -39,6 +39,8 @@ from wts_jax.pallas import backend, mosaic_backend
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig
 
+from mosaic_checks import planner_option
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not os.environ.get("WTS_GPU_TESTS") or jax.default_backend() != "gpu",
@@ -254,18 +256,6 @@ def test_l2_hints_tokens_equal_reference(monkeypatch, head, planes_head, axis, w
   assert hinted and all(plan.base_l2_ahead == 4 for plan in hinted)
 
 
-def _planner_option(monkeypatch, **option):
-  """The batched planner with ``option`` set in every plan; returns the plans it made."""
-  from wts_jax.pallas import mosaic_backend
-  planned, plans = mosaic_backend.plan_batched, []
-
-  def with_option(**kwargs):
-    plans.append(planned(**{**kwargs, **option}))
-    return plans[-1]
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
-  return plans
-
-
 @pytest.mark.parametrize("axis,warpgroups,producer,batch", [("n", 2, True, 5),
                                                              ("n", 2, True, 16),
                                                              ("m", 2, True, 64),
@@ -277,7 +267,7 @@ def test_plane_scales_tokens_equal_reference(monkeypatch, planes_head, axis, war
   """int8 planes' s_lo loaded by a thread a row (inline PTX; interpret mode runs scalar
   loads instead, so only checked here) or copied in a window of scales beside its
   planes: the reference's tokens."""
-  plans = _planner_option(monkeypatch, plane_scales=where)
+  plans = planner_option(monkeypatch, plane_scales=where)
   config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
                         producer=producer)
   _check(planes_head, batch, temperature, 63, config=config)
@@ -292,7 +282,7 @@ def test_z_registers_tokens_equal_reference(monkeypatch, planes_head, warpgroups
   """int8 planes on M with z loaded by each warpgroup straight into its WGMMA registers
   (``BatchedPlan.z_registers``; interpret mode runs Pallas loads into a tile instead, so
   the register fragments are only checked here): the reference's tokens."""
-  plans = _planner_option(monkeypatch, z_registers=True)
+  plans = planner_option(monkeypatch, z_registers=True)
   config = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=warpgroups,
                         producer=producer)
   _check(planes_head, batch, temperature, 67, config=config)

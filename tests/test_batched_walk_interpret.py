@@ -30,6 +30,7 @@ from wts_jax.pallas.mosaic_batched_plan import AUTO_WIDEN_IN_REGISTERS_MAX, auto
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig, WalkConfig
 
+from mosaic_checks import assert_walk_matches, mosaic_and_xla_walks, planner_option
 from near_tie_inputs import tie_broken_by_lo
 
 H200_SMEM = 227 * 1024
@@ -72,15 +73,9 @@ def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_
                         batch_axis=batch_axis, warpgroups=warpgroups, producer=producer,
                         serial_update=serial_update, merge_tiles=merge_tiles,
                         w2_widening=w2_widening)
-  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
-                     temperature=temperature, key=key)
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
-                     key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-  if ref.confidence is not None:
-    np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
-                               atol=1e-4)
-  assert int(out.status) == 0
+  assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="mosaic",
+                                            config=config, temperature=temperature,
+                                            key=key))
 
 
 # The batch on the WGMMA's N (bf16): B not a multiple of 8, sampled, 64 rows, 61 rows (a
@@ -259,14 +254,6 @@ def test_row_plane_scales_free_the_scale_windows():
     plan(**args, plane_scales="rows")
 
 
-def _z_registers(monkeypatch):
-  planned = mosaic_backend.plan_batched
-
-  def with_option(**kwargs):
-    return planned(**{**kwargs, "z_registers": True})
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
-
-
 # int8 planes on M with z loaded into each warpgroup's registers: two warpgroups with a
 # producer (greedy, rows past the batch), two sampled with their own refills, one past 64
 # rows; r = 64 and 128.
@@ -285,7 +272,7 @@ def test_z_registers_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps, re
   Mosaic code and no WGMMA from registers): this checks the plan, the tokens' and
   s_lo's hand-over and the gather's rows, not the register fragments (the GPU tests
   and ``tools/registers_operand_probe.py`` do)."""
-  _z_registers(monkeypatch)
+  planner_option(monkeypatch, z_registers=True)
   head = quantize_w2(_head(vocab, rank), "int8", state="planes")
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=37, batch_axis="m",
                       warpgroups=warpgroups, producer=producer)
