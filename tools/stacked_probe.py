@@ -1,0 +1,106 @@
+"""The stacked int8-planes walk (``wts_jax.pallas.stacked_walk``) against the XLA walk
+and the batched kernel's plan, at the Qwen3-4B shape: tokens checked, then each walk's
+device time after an L2 flush (``profile_batched.time_walks``), in one device call.
+
+  python tools/stacked_probe.py --out $OUT/stacked [--batches 5,16,32,40,64]
+      [--variants r9+s1,...]   (rN: the block's resident tiles, sN: ring slots a phase)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import profile_batched as pb  # noqa: E402
+
+import wts_jax  # noqa: E402
+from wts_jax.inputs import random_inputs  # noqa: E402
+from wts_jax.pallas import stacked_walk as sw  # noqa: E402
+from wts_jax.pallas.head_operands import serial_operands  # noqa: E402
+
+STEPS = 7
+
+
+def variant_options(text: str) -> dict:
+  options = {}
+  for part in (p for p in text.split("+") if p):
+    m = re.fullmatch(r"([rs])(\d+)", part)
+    if not m:
+      raise SystemExit(f"error: bad variant option {part!r}")
+    options["resident" if m[1] == "r" else "ring_stages"] = int(m[2])
+  return options
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--batches", default="5,16,32,40,64")
+  parser.add_argument("--variants", default="")
+  parser.add_argument("--walks", type=int, default=10)
+  parser.add_argument("--compare", default="a", help="batched-kernel options to time beside")
+  args = parser.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  heads = pb.Heads()
+  head = heads("int8p")
+  device = wts_jax.device.current()
+  results = {"jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
+             "walks": args.walks, "points": []}
+  for batch in (int(b) for b in args.batches.split(",")):
+    base, first, _ = random_inputs(heads.config("int8p"), batch, STEPS, jax.random.key(batch))
+    want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
+    operands = serial_operands(head, None)
+    for variant in [""] + [v for v in args.variants.split(",") if v]:
+      name = f"stacked:{batch}:{variant}"
+      record = {"variant": name}
+      try:
+        plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                               batch=batch, num_blocks=device.num_sms,
+                               smem_per_block=device.smem_per_block,
+                               **variant_options(variant))
+        spec = sw.StackedSpec(plan, batch, STEPS)
+        record["plan"] = plan.describe()
+
+        def walk(w2, base, planes, first, w2_scale, s_lo, spec=spec):
+          return sw.stacked_walk(spec, w2, base, planes, first, w2_scale, s_lo)
+        call = (operands["w2"], base, operands["w1_planes"], first, operands["w2_scale"],
+                operands["w1_plane_scale"])
+        run = jax.jit(walk).lower(*call).compile()
+        tokens, status = run(*call)
+        tokens = np.asarray(tokens)
+        record.update(status=int(status), tokens_equal=bool((tokens == want).all()))
+        if not record["tokens_equal"]:
+          differ = tokens != want
+          record["tokens_differing"] = int(differ.sum())
+          record["first_rows"] = [tokens[0].tolist(), want[0].tolist()]
+        else:
+          per_walk, kernel, _, _ = pb.time_walks(run, call, args.walks)
+          record.update(walk_us_median=round(float(np.median(per_walk)), 1),
+                        kernel_us_median=round(float(kernel), 1))
+      except Exception as err:   # one variant's failure is a result too
+        record["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
+      print(json.dumps(record), flush=True)
+      results["points"].append(record)
+    if args.compare:
+      variant = pb.parse_variant(f"int8p:{batch}:greedy:{args.compare}")
+      try:
+        _, run, operands_b, want_b = pb.build(variant, heads)
+        per_walk, kernel, _, _ = pb.time_walks(run, operands_b, args.walks)
+        record = {"variant": variant.name, "walk_us_median": round(float(np.median(per_walk)), 1),
+                  "kernel_us_median": round(float(kernel), 1)}
+      except Exception as err:
+        record = {"variant": variant.name, "error": f"{type(err).__name__}: {str(err)[:500]}"}
+      print(json.dumps(record), flush=True)
+      results["points"].append(record)
+  with open(os.path.join(args.out, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,369 @@
+"""Register-level pieces of the stacked int8-planes walk (``stacked_walk``), built in
+``plgpu.inline_mgpu`` because Pallas has no op for them; each has its interpret-mode
+counterpart in ``jax.numpy`` (interpret mode runs no inline Mosaic code).
+
+The stacked operand: 32 requests × 2 planes on the WGMMA's M, row 16w + g request
+8w + g's q_hi and row 16w + g + 8 its q_lo (``z_registers.stacked_row``). In the
+WGMMA accumulator layout a thread of warp w, lane 4g + t holds rows 16w + g and
+16w + g + 8 at columns 8j + 2t + {0, 1} (j = 0..7): both planes of one request, so
+D = 256 · d_hi + d_lo is joined inside the thread, and each thread carries one running
+best (score, vocab row) of its request. Per-thread values ride in [64, 8] arrays of the
+WGMMA layout (two registers of two elements a thread, all four the thread's value), so
+Pallas can carry them through loops.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from wts_jax.int8_state import LO_STEPS
+from wts_jax.pallas import z_registers
+
+TILE = 64        # W2 rows a tile (the WGMMA's N)
+REQUESTS = 32    # requests a stacked operand holds
+CARRY = (64, 8)  # a per-thread value's array (GPU)
+BIG_INDEX = 1 << 30
+
+
+def _i32():
+  from jax._src.lib.mlir import ir
+  return ir.IntegerType.get_signless(32)
+
+
+def _const(value, type_=None):
+  from jax._src.lib.mlir.dialects import arith
+  return arith.constant(type_ or _i32(), value)
+
+
+def _thread():
+  """(block-wide thread index, warpgroup, warp in it, g, t) as i32 values."""
+  from jax._src.lib.mlir.dialects import arith
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  thread = mgpu_utils.thread_idx()
+  if thread.type != _i32():
+    thread = arith.index_cast(_i32(), thread)
+  in_wg = arith.remui(thread, _const(128))
+  lane = arith.remui(in_wg, _const(32))
+  return (thread, arith.divui(thread, _const(128)), arith.divui(in_wg, _const(32)),
+          arith.divui(lane, _const(4)), arith.remui(lane, _const(4)))
+
+
+def _per_thread(values, dtype):
+  """A [64, 8] WGMMA-layout array whose four elements in each thread are ``values``
+  (one scalar a thread)."""
+  import numpy as np
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import vector
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  layout = fa.WGMMA_LAYOUT
+  registers = np.empty(layout.registers_shape(CARRY), dtype=object)
+  for index in np.ndindex(registers.shape):
+    registers[index] = vector.broadcast(ir.VectorType.get((2,), values.type), values)
+  return fa.FragmentedArray(_registers=registers, _layout=layout,
+                            _is_signed=None if dtype == jnp.float32 else True)
+
+
+def _scalar(array):
+  """The per-thread scalar a ``_per_thread`` array holds."""
+  from jax._src.lib.mlir.dialects import vector
+  return vector.extract(array.registers.flat[0], dynamic_position=[], static_position=[0])
+
+
+def _request(phases: int):
+  """(request index in the walk, the thread's (warp, g, t)): the block of 32 requests a
+  warpgroup serves is its index over ``phases``."""
+  from jax._src.lib.mlir.dialects import arith
+  _, wg, warp, g, t = _thread()
+  first = arith.muli(arith.divui(wg, _const(phases)), _const(REQUESTS))
+  return arith.addi(first, arith.addi(arith.muli(warp, _const(8)), g)), (warp, g, t)
+
+
+def tile_start(block, tile: int, *, tiles: int, vocab: int):
+  """The first vocab row of a block's tile, clamped so a tile never reads past V (the
+  last tiles overlap earlier rows: a row seen twice is the same candidate)."""
+  return jnp.minimum(block * (tiles * TILE) + tile * TILE, vocab - TILE)
+
+
+# --- the step's operand: z's planes, stacked, and each request's s_lo --------------------
+
+def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool):
+  """(A, s_lo) of this warpgroup's 32 requests (tokens ``tok_s``, in range, their stores
+  visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo), s_lo the
+  requests' plane scale. GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread
+  array. Interpreted: A [64, r] and s_lo [32]."""
+  if interpret:
+    first = (wg // phases) * REQUESTS
+    tokens = [tok_s[first + b] for b in range(REQUESTS)]
+    rows = jnp.concatenate([w1_g[pl.ds(token, 1), :] for token in tokens], axis=0)
+    planes = (rows[:, :rank], rows[:, rank:])
+    stacked = jnp.stack([planes[plane][request] for request, plane in
+                         map(z_registers.stacked_row, range(2 * REQUESTS))])
+    return stacked, jnp.stack([s_lo_g[token] for token in tokens])
+
+  a_type = plgpu.ShapeDtypeStruct((2 * REQUESTS, rank), jnp.int8,
+                                  layout=plgpu.Layout.WGMMA_8BIT)
+  s_type = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType()),
+                     return_type=(a_type, s_type))
+  def load(_, tok, w1, s_lo):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm, memref
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    i64 = ir.IntegerType.get_signless(64)
+    index = ir.IndexType.get()
+    _, wg_, *_ = _thread()
+    first = arith.muli(arith.divui(wg_, _const(phases)), _const(REQUESTS))
+
+    def source(row):   # ``stacked_row`` on i32 values, past this block's first request
+      request = arith.addi(arith.muli(arith.divui(row, _const(16)), _const(8)),
+                           arith.remui(row, _const(8)))
+      return (arith.addi(first, request),
+              arith.remui(arith.divui(row, _const(8)), _const(2)))
+    a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
+                               (2 * REQUESTS, rank), source, rank)
+    request, _ = _request(phases)
+    token = memref.load(tok, [arith.index_cast(index, request)])
+    address = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(s_lo)),
+                         arith.extui(i64, arith.muli(token, _const(4))))
+    scale = llvm.inline_asm(ir.F32Type.get(), [address], "ld.global.nc.f32 $0, [$1];",
+                            "=f,l", has_side_effects=False)
+    return a, _per_thread(scale, jnp.float32)
+
+  return load(tok_s, w1_g, s_lo_g)
+
+
+# --- a tile's base logits -----------------------------------------------------------------
+
+def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: int,
+              phases: int, wg, interpret: bool):
+  """This warpgroup's requests' base logits at ``step`` over the tile's 64 vocab rows
+  (``base_g`` [B', K, V] bf16, V even). GPU: a [64, 64] bf16 WGMMA-layout array, each
+  thread's hi-plane rows holding its request's 16 columns (two per 4-byte load), rows
+  past the batch zero. Interpreted: [32, 64] f32 (``base_g`` padded to whole blocks of
+  32 requests)."""
+  start = tile_start(block, tile, tiles=tiles, vocab=vocab)
+  if interpret:
+    first = (wg // phases) * REQUESTS
+    return base_g[pl.ds(first, REQUESTS), step, pl.ds(start, TILE)].astype(jnp.float32)
+  steps, width = base_g.shape[1], base_g.shape[2]
+  out = plgpu.ShapeDtypeStruct((2 * REQUESTS, TILE), jnp.bfloat16,
+                               layout=plgpu.Layout.WGMMA)
+  starts = _row_array(start)   # (scalars pass as arrays: a layout arg)
+  steps_at = _row_array(step)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WGMMA.reduce(1),
+                                plgpu.Layout.WGMMA.reduce(1)), return_type=out)
+  def load(_, base, start_rows, step_rows):
+    import numpy as np
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm, vector
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    i64 = ir.IntegerType.get_signless(64)
+    bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
+    request, (_, _, t) = _request(phases)
+    first_col = arith.addi(_scalar_row(start_rows), arith.muli(t, _const(2)))
+    live = arith.cmpi(arith.CmpIPredicate.slt, request, _const(batch))
+    row = arith.select(live, request, _const(0))
+    element = arith.addi(arith.muli(arith.addi(arith.muli(row, _const(steps)),
+                                               _scalar_row(step_rows)), _const(width)),
+                         first_col)
+    at = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(base)),
+                    arith.muli(arith.extui(i64, element), arith.constant(i64, 2)))
+    layout = fa.WGMMA_LAYOUT
+    registers = np.empty(layout.registers_shape((2 * REQUESTS, TILE)), dtype=object)
+    zero = vector.broadcast(bf16x2, arith.constant(ir.BF16Type.get(), 0.0))
+    for reg in np.ndindex(registers.shape):
+      j, half = reg[1], reg[4]
+      if half:
+        registers[reg] = zero
+        continue
+      word = llvm.inline_asm(
+          _i32(), [arith.addi(at, arith.constant(i64, 16 * j)),
+                   arith.extui(_i32(), live)],
+          "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.b32 $0, 0;\n"
+          "@p ld.global.nc.b32 $0, [$1]; }",
+          "=r,l,r", has_side_effects=True)
+      registers[reg] = llvm.bitcast(bf16x2, word)
+    return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=None)
+
+  return load(base_g, starts, steps_at)
+
+
+def _row_array(value):
+  """A scalar as a [64] array of the WGMMA row layout (``_scalar_row`` reads it back)."""
+  return plgpu.layout_cast(jnp.full((2 * REQUESTS,), value, jnp.int32),
+                           plgpu.Layout.WGMMA.reduce(1))
+
+
+def _scalar_row(array):
+  """A thread's element of a WGMMA_ROW array filled with one value."""
+  from jax._src.lib.mlir.dialects import vector
+  return vector.extract(array.registers.flat[0], dynamic_position=[], static_position=[0])
+
+
+# --- a tile folded into each request's running best -----------------------------------
+
+def initial_best(interpret: bool):
+  """(score, index, NaN seen) before a step's first tile."""
+  shape = (REQUESTS,) if interpret else CARRY
+  def full(value, dtype):
+    array = jnp.full(shape, value, dtype)
+    return array if interpret else plgpu.layout_cast(array, plgpu.Layout.WGMMA)
+  return full(float("-inf"), jnp.float32), full(BIG_INDEX, jnp.int32), full(0, jnp.int32)
+
+
+def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool):
+  """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
+  ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
+  lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
+  W2 row scales in shared memory, ``start`` its first vocab row."""
+  if interpret:
+    d = acc.reshape(4, 2, 8, TILE)
+    joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
+    logits = (joined.astype(jnp.float32) * s_lo[:, None]) * scales_s[...][None, :] + base
+    top = logits.max(axis=1)
+    rows = start + jnp.arange(TILE, dtype=jnp.int32)
+    top_index = jnp.where(logits == top[:, None], rows[None, :], BIG_INDEX).min(axis=1)
+    value, index, nan = best
+    better = (top > value) | ((top == value) & (top_index < index))
+    nan = nan | jnp.where(jnp.isnan(logits), 1, 0).max(axis=1)
+    return jnp.where(better, top, value), jnp.where(better, top_index, index), nan
+
+  starts = _row_array(start)
+  carry = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
+  carry_i = plgpu.ShapeDtypeStruct(CARRY, jnp.int32, layout=plgpu.Layout.WGMMA)
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA, plgpu.Layout.WGMMA,
+                 plgpu.RefType(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1)),
+      return_type=(carry, carry_i, carry_i))
+  def fold(_, acc, base, s_lo, scales, best, start_rows):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, memref, vector
+    f32 = ir.F32Type.get()
+    index_type = ir.IndexType.get()
+    _, _, _, _, t = _thread()
+    value, index, nan = (_scalar(b) for b in best)
+    scale_lo = _scalar(s_lo)
+    first = arith.addi(_scalar_row(start_rows), arith.muli(t, _const(2)))
+    for j in range(TILE // 8):
+      hi = acc.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
+      lo = acc.registers[0, j, 0, 0, 1, 0, 0, 0, 0]
+      words = base.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
+      for e in range(2):
+        col = arith.addi(arith.muli(t, _const(2)), _const(8 * j + e))
+        d = arith.addi(arith.muli(_element(hi, e), _const(LO_STEPS)), _element(lo, e))
+        logit = arith.mulf(arith.sitofp(f32, d), scale_lo)
+        logit = arith.mulf(logit, memref.load(scales, [arith.index_cast(index_type, col)]))
+        logit = arith.addf(logit, arith.extf(f32, _element(words, e)))
+        row = arith.addi(first, _const(8 * j + e))
+        greater = arith.cmpf(arith.CmpFPredicate.OGT, logit, value)
+        tie = arith.andi(arith.cmpf(arith.CmpFPredicate.OEQ, logit, value),
+                         arith.cmpi(arith.CmpIPredicate.slt, row, index))
+        better = arith.ori(greater, tie)
+        value = arith.select(better, logit, value)
+        index = arith.select(better, row, index)
+        is_nan = arith.cmpf(arith.CmpFPredicate.UNO, logit, logit)
+        nan = arith.ori(nan, arith.extui(_i32(), is_nan))
+    del vector
+    return (_per_thread(value, jnp.float32), _per_thread(index, jnp.int32),
+            _per_thread(nan, jnp.int32))
+
+  return fold(acc, base, s_lo, scales_s, best, starts)
+
+
+def _element(register, e: int):
+  from jax._src.lib.mlir.dialects import vector
+  return vector.extract(register, dynamic_position=[], static_position=[e])
+
+
+# --- the step's bests: each request's over its four lanes, to shared memory -------------
+
+def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool):
+  """This warpgroup's best per request into row ``wg`` of ``value_s`` / ``index_s`` /
+  ``nan_s`` ([4, 32] in shared memory): GPU, the four lanes of a request reduced by
+  shuffles (ties to the lower row) and stored by lane t = 0."""
+  if interpret:
+    for ref, part in zip((value_s, index_s, nan_s), best):
+      ref[wg] = part
+    return
+
+  @plgpu.inline_mgpu(arg_types=((plgpu.Layout.WGMMA,) * 3, plgpu.RefType(),
+                                plgpu.RefType(), plgpu.RefType()))
+  def store(_, best, values, indices, nans):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    thread, (values_at, indices_at, nans_at), _ = thread_and_addresses(
+        (values, indices, nans))
+    value, index, nan = (_scalar(b) for b in best)
+    shuffles = "".join(
+        f"shfl.sync.bfly.b32 v2, v, {m}, 0x1f, 0xffffffff;\n"
+        f"shfl.sync.bfly.b32 i2, i, {m}, 0x1f, 0xffffffff;\n"
+        f"shfl.sync.bfly.b32 n2, n, {m}, 0x1f, 0xffffffff;\n"
+        "setp.gt.f32 p, v2, v; setp.eq.f32 q, v2, v; setp.lt.s32 r, i2, i;\n"
+        "and.pred q, q, r; or.pred p, p, q;\n"
+        "@p mov.b32 v, v2; @p mov.b32 i, i2; or.b32 n, n, n2;\n" for m in (1, 2))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"),
+        [value, index, nan, thread, values_at, indices_at, nans_at],
+        "{ .reg .pred p, q, r; .reg .b32 v, i, n, v2, i2, n2, at;\n"
+        "mov.b32 v, $0; mov.b32 i, $1; mov.b32 n, $2;\n" + shuffles +
+        # (thread / 4 = warpgroup · 32 + warp · 8 + g: the request's slot)
+        "and.b32 at, $3, 3; setp.eq.u32 p, at, 0; and.b32 at, $3, 0xFFFFFFFC;\n"
+        "add.u32 v2, at, $4; @p st.shared.b32 [v2], v;\n"
+        "add.u32 v2, at, $5; @p st.shared.b32 [v2], i;\n"
+        "add.u32 v2, at, $6; @p st.shared.b32 [v2], n; }",
+        "f,r,r,r,r,r,r", has_side_effects=True)
+
+  store(best, value_s, index_s, nan_s)
+
+
+# --- the block's best per request, into the grid's keys ----------------------------------
+
+def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases: int):
+  """Thread t < ``rows`` of the calling warpgroup: request t's best over the ``phases``
+  warpgroups that served it (rows ``(t / 32) · phases + k`` of the [4, 32] bests), as a
+  64-bit exchange key ``red.max``ed into its slot of ``slots_g`` (``grid_sync``'s keys:
+  8 words a slot); a NaN seen sets ``flag_s[0]``."""
+  from wts_jax.pallas import grid_sync
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 5)
+  def publish(_, values, indices, nans, flag, slots):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    thread, shared, (slots_at,) = thread_and_addresses((values, indices, nans, flag),
+                                                       (slots,))
+    entries = "".join(
+        f"add.u32 sa, base, {4 * REQUESTS * k};\n"
+        "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
+        "add.u32 x, sa, $1; @p ld.shared.b32 i2, [x];\n"
+        "add.u32 x, sa, $2; @p ld.shared.b32 n2, [x];\n"
+        "setp.gt.f32 q, v2, v; setp.eq.f32 r, v2, v; setp.lt.s32 s, i2, i;\n"
+        "and.pred r, r, s; or.pred q, q, r;\n"
+        "@q mov.f32 v, v2; @q mov.b32 i, i2; or.b32 n, n, n2;\n" for k in range(phases))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"), [*shared, slots_at, thread],
+        "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
+        " hi, lo, bits; .reg .b64 key, g, off;\n"
+        f"setp.lt.u32 p, $5, {rows};\n"
+        "mov.f32 v, 0fFF800000; mov.b32 i, 0x40000000; mov.b32 n, 0;\n"
+        # (row (t / 32) · phases of the bests, column t % 32)
+        f"shr.u32 base, $5, 5; mul.lo.u32 base, base, {phases * 4 * REQUESTS};\n"
+        "and.b32 x, $5, 31; shl.b32 x, x, 2; add.u32 base, base, x;\n"
+        + entries +
+        # orderable(v) << 32 | (2^32 - 1 - i)
+        "mov.b32 bits, v; setp.ge.u32 q, bits, 0x80000000;\n"
+        "not.b32 hi, bits; @!q or.b32 hi, bits, 0x80000000;\n"
+        "not.b32 lo, i; mov.b64 key, {lo, hi};\n"
+        f"mul.wide.u32 off, $5, {4 * grid_sync.KEY_ROW_WORDS}; add.u64 g, $4, off;\n"
+        "@p red.relaxed.gpu.global.max.u64 [g], key;\n"
+        "setp.ne.and.u32 q, n, 0, p; mov.b32 x, 1; @q st.shared.b32 [$3], x; }",
+        "r,r,r,r,l,r", has_side_effects=True)
+
+  publish(value_s, index_s, nan_s, flag_s, slots_g)

@@ -1,0 +1,398 @@
+"""The greedy int8-planes walk with the planes stacked on the WGMMA's M: one persistent
+Mosaic GPU kernel, four computing warpgroups a block, B 1–64.
+
+Where ``mosaic_batched_walk`` stages z in shared memory (the B operand on N, or A on M
+with a plane a WGMMA), this kernel follows the public int8 kernel's design for B 5–64:
+
+- z is the WGMMA's A operand **in registers**: each thread loads its request's
+  fragments of both planes of W1 (32 requests × 2 planes stacked on M:
+  ``stacked_planes``), so z takes no shared memory, no copies and no barrier;
+- W2 is the B operand, 64-row tiles: the block's 18 tiles (Qwen3 at 132 blocks) are
+  dealt to **phases** — four at B ≤ 32 (every warpgroup serves the same 32 requests,
+  every fourth tile), two at B 33–64 (warpgroups 0, 1 serve requests 0–31, 2, 3 the
+  rest; a phase's tiles are read by both its warpgroups);
+- shared memory is W2's: each phase keeps ``resident[p]`` of its tiles for the whole
+  walk and streams the rest through its own ring (FIFO across steps, so a step's first
+  streamed tile arrives during the exchange before it), streamed and resident tiles
+  alternating so a refill's latency hides behind a resident tile;
+- base logits go straight into registers, each thread its request's 16 columns;
+- each thread keeps a running best of its request; at the step's end the four lanes of
+  a request reduce by shuffles, the warpgroups' bests meet in shared memory, and
+  warpgroup 0 folds them into the grid's 64-bit keys (``grid_sync``), polls, and writes
+  the tokens that every warpgroup gathers its next operand from.
+
+Interpret mode runs one block, its pieces (``stacked_planes``) in ``jax.numpy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT, STATUS_TOKEN_OUT_OF_RANGE
+from wts_jax.pallas import grid_sync
+from wts_jax.pallas import stacked_planes as sp
+from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES, chunks_per_block
+from wts_jax.pallas.mosaic_walk import _interpret_params, _load, _w2_transforms
+
+WARPGROUPS = 4
+MAX_BATCH = 2 * sp.REQUESTS
+_ROW = plgpu.Layout.WGMMA.reduce(1)   # one value per row of a [64, n] tile
+_STEP_KEY_WORDS = MAX_BATCH * grid_sync.KEY_ROW_WORDS
+
+
+@dataclasses.dataclass(frozen=True)
+class StackedPlan:
+  """What the kernel holds where. ``resident[p]``: phase p's tiles kept in shared memory
+  for the walk; each phase streams the rest through ``ring_stages`` slots."""
+
+  vocab_size: int
+  rank: int
+  num_blocks: int
+  tiles: int                  # 64-row W2 tiles a block
+  request_blocks: int         # blocks of 32 requests: 1 (B <= 32) or 2
+  resident: tuple[int, ...]   # a phase's resident tiles
+  ring_stages: int
+
+  def __post_init__(self):
+    if self.request_blocks not in (1, 2):
+      raise ValueError(f"request_blocks={self.request_blocks} must be 1 or 2")
+    if len(self.resident) != self.phases:
+      raise ValueError(f"resident={self.resident}: one count for each of {self.phases} phases")
+    for p, res in enumerate(self.resident):
+      if not 0 <= res <= len(self.phase_tiles(p)):
+        raise ValueError(f"resident[{p}]={res} outside [0, {len(self.phase_tiles(p))}]")
+      if res < len(self.phase_tiles(p)) and self.ring_stages < 1:
+        raise ValueError(f"phase {p} streams tiles through ring_stages={self.ring_stages}")
+
+  @property
+  def phases(self) -> int:
+    return WARPGROUPS // self.request_blocks
+
+  def phase_tiles(self, p: int) -> list[int]:
+    return list(range(p, self.tiles, self.phases))
+
+  def order(self, p: int) -> list[tuple[int, bool, int]]:
+    """Phase p's tiles in the order a step takes them: (tile, streamed?, index among
+    the streamed or among the resident), the streamed spread evenly from the first."""
+    tiles = self.phase_tiles(p)
+    count, streamed = len(tiles), len(tiles) - self.resident[p]
+    out, kinds = [], [0, 0]
+    for i, tile in enumerate(tiles):
+      kind = streamed > 0 and (i * streamed) % count < streamed
+      out.append((tile, kind, kinds[kind]))
+      kinds[kind] += 1
+    return out
+
+  def streamed(self, p: int) -> int:
+    return len(self.phase_tiles(p)) - self.resident[p]
+
+  def slot_base(self, p: int) -> int:
+    """Phase p's first W2 slot: its resident tiles, then its ring."""
+    return sum(self.resident[q] + self.ring_stages for q in range(p))
+
+  @property
+  def slots(self) -> int:
+    return self.slot_base(self.phases)
+
+  def describe(self) -> str:
+    return (f"stacked int8-planes walk: {self.num_blocks} blocks × {self.tiles} tiles of 64 "
+            f"rows, {self.phases} phases, resident {list(self.resident)}, "
+            f"{self.ring_stages}-slot rings")
+
+
+def tile_bytes(rank: int) -> int:
+  return sp.TILE * rank
+
+
+def fixed_smem_bytes(tiles: int) -> int:
+  """Shared memory besides W2: the block's row scales, the warpgroups' bests, the
+  tokens, the keys and the NaN flag (each allocation on its own 1 KB)."""
+  def aligned(n):
+    return -(-n // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+  return (aligned(tiles * sp.TILE * 4) + 3 * aligned(WARPGROUPS * sp.REQUESTS * 4)
+          + aligned(MAX_BATCH * 4) + aligned(2 * MAX_BATCH * 4) + aligned(4))
+
+
+def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
+                 smem_per_block: int, ring_stages: int | None = None,
+                 resident: int | None = None) -> StackedPlan:
+  """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
+  (by default one at B <= 32, two above, where two warpgroups share a phase's ring),
+  dealt to the phases with the most tiles first. ``resident``: the block's total,
+  at most what fits."""
+  if not 1 <= batch <= MAX_BATCH:
+    raise ValueError(f"batch={batch}: the stacked walk takes 1 to {MAX_BATCH} rows")
+  if rank % 32 or vocab_size % 2 or vocab_size < sp.TILE:
+    raise ValueError(f"rank={rank}, vocab_size={vocab_size}: the stacked walk needs r a "
+                     "multiple of 32 and an even V of at least 64")
+  request_blocks = 1 if batch <= sp.REQUESTS else 2
+  phases = WARPGROUPS // request_blocks
+  tiles = chunks_per_block(vocab_size, num_blocks)
+  stages = (1 if request_blocks == 1 else 2) if ring_stages is None else ring_stages
+  counts = [len(range(p, tiles, phases)) for p in range(phases)]
+  room = ((smem_per_block - SMEM_RESERVED_BYTES - fixed_smem_bytes(tiles))
+          // tile_bytes(rank))
+  fit = room - stages * phases
+  if fit < 0:
+    raise ValueError(f"{smem_per_block} bytes of shared memory hold no {stages}-slot ring "
+                     f"for each of {phases} phases")
+  total = min(fit, sum(counts)) if resident is None else resident
+  if total > fit:
+    raise ValueError(f"resident={resident} tiles: at most {fit} fit beside the rings")
+  share = [0] * phases
+  for _ in range(total):   # one at a time to the phase with the most still streamed
+    p = max(range(phases), key=lambda q: (counts[q] - share[q], -q))
+    if counts[p] == share[p]:
+      break
+    share[p] += 1
+  return StackedPlan(vocab_size=vocab_size, rank=rank, num_blocks=num_blocks, tiles=tiles,
+                     request_blocks=request_blocks, resident=tuple(share),
+                     ring_stages=stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class StackedSpec:
+  plan: StackedPlan
+  batch: int
+  steps: int
+  spin_limit: int = 1 << 22
+  interpret: bool = False
+
+
+def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
+            w_s, scale_s, tok_s, keys_s, best_value_s, best_index_s, best_nan_s, nan_s,
+            res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *interpreted,
+            spec: StackedSpec):
+  plan, steps, batch = spec.plan, spec.steps, spec.batch
+  vocab, rank, tiles, stages = plan.vocab_size, plan.rank, plan.tiles, plan.ring_stages
+  phases, interpret = plan.phases, spec.interpret
+  block = lax.axis_index("blocks")
+  wg = lax.axis_index("wg")
+  leader = wg == 0
+  multi_block = plan.num_blocks > 1
+  # The keys first: the first global allocation starts the zeroed buffer, so its
+  # 64-bit slots are aligned (grid_sync).
+  keys_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((steps * _STEP_KEY_WORDS,)))
+            if multi_block else None)
+  sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
+
+  def start(tile):
+    return sp.tile_start(block, tile, tiles=tiles, vocab=vocab)
+
+  def copy_tile(tile, slot, barrier):
+    plgpu.copy_gmem_to_smem(w2_g.at[pl.ds(start(tile), sp.TILE)], w_s.at[slot], barrier)
+
+  def phase_body(p):
+    order = plan.order(p)
+    res, streamed, base_slot = plan.resident[p], plan.streamed(p), plan.slot_base(p)
+    stream = [tile for tile, kind, _ in order if kind]
+    issuer = wg == p   # the phase's warpgroup of request block 0 issues its copies
+    shared_ring = plan.request_blocks > 1
+
+    def ring_slot(entry):
+      return lax.rem(entry, stages) if stages > 1 else 0
+
+    def copy_entry(entry, j):
+      slot = ring_slot(entry)
+      copy_tile(stream[j], base_slot + res + slot, ring_bar.at[p * stages + slot])
+
+    @pl.when(issuer)
+    def _():
+      for k, (tile, _, _) in enumerate(t for t in order if not t[1]):
+        copy_tile(tile, base_slot + k, res_bar.at[base_slot + k])
+      for entry in range(min(stages, streamed * steps)):
+        copy_entry(entry, entry % streamed)
+
+    def step_body(step, flags):
+      @pl.when(jnp.logical_not(leader))
+      def _():
+        plgpu.barrier_wait(tok_bar)
+      a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
+                          interpret=interpret)
+      if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
+        interpreted[0][wg] = a
+        a = interpreted[0].at[wg]
+
+      @pl.when(step == 0)
+      def _():
+        plgpu.barrier_wait(scale_bar)
+        for k in range(res):   # (a barrier a resident tile: phases hold unequal counts)
+          plgpu.barrier_wait(res_bar.at[base_slot + k])
+
+      best = sp.initial_best(interpret)
+      for tile, is_streamed, index in order:
+        entry = step * streamed + index
+        if is_streamed:
+          slot = ring_slot(entry)
+          plgpu.barrier_wait(ring_bar.at[p * stages + slot])
+          w_ref = w_s.at[base_slot + res + slot]
+        else:
+          w_ref = w_s.at[base_slot + index]
+
+        def product(acc_ref, w_ref=w_ref, tile=tile):
+          plgpu.wgmma(acc_ref, a, w_ref.T)
+          base = sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
+                              batch=batch, phases=phases, wg=wg, interpret=interpret)
+          return plgpu.wgmma_accumulator_load(acc_ref), base
+        acc, base = pl.run_scoped(product, plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32))
+        if is_streamed:   # the slot read (its WGMMA waited for): refill it
+          next_index = index + stages
+          ahead = step + next_index // streamed
+
+          def refill(entry=entry, next_index=next_index):
+            if shared_ring:
+              plgpu.barrier_wait(free_bar.at[p * stages + ring_slot(entry)])
+            copy_entry(entry + stages, next_index % streamed)
+          if shared_ring:   # (only where a refill follows: no arrival left unobserved)
+            pl.when(ahead < steps)(functools.partial(
+                plgpu.barrier_arrive, free_bar.at[p * stages + ring_slot(entry)]))
+          pl.when(jnp.logical_and(issuer, ahead < steps))(refill)
+        best = sp.fold_tile(acc, base, s_lo, scale_s.at[tile], best, start(tile),
+                            interpret=interpret)
+      sp.store_bests(best, best_value_s, best_index_s, best_nan_s, wg=wg,
+                     interpret=interpret)
+      plgpu.barrier_arrive(step_bar)
+      if p:
+        return flags
+      return lax.cond(leader, functools.partial(exchange, step), lambda f: f, flags)
+
+    flags = lax.fori_loop(0, steps, step_body, jnp.int32(0))
+
+    status = flags | jnp.where(leader, first_flag_s[0]
+                               | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0), 0)
+    flag_g[block * WARPGROUPS + wg] = status
+
+  def exchange(step, flags):
+    """Warpgroup 0's end of a step: each request's winner over the warpgroups and the
+    grid, the tokens to ``tok_s`` (block 0: to ``tok_g``), shown to the others."""
+    plgpu.barrier_wait(step_bar)
+    if multi_block:
+      step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
+      sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
+                       rows=batch, phases=phases)
+      timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
+                                            spin_limit=spec.spin_limit)
+      grid_sync.collect_keys(step_slots, keys_s, batch)
+      plgpu.commit_smem()
+      token = grid_sync.key_index(_load(keys_s.at[1], _ROW, optimized=False))
+      flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
+    else:
+      token = _interpreted_winners(best_value_s, best_index_s, best_nan_s, nan_s,
+                                   phases=phases, batch=batch)
+    ids = plgpu.broadcasted_iota(jnp.int32, (MAX_BATCH,), 0, layout=_ROW)
+    tokens = jnp.where(ids < batch, jnp.clip(token, 0, vocab - 1), 0)
+    tok_s[...] = tokens
+
+    @pl.when(block == 0)
+    def _():
+      tok_g[step] = tokens
+
+    @pl.when(step + 1 < steps)
+    def _():
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(tok_bar)
+    return flags
+
+  first_flag_s = nan_s.at[pl.ds(1, 1)]
+
+  # Prologue: the block's row scales (warpgroup 0), the first tokens, the NaN flag.
+  @pl.when(leader)
+  def _():
+    for tile in range(tiles):
+      plgpu.copy_gmem_to_smem(w2_scale_g.at[pl.ds(start(tile), sp.TILE)],
+                              scale_s.at[tile], scale_bar)
+    given = _load(first_g, _ROW, optimized=False)
+    ids = plgpu.broadcasted_iota(jnp.int32, (MAX_BATCH,), 0, layout=_ROW)
+    outside = (given < 0) | (given >= vocab)
+    nan_s[0] = jnp.int32(0)
+    nan_s[1] = jnp.where(jnp.where(outside & (ids < batch), 1, 0).max() > 0,
+                         STATUS_TOKEN_OUT_OF_RANGE, 0)
+    tok_s[...] = jnp.where(ids < batch, jnp.clip(given, 0, vocab - 1), 0)
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(tok_bar)
+
+  for p in range(phases):
+    pl.when(lax.rem(wg, phases) == p)(functools.partial(phase_body, p))
+
+
+def _interpreted_winners(value_s, index_s, nan_s, flag_s, *, phases: int, batch: int):
+  """One block (interpret mode): each request's best over the warpgroups that served
+  it, as ``publish_bests`` picks it; a NaN seen sets ``flag_s[0]``."""
+  values, indices, nans = value_s[...], index_s[...], nan_s[...]   # [4, 32]
+  blocks = WARPGROUPS // phases
+  best_v = values.reshape(blocks, phases, sp.REQUESTS)
+  best_i = indices.reshape(blocks, phases, sp.REQUESTS)
+  value, index = best_v[:, 0], best_i[:, 0]
+  for k in range(1, phases):
+    better = (best_v[:, k] > value) | ((best_v[:, k] == value) & (best_i[:, k] < index))
+    value = jnp.where(better, best_v[:, k], value)
+    index = jnp.where(better, best_i[:, k], index)
+  index = index.reshape(-1)
+  nan = nans.reshape(blocks, phases, sp.REQUESTS).max(axis=1).reshape(-1)
+  live = jnp.arange(blocks * sp.REQUESTS) < batch
+  flag_s[0] = jnp.maximum(flag_s[0], jnp.where(live, nan, 0).max())
+  return jnp.pad(index, (0, MAX_BATCH - index.shape[0]))
+
+
+def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale, w1_scale):
+  """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
+  ``w2`` [V, r] int8 with per-row ``w2_scale`` [V]; ``w1`` W1's interleaved int8 planes
+  [2V, r] with their ``s_lo`` ``w1_scale`` [V] (``wts_jax.int8_state``); ``base_logits``
+  [B, K, V] bf16."""
+  plan, batch, steps = spec.plan, spec.batch, spec.steps
+  vocab, rank = plan.vocab_size, plan.rank
+  if (w2.dtype != jnp.int8 or w2.shape != (vocab, rank) or w1.dtype != jnp.int8
+      or w1.shape != (2 * vocab, rank) or base_logits.dtype != jnp.bfloat16
+      or base_logits.shape != (batch, steps, vocab)):
+    raise ValueError(
+        f"the stacked walk needs W2 [{vocab}, {rank}] int8, W1 planes [{2 * vocab}, {rank}] "
+        f"int8 and bf16 base logits [{batch}, {steps}, {vocab}] (got {w2.dtype}"
+        f"{list(w2.shape)}, {w1.dtype}{list(w1.shape)}, {base_logits.dtype}"
+        f"{list(base_logits.shape)})")
+  w1 = w1.reshape(vocab, 2 * rank)   # a token's two planes side by side
+  if spec.interpret:   # whole blocks of 32 requests: the interpreted loads take 32 rows
+    base_logits = jnp.pad(base_logits, ((0, plan.request_blocks * sp.REQUESTS - batch),
+                                        (0, 0), (0, 0)))
+  scratch = [
+      plgpu.SMEM((plan.slots, sp.TILE, rank), jnp.int8, transforms=_w2_transforms(1, rank)),
+      plgpu.SMEM((plan.tiles, sp.TILE), jnp.float32),
+      plgpu.SMEM((MAX_BATCH,), jnp.int32),
+      plgpu.SMEM((2, MAX_BATCH), jnp.uint32),
+      plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.float32),
+      plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.int32),
+      plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.int32),
+      plgpu.SMEM((2,), jnp.int32),   # NaN seen, first tokens' status
+      plgpu.Barrier(num_arrivals=1, num_barriers=plan.slots),
+      plgpu.Barrier(num_arrivals=1, num_barriers=plan.phases * max(1, plan.ring_stages)),
+      plgpu.Barrier(num_arrivals=plan.request_blocks,
+                    num_barriers=plan.phases * max(1, plan.ring_stages)),
+      plgpu.Barrier(num_arrivals=plan.tiles, num_barriers=1),
+      plgpu.Barrier(num_arrivals=WARPGROUPS, num_barriers=1),
+      plgpu.Barrier(num_arrivals=1, num_barriers=1),
+  ]
+  if spec.interpret:
+    scratch.append(plgpu.SMEM((WARPGROUPS, 2 * sp.REQUESTS, rank), jnp.int8,
+                              transforms=_w2_transforms(1, rank)))
+  kernel = plgpu.kernel(
+      functools.partial(_kernel, spec=spec),
+      out_type=(jax.ShapeDtypeStruct((steps, MAX_BATCH), jnp.int32),
+                jax.ShapeDtypeStruct((plan.num_blocks * WARPGROUPS,), jnp.int32)),
+      grid=(plan.num_blocks,), grid_names=("blocks",),
+      num_threads=WARPGROUPS, thread_name="wg",
+      scratch_types=scratch,
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=_interpret_params() if spec.interpret else None,
+  )
+  first = jnp.pad(first_tokens.astype(jnp.int32), (0, MAX_BATCH - batch))
+  tokens, flags = kernel(w2, w2_scale.astype(jnp.float32), base_logits, w1,
+                         w1_scale.astype(jnp.float32), first)
+  return tokens.T[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
