@@ -38,6 +38,42 @@ def variant_options(text: str) -> dict:
   return options
 
 
+def special_run(kind, batch, head, operands, base, first, device, out, tries: int = 3):
+  """One walk built with Mosaic GPU's profiler (``profile``: its regions summarised) or
+  with the ptxas report and SASS dumped (``dump``). The profiler's buffer takes shared
+  memory from W2's tiles: as much as the compiled kernel says it exceeds."""
+  directory = os.path.join(out, f"{kind}-{batch}")
+  os.makedirs(directory, exist_ok=True)
+  reserve = pb.PROFILE_SPACE * 2 * 4 * sw.WARPGROUPS + 1024 if kind == "profile" else 0
+  call = (operands["w2"], base, operands["w1_planes"], first, operands["w2_scale"],
+          operands["w1_plane_scale"])
+  flags = (dict(MOSAIC_GPU_DUMP_TO=directory, MOSAIC_GPU_DUMP_PTXAS="1",
+                MOSAIC_GPU_DUMP_SASS="1") if kind == "dump" else {})
+  os.environ.update(flags)
+  try:
+    for attempt in range(tries):
+      plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                             batch=batch, num_blocks=device.num_sms,
+                             smem_per_block=device.smem_per_block - reserve)
+      spec = sw.StackedSpec(plan, batch, STEPS, **(dict(profile_dir=directory,
+                                                        profile_space=pb.PROFILE_SPACE)
+                                                   if kind == "profile" else {}))
+      try:
+        jax.block_until_ready(jax.jit(lambda *a, spec=spec: sw.stacked_walk(spec, *a))(*call))
+        break
+      except ValueError as err:
+        excess = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(err))
+        if excess is None or attempt == tries - 1:
+          raise
+        reserve += int(excess[1]) - int(excess[2]) + 1024
+  finally:
+    for name in flags:
+      os.environ.pop(name, None)
+  if kind == "dump":
+    return pb.dump_stats(directory)
+  return {"plan": plan.describe(), **pb.summarise_profile(directory, 1.98)}
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", required=True)
@@ -45,6 +81,8 @@ def main():
   parser.add_argument("--variants", default="")
   parser.add_argument("--walks", type=int, default=10)
   parser.add_argument("--compare", default="a", help="batched-kernel options to time beside")
+  parser.add_argument("--profile", default="", help="batches to profile (regions a warpgroup)")
+  parser.add_argument("--dump", default="", help="batches whose ptxas report and SASS to dump")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
   heads = pb.Heads()
@@ -56,6 +94,15 @@ def main():
     base, first, _ = random_inputs(heads.config("int8p"), batch, STEPS, jax.random.key(batch))
     want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
     operands = serial_operands(head, None)
+    for extra in ("profile", "dump"):
+      if str(batch) in getattr(args, extra).split(","):
+        record = {"variant": f"stacked:{batch}:{extra}"}
+        try:
+          record[extra] = special_run(extra, batch, head, operands, base, first, device, args.out)
+        except Exception as err:
+          record["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
+        print(json.dumps(record), flush=True)
+        results["points"].append(record)
     for variant in [""] + [v for v in args.variants.split(",") if v]:
       name = f"stacked:{batch}:{variant}"
       record = {"variant": name}

@@ -165,6 +165,8 @@ class StackedSpec:
   steps: int
   spin_limit: int = 1 << 22
   interpret: bool = False
+  profile_dir: str = ""     # Mosaic GPU's profiler: the kernel's named regions
+  profile_space: int = 0
 
 
 def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
@@ -197,8 +199,20 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
     issuer = wg == p   # the phase's warpgroup of request block 0 issues its copies
     shared_ring = plan.request_blocks > 1
 
+    count = len(order)
+
     def ring_slot(entry):
       return lax.rem(entry, stages) if stages > 1 else 0
+
+    def streamed_before(position):
+      """Streamed tiles among the phase's first ``position`` (``plan.order``'s rule)."""
+      if not streamed:
+        return 0
+      return jnp.where(position == 0, 0, ((position - 1) * streamed) // count + 1)
+
+    def position_of(j):
+      """The position of the phase's j-th streamed tile."""
+      return (j * count + streamed - 1) // streamed
 
     def copy_entry(entry, j):
       slot = ring_slot(entry)
@@ -211,12 +225,22 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
       for entry in range(min(stages, streamed * steps)):
         copy_entry(entry, entry % streamed)
 
-    def step_body(step, flags):
-      @pl.when(jnp.logical_not(leader))
-      def _():
-        plgpu.barrier_wait(tok_bar)
-      a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
-                          interpret=interpret)
+    def base_of(step, tile):
+      with jax.named_scope("base"):
+        return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
+                            batch=batch, phases=phases, wg=wg, interpret=interpret)
+
+    def step_body(step, carry):
+      # ``pending``: the base logits of the step's first tile, loaded (into registers)
+      # before the last step's exchange; each tile's next are loaded under its WGMMA.
+      flags, pending = carry
+      with jax.named_scope("tok_wait"):
+        @pl.when(jnp.logical_not(leader))
+        def _():
+          plgpu.barrier_wait(tok_bar)
+      with jax.named_scope("gather"):
+        a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
+                            interpret=interpret)
       if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
         interpreted[0][wg] = a
         a = interpreted[0].at[wg]
@@ -227,44 +251,66 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
         for k in range(res):   # (a barrier a resident tile: phases hold unequal counts)
           plgpu.barrier_wait(res_bar.at[base_slot + k])
 
-      best = sp.initial_best(interpret)
-      for tile, is_streamed, index in order:
-        entry = step * streamed + index
-        if is_streamed:
-          slot = ring_slot(entry)
-          plgpu.barrier_wait(ring_bar.at[p * stages + slot])
-          w_ref = w_s.at[base_slot + res + slot]
+      def tile_body(position, carry):
+        """One tile: its WGMMA, the next tile's base logits loaded under it, its
+        streamed slot refilled, its logits folded into the running best."""
+        best, pending = carry
+        before = streamed_before(position)
+        tile = p + position * phases
+        entry = step * streamed + before
+        slot = ring_slot(entry)
+        if streamed:
+          is_streamed = streamed_before(position + 1) > before
+          with jax.named_scope("ring_wait"):
+            pl.when(is_streamed)(lambda: plgpu.barrier_wait(ring_bar.at[p * stages + slot]))
+          w_index = jnp.where(is_streamed, base_slot + res + slot,
+                              base_slot + position - before)
         else:
-          w_ref = w_s.at[base_slot + index]
+          w_index = base_slot + position
+        last = position + 1 == count
 
-        def product(acc_ref, w_ref=w_ref, tile=tile):
-          plgpu.wgmma(acc_ref, a, w_ref.T)
-          base = sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
-                              batch=batch, phases=phases, wg=wg, interpret=interpret)
-          return plgpu.wgmma_accumulator_load(acc_ref), base
-        acc, base = pl.run_scoped(product, plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32))
-        if is_streamed:   # the slot read (its WGMMA waited for): refill it
-          next_index = index + stages
-          ahead = step + next_index // streamed
+        def product(acc_ref):
+          with jax.named_scope("mma"):
+            plgpu.wgmma(acc_ref, a, w_s.at[w_index].T)
+          # The next tile's, or the next step's first (at the last step a valid,
+          # unused load).
+          upcoming = base_of(jnp.where(last, jnp.minimum(step + 1, steps - 1), step),
+                             jnp.where(last, p, tile + phases))
+          with jax.named_scope("mma_wait"):
+            return plgpu.wgmma_accumulator_load(acc_ref), upcoming
+        acc, upcoming = pl.run_scoped(product,
+                                      plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32))
+        if streamed:   # the slot read (its WGMMA waited for): refill it
+          ahead = step + (before + stages) // streamed
+          refill_due = jnp.logical_and(is_streamed, ahead < steps)
+          target = p + position_of((before + stages) % streamed) * phases
 
-          def refill(entry=entry, next_index=next_index):
+          def refill():
             if shared_ring:
-              plgpu.barrier_wait(free_bar.at[p * stages + ring_slot(entry)])
-            copy_entry(entry + stages, next_index % streamed)
+              with jax.named_scope("free_wait"):
+                plgpu.barrier_wait(free_bar.at[p * stages + slot])
+            copy_tile(target, base_slot + res + ring_slot(entry + stages),
+                      ring_bar.at[p * stages + ring_slot(entry + stages)])
           if shared_ring:   # (only where a refill follows: no arrival left unobserved)
-            pl.when(ahead < steps)(functools.partial(
-                plgpu.barrier_arrive, free_bar.at[p * stages + ring_slot(entry)]))
-          pl.when(jnp.logical_and(issuer, ahead < steps))(refill)
-        best = sp.fold_tile(acc, base, s_lo, scale_s.at[tile], best, start(tile),
-                            interpret=interpret)
-      sp.store_bests(best, best_value_s, best_index_s, best_nan_s, wg=wg,
-                     interpret=interpret)
+            pl.when(refill_due)(functools.partial(
+                plgpu.barrier_arrive, free_bar.at[p * stages + slot]))
+          pl.when(jnp.logical_and(issuer, refill_due))(refill)
+        with jax.named_scope("fold"):
+          best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
+                              interpret=interpret)
+        return best, upcoming
+
+      best, pending = lax.fori_loop(0, count, tile_body,
+                                    (sp.initial_best(interpret), pending))
+      with jax.named_scope("bests"):
+        sp.store_bests(best, best_value_s, best_index_s, best_nan_s, wg=wg,
+                       interpret=interpret)
       plgpu.barrier_arrive(step_bar)
       if p:
-        return flags
-      return lax.cond(leader, functools.partial(exchange, step), lambda f: f, flags)
+        return flags, pending
+      return lax.cond(leader, functools.partial(exchange, step), lambda f: f, flags), pending
 
-    flags = lax.fori_loop(0, steps, step_body, jnp.int32(0))
+    flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p)))
 
     status = flags | jnp.where(leader, first_flag_s[0]
                                | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0), 0)
@@ -273,13 +319,16 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
   def exchange(step, flags):
     """Warpgroup 0's end of a step: each request's winner over the warpgroups and the
     grid, the tokens to ``tok_s`` (block 0: to ``tok_g``), shown to the others."""
-    plgpu.barrier_wait(step_bar)
+    with jax.named_scope("step_wait"):
+      plgpu.barrier_wait(step_bar)
     if multi_block:
       step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
-      sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
-                       rows=batch, phases=phases)
-      timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
-                                            spin_limit=spec.spin_limit)
+      with jax.named_scope("publish"):
+        sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
+                         rows=batch, phases=phases)
+      with jax.named_scope("grid_sync"):
+        timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
+                                              spin_limit=spec.spin_limit)
       grid_sync.collect_keys(step_slots, keys_s, batch)
       plgpu.commit_smem()
       token = grid_sync.key_index(_load(keys_s.at[1], _ROW, optimized=False))
@@ -389,7 +438,9 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       num_threads=WARPGROUPS, thread_name="wg",
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane),
+          lowering_semantics=plgpu.LoweringSemantics.Lane,
+          **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
+             if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
   first = jnp.pad(first_tokens.astype(jnp.int32), (0, MAX_BATCH - batch))
