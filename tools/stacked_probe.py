@@ -65,7 +65,7 @@ def special_run(kind, batch, head, operands, base, first, device, out, tries: in
         excess = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(err))
         if excess is None or attempt == tries - 1:
           raise
-        reserve += int(excess[1]) - int(excess[2]) + 1024
+        reserve += int(excess[1]) - int(excess[2]) + sw.tile_bytes(head.config.rank)
   finally:
     for name in flags:
       os.environ.pop(name, None)

@@ -208,12 +208,14 @@ def _scalar_row(array):
 # --- a tile folded into each request's running best -----------------------------------
 
 def initial_best(interpret: bool):
-  """(score, index, NaN seen) before a step's first tile."""
+  """(score, index, NaN witness) before a step's first tile: interpreted the witness is
+  a NaN flag, on the GPU the running NaN-propagating maximum of the logits."""
   shape = (REQUESTS,) if interpret else CARRY
   def full(value, dtype):
     array = jnp.full(shape, value, dtype)
     return array if interpret else plgpu.layout_cast(array, plgpu.Layout.WGMMA)
-  return full(float("-inf"), jnp.float32), full(BIG_INDEX, jnp.int32), full(0, jnp.int32)
+  return (full(float("-inf"), jnp.float32), full(BIG_INDEX, jnp.int32),
+          full(0, jnp.int32) if interpret else full(float("-inf"), jnp.float32))
 
 
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool):
@@ -240,38 +242,38 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool):
   @plgpu.inline_mgpu(
       arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA, plgpu.Layout.WGMMA,
                  plgpu.RefType(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1)),
-      return_type=(carry, carry_i, carry_i))
+      return_type=(carry, carry_i, carry))
   def fold(_, acc, base, s_lo, scales, best, start_rows):
     from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, memref, vector
+    from jax._src.lib.mlir.dialects import arith, vector
     f32 = ir.F32Type.get()
+    f32x2 = ir.VectorType.get((2,), f32)
     index_type = ir.IndexType.get()
     _, _, _, _, t = _thread()
-    value, index, nan = (_scalar(b) for b in best)
-    scale_lo = _scalar(s_lo)
-    first = arith.addi(_scalar_row(start_rows), arith.muli(t, _const(2)))
+    value, index, top = (_scalar(b) for b in best)
+    scale_lo = vector.broadcast(f32x2, _scalar(s_lo))
+    lo_steps = vector.broadcast(ir.VectorType.get((2,), _i32()), _const(LO_STEPS))
+    pair = arith.muli(t, _const(2))
+    first = arith.addi(_scalar_row(start_rows), pair)
+    # A thread meets its request's rows in ascending order through the step (tiles in
+    # ascending order, columns ascending in each; a clamped last tile only repeats rows
+    # with their own index), so a strictly greater score is the only way to win.
     for j in range(TILE // 8):
       hi = acc.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
       lo = acc.registers[0, j, 0, 0, 1, 0, 0, 0, 0]
-      words = base.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
+      d = arith.addi(arith.muli(hi, lo_steps), lo)
+      logits = arith.mulf(arith.sitofp(f32x2, d), scale_lo)
+      column = arith.index_cast(index_type, arith.addi(pair, _const(8 * j)))
+      logits = arith.mulf(logits, vector.load(f32x2, scales, [column]))
+      logits = arith.addf(logits, arith.extf(f32x2, base.registers[0, j, 0, 0, 0, 0, 0, 0, 0]))
       for e in range(2):
-        col = arith.addi(arith.muli(t, _const(2)), _const(8 * j + e))
-        d = arith.addi(arith.muli(_element(hi, e), _const(LO_STEPS)), _element(lo, e))
-        logit = arith.mulf(arith.sitofp(f32, d), scale_lo)
-        logit = arith.mulf(logit, memref.load(scales, [arith.index_cast(index_type, col)]))
-        logit = arith.addf(logit, arith.extf(f32, _element(words, e)))
-        row = arith.addi(first, _const(8 * j + e))
-        greater = arith.cmpf(arith.CmpFPredicate.OGT, logit, value)
-        tie = arith.andi(arith.cmpf(arith.CmpFPredicate.OEQ, logit, value),
-                         arith.cmpi(arith.CmpIPredicate.slt, row, index))
-        better = arith.ori(greater, tie)
+        logit = _element(logits, e)
+        better = arith.cmpf(arith.CmpFPredicate.OGT, logit, value)
         value = arith.select(better, logit, value)
-        index = arith.select(better, row, index)
-        is_nan = arith.cmpf(arith.CmpFPredicate.UNO, logit, logit)
-        nan = arith.ori(nan, arith.extui(_i32(), is_nan))
-    del vector
+        index = arith.select(better, arith.addi(first, _const(8 * j + e)), index)
+        top = arith.maximumf(top, logit)   # (NaN-propagating: the step's NaN check)
     return (_per_thread(value, jnp.float32), _per_thread(index, jnp.int32),
-            _per_thread(nan, jnp.int32))
+            _per_thread(top, jnp.float32))
 
   return fold(acc, base, s_lo, scales_s, best, starts)
 
@@ -312,13 +314,14 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool):
         ir.Type.parse("!llvm.void"),
         [value, index, nan, thread, values_at, indices_at, nans_at],
         "{ .reg .pred p, q, r; .reg .b32 v, i, n, v2, i2, n2, at;\n"
-        "mov.b32 v, $0; mov.b32 i, $1; mov.b32 n, $2;\n" + shuffles +
+        "mov.b32 v, $0; mov.b32 i, $1;\n"
+        "setp.nan.f32 p, $2, $2; selp.b32 n, 1, 0, p;\n" + shuffles +
         # (thread / 4 = warpgroup · 32 + warp · 8 + g: the request's slot)
         "and.b32 at, $3, 3; setp.eq.u32 p, at, 0; and.b32 at, $3, 0xFFFFFFFC;\n"
         "add.u32 v2, at, $4; @p st.shared.b32 [v2], v;\n"
         "add.u32 v2, at, $5; @p st.shared.b32 [v2], i;\n"
         "add.u32 v2, at, $6; @p st.shared.b32 [v2], n; }",
-        "f,r,r,r,r,r,r", has_side_effects=True)
+        "f,r,f,r,r,r,r", has_side_effects=True)
 
   store(best, value_s, index_s, nan_s)
 

@@ -219,6 +219,7 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
       copy_tile(stream[j], base_slot + res + slot, ring_bar.at[p * stages + slot])
 
     @pl.when(issuer)
+    @jax.named_scope("prologue")
     def _():
       for k, (tile, _, _) in enumerate(t for t in order if not t[1]):
         copy_tile(tile, base_slot + k, res_bar.at[base_slot + k])
@@ -246,6 +247,7 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
         a = interpreted[0].at[wg]
 
       @pl.when(step == 0)
+      @jax.named_scope("first_wait")
       def _():
         plgpu.barrier_wait(scale_bar)
         for k in range(res):   # (a barrier a resident tile: phases hold unequal counts)
@@ -294,7 +296,8 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
           if shared_ring:   # (only where a refill follows: no arrival left unobserved)
             pl.when(refill_due)(functools.partial(
                 plgpu.barrier_arrive, free_bar.at[p * stages + slot]))
-          pl.when(jnp.logical_and(issuer, refill_due))(refill)
+          with jax.named_scope("refill"):
+            pl.when(jnp.logical_and(issuer, refill_due))(refill)
         with jax.named_scope("fold"):
           best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
                               interpret=interpret)
@@ -308,7 +311,9 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
       plgpu.barrier_arrive(step_bar)
       if p:
         return flags, pending
-      return lax.cond(leader, functools.partial(exchange, step), lambda f: f, flags), pending
+      with jax.named_scope("exchange"):
+        flags = lax.cond(leader, functools.partial(exchange, step), lambda f: f, flags)
+      return flags, pending
 
     flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p)))
 
