@@ -31,6 +31,9 @@ STEPS = 7
 def variant_options(text: str) -> dict:
   options = {}
   for part in (p for p in text.split("+") if p):
+    if part == "B":   # Pallas's automatic barriers on
+      options["auto_barriers"] = True
+      continue
     m = re.fullmatch(r"([rs])(\d+)", part)
     if not m:
       raise SystemExit(f"error: bad variant option {part!r}")
@@ -107,11 +110,12 @@ def main():
       name = f"stacked:{batch}:{variant}"
       record = {"variant": name}
       try:
+        options = variant_options(variant)
+        auto_barriers = options.pop("auto_barriers", False)
         plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                                batch=batch, num_blocks=device.num_sms,
-                               smem_per_block=device.smem_per_block,
-                               **variant_options(variant))
-        spec = sw.StackedSpec(plan, batch, STEPS)
+                               smem_per_block=device.smem_per_block, **options)
+        spec = sw.StackedSpec(plan, batch, STEPS, auto_barriers=auto_barriers)
         record["plan"] = plan.describe()
 
         def walk(w2, base, planes, first, w2_scale, s_lo, spec=spec):

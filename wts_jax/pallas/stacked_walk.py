@@ -167,6 +167,9 @@ class StackedSpec:
   interpret: bool = False
   profile_dir: str = ""     # Mosaic GPU's profiler: the kernel's named regions
   profile_space: int = 0
+  # Pallas's automatic warpgroup barriers around branches and shared-memory accesses
+  # (every cross-thread exchange here goes through an mbarrier or ``commit_smem``).
+  auto_barriers: bool = False
 
 
 def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
@@ -444,6 +447,7 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane,
+          unsafe_no_auto_barriers=not spec.auto_barriers,
           **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
              if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,

@@ -1,0 +1,123 @@
+"""The stacked int8-planes walk (``wts_jax.pallas.stacked_walk``): its plan on any JAX;
+its kernel in Mosaic GPU interpret mode (jax >= 0.11) against the XLA reference walk —
+both request layouts (one block of 32 requests over four phases, two over two with
+shared rings), V not a multiple of 64, a NaN reported; on the GPU (``-m gpu``) at the
+Qwen3-4B shape, B 5 to 64."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import wts_jax
+from wts_jax.heads import HeadConfig
+from wts_jax.inputs import random_inputs
+from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
+from wts_jax.pallas import stacked_walk as sw
+from wts_jax.pallas.head_operands import serial_operands
+from wts_jax.quantize import quantize_w2
+
+H200_SMEM = 232448
+NEEDS_INTERPRETER = pytest.mark.skipif(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
+    reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
+ON_GPU = bool(os.environ.get("WTS_GPU_TESTS"))
+
+
+def _planes_head(vocab, rank=256, seed=0):
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48)
+  return quantize_w2(wts_jax.make_head(config, seed=seed), "int8", state="planes"), config
+
+
+def _walk(head, base, first, *, num_blocks, interpret, **plan_options):
+  plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                         batch=base.shape[0], num_blocks=num_blocks,
+                         smem_per_block=H200_SMEM, **plan_options)
+  spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret)
+  ops = serial_operands(head, None)
+  tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a))(
+      ops["w2"], base, ops["w1_planes"], first, ops["w2_scale"], ops["w1_plane_scale"])
+  return np.asarray(tokens), int(status), plan
+
+
+# --- the plan ---------------------------------------------------------------------------
+def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two():
+  for batch, phases, stages in ((16, 4, 1), (64, 2, 2)):
+    plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                           smem_per_block=H200_SMEM)
+    assert plan.tiles == 18 and plan.phases == phases and plan.ring_stages == stages
+    assert sum(len(plan.phase_tiles(p)) for p in range(phases)) == 18
+    # Shared memory full: one more tile would not fit beside the fixed parts.
+    used = plan.slots * sw.tile_bytes(256) + sw.fixed_smem_bytes(18) + 3072
+    assert used <= H200_SMEM < used + sw.tile_bytes(256)
+    for p in range(phases):
+      order = plan.order(p)
+      assert sorted(t for t, _, _ in order) == plan.phase_tiles(p)
+      assert sum(kind for _, kind, _ in order) == plan.streamed(p)
+      if plan.streamed(p):
+        assert order[0][1], "a phase's first tile is streamed (it arrives in the exchange)"
+
+
+def test_the_plan_names_what_it_cannot_do():
+  with pytest.raises(ValueError, match="batch=65"):
+    sw.plan_stacked(vocab_size=1000, rank=256, batch=65, num_blocks=1,
+                    smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="vocab_size=1001"):
+    sw.plan_stacked(vocab_size=1001, rank=256, batch=4, num_blocks=1,
+                    smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="resident=40"):
+    sw.plan_stacked(vocab_size=151936, rank=256, batch=4, num_blocks=132,
+                    smem_per_block=H200_SMEM, resident=40)
+  with pytest.raises(ValueError, match="ring_stages=0"):
+    sw.StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
+                   resident=(1, 1, 1, 1), ring_stages=0)
+
+
+# --- the kernel, interpreted --------------------------------------------------------------
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("batch,resident", [(5, None), (40, None), (32, 0)])
+def test_interpreted_tokens_equal_the_reference(batch, resident):
+  """V = 1000 (not a multiple of 64: the last tiles clamped); B 5 and 32 on four phases
+  (one of them with every tile streamed), 40 on two phases with shared rings."""
+  head, config = _planes_head(1000)
+  base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch))
+  want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
+  tokens, status, _ = _walk(head, base, first, num_blocks=1, interpret=True,
+                            resident=resident)
+  assert status == 0
+  np.testing.assert_array_equal(tokens, want)
+
+
+@NEEDS_INTERPRETER
+def test_interpreted_walk_reports_nan_and_first_tokens_out_of_range():
+  head, config = _planes_head(512)
+  base, first, _ = random_inputs(config, 5, 2, jax.random.key(3))
+  base = base.at[2, 1, 17].set(jnp.nan)
+  first = first.at[4].set(512)
+  _, status, _ = _walk(head, base, first, num_blocks=1, interpret=True)
+  assert status & STATUS_NAN_LOGITS and status & STATUS_TOKEN_OUT_OF_RANGE
+
+
+# --- the kernel on the GPU --------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("batch", [5, 16, 33, 64])
+def test_gpu_tokens_equal_the_reference(batch):
+  head, config = _planes_head(151936, seed=batch)
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 100))
+  want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
+  tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
+  assert status == 0
+  np.testing.assert_array_equal(tokens, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+def test_gpu_walk_reports_nan():
+  head, config = _planes_head(151936)
+  base, first, _ = random_inputs(config, 16, 3, jax.random.key(5))
+  base = base.at[7, 1, 90001].set(jnp.nan)
+  _, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
+  assert status & STATUS_NAN_LOGITS
