@@ -34,6 +34,9 @@ def variant_options(text: str) -> dict:
     if part == "B":   # Pallas's automatic barriers on
       options["auto_barriers"] = True
       continue
+    if part == "C":   # the exchange by a grid counter, then the keys read back
+      options["exchange"] = "counter"
+      continue
     m = re.fullmatch(r"([rs])(\d+)", part)
     if not m:
       raise SystemExit(f"error: bad variant option {part!r}")
@@ -111,11 +114,12 @@ def main():
       record = {"variant": name}
       try:
         options = variant_options(variant)
-        auto_barriers = options.pop("auto_barriers", False)
+        spec_options = {k: options.pop(k) for k in ("auto_barriers", "exchange")
+                        if k in options}
         plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                                batch=batch, num_blocks=device.num_sms,
                                smem_per_block=device.smem_per_block, **options)
-        spec = sw.StackedSpec(plan, batch, STEPS, auto_barriers=auto_barriers)
+        spec = sw.StackedSpec(plan, batch, STEPS, **spec_options)
         record["plan"] = plan.describe()
 
         def walk(w2, base, planes, first, w2_scale, s_lo, spec=spec):

@@ -370,3 +370,71 @@ def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases
         "r,r,r,r,l,r", has_side_effects=True)
 
   publish(value_s, index_s, nan_s, flag_s, slots_g)
+
+
+def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g, *,
+                   rows: int, phases: int, blocks: int, vocab: int, spin_limit: int):
+  """The whole exchange in one pass, thread t < ``rows`` of the calling warpgroup:
+  request t's best over its warpgroups (as ``publish_bests``) ``red.max``ed into the
+  key of its pair in ``pairs_g`` (this step's: 32 bytes a request, the 64-bit key then a
+  64-bit count, zero at launch), then a releasing ``red.add`` of 1 to the count; then the
+  pair polled — key and count in one 16-byte load — until every block has counted (at
+  most ``spin_limit`` polls: then ``flag_s[2]`` = 1). The winner's row, clamped into
+  [0, V), goes to ``tok_s[t]`` and, in block 0, to ``tok_row_g[t]``. A NaN seen sets
+  ``flag_s[0]``. One round trip fewer than a grid counter then a read of the keys: the
+  count that says the key is final comes with the key."""
+  from wts_jax.pallas import grid_sync
+  label = "${:uid}"   # (LLVM's number of this asm instance: its labels are its own)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7)
+  def exchange(_, values, indices, nans, flag, pairs, tokens, token_row):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    thread, shared, (pairs_at, row_at) = thread_and_addresses(
+        (values, indices, nans, flag, tokens), (pairs, token_row))
+    entries = "".join(
+        f"add.u32 sa, base, {4 * REQUESTS * k};\n"
+        "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
+        "add.u32 x, sa, $1; @p ld.shared.b32 i2, [x];\n"
+        "add.u32 x, sa, $2; @p ld.shared.b32 n2, [x];\n"
+        "setp.gt.f32 q, v2, v; setp.eq.f32 r, v2, v; setp.lt.s32 s, i2, i;\n"
+        "and.pred r, r, s; or.pred q, q, r;\n"
+        "@q mov.f32 v, v2; @q mov.b32 i, i2; or.b32 n, n, n2;\n" for k in range(phases))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"), [*shared, pairs_at, row_at, thread],
+        "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
+        " hi, lo, bits, spins, ctaid; .reg .b64 key, g, off, count, one;\n"
+        f"setp.lt.u32 p, $7, {rows};\n"
+        "mov.f32 v, 0fFF800000; mov.b32 i, 0x40000000; mov.b32 n, 0;\n"
+        f"shr.u32 base, $7, 5; mul.lo.u32 base, base, {phases * 4 * REQUESTS};\n"
+        "and.b32 x, $7, 31; shl.b32 x, x, 2; add.u32 base, base, x;\n"
+        + entries +
+        "mov.b32 bits, v; setp.ge.u32 q, bits, 0x80000000;\n"
+        "not.b32 hi, bits; @!q or.b32 hi, bits, 0x80000000;\n"
+        "not.b32 lo, i; mov.b64 key, {lo, hi};\n"
+        f"mul.wide.u32 off, $7, {4 * grid_sync.KEY_ROW_WORDS}; add.u64 g, $5, off;\n"
+        "@p red.relaxed.gpu.global.max.u64 [g], key;\n"
+        "mov.b64 one, 1;\n"
+        "@p red.release.gpu.global.add.u64 [g+8], one;\n"
+        "setp.ne.and.u32 q, n, 0, p; mov.b32 x, 1; @q st.shared.b32 [$3], x;\n"
+        "mov.b32 spins, 0;\n"
+        f"@!p bra POLLED{label};\n"
+        f"POLL{label}:\n"
+        "ld.relaxed.gpu.global.v2.u64 {key, count}, [g];\n"
+        f"setp.ge.u64 q, count, {blocks};\n"
+        f"@q bra POLLED{label};\n"
+        "add.u32 spins, spins, 1;\n"
+        f"setp.lt.u32 q, spins, {spin_limit};\n"
+        f"@q bra POLL{label};\n"
+        "mov.b32 x, 1; st.shared.b32 [$3+8], x;\n"
+        f"POLLED{label}:\n"
+        # (the winner's row: 2^32 - 1 - the key's low word, clamped into [0, V))
+        "mov.b64 {lo, hi}, key; not.b32 i, lo;\n"
+        f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
+        "shl.b32 x, $7, 2; add.u32 sa, x, $4; @p st.shared.b32 [sa], i;\n"
+        "mov.u32 ctaid, %ctaid.x; setp.eq.and.u32 q, ctaid, 0, p;\n"
+        "mul.wide.u32 off, $7, 4; add.u64 g, $6, off; @q st.global.b32 [g], i; }",
+        "r,r,r,r,r,l,l,r", has_side_effects=True)
+
+  exchange(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g)

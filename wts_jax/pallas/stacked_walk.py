@@ -170,6 +170,9 @@ class StackedSpec:
   # Pallas's automatic warpgroup barriers around branches and shared-memory accesses
   # (every cross-thread exchange here goes through an mbarrier or ``commit_smem``).
   auto_barriers: bool = False
+  # "pairs": each request's key and count polled in one load (``exchange_pairs``);
+  # "counter": the keys, then a grid counter, then the keys read back (``grid_sync``).
+  exchange: str = "pairs"
 
 
 def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
@@ -321,7 +324,8 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
     flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p)))
 
     status = flags | jnp.where(leader, first_flag_s[0]
-                               | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0), 0)
+                               | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0)
+                               | jnp.where(nan_s[2] > 0, STATUS_SYNC_TIMEOUT, 0), 0)
     flag_g[block * WARPGROUPS + wg] = status
 
   def exchange(step, flags):
@@ -329,8 +333,18 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
     grid, the tokens to ``tok_s`` (block 0: to ``tok_g``), shown to the others."""
     with jax.named_scope("step_wait"):
       plgpu.barrier_wait(step_bar)
+    step_slots = (keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
+                  if multi_block else None)
+    if multi_block and spec.exchange == "pairs":
+      with jax.named_scope("pairs"):
+        sp.exchange_pairs(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
+                          tok_s, tok_g.at[step], rows=batch, phases=phases,
+                          blocks=plan.num_blocks, vocab=vocab, spin_limit=spec.spin_limit)
+      with jax.named_scope("tokens"):
+        plgpu.commit_smem()
+        pl.when(step + 1 < steps)(functools.partial(plgpu.barrier_arrive, tok_bar))
+      return flags
     if multi_block:
-      step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
       with jax.named_scope("publish"):
         sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
                          rows=batch, phases=phases)
@@ -370,6 +384,7 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
     ids = plgpu.broadcasted_iota(jnp.int32, (MAX_BATCH,), 0, layout=_ROW)
     outside = (given < 0) | (given >= vocab)
     nan_s[0] = jnp.int32(0)
+    nan_s[2] = jnp.int32(0)
     nan_s[1] = jnp.where(jnp.where(outside & (ids < batch), 1, 0).max() > 0,
                          STATUS_TOKEN_OUT_OF_RANGE, 0)
     tok_s[...] = jnp.where(ids < batch, jnp.clip(given, 0, vocab - 1), 0)
@@ -426,7 +441,7 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.float32),
       plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.int32),
       plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.int32),
-      plgpu.SMEM((2,), jnp.int32),   # NaN seen, first tokens' status
+      plgpu.SMEM((3,), jnp.int32),   # NaN seen, first tokens' status, exchange timed out
       plgpu.Barrier(num_arrivals=1, num_barriers=plan.slots),
       plgpu.Barrier(num_arrivals=1, num_barriers=plan.phases * max(1, plan.ring_stages)),
       plgpu.Barrier(num_arrivals=plan.request_blocks,
