@@ -100,6 +100,35 @@ def test_interpreted_walk_reports_nan_and_first_tokens_out_of_range():
   assert status & STATUS_NAN_LOGITS and status & STATUS_TOKEN_OUT_OF_RANGE
 
 
+# --- through the API: MosaicConfig(kernel="stacked") --------------------------------------
+def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
+  from wts_jax.pallas import backend, mosaic_backend
+  head, config = _planes_head(1000)
+  base, first, _ = random_inputs(config, 5, 2, jax.random.key(0))
+  stacked = wts_jax.MosaicConfig(kernel="stacked", interpret=True)
+  sampled = backend.WalkShapes.of(base, greedy=False)
+  refusal = mosaic_backend.plan(head, sampled, stacked, wts_jax.device.H200)
+  assert isinstance(refusal, backend.Refusal) and "greedy" in refusal.reason
+  bf16_head = wts_jax.make_head(config, seed=0)
+  refusal = mosaic_backend.plan(bf16_head, backend.WalkShapes.of(base, greedy=True), stacked,
+                                wts_jax.device.H200)
+  assert isinstance(refusal, backend.Refusal) and "int8 planes" in refusal.reason
+  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=True), stacked,
+                             wts_jax.device.H200)
+  assert isinstance(spec, sw.StackedSpec) and spec.plan.num_blocks == 1
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("batch", [5, 70])
+def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch):
+  """``wts_jax.walk`` with ``mosaic_kernel="stacked"`` (interpret mode): one launch at
+  B 5, two (64 + 6 rows) at B 70."""
+  from mosaic_checks import assert_mosaic_matches_xla
+  head, config = _planes_head(512, seed=batch)
+  base, first, _ = random_inputs(config, batch, 2, jax.random.key(batch))
+  assert_mosaic_matches_xla(head, base, first, None, "auto", 0.0, kernel="stacked")
+
+
 # --- the kernel on the GPU --------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")

@@ -13,7 +13,7 @@ import numbers
 RESIDENCY_MODES = ("auto", "full", "none")
 BACKENDS = ("auto", "mosaic", "triton")
 MOSAIC_GEMVS = ("auto", "registers", "wgmma")
-MOSAIC_KERNELS = ("auto", "rows", "batched")
+MOSAIC_KERNELS = ("auto", "rows", "batched", "stacked")
 # Where the batched kernel widens an int8 W2 that z meets in bf16 (``BatchedPlan``).
 W2_WIDENINGS = ("xla", "registers", "smem")
 MOSAIC_W2_WIDENINGS = ("auto",) + W2_WIDENINGS   # (a config's: "auto", the planner's)
@@ -127,7 +127,9 @@ class MosaicConfig:
     (up to 64 rows a launch, ``mosaic_batched_walk``) or "auto" (batched, except rows
     at one row for the vanilla head, and up to 4 rows where the batched kernel cannot
     run the walk or a row-kernel option — gemv, group, resident_group, register_chunks
-    — is set).
+    — is set); "stacked" (``stacked_walk``: an int8 W2 that z meets as two int8 planes,
+    the vanilla head, greedy, bf16 base logits; z's planes stacked on the WGMMA's M from
+    registers, four warpgroups; up to 64 rows a launch — not yet "auto"'s choice).
   base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's
     chunks; None: the planner's — 3, or 1 on M with two computing warpgroups).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk

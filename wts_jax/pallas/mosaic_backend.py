@@ -39,9 +39,46 @@ HEAD_TYPES = ("vanilla", "gated")   # the head types the row kernel has an ``adv
 BATCHED_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
+def _stacked_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
+  """What ``kernel="stacked"`` (``stacked_walk``) runs, and what it does not."""
+  serial = head.markov_head
+  if head.config.head_type != "vanilla" or not serial.z_as_int8_planes:
+    return ("kernel='stacked' runs the vanilla head with an int8 W2 that z meets as two "
+            "int8 planes (quantize_w2(head, 'int8', state='planes'))")
+  if not shapes.greedy:
+    return "kernel='stacked' runs greedy walks (temperature=0)"
+  if shapes.base_itemsize != 2:
+    return "kernel='stacked' needs bf16 base logits"
+  vocab, rank = head.config.vocab_size, head.config.rank
+  if vocab % 2 or vocab < 64 or rank % 32:
+    return (f"kernel='stacked' needs an even V of at least 64 and r a multiple of 32 "
+            f"(V={vocab}, r={rank})")
+  if config.interpret and (config.num_blocks or 1) > 1:
+    return ("interpret mode runs blocks one after another and has no semaphores: "
+            "use num_blocks=1")
+  return None
+
+
+def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
+  from wts_jax.pallas.stacked_walk import MAX_BATCH, StackedSpec, plan_stacked
+  num_sms, smem = launch_facts(config, device)
+  try:
+    plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                        batch=min(shapes.batch, MAX_BATCH),
+                        num_blocks=config.num_blocks or num_sms, smem_per_block=smem,
+                        ring_stages=config.ring_stages)
+  except ValueError as err:
+    return Refusal(str(err))
+  return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
+                     ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
+                     interpret=config.interpret)
+
+
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   serial = head.markov_head
   head_type = head.config.head_type
+  if config.kernel == "stacked":
+    return _stacked_refusal(head, shapes, config)
   if head_type not in HEAD_TYPES and not (head_type in BATCHED_HEAD_TYPES
                                          and uses_batched_kernel(head, shapes, config)):
     return (f"the Mosaic row kernel runs the vanilla and gated heads (not {head_type!r}; "
@@ -312,6 +349,8 @@ def _kernel_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceF
   reason = _refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
+  if config.kernel == "stacked":
+    return _stacked_plan(head, shapes, config, device)
   if uses_batched_kernel(head, shapes, config):
     return _batched_plan(head, shapes, config, device)
   try:
@@ -335,6 +374,10 @@ def launch(spec, operands: WalkOperands):
         return_logprobs=spec.logprobs)
     return dataclasses.replace(output, logits=logits, logprobs=logprobs)
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  from wts_jax.pallas.stacked_walk import StackedSpec
+  if isinstance(spec, StackedSpec):
+    return _launch_stacked(spec, operands.head, operands.base_logits,
+                           operands.first_tokens, operands.hidden)
   if isinstance(spec, BatchedSpec):
     return _launch_batched(spec, operands.head, operands.base_logits,
                            operands.first_tokens, operands.hidden, mode.score_scale,
@@ -386,6 +429,26 @@ def confidence_logits(head, hidden, first, tokens, w1):
   previous = previous_tokens(first, tokens)
   return (conf_head.hoist(hidden) + jax.vmap(conf_head.serial, in_axes=1,
                                              out_axes=1)(w1[previous]))
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _launch_stacked(spec, head, base_logits, first_tokens, hidden):
+  """The stacked kernel, one launch per 64 rows."""
+  from wts_jax.output import WalkOutput
+  from wts_jax.pallas.stacked_walk import row_launches, stacked_walk
+  first, status = _first_tokens(head, first_tokens, spec.plan.vocab_size)
+  operands = serial_operands(head, hidden)
+  tokens = []
+  for rows, part in row_launches(spec):
+    part_tokens, part_status = stacked_walk(
+        part, operands["w2"], base_logits[rows], operands["w1_planes"], first[rows],
+        operands["w2_scale"], operands["w1_plane_scale"])
+    tokens.append(part_tokens)
+    status = status | part_status
+  tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)
+  return WalkOutput(tokens=tokens, status=status,
+                    confidence=confidence_logits(head, hidden, first, tokens,
+                                                 operands["w1"]))
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))

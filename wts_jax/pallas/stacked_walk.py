@@ -163,6 +163,8 @@ class StackedSpec:
   plan: StackedPlan
   batch: int
   steps: int
+  smem_per_block: int = 227 * 1024   # what the plan was made for (a part's replanned)
+  ring_stages: int | None = None     # the caller's ring slots (None: the planner's)
   spin_limit: int = 1 << 22
   interpret: bool = False
   profile_dir: str = ""     # Mosaic GPU's profiler: the kernel's named regions
@@ -173,6 +175,19 @@ class StackedSpec:
   # "pairs": each request's key and count polled in one load (``exchange_pairs``);
   # "counter": the keys, then a grid counter, then the keys read back (``grid_sync``).
   exchange: str = "pairs"
+
+
+def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
+  """The walk's rows a launch each, at most 64 (the rows of a walk are independent),
+  each part planned for its own rows."""
+  parts = []
+  for first in range(0, spec.batch, MAX_BATCH):
+    rows = min(MAX_BATCH, spec.batch - first)
+    plan = plan_stacked(vocab_size=spec.plan.vocab_size, rank=spec.plan.rank, batch=rows,
+                        num_blocks=spec.plan.num_blocks, smem_per_block=spec.smem_per_block,
+                        ring_stages=spec.ring_stages)
+    parts.append((slice(first, first + rows), dataclasses.replace(spec, plan=plan, batch=rows)))
+  return parts
 
 
 def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
