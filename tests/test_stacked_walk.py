@@ -31,11 +31,12 @@ def _planes_head(vocab, rank=256, seed=0):
   return quantize_w2(wts_jax.make_head(config, seed=seed), "int8", state="planes"), config
 
 
-def _walk(head, base, first, *, num_blocks, interpret, **plan_options):
+def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, **plan_options):
   plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                          batch=base.shape[0], num_blocks=num_blocks,
                          smem_per_block=H200_SMEM, **plan_options)
-  spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret)
+  spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret,
+                        **(spec_options or {}))
   ops = serial_operands(head, None)
   tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a))(
       ops["w2"], base, ops["w1_planes"], first, ops["w2_scale"], ops["w1_plane_scale"])
@@ -70,6 +71,10 @@ def test_the_plan_names_what_it_cannot_do():
   with pytest.raises(ValueError, match="resident=40"):
     sw.plan_stacked(vocab_size=151936, rank=256, batch=4, num_blocks=132,
                     smem_per_block=H200_SMEM, resident=40)
+  plan = sw.plan_stacked(vocab_size=1000, rank=256, batch=4, num_blocks=1,
+                         smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="exchange='grid'"):
+    sw.StackedSpec(plan, 4, 2, exchange="grid")
   with pytest.raises(ValueError, match="ring_stages=0"):
     sw.StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
                    resident=(1, 1, 1, 1), ring_stages=0)
@@ -138,6 +143,19 @@ def test_gpu_tokens_equal_the_reference(batch):
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 100))
   want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
   tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
+  assert status == 0
+  np.testing.assert_array_equal(tokens, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("options", [dict(exchange="pairs"), dict(auto_barriers=False)])
+def test_gpu_options_keep_the_tokens(options):
+  head, config = _planes_head(151936, seed=3)
+  base, first, _ = random_inputs(config, 40, 7, jax.random.key(40))
+  want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
+  tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
+                            spec_options=options)
   assert status == 0
   np.testing.assert_array_equal(tokens, want)
 

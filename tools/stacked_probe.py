@@ -3,7 +3,8 @@ and the batched kernel's plan, at the Qwen3-4B shape: tokens checked, then each 
 device time after an L2 flush (``profile_batched.time_walks``), in one device call.
 
   python tools/stacked_probe.py --out $OUT/stacked [--batches 5,16,32,40,64]
-      [--variants r9+s1,...]   (rN: the block's resident tiles, sN: ring slots a phase)
+      [--variants r9+s1,...]   (rN: the block's resident tiles, sN: ring slots a phase,
+      B: Pallas's automatic barriers off, X: the exchange by key-and-count pairs)
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ STEPS = 7
 def variant_options(text: str) -> dict:
   options = {}
   for part in (p for p in text.split("+") if p):
-    if part == "B":   # Pallas's automatic barriers on
-      options["auto_barriers"] = True
+    if part == "B":   # Pallas's automatic barriers off
+      options["auto_barriers"] = False
       continue
-    if part == "C":   # the exchange by a grid counter, then the keys read back
-      options["exchange"] = "counter"
+    if part == "X":   # the exchange by key-and-count pairs (``exchange_pairs``)
+      options["exchange"] = "pairs"
       continue
     m = re.fullmatch(r"([rs])(\d+)", part)
     if not m:

@@ -169,12 +169,18 @@ class StackedSpec:
   interpret: bool = False
   profile_dir: str = ""     # Mosaic GPU's profiler: the kernel's named regions
   profile_space: int = 0
-  # Pallas's automatic warpgroup barriers around branches and shared-memory accesses
-  # (every cross-thread exchange here goes through an mbarrier or ``commit_smem``).
-  auto_barriers: bool = False
-  # "pairs": each request's key and count polled in one load (``exchange_pairs``);
-  # "counter": the keys, then a grid counter, then the keys read back (``grid_sync``).
-  exchange: str = "pairs"
+  # Pallas's automatic warpgroup barriers around branches and shared-memory accesses;
+  # False: none (every cross-thread hand-over here is an mbarrier or ``commit_smem``),
+  # measured no faster (NOTES v29), so kept.
+  auto_barriers: bool = True
+  # "counter": the keys, then a grid counter, then the keys read back (``grid_sync``);
+  # "pairs": each request's key and count polled in one load (``exchange_pairs``),
+  # measured slower (NOTES v29).
+  exchange: str = "counter"
+
+  def __post_init__(self):
+    if self.exchange not in ("counter", "pairs"):
+      raise ValueError(f"exchange={self.exchange!r} must be 'counter' or 'pairs'")
 
 
 def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
