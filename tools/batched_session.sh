@@ -2,7 +2,7 @@
 # One device call for the batched Mosaic walk: GPU tests, build variants checked and
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,noise,floor,ncu,l2prio,sanitizer]; logs and JSON
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,stacked,noise,floor,ncu,l2prio,sanitizer]; logs and JSON
 # under $OUT; SANITIZER_CASES, SANITIZER_TOOLS, SANITIZER_SPIN pick the sanitizer's runs)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -31,6 +31,13 @@ if has bench; then
     --repeats ${BENCH_REPEATS:-5} --walks-per-repeat ${BENCH_WALKS:-10} \
     --paths ${BENCH_PATHS:-torch-graph,wts-triton,wts-mb,wts-mb-r0s2,wts-mb-r4s2} \
     --out "$OUT/${BENCH_NAME:-batched_bench}.json" 2>&1 | grep -v -i warn | tee "$OUT/batched_bench.log" | tail -40
+fi
+if has stacked; then   # the stacked int8-planes walk (tools/stacked_probe.py) beside the plan
+  stamp stacked
+  timeout ${STACKED_S:-250} python tools/stacked_probe.py --out "$OUT/stacked" \
+    --batches "${STACKED_BATCHES:-5,16,32,64}" --variants "${STACKED_VARIANTS:-}" \
+    --compare "${STACKED_COMPARE-a}" --profile "${STACKED_PROFILE:-}" \
+    --dump "${STACKED_DUMP:-}" 2>&1 | grep -v -i warn | cut -c1-600 | tail -40
 fi
 if has noise; then   # the sampled epilogue's noise, stage by stage (tools/noise_microbench.py)
   stamp noise
