@@ -66,9 +66,9 @@ def _per_thread(values, dtype):
 
 
 def _scalar(array):
-  """The per-thread scalar a ``_per_thread`` array holds."""
-  from jax._src.lib.mlir.dialects import vector
-  return vector.extract(array.registers.flat[0], dynamic_position=[], static_position=[0])
+  """The one value a thread's registers of ``array`` hold (a ``_per_thread`` array, or a
+  ``_row_array``)."""
+  return _element(array.registers.flat[0], 0)
 
 
 def _request(phases: int):
@@ -165,11 +165,11 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
     i64 = ir.IntegerType.get_signless(64)
     bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
     request, (_, _, t) = _request(phases)
-    first_col = arith.addi(_scalar_row(start_rows), arith.muli(t, _const(2)))
+    first_col = arith.addi(_scalar(start_rows), arith.muli(t, _const(2)))
     live = arith.cmpi(arith.CmpIPredicate.slt, request, _const(batch))
     row = arith.select(live, request, _const(0))
     element = arith.addi(arith.muli(arith.addi(arith.muli(row, _const(steps)),
-                                               _scalar_row(step_rows)), _const(width)),
+                                               _scalar(step_rows)), _const(width)),
                          first_col)
     at = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(base)),
                     arith.muli(arith.extui(i64, element), arith.constant(i64, 2)))
@@ -194,15 +194,9 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
 
 
 def _row_array(value):
-  """A scalar as a [64] array of the WGMMA row layout (``_scalar_row`` reads it back)."""
+  """A scalar as a [64] array of the WGMMA row layout (``_scalar`` reads it back)."""
   return plgpu.layout_cast(jnp.full((2 * REQUESTS,), value, jnp.int32),
                            plgpu.Layout.WGMMA.reduce(1))
-
-
-def _scalar_row(array):
-  """A thread's element of a WGMMA_ROW array filled with one value."""
-  from jax._src.lib.mlir.dialects import vector
-  return vector.extract(array.registers.flat[0], dynamic_position=[], static_position=[0])
 
 
 # --- a tile folded into each request's running best -----------------------------------
@@ -254,7 +248,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool):
     scale_lo = vector.broadcast(f32x2, _scalar(s_lo))
     lo_steps = vector.broadcast(ir.VectorType.get((2,), _i32()), _const(LO_STEPS))
     pair = arith.muli(t, _const(2))
-    first = arith.addi(_scalar_row(start_rows), pair)
+    first = arith.addi(_scalar(start_rows), pair)
     # A thread meets its request's rows in ascending order through the step (tiles in
     # ascending order, columns ascending in each; a clamped last tile only repeats rows
     # with their own index), so a strictly greater score is the only way to win.
@@ -328,12 +322,42 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool):
 
 # --- the block's best per request, into the grid's keys ----------------------------------
 
+def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int) -> str:
+  """PTX of ``publish_bests`` (operands $0-$3: the bests' values, indices, NaN flags and
+  the flag word, in shared memory; ``thread`` and ``slots`` the thread's index and the
+  global slots): predicate p (thread < ``rows``), the request's best over its
+  ``phases`` warpgroups in v, i (its NaN in n), its key ``red.max``ed at [g], and a NaN
+  seen into the flag word."""
+  from wts_jax.pallas import grid_sync
+  entries = "".join(
+      f"add.u32 sa, base, {4 * REQUESTS * k};\n"
+      "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
+      "add.u32 x, sa, $1; @p ld.shared.b32 i2, [x];\n"
+      "add.u32 x, sa, $2; @p ld.shared.b32 n2, [x];\n"
+      "setp.gt.f32 q, v2, v; setp.eq.f32 r, v2, v; setp.lt.s32 s, i2, i;\n"
+      "and.pred r, r, s; or.pred q, q, r;\n"
+      "@q mov.f32 v, v2; @q mov.b32 i, i2; or.b32 n, n, n2;\n" for k in range(phases))
+  return (
+      f"setp.lt.u32 p, {thread}, {rows};\n"
+      "mov.f32 v, 0fFF800000; mov.b32 i, 0x40000000; mov.b32 n, 0;\n"
+      # (row (t / 32) · phases of the bests, column t % 32)
+      f"shr.u32 base, {thread}, 5; mul.lo.u32 base, base, {phases * 4 * REQUESTS};\n"
+      f"and.b32 x, {thread}, 31; shl.b32 x, x, 2; add.u32 base, base, x;\n"
+      + entries +
+      # orderable(v) << 32 | (2^32 - 1 - i)
+      "mov.b32 bits, v; setp.ge.u32 q, bits, 0x80000000;\n"
+      "not.b32 hi, bits; @!q or.b32 hi, bits, 0x80000000;\n"
+      "not.b32 lo, i; mov.b64 key, {lo, hi};\n"
+      f"mul.wide.u32 off, {thread}, {4 * grid_sync.KEY_ROW_WORDS}; add.u64 g, {slots}, off;\n"
+      "@p red.relaxed.gpu.global.max.u64 [g], key;\n"
+      "setp.ne.and.u32 q, n, 0, p; mov.b32 x, 1; @q st.shared.b32 [$3], x;\n")
+
+
 def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases: int):
   """Thread t < ``rows`` of the calling warpgroup: request t's best over the ``phases``
   warpgroups that served it (rows ``(t / 32) · phases + k`` of the [4, 32] bests), as a
   64-bit exchange key ``red.max``ed into its slot of ``slots_g`` (``grid_sync``'s keys:
   8 words a slot); a NaN seen sets ``flag_s[0]``."""
-  from wts_jax.pallas import grid_sync
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 5)
   def publish(_, values, indices, nans, flag, slots):
@@ -342,31 +366,11 @@ def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases
     from wts_jax.pallas.row_words import thread_and_addresses
     thread, shared, (slots_at,) = thread_and_addresses((values, indices, nans, flag),
                                                        (slots,))
-    entries = "".join(
-        f"add.u32 sa, base, {4 * REQUESTS * k};\n"
-        "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
-        "add.u32 x, sa, $1; @p ld.shared.b32 i2, [x];\n"
-        "add.u32 x, sa, $2; @p ld.shared.b32 n2, [x];\n"
-        "setp.gt.f32 q, v2, v; setp.eq.f32 r, v2, v; setp.lt.s32 s, i2, i;\n"
-        "and.pred r, r, s; or.pred q, q, r;\n"
-        "@q mov.f32 v, v2; @q mov.b32 i, i2; or.b32 n, n, n2;\n" for k in range(phases))
     llvm.inline_asm(
         ir.Type.parse("!llvm.void"), [*shared, slots_at, thread],
         "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
         " hi, lo, bits; .reg .b64 key, g, off;\n"
-        f"setp.lt.u32 p, $5, {rows};\n"
-        "mov.f32 v, 0fFF800000; mov.b32 i, 0x40000000; mov.b32 n, 0;\n"
-        # (row (t / 32) · phases of the bests, column t % 32)
-        f"shr.u32 base, $5, 5; mul.lo.u32 base, base, {phases * 4 * REQUESTS};\n"
-        "and.b32 x, $5, 31; shl.b32 x, x, 2; add.u32 base, base, x;\n"
-        + entries +
-        # orderable(v) << 32 | (2^32 - 1 - i)
-        "mov.b32 bits, v; setp.ge.u32 q, bits, 0x80000000;\n"
-        "not.b32 hi, bits; @!q or.b32 hi, bits, 0x80000000;\n"
-        "not.b32 lo, i; mov.b64 key, {lo, hi};\n"
-        f"mul.wide.u32 off, $5, {4 * grid_sync.KEY_ROW_WORDS}; add.u64 g, $4, off;\n"
-        "@p red.relaxed.gpu.global.max.u64 [g], key;\n"
-        "setp.ne.and.u32 q, n, 0, p; mov.b32 x, 1; @q st.shared.b32 [$3], x; }",
+        + _publish_key_ptx(thread="$5", slots="$4", rows=rows, phases=phases) + "}",
         "r,r,r,r,l,r", has_side_effects=True)
 
   publish(value_s, index_s, nan_s, flag_s, slots_g)
@@ -383,7 +387,6 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g, *
   [0, V), goes to ``tok_s[t]`` and, in block 0, to ``tok_row_g[t]``. A NaN seen sets
   ``flag_s[0]``. One round trip fewer than a grid counter then a read of the keys: the
   count that says the key is final comes with the key."""
-  from wts_jax.pallas import grid_sync
   label = "${:uid}"   # (LLVM's number of this asm instance: its labels are its own)
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7)
@@ -393,31 +396,13 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g, *
     from wts_jax.pallas.row_words import thread_and_addresses
     thread, shared, (pairs_at, row_at) = thread_and_addresses(
         (values, indices, nans, flag, tokens), (pairs, token_row))
-    entries = "".join(
-        f"add.u32 sa, base, {4 * REQUESTS * k};\n"
-        "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
-        "add.u32 x, sa, $1; @p ld.shared.b32 i2, [x];\n"
-        "add.u32 x, sa, $2; @p ld.shared.b32 n2, [x];\n"
-        "setp.gt.f32 q, v2, v; setp.eq.f32 r, v2, v; setp.lt.s32 s, i2, i;\n"
-        "and.pred r, r, s; or.pred q, q, r;\n"
-        "@q mov.f32 v, v2; @q mov.b32 i, i2; or.b32 n, n, n2;\n" for k in range(phases))
     llvm.inline_asm(
         ir.Type.parse("!llvm.void"), [*shared, pairs_at, row_at, thread],
         "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
         " hi, lo, bits, spins, ctaid; .reg .b64 key, g, off, count, one;\n"
-        f"setp.lt.u32 p, $7, {rows};\n"
-        "mov.f32 v, 0fFF800000; mov.b32 i, 0x40000000; mov.b32 n, 0;\n"
-        f"shr.u32 base, $7, 5; mul.lo.u32 base, base, {phases * 4 * REQUESTS};\n"
-        "and.b32 x, $7, 31; shl.b32 x, x, 2; add.u32 base, base, x;\n"
-        + entries +
-        "mov.b32 bits, v; setp.ge.u32 q, bits, 0x80000000;\n"
-        "not.b32 hi, bits; @!q or.b32 hi, bits, 0x80000000;\n"
-        "not.b32 lo, i; mov.b64 key, {lo, hi};\n"
-        f"mul.wide.u32 off, $7, {4 * grid_sync.KEY_ROW_WORDS}; add.u64 g, $5, off;\n"
-        "@p red.relaxed.gpu.global.max.u64 [g], key;\n"
+        + _publish_key_ptx(thread="$7", slots="$5", rows=rows, phases=phases) +
         "mov.b64 one, 1;\n"
         "@p red.release.gpu.global.add.u64 [g+8], one;\n"
-        "setp.ne.and.u32 q, n, 0, p; mov.b32 x, 1; @q st.shared.b32 [$3], x;\n"
         "mov.b32 spins, 0;\n"
         f"@!p bra POLLED{label};\n"
         f"POLL{label}:\n"
