@@ -222,7 +222,6 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
   def phase_body(p):
     order = plan.order(p)
     res, streamed, base_slot = plan.resident[p], plan.streamed(p), plan.slot_base(p)
-    stream = [tile for tile, kind, _ in order if kind]
     issuer = wg == p   # the phase's warpgroup of request block 0 issues its copies
     shared_ring = plan.request_blocks > 1
 
@@ -242,8 +241,11 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
       return (j * count + streamed - 1) // streamed
 
     def copy_entry(entry, j):
+      """Ring entry ``entry`` (its slot ``entry % stages``): the phase's j-th streamed
+      tile."""
       slot = ring_slot(entry)
-      copy_tile(stream[j], base_slot + res + slot, ring_bar.at[p * stages + slot])
+      copy_tile(p + position_of(j) * phases, base_slot + res + slot,
+                ring_bar.at[p * stages + slot])
 
     @pl.when(issuer)
     @jax.named_scope("prologue")
@@ -312,14 +314,12 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
         if streamed:   # the slot read (its WGMMA waited for): refill it
           ahead = step + (before + stages) // streamed
           refill_due = jnp.logical_and(is_streamed, ahead < steps)
-          target = p + position_of((before + stages) % streamed) * phases
 
           def refill():
             if shared_ring:
               with jax.named_scope("free_wait"):
                 plgpu.barrier_wait(free_bar.at[p * stages + slot])
-            copy_tile(target, base_slot + res + ring_slot(entry + stages),
-                      ring_bar.at[p * stages + ring_slot(entry + stages)])
+            copy_entry(entry + stages, (before + stages) % streamed)
           if shared_ring:   # (only where a refill follows: no arrival left unobserved)
             pl.when(refill_due)(functools.partial(
                 plgpu.barrier_arrive, free_bar.at[p * stages + slot]))
