@@ -6,6 +6,16 @@ import numpy as np
 import wts_jax
 
 
+def planes_head(vocab, rank=256, seed=0, confidence=False):
+  """(a random head of ``vocab`` × ``rank`` with its int8 W2 met by z as two int8
+  planes, its config)."""
+  from wts_jax.heads import HeadConfig
+  from wts_jax.quantize import quantize_w2
+  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48, confidence=confidence)
+  head = wts_jax.make_head(config, seed=seed)
+  return quantize_w2(head, "int8", state="planes"), config
+
+
 def mosaic_and_xla_walks(head, base, first, hidden, *, impl, config, temperature, key):
   """(the kernel's walk under ``impl`` and ``config``, the XLA walk) of the same head,
   inputs and key."""

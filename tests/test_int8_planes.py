@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import wts_jax
-from mosaic_checks import assert_mosaic_matches_xla
+from mosaic_checks import assert_mosaic_matches_xla, planes_head
 from wts_jax import int8_state
 from wts_jax.device import H200
 from wts_jax.heads import HeadConfig
@@ -26,12 +26,6 @@ H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
     reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
-
-
-def _planes_head(vocab, rank, seed=0, confidence=False):
-  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48, confidence=confidence)
-  head = wts_jax.make_head(config, seed=seed)
-  return quantize_w2(head, "int8", state="planes"), config
 
 
 # --- the contract ---------------------------------------------------------------------
@@ -74,7 +68,7 @@ def test_planes_bias_is_exact_integer_arithmetic():
 
 
 def test_stored_w1_planes_equal_the_planes_of_each_row():
-  head, config = _planes_head(300, 64)
+  head, config = planes_head(300, 64)
   serial = head.markov_head
   planes = np.asarray(serial.markov_w1_planes.planes[...]).reshape(300, 2, 64)
   q_hi, q_lo, s_lo = int8_state.state_planes(serial.markov_w1.weight[...])
@@ -86,7 +80,7 @@ def test_stored_w1_planes_equal_the_planes_of_each_row():
 
 def test_reference_walk_follows_the_planes_contract():
   """The XLA walk of a planes head, replayed in NumPy from the contract's formula."""
-  head, config = _planes_head(500, 64, seed=4)
+  head, config = planes_head(500, 64, seed=4)
   base, first, _ = random_inputs(config, 2, 5, jax.random.key(5))
   out = wts_jax.walk(head, base, first, impl="xla", return_logits=True)
   serial = head.markov_head
@@ -106,7 +100,7 @@ def test_reference_walk_follows_the_planes_contract():
 
 
 def test_quantize_refuses_planes_for_fp8_and_unknown_states():
-  head, _ = _planes_head(300, 64)
+  head, _ = planes_head(300, 64)
   with pytest.raises(ValueError, match="state='planes' needs scheme='int8'"):
     quantize_w2(head, "fp8", state="planes")
   with pytest.raises(ValueError, match="state='bf16' must be one of"):
@@ -137,8 +131,8 @@ def test_plan_of_a_planes_walk():
                             gemv="registers")
 
 
-def test_only_the_mosaic_kernel_runs_a_planes_head():
-  head, config = _planes_head(1000, 64)
+def test_only_the_mosaic_kernel_runs_aplanes_head():
+  head, config = planes_head(1000, 64)
   base = jnp.zeros((1, 3, 1000), jnp.bfloat16)
   from wts_jax.pallas import backend
   triton = wts_jax.TritonConfig(interpret=True)
@@ -196,7 +190,7 @@ def test_mosaic_planes_walk_matches_the_reference(vocab, rank, batch, steps, res
                                                   temperature):
   """Exact tokens (greedy) and bit-identical sampled tokens against the XLA walk of the
   same planes head; confidence from the drafted tokens."""
-  head, config = _planes_head(vocab, rank, seed=11, confidence=True)
+  head, config = planes_head(vocab, rank, seed=11, confidence=True)
   base, first, hidden = random_inputs(config, batch, steps, jax.random.key(12))
   first = first.at[0].set(vocab - 1)   # the last token: its planes tile is clamped
   assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature)

@@ -12,23 +12,17 @@ import numpy as np
 import pytest
 
 import wts_jax
-from wts_jax.heads import HeadConfig
+from mosaic_checks import assert_mosaic_matches_xla, planes_head
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
 from wts_jax.pallas import stacked_walk as sw
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.quantize import quantize_w2
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
     reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")
 ON_GPU = bool(os.environ.get("WTS_GPU_TESTS"))
-
-
-def _planes_head(vocab, rank=256, seed=0):
-  config = HeadConfig(vocab_size=vocab, rank=rank, hidden_size=48)
-  return quantize_w2(wts_jax.make_head(config, seed=seed), "int8", state="planes"), config
 
 
 def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, **plan_options):
@@ -86,7 +80,7 @@ def test_the_plan_names_what_it_cannot_do():
 def test_interpreted_tokens_equal_the_reference(batch, resident):
   """V = 1000 (not a multiple of 64: the last tiles clamped); B 5 and 32 on four phases
   (one of them with every tile streamed), 40 on two phases with shared rings."""
-  head, config = _planes_head(1000)
+  head, config = planes_head(1000)
   base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch))
   want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
   tokens, status, _ = _walk(head, base, first, num_blocks=1, interpret=True,
@@ -97,7 +91,7 @@ def test_interpreted_tokens_equal_the_reference(batch, resident):
 
 @NEEDS_INTERPRETER
 def test_interpreted_walk_reports_nan_and_first_tokens_out_of_range():
-  head, config = _planes_head(512)
+  head, config = planes_head(512)
   base, first, _ = random_inputs(config, 5, 2, jax.random.key(3))
   base = base.at[2, 1, 17].set(jnp.nan)
   first = first.at[4].set(512)
@@ -108,7 +102,7 @@ def test_interpreted_walk_reports_nan_and_first_tokens_out_of_range():
 # --- through the API: MosaicConfig(kernel="stacked") --------------------------------------
 def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
   from wts_jax.pallas import backend, mosaic_backend
-  head, config = _planes_head(1000)
+  head, config = planes_head(1000)
   base, first, _ = random_inputs(config, 5, 2, jax.random.key(0))
   stacked = wts_jax.MosaicConfig(kernel="stacked", interpret=True)
   sampled = backend.WalkShapes.of(base, greedy=False)
@@ -128,8 +122,7 @@ def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
 def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch):
   """``wts_jax.walk`` with ``mosaic_kernel="stacked"`` (interpret mode): one launch at
   B 5, two (64 + 6 rows) at B 70."""
-  from mosaic_checks import assert_mosaic_matches_xla
-  head, config = _planes_head(512, seed=batch)
+  head, config = planes_head(512, seed=batch)
   base, first, _ = random_inputs(config, batch, 2, jax.random.key(batch))
   assert_mosaic_matches_xla(head, base, first, None, "auto", 0.0, kernel="stacked")
 
@@ -139,7 +132,7 @@ def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch):
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
 @pytest.mark.parametrize("batch", [5, 16, 33, 64])
 def test_gpu_tokens_equal_the_reference(batch):
-  head, config = _planes_head(151936, seed=batch)
+  head, config = planes_head(151936, seed=batch)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 100))
   want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
   tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
@@ -151,7 +144,7 @@ def test_gpu_tokens_equal_the_reference(batch):
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
 @pytest.mark.parametrize("options", [dict(exchange="pairs"), dict(auto_barriers=False)])
 def test_gpu_options_keep_the_tokens(options):
-  head, config = _planes_head(151936, seed=3)
+  head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, 40, 7, jax.random.key(40))
   want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
   tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
@@ -163,7 +156,7 @@ def test_gpu_options_keep_the_tokens(options):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
 def test_gpu_walk_reports_nan():
-  head, config = _planes_head(151936)
+  head, config = planes_head(151936)
   base, first, _ = random_inputs(config, 16, 3, jax.random.key(5))
   base = base.at[7, 1, 90001].set(jnp.nan)
   _, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
