@@ -228,15 +228,23 @@ def build_with_profile_space(variant: Variant, heads: Heads, directory: str, tri
   (three warpgroups' worth, a producer's included), and where the compiled kernel still
   exceeds the block's shared memory (the plan's count is not Mosaic's to the byte) the
   excess reserved too, so the planner shrinks the ring or the resident chunks."""
-  reserve = PROFILE_SPACE * 2 * 4 * 3 + 1024
-  for attempt in range(tries):
+  return reserving_excess(
+      lambda reserve: build(variant, heads, smem_reserve=reserve, profile_dir=directory),
+      PROFILE_SPACE * 2 * 4 * 3 + 1024, tries=tries)
+
+
+def reserving_excess(attempt, reserve: int, *, tries: int = 3, margin: int = 1024):
+  """``attempt(reserve)`` (shared memory kept back from a kernel's plan), tried again
+  with the bytes the compiled kernel says it exceeds the block's shared memory by, plus
+  ``margin``, kept back too (a plan's count is not Mosaic's to the byte)."""
+  for attempt_number in range(tries):
     try:
-      return build(variant, heads, smem_reserve=reserve, profile_dir=directory)
+      return attempt(reserve)
     except ValueError as err:
       excess = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(err))
-      if excess is None or attempt == tries - 1:
+      if excess is None or attempt_number == tries - 1:
         raise
-      reserve += int(excess[1]) - int(excess[2]) + 1024
+      reserve += int(excess[1]) - int(excess[2]) + margin
 
 
 FIXED_TOKEN_SPIKE = 1000.0   # far above any logit of the random inputs, sampled or not

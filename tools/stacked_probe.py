@@ -56,23 +56,22 @@ def special_run(kind, batch, head, operands, base, first, device, out, tries: in
           operands["w1_plane_scale"])
   flags = (dict(MOSAIC_GPU_DUMP_TO=directory, MOSAIC_GPU_DUMP_PTXAS="1",
                 MOSAIC_GPU_DUMP_SASS="1") if kind == "dump" else {})
+
+  def attempt(reserve):
+    plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                           batch=batch, num_blocks=device.num_sms,
+                           smem_per_block=device.smem_per_block - reserve)
+    spec = sw.StackedSpec(plan, batch, STEPS, **(dict(profile_dir=directory,
+                                                      profile_space=pb.PROFILE_SPACE)
+                                                 if kind == "profile" else {}))
+    jax.block_until_ready(jax.jit(lambda *a: sw.stacked_walk(spec, *a))(*call))
+    return plan
+
   os.environ.update(flags)
   try:
-    for attempt in range(tries):
-      plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                             batch=batch, num_blocks=device.num_sms,
-                             smem_per_block=device.smem_per_block - reserve)
-      spec = sw.StackedSpec(plan, batch, STEPS, **(dict(profile_dir=directory,
-                                                        profile_space=pb.PROFILE_SPACE)
-                                                   if kind == "profile" else {}))
-      try:
-        jax.block_until_ready(jax.jit(lambda *a, spec=spec: sw.stacked_walk(spec, *a))(*call))
-        break
-      except ValueError as err:
-        excess = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(err))
-        if excess is None or attempt == tries - 1:
-          raise
-        reserve += int(excess[1]) - int(excess[2]) + sw.tile_bytes(head.config.rank)
+    # (A tile more than the excess: a plan drops whole tiles.)
+    plan = pb.reserving_excess(attempt, reserve, tries=tries,
+                               margin=sw.tile_bytes(head.config.rank))
   finally:
     for name in flags:
       os.environ.pop(name, None)
