@@ -458,6 +458,7 @@ PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, produ
 PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
 AUTO = MosaicConfig()
 TABLE_GATE = MosaicConfig(kernel="batched", serial_update="table")
+STACKED = MosaicConfig(kernel="stacked")
 
 
 @pytest.mark.parametrize("w2,kernel_config,head_type,temperature,batch", [
@@ -476,16 +477,19 @@ TABLE_GATE = MosaicConfig(kernel="batched", serial_update="table")
     # takes two warpgroups with 1-slot rings
     ("bf16", SPLIT_GATE, "rnn", 0.8, 40),
     # int8 planes at 64 rows on M: the planner's z rows gathered by the leader's four warps
-    ("int8p", AUTO, "vanilla", 0.0, 64), ("int8p", AUTO, "vanilla", 0.8, 64),
+    # (greedy, "auto" takes the stacked kernel: the batched one by name)
+    ("int8p", BATCHED, "vanilla", 0.0, 64), ("int8p", AUTO, "vanilla", 0.8, 64),
     # the gated head with its gate table ("auto"; at 32 rows asked for by name)
     ("table", AUTO, "gated", 0.0, 16), ("table", AUTO, "gated", 0.8, 16),
-    ("table", TABLE_GATE, "gated", 0.0, 32)],
+    ("table", TABLE_GATE, "gated", 0.0, 32),
+    # the stacked int8-planes kernel: four phases, and two with shared rings
+    ("int8p", STACKED, "vanilla", 0.0, 16), ("int8p", STACKED, "vanilla", 0.0, 64)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
-         "gated-int8-auto-sample", "rnn-int8-auto-sample", "rnn-split-sample-m2", "int8p-auto-m64",
+         "gated-int8-auto-sample", "rnn-int8-auto-sample", "rnn-split-sample-m2", "int8p-m64",
          "int8p-auto-sample-m64", "gated-table-auto", "gated-table-auto-sample",
-         "gated-table-32"])
+         "gated-table-32", "int8p-stacked-16", "int8p-stacked-64"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature,
                                                  batch):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)

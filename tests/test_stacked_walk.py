@@ -17,6 +17,7 @@ from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
 from wts_jax.pallas import stacked_walk as sw
 from wts_jax.pallas.head_operands import serial_operands
+from wts_jax.pallas.z_registers import fragment_ordered
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -32,8 +33,12 @@ def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, **plan
   spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret,
                         **(spec_options or {}))
   ops = serial_operands(head, None)
+  planes = ops["w1_planes"]
+  if spec.w1_order == "fragments":
+    vocab, rank = head.config.vocab_size, head.config.rank
+    planes = fragment_ordered(planes.reshape(vocab, 2 * rank)).reshape(2 * vocab, rank)
   tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a))(
-      ops["w2"], base, ops["w1_planes"], first, ops["w2_scale"], ops["w1_plane_scale"])
+      ops["w2"], base, planes, first, ops["w2_scale"], ops["w1_plane_scale"])
   return np.asarray(tokens), int(status), plan
 
 
@@ -117,6 +122,32 @@ def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
   assert isinstance(spec, sw.StackedSpec) and spec.plan.num_blocks == 1
 
 
+def test_auto_takes_the_stacked_kernel_from_eight_rows_of_a_greedy_int8_planes_walk():
+  """``kernel="auto"`` on the GPU (a plan: no kernel runs): the stacked kernel for the
+  greedy int8-planes walk from ``STACKED_MIN_BATCH`` rows, the batched kernel below, when
+  sampled, when another kernel's option is set, and not in interpret mode."""
+  from wts_jax.pallas import backend, mosaic_backend
+  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  head, config = planes_head(151936)
+  assert mosaic_backend.STACKED_MIN_BATCH == 8
+
+  def spec(batch, greedy=True, **options):
+    base = jax.ShapeDtypeStruct((batch, 7, 151936), jnp.bfloat16)
+    return mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=greedy),
+                               wts_jax.MosaicConfig(**options), wts_jax.device.H200)
+  for batch in (8, 16, 40, 64, 70):
+    chosen = spec(batch)
+    assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
+    assert chosen.plan.num_blocks == 132
+  for batch, greedy, options in ((7, True, {}), (16, False, {}),
+                                 (16, True, dict(warpgroups=2)),
+                                 (16, True, dict(interpret=True, num_blocks=1))):
+    chosen = spec(batch, greedy, **options)
+    # (interpret mode at this V: one block holds no batched plan either, a refusal)
+    assert not isinstance(chosen, sw.StackedSpec), (batch, greedy, options)
+    assert options.get("interpret") or isinstance(chosen, BatchedSpec), (batch, options)
+
+
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("batch", [5, 70])
 def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch):
@@ -142,10 +173,17 @@ def test_gpu_tokens_equal_the_reference(batch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-@pytest.mark.parametrize("options", [dict(exchange="pairs"), dict(auto_barriers=False)])
-def test_gpu_options_keep_the_tokens(options):
+@pytest.mark.parametrize("batch", [16, 40])
+@pytest.mark.parametrize("options", [
+    dict(exchange="pairs"), dict(auto_barriers=False), dict(tokens_from_keys="collect"),
+    dict(nan_check="witness"), dict(refill="deferred"), dict(w1_order="fragments"),
+    dict(ring_issuers="dealt"),
+    dict(refill="deferred", w1_order="fragments", ring_issuers="dealt")],
+    ids=["pairs", "no-barriers", "collect", "nan-witness", "deferred", "fragments", "dealt",
+         "deferred-fragments-dealt"])
+def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
-  base, first, _ = random_inputs(config, 40, 7, jax.random.key(40))
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))
   want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
   tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
                             spec_options=options)
@@ -155,9 +193,11 @@ def test_gpu_options_keep_the_tokens(options):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-def test_gpu_walk_reports_nan():
+@pytest.mark.parametrize("nan_check", ["witness", "value"])
+def test_gpu_walk_reports_nan(nan_check):
   head, config = planes_head(151936)
   base, first, _ = random_inputs(config, 16, 3, jax.random.key(5))
   base = base.at[7, 1, 90001].set(jnp.nan)
-  _, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
+  _, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
+                       spec_options=dict(nan_check=nan_check))
   assert status & STATUS_NAN_LOGITS

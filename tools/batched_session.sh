@@ -37,7 +37,7 @@ if has stacked; then   # the stacked int8-planes walk (tools/stacked_probe.py) b
   timeout ${STACKED_S:-250} python tools/stacked_probe.py --out "$OUT/stacked" \
     --batches "${STACKED_BATCHES:-5,16,32,64}" --variants "${STACKED_VARIANTS:-}" \
     --compare "${STACKED_COMPARE-a}" --profile "${STACKED_PROFILE:-}" \
-    --dump "${STACKED_DUMP:-}" 2>&1 | grep -v -i warn | cut -c1-600 | tail -40
+    --dump "${STACKED_DUMP:-}" --special-variant "${STACKED_SPECIAL:-}" 2>&1 | grep -v -i warn | cut -c1-600 | tail -40
 fi
 if has noise; then   # the sampled epilogue's noise, stage by stage (tools/noise_microbench.py)
   stamp noise

@@ -3,7 +3,7 @@
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
       [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
        |batched-gated-split|batched-gated-table|batched-rnn-split|batched-rnn-split-m2
-       |batched-widen-registers|batched-widen-smem|batched-int8p-m2]
+       |batched-widen-registers|batched-widen-smem|batched-int8p-m2|stacked|stacked-40]
       [SEEDS] [SPIN_LIMIT]
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
@@ -22,11 +22,16 @@ its stores and fence), two warpgroups on N;
 ``batched-int8p-m2``: int8 planes at 40 rows on M, two warpgroups and a producer (the
 planner's choice there), the z rows gathered by the leader's four warps, each row's s_lo
 loaded by a thread of its own.
+``stacked`` / ``stacked-40``: the stacked int8-planes walk (``stacked_walk``) on 2 blocks of
+6 tiles, one tile resident and the rest streamed: B = 5 on four phases (1-slot rings, a
+phase of one tile), B = 40 on two (2-slot rings shared by two warpgroups); its spec's
+options by ``tools/stacked_probe.py``'s letters in STACKED_OPTIONS (e.g. ``D+F``).
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 SPIN_LIMIT (default 2^14) bounds each grid-barrier wait: a walk whose instrumented blocks
 wait longer ends with the timeout status (4), not a race; raise it to let them finish.
 """
 
+import os
 import sys
 
 import jax
@@ -37,7 +42,38 @@ from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 
 
+def stacked(batch: int, seeds: int, spin_limit: int) -> int:
+  sys.path.insert(0, os.path.dirname(__file__))
+  from stacked_probe import SPEC_OPTIONS, variant_options, walk_operands
+  from wts_jax.pallas import stacked_walk as sw
+  from wts_jax.pallas.head_operands import serial_operands
+  from wts_jax.quantize import quantize_w2
+  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64, head_type="vanilla")
+  head = quantize_w2(wts_jax.make_head(config, seed=1), "int8", state="planes")
+  options = variant_options(os.environ.get("STACKED_OPTIONS", ""))
+  plan = sw.plan_stacked(vocab_size=712, rank=64, batch=batch, num_blocks=2,
+                         smem_per_block=227 * 1024, resident=1)
+  spec = sw.StackedSpec(plan, batch, 4, spin_limit=spin_limit,
+                        **{k: v for k, v in options.items() if k in SPEC_OPTIONS})
+  print(plan.describe(), spec)
+  walk = jax.jit(lambda *a: sw.stacked_walk(spec, *a))
+  cpu = jax.devices("cpu")[0]
+  differ = 0
+  for seed in range(seeds):
+    base, first, _ = random_inputs(config, batch, 4, jax.random.key(2 + seed))
+    tokens, status = walk(*walk_operands(spec, head, serial_operands(head, None), base, first))
+    # (the reference on the CPU: no GPU autotuning under the tool, NOTES v25)
+    ref = wts_jax.walk(*jax.device_put((head, base, first), cpu), None, impl="xla")
+    same = np.array_equal(np.asarray(tokens), np.asarray(ref.tokens))
+    differ += not same
+    print(f"stacked B={batch} seed {seed}: tokens {'equal' if same else 'DIFFER'} "
+          f"status {int(status)}")
+  return 1 if differ else 0
+
+
 def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
+  if backend.startswith("stacked"):
+    return stacked(40 if backend == "stacked-40" else 5, seeds, spin_limit)
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
   gated = backend.startswith("batched-gated")

@@ -4,7 +4,10 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
 
   python tools/stacked_probe.py --out $OUT/stacked [--batches 5,16,32,40,64]
       [--variants r9+s1,...]   (rN: the block's resident tiles, sN: ring slots a phase,
-      B: Pallas's automatic barriers off, X: the exchange by key-and-count pairs)
+      B: Pallas's automatic barriers off, X: the exchange by key-and-count pairs,
+      C: the keys collected in shared memory before the tokens, W: a NaN witness beside
+      the running best, D: a shared ring's refill deferred, F: W1 in fragment order,
+      I: a shared ring's refills dealt to both its warpgroups)
 """
 
 from __future__ import annotations
@@ -25,18 +28,25 @@ import wts_jax  # noqa: E402
 from wts_jax.inputs import random_inputs  # noqa: E402
 from wts_jax.pallas import stacked_walk as sw  # noqa: E402
 from wts_jax.pallas.head_operands import serial_operands  # noqa: E402
+from wts_jax.pallas.z_registers import fragment_ordered  # noqa: E402
 
 STEPS = 7
+
+
+# A letter's ``StackedSpec`` option (the rest are the plan's).
+SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
+                "C": ("tokens_from_keys", "collect"), "W": ("nan_check", "witness"),
+                "D": ("refill", "deferred"), "F": ("w1_order", "fragments"),
+                "I": ("ring_issuers", "dealt")}
+SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 
 
 def variant_options(text: str) -> dict:
   options = {}
   for part in (p for p in text.split("+") if p):
-    if part == "B":   # Pallas's automatic barriers off
-      options["auto_barriers"] = False
-      continue
-    if part == "X":   # the exchange by key-and-count pairs (``exchange_pairs``)
-      options["exchange"] = "pairs"
+    if part in SPEC_LETTERS:
+      name, value = SPEC_LETTERS[part]
+      options[name] = value
       continue
     m = re.fullmatch(r"([rs])(\d+)", part)
     if not m:
@@ -45,15 +55,27 @@ def variant_options(text: str) -> dict:
   return options
 
 
-def special_run(kind, batch, head, operands, base, first, device, out, tries: int = 3):
+def walk_operands(spec, head, operands, base, first):
+  """``stacked_walk``'s operands after the spec: W1 in fragment order where it asks
+  (prepared once, as a caller would)."""
+  planes = operands["w1_planes"]
+  if spec.w1_order == "fragments":
+    vocab, rank = head.config.vocab_size, head.config.rank
+    planes = fragment_ordered(planes.reshape(vocab, 2 * rank)).reshape(2 * vocab, rank)
+  return (operands["w2"], base, planes, first, operands["w2_scale"],
+          operands["w1_plane_scale"])
+
+
+def special_run(kind, batch, head, operands, base, first, device, out, tries: int = 3,
+                spec_options=None):
   """One walk built with Mosaic GPU's profiler (``profile``: its regions summarised) or
   with the ptxas report and SASS dumped (``dump``). The profiler's buffer takes shared
   memory from W2's tiles: as much as the compiled kernel says it exceeds."""
   directory = os.path.join(out, f"{kind}-{batch}")
   os.makedirs(directory, exist_ok=True)
   reserve = pb.PROFILE_SPACE * 2 * 4 * sw.WARPGROUPS + 1024 if kind == "profile" else 0
-  call = (operands["w2"], base, operands["w1_planes"], first, operands["w2_scale"],
-          operands["w1_plane_scale"])
+  def prepared(spec):
+    return walk_operands(spec, head, operands, base, first)
   flags = (dict(MOSAIC_GPU_DUMP_TO=directory, MOSAIC_GPU_DUMP_PTXAS="1",
                 MOSAIC_GPU_DUMP_SASS="1") if kind == "dump" else {})
 
@@ -61,10 +83,10 @@ def special_run(kind, batch, head, operands, base, first, device, out, tries: in
     plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                            batch=batch, num_blocks=device.num_sms,
                            smem_per_block=device.smem_per_block - reserve)
-    spec = sw.StackedSpec(plan, batch, STEPS, **(dict(profile_dir=directory,
-                                                      profile_space=pb.PROFILE_SPACE)
-                                                 if kind == "profile" else {}))
-    jax.block_until_ready(jax.jit(lambda *a: sw.stacked_walk(spec, *a))(*call))
+    spec = sw.StackedSpec(plan, batch, STEPS, **(spec_options or {}),
+                          **(dict(profile_dir=directory, profile_space=pb.PROFILE_SPACE)
+                             if kind == "profile" else {}))
+    jax.block_until_ready(jax.jit(lambda *a: sw.stacked_walk(spec, *a))(*prepared(spec)))
     return plan
 
   os.environ.update(flags)
@@ -89,6 +111,8 @@ def main():
   parser.add_argument("--compare", default="a", help="batched-kernel options to time beside")
   parser.add_argument("--profile", default="", help="batches to profile (regions a warpgroup)")
   parser.add_argument("--dump", default="", help="batches whose ptxas report and SASS to dump")
+  parser.add_argument("--special-variant", default="",
+                      help="the options (as --variants) of the profiled and dumped builds")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
   heads = pb.Heads()
@@ -96,15 +120,19 @@ def main():
   device = wts_jax.device.current()
   results = {"jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
              "walks": args.walks, "points": []}
+  special_options = variant_options(args.special_variant)
+  if set(special_options) - set(SPEC_OPTIONS):
+    raise SystemExit(f"error: --special-variant {args.special_variant!r}: spec letters only")
   for batch in (int(b) for b in args.batches.split(",")):
     base, first, _ = random_inputs(heads.config("int8p"), batch, STEPS, jax.random.key(batch))
     want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
     operands = serial_operands(head, None)
     for extra in ("profile", "dump"):
       if str(batch) in getattr(args, extra).split(","):
-        record = {"variant": f"stacked:{batch}:{extra}"}
+        record = {"variant": f"stacked:{batch}:{extra}:{args.special_variant}"}
         try:
-          record[extra] = special_run(extra, batch, head, operands, base, first, device, args.out)
+          record[extra] = special_run(extra, batch, head, operands, base, first, device,
+                                      args.out, spec_options=special_options)
         except Exception as err:
           record["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
         print(json.dumps(record), flush=True)
@@ -114,8 +142,7 @@ def main():
       record = {"variant": name}
       try:
         options = variant_options(variant)
-        spec_options = {k: options.pop(k) for k in ("auto_barriers", "exchange")
-                        if k in options}
+        spec_options = {k: options.pop(k) for k in SPEC_OPTIONS if k in options}
         plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                                batch=batch, num_blocks=device.num_sms,
                                smem_per_block=device.smem_per_block, **options)
@@ -124,8 +151,7 @@ def main():
 
         def walk(w2, base, planes, first, w2_scale, s_lo, spec=spec):
           return sw.stacked_walk(spec, w2, base, planes, first, w2_scale, s_lo)
-        call = (operands["w2"], base, operands["w1_planes"], first, operands["w2_scale"],
-                operands["w1_plane_scale"])
+        call = walk_operands(spec, head, operands, base, first)
         run = jax.jit(walk).lower(*call).compile()
         tokens, status = run(*call)
         tokens = np.asarray(tokens)

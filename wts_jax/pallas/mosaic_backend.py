@@ -77,7 +77,7 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   serial = head.markov_head
   head_type = head.config.head_type
-  if config.kernel == "stacked":
+  if uses_stacked_kernel(head, shapes, config):
     return _stacked_refusal(head, shapes, config)
   if head_type not in HEAD_TYPES and not (head_type in BATCHED_HEAD_TYPES
                                          and uses_batched_kernel(head, shapes, config)):
@@ -124,6 +124,30 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
     return ("batch_axis='n' needs jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower its "
             "transposed base-tile load)")
   return None
+
+
+# From this many rows ``kernel="auto"`` takes the stacked kernel where it runs the walk
+# (measured faster than the batched kernel from 8 rows: NOTES v30).
+STACKED_MIN_BATCH = 8
+# What the stacked kernel takes from a ``MosaicConfig``; any other field set names
+# another kernel's option.
+STACKED_CONFIG_FIELDS = ("kernel", "num_blocks", "interpret", "sync_spin_limit")
+
+
+def uses_stacked_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
+  """``kernel="stacked"``, or ``"auto"`` where the stacked kernel runs the walk (the
+  vanilla head's greedy walk of an int8-planes W2, bf16 base logits) from
+  ``STACKED_MIN_BATCH`` rows on the GPU, and the config names no other kernel's option.
+  (Interpret mode keeps the batched kernel: jax 0.10's interpreter cannot run this one.)"""
+  if config.kernel != "auto":
+    return config.kernel == "stacked"
+  defaults = MosaicConfig()
+  other_options = any(getattr(config, field.name) != getattr(defaults, field.name)
+                      for field in dataclasses.fields(config)
+                      if field.name not in STACKED_CONFIG_FIELDS)
+  return (not config.interpret and not other_options
+          and shapes.batch >= STACKED_MIN_BATCH
+          and _stacked_refusal(head, shapes, config) is None)
 
 
 def uses_batched_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
@@ -349,7 +373,7 @@ def _kernel_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceF
   reason = _refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
-  if config.kernel == "stacked":
+  if uses_stacked_kernel(head, shapes, config):
     return _stacked_plan(head, shapes, config, device)
   if uses_batched_kernel(head, shapes, config):
     return _batched_plan(head, shapes, config, device)

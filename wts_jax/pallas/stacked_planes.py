@@ -88,11 +88,13 @@ def tile_start(block, tile: int, *, tiles: int, vocab: int):
 
 # --- the step's operand: z's planes, stacked, and each request's s_lo --------------------
 
-def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool):
+def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
+           fragment_order: bool = False):
   """(A, s_lo) of this warpgroup's 32 requests (tokens ``tok_s``, in range, their stores
-  visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo), s_lo the
-  requests' plane scale. GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread
-  array. Interpreted: A [64, r] and s_lo [32]."""
+  visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo;
+  ``fragment_order``: ``z_registers.fragment_ordered``), s_lo the requests' plane scale.
+  GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread array. Interpreted:
+  A [64, r] and s_lo [32]."""
   if interpret:
     first = (wg // phases) * REQUESTS
     tokens = [tok_s[first + b] for b in range(REQUESTS)]
@@ -123,7 +125,7 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool):
       return (arith.addi(first, request),
               arith.remui(arith.divui(row, _const(8)), _const(2)))
     a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
-                               (2 * REQUESTS, rank), source, rank)
+                               (2 * REQUESTS, rank), source, rank, fragment_order)
     request, _ = _request(phases)
     token = memref.load(tok, [arith.index_cast(index, request)])
     address = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(s_lo)),
@@ -212,11 +214,14 @@ def initial_best(interpret: bool):
           full(0, jnp.int32) if interpret else full(float("-inf"), jnp.float32))
 
 
-def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool):
+def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
+              nan_in_value: bool = False):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
-  W2 row scales in shared memory, ``start`` its first vocab row."""
+  W2 row scales in shared memory, ``start`` its first vocab row. ``nan_in_value`` (GPU):
+  the score itself kept by a NaN-propagating maximum, its row by the column's constant
+  (the tile's first row added once), and returned again as the NaN witness."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
@@ -252,6 +257,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool):
     # A thread meets its request's rows in ascending order through the step (tiles in
     # ascending order, columns ascending in each; a clamped last tile only repeats rows
     # with their own index), so a strictly greater score is the only way to win.
+    column_won = _const(-1)
     for j in range(TILE // 8):
       hi = acc.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
       lo = acc.registers[0, j, 0, 0, 1, 0, 0, 0, 0]
@@ -263,9 +269,17 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool):
       for e in range(2):
         logit = _element(logits, e)
         better = arith.cmpf(arith.CmpFPredicate.OGT, logit, value)
+        if nan_in_value:
+          column_won = arith.select(better, _const(8 * j + e), column_won)
+          value = arith.maximumf(value, logit)   # (NaN-propagating)
+          continue
         value = arith.select(better, logit, value)
         index = arith.select(better, arith.addi(first, _const(8 * j + e)), index)
         top = arith.maximumf(top, logit)   # (NaN-propagating: the step's NaN check)
+    if nan_in_value:
+      won = arith.cmpi(arith.CmpIPredicate.sge, column_won, _const(0))
+      index = arith.select(won, arith.addi(first, column_won), index)
+      top = value
     return (_per_thread(value, jnp.float32), _per_thread(index, jnp.int32),
             _per_thread(top, jnp.float32))
 
@@ -374,6 +388,38 @@ def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases
         "r,r,r,r,l,r", has_side_effects=True)
 
   publish(value_s, index_s, nan_s, flag_s, slots_g)
+
+
+def tokens_from_keys(slots_g, tok_s, tok_row_g, *, rows: int, vocab: int):
+  """Thread t < 64 of the calling warpgroup, once the grid counter says every block's
+  key is in: request t's winning row (t < ``rows``; its key's low word, clamped into
+  [0, V)), else 0, straight from its slot of ``slots_g`` into ``tok_s[t]`` and, in
+  block 0, ``tok_row_g[t]`` — no copy of the keys in shared memory and no second
+  barrier (the stores are visible to other threads after the next one)."""
+  from wts_jax.pallas import grid_sync
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3)
+  def read(_, slots, tokens, token_row):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    thread, (tokens_at,), (slots_at, row_at) = thread_and_addresses((tokens,),
+                                                                    (slots, token_row))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"), [tokens_at, slots_at, row_at, thread],
+        "{ .reg .pred p, q, r; .reg .b32 i, lo, hi, sa, ctaid; .reg .b64 key, g, off;\n"
+        f"setp.lt.u32 p, $3, {rows}; setp.lt.u32 q, $3, {2 * REQUESTS};\n"
+        "mov.b32 i, 0;\n"
+        f"mul.wide.u32 off, $3, {4 * grid_sync.KEY_ROW_WORDS}; add.u64 g, $1, off;\n"
+        "@p ld.relaxed.gpu.global.b64 key, [g];\n"
+        "@p mov.b64 {lo, hi}, key; @p not.b32 i, lo;\n"
+        f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
+        "shl.b32 sa, $3, 2; add.u32 sa, sa, $0; @q st.shared.b32 [sa], i;\n"
+        "mov.u32 ctaid, %ctaid.x; setp.eq.and.u32 r, ctaid, 0, q;\n"
+        "mul.wide.u32 off, $3, 4; add.u64 g, $2, off; @r st.global.b32 [g], i; }",
+        "r,l,l,r", has_side_effects=True)
+
+  read(slots_g, tok_s, tok_row_g)
 
 
 def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g, *,

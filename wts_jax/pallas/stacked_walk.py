@@ -177,10 +177,40 @@ class StackedSpec:
   # "pairs": each request's key and count polled in one load (``exchange_pairs``),
   # measured slower (NOTES v29).
   exchange: str = "counter"
+  # After the grid counter: "direct": each leader thread reads its request's key and
+  # stores its token; "collect": the keys into shared memory first, then the tokens
+  # from them (a barrier and a round trip more, measured slower: NOTES v30).
+  tokens_from_keys: str = "direct"
+  # The NaN check: "value": the running best itself kept by a NaN-propagating maximum
+  # (a NaN then wins the exchange, flagged); "witness": a NaN-propagating maximum
+  # carried beside the best (a register and two instructions a logit more, measured
+  # slower: NOTES v30).
+  nan_check: str = "value"
+  # A shared ring's slot (B > 32): "released": refilled by the issuer once both
+  # warpgroups have released it (it waits for the other); "deferred": refilled at the
+  # issuer's next streamed tile, when the other has most likely released it long since
+  # (measured no faster: NOTES v30).
+  refill: str = "released"
+  # Who refills a shared ring's slots: "first": the phase's first warpgroup, every
+  # slot; "dealt": even slots the first, odd ones the second (each slot's free barrier
+  # still waited by one warpgroup), so the copies' issue is split between the two.
+  ring_issuers: str = "first"
+  # W1's planes as given ("rows") or ``z_registers.fragment_ordered`` ("fragments":
+  # a thread's share of a row by 16-byte loads; GPU only; the caller reorders W1 once).
+  w1_order: str = "rows"
 
   def __post_init__(self):
-    if self.exchange not in ("counter", "pairs"):
-      raise ValueError(f"exchange={self.exchange!r} must be 'counter' or 'pairs'")
+    for name, allowed in (("exchange", ("counter", "pairs")),
+                          ("tokens_from_keys", ("collect", "direct")),
+                          ("nan_check", ("witness", "value")),
+                          ("refill", ("released", "deferred")),
+                          ("ring_issuers", ("first", "dealt")),
+                          ("w1_order", ("rows", "fragments"))):
+      value = getattr(self, name)
+      if value not in allowed:
+        raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
+    if self.interpret and self.w1_order == "fragments":
+      raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
 
 
 def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
@@ -224,6 +254,7 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
     res, streamed, base_slot = plan.resident[p], plan.streamed(p), plan.slot_base(p)
     issuer = wg == p   # the phase's warpgroup of request block 0 issues its copies
     shared_ring = plan.request_blocks > 1
+    deferred = shared_ring and spec.refill == "deferred"
 
     count = len(order)
 
@@ -270,7 +301,8 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
           plgpu.barrier_wait(tok_bar)
       with jax.named_scope("gather"):
         a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
-                            interpret=interpret)
+                            interpret=interpret,
+                            fragment_order=spec.w1_order == "fragments")
       if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
         interpreted[0][wg] = a
         a = interpreted[0].at[wg]
@@ -312,22 +344,31 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
         acc, upcoming = pl.run_scoped(product,
                                       plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32))
         if streamed:   # the slot read (its WGMMA waited for): refill it
-          ahead = step + (before + stages) // streamed
-          refill_due = jnp.logical_and(is_streamed, ahead < steps)
+          total = steps * streamed
+          refill_due = jnp.logical_and(is_streamed, entry + stages < total)
+          # Deferred (a shared ring): this tile refills the slot of the entry before.
+          refilled = entry - 1 if deferred else entry
+          refill_now = jnp.logical_and(
+              is_streamed, jnp.logical_and(refilled >= 0, refilled + stages < total))
 
           def refill():
             if shared_ring:
               with jax.named_scope("free_wait"):
-                plgpu.barrier_wait(free_bar.at[p * stages + slot])
-            copy_entry(entry + stages, (before + stages) % streamed)
+                plgpu.barrier_wait(free_bar.at[p * stages + ring_slot(refilled)])
+            copy_entry(refilled + stages, lax.rem(refilled + stages, streamed))
           if shared_ring:   # (only where a refill follows: no arrival left unobserved)
             pl.when(refill_due)(functools.partial(
                 plgpu.barrier_arrive, free_bar.at[p * stages + slot]))
           with jax.named_scope("refill"):
-            pl.when(jnp.logical_and(issuer, refill_due))(refill)
+            if shared_ring and spec.ring_issuers == "dealt":
+              owner = jnp.where(ring_slot(refilled) % 2 == 0, p, p + phases)
+              refills_here = wg == owner
+            else:
+              refills_here = issuer
+            pl.when(jnp.logical_and(refills_here, refill_now))(refill)
         with jax.named_scope("fold"):
           best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
-                              interpret=interpret)
+                              interpret=interpret, nan_in_value=spec.nan_check == "value")
         return best, upcoming
 
       best, pending = lax.fori_loop(0, count, tile_body,
@@ -372,10 +413,16 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
       with jax.named_scope("grid_sync"):
         timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
                                               spin_limit=spec.spin_limit)
+      flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
+      if spec.tokens_from_keys == "direct":
+        with jax.named_scope("tokens"):
+          sp.tokens_from_keys(step_slots, tok_s, tok_g.at[step], rows=batch, vocab=vocab)
+          plgpu.commit_smem()
+          pl.when(step + 1 < steps)(functools.partial(plgpu.barrier_arrive, tok_bar))
+        return flags
       grid_sync.collect_keys(step_slots, keys_s, batch)
       plgpu.commit_smem()
       token = grid_sync.key_index(_load(keys_s.at[1], _ROW, optimized=False))
-      flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
     else:
       token = _interpreted_winners(best_value_s, best_index_s, best_nan_s, nan_s,
                                    phases=phases, batch=batch)
