@@ -175,11 +175,11 @@ def test_gpu_tokens_equal_the_reference(batch):
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
 @pytest.mark.parametrize("batch", [16, 40])
 @pytest.mark.parametrize("options", [
-    dict(exchange="pairs"), dict(auto_barriers=False), dict(tokens_from_keys="collect"),
+    dict(exchange="pairs"), dict(auto_barriers=False),
     dict(nan_check="witness"), dict(refill="deferred"), dict(w1_order="fragments"),
     dict(ring_issuers="dealt"),
     dict(refill="deferred", w1_order="fragments", ring_issuers="dealt")],
-    ids=["pairs", "no-barriers", "collect", "nan-witness", "deferred", "fragments", "dealt",
+    ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)

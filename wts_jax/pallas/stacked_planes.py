@@ -390,23 +390,25 @@ def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases
   publish(value_s, index_s, nan_s, flag_s, slots_g)
 
 
-def tokens_from_keys(slots_g, tok_s, tok_row_g, *, rows: int, vocab: int):
+def tokens_from_keys(slots_g, tok_s, tok_g, step, *, rows: int, vocab: int):
   """Thread t < 64 of the calling warpgroup, once the grid counter says every block's
   key is in: request t's winning row (t < ``rows``; its key's low word, clamped into
   [0, V)), else 0, straight from its slot of ``slots_g`` into ``tok_s[t]`` and, in
-  block 0, ``tok_row_g[t]`` — no copy of the keys in shared memory and no second
-  barrier (the stores are visible to other threads after the next one)."""
+  block 0, ``tok_g[t, step]`` (``tok_g`` [rows, K]) — no copy of the keys in shared
+  memory and no second barrier (the stores are visible to other threads after the
+  next one)."""
   from wts_jax.pallas import grid_sync
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3)
-  def read(_, slots, tokens, token_row):
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3 + (plgpu.Layout.WGMMA.reduce(1),))
+  def read(_, slots, tokens, token_out, step_rows):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import llvm
     from wts_jax.pallas.row_words import thread_and_addresses
-    thread, (tokens_at,), (slots_at, row_at) = thread_and_addresses((tokens,),
-                                                                    (slots, token_row))
+    thread, (tokens_at,), (slots_at, out_at) = thread_and_addresses((tokens,),
+                                                                    (slots, token_out))
     llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [tokens_at, slots_at, row_at, thread],
+        ir.Type.parse("!llvm.void"), [tokens_at, slots_at, out_at, thread,
+                                      _scalar(step_rows)],
         "{ .reg .pred p, q, r; .reg .b32 i, lo, hi, sa, ctaid; .reg .b64 key, g, off;\n"
         f"setp.lt.u32 p, $3, {rows}; setp.lt.u32 q, $3, {2 * REQUESTS};\n"
         "mov.b32 i, 0;\n"
@@ -415,14 +417,58 @@ def tokens_from_keys(slots_g, tok_s, tok_row_g, *, rows: int, vocab: int):
         "@p mov.b64 {lo, hi}, key; @p not.b32 i, lo;\n"
         f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
         "shl.b32 sa, $3, 2; add.u32 sa, sa, $0; @q st.shared.b32 [sa], i;\n"
-        "mov.u32 ctaid, %ctaid.x; setp.eq.and.u32 r, ctaid, 0, q;\n"
-        "mul.wide.u32 off, $3, 4; add.u64 g, $2, off; @r st.global.b32 [g], i; }",
-        "r,l,l,r", has_side_effects=True)
+        + _token_out_ptx(steps=tok_g.shape[1], out="$2", thread="$3", step="$4") + "}",
+        "r,l,l,r,r", has_side_effects=True)
 
-  read(slots_g, tok_s, tok_row_g)
+  read(slots_g, tok_s, tok_g, _row_array(step))
 
 
-def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g, *,
+def _token_out_ptx(*, steps: int, out: str, thread: str, step: str) -> str:
+  """PTX: in block 0, where predicate p holds (the thread's request is one of the
+  walk's), ``i`` to the tokens' output [rows, K] at (thread, step)."""
+  return ("mov.u32 ctaid, %ctaid.x; setp.eq.and.u32 r, ctaid, 0, p;\n"
+          f"mad.lo.u32 sa, {thread}, {steps}, {step};\n"
+          f"mul.wide.u32 off, sa, 4; add.u64 g, {out}, off; @r st.global.b32 [g], i;\n")
+
+
+def first_tokens(first_g, tok_s, flags_s, *, rows: int, vocab: int, status: int,
+                 interpret: bool):
+  """The walk's first tokens (``first_g`` [rows] int32) into ``tok_s`` (thread t < 64 of
+  the calling warpgroup its request's, clamped into [0, V); past ``rows`` 0), and
+  ``status`` or-ed into ``flags_s[1]`` (zero, its store visible) if any is outside
+  [0, V)."""
+  if interpret:
+    given = jnp.pad(first_g[...], (0, 2 * REQUESTS - rows))
+    live = jnp.arange(2 * REQUESTS) < rows
+    tok_s[...] = jnp.where(live, jnp.clip(given, 0, vocab - 1), 0)
+    outside = jnp.where(live & ((given < 0) | (given >= vocab)), 1, 0).max()
+    flags_s[1] = jnp.where(outside > 0, status, 0)
+    return
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3)
+  def load(_, first, tokens, flag):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    thread, (tokens_at, flag_at), (first_at,) = thread_and_addresses((tokens, flag),
+                                                                     (first,))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"), [tokens_at, flag_at, first_at, thread],
+        "{ .reg .pred p, q, r; .reg .b32 i, c, sa; .reg .b64 g, off;\n"
+        f"setp.lt.u32 p, $3, {rows}; setp.lt.u32 q, $3, {2 * REQUESTS};\n"
+        "mov.b32 i, 0;\n"
+        "mul.wide.u32 off, $3, 4; add.u64 g, $2, off; @p ld.global.b32 i, [g];\n"
+        # (unsigned: a negative id is past V too)
+        f"setp.ge.and.u32 r, i, {vocab}, p;\n"
+        f"min.s32 c, i, {vocab - 1}; max.s32 i, c, 0;\n"
+        f"mov.b32 c, {status}; @r red.shared.or.b32 [$1+4], c;\n"
+        "shl.b32 sa, $3, 2; add.u32 sa, sa, $0; @q st.shared.b32 [sa], i; }",
+        "r,r,l,r", has_side_effects=True)
+
+  load(first_g, tok_s, flags_s)
+
+
+def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step, *,
                    rows: int, phases: int, blocks: int, vocab: int, spin_limit: int):
   """The whole exchange in one pass, thread t < ``rows`` of the calling warpgroup:
   request t's best over its warpgroups (as ``publish_bests``) ``red.max``ed into the
@@ -430,20 +476,21 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g, *
   64-bit count, zero at launch), then a releasing ``red.add`` of 1 to the count; then the
   pair polled — key and count in one 16-byte load — until every block has counted (at
   most ``spin_limit`` polls: then ``flag_s[2]`` = 1). The winner's row, clamped into
-  [0, V), goes to ``tok_s[t]`` and, in block 0, to ``tok_row_g[t]``. A NaN seen sets
+  [0, V), goes to ``tok_s[t]`` and, in block 0, to ``tok_g[t, step]``. A NaN seen sets
   ``flag_s[0]``. One round trip fewer than a grid counter then a read of the keys: the
   count that says the key is final comes with the key."""
   label = "${:uid}"   # (LLVM's number of this asm instance: its labels are its own)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7)
-  def exchange(_, values, indices, nans, flag, pairs, tokens, token_row):
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7 + (plgpu.Layout.WGMMA.reduce(1),))
+  def exchange(_, values, indices, nans, flag, pairs, tokens, token_out, step_rows):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import llvm
     from wts_jax.pallas.row_words import thread_and_addresses
-    thread, shared, (pairs_at, row_at) = thread_and_addresses(
-        (values, indices, nans, flag, tokens), (pairs, token_row))
+    thread, shared, (pairs_at, out_at) = thread_and_addresses(
+        (values, indices, nans, flag, tokens), (pairs, token_out))
     llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [*shared, pairs_at, row_at, thread],
+        ir.Type.parse("!llvm.void"), [*shared, pairs_at, out_at, thread,
+                                      _scalar(step_rows)],
         "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
         " hi, lo, bits, spins, ctaid; .reg .b64 key, g, off, count, one;\n"
         + _publish_key_ptx(thread="$7", slots="$5", rows=rows, phases=phases) +
@@ -464,8 +511,7 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g, *
         "mov.b64 {lo, hi}, key; not.b32 i, lo;\n"
         f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
         "shl.b32 x, $7, 2; add.u32 sa, x, $4; @p st.shared.b32 [sa], i;\n"
-        "mov.u32 ctaid, %ctaid.x; setp.eq.and.u32 q, ctaid, 0, p;\n"
-        "mul.wide.u32 off, $7, 4; add.u64 g, $6, off; @q st.global.b32 [g], i; }",
-        "r,r,r,r,r,l,l,r", has_side_effects=True)
+        + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread="$7", step="$8") + "}",
+        "r,r,r,r,r,l,l,r,r", has_side_effects=True)
 
-  exchange(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_row_g)
+  exchange(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, _row_array(step))

@@ -40,11 +40,10 @@ from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT, STATUS_TOKEN_
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas import stacked_planes as sp
 from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES, chunks_per_block
-from wts_jax.pallas.mosaic_walk import _interpret_params, _load, _w2_transforms
+from wts_jax.pallas.mosaic_walk import _interpret_params, _w2_transforms
 
 WARPGROUPS = 4
 MAX_BATCH = 2 * sp.REQUESTS
-_ROW = plgpu.Layout.WGMMA.reduce(1)   # one value per row of a [64, n] tile
 _STEP_KEY_WORDS = MAX_BATCH * grid_sync.KEY_ROW_WORDS
 
 
@@ -114,11 +113,11 @@ def tile_bytes(rank: int) -> int:
 
 def fixed_smem_bytes(tiles: int) -> int:
   """Shared memory besides W2: the block's row scales, the warpgroups' bests, the
-  tokens, the keys and the NaN flag (each allocation on its own 1 KB)."""
+  tokens and the flags (each allocation on its own 1 KB)."""
   def aligned(n):
     return -(-n // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
   return (aligned(tiles * sp.TILE * 4) + 3 * aligned(WARPGROUPS * sp.REQUESTS * 4)
-          + aligned(MAX_BATCH * 4) + aligned(2 * MAX_BATCH * 4) + aligned(4))
+          + aligned(MAX_BATCH * 4) + aligned(3 * 4))
 
 
 def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
@@ -177,10 +176,6 @@ class StackedSpec:
   # "pairs": each request's key and count polled in one load (``exchange_pairs``),
   # measured slower (NOTES v29).
   exchange: str = "counter"
-  # After the grid counter: "direct": each leader thread reads its request's key and
-  # stores its token; "collect": the keys into shared memory first, then the tokens
-  # from them (a barrier and a round trip more, measured slower: NOTES v30).
-  tokens_from_keys: str = "direct"
   # The NaN check: "value": the running best itself kept by a NaN-propagating maximum
   # (a NaN then wins the exchange, flagged); "witness": a NaN-propagating maximum
   # carried beside the best (a register and two instructions a logit more, measured
@@ -201,7 +196,6 @@ class StackedSpec:
 
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs")),
-                          ("tokens_from_keys", ("collect", "direct")),
                           ("nan_check", ("witness", "value")),
                           ("refill", ("released", "deferred")),
                           ("ring_issuers", ("first", "dealt")),
@@ -227,7 +221,7 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
 
 
 def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
-            w_s, scale_s, tok_s, keys_s, best_value_s, best_index_s, best_nan_s, nan_s,
+            w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
             res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *interpreted,
             spec: StackedSpec):
   plan, steps, batch = spec.plan, spec.steps, spec.batch
@@ -236,12 +230,11 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
   block = lax.axis_index("blocks")
   wg = lax.axis_index("wg")
   leader = wg == 0
-  multi_block = plan.num_blocks > 1
   # The keys first: the first global allocation starts the zeroed buffer, so its
   # 64-bit slots are aligned (grid_sync).
-  keys_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((steps * _STEP_KEY_WORDS,)))
-            if multi_block else None)
-  sem = pl.get_global(plgpu.SemaphoreType.REGULAR(())) if multi_block else None
+  keys_g = (None if interpret else
+            pl.get_global(plgpu.SemaphoreType.REGULAR((steps * _STEP_KEY_WORDS,))))
+  sem = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(()))
 
   def start(tile):
     return sp.tile_start(block, tile, tiles=tiles, vocab=vocab)
@@ -385,7 +378,7 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
 
     flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p)))
 
-    status = flags | jnp.where(leader, first_flag_s[0]
+    status = flags | jnp.where(leader, nan_s[1]
                                | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0)
                                | jnp.where(nan_s[2] > 0, STATUS_SYNC_TIMEOUT, 0), 0)
     flag_g[block * WARPGROUPS + wg] = status
@@ -395,52 +388,35 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
     grid, the tokens to ``tok_s`` (block 0: to ``tok_g``), shown to the others."""
     with jax.named_scope("step_wait"):
       plgpu.barrier_wait(step_bar)
-    step_slots = (keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
-                  if multi_block else None)
-    if multi_block and spec.exchange == "pairs":
-      with jax.named_scope("pairs"):
-        sp.exchange_pairs(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
-                          tok_s, tok_g.at[step], rows=batch, phases=phases,
-                          blocks=plan.num_blocks, vocab=vocab, spin_limit=spec.spin_limit)
-      with jax.named_scope("tokens"):
-        plgpu.commit_smem()
-        pl.when(step + 1 < steps)(functools.partial(plgpu.barrier_arrive, tok_bar))
-      return flags
-    if multi_block:
-      with jax.named_scope("publish"):
-        sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
-                         rows=batch, phases=phases)
-      with jax.named_scope("grid_sync"):
-        timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
-                                              spin_limit=spec.spin_limit)
-      flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
-      if spec.tokens_from_keys == "direct":
-        with jax.named_scope("tokens"):
-          sp.tokens_from_keys(step_slots, tok_s, tok_g.at[step], rows=batch, vocab=vocab)
-          plgpu.commit_smem()
-          pl.when(step + 1 < steps)(functools.partial(plgpu.barrier_arrive, tok_bar))
-        return flags
-      grid_sync.collect_keys(step_slots, keys_s, batch)
-      plgpu.commit_smem()
-      token = grid_sync.key_index(_load(keys_s.at[1], _ROW, optimized=False))
-    else:
+    if interpret:   # one block: the winners from the warpgroups' bests
       token = _interpreted_winners(best_value_s, best_index_s, best_nan_s, nan_s,
                                    phases=phases, batch=batch)
-    ids = plgpu.broadcasted_iota(jnp.int32, (MAX_BATCH,), 0, layout=_ROW)
-    tokens = jnp.where(ids < batch, jnp.clip(token, 0, vocab - 1), 0)
-    tok_s[...] = tokens
-
-    @pl.when(block == 0)
-    def _():
-      tok_g[step] = tokens
-
-    @pl.when(step + 1 < steps)
-    def _():
+      ids = jnp.arange(MAX_BATCH, dtype=jnp.int32)
+      tokens = jnp.where(ids < batch, jnp.clip(token, 0, vocab - 1), 0)
+      tok_s[...] = tokens
+      tok_g[:, step] = tokens[:batch]
+    else:
+      step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
+      if spec.exchange == "pairs":
+        with jax.named_scope("pairs"):
+          sp.exchange_pairs(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
+                            tok_s, tok_g, step, rows=batch, phases=phases,
+                            blocks=plan.num_blocks, vocab=vocab,
+                            spin_limit=spec.spin_limit)
+      else:
+        with jax.named_scope("publish"):
+          sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
+                           rows=batch, phases=phases)
+        with jax.named_scope("grid_sync"):
+          timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
+                                                spin_limit=spec.spin_limit)
+        flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
+        with jax.named_scope("tokens"):
+          sp.tokens_from_keys(step_slots, tok_s, tok_g, step, rows=batch, vocab=vocab)
+    with jax.named_scope("tokens"):
       plgpu.commit_smem()
-      plgpu.barrier_arrive(tok_bar)
+      pl.when(step + 1 < steps)(functools.partial(plgpu.barrier_arrive, tok_bar))
     return flags
-
-  first_flag_s = nan_s.at[pl.ds(1, 1)]
 
   # Prologue: the block's row scales (warpgroup 0), the first tokens, the NaN flag.
   @pl.when(leader)
@@ -448,14 +424,11 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
     for tile in range(tiles):
       plgpu.copy_gmem_to_smem(w2_scale_g.at[pl.ds(start(tile), sp.TILE)],
                               scale_s.at[tile], scale_bar)
-    given = _load(first_g, _ROW, optimized=False)
-    ids = plgpu.broadcasted_iota(jnp.int32, (MAX_BATCH,), 0, layout=_ROW)
-    outside = (given < 0) | (given >= vocab)
-    nan_s[0] = jnp.int32(0)
-    nan_s[2] = jnp.int32(0)
-    nan_s[1] = jnp.where(jnp.where(outside & (ids < batch), 1, 0).max() > 0,
-                         STATUS_TOKEN_OUT_OF_RANGE, 0)
-    tok_s[...] = jnp.where(ids < batch, jnp.clip(given, 0, vocab - 1), 0)
+    for k in range(3):
+      nan_s[k] = jnp.int32(0)
+    plgpu.commit_smem()   # (the zeros before the threads' flag below)
+    sp.first_tokens(first_g, tok_s, nan_s, rows=batch, vocab=vocab,
+                    status=STATUS_TOKEN_OUT_OF_RANGE, interpret=interpret)
     plgpu.commit_smem()
     plgpu.barrier_arrive(tok_bar)
 
@@ -505,7 +478,6 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       plgpu.SMEM((plan.slots, sp.TILE, rank), jnp.int8, transforms=_w2_transforms(1, rank)),
       plgpu.SMEM((plan.tiles, sp.TILE), jnp.float32),
       plgpu.SMEM((MAX_BATCH,), jnp.int32),
-      plgpu.SMEM((2, MAX_BATCH), jnp.uint32),
       plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.float32),
       plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.int32),
       plgpu.SMEM((WARPGROUPS, sp.REQUESTS), jnp.int32),
@@ -523,7 +495,7 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
                               transforms=_w2_transforms(1, rank)))
   kernel = plgpu.kernel(
       functools.partial(_kernel, spec=spec),
-      out_type=(jax.ShapeDtypeStruct((steps, MAX_BATCH), jnp.int32),
+      out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
                 jax.ShapeDtypeStruct((plan.num_blocks * WARPGROUPS,), jnp.int32)),
       grid=(plan.num_blocks,), grid_names=("blocks",),
       num_threads=WARPGROUPS, thread_name="wg",
@@ -535,7 +507,6 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
              if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
-  first = jnp.pad(first_tokens.astype(jnp.int32), (0, MAX_BATCH - batch))
   tokens, flags = kernel(w2, w2_scale.astype(jnp.float32), base_logits, w1,
-                         w1_scale.astype(jnp.float32), first)
-  return tokens.T[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
+                         w1_scale.astype(jnp.float32), first_tokens.astype(jnp.int32))
+  return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
