@@ -122,24 +122,24 @@ def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
   assert isinstance(spec, sw.StackedSpec) and spec.plan.num_blocks == 1
 
 
-def test_auto_takes_the_stacked_kernel_from_eight_rows_of_a_greedy_int8_planes_walk():
+def test_auto_takes_the_stacked_kernel_from_five_rows_of_a_greedy_int8_planes_walk():
   """``kernel="auto"`` on the GPU (a plan: no kernel runs): the stacked kernel for the
   greedy int8-planes walk from ``STACKED_MIN_BATCH`` rows, the batched kernel below, when
   sampled, when another kernel's option is set, and not in interpret mode."""
   from wts_jax.pallas import backend, mosaic_backend
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   head, config = planes_head(151936)
-  assert mosaic_backend.STACKED_MIN_BATCH == 8
+  assert mosaic_backend.STACKED_MIN_BATCH == 5
 
   def spec(batch, greedy=True, **options):
     base = jax.ShapeDtypeStruct((batch, 7, 151936), jnp.bfloat16)
     return mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=greedy),
                                wts_jax.MosaicConfig(**options), wts_jax.device.H200)
-  for batch in (8, 16, 40, 64, 70):
+  for batch in (5, 16, 40, 64, 70):
     chosen = spec(batch)
     assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
     assert chosen.plan.num_blocks == 132
-  for batch, greedy, options in ((7, True, {}), (16, False, {}),
+  for batch, greedy, options in ((4, True, {}), (16, False, {}),
                                  (16, True, dict(warpgroups=2)),
                                  (16, True, dict(interpret=True, num_blocks=1))):
     chosen = spec(batch, greedy, **options)
@@ -201,3 +201,18 @@ def test_gpu_walk_reports_nan(nan_check):
   _, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
                        spec_options=dict(nan_check=nan_check))
   assert status & STATUS_NAN_LOGITS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+def test_gpu_first_tokens_out_of_range_clamped_and_reported():
+  """First tokens past V and below 0 are reported and walked from V - 1 and 0, as the
+  reference clamps them."""
+  head, config = planes_head(151936, seed=9)
+  base, first, _ = random_inputs(config, 20, 4, jax.random.key(9))
+  first = first.at[3].set(151936).at[11].set(-5)
+  # (the API refuses such concrete ids up front: the reference walks the clamped ones)
+  want = wts_jax.walk(head, base, jnp.clip(first, 0, 151935), None, impl="xla")
+  tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
+  assert status & STATUS_TOKEN_OUT_OF_RANGE
+  np.testing.assert_array_equal(tokens, np.asarray(want.tokens))
