@@ -122,30 +122,32 @@ def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
   assert isinstance(spec, sw.StackedSpec) and spec.plan.num_blocks == 1
 
 
-def test_auto_takes_the_stacked_kernel_from_five_rows_of_a_greedy_int8_planes_walk():
+def test_auto_takes_the_stacked_kernel_from_two_rows_of_a_greedy_int8_planes_walk():
   """``kernel="auto"`` on the GPU (a plan: no kernel runs): the stacked kernel for the
-  greedy int8-planes walk from ``STACKED_MIN_BATCH`` rows, the batched kernel below, when
-  sampled, when another kernel's option is set, and not in interpret mode."""
+  greedy int8-planes walk from ``STACKED_MIN_BATCH`` rows; one row the row kernel; the
+  batched kernel when sampled or another kernel's option is set; not in interpret
+  mode."""
   from wts_jax.pallas import backend, mosaic_backend
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   head, config = planes_head(151936)
-  assert mosaic_backend.STACKED_MIN_BATCH == 5
+  assert mosaic_backend.STACKED_MIN_BATCH == 2
 
   def spec(batch, greedy=True, **options):
     base = jax.ShapeDtypeStruct((batch, 7, 151936), jnp.bfloat16)
     return mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=greedy),
                                wts_jax.MosaicConfig(**options), wts_jax.device.H200)
-  for batch in (5, 16, 40, 64, 70):
+  for batch in (2, 5, 16, 40, 64, 70):
     chosen = spec(batch)
     assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
     assert chosen.plan.num_blocks == 132
-  for batch, greedy, options in ((4, True, {}), (16, False, {}),
+  for batch, greedy, options in ((16, False, {}),
                                  (16, True, dict(warpgroups=2)),
                                  (16, True, dict(interpret=True, num_blocks=1))):
     chosen = spec(batch, greedy, **options)
     # (interpret mode at this V: one block holds no batched plan either, a refusal)
     assert not isinstance(chosen, sw.StackedSpec), (batch, greedy, options)
     assert options.get("interpret") or isinstance(chosen, BatchedSpec), (batch, options)
+  assert not isinstance(spec(1), (sw.StackedSpec, BatchedSpec))   # the row kernel
 
 
 @NEEDS_INTERPRETER

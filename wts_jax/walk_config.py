@@ -130,7 +130,7 @@ class MosaicConfig:
     — is set); "stacked" (``stacked_walk``: an int8 W2 that z meets as two int8 planes,
     the vanilla head, greedy, bf16 base logits; z's planes stacked on the WGMMA's M from
     registers, four warpgroups; up to 64 rows a launch — "auto"'s choice for such walks
-    from 5 rows on the GPU, where no other kernel's option is set).
+    from 2 rows on the GPU, where no other kernel's option is set).
   base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's
     chunks; None: the planner's — 3, or 1 on M with two computing warpgroups).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk

@@ -127,8 +127,9 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
 
 
 # From this many rows ``kernel="auto"`` takes the stacked kernel where it runs the walk
-# (measured faster than the batched kernel at 5 and from 12 rows, level at 8: NOTES v30).
-STACKED_MIN_BATCH = 5
+# (measured faster than the batched kernel at 2-5 and 12-64 rows, level at 8; one row is
+# the row kernel's: NOTES v30).
+STACKED_MIN_BATCH = 2
 # What the stacked kernel takes from a ``MosaicConfig``; any other field set names
 # another kernel's option.
 STACKED_CONFIG_FIELDS = ("kernel", "num_blocks", "interpret", "sync_spin_limit")
