@@ -5,6 +5,7 @@ shared rings), V not a multiple of 64, a NaN reported; on the GPU (``-m gpu``) a
 Qwen3-4B shape, B 5 to 64."""
 
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +78,55 @@ def test_the_plan_names_what_it_cannot_do():
   with pytest.raises(ValueError, match="ring_stages=0"):
     sw.StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
                    resident=(1, 1, 1, 1), ring_stages=0)
+
+
+# --- the kernel, lowered for CUDA (no GPU needed) ------------------------------------------
+LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
+                   dict(nan_check="witness"),
+                   dict(refill="deferred", ring_issuers="dealt"), dict(w1_order="fragments"),
+                   dict(prefetch_candidates=True)]
+
+
+@pytest.mark.parametrize("batch", [5, 64])
+@pytest.mark.parametrize("options", LOWERED_OPTIONS,
+                         ids=["defaults", "pairs", "warp-pairs", "nan-witness",
+                              "deferred-dealt",
+                              "fragments", "prefetch"])
+def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
+  """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
+  the prefetch's PTX is there when asked for and only then."""
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import cuda_target
+  vocab, rank = 151936, 256
+  plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
+                         smem_per_block=H200_SMEM)
+  spec = sw.StackedSpec(plan, batch, 7, **options)
+  shapes = ((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16), \
+      ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32), ((vocab,), jnp.float32), \
+      ((vocab,), jnp.float32)
+  args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+  with cuda_target():
+    text = jax.jit(lambda *a: sw.stacked_walk(spec, *a)).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
+    # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
+    assert ("prefetch.global.L2" in text) == bool(options.get("prefetch_candidates"))
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA's assembler)")
+def test_the_inline_ptx_assembles():
+  """Every inline-asm block the kernel builds, under every option, assembles for sm_90a
+  (``tools/inline_ptx_check.py``): PTX that only the GPU's compile would read."""
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import inline_ptx_check
+  assert len(inline_ptx_check.captured_asm()) >= 10   # (the kernel's own, captured)
+  failures = inline_ptx_check.check()
+  assert not failures, failures[0]
 
 
 # --- the kernel, interpreted --------------------------------------------------------------
@@ -180,9 +230,10 @@ def test_gpu_tokens_equal_the_reference(batch):
     dict(exchange="pairs"), dict(auto_barriers=False),
     dict(nan_check="witness"), dict(refill="deferred"), dict(w1_order="fragments"),
     dict(ring_issuers="dealt"),
-    dict(refill="deferred", w1_order="fragments", ring_issuers="dealt")],
+    dict(refill="deferred", w1_order="fragments", ring_issuers="dealt"),
+    dict(prefetch_candidates=True), dict(exchange="warp_pairs")],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
-         "deferred-fragments-dealt"])
+         "deferred-fragments-dealt", "prefetch", "warp-pairs"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

@@ -5,8 +5,10 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
   python tools/stacked_probe.py --out $OUT/stacked [--batches 5,16,32,40,64]
       [--variants r9+s1,...]   (rN: the block's resident tiles, sN: ring slots a phase,
       B: Pallas's automatic barriers off, X: the exchange by key-and-count pairs,
+      Y: the pairs a line each, polled by one warp,
       W: a NaN witness beside the running best, D: a shared ring's refill deferred, F: W1 in fragment order,
-      I: a shared ring's refills dealt to both its warpgroups)
+      I: a shared ring's refills dealt to both its warpgroups, P: each block's candidates'
+      W1 rows prefetched into the L2 as their keys are published)
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ STEPS = 7
 
 # A letter's ``StackedSpec`` option (the rest are the plan's).
 SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
+                "Y": ("exchange", "warp_pairs"),
                 "W": ("nan_check", "witness"),
                 "D": ("refill", "deferred"), "F": ("w1_order", "fragments"),
-                "I": ("ring_issuers", "dealt")}
+                "I": ("ring_issuers", "dealt"), "P": ("prefetch_candidates", True)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 
 

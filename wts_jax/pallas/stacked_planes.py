@@ -336,13 +336,15 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool):
 
 # --- the block's best per request, into the grid's keys ----------------------------------
 
-def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int) -> str:
+def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int,
+                     slot_bytes: int | None = None) -> str:
   """PTX of ``publish_bests`` (operands $0-$3: the bests' values, indices, NaN flags and
   the flag word, in shared memory; ``thread`` and ``slots`` the thread's index and the
   global slots): predicate p (thread < ``rows``), the request's best over its
   ``phases`` warpgroups in v, i (its NaN in n), its key ``red.max``ed at [g], and a NaN
   seen into the flag word."""
   from wts_jax.pallas import grid_sync
+  slot_bytes = slot_bytes or 4 * grid_sync.KEY_ROW_WORDS
   entries = "".join(
       f"add.u32 sa, base, {4 * REQUESTS * k};\n"
       "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
@@ -362,32 +364,44 @@ def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int) -> str:
       "mov.b32 bits, v; setp.ge.u32 q, bits, 0x80000000;\n"
       "not.b32 hi, bits; @!q or.b32 hi, bits, 0x80000000;\n"
       "not.b32 lo, i; mov.b64 key, {lo, hi};\n"
-      f"mul.wide.u32 off, {thread}, {4 * grid_sync.KEY_ROW_WORDS}; add.u64 g, {slots}, off;\n"
+      f"mul.wide.u32 off, {thread}, {slot_bytes}; add.u64 g, {slots}, off;\n"
       "@p red.relaxed.gpu.global.max.u64 [g], key;\n"
       "setp.ne.and.u32 q, n, 0, p; mov.b32 x, 1; @q st.shared.b32 [$3], x;\n")
 
 
-def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases: int):
+def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases: int,
+                  prefetch_g=None):
   """Thread t < ``rows`` of the calling warpgroup: request t's best over the ``phases``
   warpgroups that served it (rows ``(t / 32) · phases + k`` of the [4, 32] bests), as a
   64-bit exchange key ``red.max``ed into its slot of ``slots_g`` (``grid_sync``'s keys:
-  8 words a slot); a NaN seen sets ``flag_s[0]``."""
+  8 words a slot); a NaN seen sets ``flag_s[0]``. ``prefetch_g`` (a [V, w] table, e.g.
+  W1's planes): the candidate's row of it prefetched into the L2 — the grid's winner is
+  some block's candidate, so its row is on its way while the grid syncs."""
+  prefetch = prefetch_g is not None
+  if prefetch:
+    vocab, row_bytes = prefetch_g.shape[0], prefetch_g.shape[1] * prefetch_g.dtype.itemsize
+    lines = "".join(f"@p prefetch.global.L2 [pa+{offset}];\n"
+                    for offset in range(0, row_bytes, 128))
+    prefetch_ptx = (f"min.s32 ci, i, {vocab - 1}; max.s32 ci, ci, 0;\n"
+                    f"mul.wide.u32 pa, ci, {row_bytes}; add.u64 pa, pa, $6;\n" + lines)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 5)
-  def publish(_, values, indices, nans, flag, slots):
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * (6 if prefetch else 5))
+  def publish(_, values, indices, nans, flag, slots, *table):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import llvm
     from wts_jax.pallas.row_words import thread_and_addresses
-    thread, shared, (slots_at,) = thread_and_addresses((values, indices, nans, flag),
-                                                       (slots,))
+    thread, shared, (slots_at, *table_at) = thread_and_addresses(
+        (values, indices, nans, flag), (slots, *table))
     llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [*shared, slots_at, thread],
+        ir.Type.parse("!llvm.void"), [*shared, slots_at, thread, *table_at],
         "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
-        " hi, lo, bits; .reg .b64 key, g, off;\n"
-        + _publish_key_ptx(thread="$5", slots="$4", rows=rows, phases=phases) + "}",
-        "r,r,r,r,l,r", has_side_effects=True)
+        " hi, lo, bits, ci; .reg .b64 key, g, off, pa;\n"
+        + _publish_key_ptx(thread="$5", slots="$4", rows=rows, phases=phases)
+        + (prefetch_ptx if prefetch else "") + "}",
+        "r,r,r,r,l,r" + (",l" if prefetch else ""), has_side_effects=True)
 
-  publish(value_s, index_s, nan_s, flag_s, slots_g)
+  publish(value_s, index_s, nan_s, flag_s, slots_g,
+          *((prefetch_g,) if prefetch else ()))
 
 
 def tokens_from_keys(slots_g, tok_s, tok_g, step, *, rows: int, vocab: int):
@@ -423,10 +437,11 @@ def tokens_from_keys(slots_g, tok_s, tok_g, step, *, rows: int, vocab: int):
   read(slots_g, tok_s, tok_g, _row_array(step))
 
 
-def _token_out_ptx(*, steps: int, out: str, thread: str, step: str) -> str:
-  """PTX: in block 0, where predicate p holds (the thread's request is one of the
+def _token_out_ptx(*, steps: int, out: str, thread: str, step: str,
+                   valid: str = "p") -> str:
+  """PTX: in block 0, where predicate ``valid`` holds (request ``thread`` is one of the
   walk's), ``i`` to the tokens' output [rows, K] at (thread, step)."""
-  return ("mov.u32 ctaid, %ctaid.x; setp.eq.and.u32 r, ctaid, 0, p;\n"
+  return (f"mov.u32 ctaid, %ctaid.x; setp.eq.and.u32 r, ctaid, 0, {valid};\n"
           f"mad.lo.u32 sa, {thread}, {steps}, {step};\n"
           f"mul.wide.u32 off, sa, 4; add.u64 g, {out}, off; @r st.global.b32 [g], i;\n")
 
@@ -469,7 +484,8 @@ def first_tokens(first_g, tok_s, flags_s, *, rows: int, vocab: int, status: int,
 
 
 def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step, *,
-                   rows: int, phases: int, blocks: int, vocab: int, spin_limit: int):
+                   rows: int, phases: int, blocks: int, vocab: int, spin_limit: int,
+                   slot_bytes: int = 32, warp_polls: bool = False):
   """The whole exchange in one pass, thread t < ``rows`` of the calling warpgroup:
   request t's best over its warpgroups (as ``publish_bests``) ``red.max``ed into the
   key of its pair in ``pairs_g`` (this step's: 32 bytes a request, the 64-bit key then a
@@ -478,25 +494,38 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step,
   most ``spin_limit`` polls: then ``flag_s[2]`` = 1). The winner's row, clamped into
   [0, V), goes to ``tok_s[t]`` and, in block 0, to ``tok_g[t, step]``. A NaN seen sets
   ``flag_s[0]``. One round trip fewer than a grid counter then a read of the keys: the
-  count that says the key is final comes with the key."""
+  count that says the key is final comes with the key. ``slot_bytes``: a request's pair
+  every 32 bytes, or 128 (a line of its own); ``warp_polls``: only the first warp polls,
+  lane l requests l and l + 32 (fewer pollers than requests)."""
   label = "${:uid}"   # (LLVM's number of this asm instance: its labels are its own)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7 + (plgpu.Layout.WGMMA.reduce(1),))
-  def exchange(_, values, indices, nans, flag, pairs, tokens, token_out, step_rows):
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import llvm
-    from wts_jax.pallas.row_words import thread_and_addresses
-    thread, shared, (pairs_at, out_at) = thread_and_addresses(
-        (values, indices, nans, flag, tokens), (pairs, token_out))
-    llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [*shared, pairs_at, out_at, thread,
-                                      _scalar(step_rows)],
-        "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
-        " hi, lo, bits, spins, ctaid; .reg .b64 key, g, off, count, one;\n"
-        + _publish_key_ptx(thread="$7", slots="$5", rows=rows, phases=phases) +
-        "mov.b64 one, 1;\n"
-        "@p red.release.gpu.global.add.u64 [g+8], one;\n"
-        "mov.b32 spins, 0;\n"
+  if warp_polls:
+    def token(key, thread, valid):
+      return (f"mov.b64 {{lo, hi}}, {key}; not.b32 i, lo;\n"
+              f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
+              f"shl.b32 x, {thread}, 2; add.u32 sa, x, $4; @{valid} st.shared.b32 [sa], i;\n"
+              + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread=thread, step="$8",
+                               valid=valid))
+    poll = (
+        "setp.lt.u32 w, $7, 32;\n"
+        f"@!w bra DONE{label};\n"
+        f"setp.lt.u32 p1, $7, {rows}; add.u32 t2, $7, 32; setp.lt.u32 p2, t2, {rows};\n"
+        f"mul.wide.u32 off, t2, {slot_bytes}; add.u64 g2, $5, off;\n"
+        f"mov.b64 count, {blocks}; mov.b64 count2, {blocks}; mov.b32 spins, 0;\n"
+        f"POLL{label}:\n"
+        "@p1 ld.relaxed.gpu.global.v2.u64 {key, count}, [g];\n"
+        "@p2 ld.relaxed.gpu.global.v2.u64 {key2, count2}, [g2];\n"
+        f"setp.ge.u64 d1, count, {blocks}; setp.ge.u64 d2, count2, {blocks};\n"
+        "and.pred d1, d1, d2;\n"
+        f"@d1 bra POLLED{label};\n"
+        "add.u32 spins, spins, 1;\n"
+        f"setp.lt.u32 q, spins, {spin_limit};\n"
+        f"@q bra POLL{label};\n"
+        "mov.b32 x, 1; st.shared.b32 [$3+8], x;\n"
+        f"POLLED{label}:\n"
+        + token("key", "$7", "p1") + token("key2", "t2", "p2") +
+        f"DONE{label}:\n")
+  else:
+    poll = (
         f"@!p bra POLLED{label};\n"
         f"POLL{label}:\n"
         "ld.relaxed.gpu.global.v2.u64 {key, count}, [g];\n"
@@ -511,7 +540,26 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step,
         "mov.b64 {lo, hi}, key; not.b32 i, lo;\n"
         f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
         "shl.b32 x, $7, 2; add.u32 sa, x, $4; @p st.shared.b32 [sa], i;\n"
-        + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread="$7", step="$8") + "}",
+        + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread="$7", step="$8"))
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7 + (plgpu.Layout.WGMMA.reduce(1),))
+  def exchange(_, values, indices, nans, flag, pairs, tokens, token_out, step_rows):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    thread, shared, (pairs_at, out_at) = thread_and_addresses(
+        (values, indices, nans, flag, tokens), (pairs, token_out))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"), [*shared, pairs_at, out_at, thread,
+                                      _scalar(step_rows)],
+        "{ .reg .pred p, q, r, s, w, p1, p2, d1, d2; .reg .f32 v, v2; .reg .b32 i, i2, n,"
+        " n2, x, sa, base, hi, lo, bits, spins, ctaid, t2;"
+        " .reg .b64 key, g, off, count, one, key2, count2, g2;\n"
+        + _publish_key_ptx(thread="$7", slots="$5", rows=rows, phases=phases,
+                           slot_bytes=slot_bytes) +
+        "mov.b64 one, 1;\n"
+        "@p red.release.gpu.global.add.u64 [g+8], one;\n"
+        "mov.b32 spins, 0;\n" + poll + "}",
         "r,r,r,r,r,l,l,r,r", has_side_effects=True)
 
   exchange(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, _row_array(step))

@@ -44,7 +44,8 @@ from wts_jax.pallas.mosaic_walk import _interpret_params, _w2_transforms
 
 WARPGROUPS = 4
 MAX_BATCH = 2 * sp.REQUESTS
-_STEP_KEY_WORDS = MAX_BATCH * grid_sync.KEY_ROW_WORDS
+# A step's exchange slots: 32 bytes a request, or a 128-byte line (``"warp_pairs"``).
+_LINE_WORDS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +175,9 @@ class StackedSpec:
   auto_barriers: bool = True
   # "counter": the keys, then a grid counter, then the keys read back (``grid_sync``);
   # "pairs": each request's key and count polled in one load (``exchange_pairs``),
-  # measured slower (NOTES v29).
+  # measured slower (NOTES v29); "warp_pairs": the same with each request's pair on a
+  # 128-byte line of its own, polled by the first warp only (the public kernel's form;
+  # not measured yet).
   exchange: str = "counter"
   # The NaN check: "value": the running best itself kept by a NaN-propagating maximum
   # (a NaN then wins the exchange, flagged); "witness": a NaN-propagating maximum
@@ -190,12 +193,15 @@ class StackedSpec:
   # slot; "dealt": even slots the first, odd ones the second (each slot's free barrier
   # still waited by one warpgroup), so the copies' issue is split between the two.
   ring_issuers: str = "first"
+  # Each block's candidate's W1 row prefetched into the L2 as its key is published, so
+  # the winner's row is on its way during the grid sync (not measured yet).
+  prefetch_candidates: bool = False
   # W1's planes as given ("rows") or ``z_registers.fragment_ordered`` ("fragments":
   # a thread's share of a row by 16-byte loads; GPU only; the caller reorders W1 once).
   w1_order: str = "rows"
 
   def __post_init__(self):
-    for name, allowed in (("exchange", ("counter", "pairs")),
+    for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
                           ("nan_check", ("witness", "value")),
                           ("refill", ("released", "deferred")),
                           ("ring_issuers", ("first", "dealt")),
@@ -230,10 +236,12 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
   block = lax.axis_index("blocks")
   wg = lax.axis_index("wg")
   leader = wg == 0
+  warp_pairs = spec.exchange == "warp_pairs"
+  step_words = MAX_BATCH * (_LINE_WORDS if warp_pairs else grid_sync.KEY_ROW_WORDS)
   # The keys first: the first global allocation starts the zeroed buffer, so its
   # 64-bit slots are aligned (grid_sync).
   keys_g = (None if interpret else
-            pl.get_global(plgpu.SemaphoreType.REGULAR((steps * _STEP_KEY_WORDS,))))
+            pl.get_global(plgpu.SemaphoreType.REGULAR((steps * step_words,))))
   sem = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(()))
 
   def start(tile):
@@ -396,17 +404,21 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
       tok_s[...] = tokens
       tok_g[:, step] = tokens[:batch]
     else:
-      step_slots = keys_g.at[pl.ds(step * _STEP_KEY_WORDS, _STEP_KEY_WORDS)]
-      if spec.exchange == "pairs":
+      step_slots = keys_g.at[pl.ds(step * step_words, step_words)]
+      if spec.exchange != "counter":
         with jax.named_scope("pairs"):
           sp.exchange_pairs(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
                             tok_s, tok_g, step, rows=batch, phases=phases,
                             blocks=plan.num_blocks, vocab=vocab,
-                            spin_limit=spec.spin_limit)
+                            spin_limit=spec.spin_limit,
+                            slot_bytes=4 * (_LINE_WORDS if warp_pairs
+                                            else grid_sync.KEY_ROW_WORDS),
+                            warp_polls=warp_pairs)
       else:
         with jax.named_scope("publish"):
           sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
-                           rows=batch, phases=phases)
+                           rows=batch, phases=phases,
+                           prefetch_g=w1_g if spec.prefetch_candidates else None)
         with jax.named_scope("grid_sync"):
           timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
                                                 spin_limit=spec.spin_limit)
