@@ -18,7 +18,6 @@ from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
 from wts_jax.pallas import stacked_walk as sw
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.z_registers import fragment_ordered
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -34,13 +33,36 @@ def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, **plan
   spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret,
                         **(spec_options or {}))
   ops = serial_operands(head, None)
-  planes = ops["w1_planes"]
-  if spec.w1_order == "fragments":
-    vocab, rank = head.config.vocab_size, head.config.rank
-    planes = fragment_ordered(planes.reshape(vocab, 2 * rank)).reshape(2 * vocab, rank)
+  planes = ops["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
   tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a))(
       ops["w2"], base, planes, first, ops["w2_scale"], ops["w1_plane_scale"])
   return np.asarray(tokens), int(status), plan
+
+
+# --- the head's W1 in the threads' load order ----------------------------------------------
+def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
+  """``W1Planes.fragments`` is ``int8_state.fragment_ordered`` of the head's planes (each
+  row's bytes moved, none lost), and the API's GPU plan reads it; interpreted, rows."""
+  from wts_jax.int8_state import fragment_ordered
+  from wts_jax.pallas import backend, mosaic_backend
+  head, config = planes_head(1000)
+  ops = serial_operands(head, None)
+  planes, fragments = np.asarray(ops["w1_planes"]), np.asarray(ops["w1_fragments"])
+  assert fragments.shape == planes.shape == (2000, config.rank)
+  want = np.asarray(fragment_ordered(jnp.asarray(planes).reshape(1000, -1)))
+  np.testing.assert_array_equal(fragments.reshape(1000, -1), want)
+  np.testing.assert_array_equal(np.sort(fragments.reshape(1000, -1), axis=1),
+                                np.sort(planes.reshape(1000, -1), axis=1))
+  # a thread's first register of a row: plane bytes 16t + 4g + j, t = 0, g = 1 → 4..7
+  np.testing.assert_array_equal(fragments.reshape(1000, -1)[:, config.rank // 4:
+                                                            config.rank // 4 + 4],
+                                planes.reshape(1000, -1)[:, 4:8])
+  base = jax.ShapeDtypeStruct((16, 7, 1000), jnp.bfloat16)
+  shapes = backend.WalkShapes.of(base, greedy=True)
+  gpu = mosaic_backend.plan(head, shapes, wts_jax.MosaicConfig(), wts_jax.device.H200)
+  interpreted = mosaic_backend.plan(head, shapes, wts_jax.MosaicConfig(
+      kernel="stacked", interpret=True), wts_jax.device.H200)
+  assert gpu.w1_order == "fragments" and interpreted.w1_order == "rows"
 
 
 # --- the plan ---------------------------------------------------------------------------

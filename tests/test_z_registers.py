@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wts_jax.pallas.z_registers import fragment_ordered, gather_planes, stacked_row
+from wts_jax.int8_state import fragment_ordered
+from wts_jax.pallas.z_registers import gather_planes, stacked_row
 
 
 def test_stacked_rows_pair_each_request_in_one_thread():

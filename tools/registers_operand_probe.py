@@ -35,7 +35,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax.pallas.mosaic_walk import _load, _w2_transforms
-from wts_jax.pallas.z_registers import fragment_ordered, gather_planes, stacked_row
+from wts_jax.int8_state import fragment_ordered
+from wts_jax.pallas.z_registers import gather_planes, stacked_row
 
 RANK = 256
 REQUESTS = 32          # a WGMMA's M of 64 holds 32 requests' two planes

@@ -61,7 +61,7 @@ def stacked(batch: int, seeds: int, spin_limit: int) -> int:
   differ = 0
   for seed in range(seeds):
     base, first, _ = random_inputs(config, batch, 4, jax.random.key(2 + seed))
-    tokens, status = walk(*walk_operands(spec, head, serial_operands(head, None), base, first))
+    tokens, status = walk(*walk_operands(spec, serial_operands(head, None), base, first))
     # (the reference on the CPU: no GPU autotuning under the tool, NOTES v25)
     ref = wts_jax.walk(*jax.device_put((head, base, first), cpu), None, impl="xla")
     same = np.array_equal(np.asarray(tokens), np.asarray(ref.tokens))

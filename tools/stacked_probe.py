@@ -29,7 +29,6 @@ import wts_jax  # noqa: E402
 from wts_jax.inputs import random_inputs  # noqa: E402
 from wts_jax.pallas import stacked_walk as sw  # noqa: E402
 from wts_jax.pallas.head_operands import serial_operands  # noqa: E402
-from wts_jax.pallas.z_registers import fragment_ordered  # noqa: E402
 
 STEPS = 7
 
@@ -57,13 +56,10 @@ def variant_options(text: str) -> dict:
   return options
 
 
-def walk_operands(spec, head, operands, base, first):
-  """``stacked_walk``'s operands after the spec: W1 in fragment order where it asks
-  (prepared once, as a caller would)."""
-  planes = operands["w1_planes"]
-  if spec.w1_order == "fragments":
-    vocab, rank = head.config.vocab_size, head.config.rank
-    planes = fragment_ordered(planes.reshape(vocab, 2 * rank)).reshape(2 * vocab, rank)
+def walk_operands(spec, operands, base, first):
+  """``stacked_walk``'s operands after the spec: W1's planes in the order it asks for
+  (the head carries both)."""
+  planes = operands["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
   return (operands["w2"], base, planes, first, operands["w2_scale"],
           operands["w1_plane_scale"])
 
@@ -77,7 +73,7 @@ def special_run(kind, batch, head, operands, base, first, device, out, tries: in
   os.makedirs(directory, exist_ok=True)
   reserve = pb.PROFILE_SPACE * 2 * 4 * sw.WARPGROUPS + 1024 if kind == "profile" else 0
   def prepared(spec):
-    return walk_operands(spec, head, operands, base, first)
+    return walk_operands(spec, operands, base, first)
   flags = (dict(MOSAIC_GPU_DUMP_TO=directory, MOSAIC_GPU_DUMP_PTXAS="1",
                 MOSAIC_GPU_DUMP_SASS="1") if kind == "dump" else {})
 
@@ -153,7 +149,7 @@ def main():
 
         def walk(w2, base, planes, first, w2_scale, s_lo, spec=spec):
           return sw.stacked_walk(spec, w2, base, planes, first, w2_scale, s_lo)
-        call = walk_operands(spec, head, operands, base, first)
+        call = walk_operands(spec, operands, base, first)
         run = jax.jit(walk).lower(*call).compile()
         tokens, status = run(*call)
         tokens = np.asarray(tokens)

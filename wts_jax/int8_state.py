@@ -76,3 +76,15 @@ def interleaved_planes(w1: jax.Array):
   q_hi, q_lo, s_lo = state_planes(w1)
   planes = jnp.stack([q_hi, q_lo], axis=1)
   return planes.reshape(2 * w1.shape[0], w1.shape[1]), s_lo
+
+
+def fragment_ordered(planes: jax.Array) -> jax.Array:
+  """W1's planes [V, 2r] int8 (a token's hi plane then its lo plane; the interleaved
+  [2V, r] reshaped) with each plane's bytes in the order one thread of the WGMMA's
+  8-bit A-operand layout holds them (4 bytes in each 16-column tile, at the same place
+  in every tile): byte ``16 t + 4 g + j`` of a plane moves to ``g · r / 4 + 4 t + j``,
+  so a thread loads its share of a row by 16-byte loads (the stacked walk)."""
+  vocab, width = planes.shape
+  rank = width // 2
+  return (planes.reshape(vocab, 2, rank // 16, 4, 4).transpose(0, 1, 3, 2, 4)
+          .reshape(vocab, width))

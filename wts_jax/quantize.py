@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.int8_state import interleaved_planes
+from wts_jax.int8_state import fragment_ordered, interleaved_planes
 
 SCHEMES = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
 STATES = ("float", "planes")
@@ -37,12 +37,16 @@ class QuantizedLinear(nnx.Module):
 
 class W1Planes(nnx.Module):
   """W1's rows as interleaved int8 planes ``planes`` [2V, r] and their ``scale`` [V]
-  (``s_lo``): the vanilla head's z, precomputed for the int8 tensor-core kernels."""
+  (``s_lo``): the vanilla head's z, precomputed for the int8 tensor-core kernels; and
+  ``fragments`` [2V, r], the same bytes in the order the stacked walk's threads load
+  them (``int8_state.fragment_ordered``: a quarter of the loads)."""
 
   def __init__(self, w1: jax.Array):
     planes, scale = interleaved_planes(w1)
     self.planes = nnx.Variable(planes)
     self.scale = nnx.Variable(scale)
+    self.fragments = nnx.Variable(
+        fragment_ordered(planes.reshape(w1.shape[0], -1)).reshape(planes.shape))
 
 
 def quantize_rows(weight: jax.Array, scheme: str = "int8"):

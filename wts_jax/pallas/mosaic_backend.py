@@ -69,9 +69,12 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
                         ring_stages=config.ring_stages)
   except ValueError as err:
     return Refusal(str(err))
+  # W1's planes in the threads' load order (the head carries them: ``W1Planes``); the
+  # interpreted gather reads rows.
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
-                     interpret=config.interpret)
+                     interpret=config.interpret,
+                     w1_order="rows" if config.interpret else "fragments")
 
 
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
@@ -465,8 +468,9 @@ def _launch_stacked(spec, head, base_logits, first_tokens, hidden):
   operands = serial_operands(head, hidden)
   tokens = []
   for rows, part in row_launches(spec):
+    planes = operands["w1_fragments" if part.w1_order == "fragments" else "w1_planes"]
     part_tokens, part_status = stacked_walk(
-        part, operands["w2"], base_logits[rows], operands["w1_planes"], first[rows],
+        part, operands["w2"], base_logits[rows], planes, first[rows],
         operands["w2_scale"], operands["w1_plane_scale"])
     tokens.append(part_tokens)
     status = status | part_status

@@ -92,7 +92,7 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
            fragment_order: bool = False):
   """(A, s_lo) of this warpgroup's 32 requests (tokens ``tok_s``, in range, their stores
   visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo;
-  ``fragment_order``: ``z_registers.fragment_ordered``), s_lo the requests' plane scale.
+  ``fragment_order``: ``int8_state.fragment_ordered``), s_lo the requests' plane scale.
   GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread array. Interpreted:
   A [64, r] and s_lo [32]."""
   if interpret:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -196,8 +195,8 @@ class StackedSpec:
   # Each block's candidate's W1 row prefetched into the L2 as its key is published, so
   # the winner's row is on its way during the grid sync (not measured yet).
   prefetch_candidates: bool = False
-  # W1's planes as given ("rows") or ``z_registers.fragment_ordered`` ("fragments":
-  # a thread's share of a row by 16-byte loads; GPU only; the caller reorders W1 once).
+  # W1's planes as given ("rows") or ``int8_state.fragment_ordered`` ("fragments": a
+  # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
 
   def __post_init__(self):

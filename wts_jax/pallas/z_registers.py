@@ -33,7 +33,7 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
   (hi, lo), each [64, r] int8 whose row b is token ``tok_ref[b]``'s plane; or, with
   ``stacked``, one [64, r] whose row m is ``stacked_row(m)``'s plane of token
   ``tok_ref[request]`` (32 requests). In ``WGMMA_LAYOUT_8BIT`` on the GPU.
-  ``fragment_order``: ``w1_ref`` is ``fragment_ordered`` (GPU only)."""
+  ``fragment_order``: ``w1_ref`` is ``int8_state.fragment_ordered`` (GPU only)."""
   if interpret:
     if fragment_order:
       raise ValueError("fragment_order: the interpreted gather reads W1's own order")
@@ -67,22 +67,10 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
   return gather(tok_ref, w1_ref)
 
 
-def fragment_ordered(w1_planes):
-  """W1's planes [V, 2r] int8 with each plane's bytes reordered so that what one thread
-  of ``WGMMA_LAYOUT_8BIT`` holds of a row (4 bytes in each 16-column tile, at the same
-  place in every tile) is contiguous: ``gather_planes(..., fragment_order=True)`` then
-  loads a row's share by 16-byte loads, a quarter as many. Byte ``16 t + 4 g + j`` of a
-  plane moves to ``g · r / 4 + 4 t + j``."""
-  vocab, width = w1_planes.shape
-  rank = width // 2
-  return (w1_planes.reshape(vocab, 2, rank // 16, 4, 4).transpose(0, 1, 3, 2, 4)
-          .reshape(vocab, width))
-
-
 def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False):
   """A ``WGMMA_LAYOUT_8BIT`` array whose register at (row, k) holds the 4 bytes
   ``w1[tok[request], plane * r + k : + 4]`` for (request, plane) = ``source(row)``
-  (``fragment_order``: read from ``fragment_ordered``'s place of those bytes, four
+  (``fragment_order``: read from ``int8_state.fragment_ordered``'s place of those bytes, four
   registers a 16-byte load)."""
   import numpy as np
   from jax._src.lib.mlir import ir
