@@ -19,7 +19,8 @@ batched kernel with every choice the planner's (``kernel="batched"``, which also
 int8 W2 that z does not meet as planes, widened to bf16); ``wts-mb-widen-xla`` /
 ``wts-mb-widen-registers`` / ``wts-mb-widen-smem`` the same with that W2 widened by a bf16
 copy before the launch or in the kernel (``w2_widening``),
-``…-w2`` with two computing warpgroups. Any R, S, G named in
+``…-w2`` with two computing warpgroups; ``wts-stacked`` / ``wts-rows`` the stacked
+int8-planes kernel / the row kernel by name. Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -65,6 +66,11 @@ def register_variants(names):
       paths.register_path(f"wts-{update}", jax_paths.available_wts,
                           jax_paths.wts_variant(backend="triton", serial_update=update),
                           description=f"the Triton kernel, serial update {update}")
+  for kernel in ("stacked", "rows"):   # a Mosaic kernel by name, its planner's choices
+    if f"wts-{kernel}" in names and f"wts-{kernel}" not in paths.PATHS:
+      paths.register_path(f"wts-{kernel}", jax_paths.available_wts,
+                          jax_paths.wts_variant(backend="mosaic", mosaic_kernel=kernel),
+                          description=f"the Mosaic kernel {kernel!r}, its planner's choices")
   if "wts-mb-auto" in names and "wts-mb-auto" not in paths.PATHS:
     paths.register_path("wts-mb-auto", jax_paths.available_wts,
                         jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
