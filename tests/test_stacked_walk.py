@@ -1,8 +1,9 @@
 """The stacked int8-planes walk (``wts_jax.pallas.stacked_walk``): its plan on any JAX;
-its kernel in Mosaic GPU interpret mode (jax >= 0.11) against the XLA reference walk —
-both request layouts (one block of 32 requests over four phases, two over two with
-shared rings), V not a multiple of 64, a NaN reported; on the GPU (``-m gpu``) at the
-Qwen3-4B shape, B 5 to 64."""
+every option's CUDA lowering, and its inline PTX assembled where ptxas is; its kernel in
+Mosaic GPU interpret mode (jax >= 0.11) against the XLA reference walk — both request
+layouts (one block of 32 requests over four phases, two over two with shared rings), V
+not a multiple of 64, greedy and sampled (the same key), a NaN reported; on the GPU
+(``-m gpu``) at the Qwen3-4B shape, B 5 to 64."""
 
 import os
 import shutil
@@ -18,6 +19,7 @@ from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
 from wts_jax.pallas import stacked_walk as sw
 from wts_jax.pallas.head_operands import serial_operands
+from wts_jax.validation import make_sampling
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -26,17 +28,30 @@ NEEDS_INTERPRETER = pytest.mark.skipif(
 ON_GPU = bool(os.environ.get("WTS_GPU_TESTS"))
 
 
-def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, **plan_options):
+def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, temperature=0.0,
+          key=None, **plan_options):
   plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                          batch=base.shape[0], num_blocks=num_blocks,
                          smem_per_block=H200_SMEM, **plan_options)
+  mode = make_sampling(temperature, key, base.shape[0])
   spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret,
-                        **(spec_options or {}))
+                        greedy=mode.greedy, **(spec_options or {}))
   ops = serial_operands(head, None)
   planes = ops["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
-  tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a))(
+  sampling = None if mode.greedy else (mode.score_scale, mode.noise_on, mode.seed)
+  tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a, sampling=sampling))(
       ops["w2"], base, planes, first, ops["w2_scale"], ops["w1_plane_scale"])
   return np.asarray(tokens), int(status), plan
+
+
+def _assert_sampled_walk_equals_the_reference(head, base, first, temperature, key, *,
+                                              num_blocks, interpret):
+  want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla",
+                                 temperature=temperature, key=key).tokens)
+  tokens, status, _ = _walk(head, base, first, num_blocks=num_blocks, interpret=interpret,
+                            temperature=temperature, key=key)
+  assert status == 0
+  np.testing.assert_array_equal(tokens, want)
 
 
 # --- the head's W1 in the threads' load order ----------------------------------------------
@@ -106,14 +121,14 @@ def test_the_plan_names_what_it_cannot_do():
 LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(nan_check="witness"),
                    dict(refill="deferred", ring_issuers="dealt"), dict(w1_order="fragments"),
-                   dict(prefetch_candidates=True)]
+                   dict(prefetch_candidates=True), dict(greedy=False)]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
 @pytest.mark.parametrize("options", LOWERED_OPTIONS,
                          ids=["defaults", "pairs", "warp-pairs", "nan-witness",
                               "deferred-dealt",
-                              "fragments", "prefetch"])
+                              "fragments", "prefetch", "sampled"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -129,9 +144,12 @@ def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
       ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32), ((vocab,), jnp.float32), \
       ((vocab,), jnp.float32)
   args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+  sampling = None if spec.greedy else (
+      jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
+      jax.ShapeDtypeStruct((2,), jnp.uint32))
   with cuda_target():
-    text = jax.jit(lambda *a: sw.stacked_walk(spec, *a)).trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = jax.jit(lambda *a: sw.stacked_walk(spec, *a[:6], sampling=a[6])).trace(
+        *args, sampling).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
     # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
@@ -164,6 +182,18 @@ def test_interpreted_tokens_equal_the_reference(batch, resident):
                             resident=resident)
   assert status == 0
   np.testing.assert_array_equal(tokens, want)
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("batch,temperature", [(5, 0.8), (40, np.array([0.7, 0.0] * 20))],
+                         ids=["5-sampled", "40-mixed"])
+def test_interpreted_sampled_walk_equals_the_reference(batch, temperature):
+  """Gumbel-max with the reference's noise, the same key: four phases at B 5; two at
+  B 40 with every other row greedy (no noise, scale 1)."""
+  head, config = planes_head(1000, seed=batch)
+  base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch + 1))
+  _assert_sampled_walk_equals_the_reference(head, base, first, temperature,
+                                            jax.random.key(11), num_blocks=1, interpret=True)
 
 
 @NEEDS_INTERPRETER
@@ -243,6 +273,20 @@ def test_gpu_tokens_equal_the_reference(batch):
   tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
   assert status == 0
   np.testing.assert_array_equal(tokens, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("batch", [5, 16, 40, 64])
+def test_gpu_sampled_tokens_equal_the_reference(batch):
+  """A sampled walk (every third row greedy) with the reference's key: the same tokens
+  (the kernel's noise is within 2^-20 of XLA's: ``sampling.KERNEL_NOISE_TOLERANCE``)."""
+  head, config = planes_head(151936, seed=batch)
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 200))
+  temperature = np.where(np.arange(batch) % 3 == 2, 0.0, 0.8).astype(np.float32)
+  _assert_sampled_walk_equals_the_reference(head, base, first, temperature,
+                                            jax.random.key(batch + 300), num_blocks=132,
+                                            interpret=False)
 
 
 @pytest.mark.gpu

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (batch, StackedSpec options): between them every inline-asm form the kernel has.
 BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs")),
-          (64, dict(prefetch_candidates=True, w1_order="fragments", nan_check="witness")))
+          (64, dict(prefetch_candidates=True, w1_order="fragments", nan_check="witness")),
+          (16, dict(greedy=False)))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
 
@@ -53,9 +54,12 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
                 ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32),
                 ((vocab,), jnp.float32), ((vocab,), jnp.float32))
       args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+      sampling = None if spec.greedy else (
+          jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
+          jax.ShapeDtypeStruct((2,), jnp.uint32))
       with cuda_target():
-        jax.jit(lambda *a, spec=spec: sw.stacked_walk(spec, *a)).trace(*args).lower(
-            lowering_platforms=("cuda",))
+        jax.jit(lambda *a, spec=spec: sw.stacked_walk(spec, *a[:6], sampling=a[6] or None)
+                ).trace(*args, sampling).lower(lowering_platforms=("cuda",))
   finally:
     llvm.inline_asm = original
   return seen

@@ -45,7 +45,7 @@ def _stacked_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   if head.config.head_type != "vanilla" or not serial.z_as_int8_planes:
     return ("kernel='stacked' runs the vanilla head with an int8 W2 that z meets as two "
             "int8 planes (quantize_w2(head, 'int8', state='planes'))")
-  if not shapes.greedy:
+  if not shapes.greedy:   # (its sampled walk passes interpreted; not yet run on the GPU)
     return "kernel='stacked' runs greedy walks (temperature=0)"
   if shapes.base_itemsize != 2:
     return "kernel='stacked' needs bf16 base logits"
@@ -73,7 +73,7 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # interpreted gather reads rows.
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
-                     interpret=config.interpret,
+                     interpret=config.interpret, greedy=shapes.greedy,
                      w1_order="rows" if config.interpret else "fragments")
 
 
@@ -405,7 +405,8 @@ def launch(spec, operands: WalkOperands):
   from wts_jax.pallas.stacked_walk import StackedSpec
   if isinstance(spec, StackedSpec):
     return _launch_stacked(spec, operands.head, operands.base_logits,
-                           operands.first_tokens, operands.hidden)
+                           operands.first_tokens, operands.hidden, mode.score_scale,
+                           mode.noise_on, mode.seed)
   if isinstance(spec, BatchedSpec):
     return _launch_batched(spec, operands.head, operands.base_logits,
                            operands.first_tokens, operands.hidden, mode.score_scale,
@@ -460,7 +461,8 @@ def confidence_logits(head, hidden, first, tokens, w1):
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
-def _launch_stacked(spec, head, base_logits, first_tokens, hidden):
+def _launch_stacked(spec, head, base_logits, first_tokens, hidden, score_scale, noise_on,
+                    seed):
   """The stacked kernel, one launch per 64 rows."""
   from wts_jax.output import WalkOutput
   from wts_jax.pallas.stacked_walk import row_launches, stacked_walk
@@ -469,9 +471,10 @@ def _launch_stacked(spec, head, base_logits, first_tokens, hidden):
   tokens = []
   for rows, part in row_launches(spec):
     planes = operands["w1_fragments" if part.w1_order == "fragments" else "w1_planes"]
+    sampling = None if spec.greedy else (score_scale[rows], noise_on[rows], seed)
     part_tokens, part_status = stacked_walk(
         part, operands["w2"], base_logits[rows], planes, first[rows],
-        operands["w2_scale"], operands["w1_plane_scale"])
+        operands["w2_scale"], operands["w1_plane_scale"], sampling=sampling)
     tokens.append(part_tokens)
     status = status | part_status
   tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)

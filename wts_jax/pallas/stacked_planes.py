@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.pallas import z_registers
 
@@ -201,6 +202,104 @@ def _row_array(value):
                            plgpu.Layout.WGMMA.reduce(1))
 
 
+# --- a sampled walk: each request's score scale, noise switch and noise stream ---------
+
+def sampling_state(scale_g, noise_g, seed_g, step, *, rows: int, row_offset: int,
+                   phases: int, wg, interpret: bool):
+  """This warpgroup's requests' (score scale, noise on, the step's noise stream) for a
+  sampled walk: ``scale_g`` [B'] f32, ``noise_g`` [B'] int32 (non-zero: Gumbel noise
+  added), ``seed_g`` [2] uint32 (``sampling.seed_words``); the stream is
+  ``sampling.stream_key`` of the request's row in the whole walk (``row_offset`` + its
+  index here) at ``step``. Rows past ``rows``: scale 1, no noise. GPU: three per-thread
+  arrays; interpreted: three [32] arrays (``scale_g`` and ``noise_g`` padded to whole
+  blocks of 32 requests)."""
+  if interpret:
+    first = (wg // phases) * REQUESTS
+    request = first + jnp.arange(REQUESTS, dtype=jnp.int32)
+    stream = sampling.stream_key((seed_g[0], seed_g[1]), request + row_offset,
+                                 jnp.full((REQUESTS,), step, jnp.int32))
+    return scale_g[pl.ds(first, REQUESTS)], noise_g[pl.ds(first, REQUESTS)], stream
+  types = tuple(plgpu.ShapeDtypeStruct(CARRY, dtype, layout=plgpu.Layout.WGMMA)
+                for dtype in (jnp.float32, jnp.int32, jnp.int32))
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3 + (plgpu.Layout.WGMMA.reduce(1),),
+                     return_type=types)
+  def load(_, scales, noise, seed, step_rows):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    _, _, (scales_at, noise_at, seed_at) = thread_and_addresses((), (scales, noise, seed))
+    request, _ = _request(phases)
+    live = arith.extui(_i32(), arith.cmpi(arith.CmpIPredicate.slt, request, _const(rows)))
+    i64 = ir.IntegerType.get_signless(64)
+    offset = arith.extui(i64, arith.muli(request, _const(4)))
+
+    def word(base, type_, default, asm_type, live_=live, at=offset):
+      return llvm.inline_asm(
+          type_, [arith.addi(base, at), live_],
+          "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.b32 $0, " + default + ";\n"
+          f"@p ld.global.nc.{asm_type} $0, [$1]; }}", "=" + ("f" if asm_type == "f32"
+                                                            else "r") + ",l,r",
+          has_side_effects=False)
+    f32 = ir.F32Type.get()
+    scale = word(scales_at, f32, "0f3F800000", "f32")
+    noise_on = word(noise_at, _i32(), "0", "b32")
+    seeds = [word(seed_at, _i32(), "0", "b32", _const(1), arith.constant(i64, 4 * k))
+             for k in range(2)]
+    counter = arith.ori(arith.shli(arith.addi(request, _const(row_offset)), _const(16)),
+                        _scalar(step_rows))
+    stream = _mix32(arith.addi(_mix32(arith.xori(counter, seeds[0])), seeds[1]))
+    return (_per_thread(scale, jnp.float32), _per_thread(noise_on, jnp.int32),
+            _per_thread(stream, jnp.int32))
+
+  return load(scale_g, noise_g, seed_g, _row_array(step))
+
+
+def _mix32(x):
+  """``sampling.mix32`` on an i32 value (wrapping, logical shifts)."""
+  from jax._src.lib.mlir.dialects import arith
+  for shift, multiplier in ((16, sampling._MIX_MUL_1), (15, sampling._MIX_MUL_2)):
+    x = arith.muli(arith.xori(x, arith.shrui(x, _const(shift))), _const(multiplier))
+  return arith.xori(x, arith.shrui(x, _const(15)))
+
+
+def _log_positive(x):
+  """``sampling.log_positive`` on an f32 value, the same operations in the same order."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith
+  f32 = ir.F32Type.get()
+
+  def real(value):
+    return arith.constant(f32, value)
+  bits = arith.addi(arith.bitcast(_i32(), x),
+                    _const(sampling._ONE_BITS - sampling._SQRT_HALF_BITS))
+  k = arith.subi(arith.shrui(bits, _const(23)), _const(0x7F))
+  mantissa = arith.addi(arith.andi(bits, _const(0x007FFFFF)), _const(sampling._SQRT_HALF_BITS))
+  f = arith.subf(arith.bitcast(f32, mantissa), real(1.0))
+  coefficients = sampling._LOG1P_CUBIC_COEFFICIENTS
+  p = real(coefficients[-1])
+  for coefficient in reversed(coefficients[:-1]):
+    p = arith.addf(arith.mulf(p, f), real(coefficient))
+  f_squared = arith.mulf(f, f)
+  rest = arith.subf(arith.mulf(arith.mulf(f_squared, f), p),
+                    arith.mulf(real(0.5), f_squared))
+  dk = arith.sitofp(f32, k)
+  return arith.addf(arith.mulf(dk, real(sampling._LN2_HI)),
+                    arith.addf(f, arith.addf(rest, arith.mulf(dk, real(sampling._LN2_LO)))))
+
+
+def _gumbel(vocab_index, stream):
+  """``gumbel_from_uniform(uniform_from_stream(stream, vocab_index))`` on i32 values."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith
+  f32 = ir.F32Type.get()
+  bits = _mix32(arith.addi(_mix32(arith.xori(vocab_index, stream)), stream))
+  mantissa = arith.sitofp(f32, arith.shrui(bits, _const(9)))
+  u = arith.mulf(arith.addf(mantissa, arith.constant(f32, 0.5)),
+                 arith.constant(f32, 1.0 / (1 << 23)))
+  return arith.negf(_log_positive(arith.negf(_log_positive(u))))
+
+
 # --- a tile folded into each request's running best -----------------------------------
 
 def initial_best(interpret: bool):
@@ -215,19 +314,26 @@ def initial_best(interpret: bool):
 
 
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
-              nan_in_value: bool = False):
+              nan_in_value: bool = False, sampled=None):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
   W2 row scales in shared memory, ``start`` its first vocab row. ``nan_in_value`` (GPU):
   the score itself kept by a NaN-propagating maximum, its row by the column's constant
-  (the tile's first row added once), and returned again as the NaN witness."""
+  (the tile's first row added once), and returned again as the NaN witness.
+  ``sampled`` (``sampling_state``'s): the score is ``logit · scale`` plus, where the
+  request's noise is on, its Gumbel noise at the row (``reference.select_tokens``)."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
     logits = (joined.astype(jnp.float32) * s_lo[:, None]) * scales_s[...][None, :] + base
-    top = logits.max(axis=1)
     rows = start + jnp.arange(TILE, dtype=jnp.int32)
+    if sampled is not None:
+      scale, noise_on, stream = sampled
+      noise = sampling.gumbel_from_uniform(
+          sampling.uniform_from_stream(stream[:, None], rows[None, :]))
+      logits = logits * scale[:, None] + jnp.where(noise_on[:, None] != 0, noise, 0.0)
+    top = logits.max(axis=1)
     top_index = jnp.where(logits == top[:, None], rows[None, :], BIG_INDEX).min(axis=1)
     value, index, nan = best
     better = (top > value) | ((top == value) & (top_index < index))
@@ -237,12 +343,14 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   starts = _row_array(start)
   carry = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
   carry_i = plgpu.ShapeDtypeStruct(CARRY, jnp.int32, layout=plgpu.Layout.WGMMA)
+  extra = () if sampled is None else (sampled,)
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA, plgpu.Layout.WGMMA,
-                 plgpu.RefType(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1)),
+                 plgpu.RefType(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1))
+      + ((plgpu.Layout.WGMMA,) * 3,) * len(extra),
       return_type=(carry, carry_i, carry))
-  def fold(_, acc, base, s_lo, scales, best, start_rows):
+  def fold(_, acc, base, s_lo, scales, best, start_rows, *sampling_state):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, vector
     f32 = ir.F32Type.get()
@@ -257,6 +365,9 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     # A thread meets its request's rows in ascending order through the step (tiles in
     # ascending order, columns ascending in each; a clamped last tile only repeats rows
     # with their own index), so a strictly greater score is the only way to win.
+    if sampling_state:
+      score_scale, noise_on, stream = (_scalar(v) for v in sampling_state[0])
+      noise_on = arith.cmpi(arith.CmpIPredicate.ne, noise_on, _const(0))
     column_won = _const(-1)
     for j in range(TILE // 8):
       hi = acc.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
@@ -268,6 +379,10 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       logits = arith.addf(logits, arith.extf(f32x2, base.registers[0, j, 0, 0, 0, 0, 0, 0, 0]))
       for e in range(2):
         logit = _element(logits, e)
+        if sampling_state:
+          noise = _gumbel(arith.addi(first, _const(8 * j + e)), stream)
+          logit = arith.addf(arith.mulf(logit, score_scale),
+                             arith.select(noise_on, noise, arith.constant(f32, 0.0)))
         better = arith.cmpf(arith.CmpFPredicate.OGT, logit, value)
         if nan_in_value:
           column_won = arith.select(better, _const(8 * j + e), column_won)
@@ -283,7 +398,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     return (_per_thread(value, jnp.float32), _per_thread(index, jnp.int32),
             _per_thread(top, jnp.float32))
 
-  return fold(acc, base, s_lo, scales_s, best, starts)
+  return fold(acc, base, s_lo, scales_s, best, starts, *extra)
 
 
 def _element(register, e: int):

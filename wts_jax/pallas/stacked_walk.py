@@ -166,6 +166,10 @@ class StackedSpec:
   ring_stages: int | None = None     # the caller's ring slots (None: the planner's)
   spin_limit: int = 1 << 22
   interpret: bool = False
+  # A sampled walk (Gumbel-max; ``stacked_walk``'s ``sampling`` operands) or greedy;
+  # ``row_offset``: this launch's first row in the walk (the noise's row index).
+  greedy: bool = True
+  row_offset: int = 0
   profile_dir: str = ""     # Mosaic GPU's profiler: the kernel's named regions
   profile_space: int = 0
   # Pallas's automatic warpgroup barriers around branches and shared-memory accesses;
@@ -221,14 +225,17 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
     plan = plan_stacked(vocab_size=spec.plan.vocab_size, rank=spec.plan.rank, batch=rows,
                         num_blocks=spec.plan.num_blocks, smem_per_block=spec.smem_per_block,
                         ring_stages=spec.ring_stages)
-    parts.append((slice(first, first + rows), dataclasses.replace(spec, plan=plan, batch=rows)))
+    parts.append((slice(first, first + rows),
+                  dataclasses.replace(spec, plan=plan, batch=rows,
+                                      row_offset=spec.row_offset + first)))
   return parts
 
 
-def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
-            w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
-            res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *interpreted,
-            spec: StackedSpec):
+def _kernel(*refs, spec: StackedSpec):
+  inputs = 6 if spec.greedy else 9   # (a sampled walk: score scales, noise, seed)
+  w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, *sampling_g = refs[:inputs]
+  (tok_g, flag_g, w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
+   res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *interpreted) = refs[inputs:]
   plan, steps, batch = spec.plan, spec.steps, spec.batch
   vocab, rank, tiles, stages = plan.vocab_size, plan.rank, plan.tiles, plan.ring_stages
   phases, interpret = plan.phases, spec.interpret
@@ -306,6 +313,9 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
       if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
         interpreted[0][wg] = a
         a = interpreted[0].at[wg]
+      sampled = None if spec.greedy else sp.sampling_state(
+          *sampling_g, step, rows=batch, row_offset=spec.row_offset, phases=phases, wg=wg,
+          interpret=interpret)
 
       @pl.when(step == 0)
       @jax.named_scope("first_wait")
@@ -368,7 +378,8 @@ def _kernel(w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, tok_g, flag_g,
             pl.when(jnp.logical_and(refills_here, refill_now))(refill)
         with jax.named_scope("fold"):
           best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
-                              interpret=interpret, nan_in_value=spec.nan_check == "value")
+                              interpret=interpret, nan_in_value=spec.nan_check == "value",
+                              sampled=sampled)
         return best, upcoming
 
       best, pending = lax.fori_loop(0, count, tile_body,
@@ -466,11 +477,17 @@ def _interpreted_winners(value_s, index_s, nan_s, flag_s, *, phases: int, batch:
   return jnp.pad(index, (0, MAX_BATCH - index.shape[0]))
 
 
-def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale, w1_scale):
+def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale, w1_scale,
+                 sampling=None):
   """Launch the kernel once; returns (tokens [B, K] int32, status int32 scalar).
   ``w2`` [V, r] int8 with per-row ``w2_scale`` [V]; ``w1`` W1's interleaved int8 planes
   [2V, r] with their ``s_lo`` ``w1_scale`` [V] (``wts_jax.int8_state``); ``base_logits``
-  [B, K, V] bf16."""
+  [B, K, V] bf16. A sampled walk (``spec.greedy`` False): ``sampling`` = (score scale
+  [B] f32, noise on [B] bool, seed uint32[2]), as ``reference.select_tokens`` takes
+  them."""
+  if spec.greedy != (sampling is None):
+    raise ValueError(f"greedy={spec.greedy} with sampling operands "
+                     f"{'given' if sampling is not None else 'missing'}")
   plan, batch, steps = spec.plan, spec.batch, spec.steps
   vocab, rank = plan.vocab_size, plan.rank
   if (w2.dtype != jnp.int8 or w2.shape != (vocab, rank) or w1.dtype != jnp.int8
@@ -482,9 +499,17 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
         f"{list(w2.shape)}, {w1.dtype}{list(w1.shape)}, {base_logits.dtype}"
         f"{list(base_logits.shape)})")
   w1 = w1.reshape(vocab, 2 * rank)   # a token's two planes side by side
+  extra = ()
+  if sampling is not None:
+    score_scale, noise_on, seed = sampling
+    extra = (score_scale.astype(jnp.float32), noise_on.astype(jnp.int32),
+             seed.astype(jnp.uint32))
   if spec.interpret:   # whole blocks of 32 requests: the interpreted loads take 32 rows
-    base_logits = jnp.pad(base_logits, ((0, plan.request_blocks * sp.REQUESTS - batch),
-                                        (0, 0), (0, 0)))
+    padding = plan.request_blocks * sp.REQUESTS - batch
+    base_logits = jnp.pad(base_logits, ((0, padding), (0, 0), (0, 0)))
+    if extra:
+      extra = (jnp.pad(extra[0], (0, padding), constant_values=1.0),
+               jnp.pad(extra[1], (0, padding)), extra[2])
   scratch = [
       plgpu.SMEM((plan.slots, sp.TILE, rank), jnp.int8, transforms=_w2_transforms(1, rank)),
       plgpu.SMEM((plan.tiles, sp.TILE), jnp.float32),
@@ -519,5 +544,5 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       interpret=_interpret_params() if spec.interpret else None,
   )
   tokens, flags = kernel(w2, w2_scale.astype(jnp.float32), base_logits, w1,
-                         w1_scale.astype(jnp.float32), first_tokens.astype(jnp.int32))
+                         w1_scale.astype(jnp.float32), first_tokens.astype(jnp.int32), *extra)
   return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
