@@ -37,19 +37,20 @@ def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, temper
   spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret,
                         greedy=mode.greedy, **(spec_options or {}))
   ops = serial_operands(head, None)
-  planes = ops["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
   sampling = None if mode.greedy else (mode.score_scale, mode.noise_on, mode.seed)
   tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a, sampling=sampling))(
-      ops["w2"], base, planes, first, ops["w2_scale"], ops["w1_plane_scale"])
+      ops["w2"], base, sw.w1_planes_operand(spec, ops), first, ops["w2_scale"],
+      ops["w1_plane_scale"])
   return np.asarray(tokens), int(status), plan
 
 
-def _assert_sampled_walk_equals_the_reference(head, base, first, temperature, key, *,
-                                              num_blocks, interpret):
+def _assert_walk_equals_the_reference(head, base, first, *, temperature=0.0, key=None,
+                                      **walk_options):
+  """The stacked walk (``_walk``'s options) gives the XLA walk's tokens, status clean."""
   want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla",
                                  temperature=temperature, key=key).tokens)
-  tokens, status, _ = _walk(head, base, first, num_blocks=num_blocks, interpret=interpret,
-                            temperature=temperature, key=key)
+  tokens, status, _ = _walk(head, base, first, temperature=temperature, key=key,
+                            **walk_options)
   assert status == 0
   np.testing.assert_array_equal(tokens, want)
 
@@ -177,11 +178,8 @@ def test_interpreted_tokens_equal_the_reference(batch, resident):
   (one of them with every tile streamed), 40 on two phases with shared rings."""
   head, config = planes_head(1000)
   base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch))
-  want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
-  tokens, status, _ = _walk(head, base, first, num_blocks=1, interpret=True,
-                            resident=resident)
-  assert status == 0
-  np.testing.assert_array_equal(tokens, want)
+  _assert_walk_equals_the_reference(head, base, first, num_blocks=1, interpret=True,
+                                    resident=resident)
 
 
 @NEEDS_INTERPRETER
@@ -192,8 +190,8 @@ def test_interpreted_sampled_walk_equals_the_reference(batch, temperature):
   B 40 with every other row greedy (no noise, scale 1)."""
   head, config = planes_head(1000, seed=batch)
   base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch + 1))
-  _assert_sampled_walk_equals_the_reference(head, base, first, temperature,
-                                            jax.random.key(11), num_blocks=1, interpret=True)
+  _assert_walk_equals_the_reference(head, base, first, temperature=temperature,
+                                    key=jax.random.key(11), num_blocks=1, interpret=True)
 
 
 @NEEDS_INTERPRETER
@@ -269,10 +267,7 @@ def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch):
 def test_gpu_tokens_equal_the_reference(batch):
   head, config = planes_head(151936, seed=batch)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 100))
-  want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
-  tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
-  assert status == 0
-  np.testing.assert_array_equal(tokens, want)
+  _assert_walk_equals_the_reference(head, base, first, num_blocks=132, interpret=False)
 
 
 @pytest.mark.gpu
@@ -284,9 +279,9 @@ def test_gpu_sampled_tokens_equal_the_reference(batch):
   head, config = planes_head(151936, seed=batch)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 200))
   temperature = np.where(np.arange(batch) % 3 == 2, 0.0, 0.8).astype(np.float32)
-  _assert_sampled_walk_equals_the_reference(head, base, first, temperature,
-                                            jax.random.key(batch + 300), num_blocks=132,
-                                            interpret=False)
+  _assert_walk_equals_the_reference(head, base, first, temperature=temperature,
+                                    key=jax.random.key(batch + 300), num_blocks=132,
+                                    interpret=False)
 
 
 @pytest.mark.gpu
@@ -303,11 +298,8 @@ def test_gpu_sampled_tokens_equal_the_reference(batch):
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))
-  want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
-  tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
-                            spec_options=options)
-  assert status == 0
-  np.testing.assert_array_equal(tokens, want)
+  _assert_walk_equals_the_reference(head, base, first, num_blocks=132, interpret=False,
+                                    spec_options=options)
 
 
 @pytest.mark.gpu

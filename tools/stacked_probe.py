@@ -59,9 +59,8 @@ def variant_options(text: str) -> dict:
 def walk_operands(spec, operands, base, first):
   """``stacked_walk``'s operands after the spec: W1's planes in the order it asks for
   (the head carries both)."""
-  planes = operands["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
-  return (operands["w2"], base, planes, first, operands["w2_scale"],
-          operands["w1_plane_scale"])
+  return (operands["w2"], base, sw.w1_planes_operand(spec, operands), first,
+          operands["w2_scale"], operands["w1_plane_scale"])
 
 
 def special_run(kind, batch, head, operands, base, first, device, out, tries: int = 3,

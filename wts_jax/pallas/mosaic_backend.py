@@ -39,6 +39,15 @@ HEAD_TYPES = ("vanilla", "gated")   # the head types the row kernel has an ``adv
 BATCHED_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
+def _interpret_blocks_refusal(config: MosaicConfig) -> str | None:
+  """Every Mosaic kernel's: interpret mode has one block (a grid exchange needs them all
+  at once)."""
+  if config.interpret and (config.num_blocks or 1) > 1:
+    return ("interpret mode runs blocks one after another and has no semaphores: "
+            "use num_blocks=1")
+  return None
+
+
 def _stacked_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   """What ``kernel="stacked"`` (``stacked_walk``) runs, and what it does not."""
   serial = head.markov_head
@@ -53,10 +62,7 @@ def _stacked_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   if vocab % 2 or vocab < 64 or rank % 32:
     return (f"kernel='stacked' needs an even V of at least 64 and r a multiple of 32 "
             f"(V={vocab}, r={rank})")
-  if config.interpret and (config.num_blocks or 1) > 1:
-    return ("interpret mode runs blocks one after another and has no semaphores: "
-            "use num_blocks=1")
-  return None
+  return _interpret_blocks_refusal(config)
 
 
 def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
@@ -112,17 +118,14 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   if (config.gemv == "wgmma" and not planes
       and w1_dtype != jnp.dtype(jnp.bfloat16)):
     return f"the WGMMA GEMV needs a bf16 W1 (got {w1_dtype})"
-  if config.interpret and (config.num_blocks or 1) > 1:
-    return ("interpret mode runs blocks one after another and has no semaphores: "
-            "use num_blocks=1")
-  return None
+  return _interpret_blocks_refusal(config)
 
 
 def _batched_launch_refusal(config: MosaicConfig) -> str | None:
   """What any launch of the batched kernel needs of the config and of jax."""
-  if config.interpret and (config.num_blocks or 1) > 1:
-    return ("interpret mode runs blocks one after another and has no semaphores: "
-            "use num_blocks=1")
+  reason = _interpret_blocks_refusal(config)
+  if reason is not None:
+    return reason
   if config.batch_axis == "n" and not BATCH_ON_N_LOWERS:
     return ("batch_axis='n' needs jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower its "
             "transposed base-tile load)")
@@ -465,16 +468,15 @@ def _launch_stacked(spec, head, base_logits, first_tokens, hidden, score_scale, 
                     seed):
   """The stacked kernel, one launch per 64 rows."""
   from wts_jax.output import WalkOutput
-  from wts_jax.pallas.stacked_walk import row_launches, stacked_walk
+  from wts_jax.pallas.stacked_walk import row_launches, stacked_walk, w1_planes_operand
   first, status = _first_tokens(head, first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   tokens = []
   for rows, part in row_launches(spec):
-    planes = operands["w1_fragments" if part.w1_order == "fragments" else "w1_planes"]
     sampling = None if spec.greedy else (score_scale[rows], noise_on[rows], seed)
     part_tokens, part_status = stacked_walk(
-        part, operands["w2"], base_logits[rows], planes, first[rows],
-        operands["w2_scale"], operands["w1_plane_scale"], sampling=sampling)
+        part, operands["w2"], base_logits[rows], w1_planes_operand(part, operands),
+        first[rows], operands["w2_scale"], operands["w1_plane_scale"], sampling=sampling)
     tokens.append(part_tokens)
     status = status | part_status
   tokens = tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=0)

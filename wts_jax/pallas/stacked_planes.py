@@ -613,31 +613,35 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step,
   every 32 bytes, or 128 (a line of its own); ``warp_polls``: only the first warp polls,
   lane l requests l and l + 32 (fewer pollers than requests)."""
   label = "${:uid}"   # (LLVM's number of this asm instance: its labels are its own)
+
+  def token(key, thread, valid):
+    """Request ``thread``'s winner from its polled ``key`` (2^32 - 1 - the key's low word,
+    clamped into [0, V)) to ``tok_s`` and the tokens' output, where ``valid``."""
+    return (f"mov.b64 {{lo, hi}}, {key}; not.b32 i, lo;\n"
+            f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
+            f"shl.b32 x, {thread}, 2; add.u32 sa, x, $4; @{valid} st.shared.b32 [sa], i;\n"
+            + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread=thread, step="$8",
+                             valid=valid))
+  # Not every block in yet: poll again, at most ``spin_limit`` times (then the flag).
+  spin = ("add.u32 spins, spins, 1;\n"
+          f"setp.lt.u32 q, spins, {spin_limit};\n"
+          f"@q bra POLL{label};\n"
+          "mov.b32 x, 1; st.shared.b32 [$3+8], x;\n"
+          f"POLLED{label}:\n")
   if warp_polls:
-    def token(key, thread, valid):
-      return (f"mov.b64 {{lo, hi}}, {key}; not.b32 i, lo;\n"
-              f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
-              f"shl.b32 x, {thread}, 2; add.u32 sa, x, $4; @{valid} st.shared.b32 [sa], i;\n"
-              + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread=thread, step="$8",
-                               valid=valid))
     poll = (
         "setp.lt.u32 w, $7, 32;\n"
         f"@!w bra DONE{label};\n"
         f"setp.lt.u32 p1, $7, {rows}; add.u32 t2, $7, 32; setp.lt.u32 p2, t2, {rows};\n"
         f"mul.wide.u32 off, t2, {slot_bytes}; add.u64 g2, $5, off;\n"
-        f"mov.b64 count, {blocks}; mov.b64 count2, {blocks}; mov.b32 spins, 0;\n"
+        f"mov.b64 count, {blocks}; mov.b64 count2, {blocks};\n"
         f"POLL{label}:\n"
         "@p1 ld.relaxed.gpu.global.v2.u64 {key, count}, [g];\n"
         "@p2 ld.relaxed.gpu.global.v2.u64 {key2, count2}, [g2];\n"
         f"setp.ge.u64 d1, count, {blocks}; setp.ge.u64 d2, count2, {blocks};\n"
         "and.pred d1, d1, d2;\n"
         f"@d1 bra POLLED{label};\n"
-        "add.u32 spins, spins, 1;\n"
-        f"setp.lt.u32 q, spins, {spin_limit};\n"
-        f"@q bra POLL{label};\n"
-        "mov.b32 x, 1; st.shared.b32 [$3+8], x;\n"
-        f"POLLED{label}:\n"
-        + token("key", "$7", "p1") + token("key2", "t2", "p2") +
+        + spin + token("key", "$7", "p1") + token("key2", "t2", "p2") +
         f"DONE{label}:\n")
   else:
     poll = (
@@ -646,16 +650,7 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step,
         "ld.relaxed.gpu.global.v2.u64 {key, count}, [g];\n"
         f"setp.ge.u64 q, count, {blocks};\n"
         f"@q bra POLLED{label};\n"
-        "add.u32 spins, spins, 1;\n"
-        f"setp.lt.u32 q, spins, {spin_limit};\n"
-        f"@q bra POLL{label};\n"
-        "mov.b32 x, 1; st.shared.b32 [$3+8], x;\n"
-        f"POLLED{label}:\n"
-        # (the winner's row: 2^32 - 1 - the key's low word, clamped into [0, V))
-        "mov.b64 {lo, hi}, key; not.b32 i, lo;\n"
-        f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
-        "shl.b32 x, $7, 2; add.u32 sa, x, $4; @p st.shared.b32 [sa], i;\n"
-        + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread="$7", step="$8"))
+        + spin + token("key", "$7", "p"))
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7 + (plgpu.Layout.WGMMA.reduce(1),))
   def exchange(_, values, indices, nans, flag, pairs, tokens, token_out, step_rows):

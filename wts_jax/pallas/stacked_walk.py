@@ -216,6 +216,12 @@ class StackedSpec:
       raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
 
 
+def w1_planes_operand(spec: StackedSpec, operands: dict):
+  """W1's planes in the order ``spec`` reads them, from ``head_operands.serial_operands``
+  (the head carries both orders)."""
+  return operands["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
+
+
 def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
   """The walk's rows a launch each, at most 64 (the rows of a walk are independent),
   each part planned for its own rows."""
@@ -278,11 +284,11 @@ def _kernel(*refs, spec: StackedSpec):
       """The position of the phase's j-th streamed tile."""
       return (j * count + streamed - 1) // streamed
 
-    def copy_entry(entry, j):
-      """Ring entry ``entry`` (its slot ``entry % stages``): the phase's j-th streamed
-      tile."""
+    def copy_entry(entry):
+      """Ring entry ``entry`` (its slot ``entry % stages``): the phase's
+      ``entry % streamed``-th streamed tile (of step ``entry // streamed``)."""
       slot = ring_slot(entry)
-      copy_tile(p + position_of(j) * phases, base_slot + res + slot,
+      copy_tile(p + position_of(entry % streamed) * phases, base_slot + res + slot,
                 ring_bar.at[p * stages + slot])
 
     @pl.when(issuer)
@@ -291,7 +297,7 @@ def _kernel(*refs, spec: StackedSpec):
       for k, (tile, _, _) in enumerate(t for t in order if not t[1]):
         copy_tile(tile, base_slot + k, res_bar.at[base_slot + k])
       for entry in range(min(stages, streamed * steps)):
-        copy_entry(entry, entry % streamed)
+        copy_entry(entry)
 
     def base_of(step, tile):
       with jax.named_scope("base"):
@@ -365,7 +371,7 @@ def _kernel(*refs, spec: StackedSpec):
             if shared_ring:
               with jax.named_scope("free_wait"):
                 plgpu.barrier_wait(free_bar.at[p * stages + ring_slot(refilled)])
-            copy_entry(refilled + stages, lax.rem(refilled + stages, streamed))
+            copy_entry(refilled + stages)
           if shared_ring:   # (only where a refill follows: no arrival left unobserved)
             pl.when(refill_due)(functools.partial(
                 plgpu.barrier_arrive, free_bar.at[p * stages + slot]))
