@@ -210,9 +210,9 @@ def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
   head, config = planes_head(1000)
   base, first, _ = random_inputs(config, 5, 2, jax.random.key(0))
   stacked = wts_jax.MosaicConfig(kernel="stacked", interpret=True)
-  sampled = backend.WalkShapes.of(base, greedy=False)
-  refusal = mosaic_backend.plan(head, sampled, stacked, wts_jax.device.H200)
-  assert isinstance(refusal, backend.Refusal) and "greedy" in refusal.reason
+  sampled = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=False), stacked,
+                                wts_jax.device.H200)
+  assert isinstance(sampled, sw.StackedSpec) and not sampled.greedy
   bf16_head = wts_jax.make_head(config, seed=0)
   refusal = mosaic_backend.plan(bf16_head, backend.WalkShapes.of(base, greedy=True), stacked,
                                 wts_jax.device.H200)
@@ -251,13 +251,14 @@ def test_auto_takes_the_stacked_kernel_from_two_rows_of_a_greedy_int8_planes_wal
 
 
 @NEEDS_INTERPRETER
-@pytest.mark.parametrize("batch", [5, 70])
-def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch):
+@pytest.mark.parametrize("batch, temperature", [(5, 0.0), (70, 0.0), (5, 0.8), (70, 0.8)])
+def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperature):
   """``wts_jax.walk`` with ``mosaic_kernel="stacked"`` (interpret mode): one launch at
-  B 5, two (64 + 6 rows) at B 70."""
+  B 5, two (64 + 6 rows) at B 70; greedy and sampled (the rows' keys carried across
+  the launches)."""
   head, config = planes_head(512, seed=batch)
   base, first, _ = random_inputs(config, batch, 2, jax.random.key(batch))
-  assert_mosaic_matches_xla(head, base, first, None, "auto", 0.0, kernel="stacked")
+  assert_mosaic_matches_xla(head, base, first, None, "auto", temperature, kernel="stacked")
 
 
 # --- the kernel on the GPU --------------------------------------------------------------
@@ -282,6 +283,21 @@ def test_gpu_sampled_tokens_equal_the_reference(batch):
   _assert_walk_equals_the_reference(head, base, first, temperature=temperature,
                                     key=jax.random.key(batch + 300), num_blocks=132,
                                     interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("batch, temperature", [(16, 0.0), (70, 0.0), (16, 0.8), (70, 0.8)])
+def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperature):
+  """``wts_jax.walk`` with ``mosaic_kernel="stacked"`` on the GPU: W1 from the head's
+  fragment-ordered copy, two launches at B 70 (64 + 6 rows), greedy and sampled."""
+  from mosaic_checks import assert_walk_matches, mosaic_and_xla_walks
+  head, config = planes_head(151936, seed=batch)
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 400))
+  config = wts_jax.WalkConfig(backend="mosaic", mosaic_kernel="stacked")
+  assert_walk_matches(*mosaic_and_xla_walks(
+      head, base, first, None, impl="pallas", config=config, temperature=temperature,
+      key=jax.random.key(batch + 500) if temperature else None))
 
 
 @pytest.mark.gpu

@@ -54,8 +54,6 @@ def _stacked_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   if head.config.head_type != "vanilla" or not serial.z_as_int8_planes:
     return ("kernel='stacked' runs the vanilla head with an int8 W2 that z meets as two "
             "int8 planes (quantize_w2(head, 'int8', state='planes'))")
-  if not shapes.greedy:   # (its sampled walk passes interpreted; not yet run on the GPU)
-    return "kernel='stacked' runs greedy walks (temperature=0)"
   if shapes.base_itemsize != 2:
     return "kernel='stacked' needs bf16 base logits"
   vocab, rank = head.config.vocab_size, head.config.rank
@@ -136,6 +134,9 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
 # (measured faster than the batched kernel at 2-5 and 12-64 rows, level at 8; one row is
 # the row kernel's: NOTES v30).
 STACKED_MIN_BATCH = 2
+# Whether ``"auto"`` gives the stacked kernel sampled walks too (``kernel="stacked"``
+# runs them either way).
+STACKED_TAKES_SAMPLED = False
 # What the stacked kernel takes from a ``MosaicConfig``; any other field set names
 # another kernel's option.
 STACKED_CONFIG_FIELDS = ("kernel", "num_blocks", "interpret", "sync_spin_limit")
@@ -154,6 +155,7 @@ def uses_stacked_kernel(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
                       if field.name not in STACKED_CONFIG_FIELDS)
   return (not config.interpret and not other_options
           and shapes.batch >= STACKED_MIN_BATCH
+          and (shapes.greedy or STACKED_TAKES_SAMPLED)
           and _stacked_refusal(head, shapes, config) is None)
 
 
