@@ -122,14 +122,15 @@ def test_the_plan_names_what_it_cannot_do():
 LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(nan_check="witness"),
                    dict(refill="deferred", ring_issuers="dealt"), dict(w1_order="fragments"),
-                   dict(prefetch_candidates=True), dict(greedy=False)]
+                   dict(prefetch_candidates=True), dict(greedy=False),
+                   dict(w1_order="fragments", plan=dict(z_loads="shared"))]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
 @pytest.mark.parametrize("options", LOWERED_OPTIONS,
                          ids=["defaults", "pairs", "warp-pairs", "nan-witness",
                               "deferred-dealt",
-                              "fragments", "prefetch", "sampled"])
+                              "fragments", "prefetch", "sampled", "staged-z"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -138,8 +139,9 @@ def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import cuda_target
   vocab, rank = 151936, 256
+  options = dict(options)
   plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
-                         smem_per_block=H200_SMEM)
+                         smem_per_block=H200_SMEM, **options.pop("plan", {}))
   spec = sw.StackedSpec(plan, batch, 7, **options)
   shapes = ((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16), \
       ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32), ((vocab,), jnp.float32), \
@@ -264,7 +266,7 @@ def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
 # --- the kernel on the GPU --------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-@pytest.mark.parametrize("batch", [5, 16, 33, 64])
+@pytest.mark.parametrize("batch", [1, 5, 16, 33, 64])
 def test_gpu_tokens_equal_the_reference(batch):
   head, config = planes_head(151936, seed=batch)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 100))
@@ -308,14 +310,16 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(nan_check="witness"), dict(refill="deferred"), dict(w1_order="fragments"),
     dict(ring_issuers="dealt"),
     dict(refill="deferred", w1_order="fragments", ring_issuers="dealt"),
-    dict(prefetch_candidates=True), dict(exchange="warp_pairs")],
+    dict(prefetch_candidates=True), dict(exchange="warp_pairs"),
+    dict(w1_order="fragments", plan=dict(z_loads="shared"))],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
-         "deferred-fragments-dealt", "prefetch", "warp-pairs"])
+         "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))
+  options = dict(options)
   _assert_walk_equals_the_reference(head, base, first, num_blocks=132, interpret=False,
-                                    spec_options=options)
+                                    **options.pop("plan", {}), spec_options=options)
 
 
 @pytest.mark.gpu

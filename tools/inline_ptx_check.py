@@ -21,10 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# (batch, StackedSpec options): between them every inline-asm form the kernel has.
+# (batch, StackedSpec options; "plan": plan_stacked's): between them every inline-asm
+# form the kernel has.
 BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs")),
           (64, dict(prefetch_candidates=True, w1_order="fragments", nan_check="witness")),
-          (16, dict(greedy=False)))
+          (16, dict(greedy=False)), (40, dict(w1_order="fragments", plan=dict(z_loads="shared"))))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
 
@@ -47,8 +48,9 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
   llvm.inline_asm = capture
   try:
     for batch, options in builds:
+      options = dict(options)
       plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
-                             smem_per_block=232448)
+                             smem_per_block=232448, **options.pop("plan", {}))
       spec = sw.StackedSpec(plan, batch, 7, **options)
       shapes = (((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16),
                 ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32),

@@ -8,7 +8,8 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       Y: the pairs a line each, polled by one warp,
       W: a NaN witness beside the running best, D: a shared ring's refill deferred, F: W1 in fragment order,
       I: a shared ring's refills dealt to both its warpgroups, P: each block's candidates'
-      W1 rows prefetched into the L2 as their keys are published)
+      W1 rows prefetched into the L2 as their keys are published, Z: z's fragments
+      loaded a share a warpgroup into shared memory and read back by all: with F)
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "D": ("refill", "deferred"), "F": ("w1_order", "fragments"),
                 "I": ("ring_issuers", "dealt"), "P": ("prefetch_candidates", True)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
+# A letter's ``plan_stacked`` option.
+PLAN_LETTERS = {"Z": ("z_loads", "shared")}
 
 
 def variant_options(text: str) -> dict:
   options = {}
   for part in (p for p in text.split("+") if p):
-    if part in SPEC_LETTERS:
-      name, value = SPEC_LETTERS[part]
+    if part in SPEC_LETTERS or part in PLAN_LETTERS:
+      name, value = SPEC_LETTERS.get(part) or PLAN_LETTERS[part]
       options[name] = value
       continue
     m = re.fullmatch(r"([rs])(\d+)", part)

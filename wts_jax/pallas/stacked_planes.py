@@ -89,13 +89,58 @@ def tile_start(block, tile: int, *, tiles: int, vocab: int):
 
 # --- the step's operand: z's planes, stacked, and each request's s_lo --------------------
 
+def _stacked_source(first):
+  """``z_registers.stacked_row`` on i32 rows, past the warpgroup's first request."""
+  from jax._src.lib.mlir.dialects import arith
+
+  def source(row):
+    request = arith.addi(arith.muli(arith.divui(row, _const(16)), _const(8)),
+                         arith.remui(row, _const(8)))
+    return (arith.addi(first, request),
+            arith.remui(arith.divui(row, _const(8)), _const(2)))
+  return source
+
+
+def _first_request(wg, phases: int):
+  from jax._src.lib.mlir.dialects import arith
+  return arith.muli(arith.divui(wg, _const(phases)), _const(REQUESTS))
+
+
+# Bytes of one block of 32 requests' staged operand (``stage_z``): 8 loads × 128 threads
+# × 16 bytes.
+STAGE_BYTES = 8 * 128 * 16
+
+
+def stage_z(tok_s, w1_g, z_s, *, rank: int, phases: int, loads):
+  """This warpgroup's share (``loads``, of ``z_registers.fragment_loads``' 8) of its
+  requests' A operand, from a ``fragment_ordered`` W1 into ``z_s`` (one
+  ``STAGE_BYTES`` block a block of requests): the warpgroups serving the same
+  requests each load a share once, so the L2 serves each row to a block once instead of
+  once a warpgroup. GPU only; visible to the others after a barrier."""
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3)
+  def stage(_, tok, w1, z):
+    from jax._src.lib.mlir.dialects import arith
+    from wts_jax.pallas.row_words import thread_and_addresses
+    _, wg, *_ = _thread()
+    thread, (z_at,), (w1_at,) = thread_and_addresses((z,), (w1,))
+    in_wg = arith.remui(thread, _const(128))
+    first = _first_request(wg, phases)
+    block_at = arith.addi(z_at, arith.muli(arith.divui(wg, _const(phases)),
+                                           _const(STAGE_BYTES)))
+    z_registers.stage_fragments(tok, w1_at, block_at, in_wg, (2 * REQUESTS, rank),
+                                _stacked_source(first), rank, tuple(loads))
+
+  stage(tok_s, w1_g, z_s)
+
+
 def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
-           fragment_order: bool = False):
+           fragment_order: bool = False, z_s=None):
   """(A, s_lo) of this warpgroup's 32 requests (tokens ``tok_s``, in range, their stores
   visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo;
   ``fragment_order``: ``int8_state.fragment_ordered``), s_lo the requests' plane scale.
   GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread array. Interpreted:
-  A [64, r] and s_lo [32]."""
+  A [64, r] and s_lo [32]. ``z_s`` (GPU, fragment order): A read back from
+  ``stage_z``'s shared memory, every share staged and shown (a barrier)."""
   if interpret:
     first = (wg // phases) * REQUESTS
     tokens = [tok_s[first + b] for b in range(REQUESTS)]
@@ -109,24 +154,30 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
                                   layout=plgpu.Layout.WGMMA_8BIT)
   s_type = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType()),
+  staged = z_s is not None
+  if staged and not fragment_order:
+    raise ValueError("a staged z reads W1 in fragment order")
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * (4 if staged else 3),
                      return_type=(a_type, s_type))
-  def load(_, tok, w1, s_lo):
+  def load(_, tok, w1, s_lo, *z):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm, memref
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     i64 = ir.IntegerType.get_signless(64)
     index = ir.IndexType.get()
-    _, wg_, *_ = _thread()
-    first = arith.muli(arith.divui(wg_, _const(phases)), _const(REQUESTS))
-
-    def source(row):   # ``stacked_row`` on i32 values, past this block's first request
-      request = arith.addi(arith.muli(arith.divui(row, _const(16)), _const(8)),
-                           arith.remui(row, _const(8)))
-      return (arith.addi(first, request),
-              arith.remui(arith.divui(row, _const(8)), _const(2)))
-    a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
-                               (2 * REQUESTS, rank), source, rank, fragment_order)
+    thread, wg_, *_ = _thread()
+    shape = (2 * REQUESTS, rank)
+    if staged:
+      z_at = llvm.ptrtoint(_i32(), mgpu_utils.memref_ptr(z[0]))
+      block_at = arith.addi(z_at, arith.muli(arith.divui(wg_, _const(phases)),
+                                             _const(STAGE_BYTES)))
+      a = z_registers.fragments_from_stage(block_at, arith.remui(thread, _const(128)),
+                                           shape)
+    else:
+      a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
+                                 shape, _stacked_source(_first_request(wg_, phases)),
+                                 rank, fragment_order)
     request, _ = _request(phases)
     token = memref.load(tok, [arith.index_cast(index, request)])
     address = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(s_lo)),
@@ -135,7 +186,7 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
                             "=f,l", has_side_effects=False)
     return a, _per_thread(scale, jnp.float32)
 
-  return load(tok_s, w1_g, s_lo_g)
+  return load(tok_s, w1_g, s_lo_g, *(() if z_s is None else (z_s,)))
 
 
 # --- a tile's base logits -----------------------------------------------------------------

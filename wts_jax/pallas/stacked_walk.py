@@ -59,8 +59,15 @@ class StackedPlan:
   request_blocks: int         # blocks of 32 requests: 1 (B <= 32) or 2
   resident: tuple[int, ...]   # a phase's resident tiles
   ring_stages: int
+  # Who loads z's fragments: "own": every warpgroup its own (the same rows read from the
+  # L2 once a warpgroup); "shared": the warpgroups serving the same requests each load
+  # a share into shared memory (``stacked_planes.STAGE_BYTES`` a block of requests),
+  # meet at a barrier and read all of it back (W1 in fragment order, GPU only).
+  z_loads: str = "own"
 
   def __post_init__(self):
+    if self.z_loads not in ("own", "shared"):
+      raise ValueError(f"z_loads={self.z_loads!r} must be 'own' or 'shared'")
     if self.request_blocks not in (1, 2):
       raise ValueError(f"request_blocks={self.request_blocks} must be 1 or 2")
     if len(self.resident) != self.phases:
@@ -104,29 +111,30 @@ class StackedPlan:
   def describe(self) -> str:
     return (f"stacked int8-planes walk: {self.num_blocks} blocks × {self.tiles} tiles of 64 "
             f"rows, {self.phases} phases, resident {list(self.resident)}, "
-            f"{self.ring_stages}-slot rings")
+            f"{self.ring_stages}-slot rings"
+            + (", z staged in shared memory" if self.z_loads == "shared" else ""))
 
 
 def tile_bytes(rank: int) -> int:
   return sp.TILE * rank
 
 
-def fixed_smem_bytes(tiles: int) -> int:
+def fixed_smem_bytes(tiles: int, z_stage_bytes: int = 0) -> int:
   """Shared memory besides W2: the block's row scales, the warpgroups' bests, the
-  tokens and the flags (each allocation on its own 1 KB)."""
+  tokens and the flags, and a staged z's bytes (each allocation on its own 1 KB)."""
   def aligned(n):
     return -(-n // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
   return (aligned(tiles * sp.TILE * 4) + 3 * aligned(WARPGROUPS * sp.REQUESTS * 4)
-          + aligned(MAX_BATCH * 4) + aligned(3 * 4))
+          + aligned(MAX_BATCH * 4) + aligned(3 * 4) + aligned(z_stage_bytes))
 
 
 def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  smem_per_block: int, ring_stages: int | None = None,
-                 resident: int | None = None) -> StackedPlan:
+                 resident: int | None = None, z_loads: str = "own") -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
   (by default one at B <= 32, two above, where two warpgroups share a phase's ring),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
-  at most what fits."""
+  at most what fits. ``z_loads``: ``StackedPlan.z_loads``."""
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch}: the stacked walk takes 1 to {MAX_BATCH} rows")
   if rank % 32 or vocab_size % 2 or vocab_size < sp.TILE:
@@ -137,7 +145,8 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   tiles = chunks_per_block(vocab_size, num_blocks)
   stages = (1 if request_blocks == 1 else 2) if ring_stages is None else ring_stages
   counts = [len(range(p, tiles, phases)) for p in range(phases)]
-  room = ((smem_per_block - SMEM_RESERVED_BYTES - fixed_smem_bytes(tiles))
+  stage = request_blocks * sp.STAGE_BYTES if z_loads == "shared" else 0
+  room = ((smem_per_block - SMEM_RESERVED_BYTES - fixed_smem_bytes(tiles, stage))
           // tile_bytes(rank))
   fit = room - stages * phases
   if fit < 0:
@@ -154,7 +163,7 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
     share[p] += 1
   return StackedPlan(vocab_size=vocab_size, rank=rank, num_blocks=num_blocks, tiles=tiles,
                      request_blocks=request_blocks, resident=tuple(share),
-                     ring_stages=stages)
+                     ring_stages=stages, z_loads=z_loads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +211,6 @@ class StackedSpec:
   # W1's planes as given ("rows") or ``int8_state.fragment_ordered`` ("fragments": a
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
-
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
                           ("nan_check", ("witness", "value")),
@@ -214,6 +222,8 @@ class StackedSpec:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
     if self.interpret and self.w1_order == "fragments":
       raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
+    if self.plan.z_loads == "shared" and self.w1_order != "fragments":
+      raise ValueError("z_loads='shared' stages W1 in fragment order (w1_order='fragments')")
 
 
 def w1_planes_operand(spec: StackedSpec, operands: dict):
@@ -230,7 +240,7 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
     rows = min(MAX_BATCH, spec.batch - first)
     plan = plan_stacked(vocab_size=spec.plan.vocab_size, rank=spec.plan.rank, batch=rows,
                         num_blocks=spec.plan.num_blocks, smem_per_block=spec.smem_per_block,
-                        ring_stages=spec.ring_stages)
+                        ring_stages=spec.ring_stages, z_loads=spec.plan.z_loads)
     parts.append((slice(first, first + rows),
                   dataclasses.replace(spec, plan=plan, batch=rows,
                                       row_offset=spec.row_offset + first)))
@@ -241,7 +251,10 @@ def _kernel(*refs, spec: StackedSpec):
   inputs = 6 if spec.greedy else 9   # (a sampled walk: score scales, noise, seed)
   w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, *sampling_g = refs[:inputs]
   (tok_g, flag_g, w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
-   res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *interpreted) = refs[inputs:]
+   res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *extra_scratch) = refs[inputs:]
+  staged = spec.plan.z_loads == "shared"
+  z_s, z_bar = extra_scratch[:2] if staged else (None, None)
+  interpreted = extra_scratch[2:] if staged else extra_scratch
   plan, steps, batch = spec.plan, spec.steps, spec.batch
   vocab, rank, tiles, stages = plan.vocab_size, plan.rank, plan.tiles, plan.ring_stages
   phases, interpret = plan.phases, spec.interpret
@@ -313,9 +326,15 @@ def _kernel(*refs, spec: StackedSpec):
         def _():
           plgpu.barrier_wait(tok_bar)
       with jax.named_scope("gather"):
+        if staged:   # (the phase is this warpgroup's share of the 8 loads)
+          sp.stage_z(tok_s, w1_g, z_s, rank=rank, phases=phases,
+                     loads=range(p, 8, phases))
+          request_block = lax.div(wg, phases)
+          plgpu.barrier_arrive(z_bar.at[request_block])
+          plgpu.barrier_wait(z_bar.at[request_block])
         a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
                             interpret=interpret,
-                            fragment_order=spec.w1_order == "fragments")
+                            fragment_order=spec.w1_order == "fragments", z_s=z_s)
       if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
         interpreted[0][wg] = a
         a = interpreted[0].at[wg]
@@ -532,6 +551,9 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       plgpu.Barrier(num_arrivals=WARPGROUPS, num_barriers=1),
       plgpu.Barrier(num_arrivals=1, num_barriers=1),
   ]
+  if plan.z_loads == "shared":
+    scratch += [plgpu.SMEM((plan.request_blocks * sp.STAGE_BYTES,), jnp.int8),
+                plgpu.Barrier(num_arrivals=plan.phases, num_barriers=plan.request_blocks)]
   if spec.interpret:
     scratch.append(plgpu.SMEM((WARPGROUPS, 2 * sp.REQUESTS, rank), jnp.int8,
                               transforms=_w2_transforms(1, rank)))

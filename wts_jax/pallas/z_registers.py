@@ -72,43 +72,147 @@ def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = Fals
   ``w1[tok[request], plane * r + k : + 4]`` for (request, plane) = ``source(row)``
   (``fragment_order``: read from ``int8_state.fragment_ordered``'s place of those bytes, four
   registers a 16-byte load)."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import llvm
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  i32 = ir.IntegerType.get_signless(32)
+  if fragment_order:
+    registers = _empty_registers(shape)
+    for _, places, address in fragment_loads(tok, w1_at, shape, source, rank):
+      _place(registers, places, llvm.inline_asm(
+          _FOUR_WORDS(), [address], "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+          "=r,=r,=r,=r,l", has_side_effects=False))
+    return fa.FragmentedArray(_registers=registers, _layout=fa.WGMMA_LAYOUT_8BIT,
+                              _is_signed=True)
+  from jax._src.lib.mlir.dialects import arith, memref
+  import numpy as np
+  index = ir.IndexType.get()
+  layout = fa.WGMMA_LAYOUT_8BIT
+  registers = _empty_registers(shape)
+  for reg, (row, col) in zip(np.ndindex(registers.shape), layout.thread_idxs(shape)):
+    request, plane = source(arith.index_cast(i32, row))
+    token = memref.load(tok, [arith.index_cast(index, request)])
+    address = _w1_address(w1_at, token, plane, arith.index_cast(i32, col), rank)
+    # (Read-only for the kernel's life: the non-coherent path.)
+    loaded = llvm.inline_asm(i32, [address], "ld.global.nc.b32 $0, [$1];", "=r,l",
+                             has_side_effects=False)
+    registers[reg] = llvm.bitcast(_WORD(), loaded)
+  return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=True)
+
+
+# --- fragment order: a thread's registers four at a time ---------------------------------
+# In ``int8_state.fragment_ordered`` a thread's four registers of 16-column tiles 4q to
+# 4q + 3 (one row) are 16 contiguous bytes: 8 loads a thread for [64, 256] (2 rows × 4).
+
+def _WORD():
+  from jax._src.lib.mlir import ir
+  return ir.VectorType.get((4,), ir.IntegerType.get_signless(8))
+
+
+def _FOUR_WORDS():
+  from jax._src.lib.mlir import ir
+  return ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+
+
+def _empty_registers(shape):
+  import numpy as np
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  return np.empty(fa.WGMMA_LAYOUT_8BIT.registers_shape(shape), dtype=object)
+
+
+def _w1_address(w1_at, token, plane, col, rank: int):
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith
+  i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+  offset = arith.addi(arith.muli(token, arith.constant(i32, 2 * rank)),
+                      arith.addi(arith.muli(plane, arith.constant(i32, rank)), col))
+  return arith.addi(w1_at, arith.extui(i64, offset))
+
+
+def fragment_loads(tok, w1_at, shape, source, rank: int):
+  """This thread's 16-byte loads of a ``fragment_ordered`` W1 (see ``_fragments``), in a
+  fixed order: [(load number, the four register indices it fills, its global
+  address)]."""
   import numpy as np
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm, memref
+  from jax._src.lib.mlir.dialects import arith, memref
   from jax.experimental.mosaic.gpu import fragmented_array as fa
-  i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+  i32 = ir.IntegerType.get_signless(32)
   index = ir.IndexType.get()
-  word = ir.VectorType.get((4,), ir.IntegerType.get_signless(8))
   layout = fa.WGMMA_LAYOUT_8BIT
-  registers = np.empty(layout.registers_shape(shape), dtype=object)
-  four = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
-  for reg, (row, col) in zip(np.ndindex(registers.shape), layout.thread_idxs(shape)):
+  loads = []
+  for reg, (row, col) in zip(np.ndindex(layout.registers_shape(shape)),
+                             layout.thread_idxs(shape)):
     tile = reg[1]   # (the register's 16-column tile: its column is 16 · tile + 4 g)
-    if fragment_order and tile % 4:
+    if tile % 4:
       continue   # (loaded with the tile three before it)
     request, plane = source(arith.index_cast(i32, row))
     token = memref.load(tok, [arith.index_cast(index, request)])
-    col = arith.index_cast(i32, col)
-    if fragment_order:   # g · r / 4 + 4 · tile
-      col = arith.addi(arith.muli(arith.divui(arith.remui(col, arith.constant(i32, 16)),
-                                              arith.constant(i32, 4)),
-                                  arith.constant(i32, rank // 4)),
-                       arith.constant(i32, 4 * tile))
-    offset = arith.addi(arith.muli(token, arith.constant(i32, 2 * rank)),
-                        arith.addi(arith.muli(plane, arith.constant(i32, rank)), col))
-    address = arith.addi(w1_at, arith.extui(i64, offset))
-    # (Read-only for the kernel's life: the non-coherent path.)
-    if not fragment_order:
-      loaded = llvm.inline_asm(i32, [address], "ld.global.nc.b32 $0, [$1];", "=r,l",
-                               has_side_effects=False)
-      registers[reg] = llvm.bitcast(word, loaded)
-      continue
-    loaded = llvm.inline_asm(four, [address], "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
-                             "=r,=r,=r,=r,l", has_side_effects=False)
+    col = arith.index_cast(i32, col)   # g · r / 4 + 4 · tile
+    col = arith.addi(arith.muli(arith.divui(arith.remui(col, arith.constant(i32, 16)),
+                                            arith.constant(i32, 4)),
+                                arith.constant(i32, rank // 4)),
+                     arith.constant(i32, 4 * tile))
+    places = []
     for k in range(4):
       at = list(reg)
       at[1] = tile + k
-      registers[tuple(at)] = llvm.bitcast(word, llvm.extractvalue(i32, loaded, [k]))
+      places.append(tuple(at))
+    loads.append((len(loads), tuple(places), _w1_address(w1_at, token, plane, col, rank)))
+  return loads
+
+
+def _place(registers, places, four):
+  """The four 32-bit words of a 16-byte load into their registers."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import llvm
+  i32 = ir.IntegerType.get_signless(32)
+  for k, place in enumerate(places):
+    registers[place] = llvm.bitcast(_WORD(), llvm.extractvalue(i32, four, [k]))
+
+
+def stage_fragments(tok, w1_at, stage_at, thread, shape, source, rank: int, loads):
+  """The 16-byte loads numbered ``loads`` (``fragment_loads``) of this thread, each
+  stored to shared memory at ``stage_at`` + (load · 128 + ``thread``) · 16 (``thread``
+  the thread's index in its warpgroup, i32): the warpgroups that serve the same requests
+  each stage a share and all read every load back (``fragments_from_stage``)."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+  i32 = ir.IntegerType.get_signless(32)
+  wanted = set(loads)
+  for number, _, address in fragment_loads(tok, w1_at, shape, source, rank):
+    if number not in wanted:
+      continue
+    at = arith.addi(stage_at, arith.muli(arith.addi(thread, arith.constant(i32, 128 * number)),
+                                         arith.constant(i32, 16)))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"), [address, at],
+        "{ .reg .b32 a, b, c, d;\n"
+        "ld.global.nc.v4.b32 {a, b, c, d}, [$0];\n"
+        "st.shared.v4.b32 [$1], {a, b, c, d}; }", "l,r", has_side_effects=True)
+
+
+def fragments_from_stage(stage_at, thread, shape):
+  """``_fragments``' array (fragment order) read back from ``stage_fragments``' shared
+  memory: every load of this thread (its index ``thread`` in its warpgroup)."""
+  import numpy as np
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  i32 = ir.IntegerType.get_signless(32)
+  layout = fa.WGMMA_LAYOUT_8BIT
+  registers = _empty_registers(shape)
+  number = 0
+  for reg in np.ndindex(registers.shape):
+    if reg[1] % 4:
+      continue
+    at = arith.addi(stage_at, arith.muli(arith.addi(thread, arith.constant(i32, 128 * number)),
+                                         arith.constant(i32, 16)))
+    places = [tuple([reg[0], reg[1] + k, *reg[2:]]) for k in range(4)]
+    _place(registers, places, llvm.inline_asm(
+        _FOUR_WORDS(), [at], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,r", has_side_effects=True))
+    number += 1
   return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=True)
 
 
