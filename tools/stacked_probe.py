@@ -67,7 +67,7 @@ def walk_operands(spec, operands, base, first):
 
 
 def special_run(kind, batch, head, operands, base, first, device, out, tries: int = 3,
-                spec_options=None):
+                spec_options=None, plan_options=None):
   """One walk built with Mosaic GPU's profiler (``profile``: its regions summarised) or
   with the ptxas report and SASS dumped (``dump``). The profiler's buffer takes shared
   memory from W2's tiles: as much as the compiled kernel says it exceeds."""
@@ -82,7 +82,8 @@ def special_run(kind, batch, head, operands, base, first, device, out, tries: in
   def attempt(reserve):
     plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                            batch=batch, num_blocks=device.num_sms,
-                           smem_per_block=device.smem_per_block - reserve)
+                           smem_per_block=device.smem_per_block - reserve,
+                           **(plan_options or {}))
     spec = sw.StackedSpec(plan, batch, STEPS, **(spec_options or {}),
                           **(dict(profile_dir=directory, profile_space=pb.PROFILE_SPACE)
                              if kind == "profile" else {}))
@@ -121,8 +122,10 @@ def main():
   results = {"jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
              "walks": args.walks, "points": []}
   special_options = variant_options(args.special_variant)
-  if set(special_options) - set(SPEC_OPTIONS):
-    raise SystemExit(f"error: --special-variant {args.special_variant!r}: spec letters only")
+  plan_names = [name for name, _ in PLAN_LETTERS.values()]
+  if set(special_options) - set(SPEC_OPTIONS) - set(plan_names):
+    raise SystemExit(f"error: --special-variant {args.special_variant!r}: letters only")
+  special_plan = {k: special_options.pop(k) for k in plan_names if k in special_options}
   for batch in (int(b) for b in args.batches.split(",")):
     base, first, _ = random_inputs(heads.config("int8p"), batch, STEPS, jax.random.key(batch))
     want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
@@ -132,7 +135,8 @@ def main():
         record = {"variant": f"stacked:{batch}:{extra}:{args.special_variant}"}
         try:
           record[extra] = special_run(extra, batch, head, operands, base, first, device,
-                                      args.out, spec_options=special_options)
+                                      args.out, spec_options=special_options,
+                                      plan_options=special_plan)
         except Exception as err:
           record["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
         print(json.dumps(record), flush=True)
