@@ -224,21 +224,20 @@ def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
   assert isinstance(spec, sw.StackedSpec) and spec.plan.num_blocks == 1
 
 
-def test_auto_takes_the_stacked_kernel_from_two_rows_of_a_greedy_int8_planes_walk():
+def test_auto_takes_the_stacked_kernel_for_a_greedy_int8_planes_walk():
   """``kernel="auto"`` on the GPU (a plan: no kernel runs): the stacked kernel for the
-  greedy int8-planes walk from ``STACKED_MIN_BATCH`` rows; one row the row kernel; the
-  batched kernel when sampled or another kernel's option is set; not in interpret
-  mode."""
+  greedy int8-planes walk from ``STACKED_MIN_BATCH`` (one) row; the batched kernel
+  when sampled or another kernel's option is set; not in interpret mode."""
   from wts_jax.pallas import backend, mosaic_backend
   from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
   head, config = planes_head(151936)
-  assert mosaic_backend.STACKED_MIN_BATCH == 2
+  assert mosaic_backend.STACKED_MIN_BATCH == 1 and not mosaic_backend.STACKED_TAKES_SAMPLED
 
   def spec(batch, greedy=True, **options):
     base = jax.ShapeDtypeStruct((batch, 7, 151936), jnp.bfloat16)
     return mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=greedy),
                                wts_jax.MosaicConfig(**options), wts_jax.device.H200)
-  for batch in (2, 5, 16, 40, 64, 70):
+  for batch in (1, 2, 5, 16, 40, 64, 70):
     chosen = spec(batch)
     assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
     assert chosen.plan.num_blocks == 132
@@ -249,7 +248,8 @@ def test_auto_takes_the_stacked_kernel_from_two_rows_of_a_greedy_int8_planes_wal
     # (interpret mode at this V: one block holds no batched plan either, a refusal)
     assert not isinstance(chosen, sw.StackedSpec), (batch, greedy, options)
     assert options.get("interpret") or isinstance(chosen, BatchedSpec), (batch, options)
-  assert not isinstance(spec(1), (sw.StackedSpec, BatchedSpec))   # the row kernel
+  # One sampled row: the row kernel.
+  assert not isinstance(spec(1, greedy=False), (sw.StackedSpec, BatchedSpec))
 
 
 @NEEDS_INTERPRETER

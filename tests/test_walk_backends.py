@@ -184,7 +184,8 @@ def test_planner_takes_one_warpgroup_where_its_second_does_not_fit():
     (32, "bf16", True, ("n", 2)), (32, "int8p", True, ("n", 2)),
     (64, "bf16", False, ("m", 2)), (64, "bf16", True, ("m", 1)),
     (64, "int8p", True, ("m", 2)), (64, "int8p", False, ("m", 2)),
-    (2, "int8p", True, "stacked"), (64, "int8p", True, "stacked")])
+    (1, "int8p", True, "stacked"), (2, "int8p", True, "stacked"),
+    (64, "int8p", True, "stacked")])
 @pytest.mark.parametrize("n_lowers", [True, False], ids=["jax-0.11", "jax-0.10"])
 def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want, n_lowers,
                                                           monkeypatch):
@@ -197,8 +198,9 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   1-slot base ring; the gated head one warpgroup but for sampling past 16 rows or on
   M, no producer, the default ring; the rnn head one but for sampling on M (NOTES v23).
   The planner is the same arithmetic on either jax; whether jax lowers the batch on N is
-  set here, so both cases run on either. From 2 rows a greedy int8-planes walk is the
-  stacked kernel's (NOTES v30): there the batched kernel's plan is asked for by name."""
+  set here, so both cases run on either. A greedy int8-planes walk is the stacked
+  kernel's from one row (NOTES v31): there the batched kernel's plan is asked for by
+  name."""
   from wts_jax.pallas import mosaic_backend
   monkeypatch.setattr(mosaic_backend, "BATCH_ON_N_LOWERS", n_lowers)
   from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE, DEFAULT_BASE_STAGES

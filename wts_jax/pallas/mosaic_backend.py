@@ -131,9 +131,9 @@ def _batched_launch_refusal(config: MosaicConfig) -> str | None:
 
 
 # From this many rows ``kernel="auto"`` takes the stacked kernel where it runs the walk
-# (measured faster than the batched kernel at 2-5 and 12-64 rows, level at 8; one row is
-# the row kernel's: NOTES v30).
-STACKED_MIN_BATCH = 2
+# (measured faster than the batched kernel at 2-5 and 12-64 rows, level at 8, and than
+# the row kernel at one row: NOTES v30, v31).
+STACKED_MIN_BATCH = 1
 # Whether ``"auto"`` gives the stacked kernel sampled walks too (``kernel="stacked"``
 # runs them either way).
 STACKED_TAKES_SAMPLED = False
