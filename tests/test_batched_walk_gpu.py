@@ -482,14 +482,17 @@ STACKED = MosaicConfig(kernel="stacked")
     # the gated head with its gate table ("auto"; at 32 rows asked for by name)
     ("table", AUTO, "gated", 0.0, 16), ("table", AUTO, "gated", 0.8, 16),
     ("table", TABLE_GATE, "gated", 0.0, 32),
-    # the stacked int8-planes kernel: four phases, and two with shared rings
-    ("int8p", STACKED, "vanilla", 0.0, 16), ("int8p", STACKED, "vanilla", 0.0, 64)],
+    # the stacked int8-planes kernel: four phases, and two with shared rings; "auto"'s
+    # at one row; its sampled walk by name
+    ("int8p", STACKED, "vanilla", 0.0, 16), ("int8p", STACKED, "vanilla", 0.0, 64),
+    ("int8p", AUTO, "vanilla", 0.0, 1), ("int8p", STACKED, "vanilla", 0.8, 40)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
          "gated-int8-auto-sample", "rnn-int8-auto-sample", "rnn-split-sample-m2", "int8p-m64",
          "int8p-auto-sample-m64", "gated-table-auto", "gated-table-auto-sample",
-         "gated-table-32", "int8p-stacked-16", "int8p-stacked-64"])
+         "gated-table-32", "int8p-stacked-16", "int8p-stacked-64", "int8p-auto-stacked-1",
+         "int8p-stacked-sample-40"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature,
                                                  batch):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)

@@ -615,6 +615,12 @@ def test_the_floor_reads_the_kernels_real_plan():
   result = floor.walk_floor(nbytes, 7, ceilings, plan=plan)
   assert result["plan_floor_us"] > result["floor_us"]   # 11 % resident, not 66 %
   assert result["kernel_plan"] is plan
+  # An int8-planes head's greedy walk: the stacked kernel's plan (its resident tiles).
+  from wts_jax.quantize import quantize_w2
+  planes = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"), head)
+  stacked = floor.kernel_plan(planes, batch16)
+  assert stacked["impl"] == "mosaic" and "stacked" in stacked["plan"]
+  assert 0 < stacked["resident_fraction"] < 1
 
 
 def test_the_floor_stays_under_the_public_int8_kernel():

@@ -108,6 +108,12 @@ class StackedPlan:
   def slots(self) -> int:
     return self.slot_base(self.phases)
 
+  @property
+  def resident_fraction(self) -> float:
+    """The share of W2 that stays in shared memory for the whole walk (the floor
+    model's ``resident_fraction``)."""
+    return min(1.0, sum(self.resident) * self.num_blocks * sp.TILE / self.vocab_size)
+
   def describe(self) -> str:
     return (f"stacked int8-planes walk: {self.num_blocks} blocks × {self.tiles} tiles of 64 "
             f"rows, {self.phases} phases, resident {list(self.resident)}, "
