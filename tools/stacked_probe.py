@@ -9,7 +9,9 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       W: a NaN witness beside the running best, D: a shared ring's refill deferred, F: W1 in fragment order,
       I: a shared ring's refills dealt to both its warpgroups, P: each block's candidates'
       W1 rows prefetched into the L2 as their keys are published, Z: z's fragments
-      loaded a share a warpgroup into shared memory and read back by all: with F)
+      loaded a share a warpgroup into shared memory and read back by all: with F;
+      timing only, tokens wrong: A a tile's fold cut to one column pair, L no base loads,
+      M no WGMMA issued)
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "Y": ("exchange", "warp_pairs"),
                 "W": ("nan_check", "witness"),
                 "D": ("refill", "deferred"), "F": ("w1_order", "fragments"),
-                "I": ("ring_issuers", "dealt"), "P": ("prefetch_candidates", True)}
+                "I": ("ring_issuers", "dealt"), "P": ("prefetch_candidates", True),
+                "A": ("timing_ablation", "fold"), "L": ("timing_ablation", "base"),
+                "M": ("timing_ablation", "mma")}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared")}
@@ -160,7 +164,12 @@ def main():
         tokens, status = run(*call)
         tokens = np.asarray(tokens)
         record.update(status=int(status), tokens_equal=bool((tokens == want).all()))
-        if not record["tokens_equal"]:
+        if spec.timing_ablation:   # (timing only: its tokens are wrong by design)
+          per_walk, kernel, _, _ = pb.time_walks(run, call, args.walks)
+          record.update(ablation=spec.timing_ablation,
+                        walk_us_median=round(float(np.median(per_walk)), 1),
+                        kernel_us_median=round(float(kernel), 1))
+        elif not record["tokens_equal"]:
           differ = tokens != want
           record["tokens_differing"] = int(differ.sum())
           record["first_rows"] = [tokens[0].tolist(), want[0].tolist()]

@@ -192,12 +192,12 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
 # --- a tile's base logits -----------------------------------------------------------------
 
 def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: int,
-              phases: int, wg, interpret: bool):
+              phases: int, wg, interpret: bool, loads: bool = True):
   """This warpgroup's requests' base logits at ``step`` over the tile's 64 vocab rows
   (``base_g`` [B', K, V] bf16, V even). GPU: a [64, 64] bf16 WGMMA-layout array, each
   thread's hi-plane rows holding its request's 16 columns (two per 4-byte load), rows
   past the batch zero. Interpreted: [32, 64] f32 (``base_g`` padded to whole blocks of
-  32 requests)."""
+  32 requests). ``loads`` False (GPU, timing only): zeros, nothing loaded."""
   start = tile_start(block, tile, tiles=tiles, vocab=vocab)
   if interpret:
     first = (wg // phases) * REQUESTS
@@ -232,7 +232,7 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
     zero = vector.broadcast(bf16x2, arith.constant(ir.BF16Type.get(), 0.0))
     for reg in np.ndindex(registers.shape):
       j, half = reg[1], reg[4]
-      if half:
+      if half or not loads:
         registers[reg] = zero
         continue
       word = llvm.inline_asm(
@@ -365,7 +365,7 @@ def initial_best(interpret: bool):
 
 
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
-              nan_in_value: bool = False, sampled=None):
+              nan_in_value: bool = False, sampled=None, column_pairs: int | None = None):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -373,7 +373,9 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   the score itself kept by a NaN-propagating maximum, its row by the column's constant
   (the tile's first row added once), and returned again as the NaN witness.
   ``sampled`` (``sampling_state``'s): the score is ``logit · scale`` plus, where the
-  request's noise is on, its Gumbel noise at the row (``reference.select_tokens``)."""
+  request's noise is on, its Gumbel noise at the row (``reference.select_tokens``).
+  ``column_pairs`` (GPU, timing only): fold only the first that many of a thread's 8
+  column pairs."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
@@ -420,7 +422,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       score_scale, noise_on, stream = (_scalar(v) for v in sampling_state[0])
       noise_on = arith.cmpi(arith.CmpIPredicate.ne, noise_on, _const(0))
     column_won = _const(-1)
-    for j in range(TILE // 8):
+    for j in range(column_pairs or TILE // 8):
       hi = acc.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
       lo = acc.registers[0, j, 0, 0, 1, 0, 0, 0, 0]
       d = arith.addi(arith.muli(hi, lo_steps), lo)

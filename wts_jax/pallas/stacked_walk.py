@@ -217,8 +217,14 @@ class StackedSpec:
   # W1's planes as given ("rows") or ``int8_state.fragment_ordered`` ("fragments": a
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
+  # Timing only (``tools/stacked_probe.py``; the tokens are wrong): "fold", a tile's
+  # fold cut to its first column pair; "base", no base logits loaded; "mma", no WGMMA
+  # issued (the accumulators stay zero). What a walk would gain were that work free.
+  timing_ablation: str = ""
+
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
+                          ("timing_ablation", ("", "fold", "base", "mma")),
                           ("nan_check", ("witness", "value")),
                           ("refill", ("released", "deferred")),
                           ("ring_issuers", ("first", "dealt")),
@@ -321,7 +327,8 @@ def _kernel(*refs, spec: StackedSpec):
     def base_of(step, tile):
       with jax.named_scope("base"):
         return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
-                            batch=batch, phases=phases, wg=wg, interpret=interpret)
+                            batch=batch, phases=phases, wg=wg, interpret=interpret,
+                            loads=spec.timing_ablation != "base")
 
     def step_body(step, carry):
       # ``pending``: the base logits of the step's first tile, loaded (into registers)
@@ -374,8 +381,9 @@ def _kernel(*refs, spec: StackedSpec):
         last = position + 1 == count
 
         def product(acc_ref):
-          with jax.named_scope("mma"):
-            plgpu.wgmma(acc_ref, a, w_s.at[w_index].T)
+          if spec.timing_ablation != "mma":
+            with jax.named_scope("mma"):
+              plgpu.wgmma(acc_ref, a, w_s.at[w_index].T)
           # The next tile's, or the next step's first (at the last step a valid,
           # unused load).
           upcoming = base_of(jnp.where(last, jnp.minimum(step + 1, steps - 1), step),
@@ -410,6 +418,7 @@ def _kernel(*refs, spec: StackedSpec):
         with jax.named_scope("fold"):
           best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
                               interpret=interpret, nan_in_value=spec.nan_check == "value",
+                              column_pairs=1 if spec.timing_ablation == "fold" else None,
                               sampled=sampled)
         return best, upcoming
 
