@@ -123,14 +123,16 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(nan_check="witness"),
                    dict(refill="deferred", ring_issuers="dealt"), dict(w1_order="fragments"),
                    dict(prefetch_candidates=True), dict(greedy=False),
-                   dict(w1_order="fragments", plan=dict(z_loads="shared"))]
+                   dict(w1_order="fragments", plan=dict(z_loads="shared")),
+                   dict(prefetch_base=True)]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
 @pytest.mark.parametrize("options", LOWERED_OPTIONS,
                          ids=["defaults", "pairs", "warp-pairs", "nan-witness",
                               "deferred-dealt",
-                              "fragments", "prefetch", "sampled", "staged-z"])
+                              "fragments", "prefetch", "sampled", "staged-z",
+                              "prefetch-base"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -311,9 +313,11 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(ring_issuers="dealt"),
     dict(refill="deferred", w1_order="fragments", ring_issuers="dealt"),
     dict(prefetch_candidates=True), dict(exchange="warp_pairs"),
-    dict(w1_order="fragments", plan=dict(z_loads="shared"))],
+    dict(w1_order="fragments", plan=dict(z_loads="shared")),
+    dict(w1_order="fragments", prefetch_base=True)],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
-         "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z"])
+         "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
+         "prefetch-base"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

@@ -11,7 +11,7 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       W1 rows prefetched into the L2 as their keys are published, Z: z's fragments
       loaded a share a warpgroup into shared memory and read back by all: with F;
       timing only, tokens wrong: A a tile's fold cut to one column pair, L no base loads,
-      M no WGMMA issued)
+      M no WGMMA issued; E each step's base logits prefetched into the L2 a step ahead)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "D": ("refill", "deferred"), "F": ("w1_order", "fragments"),
                 "I": ("ring_issuers", "dealt"), "P": ("prefetch_candidates", True),
                 "A": ("timing_ablation", "fold"), "L": ("timing_ablation", "base"),
-                "M": ("timing_ablation", "mma")}
+                "M": ("timing_ablation", "mma"), "E": ("prefetch_base", True)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared")}

@@ -247,6 +247,41 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
   return load(base_g, starts, steps_at)
 
 
+def prefetch_base(base_g, step, block, *, tiles: int, vocab: int, batch: int):
+  """Bring the block's base logits of ``step`` ([B', K, V] bf16: each request's
+  ``tiles`` × 64 columns from the block's first, clamped at V) into the L2, one bulk
+  prefetch a request by thread ``t`` < ``batch`` of the calling warpgroup: the base
+  logits do not depend on the tokens, so a step's can be on chip before its tiles load
+  them (from the HBM, one tile ahead, they were late). GPU only; no effect on values."""
+  width = base_g.shape[2]
+  steps = base_g.shape[1]
+  first = block * (tiles * TILE)
+  columns = jnp.minimum(tiles * TILE, vocab - first)
+  firsts, counts, steps_at = _row_array(first), _row_array(columns), _row_array(step)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) + (plgpu.Layout.WGMMA.reduce(1),) * 3)
+  def prefetch(_, base, first_rows, count_rows, step_rows):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    thread, _, (base_at,) = thread_and_addresses((), (base,))
+    request = arith.remui(thread, _const(128))
+    live = arith.cmpi(arith.CmpIPredicate.slt, request, _const(batch))
+    row = arith.select(live, request, _const(0))
+    element = arith.addi(arith.muli(arith.addi(arith.muli(row, _const(steps)),
+                                               _scalar(step_rows)), _const(width)),
+                         _scalar(first_rows))
+    i64 = ir.IntegerType.get_signless(64)
+    at = arith.addi(base_at, arith.muli(arith.extui(i64, element), arith.constant(i64, 2)))
+    size = arith.muli(_scalar(count_rows), _const(2))
+    llvm.inline_asm(
+        ir.Type.parse("!llvm.void"), [at, size, arith.extui(_i32(), live)],
+        "{ .reg .pred p; setp.ne.u32 p, $2, 0;\n"
+        "@p cp.async.bulk.prefetch.L2.global [$0], $1; }", "l,r,r", has_side_effects=True)
+
+  prefetch(base_g, firsts, counts, steps_at)
+
+
 def _row_array(value):
   """A scalar as a [64] array of the WGMMA row layout (``_scalar`` reads it back)."""
   return plgpu.layout_cast(jnp.full((2 * REQUESTS,), value, jnp.int32),

@@ -214,6 +214,9 @@ class StackedSpec:
   # Each block's candidate's W1 row prefetched into the L2 as its key is published, so
   # the winner's row is on its way during the grid sync (not measured yet).
   prefetch_candidates: bool = False
+  # Each step's base logits (the block's columns of every request) prefetched into the
+  # L2 a step ahead, by the last warpgroup (``stacked_planes.prefetch_base``).
+  prefetch_base: bool = False
   # W1's planes as given ("rows") or ``int8_state.fragment_ordered`` ("fragments": a
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
@@ -338,6 +341,10 @@ def _kernel(*refs, spec: StackedSpec):
         @pl.when(jnp.logical_not(leader))
         def _():
           plgpu.barrier_wait(tok_bar)
+      if spec.prefetch_base and not interpret and p == phases - 1:
+        @pl.when(jnp.logical_and(wg == WARPGROUPS - 1, step + 1 < steps))
+        def _():
+          sp.prefetch_base(base_g, step + 1, block, tiles=tiles, vocab=vocab, batch=batch)
       with jax.named_scope("gather"):
         if staged:   # (the phase is this warpgroup's share of the 8 loads)
           sp.stage_z(tok_s, w1_g, z_s, rank=rank, phases=phases,
@@ -434,6 +441,9 @@ def _kernel(*refs, spec: StackedSpec):
         flags = lax.cond(leader, functools.partial(exchange, step), lambda f: f, flags)
       return flags, pending
 
+    if spec.prefetch_base and not interpret and p == phases - 1:
+      pl.when(wg == WARPGROUPS - 1)(lambda: sp.prefetch_base(
+          base_g, 0, block, tiles=tiles, vocab=vocab, batch=batch))
     flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p)))
 
     status = flags | jnp.where(leader, nan_s[1]
