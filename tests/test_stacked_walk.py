@@ -124,7 +124,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(refill="deferred", ring_issuers="dealt"), dict(w1_order="fragments"),
                    dict(prefetch_candidates=True), dict(greedy=False),
                    dict(w1_order="fragments", plan=dict(z_loads="shared")),
-                   dict(prefetch_base=True)]
+                   dict(prefetch_base=True), dict(plan=dict(base_slots=2)),
+                   dict(greedy=False, plan=dict(base_slots=2))]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -132,7 +133,7 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                          ids=["defaults", "pairs", "warp-pairs", "nan-witness",
                               "deferred-dealt",
                               "fragments", "prefetch", "sampled", "staged-z",
-                              "prefetch-base"])
+                              "prefetch-base", "async-base", "async-base-sampled"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -314,10 +315,11 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(refill="deferred", w1_order="fragments", ring_issuers="dealt"),
     dict(prefetch_candidates=True), dict(exchange="warp_pairs"),
     dict(w1_order="fragments", plan=dict(z_loads="shared")),
-    dict(w1_order="fragments", prefetch_base=True)],
+    dict(w1_order="fragments", prefetch_base=True),
+    dict(w1_order="fragments", plan=dict(base_slots=2))],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
-         "prefetch-base"])
+         "prefetch-base", "async-base"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

@@ -70,12 +70,13 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
     plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                         batch=min(shapes.batch, MAX_BATCH),
                         num_blocks=config.num_blocks or num_sms, smem_per_block=smem,
-                        ring_stages=config.ring_stages)
+                        ring_stages=config.ring_stages,
+                        base_slots=0 if config.interpret else 2)
   except ValueError as err:
     return Refusal(str(err))
   # W1's planes in the threads' load order (the head carries them: ``W1Planes``); the
   # interpreted gather reads rows. Each step's base logits prefetched into the L2 a
-  # step ahead (NOTES v31).
+  # step ahead and copied into shared memory a tile ahead (NOTES v31).
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret, greedy=shapes.greedy,

@@ -247,6 +247,63 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
   return load(base_g, starts, steps_at)
 
 
+# Async base copies (``StackedPlan.base_slots``): a warpgroup's slot holds its threads' 8
+# words of a tile's base logits, word k of thread t at (k · 128 + t) · 4 (conflict-free).
+BASE_SLOT_BYTES = 8 * 128 * 4
+
+
+def _base_address(base, start, step, *, steps: int, width: int, batch: int, phases: int):
+  """(this thread's first base word's global address, its request is live): its
+  request's row at ``step`` from column ``start`` + 2t (i32 values)."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  i64 = ir.IntegerType.get_signless(64)
+  request, (_, _, t) = _request(phases)
+  first_col = arith.addi(start, arith.muli(t, _const(2)))
+  live = arith.cmpi(arith.CmpIPredicate.slt, request, _const(batch))
+  row = arith.select(live, request, _const(0))
+  element = arith.addi(arith.muli(arith.addi(arith.muli(row, _const(steps)), step),
+                                  _const(width)), first_col)
+  at = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(base)),
+                  arith.muli(arith.extui(i64, element), arith.constant(i64, 2)))
+  return at, live
+
+
+def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
+              batch: int, phases: int, slots: int):
+  """``load_base``'s words by ``cp.async`` into this warpgroup's ``slot`` of ``base_s``
+  (rows past the batch zero), one commit group: the words never pass through the
+  registers, so no WGMMA's register fence waits for them (``fold_tile`` waits for the
+  group and reads them back). Returns the slot as a row array (the fold's ``base``)."""
+  start = tile_start(block, tile, tiles=tiles, vocab=vocab)
+  steps, width = base_g.shape[1], base_g.shape[2]
+  slots_at = _row_array(slot)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType())
+                     + (plgpu.Layout.WGMMA.reduce(1),) * 3)
+  def copy(_, base, staged, start_rows, step_rows, slot_rows):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    at, live = _base_address(base, _scalar(start_rows), _scalar(step_rows), steps=steps,
+                             width=width, batch=batch, phases=phases)
+    thread, (staged_at,), _ = thread_and_addresses((staged,))
+    _, wg, *_ = _thread()
+    slot_at = arith.addi(staged_at, arith.muli(
+        arith.addi(arith.muli(wg, _const(slots)), _scalar(slot_rows)),
+        _const(BASE_SLOT_BYTES)))
+    dst = arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
+    size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
+    copies = "".join(f"cp.async.ca.shared.global [$0+{512 * k}], [$1+{16 * k}], 4, $2;\n"
+                     for k in range(8))
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size],
+                    copies + "cp.async.commit_group;", "r,l,r", has_side_effects=True)
+
+  copy(base_g, base_s, _row_array(start), _row_array(step), slots_at)
+  return slots_at
+
+
 def prefetch_base(base_g, step, block, *, tiles: int, vocab: int, batch: int):
   """Bring the block's base logits of ``step`` ([B', K, V] bf16: each request's
   ``tiles`` × 64 columns from the block's first, clamped at V) into the L2, one bulk
@@ -400,7 +457,8 @@ def initial_best(interpret: bool):
 
 
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
-              nan_in_value: bool = False, sampled=None, column_pairs: int | None = None):
+              nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
+              base_s=None, slots: int = 0):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -410,7 +468,8 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   ``sampled`` (``sampling_state``'s): the score is ``logit · scale`` plus, where the
   request's noise is on, its Gumbel noise at the row (``reference.select_tokens``).
   ``column_pairs`` (GPU, timing only): fold only the first that many of a thread's 8
-  column pairs."""
+  column pairs. ``base_s`` (GPU): ``base`` is ``copy_base``'s slot, its words waited
+  for (all but the latest copy group) and read from ``base_s``."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
@@ -432,16 +491,40 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   carry = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
   carry_i = plgpu.ShapeDtypeStruct(CARRY, jnp.int32, layout=plgpu.Layout.WGMMA)
   extra = () if sampled is None else (sampled,)
+  staged = base_s is not None
+  if staged:
+    extra = (base_s,) + extra
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA, plgpu.Layout.WGMMA,
+      arg_types=(plgpu.Layout.WGMMA,
+                 plgpu.Layout.WGMMA.reduce(1) if staged else plgpu.Layout.WGMMA,
+                 plgpu.Layout.WGMMA,
                  plgpu.RefType(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1))
-      + ((plgpu.Layout.WGMMA,) * 3,) * len(extra),
+      + ((plgpu.RefType(),) if staged else ())
+      + ((plgpu.Layout.WGMMA,) * 3,) * (len(extra) - staged),
       return_type=(carry, carry_i, carry))
-  def fold(_, acc, base, s_lo, scales, best, start_rows, *sampling_state):
+  def fold(_, acc, base, s_lo, scales, best, start_rows, *rest):
     from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, vector
+    from jax._src.lib.mlir.dialects import arith, llvm, vector
     f32 = ir.F32Type.get()
+    sampling_state = rest[1:] if staged else rest
+    if staged:
+      from wts_jax.pallas.row_words import thread_and_addresses
+      thread, (staged_at,), _ = thread_and_addresses((rest[0],))
+      _, wg, *_ = _thread()
+      slot_at = arith.addi(staged_at, arith.muli(
+          arith.addi(arith.muli(wg, _const(slots)), _scalar(base)), _const(BASE_SLOT_BYTES)))
+      word_at = arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
+      words = llvm.inline_asm(
+          ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>"), [word_at],
+          "cp.async.wait_group 1;\n" + "".join(
+              f"ld.shared.b32 ${k}, [$8+{512 * k}];\n" for k in range(8)),
+          ",".join(["=r"] * 8) + ",r", has_side_effects=True)
+      bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
+      base_words = [llvm.bitcast(bf16x2, llvm.extractvalue(_i32(), words, [k]))
+                    for k in range(8)]
+    else:
+      base_words = [base.registers[0, j, 0, 0, 0, 0, 0, 0, 0] for j in range(TILE // 8)]
     f32x2 = ir.VectorType.get((2,), f32)
     index_type = ir.IndexType.get()
     _, _, _, _, t = _thread()
@@ -464,7 +547,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       logits = arith.mulf(arith.sitofp(f32x2, d), scale_lo)
       column = arith.index_cast(index_type, arith.addi(pair, _const(8 * j)))
       logits = arith.mulf(logits, vector.load(f32x2, scales, [column]))
-      logits = arith.addf(logits, arith.extf(f32x2, base.registers[0, j, 0, 0, 0, 0, 0, 0, 0]))
+      logits = arith.addf(logits, arith.extf(f32x2, base_words[j]))
       for e in range(2):
         logit = _element(logits, e)
         if sampling_state:

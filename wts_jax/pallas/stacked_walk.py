@@ -64,10 +64,16 @@ class StackedPlan:
   # a share into shared memory (``stacked_planes.STAGE_BYTES`` a block of requests),
   # meet at a barrier and read all of it back (W1 in fragment order, GPU only).
   z_loads: str = "own"
+  # The base logits: 0, loaded into registers a tile ahead (a WGMMA's register fence
+  # then waits for them); 2, copied a tile ahead by ``cp.async`` into two slots a
+  # warpgroup (``stacked_planes.BASE_SLOT_BYTES`` each) and read back in the fold.
+  base_slots: int = 0
 
   def __post_init__(self):
     if self.z_loads not in ("own", "shared"):
       raise ValueError(f"z_loads={self.z_loads!r} must be 'own' or 'shared'")
+    if self.base_slots not in (0, 2):
+      raise ValueError(f"base_slots={self.base_slots} must be 0 or 2")
     if self.request_blocks not in (1, 2):
       raise ValueError(f"request_blocks={self.request_blocks} must be 1 or 2")
     if len(self.resident) != self.phases:
@@ -118,7 +124,8 @@ class StackedPlan:
     return (f"stacked int8-planes walk: {self.num_blocks} blocks × {self.tiles} tiles of 64 "
             f"rows, {self.phases} phases, resident {list(self.resident)}, "
             f"{self.ring_stages}-slot rings"
-            + (", z staged in shared memory" if self.z_loads == "shared" else ""))
+            + (", z staged in shared memory" if self.z_loads == "shared" else "")
+            + (", base logits by async copies" if self.base_slots else ""))
 
 
 def tile_bytes(rank: int) -> int:
@@ -136,11 +143,12 @@ def fixed_smem_bytes(tiles: int, z_stage_bytes: int = 0) -> int:
 
 def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  smem_per_block: int, ring_stages: int | None = None,
-                 resident: int | None = None, z_loads: str = "own") -> StackedPlan:
+                 resident: int | None = None, z_loads: str = "own",
+                 base_slots: int = 0) -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
   (by default one at B <= 32, two above, where two warpgroups share a phase's ring),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
-  at most what fits. ``z_loads``: ``StackedPlan.z_loads``."""
+  at most what fits. ``z_loads``, ``base_slots``: ``StackedPlan``'s."""
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch}: the stacked walk takes 1 to {MAX_BATCH} rows")
   if rank % 32 or vocab_size % 2 or vocab_size < sp.TILE:
@@ -151,7 +159,8 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   tiles = chunks_per_block(vocab_size, num_blocks)
   stages = (1 if request_blocks == 1 else 2) if ring_stages is None else ring_stages
   counts = [len(range(p, tiles, phases)) for p in range(phases)]
-  stage = request_blocks * sp.STAGE_BYTES if z_loads == "shared" else 0
+  stage = ((request_blocks * sp.STAGE_BYTES if z_loads == "shared" else 0)
+           + WARPGROUPS * base_slots * sp.BASE_SLOT_BYTES)
   room = ((smem_per_block - SMEM_RESERVED_BYTES - fixed_smem_bytes(tiles, stage))
           // tile_bytes(rank))
   fit = room - stages * phases
@@ -169,7 +178,7 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
     share[p] += 1
   return StackedPlan(vocab_size=vocab_size, rank=rank, num_blocks=num_blocks, tiles=tiles,
                      request_blocks=request_blocks, resident=tuple(share),
-                     ring_stages=stages, z_loads=z_loads)
+                     ring_stages=stages, z_loads=z_loads, base_slots=base_slots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +264,8 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
     rows = min(MAX_BATCH, spec.batch - first)
     plan = plan_stacked(vocab_size=spec.plan.vocab_size, rank=spec.plan.rank, batch=rows,
                         num_blocks=spec.plan.num_blocks, smem_per_block=spec.smem_per_block,
-                        ring_stages=spec.ring_stages, z_loads=spec.plan.z_loads)
+                        ring_stages=spec.ring_stages, z_loads=spec.plan.z_loads,
+                        base_slots=spec.plan.base_slots)
     parts.append((slice(first, first + rows),
                   dataclasses.replace(spec, plan=plan, batch=rows,
                                       row_offset=spec.row_offset + first)))
@@ -269,7 +279,10 @@ def _kernel(*refs, spec: StackedSpec):
    res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *extra_scratch) = refs[inputs:]
   staged = spec.plan.z_loads == "shared"
   z_s, z_bar = extra_scratch[:2] if staged else (None, None)
-  interpreted = extra_scratch[2:] if staged else extra_scratch
+  extra_scratch = extra_scratch[2:] if staged else extra_scratch
+  base_slots = 0 if spec.interpret else spec.plan.base_slots
+  base_s = extra_scratch[0] if base_slots else None
+  interpreted = extra_scratch[1:] if base_slots else extra_scratch
   plan, steps, batch = spec.plan, spec.steps, spec.batch
   vocab, rank, tiles, stages = plan.vocab_size, plan.rank, plan.tiles, plan.ring_stages
   phases, interpret = plan.phases, spec.interpret
@@ -327,8 +340,14 @@ def _kernel(*refs, spec: StackedSpec):
       for entry in range(min(stages, streamed * steps)):
         copy_entry(entry)
 
-    def base_of(step, tile):
+    def base_of(step, tile, ordinal):
+      """The tile's base logits at ``step``: loaded, or (async copies) copied into the
+      slot of the phase's ``ordinal``-th tile of the walk, the slot returned."""
       with jax.named_scope("base"):
+        if base_slots:
+          return sp.copy_base(base_g, base_s, lax.rem(ordinal, base_slots), step, block,
+                              tile, tiles=tiles, vocab=vocab, batch=batch, phases=phases,
+                              slots=base_slots)
         return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
                             batch=batch, phases=phases, wg=wg, interpret=interpret,
                             loads=spec.timing_ablation != "base")
@@ -394,7 +413,8 @@ def _kernel(*refs, spec: StackedSpec):
           # The next tile's, or the next step's first (at the last step a valid,
           # unused load).
           upcoming = base_of(jnp.where(last, jnp.minimum(step + 1, steps - 1), step),
-                             jnp.where(last, p, tile + phases))
+                             jnp.where(last, p, tile + phases),
+                             step * count + position + 1)
           with jax.named_scope("mma_wait"):
             return plgpu.wgmma_accumulator_load(acc_ref), upcoming
         acc, upcoming = pl.run_scoped(product,
@@ -426,6 +446,7 @@ def _kernel(*refs, spec: StackedSpec):
           best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
                               interpret=interpret, nan_in_value=spec.nan_check == "value",
                               column_pairs=1 if spec.timing_ablation == "fold" else None,
+                              base_s=base_s, slots=base_slots,
                               sampled=sampled)
         return best, upcoming
 
@@ -444,7 +465,7 @@ def _kernel(*refs, spec: StackedSpec):
     if spec.prefetch_base and not interpret and p == phases - 1:
       pl.when(wg == WARPGROUPS - 1)(lambda: sp.prefetch_base(
           base_g, 0, block, tiles=tiles, vocab=vocab, batch=batch))
-    flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p)))
+    flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p, 0)))
 
     status = flags | jnp.where(leader, nan_s[1]
                                | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0)
@@ -579,6 +600,9 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
   if plan.z_loads == "shared":
     scratch += [plgpu.SMEM((plan.request_blocks * sp.STAGE_BYTES,), jnp.int8),
                 plgpu.Barrier(num_arrivals=plan.phases, num_barriers=plan.request_blocks)]
+  if plan.base_slots and not spec.interpret:
+    scratch.append(plgpu.SMEM((WARPGROUPS * plan.base_slots * sp.BASE_SLOT_BYTES,),
+                              jnp.int8))
   if spec.interpret:
     scratch.append(plgpu.SMEM((WARPGROUPS, 2 * sp.REQUESTS, rank), jnp.int8,
                               transforms=_w2_transforms(1, rank)))
