@@ -75,13 +75,13 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   except ValueError as err:
     return Refusal(str(err))
   # W1's planes in the threads' load order (the head carries them: ``W1Planes``); the
-  # interpreted gather reads rows. Each step's base logits prefetched into the L2 a
-  # step ahead and copied into shared memory a tile ahead (NOTES v31).
+  # interpreted gather reads rows. The base logits copied into shared memory a tile
+  # ahead (``base_slots``; not prefetched into the L2 a step ahead: slower at B 64,
+  # NOTES v31).
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret, greedy=shapes.greedy,
-                     w1_order="rows" if config.interpret else "fragments",
-                     prefetch_base=not config.interpret)
+                     w1_order="rows" if config.interpret else "fragments")
 
 
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
