@@ -17,6 +17,7 @@ import wts_jax
 from mosaic_checks import assert_mosaic_matches_xla, planes_head
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
+from wts_jax.pallas import stacked_planes as sp
 from wts_jax.pallas import stacked_walk as sw
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.validation import make_sampling
@@ -82,14 +83,19 @@ def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
 
 
 # --- the plan ---------------------------------------------------------------------------
-def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two():
+@pytest.mark.parametrize("extra", [{}, dict(base_slots=2), dict(z_loads="shared")],
+                         ids=["defaults", "async-base", "staged-z"])
+def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two(extra):
   for batch, phases, stages in ((16, 4, 1), (64, 2, 2)):
     plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                           smem_per_block=H200_SMEM)
+                           smem_per_block=H200_SMEM, **extra)
     assert plan.tiles == 18 and plan.phases == phases and plan.ring_stages == stages
     assert sum(len(plan.phase_tiles(p)) for p in range(phases)) == 18
-    # Shared memory full: one more tile would not fit beside the fixed parts.
-    used = plan.slots * sw.tile_bytes(256) + sw.fixed_smem_bytes(18) + 3072
+    # Shared memory full: one more tile would not fit beside the fixed parts (with the
+    # base slots or the staged z).
+    staged = (sw.WARPGROUPS * plan.base_slots * sp.BASE_SLOT_BYTES
+              + (plan.request_blocks * sp.STAGE_BYTES if plan.z_loads == "shared" else 0))
+    used = plan.slots * sw.tile_bytes(256) + sw.fixed_smem_bytes(18, staged) + 3072
     assert used <= H200_SMEM < used + sw.tile_bytes(256)
     for p in range(phases):
       order = plan.order(p)
@@ -244,6 +250,9 @@ def test_auto_takes_the_stacked_kernel_for_a_greedy_int8_planes_walk():
     chosen = spec(batch)
     assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
     assert chosen.plan.num_blocks == 132
+    # The base logits by async copies (NOTES v31), W1 in the threads' load order.
+    assert chosen.plan.base_slots == 2 and chosen.w1_order == "fragments"
+    assert not chosen.prefetch_base
   for batch, greedy, options in ((16, False, {}),
                                  (16, True, dict(warpgroups=2)),
                                  (16, True, dict(interpret=True, num_blocks=1))):
