@@ -131,7 +131,7 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(prefetch_candidates=True), dict(greedy=False),
                    dict(w1_order="fragments", plan=dict(z_loads="shared")),
                    dict(prefetch_base=True), dict(plan=dict(base_slots=2)),
-                   dict(greedy=False, plan=dict(base_slots=2))]
+                   dict(greedy=False, plan=dict(base_slots=2)), dict(plan=dict(base_slots=3))]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -139,7 +139,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                          ids=["defaults", "pairs", "warp-pairs", "nan-witness",
                               "deferred-dealt",
                               "fragments", "prefetch", "sampled", "staged-z",
-                              "prefetch-base", "async-base", "async-base-sampled"])
+                              "prefetch-base", "async-base", "async-base-sampled",
+                              "async-base-3"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -325,10 +326,11 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(prefetch_candidates=True), dict(exchange="warp_pairs"),
     dict(w1_order="fragments", plan=dict(z_loads="shared")),
     dict(w1_order="fragments", prefetch_base=True),
-    dict(w1_order="fragments", plan=dict(base_slots=2))],
+    dict(w1_order="fragments", plan=dict(base_slots=2)),
+    dict(w1_order="fragments", plan=dict(base_slots=3))],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
-         "prefetch-base", "async-base"])
+         "prefetch-base", "async-base", "async-base-3"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

@@ -27,7 +27,8 @@ BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs
           (64, dict(prefetch_candidates=True, w1_order="fragments", nan_check="witness")),
           (16, dict(greedy=False)), (40, dict(w1_order="fragments", plan=dict(z_loads="shared"))),
           (64, dict(prefetch_base=True, plan=dict(base_slots=2))),
-          (16, dict(greedy=False, plan=dict(base_slots=2))))
+          (16, dict(greedy=False, plan=dict(base_slots=2))),
+          (40, dict(plan=dict(base_slots=3))))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
 

@@ -12,7 +12,8 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       loaded a share a warpgroup into shared memory and read back by all: with F;
       timing only, tokens wrong: A a tile's fold cut to one column pair, L no base loads,
       M no WGMMA issued; E each step's base logits prefetched into the L2 a step ahead;
-      C the base logits by cp.async into shared memory, a tile ahead)
+      C the base logits by cp.async into shared memory, a tile ahead; K the same two
+      tiles ahead, three slots)
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "M": ("timing_ablation", "mma"), "E": ("prefetch_base", True)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
-PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2)}
+PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3)}
 
 
 def variant_options(text: str) -> dict:

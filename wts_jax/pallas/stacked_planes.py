@@ -68,7 +68,7 @@ def _per_thread(values, dtype):
 
 def _scalar(array):
   """The one value a thread's registers of ``array`` hold (a ``_per_thread`` array, or a
-  ``_row_array``)."""
+  ``row_array``)."""
   return _element(array.registers.flat[0], 0)
 
 
@@ -205,8 +205,8 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
   steps, width = base_g.shape[1], base_g.shape[2]
   out = plgpu.ShapeDtypeStruct((2 * REQUESTS, TILE), jnp.bfloat16,
                                layout=plgpu.Layout.WGMMA)
-  starts = _row_array(start)   # (scalars pass as arrays: a layout arg)
-  steps_at = _row_array(step)
+  starts = row_array(start)   # (scalars pass as arrays: a layout arg)
+  steps_at = row_array(step)
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WGMMA.reduce(1),
                                 plgpu.Layout.WGMMA.reduce(1)), return_type=out)
@@ -278,7 +278,7 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
   group and reads them back). Returns the slot as a row array (the fold's ``base``)."""
   start = tile_start(block, tile, tiles=tiles, vocab=vocab)
   steps, width = base_g.shape[1], base_g.shape[2]
-  slots_at = _row_array(slot)
+  slots_at = row_array(slot)
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType())
                      + (plgpu.Layout.WGMMA.reduce(1),) * 3)
@@ -300,7 +300,7 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
     llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size],
                     copies + "cp.async.commit_group;", "r,l,r", has_side_effects=True)
 
-  copy(base_g, base_s, _row_array(start), _row_array(step), slots_at)
+  copy(base_g, base_s, row_array(start), row_array(step), slots_at)
   return slots_at
 
 
@@ -314,7 +314,7 @@ def prefetch_base(base_g, step, block, *, tiles: int, vocab: int, batch: int):
   steps = base_g.shape[1]
   first = block * (tiles * TILE)
   columns = jnp.minimum(tiles * TILE, vocab - first)
-  firsts, counts, steps_at = _row_array(first), _row_array(columns), _row_array(step)
+  firsts, counts, steps_at = row_array(first), row_array(columns), row_array(step)
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) + (plgpu.Layout.WGMMA.reduce(1),) * 3)
   def prefetch(_, base, first_rows, count_rows, step_rows):
@@ -339,7 +339,18 @@ def prefetch_base(base_g, step, block, *, tiles: int, vocab: int, batch: int):
   prefetch(base_g, firsts, counts, steps_at)
 
 
-def _row_array(value):
+def wait_copies():
+  """Wait for all of this thread's ``cp.async`` copies (``copy_base``)."""
+  @plgpu.inline_mgpu()
+  def wait(_):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "cp.async.wait_all;", "",
+                    has_side_effects=True)
+  wait()
+
+
+def row_array(value):
   """A scalar as a [64] array of the WGMMA row layout (``_scalar`` reads it back)."""
   return plgpu.layout_cast(jnp.full((2 * REQUESTS,), value, jnp.int32),
                            plgpu.Layout.WGMMA.reduce(1))
@@ -395,7 +406,7 @@ def sampling_state(scale_g, noise_g, seed_g, step, *, rows: int, row_offset: int
     return (_per_thread(scale, jnp.float32), _per_thread(noise_on, jnp.int32),
             _per_thread(stream, jnp.int32))
 
-  return load(scale_g, noise_g, seed_g, _row_array(step))
+  return load(scale_g, noise_g, seed_g, row_array(step))
 
 
 def _mix32(x):
@@ -458,7 +469,7 @@ def initial_best(interpret: bool):
 
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
               nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
-              base_s=None, slots: int = 0):
+              base_s=None, slots: int = 0, copies_pending: int = 1):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -469,7 +480,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   request's noise is on, its Gumbel noise at the row (``reference.select_tokens``).
   ``column_pairs`` (GPU, timing only): fold only the first that many of a thread's 8
   column pairs. ``base_s`` (GPU): ``base`` is ``copy_base``'s slot, its words waited
-  for (all but the latest copy group) and read from ``base_s``."""
+  for (all but the latest ``copies_pending`` copy groups) and read from ``base_s``."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
@@ -487,7 +498,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     nan = nan | jnp.where(jnp.isnan(logits), 1, 0).max(axis=1)
     return jnp.where(better, top, value), jnp.where(better, top_index, index), nan
 
-  starts = _row_array(start)
+  starts = row_array(start)
   carry = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
   carry_i = plgpu.ShapeDtypeStruct(CARRY, jnp.int32, layout=plgpu.Layout.WGMMA)
   extra = () if sampled is None else (sampled,)
@@ -517,7 +528,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       word_at = arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
       words = llvm.inline_asm(
           ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>"), [word_at],
-          "cp.async.wait_group 1;\n" + "".join(
+          f"cp.async.wait_group {copies_pending};\n" + "".join(
               f"ld.shared.b32 ${k}, [$8+{512 * k}];\n" for k in range(8)),
           ",".join(["=r"] * 8) + ",r", has_side_effects=True)
       bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
@@ -720,7 +731,7 @@ def tokens_from_keys(slots_g, tok_s, tok_g, step, *, rows: int, vocab: int):
         + _token_out_ptx(steps=tok_g.shape[1], out="$2", thread="$3", step="$4") + "}",
         "r,l,l,r,r", has_side_effects=True)
 
-  read(slots_g, tok_s, tok_g, _row_array(step))
+  read(slots_g, tok_s, tok_g, row_array(step))
 
 
 def _token_out_ptx(*, steps: int, out: str, thread: str, step: str,
@@ -843,4 +854,4 @@ def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step,
         "mov.b32 spins, 0;\n" + poll + "}",
         "r,r,r,r,r,l,l,r,r", has_side_effects=True)
 
-  exchange(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, _row_array(step))
+  exchange(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, row_array(step))

@@ -65,15 +65,16 @@ class StackedPlan:
   # meet at a barrier and read all of it back (W1 in fragment order, GPU only).
   z_loads: str = "own"
   # The base logits: 0, loaded into registers a tile ahead (a WGMMA's register fence
-  # then waits for them); 2, copied a tile ahead by ``cp.async`` into two slots a
-  # warpgroup (``stacked_planes.BASE_SLOT_BYTES`` each) and read back in the fold.
+  # then waits for them); 2 or 3, copied by ``cp.async`` into that many slots a
+  # warpgroup (``stacked_planes.BASE_SLOT_BYTES`` each), ``base_slots - 1`` tiles
+  # ahead, and read back in the fold.
   base_slots: int = 0
 
   def __post_init__(self):
     if self.z_loads not in ("own", "shared"):
       raise ValueError(f"z_loads={self.z_loads!r} must be 'own' or 'shared'")
-    if self.base_slots not in (0, 2):
-      raise ValueError(f"base_slots={self.base_slots} must be 0 or 2")
+    if self.base_slots not in (0, 2, 3):
+      raise ValueError(f"base_slots={self.base_slots} must be 0, 2 or 3")
     if self.request_blocks not in (1, 2):
       raise ValueError(f"request_blocks={self.request_blocks} must be 1 or 2")
     if len(self.resident) != self.phases:
@@ -281,6 +282,7 @@ def _kernel(*refs, spec: StackedSpec):
   z_s, z_bar = extra_scratch[:2] if staged else (None, None)
   extra_scratch = extra_scratch[2:] if staged else extra_scratch
   base_slots = 0 if spec.interpret else spec.plan.base_slots
+  copies_ahead = max(1, base_slots - 1)   # tiles ahead a tile's base logits are fetched
   base_s = extra_scratch[0] if base_slots else None
   interpreted = extra_scratch[1:] if base_slots else extra_scratch
   plan, steps, batch = spec.plan, spec.steps, spec.batch
@@ -343,6 +345,9 @@ def _kernel(*refs, spec: StackedSpec):
     def base_of(step, tile, ordinal):
       """The tile's base logits at ``step``: loaded, or (async copies) copied into the
       slot of the phase's ``ordinal``-th tile of the walk, the slot returned."""
+      if base_slots:   # (the ordinal's own step and tile; past the walk, its last step)
+        step = jnp.minimum(ordinal // count, steps - 1)
+        tile = p + lax.rem(ordinal, count) * phases
       with jax.named_scope("base"):
         if base_slots:
           return sp.copy_base(base_g, base_s, lax.rem(ordinal, base_slots), step, block,
@@ -414,7 +419,7 @@ def _kernel(*refs, spec: StackedSpec):
           # unused load).
           upcoming = base_of(jnp.where(last, jnp.minimum(step + 1, steps - 1), step),
                              jnp.where(last, p, tile + phases),
-                             step * count + position + 1)
+                             step * count + position + copies_ahead)
           with jax.named_scope("mma_wait"):
             return plgpu.wgmma_accumulator_load(acc_ref), upcoming
         acc, upcoming = pl.run_scoped(product,
@@ -442,11 +447,14 @@ def _kernel(*refs, spec: StackedSpec):
             else:
               refills_here = issuer
             pl.when(jnp.logical_and(refills_here, refill_now))(refill)
+        if base_slots:   # (the slot of this tile's copy)
+          pending = sp.row_array(lax.rem(step * count + position, base_slots))
         with jax.named_scope("fold"):
           best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
                               interpret=interpret, nan_in_value=spec.nan_check == "value",
                               column_pairs=1 if spec.timing_ablation == "fold" else None,
                               base_s=base_s, slots=base_slots,
+                              copies_pending=copies_ahead,
                               sampled=sampled)
         return best, upcoming
 
@@ -465,7 +473,13 @@ def _kernel(*refs, spec: StackedSpec):
     if spec.prefetch_base and not interpret and p == phases - 1:
       pl.when(wg == WARPGROUPS - 1)(lambda: sp.prefetch_base(
           base_g, 0, block, tiles=tiles, vocab=vocab, batch=batch))
-    flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), base_of(0, p, 0)))
+    # The walk's first tiles' base logits (async copies: ``copies_ahead`` of them).
+    first = base_of(0, p, 0)
+    for ordinal in range(1, copies_ahead):
+      base_of(0, p, ordinal)
+    flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), first))
+    if base_slots:   # (the copies issued past the walk's last tile land before exit)
+      sp.wait_copies()
 
     status = flags | jnp.where(leader, nan_s[1]
                                | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0)
