@@ -205,7 +205,7 @@ class StackedSpec:
   # "pairs": each request's key and count polled in one load (``exchange_pairs``),
   # measured slower (NOTES v29); "warp_pairs": the same with each request's pair on a
   # 128-byte line of its own, polled by the first warp only (the public kernel's form;
-  # not measured yet).
+  # measured no faster: NOTES v31).
   exchange: str = "counter"
   # The NaN check: "value": the running best itself kept by a NaN-propagating maximum
   # (a NaN then wins the exchange, flagged); "witness": a NaN-propagating maximum
@@ -222,10 +222,12 @@ class StackedSpec:
   # still waited by one warpgroup), so the copies' issue is split between the two.
   ring_issuers: str = "first"
   # Each block's candidate's W1 row prefetched into the L2 as its key is published, so
-  # the winner's row is on its way during the grid sync (not measured yet).
+  # the winner's row is on its way during the grid sync (measured no faster: NOTES v31).
   prefetch_candidates: bool = False
   # Each step's base logits (the block's columns of every request) prefetched into the
-  # L2 a step ahead, by the last warpgroup (``stacked_planes.prefetch_base``).
+  # L2 a step ahead, by the last warpgroup (``stacked_planes.prefetch_base``; faster
+  # alone at B 16, slower at B 64, where a step's base logits crowd W2 out of the L2:
+  # NOTES v31).
   prefetch_base: bool = False
   # W1's planes as given ("rows") or ``int8_state.fragment_ordered`` ("fragments": a
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
