@@ -15,7 +15,10 @@ with a plane a WGMMA), this kernel follows the public int8 kernel's design for B
   walk and streams the rest through its own ring (FIFO across steps, so a step's first
   streamed tile arrives during the exchange before it), streamed and resident tiles
   alternating so a refill's latency hides behind a resident tile;
-- base logits go straight into registers, each thread its request's 16 columns;
+- base logits: each thread its request's 16 columns of a tile, a tile ahead, either
+  loaded into registers or (``StackedPlan.base_slots``, the API's) copied by
+  ``cp.async`` into shared memory and read back, so the next WGMMA's register fence
+  does not wait for their HBM latency;
 - each thread keeps a running best of its request; at the step's end the four lanes of
   a request reduce by shuffles, the warpgroups' bests meet in shared memory, and
   warpgroup 0 folds them into the grid's 64-bit keys (``grid_sync``), polls, and writes
@@ -62,7 +65,8 @@ class StackedPlan:
   # Who loads z's fragments: "own": every warpgroup its own (the same rows read from the
   # L2 once a warpgroup); "shared": the warpgroups serving the same requests each load
   # a share into shared memory (``stacked_planes.STAGE_BYTES`` a block of requests),
-  # meet at a barrier and read all of it back (W1 in fragment order, GPU only).
+  # meet at a barrier and read all of it back (W1 in fragment order, GPU only;
+  # measured no faster: NOTES v31).
   z_loads: str = "own"
   # The base logits: 0, loaded into registers a tile ahead (a WGMMA's register fence
   # then waits for them); 2 or 3, copied by ``cp.async`` into that many slots a
