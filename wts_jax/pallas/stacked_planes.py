@@ -215,18 +215,10 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm, vector
     from jax.experimental.mosaic.gpu import fragmented_array as fa
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
     i64 = ir.IntegerType.get_signless(64)
     bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
-    request, (_, _, t) = _request(phases)
-    first_col = arith.addi(_scalar(start_rows), arith.muli(t, _const(2)))
-    live = arith.cmpi(arith.CmpIPredicate.slt, request, _const(batch))
-    row = arith.select(live, request, _const(0))
-    element = arith.addi(arith.muli(arith.addi(arith.muli(row, _const(steps)),
-                                               _scalar(step_rows)), _const(width)),
-                         first_col)
-    at = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(base)),
-                    arith.muli(arith.extui(i64, element), arith.constant(i64, 2)))
+    at, live = _base_address(base, _scalar(start_rows), _scalar(step_rows), steps=steps,
+                             width=width, batch=batch, phases=phases)
     layout = fa.WGMMA_LAYOUT
     registers = np.empty(layout.registers_shape((2 * REQUESTS, TILE)), dtype=object)
     zero = vector.broadcast(bf16x2, arith.constant(ir.BF16Type.get(), 0.0))
@@ -270,6 +262,18 @@ def _base_address(base, start, step, *, steps: int, width: int, batch: int, phas
   return at, live
 
 
+def _base_slot_word(staged, slot, slots: int):
+  """This thread's first word in its warpgroup's ``slot`` (an i32 value) of the base
+  slots ``staged`` (``copy_base``'s layout), as a shared-memory address."""
+  from jax._src.lib.mlir.dialects import arith
+  from wts_jax.pallas.row_words import thread_and_addresses
+  thread, (staged_at,), _ = thread_and_addresses((staged,))
+  _, wg, *_ = _thread()
+  slot_at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
+                                             _const(BASE_SLOT_BYTES)))
+  return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
+
+
 def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
               batch: int, phases: int, slots: int):
   """``load_base``'s words by ``cp.async`` into this warpgroup's ``slot`` of ``base_s``
@@ -285,15 +289,9 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
   def copy(_, base, staged, start_rows, step_rows, slot_rows):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm
-    from wts_jax.pallas.row_words import thread_and_addresses
     at, live = _base_address(base, _scalar(start_rows), _scalar(step_rows), steps=steps,
                              width=width, batch=batch, phases=phases)
-    thread, (staged_at,), _ = thread_and_addresses((staged,))
-    _, wg, *_ = _thread()
-    slot_at = arith.addi(staged_at, arith.muli(
-        arith.addi(arith.muli(wg, _const(slots)), _scalar(slot_rows)),
-        _const(BASE_SLOT_BYTES)))
-    dst = arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
+    dst = _base_slot_word(staged, _scalar(slot_rows), slots)
     size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
     copies = "".join(f"cp.async.ca.shared.global [$0+{512 * k}], [$1+{16 * k}], 4, $2;\n"
                      for k in range(8))
@@ -501,18 +499,18 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   starts = row_array(start)
   carry = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
   carry_i = plgpu.ShapeDtypeStruct(CARRY, jnp.int32, layout=plgpu.Layout.WGMMA)
-  extra = () if sampled is None else (sampled,)
   staged = base_s is not None
-  if staged:
-    extra = (base_s,) + extra
+  # (optional arguments after the fixed ones: the base slots' ref, the sampling state)
+  extra = ((base_s,) if staged else ()) + (() if sampled is None else (sampled,))
+  extra_types = (((plgpu.RefType(),) if staged else ())
+                 + (() if sampled is None else (((plgpu.Layout.WGMMA,) * 3),)))
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.Layout.WGMMA,
                  plgpu.Layout.WGMMA.reduce(1) if staged else plgpu.Layout.WGMMA,
                  plgpu.Layout.WGMMA,
                  plgpu.RefType(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1))
-      + ((plgpu.RefType(),) if staged else ())
-      + ((plgpu.Layout.WGMMA,) * 3,) * (len(extra) - staged),
+      + extra_types,
       return_type=(carry, carry_i, carry))
   def fold(_, acc, base, s_lo, scales, best, start_rows, *rest):
     from jax._src.lib.mlir import ir
@@ -520,12 +518,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     f32 = ir.F32Type.get()
     sampling_state = rest[1:] if staged else rest
     if staged:
-      from wts_jax.pallas.row_words import thread_and_addresses
-      thread, (staged_at,), _ = thread_and_addresses((rest[0],))
-      _, wg, *_ = _thread()
-      slot_at = arith.addi(staged_at, arith.muli(
-          arith.addi(arith.muli(wg, _const(slots)), _scalar(base)), _const(BASE_SLOT_BYTES)))
-      word_at = arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
+      word_at = _base_slot_word(rest[0], _scalar(base), slots)
       words = llvm.inline_asm(
           ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>"), [word_at],
           f"cp.async.wait_group {copies_pending};\n" + "".join(

@@ -348,12 +348,12 @@ def _kernel(*refs, spec: StackedSpec):
       for entry in range(min(stages, streamed * steps)):
         copy_entry(entry)
 
-    def base_of(step, tile, ordinal):
-      """The tile's base logits at ``step``: loaded, or (async copies) copied into the
-      slot of the phase's ``ordinal``-th tile of the walk, the slot returned."""
-      if base_slots:   # (the ordinal's own step and tile; past the walk, its last step)
-        step = jnp.minimum(ordinal // count, steps - 1)
-        tile = p + lax.rem(ordinal, count) * phases
+    def base_of(ordinal):
+      """The base logits of the phase's ``ordinal``-th tile of the walk (past the walk,
+      of its last step: a valid, unused load): loaded, or (async copies) copied into
+      that ordinal's slot, the slot returned."""
+      step = jnp.minimum(lax.div(ordinal, count), steps - 1)   # (ordinal >= 0)
+      tile = p + lax.rem(ordinal, count) * phases
       with jax.named_scope("base"):
         if base_slots:
           return sp.copy_base(base_g, base_s, lax.rem(ordinal, base_slots), step, block,
@@ -415,17 +415,14 @@ def _kernel(*refs, spec: StackedSpec):
                               base_slot + position - before)
         else:
           w_index = base_slot + position
-        last = position + 1 == count
 
         def product(acc_ref):
           if spec.timing_ablation != "mma":
             with jax.named_scope("mma"):
               plgpu.wgmma(acc_ref, a, w_s.at[w_index].T)
-          # The next tile's, or the next step's first (at the last step a valid,
-          # unused load).
-          upcoming = base_of(jnp.where(last, jnp.minimum(step + 1, steps - 1), step),
-                             jnp.where(last, p, tile + phases),
-                             step * count + position + copies_ahead)
+          # The next tile's (the next step's first after the last), or with async
+          # copies the one ``copies_ahead`` on.
+          upcoming = base_of(step * count + position + copies_ahead)
           with jax.named_scope("mma_wait"):
             return plgpu.wgmma_accumulator_load(acc_ref), upcoming
         acc, upcoming = pl.run_scoped(product,
@@ -480,9 +477,9 @@ def _kernel(*refs, spec: StackedSpec):
       pl.when(wg == WARPGROUPS - 1)(lambda: sp.prefetch_base(
           base_g, 0, block, tiles=tiles, vocab=vocab, batch=batch))
     # The walk's first tiles' base logits (async copies: ``copies_ahead`` of them).
-    first = base_of(0, p, 0)
+    first = base_of(0)
     for ordinal in range(1, copies_ahead):
-      base_of(0, p, ordinal)
+      base_of(ordinal)
     flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), first))
     if base_slots:   # (the copies issued past the walk's last tile land before exit)
       sp.wait_copies()

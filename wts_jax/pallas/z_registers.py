@@ -129,6 +129,26 @@ def _w1_address(w1_at, token, plane, col, rank: int):
   return arith.addi(w1_at, arith.extui(i64, offset))
 
 
+def _four_places(reg):
+  """The four registers one 16-byte load fills: ``reg`` (a register of a 16-column tile
+  4q) and the same register of tiles 4q + 1 to 4q + 3 — or None for a register that
+  another load fills."""
+  tile = reg[1]   # (the register's 16-column tile: its column is 16 · tile + 4 g)
+  if tile % 4:
+    return None   # (loaded with the tile three before it)
+  return tuple((reg[0], tile + k, *reg[2:]) for k in range(4))
+
+
+def _stage_address(stage_at, thread, number: int):
+  """Where load ``number`` of thread ``thread`` (its index in its warpgroup) is staged:
+  ``stage_at`` + (number · 128 + thread) · 16."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith
+  i32 = ir.IntegerType.get_signless(32)
+  return arith.addi(stage_at, arith.muli(arith.addi(thread, arith.constant(i32, 128 * number)),
+                                         arith.constant(i32, 16)))
+
+
 def fragment_loads(tok, w1_at, shape, source, rank: int):
   """This thread's 16-byte loads of a ``fragment_ordered`` W1 (see ``_fragments``), in a
   fixed order: [(load number, the four register indices it fills, its global
@@ -143,22 +163,17 @@ def fragment_loads(tok, w1_at, shape, source, rank: int):
   loads = []
   for reg, (row, col) in zip(np.ndindex(layout.registers_shape(shape)),
                              layout.thread_idxs(shape)):
-    tile = reg[1]   # (the register's 16-column tile: its column is 16 · tile + 4 g)
-    if tile % 4:
-      continue   # (loaded with the tile three before it)
+    places = _four_places(reg)
+    if places is None:
+      continue
     request, plane = source(arith.index_cast(i32, row))
     token = memref.load(tok, [arith.index_cast(index, request)])
     col = arith.index_cast(i32, col)   # g · r / 4 + 4 · tile
     col = arith.addi(arith.muli(arith.divui(arith.remui(col, arith.constant(i32, 16)),
                                             arith.constant(i32, 4)),
                                 arith.constant(i32, rank // 4)),
-                     arith.constant(i32, 4 * tile))
-    places = []
-    for k in range(4):
-      at = list(reg)
-      at[1] = tile + k
-      places.append(tuple(at))
-    loads.append((len(loads), tuple(places), _w1_address(w1_at, token, plane, col, rank)))
+                     arith.constant(i32, 4 * reg[1]))
+    loads.append((len(loads), places, _w1_address(w1_at, token, plane, col, rank)))
   return loads
 
 
@@ -177,16 +192,13 @@ def stage_fragments(tok, w1_at, stage_at, thread, shape, source, rank: int, load
   the thread's index in its warpgroup, i32): the warpgroups that serve the same requests
   each stage a share and all read every load back (``fragments_from_stage``)."""
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm
-  i32 = ir.IntegerType.get_signless(32)
+  from jax._src.lib.mlir.dialects import llvm
   wanted = set(loads)
   for number, _, address in fragment_loads(tok, w1_at, shape, source, rank):
     if number not in wanted:
       continue
-    at = arith.addi(stage_at, arith.muli(arith.addi(thread, arith.constant(i32, 128 * number)),
-                                         arith.constant(i32, 16)))
     llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [address, at],
+        ir.Type.parse("!llvm.void"), [address, _stage_address(stage_at, thread, number)],
         "{ .reg .b32 a, b, c, d;\n"
         "ld.global.nc.v4.b32 {a, b, c, d}, [$0];\n"
         "st.shared.v4.b32 [$1], {a, b, c, d}; }", "l,r", has_side_effects=True)
@@ -196,24 +208,16 @@ def fragments_from_stage(stage_at, thread, shape):
   """``_fragments``' array (fragment order) read back from ``stage_fragments``' shared
   memory: every load of this thread (its index ``thread`` in its warpgroup)."""
   import numpy as np
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm
+  from jax._src.lib.mlir.dialects import llvm
   from jax.experimental.mosaic.gpu import fragmented_array as fa
-  i32 = ir.IntegerType.get_signless(32)
-  layout = fa.WGMMA_LAYOUT_8BIT
   registers = _empty_registers(shape)
-  number = 0
-  for reg in np.ndindex(registers.shape):
-    if reg[1] % 4:
-      continue
-    at = arith.addi(stage_at, arith.muli(arith.addi(thread, arith.constant(i32, 128 * number)),
-                                         arith.constant(i32, 16)))
-    places = [tuple([reg[0], reg[1] + k, *reg[2:]]) for k in range(4)]
+  loads = [p for p in map(_four_places, np.ndindex(registers.shape)) if p is not None]
+  for number, places in enumerate(loads):   # (``fragment_loads``' order)
     _place(registers, places, llvm.inline_asm(
-        _FOUR_WORDS(), [at], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,r", has_side_effects=True))
-    number += 1
-  return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=True)
+        _FOUR_WORDS(), [_stage_address(stage_at, thread, number)],
+        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True))
+  return fa.FragmentedArray(_registers=registers, _layout=fa.WGMMA_LAYOUT_8BIT,
+                            _is_signed=True)
 
 
 def _gather_by_loads(tok_ref, w1_ref, *, rank: int, stacked: bool):
