@@ -65,6 +65,12 @@ def variant_options(text: str) -> dict:
   return options
 
 
+def plan_and_spec_options(text: str) -> tuple[dict, dict]:
+  """``variant_options`` split into (``plan_stacked``'s, ``StackedSpec``'s)."""
+  options = variant_options(text)
+  return options, {k: options.pop(k) for k in SPEC_OPTIONS if k in options}
+
+
 def walk_operands(spec, operands, base, first):
   """``stacked_walk``'s operands after the spec: W1's planes in the order it asks for
   (the head carries both)."""
@@ -127,11 +133,9 @@ def main():
   device = wts_jax.device.current()
   results = {"jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
              "walks": args.walks, "points": []}
-  special_options = variant_options(args.special_variant)
-  plan_names = [name for name, _ in PLAN_LETTERS.values()]
-  if set(special_options) - set(SPEC_OPTIONS) - set(plan_names):
+  special_plan, special_options = plan_and_spec_options(args.special_variant)
+  if set(special_plan) - {name for name, _ in PLAN_LETTERS.values()}:
     raise SystemExit(f"error: --special-variant {args.special_variant!r}: letters only")
-  special_plan = {k: special_options.pop(k) for k in plan_names if k in special_options}
   for batch in (int(b) for b in args.batches.split(",")):
     base, first, _ = random_inputs(heads.config("int8p"), batch, STEPS, jax.random.key(batch))
     want = np.asarray(wts_jax.walk(head, base, first, None, impl="xla").tokens)
@@ -151,8 +155,7 @@ def main():
       name = f"stacked:{batch}:{variant}"
       record = {"variant": name}
       try:
-        options = variant_options(variant)
-        spec_options = {k: options.pop(k) for k in SPEC_OPTIONS if k in options}
+        options, spec_options = plan_and_spec_options(variant)
         plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
                                batch=batch, num_blocks=device.num_sms,
                                smem_per_block=device.smem_per_block, **options)
