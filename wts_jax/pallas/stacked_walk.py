@@ -348,6 +348,15 @@ def _kernel(*refs, spec: StackedSpec):
       for entry in range(min(stages, streamed * steps)):
         copy_entry(entry)
 
+    # The base logits' L2 prefetch (``prefetch_base``): by the last warpgroup.
+    prefetches = spec.prefetch_base and not interpret and p == phases - 1
+
+    def prefetch(step, due=None):
+      mine = wg == WARPGROUPS - 1
+      pl.when(mine if due is None else jnp.logical_and(mine, due))(
+          lambda: sp.prefetch_base(base_g, step, block, tiles=tiles, vocab=vocab,
+                                   batch=batch))
+
     def base_of(ordinal):
       """The base logits of the phase's ``ordinal``-th tile of the walk (past the walk,
       of its last step: a valid, unused load): loaded, or (async copies) copied into
@@ -371,10 +380,8 @@ def _kernel(*refs, spec: StackedSpec):
         @pl.when(jnp.logical_not(leader))
         def _():
           plgpu.barrier_wait(tok_bar)
-      if spec.prefetch_base and not interpret and p == phases - 1:
-        @pl.when(jnp.logical_and(wg == WARPGROUPS - 1, step + 1 < steps))
-        def _():
-          sp.prefetch_base(base_g, step + 1, block, tiles=tiles, vocab=vocab, batch=batch)
+      if prefetches:
+        prefetch(step + 1, step + 1 < steps)
       with jax.named_scope("gather"):
         if staged:   # (the phase is this warpgroup's share of the 8 loads)
           sp.stage_z(tok_s, w1_g, z_s, rank=rank, phases=phases,
@@ -473,9 +480,8 @@ def _kernel(*refs, spec: StackedSpec):
         flags = lax.cond(leader, functools.partial(exchange, step), lambda f: f, flags)
       return flags, pending
 
-    if spec.prefetch_base and not interpret and p == phases - 1:
-      pl.when(wg == WARPGROUPS - 1)(lambda: sp.prefetch_base(
-          base_g, 0, block, tiles=tiles, vocab=vocab, batch=batch))
+    if prefetches:
+      prefetch(0)
     # The walk's first tiles' base logits (async copies: ``copies_ahead`` of them).
     first = base_of(0)
     for ordinal in range(1, copies_ahead):
