@@ -131,7 +131,13 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(prefetch_candidates=True), dict(greedy=False),
                    dict(w1_order="fragments", plan=dict(z_loads="shared")),
                    dict(prefetch_base=True), dict(plan=dict(base_slots=2)),
-                   dict(greedy=False, plan=dict(base_slots=2)), dict(plan=dict(base_slots=3))]
+                   dict(greedy=False, plan=dict(base_slots=2)), dict(plan=dict(base_slots=3)),
+                   dict(plan=dict(base_slots=2, base_copies="tma")),
+                   dict(greedy=False, plan=dict(base_slots=3, base_copies="tma")),
+                   dict(rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2, base_copies="tma")),
+                   dict(greedy=False, rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2))]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -140,7 +146,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                               "deferred-dealt",
                               "fragments", "prefetch", "sampled", "staged-z",
                               "prefetch-base", "async-base", "async-base-sampled",
-                              "async-base-3"])
+                              "async-base-3", "tma-base", "tma-base-3-sampled",
+                              "rotated-skip-tma", "rotated-skip-async-sampled"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -251,8 +258,11 @@ def test_auto_takes_the_stacked_kernel_for_a_greedy_int8_planes_walk():
     chosen = spec(batch)
     assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
     assert chosen.plan.num_blocks == 132
-    # The base logits by async copies (NOTES v31), W1 in the threads' load order.
+    # The base logits by async copies (NOTES v31), by TMA above 32 rows (NOTES v32); W1
+    # in the threads' load order; the warps rotated, those past the batch idle.
     assert chosen.plan.base_slots == 2 and chosen.w1_order == "fragments"
+    assert chosen.plan.base_copies == ("tma" if batch > 32 else "threads")
+    assert chosen.rotate_warps and chosen.skip_idle_warps
     assert not chosen.prefetch_base
   for batch, greedy, options in ((16, False, {}),
                                  (16, True, dict(warpgroups=2)),
@@ -327,10 +337,18 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(w1_order="fragments", plan=dict(z_loads="shared")),
     dict(w1_order="fragments", prefetch_base=True),
     dict(w1_order="fragments", plan=dict(base_slots=2)),
-    dict(w1_order="fragments", plan=dict(base_slots=3))],
+    dict(w1_order="fragments", plan=dict(base_slots=3)),
+    dict(w1_order="fragments", plan=dict(base_slots=2, base_copies="tma")),
+    dict(w1_order="fragments", plan=dict(base_slots=3, base_copies="tma")),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True,
+         plan=dict(base_slots=2, base_copies="tma")),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True,
+         plan=dict(base_slots=2))],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
-         "prefetch-base", "async-base", "async-base-3"])
+         "prefetch-base", "async-base", "async-base-3", "tma-base", "tma-base-3",
+         "rotated-skip", "rotated-skip-tma", "rotated-skip-async"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

@@ -28,7 +28,10 @@ BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs
           (16, dict(greedy=False)), (40, dict(w1_order="fragments", plan=dict(z_loads="shared"))),
           (64, dict(prefetch_base=True, plan=dict(base_slots=2))),
           (16, dict(greedy=False, plan=dict(base_slots=2))),
-          (40, dict(plan=dict(base_slots=3))))
+          (40, dict(plan=dict(base_slots=3))),
+          (40, dict(plan=dict(base_slots=2, base_copies="tma"))),
+          (16, dict(greedy=False, rotate_warps=True, skip_idle_warps=True,
+                    plan=dict(base_slots=2, base_copies="tma"))))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
 

@@ -63,25 +63,36 @@ def _stacked_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
   return _interpret_blocks_refusal(config)
 
 
+# The stacked kernel's base logits by TMA copies above this many rows (one block of 32
+# requests), by the threads' async copies up to it (measured: NOTES v32).
+STACKED_TMA_BASE_ABOVE = 32
+
+
 def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: DeviceFacts):
   from wts_jax.pallas.stacked_walk import MAX_BATCH, StackedSpec, plan_stacked
   num_sms, smem = launch_facts(config, device)
+  rows = min(shapes.batch, MAX_BATCH)
+  vocab = head.config.vocab_size
   try:
-    plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                        batch=min(shapes.batch, MAX_BATCH),
+    plan = plan_stacked(vocab_size=vocab, rank=head.config.rank, batch=rows,
                         num_blocks=config.num_blocks or num_sms, smem_per_block=smem,
                         ring_stages=config.ring_stages,
-                        base_slots=0 if config.interpret else 2)
+                        base_slots=0 if config.interpret else 2,
+                        base_copies=("tma" if rows > STACKED_TMA_BASE_ABOVE and vocab % 8 == 0
+                                     and not config.interpret else "threads"))
   except ValueError as err:
     return Refusal(str(err))
   # W1's planes in the threads' load order (the head carries them: ``W1Planes``); the
   # interpreted gather reads rows. The base logits copied into shared memory a tile
   # ahead (``base_slots``; not prefetched into the L2 a step ahead: slower at B 64,
-  # NOTES v31).
+  # NOTES v31), by TMA above one block of requests (NOTES v32). The warps' requests
+  # rotated and the warps past the batch idle in the fold (NOTES v32).
+  gpu = not config.interpret
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret, greedy=shapes.greedy,
-                     w1_order="rows" if config.interpret else "fragments")
+                     w1_order="fragments" if gpu else "rows",
+                     rotate_warps=gpu, skip_idle_warps=gpu)
 
 
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:

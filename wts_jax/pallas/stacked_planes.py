@@ -72,12 +72,22 @@ def _scalar(array):
   return _element(array.registers.flat[0], 0)
 
 
-def _request(phases: int):
-  """(request index in the walk, the thread's (warp, g, t)): the block of 32 requests a
-  warpgroup serves is its index over ``phases``."""
+def _request_warp(warp, wg, rotate: bool):
+  """The warp of requests (8 rw .. 8 rw + 7 of the warpgroup's 32) that warp ``warp``
+  of warpgroup ``wg`` serves: itself, or (``rotate``) rotated by the warpgroup, so the
+  first requests of a partly filled block fall on a different warp scheduler in each
+  warpgroup (warp w of every warpgroup issues on scheduler w)."""
+  from jax._src.lib.mlir.dialects import arith
+  return arith.andi(arith.addi(warp, wg), _const(3)) if rotate else warp
+
+
+def _request(phases: int, rotate: bool = False):
+  """(request index in the walk, the thread's (request warp, g, t)): the block of 32
+  requests a warpgroup serves is its index over ``phases`` (``_request_warp``)."""
   from jax._src.lib.mlir.dialects import arith
   _, wg, warp, g, t = _thread()
   first = arith.muli(arith.divui(wg, _const(phases)), _const(REQUESTS))
+  warp = _request_warp(warp, wg, rotate)
   return arith.addi(first, arith.addi(arith.muli(warp, _const(8)), g)), (warp, g, t)
 
 
@@ -89,13 +99,16 @@ def tile_start(block, tile: int, *, tiles: int, vocab: int):
 
 # --- the step's operand: z's planes, stacked, and each request's s_lo --------------------
 
-def _stacked_source(first):
-  """``z_registers.stacked_row`` on i32 rows, past the warpgroup's first request."""
+def _stacked_source(first, wg=None):
+  """``z_registers.stacked_row`` on i32 rows, past the warpgroup's first request; with
+  ``wg`` (an i32 value), each row's warp rotated as ``_request_warp`` does."""
   from jax._src.lib.mlir.dialects import arith
 
   def source(row):
-    request = arith.addi(arith.muli(arith.divui(row, _const(16)), _const(8)),
-                         arith.remui(row, _const(8)))
+    warp = arith.divui(row, _const(16))
+    if wg is not None:
+      warp = _request_warp(warp, wg, True)
+    request = arith.addi(arith.muli(warp, _const(8)), arith.remui(row, _const(8)))
     return (arith.addi(first, request),
             arith.remui(arith.divui(row, _const(8)), _const(2)))
   return source
@@ -134,13 +147,14 @@ def stage_z(tok_s, w1_g, z_s, *, rank: int, phases: int, loads):
 
 
 def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
-           fragment_order: bool = False, z_s=None):
+           fragment_order: bool = False, z_s=None, rotate: bool = False):
   """(A, s_lo) of this warpgroup's 32 requests (tokens ``tok_s``, in range, their stores
   visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo;
   ``fragment_order``: ``int8_state.fragment_ordered``), s_lo the requests' plane scale.
   GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread array. Interpreted:
   A [64, r] and s_lo [32]. ``z_s`` (GPU, fragment order): A read back from
-  ``stage_z``'s shared memory, every share staged and shown (a barrier)."""
+  ``stage_z``'s shared memory, every share staged and shown (a barrier). ``rotate``
+  (GPU, not with ``z_s``): the warps' requests as ``_request_warp`` rotates them."""
   if interpret:
     first = (wg // phases) * REQUESTS
     tokens = [tok_s[first + b] for b in range(REQUESTS)]
@@ -157,6 +171,8 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
   staged = z_s is not None
   if staged and not fragment_order:
     raise ValueError("a staged z reads W1 in fragment order")
+  if staged and rotate:
+    raise ValueError("a staged z is shared by the warpgroups: their warps not rotated")
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * (4 if staged else 3),
                      return_type=(a_type, s_type))
@@ -176,9 +192,10 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
                                            shape)
     else:
       a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
-                                 shape, _stacked_source(_first_request(wg_, phases)),
+                                 shape, _stacked_source(_first_request(wg_, phases),
+                                                        wg_ if rotate else None),
                                  rank, fragment_order)
-    request, _ = _request(phases)
+    request, _ = _request(phases, rotate)
     token = memref.load(tok, [arith.index_cast(index, request)])
     address = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(s_lo)),
                          arith.extui(i64, arith.muli(token, _const(4))))
@@ -192,7 +209,7 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
 # --- a tile's base logits -----------------------------------------------------------------
 
 def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: int,
-              phases: int, wg, interpret: bool, loads: bool = True):
+              phases: int, wg, interpret: bool, loads: bool = True, rotate: bool = False):
   """This warpgroup's requests' base logits at ``step`` over the tile's 64 vocab rows
   (``base_g`` [B', K, V] bf16, V even). GPU: a [64, 64] bf16 WGMMA-layout array, each
   thread's hi-plane rows holding its request's 16 columns (two per 4-byte load), rows
@@ -218,7 +235,7 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
     i64 = ir.IntegerType.get_signless(64)
     bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
     at, live = _base_address(base, _scalar(start_rows), _scalar(step_rows), steps=steps,
-                             width=width, batch=batch, phases=phases)
+                             width=width, batch=batch, phases=phases, rotate=rotate)
     layout = fa.WGMMA_LAYOUT
     registers = np.empty(layout.registers_shape((2 * REQUESTS, TILE)), dtype=object)
     zero = vector.broadcast(bf16x2, arith.constant(ir.BF16Type.get(), 0.0))
@@ -244,14 +261,15 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
 BASE_SLOT_BYTES = 8 * 128 * 4
 
 
-def _base_address(base, start, step, *, steps: int, width: int, batch: int, phases: int):
+def _base_address(base, start, step, *, steps: int, width: int, batch: int, phases: int,
+                  rotate: bool = False):
   """(this thread's first base word's global address, its request is live): its
   request's row at ``step`` from column ``start`` + 2t (i32 values)."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   i64 = ir.IntegerType.get_signless(64)
-  request, (_, _, t) = _request(phases)
+  request, (_, _, t) = _request(phases, rotate)
   first_col = arith.addi(start, arith.muli(t, _const(2)))
   live = arith.cmpi(arith.CmpIPredicate.slt, request, _const(batch))
   row = arith.select(live, request, _const(0))
@@ -275,7 +293,7 @@ def _base_slot_word(staged, slot, slots: int):
 
 
 def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
-              batch: int, phases: int, slots: int):
+              batch: int, phases: int, slots: int, rotate: bool = False):
   """``load_base``'s words by ``cp.async`` into this warpgroup's ``slot`` of ``base_s``
   (rows past the batch zero), one commit group: the words never pass through the
   registers, so no WGMMA's register fence waits for them (``fold_tile`` waits for the
@@ -290,7 +308,7 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm
     at, live = _base_address(base, _scalar(start_rows), _scalar(step_rows), steps=steps,
-                             width=width, batch=batch, phases=phases)
+                             width=width, batch=batch, phases=phases, rotate=rotate)
     dst = _base_slot_word(staged, _scalar(slot_rows), slots)
     size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
     copies = "".join(f"cp.async.ca.shared.global [$0+{512 * k}], [$1+{16 * k}], 4, $2;\n"
@@ -300,6 +318,50 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
 
   copy(base_g, base_s, row_array(start), row_array(step), slots_at)
   return slots_at
+
+
+# TMA base copies (``StackedPlan.base_copies="tma"``): a slot is [32 requests, 64 columns]
+# bf16 in 128-byte rows, the 16-byte chunk c of row r at chunk c ^ (r % 8), so the eight
+# rows a warp's lanes read at once fall in different banks.
+TMA_BASE_TRANSFORMS = (plgpu.SwizzleTransform(128),)
+
+
+def _tma_base_word(staged, slot, rotate: bool = False):
+  """This thread's word 0 in slot ``slot`` (warpgroup-wide index, an i32 value) of the
+  TMA base slots ``staged`` as a shared-memory address: its word j is at that address
+  XOR 16 j (its request's row, chunk j swizzled, byte 4 t)."""
+  from jax._src.lib.mlir.dialects import arith
+  from wts_jax.pallas.row_words import thread_and_addresses
+  _, (staged_at,), _ = thread_and_addresses((staged,))
+  _, wg, warp, g, t = _thread()
+  warp = _request_warp(warp, wg, rotate)
+  row = arith.addi(arith.muli(warp, _const(8)), g)
+  at = arith.addi(staged_at, arith.muli(slot, _const(BASE_SLOT_BYTES)))
+  at = arith.addi(at, arith.muli(row, _const(2 * TILE)))
+  return arith.addi(at, arith.addi(arith.muli(g, _const(16)), arith.muli(t, _const(4))))
+
+
+def zero_unread_rows(base_s, *, batch: int, phases: int, slots: int, rotate: bool = False):
+  """Zeros in the TMA base slots' rows past the batch (the copies write the live rows
+  only), each thread its own words in its warpgroup's slots: the fold of a request past
+  the batch then reads zeros, as the async copies' zero fill gives it."""
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(transforms=TMA_BASE_TRANSFORMS),))
+  def zero(_, staged):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    request, _ = _request(phases, rotate)
+    _, wg, *_ = _thread()
+    dead = arith.extui(_i32(), arith.cmpi(arith.CmpIPredicate.sge, request, _const(batch)))
+    for slot in range(slots):
+      at = _tma_base_word(staged, arith.addi(arith.muli(wg, _const(slots)), _const(slot)),
+                          rotate)
+      llvm.inline_asm(
+          ir.Type.parse("!llvm.void"), [at, dead],
+          "{ .reg .pred p; .reg .b32 a, z; setp.ne.u32 p, $1, 0; mov.b32 z, 0;\n"
+          + "".join(f"xor.b32 a, $0, {16 * j}; @p st.shared.b32 [a], z;\n"
+                    for j in range(8))
+          + "}", "r,r", has_side_effects=True)
+  zero(base_s)
 
 
 def prefetch_base(base_g, step, block, *, tiles: int, vocab: int, batch: int):
@@ -357,7 +419,7 @@ def row_array(value):
 # --- a sampled walk: each request's score scale, noise switch and noise stream ---------
 
 def sampling_state(scale_g, noise_g, seed_g, step, *, rows: int, row_offset: int,
-                   phases: int, wg, interpret: bool):
+                   phases: int, wg, interpret: bool, rotate: bool = False):
   """This warpgroup's requests' (score scale, noise on, the step's noise stream) for a
   sampled walk: ``scale_g`` [B'] f32, ``noise_g`` [B'] int32 (non-zero: Gumbel noise
   added), ``seed_g`` [2] uint32 (``sampling.seed_words``); the stream is
@@ -381,7 +443,7 @@ def sampling_state(scale_g, noise_g, seed_g, step, *, rows: int, row_offset: int
     from jax._src.lib.mlir.dialects import arith, llvm
     from wts_jax.pallas.row_words import thread_and_addresses
     _, _, (scales_at, noise_at, seed_at) = thread_and_addresses((), (scales, noise, seed))
-    request, _ = _request(phases)
+    request, _ = _request(phases, rotate)
     live = arith.extui(_i32(), arith.cmpi(arith.CmpIPredicate.slt, request, _const(rows)))
     i64 = ir.IntegerType.get_signless(64)
     offset = arith.extui(i64, arith.muli(request, _const(4)))
@@ -467,7 +529,8 @@ def initial_best(interpret: bool):
 
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
               nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
-              base_s=None, slots: int = 0, copies_pending: int = 1):
+              base_s=None, slots: int = 0, copies_pending: int = 1, tma_slots: bool = False,
+              rotate: bool = False, live_rows: int | None = None, phases: int = 1):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -477,8 +540,12 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   ``sampled`` (``sampling_state``'s): the score is ``logit · scale`` plus, where the
   request's noise is on, its Gumbel noise at the row (``reference.select_tokens``).
   ``column_pairs`` (GPU, timing only): fold only the first that many of a thread's 8
-  column pairs. ``base_s`` (GPU): ``base`` is ``copy_base``'s slot, its words waited
-  for (all but the latest ``copies_pending`` copy groups) and read from ``base_s``."""
+  column pairs. ``base_s`` (GPU): ``base`` is the slot of the tile's base logits in
+  ``base_s``: ``copy_base``'s, its words waited for here (all but the latest
+  ``copies_pending`` copy groups), or with ``tma_slots`` a TMA copy's (``base_of`` in
+  the kernel; its barrier waited for before). ``rotate``: the warps' requests as
+  ``_request_warp`` has them. ``live_rows`` (GPU): a warp whose requests are all at or
+  past it (the batch; ``phases`` as ``_request``'s) folds nothing, its best kept."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
@@ -502,7 +569,8 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   staged = base_s is not None
   # (optional arguments after the fixed ones: the base slots' ref, the sampling state)
   extra = ((base_s,) if staged else ()) + (() if sampled is None else (sampled,))
-  extra_types = (((plgpu.RefType(),) if staged else ())
+  extra_types = (((plgpu.RefType(transforms=TMA_BASE_TRANSFORMS if tma_slots else ()),)
+                  if staged else ())
                  + (() if sampled is None else (((plgpu.Layout.WGMMA,) * 3),)))
 
   @plgpu.inline_mgpu(
@@ -514,16 +582,45 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       return_type=(carry, carry_i, carry))
   def fold(_, acc, base, s_lo, scales, best, start_rows, *rest):
     from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, scf
+    value, index, top = (_scalar(b) for b in best)
+    if live_rows is None:
+      folded = fold_values(acc, base, s_lo, scales, start_rows, rest, value, index, top)
+    else:   # (warp-uniform: a warp's 8 requests, from its first)
+      request, (_, g, _) = _request(phases, rotate)
+      warp_first = arith.subi(request, g)
+      live = arith.cmpi(arith.CmpIPredicate.slt, warp_first, _const(live_rows))
+      branch = scf.IfOp(live, [value.type, index.type, top.type], has_else=True)
+      with ir.InsertionPoint(branch.then_block):
+        scf.YieldOp(list(fold_values(acc, base, s_lo, scales, start_rows, rest, value,
+                                     index, top)))
+      with ir.InsertionPoint(branch.else_block):
+        scf.YieldOp([value, index, top])
+      folded = branch.results
+    value, index, top = folded
+    return (_per_thread(value, jnp.float32), _per_thread(index, jnp.int32),
+            _per_thread(top, jnp.float32))
+
+  def fold_values(acc, base, s_lo, scales, start_rows, rest, value, index, top):
+    """The fold's (value, index, NaN witness) scalars after the tile."""
+    from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm, vector
     f32 = ir.F32Type.get()
     sampling_state = rest[1:] if staged else rest
     if staged:
-      word_at = _base_slot_word(rest[0], _scalar(base), slots)
-      words = llvm.inline_asm(
-          ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>"), [word_at],
-          f"cp.async.wait_group {copies_pending};\n" + "".join(
-              f"ld.shared.b32 ${k}, [$8+{512 * k}];\n" for k in range(8)),
-          ",".join(["=r"] * 8) + ",r", has_side_effects=True)
+      eight_words = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>")
+      if tma_slots:   # (word k at word 0's address XOR 16 k: the swizzle)
+        _, wg, *_ = _thread()
+        word_at = _tma_base_word(
+            rest[0], arith.addi(arith.muli(wg, _const(slots)), _scalar(base)), rotate)
+        reads = "{ .reg .b32 a;\n" + "".join(
+            f"xor.b32 a, $8, {16 * k}; ld.shared.b32 ${k}, [a];\n" for k in range(8)) + "}"
+      else:
+        word_at = _base_slot_word(rest[0], _scalar(base), slots)
+        reads = f"cp.async.wait_group {copies_pending};\n" + "".join(
+            f"ld.shared.b32 ${k}, [$8+{512 * k}];\n" for k in range(8))
+      words = llvm.inline_asm(eight_words, [word_at], reads, ",".join(["=r"] * 8) + ",r",
+                              has_side_effects=True)
       bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
       base_words = [llvm.bitcast(bf16x2, llvm.extractvalue(_i32(), words, [k]))
                     for k in range(8)]
@@ -532,7 +629,6 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     f32x2 = ir.VectorType.get((2,), f32)
     index_type = ir.IndexType.get()
     _, _, _, _, t = _thread()
-    value, index, top = (_scalar(b) for b in best)
     scale_lo = vector.broadcast(f32x2, _scalar(s_lo))
     lo_steps = vector.broadcast(ir.VectorType.get((2,), _i32()), _const(LO_STEPS))
     pair = arith.muli(t, _const(2))
@@ -570,8 +666,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       won = arith.cmpi(arith.CmpIPredicate.sge, column_won, _const(0))
       index = arith.select(won, arith.addi(first, column_won), index)
       top = value
-    return (_per_thread(value, jnp.float32), _per_thread(index, jnp.int32),
-            _per_thread(top, jnp.float32))
+    return value, index, top
 
   return fold(acc, base, s_lo, scales_s, best, starts, *extra)
 
@@ -583,10 +678,11 @@ def _element(register, e: int):
 
 # --- the step's bests: each request's over its four lanes, to shared memory -------------
 
-def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool):
+def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool, rotate: bool = False):
   """This warpgroup's best per request into row ``wg`` of ``value_s`` / ``index_s`` /
   ``nan_s`` ([4, 32] in shared memory): GPU, the four lanes of a request reduced by
-  shuffles (ties to the lower row) and stored by lane t = 0."""
+  shuffles (ties to the lower row) and stored by lane t = 0 (``rotate``: the warps'
+  requests as ``_request_warp`` has them)."""
   if interpret:
     for ref, part in zip((value_s, index_s, nan_s), best):
       ref[wg] = part
@@ -596,10 +692,16 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool):
                                 plgpu.RefType(), plgpu.RefType()))
   def store(_, best, values, indices, nans):
     from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import llvm
+    from jax._src.lib.mlir.dialects import arith, llvm
     from wts_jax.pallas.row_words import thread_and_addresses
     thread, (values_at, indices_at, nans_at), _ = thread_and_addresses(
         (values, indices, nans))
+    # (the request's slot, warpgroup · 32 + request warp · 8 + g, in bytes; as
+    # thread & ~3 unrotated)
+    _, wg_, warp, g, _ = _thread()
+    slot = arith.addi(arith.muli(wg_, _const(REQUESTS)),
+                      arith.addi(arith.muli(_request_warp(warp, wg_, rotate), _const(8)), g))
+    slot_at = arith.muli(slot, _const(4))
     value, index, nan = (_scalar(b) for b in best)
     shuffles = "".join(
         f"shfl.sync.bfly.b32 v2, v, {m}, 0x1f, 0xffffffff;\n"
@@ -610,16 +712,15 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool):
         "@p mov.b32 v, v2; @p mov.b32 i, i2; or.b32 n, n, n2;\n" for m in (1, 2))
     llvm.inline_asm(
         ir.Type.parse("!llvm.void"),
-        [value, index, nan, thread, values_at, indices_at, nans_at],
+        [value, index, nan, thread, values_at, indices_at, nans_at, slot_at],
         "{ .reg .pred p, q, r; .reg .b32 v, i, n, v2, i2, n2, at;\n"
         "mov.b32 v, $0; mov.b32 i, $1;\n"
         "setp.nan.f32 p, $2, $2; selp.b32 n, 1, 0, p;\n" + shuffles +
-        # (thread / 4 = warpgroup · 32 + warp · 8 + g: the request's slot)
-        "and.b32 at, $3, 3; setp.eq.u32 p, at, 0; and.b32 at, $3, 0xFFFFFFFC;\n"
+        "and.b32 at, $3, 3; setp.eq.u32 p, at, 0; mov.b32 at, $7;\n"
         "add.u32 v2, at, $4; @p st.shared.b32 [v2], v;\n"
         "add.u32 v2, at, $5; @p st.shared.b32 [v2], i;\n"
         "add.u32 v2, at, $6; @p st.shared.b32 [v2], n; }",
-        "f,r,f,r,r,r,r", has_side_effects=True)
+        "f,r,f,r,r,r,r,r", has_side_effects=True)
 
   store(best, value_s, index_s, nan_s)
 

@@ -73,12 +73,24 @@ class StackedPlan:
   # warpgroup (``stacked_planes.BASE_SLOT_BYTES`` each), ``base_slots - 1`` tiles
   # ahead, and read back in the fold.
   base_slots: int = 0
+  # Who copies the base logits into the slots: "threads", each thread its own words by
+  # 4-byte ``cp.async`` (``stacked_planes.copy_base``); "tma", one TMA copy a tile a
+  # warpgroup (its requests' 64 columns, 128-byte swizzled) waited for on an mbarrier,
+  # issued once the tile before's WGMMA is done (every warp has then read the slot it
+  # overwrites: their reads precede their WGMMA's register fence). V a multiple of 8
+  # (the TMA's row stride).
+  base_copies: str = "threads"
 
   def __post_init__(self):
     if self.z_loads not in ("own", "shared"):
       raise ValueError(f"z_loads={self.z_loads!r} must be 'own' or 'shared'")
-    if self.base_slots not in (0, 2, 3):
-      raise ValueError(f"base_slots={self.base_slots} must be 0, 2 or 3")
+    if self.base_slots not in (0, 2, 3, 4):
+      raise ValueError(f"base_slots={self.base_slots} must be 0, 2, 3 or 4")
+    if self.base_copies not in ("threads", "tma"):
+      raise ValueError(f"base_copies={self.base_copies!r} must be 'threads' or 'tma'")
+    if self.base_copies == "tma" and (not self.base_slots or self.vocab_size % 8):
+      raise ValueError(f"base_copies='tma' needs base slots (base_slots={self.base_slots}) "
+                       f"and V a multiple of 8 (vocab_size={self.vocab_size})")
     if self.request_blocks not in (1, 2):
       raise ValueError(f"request_blocks={self.request_blocks} must be 1 or 2")
     if len(self.resident) != self.phases:
@@ -130,7 +142,8 @@ class StackedPlan:
             f"rows, {self.phases} phases, resident {list(self.resident)}, "
             f"{self.ring_stages}-slot rings"
             + (", z staged in shared memory" if self.z_loads == "shared" else "")
-            + (", base logits by async copies" if self.base_slots else ""))
+            + (f", base logits by {'TMA' if self.base_copies == 'tma' else 'async'} "
+               f"copies into {self.base_slots} slots" if self.base_slots else ""))
 
 
 def tile_bytes(rank: int) -> int:
@@ -149,11 +162,11 @@ def fixed_smem_bytes(tiles: int, z_stage_bytes: int = 0) -> int:
 def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  smem_per_block: int, ring_stages: int | None = None,
                  resident: int | None = None, z_loads: str = "own",
-                 base_slots: int = 0) -> StackedPlan:
+                 base_slots: int = 0, base_copies: str = "threads") -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
   (by default one at B <= 32, two above, where two warpgroups share a phase's ring),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
-  at most what fits. ``z_loads``, ``base_slots``: ``StackedPlan``'s."""
+  at most what fits. ``z_loads``, ``base_slots``, ``base_copies``: ``StackedPlan``'s."""
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch}: the stacked walk takes 1 to {MAX_BATCH} rows")
   if rank % 32 or vocab_size % 2 or vocab_size < sp.TILE:
@@ -183,7 +196,8 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
     share[p] += 1
   return StackedPlan(vocab_size=vocab_size, rank=rank, num_blocks=num_blocks, tiles=tiles,
                      request_blocks=request_blocks, resident=tuple(share),
-                     ring_stages=stages, z_loads=z_loads, base_slots=base_slots)
+                     ring_stages=stages, z_loads=z_loads, base_slots=base_slots,
+                     base_copies=base_copies)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +254,13 @@ class StackedSpec:
   # fold cut to its first column pair; "base", no base logits loaded; "mma", no WGMMA
   # issued (the accumulators stay zero). What a walk would gain were that work free.
   timing_ablation: str = ""
+  # GPU only. ``rotate_warps``: warp w of warpgroup g serves the requests of warp
+  # (w + g) % 4 of a block of 32 (``stacked_planes._request_warp``), so a partly filled
+  # block's live requests fall on every warp scheduler, not the first ones of each
+  # warpgroup; ``skip_idle_warps``: a warp whose 8 requests are all past the batch folds
+  # nothing.
+  rotate_warps: bool = False
+  skip_idle_warps: bool = False
 
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
@@ -253,6 +274,12 @@ class StackedSpec:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
     if self.interpret and self.w1_order == "fragments":
       raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
+    if self.interpret and (self.rotate_warps or self.skip_idle_warps):
+      raise ValueError("rotate_warps, skip_idle_warps: GPU only (the interpreted walk "
+                       "has no warps)")
+    if self.rotate_warps and self.plan.z_loads == "shared":
+      raise ValueError("rotate_warps: a staged z (z_loads='shared') is one operand for "
+                       "all warpgroups")
     if self.plan.z_loads == "shared" and self.w1_order != "fragments":
       raise ValueError("z_loads='shared' stages W1 in fragment order (w1_order='fragments')")
 
@@ -272,7 +299,8 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
     plan = plan_stacked(vocab_size=spec.plan.vocab_size, rank=spec.plan.rank, batch=rows,
                         num_blocks=spec.plan.num_blocks, smem_per_block=spec.smem_per_block,
                         ring_stages=spec.ring_stages, z_loads=spec.plan.z_loads,
-                        base_slots=spec.plan.base_slots)
+                        base_slots=spec.plan.base_slots,
+                        base_copies=spec.plan.base_copies)
     parts.append((slice(first, first + rows),
                   dataclasses.replace(spec, plan=plan, batch=rows,
                                       row_offset=spec.row_offset + first)))
@@ -288,10 +316,16 @@ def _kernel(*refs, spec: StackedSpec):
   z_s, z_bar = extra_scratch[:2] if staged else (None, None)
   extra_scratch = extra_scratch[2:] if staged else extra_scratch
   base_slots = 0 if spec.interpret else spec.plan.base_slots
+  by_tma = bool(base_slots) and spec.plan.base_copies == "tma"
   copies_ahead = max(1, base_slots - 1)   # tiles ahead a tile's base logits are fetched
   base_s = extra_scratch[0] if base_slots else None
-  interpreted = extra_scratch[1:] if base_slots else extra_scratch
+  base_bar = extra_scratch[1] if by_tma else None
+  interpreted = extra_scratch[1 + by_tma:] if base_slots else extra_scratch
   plan, steps, batch = spec.plan, spec.steps, spec.batch
+  rotate = spec.rotate_warps
+  # (the fold skips a warp past the batch where the batch leaves one)
+  live_rows = (batch if spec.skip_idle_warps and batch < plan.request_blocks * sp.REQUESTS
+               else None)
   vocab, rank, tiles, stages = plan.vocab_size, plan.rank, plan.tiles, plan.ring_stages
   phases, interpret = plan.phases, spec.interpret
   block = lax.axis_index("blocks")
@@ -359,18 +393,29 @@ def _kernel(*refs, spec: StackedSpec):
 
     def base_of(ordinal):
       """The base logits of the phase's ``ordinal``-th tile of the walk (past the walk,
-      of its last step: a valid, unused load): loaded, or (async copies) copied into
-      that ordinal's slot, the slot returned."""
+      of its last step: a valid, unused load; by TMA: none): loaded, or (async copies)
+      copied into that ordinal's slot, the slot returned."""
       step = jnp.minimum(lax.div(ordinal, count), steps - 1)   # (ordinal >= 0)
       tile = p + lax.rem(ordinal, count) * phases
       with jax.named_scope("base"):
+        if by_tma:
+          slot = wg * base_slots + lax.rem(ordinal, base_slots)
+          start_at = start(tile)
+          for rb in range(plan.request_blocks):   # (each block's live rows, static)
+            rows = min(sp.REQUESTS, batch - rb * sp.REQUESTS)
+            due = jnp.logical_and(ordinal < steps * count, lax.div(wg, phases) == rb)
+            pl.when(due)(functools.partial(
+                plgpu.copy_gmem_to_smem,
+                base_g.at[pl.ds(rb * sp.REQUESTS, rows), step, pl.ds(start_at, sp.TILE)],
+                base_s.at[slot, pl.ds(0, rows)], base_bar.at[slot]))
+          return None
         if base_slots:
           return sp.copy_base(base_g, base_s, lax.rem(ordinal, base_slots), step, block,
                               tile, tiles=tiles, vocab=vocab, batch=batch, phases=phases,
-                              slots=base_slots)
+                              slots=base_slots, rotate=rotate)
         return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
                             batch=batch, phases=phases, wg=wg, interpret=interpret,
-                            loads=spec.timing_ablation != "base")
+                            loads=spec.timing_ablation != "base", rotate=rotate)
 
     def step_body(step, carry):
       # ``pending``: the base logits of the step's first tile, loaded (into registers)
@@ -391,13 +436,14 @@ def _kernel(*refs, spec: StackedSpec):
           plgpu.barrier_wait(z_bar.at[request_block])
         a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
                             interpret=interpret,
-                            fragment_order=spec.w1_order == "fragments", z_s=z_s)
+                            fragment_order=spec.w1_order == "fragments", z_s=z_s,
+                            rotate=rotate)
       if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
         interpreted[0][wg] = a
         a = interpreted[0].at[wg]
       sampled = None if spec.greedy else sp.sampling_state(
           *sampling_g, step, rows=batch, row_offset=spec.row_offset, phases=phases, wg=wg,
-          interpret=interpret)
+          interpret=interpret, rotate=rotate)
 
       @pl.when(step == 0)
       @jax.named_scope("first_wait")
@@ -428,12 +474,14 @@ def _kernel(*refs, spec: StackedSpec):
             with jax.named_scope("mma"):
               plgpu.wgmma(acc_ref, a, w_s.at[w_index].T)
           # The next tile's (the next step's first after the last), or with async
-          # copies the one ``copies_ahead`` on.
-          upcoming = base_of(step * count + position + copies_ahead)
+          # copies the one ``copies_ahead`` on (by TMA: once the WGMMA is done).
+          upcoming = None if by_tma else base_of(step * count + position + copies_ahead)
           with jax.named_scope("mma_wait"):
             return plgpu.wgmma_accumulator_load(acc_ref), upcoming
         acc, upcoming = pl.run_scoped(product,
                                       plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32))
+        if by_tma:
+          base_of(step * count + position + copies_ahead)
         if streamed:   # the slot read (its WGMMA waited for): refill it
           total = steps * streamed
           refill_due = jnp.logical_and(is_streamed, entry + stages < total)
@@ -458,21 +506,26 @@ def _kernel(*refs, spec: StackedSpec):
               refills_here = issuer
             pl.when(jnp.logical_and(refills_here, refill_now))(refill)
         if base_slots:   # (the slot of this tile's copy)
-          pending = sp.row_array(lax.rem(step * count + position, base_slots))
+          slot_now = lax.rem(step * count + position, base_slots)
+          pending = sp.row_array(slot_now)
+          if by_tma:
+            with jax.named_scope("base_wait"):
+              plgpu.barrier_wait(base_bar.at[wg * base_slots + slot_now])
         with jax.named_scope("fold"):
           best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
                               interpret=interpret, nan_in_value=spec.nan_check == "value",
                               column_pairs=1 if spec.timing_ablation == "fold" else None,
                               base_s=base_s, slots=base_slots,
-                              copies_pending=copies_ahead,
+                              copies_pending=copies_ahead, tma_slots=by_tma,
+                              rotate=rotate, live_rows=live_rows, phases=phases,
                               sampled=sampled)
-        return best, upcoming
+        return best, pending if by_tma else upcoming
 
       best, pending = lax.fori_loop(0, count, tile_body,
                                     (sp.initial_best(interpret), pending))
       with jax.named_scope("bests"):
         sp.store_bests(best, best_value_s, best_index_s, best_nan_s, wg=wg,
-                       interpret=interpret)
+                       interpret=interpret, rotate=rotate)
       plgpu.barrier_arrive(step_bar)
       if p:
         return flags, pending
@@ -483,11 +536,15 @@ def _kernel(*refs, spec: StackedSpec):
     if prefetches:
       prefetch(0)
     # The walk's first tiles' base logits (async copies: ``copies_ahead`` of them).
+    if by_tma and batch < plan.request_blocks * sp.REQUESTS:
+      sp.zero_unread_rows(base_s, batch=batch, phases=phases, slots=base_slots,
+                          rotate=rotate)
     first = base_of(0)
     for ordinal in range(1, copies_ahead):
       base_of(ordinal)
-    flags, _ = lax.fori_loop(0, steps, step_body, (jnp.int32(0), first))
-    if base_slots:   # (the copies issued past the walk's last tile land before exit)
+    flags, _ = lax.fori_loop(0, steps, step_body,
+                             (jnp.int32(0), sp.row_array(0) if by_tma else first))
+    if base_slots and not by_tma:   # (copies issued past the walk land before exit)
       sp.wait_copies()
 
     status = flags | jnp.where(leader, nan_s[1]
@@ -623,7 +680,11 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
   if plan.z_loads == "shared":
     scratch += [plgpu.SMEM((plan.request_blocks * sp.STAGE_BYTES,), jnp.int8),
                 plgpu.Barrier(num_arrivals=plan.phases, num_barriers=plan.request_blocks)]
-  if plan.base_slots and not spec.interpret:
+  if plan.base_slots and not spec.interpret and plan.base_copies == "tma":
+    scratch += [plgpu.SMEM((WARPGROUPS * plan.base_slots, sp.REQUESTS, sp.TILE),
+                           jnp.bfloat16, transforms=sp.TMA_BASE_TRANSFORMS),
+                plgpu.Barrier(num_arrivals=1, num_barriers=WARPGROUPS * plan.base_slots)]
+  elif plan.base_slots and not spec.interpret:
     scratch.append(plgpu.SMEM((WARPGROUPS * plan.base_slots * sp.BASE_SLOT_BYTES,),
                               jnp.int8))
   if spec.interpret:
