@@ -83,10 +83,13 @@ def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
 
 
 # --- the plan ---------------------------------------------------------------------------
-@pytest.mark.parametrize("extra", [{}, dict(base_slots=2), dict(z_loads="shared")],
-                         ids=["defaults", "async-base", "staged-z"])
+@pytest.mark.parametrize("extra", [{}, dict(base_slots=2), dict(z_loads="shared"),
+                                   dict(base_slots=2, base_copies="tma")],
+                         ids=["defaults", "async-base", "staged-z", "tma-base"])
 def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two(extra):
-  for batch, phases, stages in ((16, 4, 1), (64, 2, 2)):
+  # (a shared ring of two slots above 32 rows; of one with the base logits by TMA)
+  for batch, phases, stages in ((16, 4, 1),
+                                (64, 2, 1 if extra.get("base_copies") == "tma" else 2)):
     plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
                            smem_per_block=H200_SMEM, **extra)
     assert plan.tiles == 18 and plan.phases == phases and plan.ring_stages == stages

@@ -164,7 +164,8 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  resident: int | None = None, z_loads: str = "own",
                  base_slots: int = 0, base_copies: str = "threads") -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
-  (by default one at B <= 32, two above, where two warpgroups share a phase's ring),
+  (by default one at B <= 32; above, where two warpgroups share a phase's ring, two, or
+  one with the base logits by TMA: measured, NOTES v32),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
   at most what fits. ``z_loads``, ``base_slots``, ``base_copies``: ``StackedPlan``'s."""
   if not 1 <= batch <= MAX_BATCH:
@@ -175,7 +176,8 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   request_blocks = 1 if batch <= sp.REQUESTS else 2
   phases = WARPGROUPS // request_blocks
   tiles = chunks_per_block(vocab_size, num_blocks)
-  stages = (1 if request_blocks == 1 else 2) if ring_stages is None else ring_stages
+  default_stages = 1 if request_blocks == 1 or base_copies == "tma" else 2
+  stages = default_stages if ring_stages is None else ring_stages
   counts = [len(range(p, tiles, phases)) for p in range(phases)]
   stage = ((request_blocks * sp.STAGE_BYTES if z_loads == "shared" else 0)
            + WARPGROUPS * base_slots * sp.BASE_SLOT_BYTES)
