@@ -16,9 +16,13 @@ with a plane a WGMMA), this kernel follows the public int8 kernel's design for B
   streamed tile arrives during the exchange before it), streamed and resident tiles
   alternating so a refill's latency hides behind a resident tile;
 - base logits: each thread its request's 16 columns of a tile, a tile ahead, either
-  loaded into registers or (``StackedPlan.base_slots``, the API's) copied by
-  ``cp.async`` into shared memory and read back, so the next WGMMA's register fence
-  does not wait for their HBM latency;
+  loaded into registers or (``StackedPlan.base_slots``, the API's) copied into shared
+  memory — by each thread's ``cp.async``, or one TMA copy a tile a warpgroup
+  (``base_copies``) — and read back, so the next WGMMA's register fence does not wait
+  for their HBM latency;
+- (``StackedSpec.rotate_warps``) each warpgroup's warps serve the blocks' request warps
+  rotated by its index, so a partly filled block's live requests issue on every warp
+  scheduler, and (``skip_idle_warps``) a warp past the batch does not fold;
 - each thread keeps a running best of its request; at the step's end the four lanes of
   a request reduce by shuffles, the warpgroups' bests meet in shared memory, and
   warpgroup 0 folds them into the grid's 64-bit keys (``grid_sync``), polls, and writes
