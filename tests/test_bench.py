@@ -702,3 +702,21 @@ def test_the_floor_microbenchmarks_read_everything_and_lower_for_cuda():
   lowered = jax.jit(lambda: microbench.barriers(programs=132, rounds=3)).trace().lower(
       lowering_platforms=("cuda",)).as_text()
   assert "wts_barrier_rounds" in lowered
+
+
+@pytest.mark.parametrize("dependent_launch", [False, True], ids=["plain", "dependent"])
+def test_the_launch_shape_sanity_kernel_lowers_for_cuda(dependent_launch):
+  """The sanity line's empty kernel of the walks' launch shape builds for the GPU (no GPU
+  needed); as a dependent launch it waits on ``griddepcontrol.wait`` and only then."""
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import cuda_target
+  walk = timing._launch_shape_walk(dependent_launch)
+  with cuda_target():
+    text = jax.jit(lambda tokens: walk(None, tokens)["tokens"]).trace(
+        jax.ShapeDtypeStruct((16,), jnp.int32)).lower(
+            lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
+    # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
+    assert ("griddepcontrol.wait" in text) == dependent_launch

@@ -140,7 +140,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2, base_copies="tma")),
                    dict(greedy=False, rotate_warps=True, skip_idle_warps=True,
-                        plan=dict(base_slots=2))]
+                        plan=dict(base_slots=2)),
+                   dict(dependent_launch=True)]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -150,7 +151,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                               "fragments", "prefetch", "sampled", "staged-z",
                               "prefetch-base", "async-base", "async-base-sampled",
                               "async-base-3", "tma-base", "tma-base-3-sampled",
-                              "rotated-skip-tma", "rotated-skip-async-sampled"])
+                              "rotated-skip-tma", "rotated-skip-async-sampled",
+                              "dependent-launch"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -177,6 +179,7 @@ def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
     # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
     assert ("prefetch.global.L2" in text) == bool(options.get("prefetch_candidates"))
+    assert ("griddepcontrol.wait" in text) == bool(options.get("dependent_launch"))
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA's assembler)")
@@ -347,11 +350,12 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True,
          plan=dict(base_slots=2, base_copies="tma")),
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True,
-         plan=dict(base_slots=2))],
+         plan=dict(base_slots=2)),
+    dict(w1_order="fragments", dependent_launch=True)],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
          "prefetch-base", "async-base", "async-base-3", "tma-base", "tma-base-3",
-         "rotated-skip", "rotated-skip-tma", "rotated-skip-async"])
+         "rotated-skip", "rotated-skip-tma", "rotated-skip-async", "dependent-launch"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

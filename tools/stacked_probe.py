@@ -46,7 +46,8 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "I": ("ring_issuers", "dealt"), "P": ("prefetch_candidates", True),
                 "A": ("timing_ablation", "fold"), "L": ("timing_ablation", "base"),
                 "M": ("timing_ablation", "mma"), "E": ("prefetch_base", True),
-                "R": ("rotate_warps", True), "V": ("skip_idle_warps", True)}
+                "R": ("rotate_warps", True), "V": ("skip_idle_warps", True),
+                "G": ("dependent_launch", True)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3),

@@ -474,16 +474,60 @@ def _empty_pallas_walk():
   return walk
 
 
+def _launch_shape_walk(dependent_launch: bool):
+  """A walk that launches an empty Mosaic GPU kernel of the persistent walks' launch
+  shape — one block an SM, four warpgroups, the device's shared memory less Mosaic's
+  reserve — that only writes one word (GPU). Beside the 1-element kernel's line it says
+  what a launch of that shape costs in the chain, the walk's own work apart.
+  ``dependent_launch``: it waits with ``griddepcontrol.wait`` first, which asks XLA to
+  launch it as a programmatic dependent launch (jax >= 0.11)."""
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from wts_jax import device
+  from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES
+  facts = device.current()
+  smem = (facts.smem_per_block - SMEM_RESERVED_BYTES) // SMEM_ALIGNMENT * SMEM_ALIGNMENT
+
+  def body(x_g, out_g, _smem):
+    del x_g   # (an operand only: the launch is ordered after the tokens it takes)
+    if dependent_launch:
+      plgpu.griddepcontrol_wait()
+    first = jnp.logical_and(lax.axis_index("blocks") == 0, lax.axis_index("wg") == 0)
+
+    @pl.when(first)
+    def _():
+      out_g[0] = jnp.int32(1)
+
+  kernel = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(facts.num_sms,),
+      grid_names=("blocks",), num_threads=4, thread_name="wg",
+      scratch_types=[plgpu.SMEM((smem,), jnp.int8)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane))
+
+  def walk(operands, first_tokens):
+    del operands
+    out = kernel(first_tokens)
+    return {"tokens": jnp.broadcast_to(out[:, None], (first_tokens.shape[0], 1))}
+
+  return walk
+
+
 def _empty_xla_walk(operands, first_tokens):
   del operands
   return {"tokens": (first_tokens + 1)[:, None]}
 
 
 def empty_walks() -> list[tuple[str, Callable[[], Callable]]]:
-  """[(kind, make walk)] of the sanity lines: a 1-element Pallas kernel (GPU only) and a
-  1-element XLA op, each a walk of the same structure as the timed ones."""
+  """[(kind, make walk)] of the sanity lines: a 1-element Pallas kernel and an empty
+  kernel of the persistent walks' launch shape, plain and as a dependent launch (GPU
+  only), and a 1-element XLA op, each a walk of the same structure as the timed ones."""
   candidates = []
   if jax.default_backend() == "gpu":
     candidates.append(("pallas 1-element kernel", _empty_pallas_walk))
+    candidates.append(("mosaic kernel of the walk's launch shape",
+                       functools.partial(_launch_shape_walk, False)))
+    candidates.append(("the same, a programmatic dependent launch",
+                       functools.partial(_launch_shape_walk, True)))
   candidates.append(("xla 1-element op", lambda: _empty_xla_walk))
   return candidates

@@ -267,6 +267,10 @@ class StackedSpec:
   # nothing.
   rotate_warps: bool = False
   skip_idle_warps: bool = False
+  # GPU, jax >= 0.11: the kernel starts with ``griddepcontrol.wait``, so XLA launches it
+  # as a programmatic dependent launch: its blocks are placed while the op before it
+  # ends and wait there before reading any operand (on jax 0.10 the wait is a no-op).
+  dependent_launch: bool = False
 
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
@@ -314,6 +318,8 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
 
 
 def _kernel(*refs, spec: StackedSpec):
+  if spec.dependent_launch and not spec.interpret:
+    plgpu.griddepcontrol_wait()   # (before any operand is read)
   inputs = 6 if spec.greedy else 9   # (a sampled walk: score scales, noise, seed)
   w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, *sampling_g = refs[:inputs]
   (tok_g, flag_g, w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
