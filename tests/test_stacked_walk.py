@@ -141,7 +141,10 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                         plan=dict(base_slots=2, base_copies="tma")),
                    dict(greedy=False, rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2)),
-                   dict(dependent_launch=True)]
+                   dict(dependent_launch=True),
+                   dict(timing_ablation="base", rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2, base_copies="tma")),
+                   dict(timing_ablation="base", plan=dict(base_slots=2))]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -152,7 +155,7 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                               "prefetch-base", "async-base", "async-base-sampled",
                               "async-base-3", "tma-base", "tma-base-3-sampled",
                               "rotated-skip-tma", "rotated-skip-async-sampled",
-                              "dependent-launch"])
+                              "dependent-launch", "no-base-tma", "no-base-async"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""

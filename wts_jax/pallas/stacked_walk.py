@@ -257,8 +257,9 @@ class StackedSpec:
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
   # Timing only (``tools/stacked_probe.py``; the tokens are wrong): "fold", a tile's
-  # fold cut to its first column pair; "base", no base logits loaded; "mma", no WGMMA
-  # issued (the accumulators stay zero). What a walk would gain were that work free.
+  # fold cut to its first column pair; "base", no base logits loaded (with base slots:
+  # none copied, the fold reads the slots as they are); "mma", no WGMMA issued (the
+  # accumulators stay zero). What a walk would gain were that work free.
   timing_ablation: str = ""
   # GPU only. ``rotate_warps``: warp w of warpgroup g serves the requests of warp
   # (w + g) % 4 of a block of 32 (``stacked_planes._request_warp``), so a partly filled
@@ -335,6 +336,7 @@ def _kernel(*refs, spec: StackedSpec):
   interpreted = extra_scratch[1 + by_tma:] if base_slots else extra_scratch
   plan, steps, batch = spec.plan, spec.steps, spec.batch
   rotate = spec.rotate_warps
+  no_base = spec.timing_ablation == "base"   # (timing only: no base logits fetched)
   # (the fold skips a warp past the batch where the batch leaves one)
   live_rows = (batch if spec.skip_idle_warps and batch < plan.request_blocks * sp.REQUESTS
                else None)
@@ -410,6 +412,8 @@ def _kernel(*refs, spec: StackedSpec):
       step = jnp.minimum(lax.div(ordinal, count), steps - 1)   # (ordinal >= 0)
       tile = p + lax.rem(ordinal, count) * phases
       with jax.named_scope("base"):
+        if base_slots and no_base:   # (timing only: the slots read as they are)
+          return None if by_tma else sp.row_array(lax.rem(ordinal, base_slots))
         if by_tma:
           slot = wg * base_slots + lax.rem(ordinal, base_slots)
           start_at = start(tile)
@@ -427,7 +431,7 @@ def _kernel(*refs, spec: StackedSpec):
                               slots=base_slots, rotate=rotate)
         return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
                             batch=batch, phases=phases, wg=wg, interpret=interpret,
-                            loads=spec.timing_ablation != "base", rotate=rotate)
+                            loads=not no_base, rotate=rotate)
 
     def step_body(step, carry):
       # ``pending``: the base logits of the step's first tile, loaded (into registers)
@@ -520,7 +524,7 @@ def _kernel(*refs, spec: StackedSpec):
         if base_slots:   # (the slot of this tile's copy)
           slot_now = lax.rem(step * count + position, base_slots)
           pending = sp.row_array(slot_now)
-          if by_tma:
+          if by_tma and not no_base:
             with jax.named_scope("base_wait"):
               plgpu.barrier_wait(base_bar.at[wg * base_slots + slot_now])
         with jax.named_scope("fold"):
