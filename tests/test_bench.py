@@ -704,14 +704,17 @@ def test_the_floor_microbenchmarks_read_everything_and_lower_for_cuda():
   assert "wts_barrier_rounds" in lowered
 
 
-@pytest.mark.parametrize("dependent_launch", [False, True], ids=["plain", "dependent"])
-def test_the_launch_shape_sanity_kernel_lowers_for_cuda(dependent_launch):
-  """The sanity line's empty kernel of the walks' launch shape builds for the GPU (no GPU
-  needed); as a dependent launch it waits on ``griddepcontrol.wait`` and only then."""
+@pytest.mark.parametrize("global_scratch, dependent_launch",
+                         [(True, False), (False, False), (True, True)],
+                         ids=["as-the-walks", "no-scratch", "dependent"])
+def test_the_launch_shape_sanity_kernel_lowers_for_cuda(global_scratch, dependent_launch):
+  """The sanity lines' empty kernel of the walks' launch shape builds for the GPU (no
+  GPU needed); as a dependent launch it waits on ``griddepcontrol.wait`` and only then;
+  with its global scratch the zero fill is an op before it."""
   from pathlib import Path
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import cuda_target
-  walk = timing._launch_shape_walk(dependent_launch)
+  walk = timing._launch_shape_walk(global_scratch, dependent_launch)
   with cuda_target():
     text = jax.jit(lambda tokens: walk(None, tokens)["tokens"]).trace(
         jax.ShapeDtypeStruct((16,), jnp.int32)).lower(

@@ -474,13 +474,16 @@ def _empty_pallas_walk():
   return walk
 
 
-def _launch_shape_walk(dependent_launch: bool):
+def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False):
   """A walk that launches an empty Mosaic GPU kernel of the persistent walks' launch
   shape — one block an SM, four warpgroups, the device's shared memory less Mosaic's
-  reserve — that only writes one word (GPU). Beside the 1-element kernel's line it says
-  what a launch of that shape costs in the chain, the walk's own work apart.
-  ``dependent_launch``: it waits with ``griddepcontrol.wait`` first, which asks XLA to
-  launch it as a programmatic dependent launch (jax >= 0.11)."""
+  reserve — each warpgroup writing its status word, reduced after it as the walks' are
+  (GPU). Beside the 1-element kernel's line it says what the walks' launch costs in the
+  chain, their work apart. ``global_scratch``: the kernel signals a ``pl.get_global``
+  semaphore once, as the walks' exchange does, so Pallas zero-fills that scratch before
+  every launch, an op of its own. ``dependent_launch``: it waits with
+  ``griddepcontrol.wait`` first, which asks XLA for a programmatic dependent launch
+  (jax >= 0.11)."""
   from jax import lax
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -488,27 +491,28 @@ def _launch_shape_walk(dependent_launch: bool):
   from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES
   facts = device.current()
   smem = (facts.smem_per_block - SMEM_RESERVED_BYTES) // SMEM_ALIGNMENT * SMEM_ALIGNMENT
+  warpgroups = 4
 
-  def body(x_g, out_g, _smem):
+  def body(x_g, flags_g, _smem):
     del x_g   # (an operand only: the launch is ordered after the tokens it takes)
     if dependent_launch:
       plgpu.griddepcontrol_wait()
-    first = jnp.logical_and(lax.axis_index("blocks") == 0, lax.axis_index("wg") == 0)
-
-    @pl.when(first)
-    def _():
-      out_g[0] = jnp.int32(1)
+    block, wg = lax.axis_index("blocks"), lax.axis_index("wg")
+    if global_scratch:
+      sem = pl.get_global(plgpu.SemaphoreType.REGULAR(()))
+      pl.when(wg == 0)(lambda: plgpu.semaphore_signal(sem, 1, memory_scope="gpu"))
+    flags_g[block * warpgroups + wg] = jnp.int32(0)
 
   kernel = plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(facts.num_sms,),
-      grid_names=("blocks",), num_threads=4, thread_name="wg",
-      scratch_types=[plgpu.SMEM((smem,), jnp.int8)],
+      body, out_type=jax.ShapeDtypeStruct((facts.num_sms * warpgroups,), jnp.int32),
+      grid=(facts.num_sms,), grid_names=("blocks",), num_threads=warpgroups,
+      thread_name="wg", scratch_types=[plgpu.SMEM((smem,), jnp.int8)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane))
 
   def walk(operands, first_tokens):
     del operands
-    out = kernel(first_tokens)
-    return {"tokens": jnp.broadcast_to(out[:, None], (first_tokens.shape[0], 1))}
+    status = lax.reduce(kernel(first_tokens), jnp.int32(0), lax.bitwise_or, (0,))
+    return {"tokens": jnp.broadcast_to(status, (first_tokens.shape[0], 1))}
 
   return walk
 
@@ -520,14 +524,17 @@ def _empty_xla_walk(operands, first_tokens):
 
 def empty_walks() -> list[tuple[str, Callable[[], Callable]]]:
   """[(kind, make walk)] of the sanity lines: a 1-element Pallas kernel and an empty
-  kernel of the persistent walks' launch shape, plain and as a dependent launch (GPU
-  only), and a 1-element XLA op, each a walk of the same structure as the timed ones."""
+  kernel of the persistent walks' launch shape — as theirs, without the global scratch
+  and as a dependent launch — (GPU only), and a 1-element XLA op, each a walk of the
+  same structure as the timed ones."""
   candidates = []
   if jax.default_backend() == "gpu":
     candidates.append(("pallas 1-element kernel", _empty_pallas_walk))
-    candidates.append(("mosaic kernel of the walk's launch shape",
-                       functools.partial(_launch_shape_walk, False)))
-    candidates.append(("the same, a programmatic dependent launch",
+    candidates.append(("empty mosaic kernel of the walks' launch shape",
                        functools.partial(_launch_shape_walk, True)))
+    candidates.append(("the same without its global scratch",
+                       functools.partial(_launch_shape_walk, False)))
+    candidates.append(("the same as a programmatic dependent launch",
+                       functools.partial(_launch_shape_walk, True, True)))
   candidates.append(("xla 1-element op", lambda: _empty_xla_walk))
   return candidates
