@@ -13,7 +13,10 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       timing only, tokens wrong: A a tile's fold cut to one column pair, L no base loads,
       M no WGMMA issued; E each step's base logits prefetched into the L2 a step ahead;
       C the base logits by cp.async into shared memory, a tile ahead; K the same two
-      tiles ahead, three slots)
+      tiles ahead, three slots; Q three tiles ahead, four slots; T the slots filled by
+      one TMA copy a tile a warpgroup (with C, K or Q); R the warps' requests rotated
+      over the warp schedulers; V a warp past the batch skips its fold; G a
+      programmatic dependent launch)
 """
 
 from __future__ import annotations

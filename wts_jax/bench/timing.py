@@ -489,9 +489,9 @@ def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False):
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from wts_jax import device
   from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES
+  from wts_jax.pallas.stacked_walk import WARPGROUPS as warpgroups
   facts = device.current()
   smem = (facts.smem_per_block - SMEM_RESERVED_BYTES) // SMEM_ALIGNMENT * SMEM_ALIGNMENT
-  warpgroups = 4
 
   def body(x_g, flags_g, _smem):
     del x_g   # (an operand only: the launch is ordered after the tokens it takes)

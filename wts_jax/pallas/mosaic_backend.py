@@ -73,13 +73,13 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   num_sms, smem = launch_facts(config, device)
   rows = min(shapes.batch, MAX_BATCH)
   vocab = head.config.vocab_size
+  gpu = not config.interpret
   try:
     plan = plan_stacked(vocab_size=vocab, rank=head.config.rank, batch=rows,
                         num_blocks=config.num_blocks or num_sms, smem_per_block=smem,
-                        ring_stages=config.ring_stages,
-                        base_slots=0 if config.interpret else 2,
-                        base_copies=("tma" if rows > STACKED_TMA_BASE_ABOVE and vocab % 8 == 0
-                                     and not config.interpret else "threads"))
+                        ring_stages=config.ring_stages, base_slots=2 if gpu else 0,
+                        base_copies=("tma" if gpu and rows > STACKED_TMA_BASE_ABOVE
+                                     and vocab % 8 == 0 else "threads"))
   except ValueError as err:
     return Refusal(str(err))
   # W1's planes in the threads' load order (the head carries them: ``W1Planes``); the
@@ -87,7 +87,6 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # ahead (``base_slots``; not prefetched into the L2 a step ahead: slower at B 64,
   # NOTES v31), by TMA above one block of requests (NOTES v32). The warps' requests
   # rotated and the warps past the batch idle in the fold (NOTES v32).
-  gpu = not config.interpret
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret, greedy=shapes.greedy,

@@ -326,17 +326,18 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
 TMA_BASE_TRANSFORMS = (plgpu.SwizzleTransform(128),)
 
 
-def _tma_base_word(staged, slot, rotate: bool = False):
-  """This thread's word 0 in slot ``slot`` (warpgroup-wide index, an i32 value) of the
-  TMA base slots ``staged`` as a shared-memory address: its word j is at that address
-  XOR 16 j (its request's row, chunk j swizzled, byte 4 t)."""
+def _tma_base_word(staged, slot, slots: int, rotate: bool = False):
+  """This thread's word 0 in its warpgroup's ``slot`` (an i32 value) of the TMA base
+  slots ``staged`` (``slots`` a warpgroup) as a shared-memory address: its word j is at
+  that address XOR 16 j (its request's row, chunk j swizzled, byte 4 t)."""
   from jax._src.lib.mlir.dialects import arith
   from wts_jax.pallas.row_words import thread_and_addresses
   _, (staged_at,), _ = thread_and_addresses((staged,))
   _, wg, warp, g, t = _thread()
   warp = _request_warp(warp, wg, rotate)
   row = arith.addi(arith.muli(warp, _const(8)), g)
-  at = arith.addi(staged_at, arith.muli(slot, _const(BASE_SLOT_BYTES)))
+  at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
+                                        _const(BASE_SLOT_BYTES)))
   at = arith.addi(at, arith.muli(row, _const(2 * TILE)))
   return arith.addi(at, arith.addi(arith.muli(g, _const(16)), arith.muli(t, _const(4))))
 
@@ -350,11 +351,9 @@ def zero_unread_rows(base_s, *, batch: int, phases: int, slots: int, rotate: boo
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm
     request, _ = _request(phases, rotate)
-    _, wg, *_ = _thread()
     dead = arith.extui(_i32(), arith.cmpi(arith.CmpIPredicate.sge, request, _const(batch)))
     for slot in range(slots):
-      at = _tma_base_word(staged, arith.addi(arith.muli(wg, _const(slots)), _const(slot)),
-                          rotate)
+      at = _tma_base_word(staged, _const(slot), slots, rotate)
       llvm.inline_asm(
           ir.Type.parse("!llvm.void"), [at, dead],
           "{ .reg .pred p; .reg .b32 a, z; setp.ne.u32 p, $1, 0; mov.b32 z, 0;\n"
@@ -610,9 +609,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     if staged:
       eight_words = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>")
       if tma_slots:   # (word k at word 0's address XOR 16 k: the swizzle)
-        _, wg, *_ = _thread()
-        word_at = _tma_base_word(
-            rest[0], arith.addi(arith.muli(wg, _const(slots)), _scalar(base)), rotate)
+        word_at = _tma_base_word(rest[0], _scalar(base), slots, rotate)
         reads = "{ .reg .b32 a;\n" + "".join(
             f"xor.b32 a, $8, {16 * k}; ld.shared.b32 ${k}, [a];\n" for k in range(8)) + "}"
       else:

@@ -337,9 +337,9 @@ def _kernel(*refs, spec: StackedSpec):
   plan, steps, batch = spec.plan, spec.steps, spec.batch
   rotate = spec.rotate_warps
   no_base = spec.timing_ablation == "base"   # (timing only: no base logits fetched)
+  partly_filled = batch < plan.request_blocks * sp.REQUESTS   # (rows past the batch)
   # (the fold skips a warp past the batch where the batch leaves one)
-  live_rows = (batch if spec.skip_idle_warps and batch < plan.request_blocks * sp.REQUESTS
-               else None)
+  live_rows = batch if spec.skip_idle_warps and partly_filled else None
   vocab, rank, tiles, stages = plan.vocab_size, plan.rank, plan.tiles, plan.ring_stages
   phases, interpret = plan.phases, spec.interpret
   block = lax.axis_index("blocks")
@@ -552,7 +552,7 @@ def _kernel(*refs, spec: StackedSpec):
     if prefetches:
       prefetch(0)
     # The walk's first tiles' base logits (async copies: ``copies_ahead`` of them).
-    if by_tma and batch < plan.request_blocks * sp.REQUESTS:
+    if by_tma and partly_filled:
       sp.zero_unread_rows(base_s, batch=batch, phases=phases, slots=base_slots,
                           rotate=rotate)
     first = base_of(0)
