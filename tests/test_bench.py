@@ -258,7 +258,7 @@ def test_device_timing_counts_busy_time_per_run(tmp_path):
   with gzip.open(tmp_path / "plugins" / "profile" / "x.trace.json.gz", "wt") as f:
     json.dump({"traceEvents": events}, f)
   found = timing.gpu_ops(str(tmp_path))
-  assert found == [(float(ts), float(dur)) for ts, dur in ops]
+  assert found == [(float(ts), float(dur), "op") for ts, dur in ops]
   runs = timing.split_runs(found, gap_us=2_500)
   assert [len(run) for run in runs] == [3, 1, 1, 1]
   assert [timing.busy_us(run) for run in runs] == [150.0, 40.0, 130.0, 40.0]
@@ -269,8 +269,37 @@ def test_device_timing_counts_busy_time_per_run(tmp_path):
   assert record["timing_method"] == "device"
   assert record["device_busy_us"] == pytest.approx(((150 + 130) / 2 - 40) / 2)
   assert record["host_wall_us"] == pytest.approx(((300 + 320) / 2 - 100) / 2)
+  assert record["span_from_first_op_us"] == pytest.approx(result.median_us)
   with pytest.raises(RuntimeError, match="holds 3 runs where 4 were timed"):
     timing.device_timing(runs[:3], [1e-4] * 4, n_walks=2)
+
+
+def test_device_timing_starts_at_the_first_flush_step():
+  """A run's device span starts at its first flush kernel: the executable's start (an
+  argument copy, then the device idle while the host prepares the run) is not a walk's.
+  Both chains get the same start; the reading from the first op is kept beside it."""
+  flush = l2_flush.FLUSH_KERNEL_NAME
+  def run(t0, startup_idle, walk_us):
+    setup = [(t0, 1.0, "MemcpyH2D")]
+    start = t0 + 1 + startup_idle
+    ops = []
+    for i in range(2):                  # two walks: flush 100, then the walk
+      ops.append((start, 100.0, flush))
+      start += 100
+      if walk_us:
+        ops.append((start, walk_us, "walk_kernel"))
+        start += walk_us
+    return setup + ops
+  # The walk chain starts 300 µs later than the flush-only chain: a cost of the run.
+  runs = [run(0, 400, 30), run(10_000, 100, 0), run(20_000, 400, 30), run(30_000, 100, 0)]
+  result = timing.device_timing(runs, [1e-3] * 4, n_walks=2)
+  assert result.median_us == pytest.approx(30.0)
+  record = result.as_record()
+  assert record["device_busy_us"] == pytest.approx(30.0)
+  assert record["span_from_first_op_us"] == pytest.approx(30.0 + 300 / 2)
+  # Without a flush kernel (the "static" flush) the span starts at the first op.
+  plain = [[(s, d, "fusion") for s, d, _ in r] for r in runs]
+  assert timing.device_timing(plain, [1e-3] * 4, n_walks=2).median_us == pytest.approx(180.0)
 
 
 def test_device_timing_needs_a_gpu_trace():
@@ -704,17 +733,21 @@ def test_the_floor_microbenchmarks_read_everything_and_lower_for_cuda():
   assert "wts_barrier_rounds" in lowered
 
 
-@pytest.mark.parametrize("global_scratch, dependent_launch",
-                         [(True, False), (False, False), (True, True)],
-                         ids=["as-the-walks", "no-scratch", "dependent"])
-def test_the_launch_shape_sanity_kernel_lowers_for_cuda(global_scratch, dependent_launch):
+@pytest.mark.parametrize("global_scratch, dependent_launch, shape",
+                         [(True, False, {}), (False, False, {}), (True, True, {}),
+                          (True, False, dict(smem_bytes=0, warpgroups=1, blocks=66,
+                                             reduce=False))],
+                         ids=["as-the-walks", "no-scratch", "dependent", "small-unreduced"])
+def test_the_launch_shape_sanity_kernel_lowers_for_cuda(global_scratch, dependent_launch,
+                                                        shape):
   """The sanity lines' empty kernel of the walks' launch shape builds for the GPU (no
-  GPU needed); as a dependent launch it waits on ``griddepcontrol.wait`` and only then;
-  with its global scratch the zero fill is an op before it."""
+  GPU needed), and so do the timeline tool's other shapes; as a dependent launch it
+  waits on ``griddepcontrol.wait`` and only then; its status is reduced after it
+  unless asked not to be."""
   from pathlib import Path
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import cuda_target
-  walk = timing._launch_shape_walk(global_scratch, dependent_launch)
+  walk = timing._launch_shape_walk(global_scratch, dependent_launch, **shape)
   with cuda_target():
     text = jax.jit(lambda tokens: walk(None, tokens)["tokens"]).trace(
         jax.ShapeDtypeStruct((16,), jnp.int32)).lower(
@@ -723,3 +756,4 @@ def test_the_launch_shape_sanity_kernel_lowers_for_cuda(global_scratch, dependen
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
     # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
     assert ("griddepcontrol.wait" in text) == dependent_launch
+  assert ("reduce" in text.split("mosaic_gpu")[-1]) == shape.get("reduce", True)

@@ -16,6 +16,7 @@ FLUSH_BYTES_GPU = 256 << 20
 FLUSH_IMPLS = ("kernel", "cond", "static")
 FLUSH_BLOCK = 16384   # int32 elements per program of the flush kernel (64 KB)
 FLUSH_HEAD = 128      # elements every flush step adds to, cold or warm (flush[0] included)
+FLUSH_KERNEL_NAME = "wts_bench_l2_flush"   # the flush kernel's name in a device trace
 
 
 # --- the flush step ----------------------------------------------------------------------
@@ -79,7 +80,7 @@ def kernel_flush(flush: jax.Array, bump: jax.Array, flush_elems: jax.Array, *,
     return pl.pallas_call(
         functools.partial(_flush_kernel, block=FLUSH_BLOCK), grid=(size // FLUSH_BLOCK,),
         out_shape=jax.ShapeDtypeStruct(flush.shape, flush.dtype), interpret=interpret,
-        name="wts_bench_l2_flush", **options)(params, flush)
+        name=FLUSH_KERNEL_NAME, **options)(params, flush)
 
 
 def cond_flush(flush: jax.Array, bump: jax.Array, flush_elems: jax.Array) -> jax.Array:

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.bench.flush import (FLUSH_IMPLS, default_flush_impl, flush_elems_for,
-                                 flush_step, is_cold)
+from wts_jax.bench.flush import (FLUSH_IMPLS, FLUSH_KERNEL_NAME, default_flush_impl,
+                                 flush_elems_for, flush_step, is_cold)
 
 DEFAULT_WALKS = 10          # N: walks chained in one timed executable
 DEFAULT_REPEATS = 10        # R: timed repetitions; the figure is their median
@@ -72,14 +72,23 @@ ops cancel out. Before the R repetitions the executable has run at least twice (
 correctness check below, then one warm-up run of each of the two executables). T is,
 by `--timing` (the results JSON's `timing.method` and each record's `timing_method`):
 - "device" (the GPU's default): the device time of the executable's run from a CUPTI
-  trace (`jax.profiler.trace`) of the 2R runs: from its first GPU op's start to its
-  last GPU op's end, as CUDA events around the run on its stream would read it (the
-  torch paths' clock). The runs are told apart by a 5 ms host pause after each (the
-  device is idle between them); the trace must hold exactly 2R runs, else the figure is
-  an error. Beside it: `device_busy_us`, the same difference of the length of the union
-  of each run's op intervals (the span less the time the device waited for the host to
-  launch an op), and `host_wall_us`, of the host wall clock around each run (under the
-  trace, which adds a little host work a launch).
+  trace (`jax.profiler.trace`) of the 2R runs: from the start of its first flush step
+  (the flush kernel, by name) to its last GPU op's end — the walks' steady state, as
+  CUDA events around the N walks on a stream the host keeps fed would read it (the
+  torch paths' clock). What the trace shows before the first flush step is the
+  executable's start: its argument copies and a few 1 µs ops, with the device idle
+  between them for 0.2–0.9 ms while the host prepares the run (measured on the H200 with
+  tools/walk_timeline.py, NOTES v33). That idle differs between a chain and its
+  flush-only chain by a roughly fixed amount per run, not per walk (about 0.3 ms for the
+  int8-planes walk at N = 10 and at N = 30), so from the first op it would be added to
+  every walk as (that difference) / N. `span_from_first_op_us` beside it keeps that
+  older reading; with the "static" flush (no flush kernel to find) both start at the
+  first op. The runs are told apart by a 5 ms host pause after each (the device is idle
+  between them); the trace must hold exactly 2R runs, else the figure is an error.
+  Beside it: `device_busy_us`, the same difference of the length of the union of each
+  run's op intervals from the same start (the span less the time the device waited for
+  the host to launch an op), and `host_wall_us`, of the host wall clock around each run
+  (under the trace, which adds a little host work a launch).
 - "host" (the CPU's default): the host wall clock around `jax.block_until_ready` (one
   dispatch per N walks), which also counts any time the device waits for the host.
 
@@ -407,27 +416,31 @@ def gpu_events(trace_dir: str) -> list[dict]:
                 key=lambda e: e["ts"])
 
 
-def gpu_ops(trace_dir: str) -> list[tuple[float, float]]:
-  """(start, duration) in µs of every GPU op of the trace under ``trace_dir``, by start."""
-  return [(float(e["ts"]), float(e["dur"])) for e in gpu_events(trace_dir)]
+def gpu_ops(trace_dir: str) -> list[tuple[float, float, str]]:
+  """(start, duration in µs, name) of every GPU op of the trace under ``trace_dir``, by
+  start."""
+  return [(float(e["ts"]), float(e["dur"]), str(e.get("name", "")))
+          for e in gpu_events(trace_dir)]
 
 
-def split_runs(ops: list[tuple[float, float]], gap_us: float) -> list[list[tuple[float, float]]]:
-  """The ops cut into runs wherever the device was idle longer than ``gap_us``."""
+def split_runs(ops: list[tuple], gap_us: float) -> list[list[tuple]]:
+  """The ops ((start, duration, ...) each) cut into runs wherever the device was idle
+  longer than ``gap_us``."""
   runs, end = [], None
-  for start, duration in ops:
+  for op in ops:
+    start, duration = op[:2]
     if end is None or start - end > gap_us:
       runs.append([])
       end = start
-    runs[-1].append((start, duration))
+    runs[-1].append(op)
     end = max(end, start + duration)
   return runs
 
 
-def busy_us(run: list[tuple[float, float]]) -> float:
+def busy_us(run: list[tuple]) -> float:
   """The length of the union of the run's op intervals (overlapping ops count once)."""
   total, reach = 0.0, None
-  for start, duration in sorted(run):
+  for start, duration, *_ in sorted(run):
     end = start + duration
     if reach is None or start >= reach:
       total += duration
@@ -438,16 +451,30 @@ def busy_us(run: list[tuple[float, float]]) -> float:
   return total
 
 
+def steady_part(run: list[tuple]) -> list[tuple]:
+  """The run from its first flush step on (the ops that start at or after it), or all
+  of it when no op is the flush kernel (the "static" flush, or ops without names)."""
+  starts = [op[0] for op in run if len(op) > 2 and FLUSH_KERNEL_NAME in op[2]]
+  if not starts:
+    return run
+  return [op for op in run if op[0] >= min(starts)]
+
+
 def device_timing(runs, walls_s, n_walks: int) -> Timing:
   """Per-walk device time from the traced runs, alternately the chain's and the
   flush-only chain's (``walls_s``: the host wall clock around each, seconds)."""
   if not runs or len(runs) != len(walls_s):
     raise RuntimeError(f"the device trace holds {len(runs)} runs where {len(walls_s)} were "
                        "timed (the runs could not be told apart)")
-  span = [(max(s + d for s, d in run) - run[0][0]) * 1e-6 for run in runs]
-  busy = [busy_us(run) * 1e-6 for run in runs]
+  def span_s(run):
+    return (max(op[0] + op[1] for op in run) - min(op[0] for op in run)) * 1e-6
+  steady = [steady_part(run) for run in runs]
+  span = [span_s(run) for run in steady]
+  whole = [span_s(run) for run in runs]
+  busy = [busy_us(run) * 1e-6 for run in steady]
   timing = summarize(span[0::2], span[1::2], n_walks)
   extra = {"device_busy_us": summarize(busy[0::2], busy[1::2], n_walks).median_us,
+           "span_from_first_op_us": summarize(whole[0::2], whole[1::2], n_walks).median_us,
            "host_wall_us": summarize(walls_s[0::2], walls_s[1::2], n_walks).median_us}
   return dataclasses.replace(timing, method="device", extra=tuple(extra.items()))
 
@@ -474,24 +501,31 @@ def _empty_pallas_walk():
   return walk
 
 
-def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False):
+def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False, *,
+                       smem_bytes: int | None = None, warpgroups: int | None = None,
+                       blocks: int | None = None, reduce: bool = True):
   """A walk that launches an empty Mosaic GPU kernel of the persistent walks' launch
   shape — one block an SM, four warpgroups, the device's shared memory less Mosaic's
-  reserve — each warpgroup writing its status word, reduced after it as the walks' are
-  (GPU). Beside the 1-element kernel's line it says what the walks' launch costs in the
-  chain, their work apart. ``global_scratch``: the kernel signals a ``pl.get_global``
-  semaphore once, as the walks' exchange does, so Pallas zero-fills that scratch before
-  every launch, an op of its own. ``dependent_launch``: it waits with
-  ``griddepcontrol.wait`` first, which asks XLA for a programmatic dependent launch
-  (jax >= 0.11)."""
+  reserve — each warpgroup writing its status word, reduced after it as the batched
+  walks' are (GPU). Beside the 1-element kernel's line it says what the walks' launch
+  costs in the chain, their work apart. ``global_scratch``: the kernel signals a
+  ``pl.get_global`` semaphore once, as the walks' exchange does (Pallas zeroes that
+  scratch before every launch; no op of its own shows in a trace: NOTES v33).
+  ``dependent_launch``: it waits with ``griddepcontrol.wait`` first, which asks XLA for
+  a programmatic dependent launch (jax >= 0.11). The rest vary the shape
+  (``tools/walk_timeline.py``): shared memory a block (bytes, at most the default),
+  warpgroups, blocks, and the status reduced after the kernel or one word read."""
   from jax import lax
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from wts_jax import device
   from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES
-  from wts_jax.pallas.stacked_walk import WARPGROUPS as warpgroups
+  from wts_jax.pallas.stacked_walk import WARPGROUPS
   facts = device.current()
-  smem = (facts.smem_per_block - SMEM_RESERVED_BYTES) // SMEM_ALIGNMENT * SMEM_ALIGNMENT
+  warpgroups, blocks = warpgroups or WARPGROUPS, blocks or facts.num_sms
+  most = (facts.smem_per_block - SMEM_RESERVED_BYTES) // SMEM_ALIGNMENT * SMEM_ALIGNMENT
+  smem = most if smem_bytes is None else min(
+      most, max(SMEM_ALIGNMENT, smem_bytes // SMEM_ALIGNMENT * SMEM_ALIGNMENT))
 
   def body(x_g, flags_g, _smem):
     del x_g   # (an operand only: the launch is ordered after the tokens it takes)
@@ -504,14 +538,16 @@ def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False):
     flags_g[block * warpgroups + wg] = jnp.int32(0)
 
   kernel = plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct((facts.num_sms * warpgroups,), jnp.int32),
-      grid=(facts.num_sms,), grid_names=("blocks",), num_threads=warpgroups,
+      body, out_type=jax.ShapeDtypeStruct((blocks * warpgroups,), jnp.int32),
+      grid=(blocks,), grid_names=("blocks",), num_threads=warpgroups,
       thread_name="wg", scratch_types=[plgpu.SMEM((smem,), jnp.int8)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane))
 
   def walk(operands, first_tokens):
     del operands
-    status = lax.reduce(kernel(first_tokens), jnp.int32(0), lax.bitwise_or, (0,))
+    flags = kernel(first_tokens)
+    status = (lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,)) if reduce
+              else flags[0])
     return {"tokens": jnp.broadcast_to(status, (first_tokens.shape[0], 1))}
 
   return walk
