@@ -144,7 +144,9 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(dependent_launch=True),
                    dict(timing_ablation="base", rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2, base_copies="tma")),
-                   dict(timing_ablation="base", plan=dict(base_slots=2))]
+                   dict(timing_ablation="base", plan=dict(base_slots=2)),
+                   dict(status="kernel", rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2, base_copies="tma"))]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -155,7 +157,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                               "prefetch-base", "async-base", "async-base-sampled",
                               "async-base-3", "tma-base", "tma-base-3-sampled",
                               "rotated-skip-tma", "rotated-skip-async-sampled",
-                              "dependent-launch", "no-base-tma", "no-base-async"])
+                              "dependent-launch", "no-base-tma", "no-base-async",
+                              "status-in-kernel"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -183,6 +186,8 @@ def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
     # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
     assert ("prefetch.global.L2" in text) == bool(options.get("prefetch_candidates"))
     assert ("griddepcontrol.wait" in text) == bool(options.get("dependent_launch"))
+  # The status: one word out of the kernel, or a word a warpgroup reduced after it.
+  assert ("reduce" in text.split("mosaic_gpu")[-1]) != (spec.status == "kernel")
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA's assembler)")
@@ -223,13 +228,26 @@ def test_interpreted_sampled_walk_equals_the_reference(batch, temperature):
 
 
 @NEEDS_INTERPRETER
-def test_interpreted_walk_reports_nan_and_first_tokens_out_of_range():
+@pytest.mark.parametrize("status", ["flags", "kernel"])
+def test_interpreted_walk_reports_nan_and_first_tokens_out_of_range(status):
   head, config = planes_head(512)
   base, first, _ = random_inputs(config, 5, 2, jax.random.key(3))
+  _, clean, _ = _walk(head, base, first, num_blocks=1, interpret=True,
+                      spec_options=dict(status=status))
+  assert clean == 0
   base = base.at[2, 1, 17].set(jnp.nan)
   first = first.at[4].set(512)
-  _, status, _ = _walk(head, base, first, num_blocks=1, interpret=True)
+  _, status, _ = _walk(head, base, first, num_blocks=1, interpret=True,
+                       spec_options=dict(status=status))
   assert status & STATUS_NAN_LOGITS and status & STATUS_TOKEN_OUT_OF_RANGE
+
+
+@NEEDS_INTERPRETER
+def test_interpreted_walk_with_the_status_in_the_kernel_equals_the_reference():
+  head, config = planes_head(1000)
+  base, first, _ = random_inputs(config, 40, 3, jax.random.key(41))
+  _assert_walk_equals_the_reference(head, base, first, num_blocks=1, interpret=True,
+                                    spec_options=dict(status="kernel"))
 
 
 # --- through the API: MosaicConfig(kernel="stacked") --------------------------------------
@@ -354,11 +372,16 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
          plan=dict(base_slots=2, base_copies="tma")),
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True,
          plan=dict(base_slots=2)),
-    dict(w1_order="fragments", dependent_launch=True)],
+    dict(w1_order="fragments", dependent_launch=True),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, status="kernel",
+         plan=dict(base_slots=2)),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, status="kernel",
+         plan=dict(base_slots=2, base_copies="tma"))],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
          "prefetch-base", "async-base", "async-base-3", "tma-base", "tma-base-3",
-         "rotated-skip", "rotated-skip-tma", "rotated-skip-async", "dependent-launch"])
+         "rotated-skip", "rotated-skip-tma", "rotated-skip-async", "dependent-launch",
+         "status-in-kernel-async", "status-in-kernel-tma"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))
@@ -369,19 +392,30 @@ def test_gpu_options_keep_the_tokens(options, batch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-@pytest.mark.parametrize("nan_check", ["witness", "value"])
-def test_gpu_walk_reports_nan(nan_check):
+@pytest.mark.parametrize("nan_check,status", [("witness", "flags"), ("value", "flags"),
+                                              ("value", "kernel")])
+def test_gpu_walk_reports_nan(nan_check, status):
+  """A NaN in one block's columns at the last step (and in another's at the first):
+  reported, whichever block holds it."""
   head, config = planes_head(151936)
   base, first, _ = random_inputs(config, 16, 3, jax.random.key(5))
-  base = base.at[7, 1, 90001].set(jnp.nan)
-  _, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
-                       spec_options=dict(nan_check=nan_check))
-  assert status & STATUS_NAN_LOGITS
+  base = base.at[7, 2, 90001].set(jnp.nan)
+  _, clean, _ = _walk(head, base.at[7, 2, 90001].set(0.0), first, num_blocks=132,
+                      interpret=False, spec_options=dict(nan_check=nan_check, status=status))
+  assert clean == 0
+  _, status_word, _ = _walk(head, base, first, num_blocks=132, interpret=False,
+                            spec_options=dict(nan_check=nan_check, status=status))
+  assert status_word & STATUS_NAN_LOGITS
+  _, status_word, _ = _walk(head, base.at[7, 2, 90001].set(0.0).at[3, 0, 151000].set(
+      jnp.nan), first, num_blocks=132, interpret=False,
+      spec_options=dict(nan_check=nan_check, status=status))
+  assert status_word & STATUS_NAN_LOGITS
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-def test_gpu_first_tokens_out_of_range_clamped_and_reported():
+@pytest.mark.parametrize("status", ["flags", "kernel"])
+def test_gpu_first_tokens_out_of_range_clamped_and_reported(status):
   """First tokens past V and below 0 are reported and walked from V - 1 and 0, as the
   reference clamps them."""
   head, config = planes_head(151936, seed=9)
@@ -389,6 +423,7 @@ def test_gpu_first_tokens_out_of_range_clamped_and_reported():
   first = first.at[3].set(151936).at[11].set(-5)
   # (the API refuses such concrete ids up front: the reference walks the clamped ones)
   want = wts_jax.walk(head, base, jnp.clip(first, 0, 151935), None, impl="xla")
-  tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False)
+  tokens, status, _ = _walk(head, base, first, num_blocks=132, interpret=False,
+                            spec_options=dict(status=status))
   assert status & STATUS_TOKEN_OUT_OF_RANGE
   np.testing.assert_array_equal(tokens, np.asarray(want.tokens))

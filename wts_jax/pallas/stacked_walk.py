@@ -43,6 +43,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT, STATUS_TOKEN_OUT_OF_RANGE
+
+# The status bits the kernel can set (``StackedSpec.status="kernel"`` counts each).
+STATUS_BITS = (STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, STATUS_SYNC_TIMEOUT)
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas import stacked_planes as sp
 from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES, chunks_per_block
@@ -272,6 +275,13 @@ class StackedSpec:
   # as a programmatic dependent launch: its blocks are placed while the op before it
   # ends and wait there before reading any operand (on jax 0.10 the wait is a no-op).
   dependent_launch: bool = False
+  # The walk's status: "flags", a word a warpgroup, OR-reduced by an XLA op after the
+  # launch; "kernel", reduced in the kernel: before its last step's grid signal each
+  # block adds one to a zeroed global counter a status bit it holds (``STATUS_BITS``),
+  # and block 0, past that step's barrier, ORs the counters' bits into its own status
+  # and writes the one word. No op after the kernel. (A block's own time-out in the
+  # last step's wait is block 0's to report only: the tokens are block 0's.)
+  status: str = "flags"
 
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
@@ -279,7 +289,8 @@ class StackedSpec:
                           ("nan_check", ("witness", "value")),
                           ("refill", ("released", "deferred")),
                           ("ring_issuers", ("first", "dealt")),
-                          ("w1_order", ("rows", "fragments"))):
+                          ("w1_order", ("rows", "fragments")),
+                          ("status", ("flags", "kernel"))):
       value = getattr(self, name)
       if value not in allowed:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
@@ -291,6 +302,9 @@ class StackedSpec:
     if self.rotate_warps and self.plan.z_loads == "shared":
       raise ValueError("rotate_warps: a staged z (z_loads='shared') is one operand for "
                        "all warpgroups")
+    if self.status == "kernel" and self.exchange != "counter":
+      raise ValueError(f"status='kernel' counts the blocks' status bits beside the "
+                       f"counter exchange's barrier, not exchange={self.exchange!r}")
     if self.plan.z_loads == "shared" and self.w1_order != "fragments":
       raise ValueError("z_loads='shared' stages W1 in fragment order (w1_order='fragments')")
 
@@ -323,7 +337,7 @@ def _kernel(*refs, spec: StackedSpec):
     plgpu.griddepcontrol_wait()   # (before any operand is read)
   inputs = 6 if spec.greedy else 9   # (a sampled walk: score scales, noise, seed)
   w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, *sampling_g = refs[:inputs]
-  (tok_g, flag_g, w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
+  (tok_g, status_g, w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
    res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *extra_scratch) = refs[inputs:]
   staged = spec.plan.z_loads == "shared"
   z_s, z_bar = extra_scratch[:2] if staged else (None, None)
@@ -352,6 +366,9 @@ def _kernel(*refs, spec: StackedSpec):
   keys_g = (None if interpret else
             pl.get_global(plgpu.SemaphoreType.REGULAR((steps * step_words,))))
   sem = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(()))
+  status_in_kernel = spec.status == "kernel"
+  bit_counts_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((len(STATUS_BITS),)))
+                  if status_in_kernel and not interpret else None)
 
   def start(tile):
     return sp.tile_start(block, tile, tiles=tiles, vocab=vocab)
@@ -563,10 +580,22 @@ def _kernel(*refs, spec: StackedSpec):
     if base_slots and not by_tma:   # (copies issued past the walk land before exit)
       sp.wait_copies()
 
-    status = flags | jnp.where(leader, nan_s[1]
-                               | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0)
-                               | jnp.where(nan_s[2] > 0, STATUS_SYNC_TIMEOUT, 0), 0)
-    flag_g[block * WARPGROUPS + wg] = status
+    status = flags | jnp.where(leader, block_status(), 0)
+    if not status_in_kernel:
+      status_g[block * WARPGROUPS + wg] = status
+    else:
+      @pl.when(leader & (block == 0))
+      def _():
+        total = status
+        for i, bit in enumerate(STATUS_BITS if not interpret else ()):  # (one block)
+          total = total | jnp.where(pl.semaphore_read(bit_counts_g.at[i]) > 0, bit, 0)
+        status_g[0] = total
+
+  def block_status():
+    """The block's status bits in shared memory (the leader's; read after the step's
+    barrier): a NaN seen, the first tokens', a time-out."""
+    return (nan_s[1] | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0)
+            | jnp.where(nan_s[2] > 0, STATUS_SYNC_TIMEOUT, 0))
 
   def exchange(step, flags):
     """Warpgroup 0's end of a step: each request's winner over the warpgroups and the
@@ -596,6 +625,11 @@ def _kernel(*refs, spec: StackedSpec):
           sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
                            rows=batch, phases=phases,
                            prefetch_g=w1_g if spec.prefetch_candidates else None)
+        if status_in_kernel:   # (released by the step's signal below)
+          held = flags | block_status()
+          for i, bit in enumerate(STATUS_BITS):
+            pl.when((step == steps - 1) & ((held & bit) != 0))(functools.partial(
+                plgpu.semaphore_signal, bit_counts_g.at[i], 1, memory_scope="gpu"))
         with jax.named_scope("grid_sync"):
           timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
                                                 spin_limit=spec.spin_limit)
@@ -709,7 +743,8 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
   kernel = plgpu.kernel(
       functools.partial(_kernel, spec=spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
-                jax.ShapeDtypeStruct((plan.num_blocks * WARPGROUPS,), jnp.int32)),
+                jax.ShapeDtypeStruct((1,) if spec.status == "kernel"
+                                     else (plan.num_blocks * WARPGROUPS,), jnp.int32)),
       grid=(plan.num_blocks,), grid_names=("blocks",),
       num_threads=WARPGROUPS, thread_name="wg",
       scratch_types=scratch,
@@ -720,6 +755,8 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
              if spec.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
-  tokens, flags = kernel(w2, w2_scale.astype(jnp.float32), base_logits, w1,
-                         w1_scale.astype(jnp.float32), first_tokens.astype(jnp.int32), *extra)
-  return tokens, lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
+  tokens, status = kernel(w2, w2_scale.astype(jnp.float32), base_logits, w1,
+                          w1_scale.astype(jnp.float32), first_tokens.astype(jnp.int32), *extra)
+  if spec.status == "kernel":
+    return tokens, status.reshape(())
+  return tokens, lax.reduce(status, jnp.int32(0), lax.bitwise_or, (0,))
