@@ -394,21 +394,21 @@ def test_gpu_options_keep_the_tokens(options, batch):
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
 @pytest.mark.parametrize("nan_check,status", [("witness", "flags"), ("value", "flags"),
                                               ("value", "kernel")])
-def test_gpu_walk_reports_nan(nan_check, status):
+@pytest.mark.parametrize("batch,row", [(16, 7), (40, 35)], ids=["first-warp", "second-warp"])
+def test_gpu_walk_reports_nan(nan_check, status, batch, row):
   """A NaN in one block's columns at the last step (and in another's at the first):
-  reported, whichever block holds it."""
+  reported, whichever block holds it and whichever warp publishes its request (the
+  flag is stored by the request's thread, read by another)."""
   head, config = planes_head(151936)
-  base, first, _ = random_inputs(config, 16, 3, jax.random.key(5))
-  base = base.at[7, 2, 90001].set(jnp.nan)
-  _, clean, _ = _walk(head, base.at[7, 2, 90001].set(0.0), first, num_blocks=132,
-                      interpret=False, spec_options=dict(nan_check=nan_check, status=status))
+  base, first, _ = random_inputs(config, batch, 3, jax.random.key(5))
+  options = dict(num_blocks=132, interpret=False,
+                 spec_options=dict(nan_check=nan_check, status=status))
+  _, clean, _ = _walk(head, base, first, **options)
   assert clean == 0
-  _, status_word, _ = _walk(head, base, first, num_blocks=132, interpret=False,
-                            spec_options=dict(nan_check=nan_check, status=status))
+  _, status_word, _ = _walk(head, base.at[row, 2, 90001].set(jnp.nan), first, **options)
   assert status_word & STATUS_NAN_LOGITS
-  _, status_word, _ = _walk(head, base.at[7, 2, 90001].set(0.0).at[3, 0, 151000].set(
-      jnp.nan), first, num_blocks=132, interpret=False,
-      spec_options=dict(nan_check=nan_check, status=status))
+  _, status_word, _ = _walk(head, base.at[row - 4, 0, 151000].set(jnp.nan), first,
+                            **options)
   assert status_word & STATUS_NAN_LOGITS
 
 

@@ -409,6 +409,18 @@ def wait_copies():
   wait()
 
 
+def warpgroup_sync():
+  """``bar.sync`` of the calling warpgroup's 128 threads (Mosaic's warpgroup barrier):
+  the shared-memory stores any of them issued before it, inline PTX ones included
+  (``publish_bests``'s NaN flag), are seen by all of them after it. Every thread of
+  the warpgroup must reach it."""
+  @plgpu.inline_mgpu()
+  def sync(_):
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    mgpu_utils.warpgroup_barrier()
+  sync()
+
+
 def row_array(value):
   """A scalar as a [64] array of the WGMMA row layout (``_scalar`` reads it back)."""
   return plgpu.layout_cast(jnp.full((2 * REQUESTS,), value, jnp.int32),

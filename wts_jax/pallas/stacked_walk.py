@@ -597,6 +597,16 @@ def _kernel(*refs, spec: StackedSpec):
     return (nan_s[1] | jnp.where(nan_s[0] > 0, STATUS_NAN_LOGITS, 0)
             | jnp.where(nan_s[2] > 0, STATUS_SYNC_TIMEOUT, 0))
 
+  def count_status_bits(flags):
+    """The leader's last step, its keys published: one added to the counter of each
+    status bit the block holds. (Its threads first meet: a NaN flag set by another
+    thread's publish must be seen by the one that signals.)"""
+    sp.warpgroup_sync()
+    held = flags | block_status()
+    for i, bit in enumerate(STATUS_BITS):
+      pl.when((held & bit) != 0)(functools.partial(
+          plgpu.semaphore_signal, bit_counts_g.at[i], 1, memory_scope="gpu"))
+
   def exchange(step, flags):
     """Warpgroup 0's end of a step: each request's winner over the warpgroups and the
     grid, the tokens to ``tok_s`` (block 0: to ``tok_g``), shown to the others."""
@@ -626,10 +636,7 @@ def _kernel(*refs, spec: StackedSpec):
                            rows=batch, phases=phases,
                            prefetch_g=w1_g if spec.prefetch_candidates else None)
         if status_in_kernel:   # (released by the step's signal below)
-          held = flags | block_status()
-          for i, bit in enumerate(STATUS_BITS):
-            pl.when((step == steps - 1) & ((held & bit) != 0))(functools.partial(
-                plgpu.semaphore_signal, bit_counts_g.at[i], 1, memory_scope="gpu"))
+          pl.when(step == steps - 1)(functools.partial(count_status_bits, flags))
         with jax.named_scope("grid_sync"):
           timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
                                                 spin_limit=spec.spin_limit)
