@@ -122,6 +122,12 @@ def test_the_plan_names_what_it_cannot_do():
                          smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="exchange='grid'"):
     sw.StackedSpec(plan, 4, 2, exchange="grid")
+  with pytest.raises(ValueError, match="split_mma: GPU only"):
+    sw.StackedSpec(plan, 4, 2, split_mma=True, interpret=True)
+  with pytest.raises(ValueError, match="status='kernel' counts"):
+    sw.StackedSpec(plan, 4, 2, status="kernel", exchange="pairs")
+  with pytest.raises(ValueError, match="status='summed'"):
+    sw.StackedSpec(plan, 4, 2, status="summed")
   with pytest.raises(ValueError, match="ring_stages=0"):
     sw.StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
                    resident=(1, 1, 1, 1), ring_stages=0)
@@ -146,7 +152,13 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                         plan=dict(base_slots=2, base_copies="tma")),
                    dict(timing_ablation="base", plan=dict(base_slots=2)),
                    dict(status="kernel", rotate_warps=True, skip_idle_warps=True,
-                        plan=dict(base_slots=2, base_copies="tma"))]
+                        plan=dict(base_slots=2, base_copies="tma")),
+                   dict(split_mma=True, rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2)),
+                   dict(split_mma=True, rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2, base_copies="tma")),
+                   dict(split_mma=True, greedy=False, plan=dict(base_slots=2)),
+                   dict(split_mma=True, timing_ablation="fold")]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -158,7 +170,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                               "async-base-3", "tma-base", "tma-base-3-sampled",
                               "rotated-skip-tma", "rotated-skip-async-sampled",
                               "dependent-launch", "no-base-tma", "no-base-async",
-                              "status-in-kernel"])
+                              "status-in-kernel", "split-mma-async", "split-mma-tma",
+                              "split-mma-sampled", "split-mma-fold-ablation"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -376,12 +389,18 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, status="kernel",
          plan=dict(base_slots=2)),
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, status="kernel",
-         plan=dict(base_slots=2, base_copies="tma"))],
+         plan=dict(base_slots=2, base_copies="tma")),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, split_mma=True,
+         plan=dict(base_slots=2)),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, split_mma=True,
+         plan=dict(base_slots=2, base_copies="tma")),
+    dict(w1_order="fragments", split_mma=True)],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
          "prefetch-base", "async-base", "async-base-3", "tma-base", "tma-base-3",
          "rotated-skip", "rotated-skip-tma", "rotated-skip-async", "dependent-launch",
-         "status-in-kernel-async", "status-in-kernel-tma"])
+         "status-in-kernel-async", "status-in-kernel-tma", "split-mma-async",
+         "split-mma-tma", "split-mma-registers"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

@@ -541,7 +541,8 @@ def initial_best(interpret: bool):
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
               nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
               base_s=None, slots: int = 0, copies_pending: int = 1, tma_slots: bool = False,
-              rotate: bool = False, live_rows: int | None = None, phases: int = 1):
+              rotate: bool = False, live_rows: int | None = None, phases: int = 1,
+              pairs: tuple[int, int] = (0, TILE // 8)):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -556,7 +557,10 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   ``copies_pending`` copy groups), or with ``tma_slots`` a TMA copy's (``base_of`` in
   the kernel; its barrier waited for before). ``rotate``: the warps' requests as
   ``_request_warp`` has them. ``live_rows`` (GPU): a warp whose requests are all at or
-  past it (the batch; ``phases`` as ``_request``'s) folds nothing, its best kept."""
+  past it (the batch; ``phases`` as ``_request``'s) folds nothing, its best kept.
+  ``pairs`` (GPU): (first, count) of the thread's 8 column pairs this call folds, ``acc``
+  then holding only their 8 · count columns (a tile's WGMMA split in two: the first half
+  folded while the second's runs; halves in order keep a request's rows ascending)."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
@@ -618,23 +622,28 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     from jax._src.lib.mlir.dialects import arith, llvm, vector
     f32 = ir.F32Type.get()
     sampling_state = rest[1:] if staged else rest
+    first_pair, count = pairs
+    read = range(first_pair, first_pair + count)   # (the half's base words, all read)
+    folded = read if column_pairs is None else range(
+        first_pair, max(first_pair, min(first_pair + count, column_pairs)))
     if staged:
-      eight_words = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>")
       if tma_slots:   # (word k at word 0's address XOR 16 k: the swizzle)
         word_at = _tma_base_word(rest[0], _scalar(base), slots, rotate)
         reads = "{ .reg .b32 a;\n" + "".join(
-            f"xor.b32 a, $8, {16 * k}; ld.shared.b32 ${k}, [a];\n" for k in range(8)) + "}"
+            f"xor.b32 a, ${count}, {16 * k}; ld.shared.b32 ${k - first_pair}, [a];\n"
+            for k in read) + "}"
       else:
         word_at = _base_slot_word(rest[0], _scalar(base), slots)
         reads = f"cp.async.wait_group {copies_pending};\n" + "".join(
-            f"ld.shared.b32 ${k}, [$8+{512 * k}];\n" for k in range(8))
-      words = llvm.inline_asm(eight_words, [word_at], reads, ",".join(["=r"] * 8) + ",r",
-                              has_side_effects=True)
+            f"ld.shared.b32 ${k - first_pair}, [${count}+{512 * k}];\n" for k in read)
+      words_type = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * count) + ")>")
+      words = llvm.inline_asm(words_type, [word_at], reads,
+                              ",".join(["=r"] * count) + ",r", has_side_effects=True)
       bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
-      base_words = [llvm.bitcast(bf16x2, llvm.extractvalue(_i32(), words, [k]))
-                    for k in range(8)]
+      base_words = {k: llvm.bitcast(bf16x2, llvm.extractvalue(_i32(), words, [k - first_pair]))
+                    for k in read}
     else:
-      base_words = [base.registers[0, j, 0, 0, 0, 0, 0, 0, 0] for j in range(TILE // 8)]
+      base_words = {j: base.registers[0, j, 0, 0, 0, 0, 0, 0, 0] for j in read}
     f32x2 = ir.VectorType.get((2,), f32)
     index_type = ir.IndexType.get()
     _, _, _, _, t = _thread()
@@ -649,9 +658,9 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       score_scale, noise_on, stream = (_scalar(v) for v in sampling_state[0])
       noise_on = arith.cmpi(arith.CmpIPredicate.ne, noise_on, _const(0))
     column_won = _const(-1)
-    for j in range(column_pairs or TILE // 8):
-      hi = acc.registers[0, j, 0, 0, 0, 0, 0, 0, 0]
-      lo = acc.registers[0, j, 0, 0, 1, 0, 0, 0, 0]
+    for j in folded:
+      hi = acc.registers[0, j - first_pair, 0, 0, 0, 0, 0, 0, 0]
+      lo = acc.registers[0, j - first_pair, 0, 0, 1, 0, 0, 0, 0]
       d = arith.addi(arith.muli(hi, lo_steps), lo)
       logits = arith.mulf(arith.sitofp(f32x2, d), scale_lo)
       column = arith.index_cast(index_type, arith.addi(pair, _const(8 * j)))

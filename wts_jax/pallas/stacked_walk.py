@@ -282,6 +282,10 @@ class StackedSpec:
   # and writes the one word. No op after the kernel. (A block's own time-out in the
   # last step's wait is block 0's to report only: the tokens are block 0's.)
   status: str = "flags"
+  # GPU only. Each tile's WGMMA as two (a half of its rows each, 32 accumulator
+  # registers a thread in all, as one): the first half's logits are folded while the
+  # second half's product runs on the tensor cores.
+  split_mma: bool = False
 
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
@@ -296,6 +300,8 @@ class StackedSpec:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
     if self.interpret and self.w1_order == "fragments":
       raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
+    if self.interpret and self.split_mma:
+      raise ValueError("split_mma: GPU only (the interpreted fold takes the whole tile)")
     if self.interpret and (self.rotate_warps or self.skip_idle_warps):
       raise ValueError("rotate_warps, skip_idle_warps: GPU only (the interpreted walk "
                        "has no warps)")
@@ -502,17 +508,57 @@ def _kernel(*refs, spec: StackedSpec):
         else:
           w_index = base_slot + position
 
-        def product(acc_ref):
+        def tile_base(pending):
+          """The tile's base logits for the fold: its slot (by TMA: its copy waited
+          for), or without slots the registers loaded a tile ahead."""
+          if not base_slots:
+            return pending
+          slot_now = lax.rem(step * count + position, base_slots)
+          slot_base = sp.row_array(slot_now)
+          if by_tma and not no_base:
+            with jax.named_scope("base_wait"):
+              plgpu.barrier_wait(base_bar.at[wg * base_slots + slot_now])
+          return slot_base
+
+        def fold(acc, best, pending, pairs=(0, sp.TILE // 8)):
+          with jax.named_scope("fold"):
+            return sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
+                                interpret=interpret, nan_in_value=spec.nan_check == "value",
+                                column_pairs=1 if spec.timing_ablation == "fold" else None,
+                                base_s=base_s, slots=base_slots,
+                                copies_pending=copies_ahead, tma_slots=by_tma,
+                                rotate=rotate, live_rows=live_rows, phases=phases,
+                                sampled=sampled, pairs=pairs)
+
+        def product(*acc_refs):
+          # Split: each half of the tile's rows its own WGMMA (a commit group each).
+          halves = len(acc_refs)
+          width = sp.TILE // halves
           if spec.timing_ablation != "mma":
             with jax.named_scope("mma"):
-              plgpu.wgmma(acc_ref, a, w_s.at[w_index].T)
+              for h, acc_ref in enumerate(acc_refs):
+                tile_rows = (w_s.at[w_index] if halves == 1 else
+                             w_s.at[w_index, pl.ds(h * width, width)])
+                plgpu.wgmma(acc_ref, a, tile_rows.T)
           # The next tile's (the next step's first after the last), or with async
           # copies the one ``copies_ahead`` on (by TMA: once the WGMMA is done).
           upcoming = None if by_tma else base_of(step * count + position + copies_ahead)
+          if halves == 1:
+            with jax.named_scope("mma_wait"):
+              return plgpu.wgmma_accumulator_load(acc_refs[0]), upcoming, None
+          # The first half folded while the second's WGMMA runs.
           with jax.named_scope("mma_wait"):
-            return plgpu.wgmma_accumulator_load(acc_ref), upcoming
-        acc, upcoming = pl.run_scoped(product,
-                                      plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32))
+            first_half = plgpu.wgmma_accumulator_load(acc_refs[0], wait_n=1)
+          base_now = tile_base(pending)
+          half_best = fold(first_half, best, base_now, pairs=(0, sp.TILE // 16))
+          with jax.named_scope("mma_wait"):
+            return (plgpu.wgmma_accumulator_load(acc_refs[1]), upcoming,
+                    (half_best, base_now))
+        acc_shapes = ([plgpu.ACC((2 * sp.REQUESTS, sp.TILE // 2), jnp.int32)] * 2
+                      if spec.split_mma else
+                      [plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32)])
+        acc, upcoming, first_half = pl.run_scoped(product, *acc_shapes)
+        half_best, tile_base_now = first_half if spec.split_mma else (None, None)
         if by_tma:
           base_of(step * count + position + copies_ahead)
         if streamed:   # the slot read (its WGMMA waited for): refill it
@@ -538,20 +584,12 @@ def _kernel(*refs, spec: StackedSpec):
             else:
               refills_here = issuer
             pl.when(jnp.logical_and(refills_here, refill_now))(refill)
-        if base_slots:   # (the slot of this tile's copy)
-          slot_now = lax.rem(step * count + position, base_slots)
-          pending = sp.row_array(slot_now)
-          if by_tma and not no_base:
-            with jax.named_scope("base_wait"):
-              plgpu.barrier_wait(base_bar.at[wg * base_slots + slot_now])
-        with jax.named_scope("fold"):
-          best = sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
-                              interpret=interpret, nan_in_value=spec.nan_check == "value",
-                              column_pairs=1 if spec.timing_ablation == "fold" else None,
-                              base_s=base_s, slots=base_slots,
-                              copies_pending=copies_ahead, tma_slots=by_tma,
-                              rotate=rotate, live_rows=live_rows, phases=phases,
-                              sampled=sampled)
+        if spec.split_mma:   # (the tile's base waited for before the first half)
+          pending = tile_base_now
+          best = fold(acc, half_best, pending, pairs=(sp.TILE // 16, sp.TILE // 16))
+        else:
+          pending = tile_base(pending)
+          best = fold(acc, best, pending)
         return best, pending if by_tma else upcoming
 
       best, pending = lax.fori_loop(0, count, tile_body,
