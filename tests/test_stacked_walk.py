@@ -122,8 +122,10 @@ def test_the_plan_names_what_it_cannot_do():
                          smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="exchange='grid'"):
     sw.StackedSpec(plan, 4, 2, exchange="grid")
-  with pytest.raises(ValueError, match="split_mma: GPU only"):
-    sw.StackedSpec(plan, 4, 2, split_mma=True, interpret=True)
+  with pytest.raises(ValueError, match="mma_parts > 1: GPU only"):
+    sw.StackedSpec(plan, 4, 2, mma_parts=2, interpret=True)
+  with pytest.raises(ValueError, match="mma_parts=3"):
+    sw.StackedSpec(plan, 4, 2, mma_parts=3)
   with pytest.raises(ValueError, match="status='kernel' counts"):
     sw.StackedSpec(plan, 4, 2, status="kernel", exchange="pairs")
   with pytest.raises(ValueError, match="status='summed'"):
@@ -153,12 +155,14 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(timing_ablation="base", plan=dict(base_slots=2)),
                    dict(status="kernel", rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2, base_copies="tma")),
-                   dict(split_mma=True, rotate_warps=True, skip_idle_warps=True,
+                   dict(mma_parts=2, rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2)),
-                   dict(split_mma=True, rotate_warps=True, skip_idle_warps=True,
+                   dict(mma_parts=2, rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2, base_copies="tma")),
-                   dict(split_mma=True, greedy=False, plan=dict(base_slots=2)),
-                   dict(split_mma=True, timing_ablation="fold")]
+                   dict(mma_parts=2, greedy=False, plan=dict(base_slots=2)),
+                   dict(mma_parts=2, timing_ablation="fold"),
+                   dict(mma_parts=4, rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2, base_copies="tma"))]
 
 
 @pytest.mark.parametrize("batch", [5, 64])
@@ -171,7 +175,8 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                               "rotated-skip-tma", "rotated-skip-async-sampled",
                               "dependent-launch", "no-base-tma", "no-base-async",
                               "status-in-kernel", "split-mma-async", "split-mma-tma",
-                              "split-mma-sampled", "split-mma-fold-ablation"])
+                              "split-mma-sampled", "split-mma-fold-ablation",
+                              "mma-quarters-tma"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
@@ -390,17 +395,19 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
          plan=dict(base_slots=2)),
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, status="kernel",
          plan=dict(base_slots=2, base_copies="tma")),
-    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, split_mma=True,
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, mma_parts=2,
          plan=dict(base_slots=2)),
-    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, split_mma=True,
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, mma_parts=2,
          plan=dict(base_slots=2, base_copies="tma")),
-    dict(w1_order="fragments", split_mma=True)],
+    dict(w1_order="fragments", mma_parts=2),
+    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, mma_parts=4,
+         plan=dict(base_slots=2, base_copies="tma"))],
     ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
          "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
          "prefetch-base", "async-base", "async-base-3", "tma-base", "tma-base-3",
          "rotated-skip", "rotated-skip-tma", "rotated-skip-async", "dependent-launch",
          "status-in-kernel-async", "status-in-kernel-tma", "split-mma-async",
-         "split-mma-tma", "split-mma-registers"])
+         "split-mma-tma", "split-mma-registers", "mma-quarters-tma"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))

@@ -17,7 +17,7 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       one TMA copy a tile a warpgroup (with C, K or Q); R the warps' requests rotated
       over the warp schedulers; V a warp past the batch skips its fold; G a
       programmatic dependent launch; S the status reduced in the kernel; H each tile's
-      WGMMA in two halves, the first folded under the second)
+      WGMMA in two halves, the first folded under the second; J in four quarters)
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "M": ("timing_ablation", "mma"), "E": ("prefetch_base", True),
                 "R": ("rotate_warps", True), "V": ("skip_idle_warps", True),
                 "G": ("dependent_launch", True), "S": ("status", "kernel"),
-                "H": ("split_mma", True)}
+                "H": ("mma_parts", 2), "J": ("mma_parts", 4)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3),

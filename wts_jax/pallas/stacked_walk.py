@@ -282,10 +282,11 @@ class StackedSpec:
   # and writes the one word. No op after the kernel. (A block's own time-out in the
   # last step's wait is block 0's to report only: the tokens are block 0's.)
   status: str = "flags"
-  # GPU only. Each tile's WGMMA as two (a half of its rows each, 32 accumulator
-  # registers a thread in all, as one): the first half's logits are folded while the
-  # second half's product runs on the tensor cores.
-  split_mma: bool = False
+  # GPU only. Each tile's WGMMA in ``mma_parts`` (1, 2 or 4) of its rows, each its own
+  # commit group and accumulator (32 accumulator registers a thread in all, as one):
+  # each part's logits are folded while the later parts' products run on the tensor
+  # cores.
+  mma_parts: int = 1
 
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
@@ -300,8 +301,10 @@ class StackedSpec:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
     if self.interpret and self.w1_order == "fragments":
       raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
-    if self.interpret and self.split_mma:
-      raise ValueError("split_mma: GPU only (the interpreted fold takes the whole tile)")
+    if self.mma_parts not in (1, 2, 4):
+      raise ValueError(f"mma_parts={self.mma_parts!r} must be 1, 2 or 4")
+    if self.interpret and self.mma_parts > 1:
+      raise ValueError("mma_parts > 1: GPU only (the interpreted fold takes the whole tile)")
     if self.interpret and (self.rotate_warps or self.skip_idle_warps):
       raise ValueError("rotate_warps, skip_idle_warps: GPU only (the interpreted walk "
                        "has no warps)")
@@ -531,34 +534,32 @@ def _kernel(*refs, spec: StackedSpec):
                                 sampled=sampled, pairs=pairs)
 
         def product(*acc_refs):
-          # Split: each half of the tile's rows its own WGMMA (a commit group each).
-          halves = len(acc_refs)
-          width = sp.TILE // halves
+          parts = len(acc_refs)
+          width, part_pairs = sp.TILE // parts, sp.TILE // 8 // parts
           if spec.timing_ablation != "mma":
             with jax.named_scope("mma"):
               for h, acc_ref in enumerate(acc_refs):
-                tile_rows = (w_s.at[w_index] if halves == 1 else
+                tile_rows = (w_s.at[w_index] if parts == 1 else
                              w_s.at[w_index, pl.ds(h * width, width)])
                 plgpu.wgmma(acc_ref, a, tile_rows.T)
           # The next tile's (the next step's first after the last), or with async
           # copies the one ``copies_ahead`` on (by TMA: once the WGMMA is done).
           upcoming = None if by_tma else base_of(step * count + position + copies_ahead)
-          if halves == 1:
+          if parts == 1:
             with jax.named_scope("mma_wait"):
               return plgpu.wgmma_accumulator_load(acc_refs[0]), upcoming, None
-          # The first half folded while the second's WGMMA runs.
+          # Each part but the last folded while the later parts' WGMMAs run.
+          base_now, part_best = tile_base(pending), best
+          for h in range(parts - 1):
+            with jax.named_scope("mma_wait"):
+              part = plgpu.wgmma_accumulator_load(acc_refs[h], wait_n=parts - 1 - h)
+            part_best = fold(part, part_best, base_now, pairs=(h * part_pairs, part_pairs))
           with jax.named_scope("mma_wait"):
-            first_half = plgpu.wgmma_accumulator_load(acc_refs[0], wait_n=1)
-          base_now = tile_base(pending)
-          half_best = fold(first_half, best, base_now, pairs=(0, sp.TILE // 16))
-          with jax.named_scope("mma_wait"):
-            return (plgpu.wgmma_accumulator_load(acc_refs[1]), upcoming,
-                    (half_best, base_now))
-        acc_shapes = ([plgpu.ACC((2 * sp.REQUESTS, sp.TILE // 2), jnp.int32)] * 2
-                      if spec.split_mma else
-                      [plgpu.ACC((2 * sp.REQUESTS, sp.TILE), jnp.int32)])
-        acc, upcoming, first_half = pl.run_scoped(product, *acc_shapes)
-        half_best, tile_base_now = first_half if spec.split_mma else (None, None)
+            return (plgpu.wgmma_accumulator_load(acc_refs[-1]), upcoming,
+                    (part_best, base_now))
+        parts = spec.mma_parts
+        acc, upcoming, folded_parts = pl.run_scoped(
+            product, *[plgpu.ACC((2 * sp.REQUESTS, sp.TILE // parts), jnp.int32)] * parts)
         if by_tma:
           base_of(step * count + position + copies_ahead)
         if streamed:   # the slot read (its WGMMA waited for): refill it
@@ -584,9 +585,10 @@ def _kernel(*refs, spec: StackedSpec):
             else:
               refills_here = issuer
             pl.when(jnp.logical_and(refills_here, refill_now))(refill)
-        if spec.split_mma:   # (the tile's base waited for before the first half)
-          pending = tile_base_now
-          best = fold(acc, half_best, pending, pairs=(sp.TILE // 16, sp.TILE // 16))
+        if parts > 1:   # (the tile's base waited for before the first part)
+          best, pending = folded_parts
+          last = sp.TILE // 8 // parts
+          best = fold(acc, best, pending, pairs=(sp.TILE // 8 - last, last))
         else:
           pending = tile_base(pending)
           best = fold(acc, best, pending)
