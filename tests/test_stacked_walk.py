@@ -108,6 +108,26 @@ def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two(extra):
         assert order[0][1], "a phase's first tile is streamed (it arrives in the exchange)"
 
 
+def test_async_slots_of_the_live_warps_leave_room_for_a_tile_more():
+  """At B 16 the async base slots of the two live request warps (``base_warps=2``) take
+  half the bytes, and the plan keeps one more tile resident; the spec refuses slots
+  that miss a live warp or warps that would fold unheld words."""
+  full, live = (sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                                smem_per_block=H200_SMEM, base_slots=2, base_warps=warps)
+                for warps in (4, 2))
+  assert sum(live.resident) == sum(full.resident) + 1
+  assert sp.base_slot_bytes(2) * 2 == sp.BASE_SLOT_BYTES
+  assert "of 2 request warps" in live.describe()
+  sw.StackedSpec(live, 16, 7, skip_idle_warps=True, rotate_warps=True)
+  with pytest.raises(ValueError, match="every live request warp"):
+    sw.StackedSpec(live, 17, 7, skip_idle_warps=True)
+  with pytest.raises(ValueError, match="skip their fold"):
+    sw.StackedSpec(live, 16, 7)
+  with pytest.raises(ValueError, match="base_warps=2: 1 to 4"):
+    sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                    smem_per_block=H200_SMEM, base_slots=2, base_copies="tma", base_warps=2)
+
+
 def test_the_plan_names_what_it_cannot_do():
   with pytest.raises(ValueError, match="batch=65"):
     sw.plan_stacked(vocab_size=1000, rank=256, batch=65, num_blocks=1,
@@ -206,6 +226,34 @@ def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
     assert ("griddepcontrol.wait" in text) == bool(options.get("dependent_launch"))
   # The status: one word out of the kernel, or a word a warpgroup reduced after it.
   assert ("reduce" in text.split("mosaic_gpu")[-1]) != (spec.status == "kernel")
+
+
+@pytest.mark.parametrize("batch,warps", [(5, 1), (16, 2), (24, 3)])
+def test_async_slots_of_the_live_warps_lower_for_cuda(batch, warps):
+  """The async base slots of the live request warps only build for the GPU (their
+  copies predicated by the thread's request warp, their reads at the compact stride),
+  greedy and sampled, the WGMMA in parts too."""
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import cuda_target
+  vocab, rank = 151936, 256
+  plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
+                         smem_per_block=H200_SMEM, base_slots=2, base_warps=warps)
+  for options in (dict(), dict(greedy=False), dict(mma_parts=2)):
+    spec = sw.StackedSpec(plan, batch, 7, rotate_warps=True, skip_idle_warps=True,
+                          **options)
+    shapes = ((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16), \
+        ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32), ((vocab,), jnp.float32), \
+        ((vocab,), jnp.float32)
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    sampling = None if spec.greedy else (
+        jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
+        jax.ShapeDtypeStruct((2,), jnp.uint32))
+    with cuda_target():
+      text = jax.jit(lambda *a: sw.stacked_walk(spec, *a[:6], sampling=a[6])).trace(
+          *args, sampling).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA's assembler)")
@@ -414,6 +462,19 @@ def test_gpu_options_keep_the_tokens(options, batch):
   options = dict(options)
   _assert_walk_equals_the_reference(head, base, first, num_blocks=132, interpret=False,
                                     **options.pop("plan", {}), spec_options=options)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("batch,warps,temperature", [(5, 1, 0.0), (12, 2, 0.0), (16, 2, 0.8),
+                                                     (24, 3, 0.0)])
+def test_gpu_async_slots_of_the_live_warps_keep_the_tokens(batch, warps, temperature):
+  head, config = planes_head(151936, seed=batch)
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 60))
+  _assert_walk_equals_the_reference(
+      head, base, first, num_blocks=132, interpret=False, base_slots=2, base_warps=warps,
+      temperature=temperature, key=jax.random.key(3) if temperature else None,
+      spec_options=dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True))
 
 
 @pytest.mark.gpu

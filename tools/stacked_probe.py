@@ -4,6 +4,7 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
 
   python tools/stacked_probe.py --out $OUT/stacked [--batches 5,16,32,40,64]
       [--variants r9+s1,...]   (rN: the block's resident tiles, sN: ring slots a phase,
+      uN: the async base slots hold N request warps (with C and V, B <= 8 N),
       B: Pallas's automatic barriers off, X: the exchange by key-and-count pairs,
       Y: the pairs a line each, polled by one warp,
       W: a NaN witness beside the running best, D: a shared ring's refill deferred, F: W1 in fragment order,
@@ -66,10 +67,10 @@ def variant_options(text: str) -> dict:
       name, value = SPEC_LETTERS.get(part) or PLAN_LETTERS[part]
       options[name] = value
       continue
-    m = re.fullmatch(r"([rs])(\d+)", part)
+    m = re.fullmatch(r"([rsu])(\d+)", part)
     if not m:
       raise SystemExit(f"error: bad variant option {part!r}")
-    options["resident" if m[1] == "r" else "ring_stages"] = int(m[2])
+    options[{"r": "resident", "s": "ring_stages", "u": "base_warps"}[m[1]]] = int(m[2])
   return options
 
 

@@ -261,6 +261,13 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
 BASE_SLOT_BYTES = 8 * 128 * 4
 
 
+def base_slot_bytes(warps: int = 4) -> int:
+  """A slot's bytes when it holds the words of ``warps`` request warps only
+  (``StackedPlan.base_warps``): word k of compact thread c = 32 · (request warp) + lane
+  at (k · 32 · warps + c) · 4."""
+  return BASE_SLOT_BYTES * warps // 4
+
+
 def _base_address(base, start, step, *, steps: int, width: int, batch: int, phases: int,
                   rotate: bool = False):
   """(this thread's first base word's global address, its request is live): its
@@ -280,24 +287,33 @@ def _base_address(base, start, step, *, steps: int, width: int, batch: int, phas
   return at, live
 
 
-def _base_slot_word(staged, slot, slots: int):
+def _base_slot_word(staged, slot, slots: int, warps: int = 4, rotate: bool = False):
   """This thread's first word in its warpgroup's ``slot`` (an i32 value) of the base
-  slots ``staged`` (``copy_base``'s layout), as a shared-memory address."""
+  slots ``staged`` (``copy_base``'s layout), as a shared-memory address. With ``warps``
+  < 4 (``base_slot_bytes``) a thread of request warp w >= ``warps`` (past the batch:
+  it copies nothing) reads request warp w % ``warps``'s words."""
   from jax._src.lib.mlir.dialects import arith
   from wts_jax.pallas.row_words import thread_and_addresses
   thread, (staged_at,), _ = thread_and_addresses((staged,))
-  _, wg, *_ = _thread()
+  _, wg, warp, *_ = _thread()
   slot_at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
-                                             _const(BASE_SLOT_BYTES)))
-  return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
+                                             _const(base_slot_bytes(warps))))
+  if warps == 4:
+    return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
+  compact = arith.addi(
+      arith.muli(arith.remui(_request_warp(warp, wg, rotate), _const(warps)), _const(32)),
+      arith.remui(thread, _const(32)))
+  return arith.addi(slot_at, arith.muli(compact, _const(4)))
 
 
 def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
-              batch: int, phases: int, slots: int, rotate: bool = False):
+              batch: int, phases: int, slots: int, rotate: bool = False, warps: int = 4):
   """``load_base``'s words by ``cp.async`` into this warpgroup's ``slot`` of ``base_s``
   (rows past the batch zero), one commit group: the words never pass through the
   registers, so no WGMMA's register fence waits for them (``fold_tile`` waits for the
-  group and reads them back). Returns the slot as a row array (the fold's ``base``)."""
+  group and reads them back). Returns the slot as a row array (the fold's ``base``).
+  ``warps`` < 4: the slots hold the first ``warps`` request warps' words only; the
+  threads of the others copy nothing."""
   start = tile_start(block, tile, tiles=tiles, vocab=vocab)
   steps, width = base_g.shape[1], base_g.shape[2]
   slots_at = row_array(slot)
@@ -309,12 +325,24 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
     from jax._src.lib.mlir.dialects import arith, llvm
     at, live = _base_address(base, _scalar(start_rows), _scalar(step_rows), steps=steps,
                              width=width, batch=batch, phases=phases, rotate=rotate)
-    dst = _base_slot_word(staged, _scalar(slot_rows), slots)
+    dst = _base_slot_word(staged, _scalar(slot_rows), slots, warps, rotate)
     size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
-    copies = "".join(f"cp.async.ca.shared.global [$0+{512 * k}], [$1+{16 * k}], 4, $2;\n"
-                     for k in range(8))
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size],
-                    copies + "cp.async.commit_group;", "r,l,r", has_side_effects=True)
+    if warps == 4:
+      copies = "".join(f"cp.async.ca.shared.global [$0+{512 * k}], [$1+{16 * k}], 4, $2;\n"
+                       for k in range(8))
+      llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size],
+                      copies + "cp.async.commit_group;", "r,l,r", has_side_effects=True)
+      return
+    # (a thread of a request warp the slots do not hold copies nothing: it would write
+    # zeros over another's words)
+    _, wg, warp, *_ = _thread()
+    held = arith.extui(_i32(), arith.cmpi(arith.CmpIPredicate.ult,
+                                          _request_warp(warp, wg, rotate), _const(warps)))
+    copies = "".join(f"@p cp.async.ca.shared.global [$0+{128 * warps * k}], [$1+{16 * k}], "
+                     "4, $2;\n" for k in range(8))
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size, held],
+                    "{ .reg .pred p; setp.ne.u32 p, $3, 0;\n" + copies
+                    + "cp.async.commit_group; }", "r,l,r,r", has_side_effects=True)
 
   copy(base_g, base_s, row_array(start), row_array(step), slots_at)
   return slots_at
@@ -542,7 +570,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
               nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
               base_s=None, slots: int = 0, copies_pending: int = 1, tma_slots: bool = False,
               rotate: bool = False, live_rows: int | None = None, phases: int = 1,
-              pairs: tuple[int, int] = (0, TILE // 8)):
+              pairs: tuple[int, int] = (0, TILE // 8), base_warps: int = 4):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -560,7 +588,8 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   past it (the batch; ``phases`` as ``_request``'s) folds nothing, its best kept.
   ``pairs`` (GPU): (first, count) of the thread's 8 column pairs this call folds, ``acc``
   then holding only their 8 · count columns (a tile's WGMMA split in two: the first half
-  folded while the second's runs; halves in order keep a request's rows ascending)."""
+  folded while the second's runs; halves in order keep a request's rows ascending).
+  ``base_warps``: the async slots' request warps (``copy_base``'s ``warps``)."""
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
@@ -633,9 +662,10 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
             f"xor.b32 a, ${count}, {16 * k}; ld.shared.b32 ${k - first_pair}, [a];\n"
             for k in read) + "}"
       else:
-        word_at = _base_slot_word(rest[0], _scalar(base), slots)
+        word_at = _base_slot_word(rest[0], _scalar(base), slots, base_warps, rotate)
         reads = f"cp.async.wait_group {copies_pending};\n" + "".join(
-            f"ld.shared.b32 ${k - first_pair}, [${count}+{512 * k}];\n" for k in read)
+            f"ld.shared.b32 ${k - first_pair}, [${count}+{128 * base_warps * k}];\n"
+            for k in read)
       words_type = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * count) + ")>")
       words = llvm.inline_asm(words_type, [word_at], reads,
                               ",".join(["=r"] * count) + ",r", has_side_effects=True)

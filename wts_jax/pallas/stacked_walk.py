@@ -87,6 +87,11 @@ class StackedPlan:
   # overwrites: their reads precede their WGMMA's register fence). V a multiple of 8
   # (the TMA's row stride).
   base_copies: str = "threads"
+  # The request warps a warpgroup's async slot holds words for: 4, or at B <= 24 the
+  # live ones only (``stacked_planes.base_slot_bytes``), which leaves room for more
+  # resident tiles; the threads of the others copy nothing and their warps must not
+  # fold (``StackedSpec.skip_idle_warps``).
+  base_warps: int = 4
 
   def __post_init__(self):
     if self.z_loads not in ("own", "shared"):
@@ -98,6 +103,10 @@ class StackedPlan:
     if self.base_copies == "tma" and (not self.base_slots or self.vocab_size % 8):
       raise ValueError(f"base_copies='tma' needs base slots (base_slots={self.base_slots}) "
                        f"and V a multiple of 8 (vocab_size={self.vocab_size})")
+    if not 1 <= self.base_warps <= 4 or (self.base_warps < 4 and (
+        self.base_copies != "threads" or not self.base_slots or self.request_blocks != 1)):
+      raise ValueError(f"base_warps={self.base_warps}: 1 to 4, below 4 only for async "
+                       "base copies into slots (base_copies='threads') at B <= 32")
     if self.request_blocks not in (1, 2):
       raise ValueError(f"request_blocks={self.request_blocks} must be 1 or 2")
     if len(self.resident) != self.phases:
@@ -150,7 +159,8 @@ class StackedPlan:
             f"{self.ring_stages}-slot rings"
             + (", z staged in shared memory" if self.z_loads == "shared" else "")
             + (f", base logits by {'TMA' if self.base_copies == 'tma' else 'async'} "
-               f"copies into {self.base_slots} slots" if self.base_slots else ""))
+               f"copies into {self.base_slots} slots" if self.base_slots else "")
+            + (f" of {self.base_warps} request warps" if self.base_warps < 4 else ""))
 
 
 def tile_bytes(rank: int) -> int:
@@ -169,12 +179,14 @@ def fixed_smem_bytes(tiles: int, z_stage_bytes: int = 0) -> int:
 def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  smem_per_block: int, ring_stages: int | None = None,
                  resident: int | None = None, z_loads: str = "own",
-                 base_slots: int = 0, base_copies: str = "threads") -> StackedPlan:
+                 base_slots: int = 0, base_copies: str = "threads",
+                 base_warps: int = 4) -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
   (by default one at B <= 32; above, where two warpgroups share a phase's ring, two, or
   one with the base logits by TMA: measured, NOTES v32),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
-  at most what fits. ``z_loads``, ``base_slots``, ``base_copies``: ``StackedPlan``'s."""
+  at most what fits. ``z_loads``, ``base_slots``, ``base_copies``, ``base_warps``:
+  ``StackedPlan``'s."""
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch}: the stacked walk takes 1 to {MAX_BATCH} rows")
   if rank % 32 or vocab_size % 2 or vocab_size < sp.TILE:
@@ -187,7 +199,7 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   stages = default_stages if ring_stages is None else ring_stages
   counts = [len(range(p, tiles, phases)) for p in range(phases)]
   stage = ((request_blocks * sp.STAGE_BYTES if z_loads == "shared" else 0)
-           + WARPGROUPS * base_slots * sp.BASE_SLOT_BYTES)
+           + WARPGROUPS * base_slots * sp.base_slot_bytes(base_warps))
   room = ((smem_per_block - SMEM_RESERVED_BYTES - fixed_smem_bytes(tiles, stage))
           // tile_bytes(rank))
   fit = room - stages * phases
@@ -206,7 +218,7 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   return StackedPlan(vocab_size=vocab_size, rank=rank, num_blocks=num_blocks, tiles=tiles,
                      request_blocks=request_blocks, resident=tuple(share),
                      ring_stages=stages, z_loads=z_loads, base_slots=base_slots,
-                     base_copies=base_copies)
+                     base_copies=base_copies, base_warps=base_warps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +323,12 @@ class StackedSpec:
     if self.rotate_warps and self.plan.z_loads == "shared":
       raise ValueError("rotate_warps: a staged z (z_loads='shared') is one operand for "
                        "all warpgroups")
+    live_warps = -(-min(self.batch, sp.REQUESTS) // 8)
+    if self.plan.base_warps < 4 and (not self.skip_idle_warps
+                                     or self.plan.base_warps < live_warps):
+      raise ValueError(f"base_warps={self.plan.base_warps}: the slots must hold every "
+                       f"live request warp ({live_warps} at B {self.batch}) and the "
+                       "others must skip their fold (skip_idle_warps)")
     if self.status == "kernel" and self.exchange != "counter":
       raise ValueError(f"status='kernel' counts the blocks' status bits beside the "
                        f"counter exchange's barrier, not exchange={self.exchange!r}")
@@ -454,7 +472,7 @@ def _kernel(*refs, spec: StackedSpec):
         if base_slots:
           return sp.copy_base(base_g, base_s, lax.rem(ordinal, base_slots), step, block,
                               tile, tiles=tiles, vocab=vocab, batch=batch, phases=phases,
-                              slots=base_slots, rotate=rotate)
+                              slots=base_slots, rotate=rotate, warps=plan.base_warps)
         return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
                             batch=batch, phases=phases, wg=wg, interpret=interpret,
                             loads=not no_base, rotate=rotate)
@@ -531,7 +549,7 @@ def _kernel(*refs, spec: StackedSpec):
                                 base_s=base_s, slots=base_slots,
                                 copies_pending=copies_ahead, tma_slots=by_tma,
                                 rotate=rotate, live_rows=live_rows, phases=phases,
-                                sampled=sampled, pairs=pairs)
+                                sampled=sampled, pairs=pairs, base_warps=plan.base_warps)
 
         def product(*acc_refs):
           parts = len(acc_refs)
@@ -782,7 +800,8 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
                            jnp.bfloat16, transforms=sp.TMA_BASE_TRANSFORMS),
                 plgpu.Barrier(num_arrivals=1, num_barriers=WARPGROUPS * plan.base_slots)]
   elif plan.base_slots and not spec.interpret:
-    scratch.append(plgpu.SMEM((WARPGROUPS * plan.base_slots * sp.BASE_SLOT_BYTES,),
+    scratch.append(plgpu.SMEM((WARPGROUPS * plan.base_slots
+                               * sp.base_slot_bytes(plan.base_warps),),
                               jnp.int8))
   if spec.interpret:
     scratch.append(plgpu.SMEM((WARPGROUPS, 2 * sp.REQUESTS, rank), jnp.int8,
