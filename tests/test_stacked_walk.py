@@ -185,6 +185,26 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                         plan=dict(base_slots=2, base_copies="tma"))]
 
 
+def _lowered_for_cuda(spec: sw.StackedSpec) -> str:
+  """The walk of ``spec`` at the Qwen3-4B shape lowered for CUDA (no GPU needed): the
+  StableHLO text, the kernel's Mosaic module in it."""
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import cuda_target
+  vocab, rank, batch = spec.plan.vocab_size, spec.plan.rank, spec.batch
+  shapes = ((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16), \
+      ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32), ((vocab,), jnp.float32), \
+      ((vocab,), jnp.float32)
+  args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+  sampling = None if spec.greedy else (
+      jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
+      jax.ShapeDtypeStruct((2,), jnp.uint32))
+  with cuda_target():
+    return jax.jit(lambda *a: sw.stacked_walk(spec, *a[:6], sampling=a[6])).trace(
+        *args, sampling).lower(lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize("batch", [5, 64])
 @pytest.mark.parametrize("options", LOWERED_OPTIONS,
                          ids=["defaults", "pairs", "warp-pairs", "nan-witness",
@@ -200,25 +220,11 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""
-  import sys
-  from pathlib import Path
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  from lower_for_gpu import cuda_target
-  vocab, rank = 151936, 256
   options = dict(options)
-  plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
+  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
                          smem_per_block=H200_SMEM, **options.pop("plan", {}))
   spec = sw.StackedSpec(plan, batch, 7, **options)
-  shapes = ((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16), \
-      ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32), ((vocab,), jnp.float32), \
-      ((vocab,), jnp.float32)
-  args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
-  sampling = None if spec.greedy else (
-      jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
-      jax.ShapeDtypeStruct((2,), jnp.uint32))
-  with cuda_target():
-    text = jax.jit(lambda *a: sw.stacked_walk(spec, *a[:6], sampling=a[6])).trace(
-        *args, sampling).lower(lowering_platforms=("cuda",)).as_text()
+  text = _lowered_for_cuda(spec)
   assert "mosaic_gpu" in text
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
     # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
@@ -233,27 +239,12 @@ def test_async_slots_of_the_live_warps_lower_for_cuda(batch, warps):
   """The async base slots of the live request warps only build for the GPU (their
   copies predicated by the thread's request warp, their reads at the compact stride),
   greedy and sampled, the WGMMA in parts too."""
-  import sys
-  from pathlib import Path
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  from lower_for_gpu import cuda_target
-  vocab, rank = 151936, 256
-  plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
+  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
                          smem_per_block=H200_SMEM, base_slots=2, base_warps=warps)
   for options in (dict(), dict(greedy=False), dict(mma_parts=2)):
     spec = sw.StackedSpec(plan, batch, 7, rotate_warps=True, skip_idle_warps=True,
                           **options)
-    shapes = ((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16), \
-        ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32), ((vocab,), jnp.float32), \
-        ((vocab,), jnp.float32)
-    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
-    sampling = None if spec.greedy else (
-        jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
-        jax.ShapeDtypeStruct((2,), jnp.uint32))
-    with cuda_target():
-      text = jax.jit(lambda *a: sw.stacked_walk(spec, *a[:6], sampling=a[6])).trace(
-          *args, sampling).lower(lowering_platforms=("cuda",)).as_text()
-    assert "mosaic_gpu" in text
+    assert "mosaic_gpu" in _lowered_for_cuda(spec)
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA's assembler)")
