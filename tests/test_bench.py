@@ -242,7 +242,8 @@ def test_summarize_subtracts_the_flush_only_chain():
 
 def test_device_timing_counts_busy_time_per_run(tmp_path):
   """Device time (--timing device): a trace's GPU ops cut into runs at idle gaps, each
-  run's span from its first op to its last, the flush-only runs subtracted; beside it
+  run's span from its first op to its last (no flush kernel in this trace: the start is
+  its first op), the flush-only runs subtracted; beside it
   the busy time (the union of its ops: overlaps once, idle time inside not at all) and
   the host wall clock."""
   import gzip

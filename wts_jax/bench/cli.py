@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the L2 flush step (default: kernel on GPU, static on CPU; "
                            "see timing.METHOD)")
   timing.add_argument("--timing", default=None, choices=("device", "host"),
-                      help="the JAX paths' clock: the device time of a CUPTI trace "
+                      help="the JAX paths' clock: the device time of a CUPTI trace from "
+                           "each run's first flush step "
                            "(default on GPU) or the host wall clock (default on CPU; "
                            "see timing.METHOD)")
   timing.add_argument("--command-buffers", default="no-custom-calls",
