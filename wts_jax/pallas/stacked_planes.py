@@ -327,22 +327,19 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
                              width=width, batch=batch, phases=phases, rotate=rotate)
     dst = _base_slot_word(staged, _scalar(slot_rows), slots, warps, rotate)
     size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
-    if warps == 4:
-      copies = "".join(f"cp.async.ca.shared.global [$0+{512 * k}], [$1+{16 * k}], 4, $2;\n"
-                       for k in range(8))
-      llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size],
-                      copies + "cp.async.commit_group;", "r,l,r", has_side_effects=True)
-      return
-    # (a thread of a request warp the slots do not hold copies nothing: it would write
-    # zeros over another's words)
-    _, wg, warp, *_ = _thread()
-    held = arith.extui(_i32(), arith.cmpi(arith.CmpIPredicate.ult,
-                                          _request_warp(warp, wg, rotate), _const(warps)))
-    copies = "".join(f"@p cp.async.ca.shared.global [$0+{128 * warps * k}], [$1+{16 * k}], "
-                     "4, $2;\n" for k in range(8))
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size, held],
-                    "{ .reg .pred p; setp.ne.u32 p, $3, 0;\n" + copies
-                    + "cp.async.commit_group; }", "r,l,r,r", has_side_effects=True)
+    held = warps < 4   # (a thread of a request warp the slots do not hold copies
+    # nothing: a 0-byte copy would write zeros over another's words)
+    copies = "".join(f"{'@p ' if held else ''}cp.async.ca.shared.global "
+                     f"[$0+{128 * warps * k}], [$1+{16 * k}], 4, $2;\n" for k in range(8))
+    operands, constraints, body = [dst, at, size], "r,l,r", copies + "cp.async.commit_group;"
+    if held:
+      _, wg, warp, *_ = _thread()
+      operands.append(arith.extui(_i32(), arith.cmpi(
+          arith.CmpIPredicate.ult, _request_warp(warp, wg, rotate), _const(warps))))
+      constraints += ",r"
+      body = "{ .reg .pred p; setp.ne.u32 p, $3, 0;\n" + body + " }"
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), operands, body, constraints,
+                    has_side_effects=True)
 
   copy(base_g, base_s, row_array(start), row_array(step), slots_at)
   return slots_at
