@@ -3,12 +3,13 @@ walk, N times in one executable) traced once with CUPTI, and for each op of a wa
 period its name, median duration and the median idle gap before it.
 
   python tools/walk_timeline.py --out $OUT/timeline [--batch 16,64] [--walks 10,30] [--events]
+      [--api HEAD:DTYPE:B:MODE,...]
       [--command-buffers no-custom-calls,off] [--empty smem=227,wg=4,scratch=1,pdl=0;...]
 
-Walks: the API's vanilla int8-planes walk at each batch (its tokens and status kept, as
-wts-bench keeps them), the stacked kernel built with ``--stacked``'s variants (at
-their batches), and empty Mosaic kernels of a
-given launch shape (``--empty``: shared-memory KB a block, warpgroups, blocks, whether
+Walks: the API's vanilla int8-planes walk at each batch and the API's walks that
+``--api`` names (their tokens and status kept, as wts-bench keeps them), the stacked
+kernel built with ``--stacked``'s variants (at their batches), and empty Mosaic kernels
+of a given launch shape (``--empty``: shared-memory KB a block, warpgroups, blocks, whether
 it signals a ``pl.get_global`` semaphore, whether it waits with griddepcontrol first,
 whether its status is reduced after it). Each chain runs under each XLA command-buffer
 setting of wts-bench's ``--command-buffers``. Prints one block a (walk, setting); writes
@@ -44,21 +45,28 @@ def empty_walk(smem: int = 227, wg: int = 4, blocks: int = 0, scratch: int = 1,
                                    reduce=bool(reduce))
 
 
-def api_walk(batch: int):
-  """(walk, operands, first tokens): the API's vanilla int8-planes walk, greedy."""
+def api_walk(batch: int, head_type: str = "vanilla", dtype: str = "int8p",
+             mode: str = "greedy"):
+  """(walk, operands, first tokens): the API's walk of ``head_type`` with W2 as wts-bench's
+  ``--dtype`` names it (a gated head with its gate table, as wts-bench builds it),
+  greedy or sampled at temperature 1."""
   import wts_jax
   from wts_jax.bench.runner import make_bench_head
   from wts_jax.heads import HeadConfig
   from wts_jax.inputs import random_inputs
-  config = HeadConfig.qwen3_4b("vanilla", confidence=False)
-  head, _ = make_bench_head(config, "int8p", seed=0)
-  base, first, _ = random_inputs(config, batch, 7, jax.random.key(1))
+  if mode not in ("greedy", "sample"):
+    raise ValueError(f"mode={mode!r} must be 'greedy' or 'sample'")
+  config = HeadConfig.qwen3_4b(head_type, confidence=False)
+  head, _ = make_bench_head(config, dtype, seed=0)
+  base, first, hidden = random_inputs(config, batch, 7, jax.random.key(1))
+  key = jax.random.key(2)
 
   def walk(operands, first_tokens):
-    head, base = operands
-    out = wts_jax.walk(head, base, first_tokens)
+    head, base, hidden, key = operands
+    out = wts_jax.walk(head, base, first_tokens, hidden,
+                       temperature=0.0 if mode == "greedy" else 1.0, key=key)
     return {"tokens": out.tokens, "status": out.status}   # (as wts-bench keeps them)
-  return walk, (head, base.astype(jnp.bfloat16)), first
+  return walk, (head, base.astype(jnp.bfloat16), hidden, key), first
 
 
 def stacked_walk(batch: int, variant: str):
@@ -68,7 +76,7 @@ def stacked_walk(batch: int, variant: str):
   from wts_jax import device
   from wts_jax.pallas import stacked_walk as sw
   from wts_jax.pallas.head_operands import serial_operands
-  walk, (head, base), first = api_walk(batch)
+  walk, (head, base, _, _), first = api_walk(batch)
   facts = device.current()
   plan_options, spec_options = stacked_probe.plan_and_spec_options(variant)
   plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
@@ -143,6 +151,8 @@ def main(argv=None) -> int:
   parser.add_argument("--events", action="store_true", help="keep every traced op")
   parser.add_argument("--stacked", default="",
                       help="B:VARIANT,... stacked kernels by tools/stacked_probe.py's letters")
+  parser.add_argument("--api", default="",
+                      help="HEAD:DTYPE:B:MODE,... more API walks (e.g. rnn:bf16:1:greedy)")
   parser.add_argument("--command-buffers", default="no-custom-calls,off")
   parser.add_argument("--empty", default="smem=227;scratch=0;pdl=1;smem=0;smem=100;wg=1;"
                       "blocks=66;reduce=0")
@@ -152,6 +162,10 @@ def main(argv=None) -> int:
   for batch in map(int, args.batch.split(",")):
     walk, operands, first = api_walk(batch)
     cases.append((f"int8p vanilla B={batch}", walk, operands, first))
+  for text in [t for t in args.api.split(",") if t]:
+    head_type, dtype, batch, mode = text.split(":")
+    cases.append((f"{dtype} {head_type} B={batch} {mode}",
+                  *api_walk(int(batch), head_type, dtype, mode)))
   for text in [t for t in args.stacked.split(",") if t]:
     batch, variant = text.split(":")
     cases.append((f"stacked B={batch} {variant}", *stacked_walk(int(batch), variant)))
