@@ -19,7 +19,8 @@
 // evict_normal (applypriority) at the end of each launch.
 //
 // Build and run on the GPU: nvcc -O3 -arch=sm_90a -o /tmp/l2prio tools/l2_priority_microbench.cu
-//                           /tmp/l2prio [steps [set_aside_mb]] > l2_priority.jsonl
+//                           /tmp/l2prio [steps [set_aside_mb [resident [unhinted]]]] > l2_priority.jsonl
+// resident: a block's chunks not streamed (2 by default); unhinted: the ld and bulk modes only.
 // set_aside_mb: the L2 set aside for persisting accesses (cudaLimitPersistingL2CacheSize,
 // 0 by default), in case evict_last lines are held only there.
 // One JSON object a line: mode, kept chunks a block, kept MB, streamed MB a step, steps,
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
@@ -40,8 +42,7 @@ constexpr int kBlocks = 132;
 constexpr int kThreads = 128;
 constexpr int kChunkBytes = 64 * 256 * 2;  // 64 rows of a bf16 [V, 256] W2
 constexpr int kChunks = 18;                // a block's chunks (V = 151 936)
-constexpr int kResident = 2;               // not streamed (the planner's bf16 B 16 plan)
-constexpr int kStreamed = kChunks - kResident;
+constexpr int kDefaultResident = 2;        // not streamed (the planner's bf16 B 16 plan)
 constexpr int kRing = 4;                   // the bulk modes' shared-memory slots
 constexpr long kSpinLimit = 1L << 26;      // a barrier never hangs: it gives up and says so
 
@@ -148,8 +149,10 @@ __device__ void bulk_wait(uint64_t* barrier, uint32_t parity, int* timed_out) {
   }
 }
 
-__global__ void walk_stream(const char* w2, int steps, int mode, int kept, unsigned* count,
-                            unsigned* generation, int* timed_out, uint32_t* sink) {
+__global__ void walk_stream(const char* w2, int steps, int mode, int kept, int resident,
+                            unsigned* count, unsigned* generation, int* timed_out,
+                            uint32_t* sink) {
+  const int streamed = kChunks - resident;
   extern __shared__ __align__(128) char ring[];            // kRing chunks
   __shared__ __align__(8) uint64_t ring_barriers[kRing];
   const char* mine = w2 + static_cast<size_t>(blockIdx.x) * kChunks * kChunkBytes;
@@ -164,12 +167,12 @@ __global__ void walk_stream(const char* w2, int steps, int mode, int kept, unsig
   __syncthreads();
   // The stream of (step, j) chunk reads in the walk's order: snake over the streamed ones.
   auto chunk_of = [&](int index) {
-    int step = index / kStreamed, j = index % kStreamed;
-    return kResident + ((step & 1) ? kStreamed - 1 - j : j);
+    int step = index / streamed, j = index % streamed;
+    return resident + ((step & 1) ? streamed - 1 - j : j);
   };
-  auto is_kept = [&](int chunk) { return chunk - kResident < kept; };
+  auto is_kept = [&](int chunk) { return chunk - resident < kept; };
   uint32_t sum = 0;
-  const int total = steps * kStreamed;
+  const int total = steps * streamed;
   if (!bulk) {
     for (int index = 0; index < total; ++index) {
       int chunk = chunk_of(index);
@@ -177,7 +180,7 @@ __global__ void walk_stream(const char* w2, int steps, int mode, int kept, unsig
       uint64_t policy = policy_for(is_kept(chunk));
       if (mode == kLdPrefetch && threadIdx.x == 0) prefetch_hinted(address, policy);
       sum ^= load_chunk(address, mode == kLdHint, policy);
-      if (index % kStreamed == kStreamed - 1) grid_sync(count, generation, timed_out);
+      if (index % streamed == streamed - 1) grid_sync(count, generation, timed_out);
     }
   } else {
     // One thread issues every copy, kRing ahead; all wait for a slot's copy, then free it.
@@ -199,11 +202,11 @@ __global__ void walk_stream(const char* w2, int steps, int mode, int kept, unsig
       sum ^= reinterpret_cast<const uint32_t*>(ring + slot * kChunkBytes)[threadIdx.x];
       __syncthreads();   // the slot read by everyone before its refill
       if (threadIdx.x == 0 && index + kRing < total) issue(index + kRing);
-      if (index % kStreamed == kStreamed - 1) grid_sync(count, generation, timed_out);
+      if (index % streamed == streamed - 1) grid_sync(count, generation, timed_out);
     }
   }
   if (mode != kLd && mode != kBulk) {   // the kept lines back to the normal priority
-    for (int chunk = kResident; chunk < kResident + kept; ++chunk) {
+    for (int chunk = resident; chunk < resident + kept; ++chunk) {
       const char* base = mine + static_cast<size_t>(chunk) * kChunkBytes;
       for (int line = threadIdx.x; line < kChunkBytes / 128; line += blockDim.x) {
         asm volatile("applypriority.global.L2::evict_normal [%0], 128;"
@@ -223,6 +226,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   double set_aside_mb = argc > 2 ? std::atof(argv[2]) : 0.0;
+  int resident = argc > 3 ? std::atoi(argv[3]) : kDefaultResident;
+  if (resident < 0 || resident >= kChunks) {
+    std::fprintf(stderr, "error: resident=%s must be an integer in [0, %d)\n", argv[3], kChunks);
+    return 2;
+  }
+  const bool unhinted_only = argc > 4 && std::string(argv[4]) == "unhinted";
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   if (set_aside_mb < 0 || set_aside_mb * 1e6 > prop.persistingL2CacheMaxSize) {
@@ -253,10 +262,11 @@ int main(int argc, char** argv) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
-  const double streamed_mb = double(kBlocks) * kStreamed * kChunkBytes / 1e6;
+  const double streamed_mb = double(kBlocks) * (kChunks - resident) * kChunkBytes / 1e6;
   const int kept_counts[] = {0, 4, 6, 8, 10, 12};
   for (int mode = 0; mode < kModes; ++mode) {
     const bool hinted = mode != kLd && mode != kBulk;
+    if (hinted && unhinted_only) continue;
     // (Unhinted: nothing kept, and once more with the L2 left warm, the L2's own rate.)
     for (int kept : kept_counts) for (bool cold : {true, false}) {
       if ((!hinted && kept != 0) || (hinted && !cold)) continue;
@@ -265,7 +275,7 @@ int main(int argc, char** argv) {
         if (cold) CHECK(cudaMemsetAsync(flush, rep & 0xff, flush_bytes));   // as wts-bench
         CHECK(cudaEventRecord(start));
         walk_stream<<<kBlocks, kThreads, smem>>>(
-            w2, steps, mode, kept, count, generation, timed_out, sink);
+            w2, steps, mode, kept, resident, count, generation, timed_out, sink);
         CHECK(cudaEventRecord(stop));
         CHECK(cudaEventSynchronize(stop));
         CHECK(cudaGetLastError());
@@ -278,12 +288,13 @@ int main(int argc, char** argv) {
       std::sort(times.begin(), times.end());
       float median = times[times.size() / 2];
       std::printf("{\"mode\": \"%s\", \"l2\": \"%s\", \"kept_chunks\": %d, \"kept_mb\": %.1f, "
-                  "\"streamed_mb_per_step\": %.1f, \"steps\": %d, \"set_aside_mb\": %.1f, "
+                  "\"resident_chunks\": %d, \"streamed_mb_per_step\": %.1f, \"steps\": %d, "
+                  "\"set_aside_mb\": %.1f, "
                   "\"median_us\": %.1f, \"us_per_step\": %.2f, \"gbps\": %.0f, "
                   "\"barrier_timed_out\": %s}\n",
                   kModeNames[mode], cold ? "cold" : "warm", kept,
                   double(kBlocks) * kept * kChunkBytes / 1e6,
-                  streamed_mb, steps, set_aside_mb, median, median / steps,
+                  resident, streamed_mb, steps, set_aside_mb, median, median / steps,
                   streamed_mb * steps / median * 1e3, failed ? "true" : "false");
       std::fflush(stdout);
     }
