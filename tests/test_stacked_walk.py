@@ -144,6 +144,10 @@ def test_the_plan_names_what_it_cannot_do():
     sw.StackedSpec(plan, 4, 2, exchange="grid")
   with pytest.raises(ValueError, match="mma_parts > 1: GPU only"):
     sw.StackedSpec(plan, 4, 2, mma_parts=2, interpret=True)
+  with pytest.raises(ValueError, match="'narrow_mma': GPU only"):
+    sw.StackedSpec(plan, 4, 2, interpret=True, timing_ablation="narrow_mma")
+  with pytest.raises(ValueError, match="takes each tile's WGMMA whole"):
+    sw.StackedSpec(plan, 4, 2, timing_ablation="narrow_mma", mma_parts=2)
   with pytest.raises(ValueError, match="mma_parts=3"):
     sw.StackedSpec(plan, 4, 2, mma_parts=3)
   with pytest.raises(ValueError, match="status='kernel' counts"):
@@ -182,7 +186,9 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(mma_parts=2, greedy=False, plan=dict(base_slots=2)),
                    dict(mma_parts=2, timing_ablation="fold"),
                    dict(mma_parts=4, rotate_warps=True, skip_idle_warps=True,
-                        plan=dict(base_slots=2, base_copies="tma"))]
+                        plan=dict(base_slots=2, base_copies="tma")),
+                   dict(timing_ablation="narrow_mma", rotate_warps=True, skip_idle_warps=True,
+                        plan=dict(base_slots=2))]
 
 
 def _lowered_for_cuda(spec: sw.StackedSpec) -> str:
@@ -216,7 +222,7 @@ def _lowered_for_cuda(spec: sw.StackedSpec) -> str:
                               "dependent-launch", "no-base-tma", "no-base-async",
                               "status-in-kernel", "split-mma-async", "split-mma-tma",
                               "split-mma-sampled", "split-mma-fold-ablation",
-                              "mma-quarters-tma"])
+                              "mma-quarters-tma", "narrow-mma-ablation"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
   the prefetch's PTX is there when asked for and only then."""

@@ -12,7 +12,8 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       W1 rows prefetched into the L2 as their keys are published, Z: z's fragments
       loaded a share a warpgroup into shared memory and read back by all: with F;
       timing only, tokens wrong: A a tile's fold cut to one column pair, L no base loads,
-      M no WGMMA issued; E each step's base logits prefetched into the L2 a step ahead;
+      M no WGMMA issued, N each tile's WGMMA on 16 of its rows (the same chain on the
+      same gathered z, a quarter of the MACs); E each step's base logits prefetched into the L2 a step ahead;
       C the base logits by cp.async into shared memory, a tile ahead; K the same two
       tiles ahead, three slots; Q three tiles ahead, four slots; T the slots filled by
       one TMA copy a tile a warpgroup (with C, K or Q); R the warps' requests rotated
@@ -53,7 +54,8 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "M": ("timing_ablation", "mma"), "E": ("prefetch_base", True),
                 "R": ("rotate_warps", True), "V": ("skip_idle_warps", True),
                 "G": ("dependent_launch", True), "S": ("status", "kernel"),
-                "H": ("mma_parts", 2), "J": ("mma_parts", 4)}
+                "H": ("mma_parts", 2), "J": ("mma_parts", 4),
+                "N": ("timing_ablation", "narrow_mma")}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3),

@@ -52,6 +52,8 @@ from wts_jax.pallas.mosaic_walk import _interpret_params, _w2_transforms
 STATUS_BITS = (STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, STATUS_SYNC_TIMEOUT)
 
 WARPGROUPS = 4
+# ``StackedSpec.timing_ablation="narrow_mma"``: a tile's W2 rows its WGMMA still reads.
+NARROW_MMA_ROWS = 16
 MAX_BATCH = 2 * sp.REQUESTS
 # A step's exchange slots: 32 bytes a request, or a 128-byte line (``"warp_pairs"``).
 _LINE_WORDS = 32
@@ -274,7 +276,10 @@ class StackedSpec:
   # Timing only (``tools/stacked_probe.py``; the tokens are wrong): "fold", a tile's
   # fold cut to its first column pair; "base", no base logits loaded (with base slots:
   # none copied, the fold reads the slots as they are); "mma", no WGMMA issued (the
-  # accumulators stay zero). What a walk would gain were that work free.
+  # accumulators stay zero); "narrow_mma" (GPU), each tile's WGMMA on its first
+  # ``NARROW_MMA_ROWS`` rows only and only their logits folded: the same chain of
+  # WGMMAs a tile on the same gathered z (its loads still waited for), a quarter of the
+  # tensor cores' work. What a walk would gain were that work free.
   timing_ablation: str = ""
   # GPU only. ``rotate_warps``: warp w of warpgroup g serves the requests of warp
   # (w + g) % 4 of a block of 32 (``stacked_planes._request_warp``), so a partly filled
@@ -302,7 +307,7 @@ class StackedSpec:
 
   def __post_init__(self):
     for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
-                          ("timing_ablation", ("", "fold", "base", "mma")),
+                          ("timing_ablation", ("", "fold", "base", "mma", "narrow_mma")),
                           ("nan_check", ("witness", "value")),
                           ("refill", ("released", "deferred")),
                           ("ring_issuers", ("first", "dealt")),
@@ -315,6 +320,11 @@ class StackedSpec:
       raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
     if self.mma_parts not in (1, 2, 4):
       raise ValueError(f"mma_parts={self.mma_parts!r} must be 1, 2 or 4")
+    if self.interpret and self.timing_ablation == "narrow_mma":
+      raise ValueError("timing_ablation='narrow_mma': GPU only")
+    if self.timing_ablation == "narrow_mma" and self.mma_parts > 1:
+      raise ValueError("timing_ablation='narrow_mma' takes each tile's WGMMA whole "
+                       f"(mma_parts={self.mma_parts})")
     if self.interpret and self.mma_parts > 1:
       raise ValueError("mma_parts > 1: GPU only (the interpreted fold takes the whole tile)")
     if self.interpret and (self.rotate_warps or self.skip_idle_warps):
@@ -378,6 +388,7 @@ def _kernel(*refs, spec: StackedSpec):
   plan, steps, batch = spec.plan, spec.steps, spec.batch
   rotate = spec.rotate_warps
   no_base = spec.timing_ablation == "base"   # (timing only: no base logits fetched)
+  narrow = spec.timing_ablation == "narrow_mma"   # (timing only: a quarter of the WGMMA)
   partly_filled = batch < plan.request_blocks * sp.REQUESTS   # (rows past the batch)
   # (the fold skips a warp past the batch where the batch leaves one)
   live_rows = batch if spec.skip_idle_warps and partly_filled else None
@@ -557,7 +568,8 @@ def _kernel(*refs, spec: StackedSpec):
           if spec.timing_ablation != "mma":
             with jax.named_scope("mma"):
               for h, acc_ref in enumerate(acc_refs):
-                tile_rows = (w_s.at[w_index] if parts == 1 else
+                tile_rows = (w_s.at[w_index, pl.ds(0, NARROW_MMA_ROWS)] if narrow else
+                             w_s.at[w_index] if parts == 1 else
                              w_s.at[w_index, pl.ds(h * width, width)])
                 plgpu.wgmma(acc_ref, a, tile_rows.T)
           # The next tile's (the next step's first after the last), or with async
@@ -577,7 +589,8 @@ def _kernel(*refs, spec: StackedSpec):
                     (part_best, base_now))
         parts = spec.mma_parts
         acc, upcoming, folded_parts = pl.run_scoped(
-            product, *[plgpu.ACC((2 * sp.REQUESTS, sp.TILE // parts), jnp.int32)] * parts)
+            product, *[plgpu.ACC((2 * sp.REQUESTS, NARROW_MMA_ROWS if narrow
+                                  else sp.TILE // parts), jnp.int32)] * parts)
         if by_tma:
           base_of(step * count + position + copies_ahead)
         if streamed:   # the slot read (its WGMMA waited for): refill it
@@ -609,7 +622,8 @@ def _kernel(*refs, spec: StackedSpec):
           best = fold(acc, best, pending, pairs=(sp.TILE // 8 - last, last))
         else:
           pending = tile_base(pending)
-          best = fold(acc, best, pending)
+          best = fold(acc, best, pending,
+                      **(dict(pairs=(0, NARROW_MMA_ROWS // 8)) if narrow else {}))
         return best, pending if by_tma else upcoming
 
       best, pending = lax.fori_loop(0, count, tile_body,
