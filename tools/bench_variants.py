@@ -20,7 +20,8 @@ int8 W2 that z does not meet as planes, widened to bf16); ``wts-mb-widen-xla`` /
 ``wts-mb-widen-registers`` / ``wts-mb-widen-smem`` the same with that W2 widened by a bf16
 copy before the launch or in the kernel (``w2_widening``),
 ``…-w2`` with two computing warpgroups; ``wts-stacked`` / ``wts-rows`` the stacked
-int8-planes kernel / the row kernel by name. Any R, S, G named in
+int8-planes kernel / the row kernel by name; ``wts-stacked-status-kernel`` wts with the
+stacked kernel's status reduced in the kernel. Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -71,6 +72,10 @@ def register_variants(names):
       paths.register_path(f"wts-{kernel}", jax_paths.available_wts,
                           jax_paths.wts_variant(backend="mosaic", mosaic_kernel=kernel),
                           description=f"the Mosaic kernel {kernel!r}, its planner's choices")
+  if "wts-stacked-status-kernel" in names and "wts-stacked-status-kernel" not in paths.PATHS:
+    paths.register_path("wts-stacked-status-kernel", jax_paths.available_wts,
+                        _status_in_kernel(jax_paths.prepare_wts),
+                        description="wts, the stacked kernel's status reduced in the kernel")
   if "wts-mb-auto" in names and "wts-mb-auto" not in paths.PATHS:
     paths.register_path("wts-mb-auto", jax_paths.available_wts,
                         jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
@@ -109,6 +114,34 @@ def register_variants(names):
                     f"{stages}-slot ring, {group or 1} chunk(s) per WGMMA wait"
                     + (f", {held} chunks in registers" if held else "")
                     + (", forward order" if forward else ", snake order"))
+
+
+def _status_in_kernel(prepare):
+  """``prepare`` (a wts path) with the stacked kernel's status reduced in the kernel
+  (``StackedSpec.status="kernel"``): the API's stacked plan patched while this path's walk
+  traces (the harness traces in one thread), so the other paths keep theirs."""
+  def prepared(*args, **kwargs):
+    import dataclasses
+    from wts_jax.bench.registry import jax_prepared
+    from wts_jax.pallas import mosaic_backend
+    from wts_jax.pallas.stacked_walk import StackedSpec
+    base = prepare(*args, **kwargs)
+    plan_of = mosaic_backend._stacked_plan
+
+    def status_in_kernel(*plan_args, **plan_kwargs):
+      spec = plan_of(*plan_args, **plan_kwargs)
+      return (dataclasses.replace(spec, status="kernel") if isinstance(spec, StackedSpec)
+              else spec)
+
+    def walk_fn(operands, first):
+      mosaic_backend._stacked_plan = status_in_kernel
+      try:
+        return base.walk_fn(operands, first)
+      finally:
+        mosaic_backend._stacked_plan = plan_of
+    return jax_prepared(walk_fn, base.operands, base.first_tokens,
+                        traced_tokens=base.traced_tokens, notes=base.notes)
+  return prepared
 
 
 def _named_paths(argv):

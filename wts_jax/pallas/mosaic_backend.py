@@ -86,14 +86,14 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # interpreted gather reads rows. The base logits copied into shared memory a tile
   # ahead (``base_slots``; not prefetched into the L2 a step ahead: slower at B 64,
   # NOTES v31), by TMA above one block of requests (NOTES v32). The warps' requests
-  # rotated and the warps past the batch idle in the fold (NOTES v32). The status stays
-  # reduced after the launch: in the kernel it showed no gain beyond a run's spread
-  # (``StackedSpec.status``, NOTES v33).
+  # rotated and the warps past the batch idle in the fold (NOTES v32). The status
+  # reduced in the kernel (``StackedSpec.status``): no op after the launch; faster at
+  # every B in one run with the reduce op beside it (NOTES v34).
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret, greedy=shapes.greedy,
                      w1_order="fragments" if gpu else "rows",
-                     rotate_warps=gpu, skip_idle_warps=gpu)
+                     rotate_warps=gpu, skip_idle_warps=gpu, status="kernel")
 
 
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
