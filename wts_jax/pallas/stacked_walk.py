@@ -92,7 +92,7 @@ class StackedPlan:
   # The request warps a warpgroup's async slot holds words for: 4, or at B <= 24 the
   # live ones only (``stacked_planes.base_slot_bytes``), which leaves room for more
   # resident tiles; the threads of the others copy nothing and their warps must not
-  # fold (``StackedSpec.skip_idle_warps``).
+  # fold (``StackedSpec.skip_idle_warps``). No faster at B 1 or 16 (NOTES v34): 4.
   base_warps: int = 4
 
   def __post_init__(self):
@@ -302,7 +302,7 @@ class StackedSpec:
   # GPU only. Each tile's WGMMA in ``mma_parts`` (1, 2 or 4) of its rows, each its own
   # commit group and accumulator (32 accumulator registers a thread in all, as one):
   # each part's logits are folded while the later parts' products run on the tensor
-  # cores.
+  # cores. Slower than whole tiles at every B measured (NOTES v34): off.
   mma_parts: int = 1
 
   def __post_init__(self):
