@@ -511,3 +511,36 @@ def test_gpu_first_tokens_out_of_range_clamped_and_reported(status):
                             spec_options=dict(status=status))
   assert status & STATUS_TOKEN_OUT_OF_RANGE
   np.testing.assert_array_equal(tokens, np.asarray(want.tokens))
+
+
+def test_api_stacked_plan_reduces_the_status_in_the_kernel_and_the_bench_variant_sets_it():
+  """The API's stacked walks reduce their status in the kernel (NOTES v34), and
+  ``tools/bench_variants.py``'s ``wts-stacked-status-flags`` builds the same walk with the
+  status reduced after the launch: its plan patched only while its walk traces."""
+  import sys
+  from pathlib import Path
+  from wts_jax import device
+  from wts_jax.bench.registry import jax_prepared
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.backend import WalkShapes
+  from wts_jax.walk_config import MosaicConfig
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import bench_variants
+  head, _ = planes_head(151936)
+  shapes, config = WalkShapes(batch=16, steps=7), MosaicConfig()
+
+  def status_now():
+    return mosaic_backend._stacked_plan(head, shapes, config, device.H200).status
+  assert status_now() == "kernel"
+  seen = []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append(status_now())
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  original = mosaic_backend._stacked_plan
+  prepared = bench_variants._stacked_status(prepare, "flags")()
+  prepared.walk_fn((), jnp.zeros((2,), jnp.int32))
+  assert seen == ["flags"]
+  assert mosaic_backend._stacked_plan is original and status_now() == "kernel"

@@ -20,8 +20,8 @@ int8 W2 that z does not meet as planes, widened to bf16); ``wts-mb-widen-xla`` /
 ``wts-mb-widen-registers`` / ``wts-mb-widen-smem`` the same with that W2 widened by a bf16
 copy before the launch or in the kernel (``w2_widening``),
 ``…-w2`` with two computing warpgroups; ``wts-stacked`` / ``wts-rows`` the stacked
-int8-planes kernel / the row kernel by name; ``wts-stacked-status-kernel`` wts with the
-stacked kernel's status reduced in the kernel. Any R, S, G named in
+int8-planes kernel / the row kernel by name; ``wts-stacked-status-flags`` / ``-kernel`` wts with
+the stacked kernel's status reduced after the launch / in the kernel. Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -72,10 +72,12 @@ def register_variants(names):
       paths.register_path(f"wts-{kernel}", jax_paths.available_wts,
                           jax_paths.wts_variant(backend="mosaic", mosaic_kernel=kernel),
                           description=f"the Mosaic kernel {kernel!r}, its planner's choices")
-  if "wts-stacked-status-kernel" in names and "wts-stacked-status-kernel" not in paths.PATHS:
-    paths.register_path("wts-stacked-status-kernel", jax_paths.available_wts,
-                        _status_in_kernel(jax_paths.prepare_wts),
-                        description="wts, the stacked kernel's status reduced in the kernel")
+  for status in ("flags", "kernel"):   # the stacked kernel's status, either form
+    name = f"wts-stacked-status-{status}"
+    if name in names and name not in paths.PATHS:
+      paths.register_path(name, jax_paths.available_wts,
+                          _stacked_status(jax_paths.prepare_wts, status),
+                          description=f"wts, the stacked kernel's status={status!r}")
   if "wts-mb-auto" in names and "wts-mb-auto" not in paths.PATHS:
     paths.register_path("wts-mb-auto", jax_paths.available_wts,
                         jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
@@ -116,10 +118,10 @@ def register_variants(names):
                     + (", forward order" if forward else ", snake order"))
 
 
-def _status_in_kernel(prepare):
-  """``prepare`` (a wts path) with the stacked kernel's status reduced in the kernel
-  (``StackedSpec.status="kernel"``): the API's stacked plan patched while this path's walk
-  traces (the harness traces in one thread), so the other paths keep theirs."""
+def _stacked_status(prepare, status: str):
+  """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec.status`` set: the
+  API's stacked plan patched while this path's walk traces (the harness traces in one
+  thread), so the other paths keep theirs."""
   def prepared(*args, **kwargs):
     import dataclasses
     from wts_jax.bench.registry import jax_prepared
@@ -128,13 +130,13 @@ def _status_in_kernel(prepare):
     base = prepare(*args, **kwargs)
     plan_of = mosaic_backend._stacked_plan
 
-    def status_in_kernel(*plan_args, **plan_kwargs):
+    def with_status(*plan_args, **plan_kwargs):
       spec = plan_of(*plan_args, **plan_kwargs)
-      return (dataclasses.replace(spec, status="kernel") if isinstance(spec, StackedSpec)
+      return (dataclasses.replace(spec, status=status) if isinstance(spec, StackedSpec)
               else spec)
 
     def walk_fn(operands, first):
-      mosaic_backend._stacked_plan = status_in_kernel
+      mosaic_backend._stacked_plan = with_status
       try:
         return base.walk_fn(operands, first)
       finally:
