@@ -2,7 +2,7 @@
 # One device call for the batched Mosaic walk: GPU tests, build variants checked and
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,stacked,noise,floor,ncu,l2prio,sanitizer]; logs and JSON
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,stacked,noise,floor,ncu,l2prio,wgmma,sanitizer]; logs and JSON
 # under $OUT; SANITIZER_CASES, SANITIZER_TOOLS, SANITIZER_SPIN pick the sanitizer's runs)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -69,6 +69,13 @@ if has l2prio; then   # whether L2 eviction priorities keep part of a streamed W
       | tee -a "$OUT/l2_priority.jsonl"
     echo "(exit status $?)"
   done
+fi
+if has wgmma; then   # chained WGMMAs' rate: dense vs 2:4-sparse int8, bf16, 1-4 warpgroups
+  stamp wgmma
+  nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/wgmma_rate tools/wgmma_rate_probe.cu \
+    || echo "(nvcc failed)"
+  timeout ${WGMMA_S:-60} /tmp/wgmma_rate ${WGMMA_ITERS:-2000} | tee "$OUT/wgmma_rate.jsonl"
+  echo "(exit status $?)"
 fi
 if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
   stamp sanitizer
