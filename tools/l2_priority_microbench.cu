@@ -270,6 +270,9 @@ int main(int argc, char** argv) {
     // (Unhinted: nothing kept, and once more with the L2 left warm, the L2's own rate.)
     for (int kept : kept_counts) for (bool cold : {true, false}) {
       if ((!hinted && kept != 0) || (hinted && !cold)) continue;
+      // (Only streamed chunks can be kept: past them the hints would reach the next
+      // block's chunks, or past W2.)
+      if (kept > kChunks - resident) continue;
       std::vector<float> times;
       for (int rep = 0; rep < 21; ++rep) {
         if (cold) CHECK(cudaMemsetAsync(flush, rep & 0xff, flush_bytes));   // as wts-bench
