@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda_probe.cuh"
+
 namespace {
 
 constexpr int kBlocks = 132;
@@ -49,15 +51,6 @@ constexpr long kSpinLimit = 1L << 26;      // a barrier never hangs: it gives up
 enum Mode { kLd, kLdHint, kLdPrefetch, kBulk, kBulkHint, kBulkPrefetch, kModes };
 const char* kModeNames[kModes] = {"ld", "ld-hint", "ld-pf", "bulk", "bulk-hint", "bulk-pf"};
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    cudaError_t err_ = (call);                                                   \
-    if (err_ != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "error: %s: %s\n", #call, cudaGetErrorString(err_));  \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
-
 __device__ uint64_t policy_for(bool kept) {
   uint64_t policy;
   if (kept) {
@@ -66,10 +59,6 @@ __device__ uint64_t policy_for(bool kept) {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   }
   return policy;
-}
-
-__device__ uint32_t smem_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
 // All blocks meet; the last to arrive opens the next generation. Gives up after

@@ -29,19 +29,12 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cuda_probe.cuh"
+
 namespace {
 
 constexpr int kBlocks = 132;
 constexpr int kSmemBytes = 64 * 1024;   // A and B tiles (the values do not matter)
-
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    cudaError_t err_ = (call);                                                   \
-    if (err_ != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "error: %s: %s\n", #call, cudaGetErrorString(err_));  \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
 
 enum Variant {
   kDenseS8Regs,     // 8 x m64n64k32 s8, A in registers: the walk's tile today
@@ -59,10 +52,6 @@ const int kInstructions[kVariants] = {8, 8, 8, 8, 16, 8};
 // 64 x 64 x 256 of a tile at B <= 16, half of its rows' pairs skipped).
 const double kMacs[kVariants] = {64.0 * 64 * 256, 64.0 * 64 * 256, 64.0 * 64 * 256,
                                  64.0 * 64 * 256, 64.0 * 64 * 256, 64.0 * 32 * 256};
-
-__device__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // A K-major shared-memory matrix descriptor, 128-byte swizzle: start address >> 4, the
 // leading byte offset (unused by a swizzled K-major layout), the stride between 8-row
