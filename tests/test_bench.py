@@ -366,6 +366,37 @@ def test_static_chain_keeps_every_walk_on_cpu():
   assert int(flush[0]) == 3          # one flush before each walk
 
 
+@pytest.mark.parametrize("carry_form", timing.CHAIN_CARRIES)
+def test_chain_carries_tokens_or_their_last_column(carry_form):
+  """Either carry feeds each walk the previous walk's last tokens where the flush says so,
+  and leaves every walk's tokens alone; only the carried array's shape differs."""
+  prepared, first = _xla_walk()
+  chain = jax.jit(timing.build_chain(prepared.walk_fn, 3, cold=True, carry_form=carry_form))
+  outputs, carry, _ = chain(prepared.operands, first, l2_flush.make_jax_flush_buffer(64))
+  expected = np.asarray(prepared.run().tokens)
+  for out in outputs:
+    np.testing.assert_array_equal(np.asarray(out.tokens), expected)
+  np.testing.assert_array_equal(np.asarray(carry),
+                                expected if carry_form == "tokens" else expected[:, -1])
+  with pytest.raises(ValueError, match="carry_form='last'"):
+    timing.build_chain(prepared.walk_fn, 3, cold=True, carry_form="last")
+
+
+def test_chain_takes_the_last_column_where_the_flush_flags_it():
+  """With the flush buffer's head negative the next walk starts from the last column of
+  the walk before (the dependency that orders the chain), in either carry form."""
+  def walk(operands, first):
+    return jnp.stack([first + 10, first + 20], axis=1)
+
+  flush = -jnp.ones((64,), jnp.int32) * 5
+  first = jnp.arange(3, dtype=jnp.int32)
+  for carry_form in timing.CHAIN_CARRIES:
+    outputs, _, _ = timing.build_chain(walk, 2, cold=True, carry_form=carry_form)(
+        (), first, flush)
+    np.testing.assert_array_equal(np.asarray(outputs[1]), np.asarray(first)[:, None]
+                                  + np.array([[30, 40]]))
+
+
 @pytest.mark.parametrize("flush_impl", ["cond", "kernel"])   # kernel: Pallas interpret
 def test_one_chain_runs_cold_and_warm(flush_impl):
   """The runtime flush size makes one executable serve both L2 states: cold adds to the

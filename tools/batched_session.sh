@@ -2,7 +2,7 @@
 # One device call for the batched Mosaic walk: GPU tests, build variants checked and
 # timed (tools/profile_batched.py: VARIANTS, PROFILE), then wts-bench side by side with
 # torch-graph and the Triton kernel over B and the kernel's splits.
-# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,stacked,noise,floor,ncu,l2prio,wgmma,sanitizer]; logs and JSON
+# bash tools/batched_session.sh   (SECTIONS=tests,variants,bench[,stacked,noise,floor,ncu,l2prio,wgmma,sparse,sanitizer]; logs and JSON
 # under $OUT; SANITIZER_CASES, SANITIZER_TOOLS, SANITIZER_SPIN pick the sanitizer's runs)
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -69,6 +69,13 @@ if has l2prio; then   # whether L2 eviction priorities keep part of a streamed W
       | tee -a "$OUT/l2_priority.jsonl"
     echo "(exit status $?)"
   done
+fi
+if has sparse; then   # a 2:4-sparse int8 WGMMA's layout against the host's products
+  stamp sparse
+  nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/wgmma_sparse \
+    tools/wgmma_sparse_layout_probe.cu || echo "(nvcc failed)"
+  timeout 30 /tmp/wgmma_sparse | tee "$OUT/wgmma_sparse_layout.jsonl"
+  echo "(exit status $?)"
 fi
 if has wgmma; then   # chained WGMMAs' rate: dense vs 2:4-sparse int8, bf16, 1-4 warpgroups
   stamp wgmma

@@ -21,7 +21,9 @@ int8 W2 that z does not meet as planes, widened to bf16); ``wts-mb-widen-xla`` /
 copy before the launch or in the kernel (``w2_widening``),
 ``…-w2`` with two computing warpgroups; ``wts-stacked`` / ``wts-rows`` the stacked
 int8-planes kernel / the row kernel by name; ``wts-stacked-status-flags`` / ``-kernel`` wts with
-the stacked kernel's status reduced after the launch / in the kernel. Any R, S, G named in
+the stacked kernel's status reduced after the launch / in the kernel; ``wts-carry-last-column``
+/ ``xla-carry-last-column`` wts / xla timed in the harness's older chain (the tokens' last
+column sliced after each walk, ``timing.build_chain``'s carry_form). Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -78,6 +80,14 @@ def register_variants(names):
       paths.register_path(name, jax_paths.available_wts,
                           _stacked_status(jax_paths.prepare_wts, status),
                           description=f"wts, the stacked kernel's status={status!r}")
+  for path in ("wts", "xla"):   # the harness's chain carrying only the tokens' last column
+    name = f"{path}-carry-last-column"
+    if name in names and name not in paths.PATHS:
+      paths.register_path(name, jax_paths.available_wts if path == "wts" else
+                          paths.get_path(path).available_fn,
+                          _carry_last_column(paths.get_path(path).prepare_fn),
+                          description=f"{path}, timed in a chain that carries the tokens' "
+                                      "last column (an op of the walk's own)")
   if "wts-mb-auto" in names and "wts-mb-auto" not in paths.PATHS:
     paths.register_path("wts-mb-auto", jax_paths.available_wts,
                         jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
@@ -143,6 +153,13 @@ def _stacked_status(prepare, status: str):
         mosaic_backend._stacked_plan = plan_of
     return jax_prepared(walk_fn, base.operands, base.first_tokens,
                         traced_tokens=base.traced_tokens, notes=base.notes)
+  return prepared
+
+
+def _carry_last_column(prepare):
+  def prepared(*args, **kwargs):
+    import dataclasses
+    return dataclasses.replace(prepare(*args, **kwargs), chain_carry="last_column")
   return prepared
 
 

@@ -124,10 +124,10 @@ def largest_gaps(events: list[dict], count: int = 5) -> list[dict]:
   return sorted(gaps, key=lambda g: -g["gap_us"])[:count]
 
 
-def trace_chain(walk_fn, operands, first, flush, n_walks, options):
+def trace_chain(walk_fn, operands, first, flush, n_walks, options, carry_form="tokens"):
   """(the traced run's GPU ops, the median host wall µs of a run untraced)."""
   lowered, finish = timing.lower_chain(walk_fn, operands, first, flush, n_walks=n_walks,
-                                       flush_impl="kernel")
+                                       flush_impl="kernel", carry_form=carry_form)
   chain = finish(lowered.compile(compiler_options=options) if options
                  else lowered.compile())
   walls = []
@@ -154,6 +154,8 @@ def main(argv=None) -> int:
   parser.add_argument("--api", default="",
                       help="HEAD:DTYPE:B:MODE,... more API walks (e.g. rnn:bf16:1:greedy)")
   parser.add_argument("--command-buffers", default="no-custom-calls,off")
+  parser.add_argument("--carry", default="tokens",
+                      help="the chain's carry forms (timing.CHAIN_CARRIES, comma-separated)")
   parser.add_argument("--empty", default="smem=227;scratch=0;pdl=1;smem=0;smem=100;wg=1;"
                       "blocks=66;reduce=0")
   args = parser.parse_args(argv)
@@ -175,12 +177,13 @@ def main(argv=None) -> int:
     params = {k: int(v) for k, v in (p.split("=") for p in text.split(","))}
     cases.append((f"empty {text}", empty_walk(**params), (), first16))
   results = []
-  for (name, walk, operands, first), setting, n_walks in itertools.product(
-      cases, args.command_buffers.split(","), map(int, args.walks.split(","))):
+  for (name, walk, operands, first), setting, n_walks, carry in itertools.product(
+      cases, args.command_buffers.split(","), map(int, args.walks.split(",")),
+      args.carry.split(",")):
     events, wall = [], float("nan")
     try:
       events, wall = trace_chain(walk, operands, first, flush, n_walks,
-                           chain_compiler_options(setting))
+                                 chain_compiler_options(setting), carry)
       rows = period_table(events, n_walks)
     except Exception as err:   # one case's failure must not cost the others
       rows = [{"error": f"{type(err).__name__}: {err}"[:300]}]
@@ -188,10 +191,11 @@ def main(argv=None) -> int:
             if events else float("nan"))
     idle = largest_gaps(events)
     results.append({"case": name, "command_buffers": setting, "walks": n_walks,
+                    "carry": carry,
                     "span_us_per_walk": span,
                     "host_wall_us_per_walk": wall / n_walks, "period": rows, "largest_gaps": idle,
                     "events": events if args.events else []})
-    print(f"== {name} | command buffers {setting} | {n_walks} walks | span/walk "
+    print(f"== {name} | command buffers {setting} | carry {carry} | {n_walks} walks | span/walk "
           f"{span:.1f} µs | host wall/walk {wall / n_walks:.1f} µs", flush=True)
     for row in rows:
       if "error" in row:

@@ -61,6 +61,7 @@ class Prepared:
   operands: Any = None
   first_tokens: Any = None
   traced_tokens: Callable = tokens_of
+  chain_carry: str = "tokens"                      # timing.build_chain's carry_form
   margin: float | None = None                      # tokens compared with a tie margin
   notes: dict = dataclasses.field(default_factory=dict)
   keepalive: Any = None                            # buffers the run() closure needs

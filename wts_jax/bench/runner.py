@@ -450,7 +450,8 @@ class Runner:
           if prepared.framework == "jax":
             path_plan["chains"] = self.compiler.chains(
                 prepared.walk_fn, prepared.operands, prepared.first_tokens, flush_jax,
-                n_walks=n_walks, l2s=l2s, traced_tokens=prepared.traced_tokens)
+                n_walks=n_walks, l2s=l2s, traced_tokens=prepared.traced_tokens,
+                carry_form=prepared.chain_carry)
         except SkipPath as err:
           path_plan["check"] = f"skipped: {err}"
         except Exception as err:  # noqa: BLE001

@@ -171,9 +171,12 @@ def tokens_of(outputs) -> jax.Array:
   return outputs
 
 
+CHAIN_CARRIES = ("tokens", "last_column")
+
+
 def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool | None = None,
                 traced_tokens: Callable = tokens_of, *,
-                flush_impl: str | None = None) -> Callable:
+                flush_impl: str | None = None, carry_form: str = "tokens") -> Callable:
   """The chain of ``n_walks`` walks, each after a flush step.
 
   ``walk_fn(operands, first_tokens)`` is one walk, traceable; ``None`` builds the
@@ -183,7 +186,15 @@ def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool | None = None
   flush)``, cold or warm by ``flush_elems`` (``flush_elems_for``). With ``flush_impl``
   "static" (the default when ``cold`` is given) ``cold`` is fixed at trace time and the
   chain takes no ``flush_elems``.
+
+  ``carry_form`` is how a walk's tokens reach the next flush and walk: "tokens" carries
+  the whole [B, K] array and the next walk's first tokens are its last column, sliced
+  inside the select that the flush-only chain has too; "last_column" slices the column
+  right after the walk, an op of its own that only the walk chain has (so charged to the
+  walk, which a torch path timed by CUDA events never pays).
   """
+  if carry_form not in CHAIN_CARRIES:
+    raise ValueError(f"carry_form={carry_form!r} must be one of {CHAIN_CARRIES}")
   if flush_impl is None:
     flush_impl = "static" if cold is not None else default_flush_impl()
   if flush_impl == "static" and cold is None:
@@ -196,11 +207,11 @@ def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool | None = None
     for _ in range(n_walks):
       if flush_step is not None:
         # The flush depends on the previous walk, and the next walk on the flush.
-        bump = jnp.where(jnp.any(carry < 0), 2, 1).astype(flush.dtype)
+        bump = jnp.where(jnp.any(last_column(carry) < 0), 2, 1).astype(flush.dtype)
         flush, carry = barrier((flush_step(flush, bump), carry))
-        tokens_in = jnp.where(flush[0] < 0, carry, first_tokens)
+        tokens_in = jnp.where(flush[0] < 0, last_column(carry), first_tokens)
       else:
-        tokens_in = jnp.where(carry < 0, carry, first_tokens)
+        tokens_in = jnp.where(last_column(carry) < 0, last_column(carry), first_tokens)
       # Each walk sees its own (aliased) operands: no CSE or hoisting across walks.
       walk_operands, tokens_in = barrier((operands, tokens_in))
       if walk_fn is None:
@@ -208,8 +219,13 @@ def build_chain(walk_fn: Callable | None, n_walks: int, cold: bool | None = None
         continue
       out = barrier(walk_fn(walk_operands, tokens_in))
       outputs.append(out)
-      carry = traced_tokens(out)[:, -1].astype(first_tokens.dtype)
+      carry = traced_tokens(out).astype(first_tokens.dtype)
+      if carry_form == "last_column":
+        carry = carry[:, -1]
     return outputs, carry, flush
+
+  def last_column(carry):
+    return carry if carry.ndim == 1 else carry[:, -1]
 
   if flush_impl == "static":
     def static_chain(operands, first_tokens, flush):
@@ -248,13 +264,13 @@ class CompiledChain:
 
 def lower_chain(walk_fn: Callable | None, operands, first_tokens: jax.Array,
                 flush: jax.Array, *, n_walks: int, flush_impl: str, cold: bool | None = None,
-                traced_tokens: Callable = tokens_of):
+                traced_tokens: Callable = tokens_of, carry_form: str = "tokens"):
   """(lowered, finish): the chain lowered over the operands' flat leaves (the leanest
   dispatch, alike for the walk and the flush-only chains); ``finish(compiled)`` gives
   the ``CompiledChain``. Lowering traces in this thread; compile anywhere."""
   leaves, treedef = jax.tree_util.tree_flatten(operands)
   chain = build_chain(walk_fn, n_walks, cold if flush_impl == "static" else None,
-                      traced_tokens, flush_impl=flush_impl)
+                      traced_tokens, flush_impl=flush_impl, carry_form=carry_form)
 
   def flat_chain(leaves, *rest):
     return chain(jax.tree_util.tree_unflatten(treedef, leaves), *rest)
@@ -319,22 +335,24 @@ class ChainCompiler:
   def _l2_states(self, l2s) -> list[bool | None]:
     return [None] if self.flush_impl != "static" else sorted({is_cold(l2) for l2 in l2s})
 
-  def _chains(self, walk_fn, operands, first_tokens, flush, n_walks, l2s, traced_tokens):
+  def _chains(self, walk_fn, operands, first_tokens, flush, n_walks, l2s, traced_tokens,
+              carry_form="tokens"):
     by_state = {
         cold: self.submit(functools.partial(
             lower_chain, walk_fn, operands, first_tokens, flush, n_walks=n_walks,
-            flush_impl=self.flush_impl, cold=cold, traced_tokens=traced_tokens))
+            flush_impl=self.flush_impl, cold=cold, traced_tokens=traced_tokens,
+            carry_form=carry_form))
         for cold in self._l2_states(l2s)}
     return {l2: by_state[None if self.flush_impl != "static" else is_cold(l2)]
             for l2 in l2s}
 
   def chains(self, walk_fn: Callable, operands, first_tokens: jax.Array, flush: jax.Array,
-             *, n_walks: int, l2s, traced_tokens: Callable = tokens_of
-             ) -> dict[str, concurrent.futures.Future]:
+             *, n_walks: int, l2s, traced_tokens: Callable = tokens_of,
+             carry_form: str = "tokens") -> dict[str, concurrent.futures.Future]:
     """{l2: future CompiledChain} of one walk; one executable for all L2 states unless
-    flush_impl is "static"."""
+    flush_impl is "static". ``carry_form``: ``build_chain``'s."""
     return self._chains(walk_fn, operands, first_tokens, flush, n_walks, l2s,
-                        traced_tokens)
+                        traced_tokens, carry_form)
 
   def flush_only(self, first_tokens: jax.Array, flush: jax.Array, *, n_walks: int, l2s
                  ) -> dict[str, concurrent.futures.Future]:
