@@ -544,3 +544,103 @@ def test_api_stacked_plan_reduces_the_status_in_the_kernel_and_the_bench_variant
   prepared.walk_fn((), jnp.zeros((2,), jnp.int32))
   assert seen == ["flags"]
   assert mosaic_backend._stacked_plan is original and status_now() == "kernel"
+
+
+# --- the k-halves walk: 2:4-sparse WGMMAs on z's planes over two halves of K (B <= 16) ---
+def test_k_halves_order_puts_each_planes_pair_positions_in_halves():
+  """``int8_state.k_halves``: a plane's bytes 4J, 4J + 1 then 4J + 2, 4J + 3; in
+  fragment order each half-plane is ``fragment_ordered`` at r / 2; none lost."""
+  from wts_jax.int8_state import fragment_ordered, k_halves, k_halves_fragment_ordered
+  planes = np.random.default_rng(0).integers(-128, 128, (3, 512)).astype(np.int8)
+  halves = np.asarray(k_halves(jnp.asarray(planes)))
+  for plane in range(2):
+    for half in range(2):
+      want = planes[:, plane * 256:(plane + 1) * 256].reshape(3, 64, 4)[:, :, 2 * half:
+                                                                       2 * half + 2]
+      got = halves[:, (2 * plane + half) * 128:(2 * plane + half + 1) * 128]
+      np.testing.assert_array_equal(got, want.reshape(3, 128))
+  ordered = np.asarray(k_halves_fragment_ordered(jnp.asarray(planes)))
+  for part in range(4):
+    np.testing.assert_array_equal(
+        ordered[:, part * 128:(part + 1) * 128],
+        np.asarray(fragment_ordered(jnp.asarray(halves[:, part * 128:(part + 1) * 128]),
+                                    128)))
+  assert sp.k_halves_row(0) == (0, 0, 0) and sp.k_halves_row(8) == (0, 1, 0)
+  assert sp.k_halves_row(16 + 3) == (11, 0, 0) and sp.k_halves_row(32 + 8 + 2) == (2, 1, 1)
+
+
+def test_k_halves_plan_takes_its_exchange_from_the_tiles_and_refuses_what_it_cannot_run():
+  halves, dense = (sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                                   smem_per_block=H200_SMEM, base_slots=2, k_halves=k)
+                   for k in (True, False))
+  exchange = sw.WARPGROUPS * sp.K_HALVES_EXCHANGE_BYTES
+  assert sum(dense.resident) - sum(halves.resident) == -(-exchange // sw.tile_bytes(256))
+  assert "K halves" in halves.describe()
+  with pytest.raises(ValueError, match="at most 16 rows"):
+    sw.plan_stacked(vocab_size=151936, rank=256, batch=17, num_blocks=132,
+                    smem_per_block=H200_SMEM, base_slots=2, k_halves=True)
+  with pytest.raises(ValueError, match="k_halves"):
+    sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                    smem_per_block=H200_SMEM, base_slots=2, base_copies="tma", k_halves=True)
+  for options in (dict(w1_order="fragments"), dict(w1_order="k_halves", rotate_warps=True),
+                  dict(w1_order="k_halves", exchange="pairs")):
+    with pytest.raises(ValueError, match="k.halves"):
+      sw.StackedSpec(halves, 16, 7, **options)
+  with pytest.raises(ValueError, match="k_halves"):
+    sw.StackedSpec(dense, 16, 7, w1_order="k_halves")
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_k_halves_walk_lowers_for_cuda_with_four_sparse_wgmmas_a_tile(greedy):
+  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                         smem_per_block=H200_SMEM, base_slots=2, k_halves=True)
+  spec = sw.StackedSpec(plan, 16, 7, w1_order="k_halves", skip_idle_warps=True,
+                        status="kernel", greedy=greedy)
+  text = _lowered_for_cuda(spec)
+  assert "mosaic_gpu" in text
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
+    assert "wgmma.mma_async.sp.sync.aligned.m64n64k64.s32.s8.s8" in text
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("batch,temperature", [(5, 0.0), (16, 0.0), (11, 0.8)])
+def test_interpreted_k_halves_walk_equals_the_reference(batch, temperature):
+  """Interpreted, the k-halves operand is the dense [64, r] it stands for (each row's
+  plane, the other half's positions zero) and the fold adds the halves: the stacking of
+  16 requests' planes over two halves of K gives the reference's tokens (V = 1000)."""
+  head, config = planes_head(1000, seed=batch)
+  base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch + 70))
+  _assert_walk_equals_the_reference(
+      head, base, first, num_blocks=1, interpret=True, k_halves=True,
+      temperature=temperature, key=jax.random.key(4) if temperature else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("batch,temperature", [(1, 0.0), (5, 0.0), (12, 0.8), (16, 0.0),
+                                               (16, 0.8)])
+def test_gpu_k_halves_walk_keeps_the_tokens(batch, temperature):
+  """The 2:4-sparse chain, the halves' exchange, the halves' bests merged: the
+  reference's tokens at the Qwen3-4B shape, greedy and sampled (the same key)."""
+  head, config = planes_head(151936, seed=batch + 7)
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 80))
+  _assert_walk_equals_the_reference(
+      head, base, first, num_blocks=132, interpret=False, base_slots=2, k_halves=True,
+      temperature=temperature, key=jax.random.key(5) if temperature else None,
+      spec_options=dict(w1_order="k_halves", skip_idle_warps=True, status="kernel"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+def test_gpu_k_halves_walk_reports_nan():
+  head, config = planes_head(151936)
+  base, first, _ = random_inputs(config, 16, 3, jax.random.key(6))
+  options = dict(num_blocks=132, interpret=False, base_slots=2, k_halves=True,
+                 spec_options=dict(w1_order="k_halves", skip_idle_warps=True,
+                                   status="kernel"))
+  _, clean, _ = _walk(head, base, first, **options)
+  assert clean == 0
+  for row, step, column in ((7, 2, 90001), (12, 0, 151000), (3, 1, 40)):
+    _, status_word, _ = _walk(head, base.at[row, step, column].set(jnp.nan), first,
+                              **options)
+    assert status_word & STATUS_NAN_LOGITS, (row, step, column)

@@ -35,7 +35,9 @@ BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs
           (64, dict(mma_parts=2, status="kernel", plan=dict(base_slots=2, base_copies="tma"))),
           (16, dict(mma_parts=2, plan=dict(base_slots=2))),
           (16, dict(skip_idle_warps=True, rotate_warps=True,
-                    plan=dict(base_slots=2, base_warps=2))))
+                    plan=dict(base_slots=2, base_warps=2))),
+          (16, dict(w1_order="k_halves", skip_idle_warps=True, greedy=False,
+                    plan=dict(base_slots=2, k_halves=True))))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
 

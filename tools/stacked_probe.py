@@ -19,7 +19,9 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       one TMA copy a tile a warpgroup (with C, K or Q); R the warps' requests rotated
       over the warp schedulers; V a warp past the batch skips its fold; G a
       programmatic dependent launch; S the status reduced in the kernel; H each tile's
-      WGMMA in two halves, the first folded under the second; J in four quarters)
+      WGMMA in two halves, the first folded under the second; J in four quarters;
+      O (B <= 16, with C) each tile's products as four 2:4-sparse WGMMAs on z's planes
+      over two halves of K, W1 in that order)
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3),
-                "Q": ("base_slots", 4), "T": ("base_copies", "tma")}
+                "Q": ("base_slots", 4), "T": ("base_copies", "tma"), "O": ("k_halves", True)}
 
 
 def variant_options(text: str) -> dict:
@@ -79,7 +81,10 @@ def variant_options(text: str) -> dict:
 def plan_and_spec_options(text: str) -> tuple[dict, dict]:
   """``variant_options`` split into (``plan_stacked``'s, ``StackedSpec``'s)."""
   options = variant_options(text)
-  return options, {k: options.pop(k) for k in SPEC_OPTIONS if k in options}
+  spec_options = {k: options.pop(k) for k in SPEC_OPTIONS if k in options}
+  if options.get("k_halves"):   # (the k-halves walk reads W1 in its own order)
+    spec_options["w1_order"] = "k_halves"
+  return options, spec_options
 
 
 def walk_operands(spec, operands, base, first):

@@ -78,13 +78,32 @@ def interleaved_planes(w1: jax.Array):
   return planes.reshape(2 * w1.shape[0], w1.shape[1]), s_lo
 
 
-def fragment_ordered(planes: jax.Array) -> jax.Array:
+def fragment_ordered(planes: jax.Array, plane_width: int | None = None) -> jax.Array:
   """W1's planes [V, 2r] int8 (a token's hi plane then its lo plane; the interleaved
   [2V, r] reshaped) with each plane's bytes in the order one thread of the WGMMA's
   8-bit A-operand layout holds them (4 bytes in each 16-column tile, at the same place
   in every tile): byte ``16 t + 4 g + j`` of a plane moves to ``g · r / 4 + 4 t + j``,
-  so a thread loads its share of a row by 16-byte loads (the stacked walk)."""
+  so a thread loads its share of a row by 16-byte loads (the stacked walk).
+  ``plane_width``: the row holds planes of that many bytes (default r)."""
   vocab, width = planes.shape
-  rank = width // 2
-  return (planes.reshape(vocab, 2, rank // 16, 4, 4).transpose(0, 1, 3, 2, 4)
+  rank = plane_width or width // 2
+  return (planes.reshape(vocab, width // rank, rank // 16, 4, 4).transpose(0, 1, 3, 2, 4)
           .reshape(vocab, width))
+
+
+def k_halves(planes: jax.Array) -> jax.Array:
+  """W1's planes [V, 2r] int8 (as ``fragment_ordered`` takes them) split on K for a
+  2:4-sparse WGMMA: each plane's bytes 4J and 4J + 1 (J = 0 .. r/4 - 1) in order, then
+  its bytes 4J + 2 and 4J + 3, so a token's row is four half-planes of r/2 bytes (hi's
+  first half, hi's second, lo's first, lo's second), each a sparse A operand's
+  compressed row whose metadata names positions 0, 1 (first half) or 2, 3 (second) of
+  every group of four."""
+  vocab, width = planes.shape
+  return (planes.reshape(vocab, 2, width // 8, 2, 2).transpose(0, 1, 3, 2, 4)
+          .reshape(vocab, width))
+
+
+def k_halves_fragment_ordered(planes: jax.Array) -> jax.Array:
+  """``k_halves`` with each half-plane in ``fragment_ordered``'s order (the stacked
+  walk's ``w1_order="k_halves"``)."""
+  return fragment_ordered(k_halves(planes), planes.shape[1] // 4)

@@ -72,13 +72,28 @@ def _scalar(array):
   return _element(array.registers.flat[0], 0)
 
 
-def _request_warp(warp, wg, rotate: bool):
+# ``rotate``'s third value: the k-halves walk (``StackedSpec.k_halves``), where warps w
+# and w + 2 serve the same 8 requests, each half of K (``k_halves_row``).
+K_HALVES = "k_halves"
+
+
+def _request_warp(warp, wg, rotate: bool | str):
   """The warp of requests (8 rw .. 8 rw + 7 of the warpgroup's 32) that warp ``warp``
   of warpgroup ``wg`` serves: itself, or (``rotate``) rotated by the warpgroup, so the
   first requests of a partly filled block fall on a different warp scheduler in each
-  warpgroup (warp w of every warpgroup issues on scheduler w)."""
+  warpgroup (warp w of every warpgroup issues on scheduler w); or (``K_HALVES``) warp
+  w % 2."""
   from jax._src.lib.mlir.dialects import arith
+  if rotate == K_HALVES:
+    return arith.andi(warp, _const(1))
   return arith.andi(arith.addi(warp, wg), _const(3)) if rotate else warp
+
+
+def _k_half():
+  """The half of K this thread's warp holds in the k-halves walk (warp // 2), i32."""
+  from jax._src.lib.mlir.dialects import arith
+  _, _, warp, _, _ = _thread()
+  return arith.divui(warp, _const(2))
 
 
 def _request(phases: int, rotate: bool = False):
@@ -111,6 +126,30 @@ def _stacked_source(first, wg=None):
     request = arith.addi(arith.muli(warp, _const(8)), arith.remui(row, _const(8)))
     return (arith.addi(first, request),
             arith.remui(arith.divui(row, _const(8)), _const(2)))
+  return source
+
+
+def k_halves_row(m: int) -> tuple[int, int, int]:
+  """Row ``m`` of the k-halves operand: (request, plane, half). Warp w = m // 16 holds
+  requests 8 (w % 2) .. + 7, its rows 16w + g and 16w + g + 8 a request's hi and lo
+  planes, half w // 2 of K (``int8_state.k_halves``): a thread's two accumulators are
+  one request's two planes over one half."""
+  warp = m // 16
+  return 8 * (warp % 2) + m % 8, (m // 8) % 2, warp // 2
+
+
+def _k_halves_source(first):
+  """``k_halves_row`` on i32 rows, past the warpgroup's first request: (request, the
+  half-plane 2 · plane + half of ``int8_state.k_halves``'s row)."""
+  from jax._src.lib.mlir.dialects import arith
+
+  def source(row):
+    warp = arith.divui(row, _const(16))
+    request = arith.addi(arith.muli(arith.andi(warp, _const(1)), _const(8)),
+                         arith.remui(row, _const(8)))
+    plane = arith.remui(arith.divui(row, _const(8)), _const(2))
+    return (arith.addi(first, request),
+            arith.addi(arith.muli(plane, _const(2)), arith.divui(warp, _const(2))))
   return source
 
 
@@ -147,24 +186,37 @@ def stage_z(tok_s, w1_g, z_s, *, rank: int, phases: int, loads):
 
 
 def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
-           fragment_order: bool = False, z_s=None, rotate: bool = False):
+           fragment_order: bool = False, z_s=None, rotate: bool | str = False):
   """(A, s_lo) of this warpgroup's 32 requests (tokens ``tok_s``, in range, their stores
   visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo;
   ``fragment_order``: ``int8_state.fragment_ordered``), s_lo the requests' plane scale.
   GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread array. Interpreted:
   A [64, r] and s_lo [32]. ``z_s`` (GPU, fragment order): A read back from
   ``stage_z``'s shared memory, every share staged and shown (a barrier). ``rotate``
-  (GPU, not with ``z_s``): the warps' requests as ``_request_warp`` rotates them."""
+  (GPU, not with ``z_s``): the warps' requests as ``_request_warp`` rotates them.
+  ``rotate=K_HALVES``: the k-halves operand (``k_halves_row``; requests 16-31 none),
+  on the GPU the compressed [64, r/2] of a 2:4-sparse WGMMA from
+  ``int8_state.k_halves_fragment_ordered`` W1 (``fragment_order``), interpreted the
+  [64, r] it stands for: each row's plane with the other half's positions zero."""
+  halves = rotate == K_HALVES
   if interpret:
     first = (wg // phases) * REQUESTS
     tokens = [tok_s[first + b] for b in range(REQUESTS)]
     rows = jnp.concatenate([w1_g[pl.ds(token, 1), :] for token in tokens], axis=0)
     planes = (rows[:, :rank], rows[:, rank:])
-    stacked = jnp.stack([planes[plane][request] for request, plane in
-                         map(z_registers.stacked_row, range(2 * REQUESTS))])
+    if halves:
+      in_half = [(jnp.arange(rank) % 4) // 2 == half for half in range(2)]
+      stacked = jnp.stack([jnp.where(in_half[half], planes[plane][request], 0)
+                           for request, plane, half in
+                           map(k_halves_row, range(2 * REQUESTS))])
+    else:
+      stacked = jnp.stack([planes[plane][request] for request, plane in
+                           map(z_registers.stacked_row, range(2 * REQUESTS))])
     return stacked, jnp.stack([s_lo_g[token] for token in tokens])
 
-  a_type = plgpu.ShapeDtypeStruct((2 * REQUESTS, rank), jnp.int8,
+  if halves and (z_s is not None or not fragment_order):
+    raise ValueError("the k-halves operand reads a k_halves_fragment_ordered W1 itself")
+  a_type = plgpu.ShapeDtypeStruct((2 * REQUESTS, rank // 2 if halves else rank), jnp.int8,
                                   layout=plgpu.Layout.WGMMA_8BIT)
   s_type = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
 
@@ -190,6 +242,11 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
                                              _const(STAGE_BYTES)))
       a = z_registers.fragments_from_stage(block_at, arith.remui(thread, _const(128)),
                                            shape)
+    elif halves:
+      a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
+                                 (2 * REQUESTS, rank // 2),
+                                 _k_halves_source(_first_request(wg_, phases)), rank // 2,
+                                 fragment_order, row_bytes=2 * rank)
     else:
       a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
                                  shape, _stacked_source(_first_request(wg_, phases),
@@ -204,6 +261,165 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
     return a, _per_thread(scale, jnp.float32)
 
   return load(tok_s, w1_g, s_lo_g, *(() if z_s is None else (z_s,)))
+
+
+# --- the k-halves tile: a 2:4-sparse WGMMA chain and the halves joined ---------------------
+# The k-halves walk (B <= 16): the operand's 64 rows are 16 requests' two planes over
+# each half of K (``k_halves_row``), a tile's products four sparse ``m64n64k64`` WGMMAs
+# whose metadata names positions 0 and 1 of every group of four K positions for warps
+# 0-1 (0x4 a group) and 2 and 3 for warps 2-3 (0xE): one constant a warp, so which
+# threads of a group of four hold it does not matter (``tools/wgmma_sparse_layout_probe.cu``
+# checked the reading against the host's products). Half the MACs of the stacked chain,
+# whose rows 32-63 are dead at B <= 16. A request's two halves meet in shared memory.
+
+K_HALVES_META = (0x44444444, 0xEEEEEEEE)
+# The halves' exchange: a warpgroup's two buffers (a tile's and the next's) of 128
+# threads' 8 words, as two 16-byte vectors each (``k_halves_join``).
+K_HALVES_EXCHANGE_BYTES = 2 * 128 * 32
+# Named barriers of the warp pairs (w, w + 2) that exchange: past Mosaic's 0 (the block)
+# and 1-4 (the warpgroups).
+_PAIR_BARRIER_BASE = 5
+
+
+def k_halves_product(a, tile_s, *, tile_transforms, issue: bool = True):
+  """GPU: the tile's stacked accumulators over this warpgroup's k-halves operand ``a``
+  ([64, r/2] compressed, ``gather``) and the W2 tile ``tile_s`` ([64, r] int8 in shared
+  memory, (8, 128) tiles, 128-byte swizzle): the four sparse WGMMAs issued, committed
+  and waited for. A [64, 64] int32 WGMMA-layout array: a thread's rows g and g + 8 are
+  its request's hi and lo planes' sums over its warp's half of K (``k_halves_join``
+  adds the halves). ``issue`` False (timing only): no WGMMA, zeros."""
+  rank = tile_s.shape[-1]
+  out = plgpu.ShapeDtypeStruct((2 * REQUESTS, TILE), jnp.int32, layout=plgpu.Layout.WGMMA)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT,
+                                plgpu.RefType(transforms=tile_transforms)),
+                     return_type=out)
+  def product(_, a, tile):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm, vector
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+    from wts_jax.pallas.row_words import thread_and_addresses
+    i32, i64 = _i32(), ir.IntegerType.get_signless(64)
+    _, (tile_at,), _ = thread_and_addresses((tile,))
+    _, _, warp, _, _ = _thread()
+    meta = arith.select(arith.cmpi(arith.CmpIPredicate.ult, warp, _const(2)),
+                        _const(K_HALVES_META[0]), _const(K_HALVES_META[1] - (1 << 32)))
+    acc = [_const(0)] * 32
+    if issue:
+      # The operand's registers ready before the fence (LLVM may sink pure work past it).
+      a = fa.optimization_barrier(a)
+      llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "wgmma.fence.sync.aligned;", "",
+                      has_side_effects=True)
+      acc_type = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 32) + ")>")
+      d_list = ", ".join(f"${i}" for i in range(32))
+      tile_64 = arith.extui(i64, tile_at)
+      for i in range(rank // 64):   # K' 64 bytes an instruction: 64 · i into the tile
+        # (8-row groups 2048 bytes apart in N; 128-byte K columns 1024 bytes apart)
+        at = arith.addi(tile_64, arith.constant(i64, (i // 2) * 1024 + (i % 2) * 64))
+        desc = arith.ori(arith.shrui(arith.andi(at, arith.constant(i64, 0x3FFFF)),
+                                     arith.constant(i64, 4)),
+                         arith.constant(i64, (1 << 16) | ((2048 >> 4) << 32) | (1 << 62)))
+        a_regs = [llvm.extractelement(vector.bitcast(ir.VectorType.get((1,), i32), r),
+                                      arith.constant(i32, 0))
+                  for r in a[:, 32 * i: 32 * (i + 1)].registers.flat]
+        struct = llvm.inline_asm(
+            acc_type, [*acc, *a_regs, desc, meta],
+            "{ .reg .pred p; setp.ne.b32 p, " + ("0" if i == 0 else "1") + ", 0;\n"
+            "wgmma.mma_async.sp.sync.aligned.m64n64k64.s32.s8.s8 {" + d_list + "}, "
+            "{$64, $65, $66, $67}, $68, $69, 0, p; }",
+            ",".join(["=r"] * 32 + [str(k) for k in range(32)] + ["r"] * 4 + ["l", "r"]),
+            has_side_effects=True)
+        acc = [llvm.extractvalue(i32, struct, [k]) for k in range(32)]
+      llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "wgmma.commit_group.sync.aligned;",
+                      "", has_side_effects=True)
+      struct = llvm.inline_asm(acc_type, acc, "wgmma.wait_group.sync.aligned 0;",
+                               ",".join(["=r"] * 32 + [str(k) for k in range(32)]),
+                               has_side_effects=True)
+      acc = [llvm.extractvalue(i32, struct, [k]) for k in range(32)]
+    # (PTX's D registers 4j + e: row g, column 8j + 2t + e; 4j + 2 + e: row g + 8)
+    return _pairs_array([[(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]) for h in range(2)]
+                         for j in range(TILE // 8)], TILE)
+
+  return product(a, tile_s)
+
+
+def _pairs_array(pairs, width: int):
+  """A [64, ``width``] int32 WGMMA-layout array from ``pairs[j][h]``: the thread's two
+  elements (i32 values) of column pair j in row g (h 0) and g + 8 (h 1)."""
+  import numpy as np
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import vector
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  pair_type = ir.VectorType.get((2,), _i32())
+  layout = fa.WGMMA_LAYOUT
+  registers = np.empty(layout.registers_shape((2 * REQUESTS, width)), dtype=object)
+  for reg in np.ndindex(registers.shape):
+    first, second = pairs[reg[1]][reg[4]]
+    registers[reg] = vector.insert(second, vector.broadcast(pair_type, first),
+                                   dynamic_position=[], static_position=[1])
+  return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=True)
+
+
+def k_halves_join(acc, exchange_s, parity):
+  """GPU: ``k_halves_product``'s accumulators → each thread's exact
+  ``D = 256 d_hi + d_lo`` over its half of K, the half of the columns its partner warp
+  (w ^ 2) folds handed over through ``exchange_s`` (``K_HALVES_EXCHANGE_BYTES`` a
+  warpgroup; buffer ``parity``, 0 or 1, alternating tile by tile, so a buffer is written
+  again only past the next tile's barrier) and the other half received and added.
+  Returns a [64, 32] int32 WGMMA-layout array for ``fold_tile(..., rotate=K_HALVES)``:
+  the hi rows zero, the lo rows D at the thread's four column pairs (warps 0-1 the
+  tile's columns 0-31, warps 2-3 columns 32-63)."""
+  out = plgpu.ShapeDtypeStruct((2 * REQUESTS, TILE // 2), jnp.int32,
+                               layout=plgpu.Layout.WGMMA)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(),
+                                plgpu.Layout.WGMMA.reduce(1)),
+                     return_type=out)
+  def join(_, acc, exchange, parity_rows):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    from wts_jax.pallas.row_words import thread_and_addresses
+    i32 = _i32()
+    thread, (exchange_at,), _ = thread_and_addresses((exchange,))
+    _, wg, warp, _, _ = _thread()
+    half = arith.divui(warp, _const(2))
+    regs = acc.registers
+
+    def element(j, h, e):
+      return _element(regs[0, j, 0, 0, h, 0, 0, 0, 0], e)
+    d = [[arith.addi(arith.muli(element(j, 0, e), _const(LO_STEPS)), element(j, 1, e))
+          for e in range(2)] for j in range(TILE // 8)]
+    kept = [d[j][e] for j in range(4) for e in range(2)]
+    given = [d[j][e] for j in range(4, 8) for e in range(2)]
+    lower = arith.cmpi(arith.CmpIPredicate.eq, half, _const(0))
+    kept, given = ([arith.select(lower, x, y) for x, y in zip(kept, given)],
+                   [arith.select(lower, y, x) for x, y in zip(kept, given)])
+    in_wg = arith.remui(thread, _const(128))
+    buffer_at = arith.addi(exchange_at, arith.addi(
+        arith.muli(wg, _const(K_HALVES_EXCHANGE_BYTES)),
+        arith.muli(_scalar(parity_rows), _const(K_HALVES_EXCHANGE_BYTES // 2))))
+    barrier = arith.addi(_const(_PAIR_BARRIER_BASE),
+                         arith.addi(arith.muli(wg, _const(2)), arith.andi(warp, _const(1))))
+    words = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>")
+    # ([buffer + 16 (vector · 128 + thread)]: a warp's 16-byte stores contiguous)
+    received = llvm.inline_asm(
+        words, [*given, buffer_at, in_wg, barrier],
+        "{ .reg .b32 mine, theirs;\n"
+        "shl.b32 mine, $17, 4; add.u32 mine, mine, $16;\n"
+        "xor.b32 theirs, $17, 64; shl.b32 theirs, theirs, 4; add.u32 theirs, theirs, $16;\n"
+        "st.shared.v4.b32 [mine], {$8, $9, $10, $11};\n"
+        "st.shared.v4.b32 [mine+2048], {$12, $13, $14, $15};\n"
+        "bar.sync $18, 64;\n"
+        "ld.shared.v4.b32 {$0, $1, $2, $3}, [theirs];\n"
+        "ld.shared.v4.b32 {$4, $5, $6, $7}, [theirs+2048]; }",
+        ",".join(["=r"] * 8 + ["r"] * 11), has_side_effects=True)
+    joined = [arith.addi(x, llvm.extractvalue(i32, received, [k]))
+              for k, x in enumerate(kept)]
+    zero = _const(0)
+    return _pairs_array([[(zero, zero), (joined[2 * j], joined[2 * j + 1])]
+                         for j in range(4)], TILE // 2)
+
+  return join(acc, exchange_s, row_array(parity))
 
 
 # --- a tile's base logits -----------------------------------------------------------------
@@ -307,13 +523,17 @@ def _base_slot_word(staged, slot, slots: int, warps: int = 4, rotate: bool = Fal
 
 
 def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
-              batch: int, phases: int, slots: int, rotate: bool = False, warps: int = 4):
+              batch: int, phases: int, slots: int, rotate: bool | str = False,
+              warps: int = 4):
   """``load_base``'s words by ``cp.async`` into this warpgroup's ``slot`` of ``base_s``
   (rows past the batch zero), one commit group: the words never pass through the
   registers, so no WGMMA's register fence waits for them (``fold_tile`` waits for the
   group and reads them back). Returns the slot as a row array (the fold's ``base``).
   ``warps`` < 4: the slots hold the first ``warps`` request warps' words only; the
-  threads of the others copy nothing."""
+  threads of the others copy nothing. ``rotate=K_HALVES``: a thread copies the 4 words
+  of its half of the columns (``_k_half``: words 4h .. 4h + 3 of its request) into its
+  slot's words 0-3."""
+  halves = rotate == K_HALVES
   start = tile_start(block, tile, tiles=tiles, vocab=vocab)
   steps, width = base_g.shape[1], base_g.shape[2]
   slots_at = row_array(slot)
@@ -327,10 +547,14 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
                              width=width, batch=batch, phases=phases, rotate=rotate)
     dst = _base_slot_word(staged, _scalar(slot_rows), slots, warps, rotate)
     size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
+    if halves:
+      at = arith.addi(at, arith.extui(ir.IntegerType.get_signless(64),
+                                      arith.muli(_k_half(), _const(64))))
     held = warps < 4   # (a thread of a request warp the slots do not hold copies
     # nothing: a 0-byte copy would write zeros over another's words)
     copies = "".join(f"{'@p ' if held else ''}cp.async.ca.shared.global "
-                     f"[$0+{128 * warps * k}], [$1+{16 * k}], 4, $2;\n" for k in range(8))
+                     f"[$0+{128 * warps * k}], [$1+{16 * k}], 4, $2;\n"
+                     for k in range(4 if halves else 8))
     operands, constraints, body = [dst, at, size], "r,l,r", copies + "cp.async.commit_group;"
     if held:
       _, wg, warp, *_ = _thread()
@@ -566,7 +790,7 @@ def initial_best(interpret: bool):
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
               nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
               base_s=None, slots: int = 0, copies_pending: int = 1, tma_slots: bool = False,
-              rotate: bool = False, live_rows: int | None = None, phases: int = 1,
+              rotate: bool | str = False, live_rows: int | None = None, phases: int = 1,
               pairs: tuple[int, int] = (0, TILE // 8), base_warps: int = 4):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
@@ -586,9 +810,16 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   ``pairs`` (GPU): (first, count) of the thread's 8 column pairs this call folds, ``acc``
   then holding only their 8 · count columns (a tile's WGMMA split in two: the first half
   folded while the second's runs; halves in order keep a request's rows ascending).
-  ``base_warps``: the async slots' request warps (``copy_base``'s ``warps``)."""
+  ``base_warps``: the async slots' request warps (``copy_base``'s ``warps``).
+  ``rotate=K_HALVES``: on the GPU ``acc`` is ``k_halves_join``'s (D in the lo rows,
+  ``pairs`` (0, 4): warps 0-1 fold the tile's columns 0-31, warps 2-3 columns 32-63,
+  their base words ``copy_base``'s); interpreted, the stacked accumulators of the
+  dense operand ``gather`` stands for, whose two halves of K are added here."""
+  halves = rotate == K_HALVES
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
+    if halves:   # (rows 32-63: the first 16 requests' second half of K)
+      d = jnp.concatenate([d[:2] + d[2:], jnp.zeros_like(d[2:])])
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
     logits = (joined.astype(jnp.float32) * s_lo[:, None]) * scales_s[...][None, :] + base
     rows = start + jnp.arange(TILE, dtype=jnp.int32)
@@ -677,6 +908,8 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     scale_lo = vector.broadcast(f32x2, _scalar(s_lo))
     lo_steps = vector.broadcast(ir.VectorType.get((2,), _i32()), _const(LO_STEPS))
     pair = arith.muli(t, _const(2))
+    if halves:   # (the warp's half of the tile's columns)
+      pair = arith.addi(pair, arith.muli(_k_half(), _const(TILE // 2)))
     first = arith.addi(_scalar(start_rows), pair)
     # A thread meets its request's rows in ascending order through the step (tiles in
     # ascending order, columns ascending in each; a clamped last tile only repeats rows
@@ -723,11 +956,13 @@ def _element(register, e: int):
 
 # --- the step's bests: each request's over its four lanes, to shared memory -------------
 
-def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool, rotate: bool = False):
+def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool,
+                rotate: bool | str = False):
   """This warpgroup's best per request into row ``wg`` of ``value_s`` / ``index_s`` /
   ``nan_s`` ([4, 32] in shared memory): GPU, the four lanes of a request reduced by
   shuffles (ties to the lower row) and stored by lane t = 0 (``rotate``: the warps'
-  requests as ``_request_warp`` has them)."""
+  requests as ``_request_warp`` has them; ``K_HALVES``: warp w's at 8 w + g, so request
+  r's two halves of the columns at r and r + 16, which ``publish_bests`` merges)."""
   if interpret:
     for ref, part in zip((value_s, index_s, nan_s), best):
       ref[wg] = part
@@ -744,8 +979,9 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool, rotate: b
     # (the request's slot, warpgroup · 32 + request warp · 8 + g, in bytes; as
     # thread & ~3 unrotated)
     _, wg_, warp, g, _ = _thread()
+    slot_warp = warp if rotate == K_HALVES else _request_warp(warp, wg_, rotate)
     slot = arith.addi(arith.muli(wg_, _const(REQUESTS)),
-                      arith.addi(arith.muli(_request_warp(warp, wg_, rotate), _const(8)), g))
+                      arith.addi(arith.muli(slot_warp, _const(8)), g))
     slot_at = arith.muli(slot, _const(4))
     value, index, nan = (_scalar(b) for b in best)
     shuffles = "".join(
@@ -773,22 +1009,25 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool, rotate: b
 # --- the block's best per request, into the grid's keys ----------------------------------
 
 def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int,
-                     slot_bytes: int | None = None) -> str:
+                     slot_bytes: int | None = None, k_halves: bool = False) -> str:
   """PTX of ``publish_bests`` (operands $0-$3: the bests' values, indices, NaN flags and
   the flag word, in shared memory; ``thread`` and ``slots`` the thread's index and the
   global slots): predicate p (thread < ``rows``), the request's best over its
   ``phases`` warpgroups in v, i (its NaN in n), its key ``red.max``ed at [g], and a NaN
-  seen into the flag word."""
+  seen into the flag word. ``k_halves``: each warpgroup's request r has a second best,
+  its other half of the columns, at r + 16 (``store_bests``)."""
   from wts_jax.pallas import grid_sync
   slot_bytes = slot_bytes or 4 * grid_sync.KEY_ROW_WORDS
+  offsets = [4 * REQUESTS * k + 4 * (REQUESTS // 2) * h
+             for k in range(phases) for h in range(2 if k_halves else 1)]
   entries = "".join(
-      f"add.u32 sa, base, {4 * REQUESTS * k};\n"
+      f"add.u32 sa, base, {offset};\n"
       "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
       "add.u32 x, sa, $1; @p ld.shared.b32 i2, [x];\n"
       "add.u32 x, sa, $2; @p ld.shared.b32 n2, [x];\n"
       "setp.gt.f32 q, v2, v; setp.eq.f32 r, v2, v; setp.lt.s32 s, i2, i;\n"
       "and.pred r, r, s; or.pred q, q, r;\n"
-      "@q mov.f32 v, v2; @q mov.b32 i, i2; or.b32 n, n, n2;\n" for k in range(phases))
+      "@q mov.f32 v, v2; @q mov.b32 i, i2; or.b32 n, n, n2;\n" for offset in offsets)
   return (
       f"setp.lt.u32 p, {thread}, {rows};\n"
       "mov.f32 v, 0fFF800000; mov.b32 i, 0x40000000; mov.b32 n, 0;\n"
@@ -806,7 +1045,7 @@ def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int,
 
 
 def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases: int,
-                  prefetch_g=None):
+                  prefetch_g=None, k_halves: bool = False):
   """Thread t < ``rows`` of the calling warpgroup: request t's best over the ``phases``
   warpgroups that served it (rows ``(t / 32) · phases + k`` of the [4, 32] bests), as a
   64-bit exchange key ``red.max``ed into its slot of ``slots_g`` (``grid_sync``'s keys:
@@ -832,7 +1071,8 @@ def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases
         ir.Type.parse("!llvm.void"), [*shared, slots_at, thread, *table_at],
         "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
         " hi, lo, bits, ci; .reg .b64 key, g, off, pa;\n"
-        + _publish_key_ptx(thread="$5", slots="$4", rows=rows, phases=phases)
+        + _publish_key_ptx(thread="$5", slots="$4", rows=rows, phases=phases,
+                           k_halves=k_halves)
         + (prefetch_ptx if prefetch else "") + "}",
         "r,r,r,r,l,r" + (",l" if prefetch else ""), has_side_effects=True)
 

@@ -42,6 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from wts_jax.int8_state import k_halves_fragment_ordered
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT, STATUS_TOKEN_OUT_OF_RANGE
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas import stacked_planes as sp
@@ -55,6 +56,8 @@ WARPGROUPS = 4
 # ``StackedSpec.timing_ablation="narrow_mma"``: a tile's W2 rows its WGMMA still reads.
 NARROW_MMA_ROWS = 16
 MAX_BATCH = 2 * sp.REQUESTS
+# ``StackedPlan.k_halves``: the rows whose planes over two halves of K fill the 64.
+K_HALVES_MAX_BATCH = sp.REQUESTS // 2
 # A step's exchange slots: 32 bytes a request, or a 128-byte line (``"warp_pairs"``).
 _LINE_WORDS = 32
 
@@ -94,8 +97,18 @@ class StackedPlan:
   # resident tiles; the threads of the others copy nothing and their warps must not
   # fold (``StackedSpec.skip_idle_warps``). No faster at B 1 or 16 (NOTES v34): 4.
   base_warps: int = 4
+  # B <= 16: each tile's products as four 2:4-sparse WGMMAs on the k-halves operand
+  # (``stacked_planes.k_halves_product``: 16 requests' planes over each half of K on the 64
+  # rows, half the MACs), a request's halves joined through shared memory
+  # (``stacked_planes.K_HALVES_EXCHANGE_BYTES`` a warpgroup). GPU reads W1 as
+  # ``int8_state.k_halves_fragment_ordered``.
+  k_halves: bool = False
 
   def __post_init__(self):
+    if self.k_halves and (self.request_blocks != 1 or self.z_loads != "own"
+                          or self.base_warps != 4 or self.base_copies != "threads"):
+      raise ValueError("k_halves: one block of requests (B <= 16), each warpgroup's own z, "
+                       "base copies by the threads into slots of every request warp")
     if self.z_loads not in ("own", "shared"):
       raise ValueError(f"z_loads={self.z_loads!r} must be 'own' or 'shared'")
     if self.base_slots not in (0, 2, 3, 4):
@@ -162,7 +175,8 @@ class StackedPlan:
             + (", z staged in shared memory" if self.z_loads == "shared" else "")
             + (f", base logits by {'TMA' if self.base_copies == 'tma' else 'async'} "
                f"copies into {self.base_slots} slots" if self.base_slots else "")
-            + (f" of {self.base_warps} request warps" if self.base_warps < 4 else ""))
+            + (f" of {self.base_warps} request warps" if self.base_warps < 4 else "")
+            + (", K halves on 2:4-sparse WGMMAs" if self.k_halves else ""))
 
 
 def tile_bytes(rank: int) -> int:
@@ -182,15 +196,17 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  smem_per_block: int, ring_stages: int | None = None,
                  resident: int | None = None, z_loads: str = "own",
                  base_slots: int = 0, base_copies: str = "threads",
-                 base_warps: int = 4) -> StackedPlan:
+                 base_warps: int = 4, k_halves: bool = False) -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
   (by default one at B <= 32; above, where two warpgroups share a phase's ring, two, or
   one with the base logits by TMA: measured, NOTES v32),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
-  at most what fits. ``z_loads``, ``base_slots``, ``base_copies``, ``base_warps``:
-  ``StackedPlan``'s."""
+  at most what fits. ``z_loads``, ``base_slots``, ``base_copies``, ``base_warps``,
+  ``k_halves``: ``StackedPlan``'s."""
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch}: the stacked walk takes 1 to {MAX_BATCH} rows")
+  if k_halves and batch > K_HALVES_MAX_BATCH:
+    raise ValueError(f"k_halves: at most {K_HALVES_MAX_BATCH} rows (batch={batch})")
   if rank % 32 or vocab_size % 2 or vocab_size < sp.TILE:
     raise ValueError(f"rank={rank}, vocab_size={vocab_size}: the stacked walk needs r a "
                      "multiple of 32 and an even V of at least 64")
@@ -201,7 +217,8 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   stages = default_stages if ring_stages is None else ring_stages
   counts = [len(range(p, tiles, phases)) for p in range(phases)]
   stage = ((request_blocks * sp.STAGE_BYTES if z_loads == "shared" else 0)
-           + WARPGROUPS * base_slots * sp.base_slot_bytes(base_warps))
+           + WARPGROUPS * base_slots * sp.base_slot_bytes(base_warps)
+           + (WARPGROUPS * sp.K_HALVES_EXCHANGE_BYTES if k_halves else 0))
   room = ((smem_per_block - SMEM_RESERVED_BYTES - fixed_smem_bytes(tiles, stage))
           // tile_bytes(rank))
   fit = room - stages * phases
@@ -220,7 +237,7 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   return StackedPlan(vocab_size=vocab_size, rank=rank, num_blocks=num_blocks, tiles=tiles,
                      request_blocks=request_blocks, resident=tuple(share),
                      ring_stages=stages, z_loads=z_loads, base_slots=base_slots,
-                     base_copies=base_copies, base_warps=base_warps)
+                     base_copies=base_copies, base_warps=base_warps, k_halves=k_halves)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,13 +328,20 @@ class StackedSpec:
                           ("nan_check", ("witness", "value")),
                           ("refill", ("released", "deferred")),
                           ("ring_issuers", ("first", "dealt")),
-                          ("w1_order", ("rows", "fragments")),
+                          ("w1_order", ("rows", "fragments", "k_halves")),
                           ("status", ("flags", "kernel"))):
       value = getattr(self, name)
       if value not in allowed:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
-    if self.interpret and self.w1_order == "fragments":
-      raise ValueError("w1_order='fragments': the interpreted gather reads W1's rows")
+    if self.interpret and self.w1_order != "rows":
+      raise ValueError(f"w1_order={self.w1_order!r}: the interpreted gather reads W1's rows")
+    if not self.interpret and (self.w1_order == "k_halves") != self.plan.k_halves:
+      raise ValueError(f"w1_order={self.w1_order!r} with k_halves={self.plan.k_halves}: "
+                       "the k-halves walk reads W1 as k_halves_fragment_ordered, only it")
+    if self.plan.k_halves and (self.rotate_warps or self.exchange != "counter"
+                               or self.mma_parts > 1 or self.timing_ablation == "narrow_mma"):
+      raise ValueError("k_halves: its warps' requests are its own (no rotate_warps), the "
+                       "counter exchange, whole tiles (mma_parts=1), no narrow_mma")
     if self.mma_parts not in (1, 2, 4):
       raise ValueError(f"mma_parts={self.mma_parts!r} must be 1, 2 or 4")
     if self.interpret and self.timing_ablation == "narrow_mma":
@@ -348,7 +372,14 @@ class StackedSpec:
 
 def w1_planes_operand(spec: StackedSpec, operands: dict):
   """W1's planes in the order ``spec`` reads them, from ``head_operands.serial_operands``
-  (the head carries both orders)."""
+  (the head carries the rows and the fragment order; the k-halves order is made here
+  when the operands lack it: a copy of W1's planes)."""
+  if spec.w1_order == "k_halves":
+    if "w1_k_halves" in operands:
+      return operands["w1_k_halves"]
+    planes = operands["w1_planes"]
+    return k_halves_fragment_ordered(planes.reshape(planes.shape[0] // 2, -1)).reshape(
+        planes.shape)
   return operands["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
 
 
@@ -362,7 +393,7 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
                         num_blocks=spec.plan.num_blocks, smem_per_block=spec.smem_per_block,
                         ring_stages=spec.ring_stages, z_loads=spec.plan.z_loads,
                         base_slots=spec.plan.base_slots,
-                        base_copies=spec.plan.base_copies)
+                        base_copies=spec.plan.base_copies, k_halves=spec.plan.k_halves)
     parts.append((slice(first, first + rows),
                   dataclasses.replace(spec, plan=plan, batch=rows,
                                       row_offset=spec.row_offset + first)))
@@ -376,6 +407,9 @@ def _kernel(*refs, spec: StackedSpec):
   w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, *sampling_g = refs[:inputs]
   (tok_g, status_g, w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
    res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *extra_scratch) = refs[inputs:]
+  halves_on_gpu = spec.plan.k_halves and not spec.interpret
+  exchange_s = extra_scratch[-1] if halves_on_gpu else None   # (the last scratch)
+  extra_scratch = extra_scratch[:-1] if halves_on_gpu else extra_scratch
   staged = spec.plan.z_loads == "shared"
   z_s, z_bar = extra_scratch[:2] if staged else (None, None)
   extra_scratch = extra_scratch[2:] if staged else extra_scratch
@@ -386,7 +420,8 @@ def _kernel(*refs, spec: StackedSpec):
   base_bar = extra_scratch[1] if by_tma else None
   interpreted = extra_scratch[1 + by_tma:] if base_slots else extra_scratch
   plan, steps, batch = spec.plan, spec.steps, spec.batch
-  rotate = spec.rotate_warps
+  # (the warps' requests: rotated, or the k-halves walk's, ``stacked_planes.K_HALVES``)
+  rotate = sp.K_HALVES if plan.k_halves else spec.rotate_warps
   no_base = spec.timing_ablation == "base"   # (timing only: no base logits fetched)
   narrow = spec.timing_ablation == "narrow_mma"   # (timing only: a quarter of the WGMMA)
   partly_filled = batch < plan.request_blocks * sp.REQUESTS   # (rows past the batch)
@@ -507,7 +542,8 @@ def _kernel(*refs, spec: StackedSpec):
           plgpu.barrier_wait(z_bar.at[request_block])
         a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
                             interpret=interpret,
-                            fragment_order=spec.w1_order == "fragments", z_s=z_s,
+                            fragment_order=spec.w1_order in ("fragments", "k_halves"),
+                            z_s=z_s,
                             rotate=rotate)
       if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
         interpreted[0][wg] = a
@@ -588,9 +624,19 @@ def _kernel(*refs, spec: StackedSpec):
             return (plgpu.wgmma_accumulator_load(acc_refs[-1]), upcoming,
                     (part_best, base_now))
         parts = spec.mma_parts
-        acc, upcoming, folded_parts = pl.run_scoped(
-            product, *[plgpu.ACC((2 * sp.REQUESTS, NARROW_MMA_ROWS if narrow
-                                  else sp.TILE // parts), jnp.int32)] * parts)
+        if halves_on_gpu:   # the next tile's base copies first: the product waits inside
+          upcoming = None if by_tma else base_of(step * count + position + copies_ahead)
+          with jax.named_scope("mma"):
+            acc = sp.k_halves_product(a, w_s.at[w_index],
+                                      tile_transforms=_w2_transforms(1, rank),
+                                      issue=spec.timing_ablation != "mma")
+          with jax.named_scope("halves"):
+            acc = sp.k_halves_join(acc, exchange_s, lax.rem(step * count + position, 2))
+          folded_parts = None
+        else:
+          acc, upcoming, folded_parts = pl.run_scoped(
+              product, *[plgpu.ACC((2 * sp.REQUESTS, NARROW_MMA_ROWS if narrow
+                                    else sp.TILE // parts), jnp.int32)] * parts)
         if by_tma:
           base_of(step * count + position + copies_ahead)
         if streamed:   # the slot read (its WGMMA waited for): refill it
@@ -623,7 +669,8 @@ def _kernel(*refs, spec: StackedSpec):
         else:
           pending = tile_base(pending)
           best = fold(acc, best, pending,
-                      **(dict(pairs=(0, NARROW_MMA_ROWS // 8)) if narrow else {}))
+                      **(dict(pairs=(0, NARROW_MMA_ROWS // 8)) if narrow else
+                         dict(pairs=(0, sp.TILE // 16)) if halves_on_gpu else {}))
         return best, pending if by_tma else upcoming
 
       best, pending = lax.fori_loop(0, count, tile_body,
@@ -706,7 +753,8 @@ def _kernel(*refs, spec: StackedSpec):
         with jax.named_scope("publish"):
           sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
                            rows=batch, phases=phases,
-                           prefetch_g=w1_g if spec.prefetch_candidates else None)
+                           prefetch_g=w1_g if spec.prefetch_candidates else None,
+                           k_halves=plan.k_halves)
         if status_in_kernel:   # (released by the step's signal below)
           pl.when(step == steps - 1)(functools.partial(count_status_bits, flags))
         with jax.named_scope("grid_sync"):
@@ -820,6 +868,8 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
   if spec.interpret:
     scratch.append(plgpu.SMEM((WARPGROUPS, 2 * sp.REQUESTS, rank), jnp.int8,
                               transforms=_w2_transforms(1, rank)))
+  if plan.k_halves and not spec.interpret:   # (the kernel takes it as the last)
+    scratch.append(plgpu.SMEM((WARPGROUPS * sp.K_HALVES_EXCHANGE_BYTES,), jnp.int8))
   kernel = plgpu.kernel(
       functools.partial(_kernel, spec=spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),

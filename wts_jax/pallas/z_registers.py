@@ -67,18 +67,20 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
   return gather(tok_ref, w1_ref)
 
 
-def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False):
+def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False,
+               row_bytes: int | None = None):
   """A ``WGMMA_LAYOUT_8BIT`` array whose register at (row, k) holds the 4 bytes
   ``w1[tok[request], plane * r + k : + 4]`` for (request, plane) = ``source(row)``
   (``fragment_order``: read from ``int8_state.fragment_ordered``'s place of those bytes, four
-  registers a 16-byte load)."""
+  registers a 16-byte load). ``rank``: a plane's bytes; ``row_bytes``: a token's
+  (default two planes)."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import llvm
   from jax.experimental.mosaic.gpu import fragmented_array as fa
   i32 = ir.IntegerType.get_signless(32)
   if fragment_order:
     registers = _empty_registers(shape)
-    for _, places, address in fragment_loads(tok, w1_at, shape, source, rank):
+    for _, places, address in fragment_loads(tok, w1_at, shape, source, rank, row_bytes):
       _place(registers, places, llvm.inline_asm(
           _FOUR_WORDS(), [address], "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
           "=r,=r,=r,=r,l", has_side_effects=False))
@@ -92,7 +94,7 @@ def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = Fals
   for reg, (row, col) in zip(np.ndindex(registers.shape), layout.thread_idxs(shape)):
     request, plane = source(arith.index_cast(i32, row))
     token = memref.load(tok, [arith.index_cast(index, request)])
-    address = _w1_address(w1_at, token, plane, arith.index_cast(i32, col), rank)
+    address = _w1_address(w1_at, token, plane, arith.index_cast(i32, col), rank, row_bytes)
     # (Read-only for the kernel's life: the non-coherent path.)
     loaded = llvm.inline_asm(i32, [address], "ld.global.nc.b32 $0, [$1];", "=r,l",
                              has_side_effects=False)
@@ -120,11 +122,13 @@ def _empty_registers(shape):
   return np.empty(fa.WGMMA_LAYOUT_8BIT.registers_shape(shape), dtype=object)
 
 
-def _w1_address(w1_at, token, plane, col, rank: int):
+def _w1_address(w1_at, token, plane, col, rank: int, row_bytes: int | None = None):
+  """W1's byte of ``token``'s ``plane`` (of ``rank`` bytes) at ``col``; a token's row
+  is ``row_bytes`` (default two planes)."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith
   i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
-  offset = arith.addi(arith.muli(token, arith.constant(i32, 2 * rank)),
+  offset = arith.addi(arith.muli(token, arith.constant(i32, row_bytes or 2 * rank)),
                       arith.addi(arith.muli(plane, arith.constant(i32, rank)), col))
   return arith.addi(w1_at, arith.extui(i64, offset))
 
@@ -149,7 +153,7 @@ def _stage_address(stage_at, thread, number: int):
                                          arith.constant(i32, 16)))
 
 
-def fragment_loads(tok, w1_at, shape, source, rank: int):
+def fragment_loads(tok, w1_at, shape, source, rank: int, row_bytes: int | None = None):
   """This thread's 16-byte loads of a ``fragment_ordered`` W1 (see ``_fragments``), in a
   fixed order: [(load number, the four register indices it fills, its global
   address)]."""
@@ -173,7 +177,8 @@ def fragment_loads(tok, w1_at, shape, source, rank: int):
                                             arith.constant(i32, 4)),
                                 arith.constant(i32, rank // 4)),
                      arith.constant(i32, 4 * reg[1]))
-    loads.append((len(loads), places, _w1_address(w1_at, token, plane, col, rank)))
+    loads.append((len(loads), places,
+                  _w1_address(w1_at, token, plane, col, rank, row_bytes)))
   return loads
 
 
