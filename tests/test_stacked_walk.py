@@ -40,7 +40,7 @@ def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, temper
   ops = serial_operands(head, None)
   sampling = None if mode.greedy else (mode.score_scale, mode.noise_on, mode.seed)
   tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a, sampling=sampling))(
-      ops["w2"], base, sw.w1_planes_operand(spec, ops), first, ops["w2_scale"],
+      sw.w2_operand(spec, ops), base, sw.w1_planes_operand(spec, ops), first, ops["w2_scale"],
       ops["w1_plane_scale"])
   return np.asarray(tokens), int(status), plan
 
@@ -80,6 +80,19 @@ def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
   interpreted = mosaic_backend.plan(head, shapes, wts_jax.MosaicConfig(
       kernel="stacked", interpret=True), wts_jax.device.H200)
   assert gpu.w1_order == "fragments" and interpreted.w1_order == "rows"
+  # W2 in its threads' rows: held by a head whose V is a multiple of 64, read by the
+  # GPU plan where the base logits are the threads' async copies (B <= 32).
+  assert not hasattr(head.markov_head.markov_w2, "thread_rows") and gpu.w2_order == "rows"
+  from wts_jax.int8_state import thread_rows_ordered
+  head, _ = planes_head(1024)
+  w2 = head.markov_head.markov_w2
+  np.testing.assert_array_equal(np.asarray(serial_operands(head, None)["w2_thread_rows"]),
+                                np.asarray(thread_rows_ordered(w2.weight[...])))
+  for batch, order in ((16, "thread_rows"), (32, "thread_rows"), (64, "rows")):
+    base = jax.ShapeDtypeStruct((batch, 7, 1024), jnp.bfloat16)
+    plan = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
+                               wts_jax.MosaicConfig(), wts_jax.device.H200)
+    assert plan.w2_order == order, batch
 
 
 # --- the plan ---------------------------------------------------------------------------
@@ -641,6 +654,82 @@ def test_gpu_k_halves_walk_reports_nan():
   _, clean, _ = _walk(head, base, first, **options)
   assert clean == 0
   for row, step, column in ((7, 2, 90001), (12, 0, 151000), (3, 1, 40)):
+    _, status_word, _ = _walk(head, base.at[row, step, column].set(jnp.nan), first,
+                              **options)
+    assert status_word & STATUS_NAN_LOGITS, (row, step, column)
+
+
+# --- W2 in thread-rows order: a thread's base logits as two 16-byte copies --------------
+def test_thread_rows_order_gives_each_thread_sixteen_consecutive_rows():
+  from wts_jax.int8_state import thread_rows_ordered
+  w2 = jnp.arange(128, dtype=jnp.int32)[:, None] * jnp.ones((1, 3), jnp.int32)
+  ordered = np.asarray(thread_rows_ordered(w2))[:, 0]
+  for tile in range(2):
+    for t in range(4):   # (a thread's columns 8j + 2t + e: rows 16t + 2j + e)
+      columns = [8 * j + 2 * t + e for j in range(8) for e in range(2)]
+      np.testing.assert_array_equal(ordered[tile * 64 + np.array(columns)],
+                                    tile * 64 + 16 * t + np.arange(16))
+  plan = sw.plan_stacked(vocab_size=1000, rank=32, batch=5, num_blocks=1,
+                         smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="thread_rows"):
+    sw.StackedSpec(plan, 5, 3, interpret=True, w2_order="thread_rows")   # (V % 64)
+  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                         smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="thread_rows"):
+    sw.StackedSpec(plan, 16, 7, w2_order="thread_rows")   # (no base slots on the GPU)
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_thread_rows_walk_lowers_for_cuda(greedy):
+  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                         smem_per_block=H200_SMEM, base_slots=2)
+  spec = sw.StackedSpec(plan, 16, 7, w1_order="fragments", w2_order="thread_rows",
+                        rotate_warps=True, skip_idle_warps=True, status="kernel",
+                        greedy=greedy)
+  text = _lowered_for_cuda(spec)
+  assert "mosaic_gpu" in text
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
+    assert "cp.async.cg.shared.global" in text
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("batch,temperature", [(5, 0.0), (40, 0.0), (9, 0.8)])
+def test_interpreted_thread_rows_walk_equals_the_reference(batch, temperature):
+  """V = 1024 (a multiple of 64): W2's tiles in thread-rows order, the fold's columns
+  mapped back to their rows: the reference's tokens, greedy and sampled."""
+  head, config = planes_head(1024, seed=batch)
+  base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch + 90))
+  _assert_walk_equals_the_reference(
+      head, base, first, num_blocks=1, interpret=True, temperature=temperature,
+      key=jax.random.key(8) if temperature else None,
+      spec_options=dict(w2_order="thread_rows"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("batch,temperature", [(1, 0.0), (5, 0.0), (16, 0.0), (12, 0.8),
+                                               (32, 0.0)])
+def test_gpu_thread_rows_walk_keeps_the_tokens(batch, temperature):
+  head, config = planes_head(151936, seed=batch + 11)
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 95))
+  _assert_walk_equals_the_reference(
+      head, base, first, num_blocks=132, interpret=False, base_slots=2,
+      temperature=temperature, key=jax.random.key(6) if temperature else None,
+      spec_options=dict(w1_order="fragments", w2_order="thread_rows", rotate_warps=True,
+                        skip_idle_warps=True, status="kernel"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+def test_gpu_thread_rows_walk_reports_nan():
+  head, config = planes_head(151936)
+  base, first, _ = random_inputs(config, 16, 3, jax.random.key(7))
+  options = dict(num_blocks=132, interpret=False, base_slots=2,
+                 spec_options=dict(w1_order="fragments", w2_order="thread_rows",
+                                   rotate_warps=True, skip_idle_warps=True, status="kernel"))
+  _, clean, _ = _walk(head, base, first, **options)
+  assert clean == 0
+  for row, step, column in ((7, 2, 90001), (12, 0, 151935), (3, 1, 40)):
     _, status_word, _ = _walk(head, base.at[row, step, column].set(jnp.nan), first,
                               **options)
     assert status_word & STATUS_NAN_LOGITS, (row, step, column)

@@ -23,7 +23,8 @@ copy before the launch or in the kernel (``w2_widening``),
 int8-planes kernel / the row kernel by name; ``wts-stacked-status-flags`` / ``-kernel`` wts with
 the stacked kernel's status reduced after the launch / in the kernel; ``wts-carry-last-column``
 / ``xla-carry-last-column`` wts / xla timed in the harness's older chain (the tokens' last
-column sliced after each walk, ``timing.build_chain``'s carry_form). Any R, S, G named in
+column sliced after each walk, ``timing.build_chain``'s carry_form); ``wts-stacked-w2-rows``
+wts with the stacked kernel's W2 in row order (not its threads' rows). Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -80,6 +81,10 @@ def register_variants(names):
       paths.register_path(name, jax_paths.available_wts,
                           _stacked_status(jax_paths.prepare_wts, status),
                           description=f"wts, the stacked kernel's status={status!r}")
+  if "wts-stacked-w2-rows" in names and "wts-stacked-w2-rows" not in paths.PATHS:
+    paths.register_path("wts-stacked-w2-rows", jax_paths.available_wts,
+                        _stacked_spec_patch(jax_paths.prepare_wts, w2_order="rows"),
+                        description="wts, the stacked kernel's W2 in row order")
   for path in ("wts", "xla"):   # the harness's chain carrying only the tokens' last column
     name = f"{path}-carry-last-column"
     if name in names and name not in paths.PATHS:
@@ -129,9 +134,14 @@ def register_variants(names):
 
 
 def _stacked_status(prepare, status: str):
-  """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec.status`` set: the
-  API's stacked plan patched while this path's walk traces (the harness traces in one
-  thread), so the other paths keep theirs."""
+  """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec.status`` set."""
+  return _stacked_spec_patch(prepare, status=status)
+
+
+def _stacked_spec_patch(prepare, **changes):
+  """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec`` fields
+  ``changes`` set: the API's stacked plan patched while this path's walk traces (the
+  harness traces in one thread), so the other paths keep theirs."""
   def prepared(*args, **kwargs):
     import dataclasses
     from wts_jax.bench.registry import jax_prepared
@@ -142,7 +152,7 @@ def _stacked_status(prepare, status: str):
 
     def with_status(*plan_args, **plan_kwargs):
       spec = plan_of(*plan_args, **plan_kwargs)
-      return (dataclasses.replace(spec, status=status) if isinstance(spec, StackedSpec)
+      return (dataclasses.replace(spec, **changes) if isinstance(spec, StackedSpec)
               else spec)
 
     def walk_fn(operands, first):

@@ -37,7 +37,9 @@ BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs
           (16, dict(skip_idle_warps=True, rotate_warps=True,
                     plan=dict(base_slots=2, base_warps=2))),
           (16, dict(w1_order="k_halves", skip_idle_warps=True, greedy=False,
-                    plan=dict(base_slots=2, k_halves=True))))
+                    plan=dict(base_slots=2, k_halves=True))),
+          (16, dict(w2_order="thread_rows", rotate_warps=True, skip_idle_warps=True,
+                    greedy=False, plan=dict(base_slots=2))))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
 

@@ -23,10 +23,11 @@ its stores and fence), two warpgroups on N;
 planner's choice there), the z rows gathered by the leader's four warps, each row's s_lo
 loaded by a thread of its own.
 ``stacked`` / ``stacked-40``: the stacked int8-planes walk (``stacked_walk``) on 2 blocks of
-6 tiles, one tile resident and the rest streamed: B = 5 on four phases (1-slot rings, a
-phase of one tile), B = 40 on two (2-slot rings shared by two warpgroups); its spec's
-options by ``tools/stacked_probe.py``'s letters in STACKED_OPTIONS (e.g. ``D+F``, or
-``F+C`` for the API's: W1 in fragment order, the base logits by async copies).
+6 tiles (V 712; 768 with W2 in its threads' rows, letter U), one tile resident and the
+rest streamed: B = 5 on four phases (1-slot rings, a phase of one tile), B = 40 on two
+(2-slot rings shared by two warpgroups); its spec's options by ``tools/stacked_probe.py``'s
+letters in STACKED_OPTIONS (e.g. ``D+F``, or ``F+C+U`` for the API's at B <= 32: W1 in
+fragment order, the base logits by async copies, W2 in its threads' rows).
 SEEDS (default 1) fresh inputs are walked; the exit status is 1 if any differs.
 SPIN_LIMIT (default 2^14) bounds each grid-barrier wait: a walk whose instrumented blocks
 wait longer ends with the timeout status (4), not a race; raise it to let them finish.
@@ -49,11 +50,13 @@ def stacked(batch: int, seeds: int, spin_limit: int) -> int:
   from wts_jax.pallas import stacked_walk as sw
   from wts_jax.pallas.head_operands import serial_operands
   from wts_jax.quantize import quantize_w2
-  config = HeadConfig(vocab_size=712, rank=64, hidden_size=64, head_type="vanilla")
-  head = quantize_w2(wts_jax.make_head(config, seed=1), "int8", state="planes")
   plan_options, spec_options = plan_and_spec_options(os.environ.get("STACKED_OPTIONS", ""))
+  # (W2 in its threads' rows takes whole 64-row tiles: V 768, else 712)
+  vocab = 768 if spec_options.get("w2_order") == "thread_rows" else 712
+  config = HeadConfig(vocab_size=vocab, rank=64, hidden_size=64, head_type="vanilla")
+  head = quantize_w2(wts_jax.make_head(config, seed=1), "int8", state="planes")
   plan_names = {name for name, _ in PLAN_LETTERS.values()}   # (its residency is fixed)
-  plan = sw.plan_stacked(vocab_size=712, rank=64, batch=batch, num_blocks=2,
+  plan = sw.plan_stacked(vocab_size=vocab, rank=64, batch=batch, num_blocks=2,
                          smem_per_block=227 * 1024, resident=1,
                          **{k: v for k, v in plan_options.items() if k in plan_names})
   spec = sw.StackedSpec(plan, batch, 4, spin_limit=spin_limit, **spec_options)

@@ -21,7 +21,8 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       programmatic dependent launch; S the status reduced in the kernel; H each tile's
       WGMMA in two halves, the first folded under the second; J in four quarters;
       O (B <= 16, with C) each tile's products as four 2:4-sparse WGMMAs on z's planes
-      over two halves of K, W1 in that order)
+      over two halves of K, W1 in that order; U (with C) W2's tiles in thread-rows order:
+      a thread's 16 columns 16 consecutive rows, its base logits two 16-byte copies)
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "R": ("rotate_warps", True), "V": ("skip_idle_warps", True),
                 "G": ("dependent_launch", True), "S": ("status", "kernel"),
                 "H": ("mma_parts", 2), "J": ("mma_parts", 4),
-                "N": ("timing_ablation", "narrow_mma")}
+                "N": ("timing_ablation", "narrow_mma"), "U": ("w2_order", "thread_rows")}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3),
@@ -90,7 +91,7 @@ def plan_and_spec_options(text: str) -> tuple[dict, dict]:
 def walk_operands(spec, operands, base, first):
   """``stacked_walk``'s operands after the spec: W1's planes in the order it asks for
   (the head carries both)."""
-  return (operands["w2"], base, sw.w1_planes_operand(spec, operands), first,
+  return (sw.w2_operand(spec, operands), base, sw.w1_planes_operand(spec, operands), first,
           operands["w2_scale"], operands["w1_plane_scale"])
 
 

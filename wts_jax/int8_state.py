@@ -107,3 +107,13 @@ def k_halves_fragment_ordered(planes: jax.Array) -> jax.Array:
   """``k_halves`` with each half-plane in ``fragment_ordered``'s order (the stacked
   walk's ``w1_order="k_halves"``)."""
   return fragment_ordered(k_halves(planes), planes.shape[1] // 4)
+
+
+def thread_rows_ordered(w2):
+  """W2 [V, r] (V a multiple of 64) with each 64-row tile's rows in the order the
+  WGMMA's accumulator columns meet them when a thread's 16 columns are 16 consecutive
+  rows: tile position 8j + 2t + e holds the tile's row 16t + 2j + e (the stacked walk's
+  ``w2_order="thread_rows"``: a thread's base logits are 32 contiguous bytes)."""
+  vocab, rank = w2.shape
+  return (w2.reshape(vocab // 64, 4, 8, 2, rank).transpose(0, 2, 1, 3, 4)
+          .reshape(vocab, rank))

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.int8_state import fragment_ordered, interleaved_planes
+from wts_jax.int8_state import fragment_ordered, interleaved_planes, thread_rows_ordered
 
 SCHEMES = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
 STATES = ("float", "planes")
@@ -27,12 +27,17 @@ STATES = ("float", "planes")
 
 class QuantizedLinear(nnx.Module):
   """``weight`` [V, r] int8/fp8 and ``scale`` [V] fp32: ``W ≈ weight · scale[:, None]``.
-  ``state_planes``: z meets it as two int8 planes (``wts_jax.int8_state``)."""
+  ``state_planes``: z meets it as two int8 planes (``wts_jax.int8_state``); then, with V
+  a multiple of 64, ``thread_rows`` holds the same rows in the order the stacked walk's
+  threads meet them (``int8_state.thread_rows_ordered``: a thread's base logits in
+  two 16-byte copies)."""
 
   def __init__(self, weight: jax.Array, scale: jax.Array, *, state_planes: bool = False):
     self.weight = nnx.Param(weight)
     self.scale = nnx.Param(scale)
     self.state_planes = state_planes
+    if state_planes and weight.shape[0] % 64 == 0:
+      self.thread_rows = nnx.Variable(thread_rows_ordered(weight))
 
 
 class W1Planes(nnx.Module):

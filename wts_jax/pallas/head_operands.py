@@ -3,7 +3,8 @@
 ``serial_operands(head, hidden)`` gives every backend the same named arrays: the walk's
 weights (``w2``, its per-row ``w2_scale`` when quantized, ``w1``, W1's int8 planes
 ``w1_planes`` / ``w1_plane_scale`` when z meets an int8 W2 as two planes, and
-``w1_fragments``, the planes in the stacked walk's load order) and what the head's
+``w1_fragments``, the planes in the stacked walk's load order, and ``w2_thread_rows``,
+W2 in its threads' row order, when the head holds it) and what the head's
 own hook adds — the head's serial weights and its hidden-only terms for all K positions
 at once (``SerialHead.hoist``, the same function the reference runs, computed before the
 serial loop). A new head type adds its hook here and one per kernel (the kernel's
@@ -55,5 +56,7 @@ def serial_operands(head, hidden) -> dict:
     planes = serial.markov_w1_planes
     operands["w1_planes"], operands["w1_plane_scale"] = planes.planes[...], planes.scale[...]
     operands["w1_fragments"] = planes.fragments[...]
+    if hasattr(w2, "thread_rows"):
+      operands["w2_thread_rows"] = w2.thread_rows[...]
   operands.update(HEAD_HOOKS[head.config.head_type](serial, hidden))
   return operands

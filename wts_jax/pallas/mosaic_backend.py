@@ -88,11 +88,16 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # NOTES v31), by TMA above one block of requests (NOTES v32). The warps' requests
   # rotated and the warps past the batch idle in the fold (NOTES v32). The status
   # reduced in the kernel (``StackedSpec.status``): no op after the launch; faster at
-  # every B in one run with the reduce op beside it (NOTES v34).
+  # every B in one run with the reduce op beside it (NOTES v34). W2 in its threads' row
+  # order where the head holds it and the base logits are the threads' async copies:
+  # faster at B 1-32 (NOTES v35).
+  thread_rows = (gpu and plan.base_copies == "threads" and plan.base_slots
+                 and hasattr(head.markov_head.markov_w2, "thread_rows"))
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret, greedy=shapes.greedy,
                      w1_order="fragments" if gpu else "rows",
+                     w2_order="thread_rows" if thread_rows else "rows",
                      rotate_warps=gpu, skip_idle_warps=gpu, status="kernel")
 
 
@@ -485,14 +490,15 @@ def _launch_stacked(spec, head, base_logits, first_tokens, hidden, score_scale, 
                     seed):
   """The stacked kernel, one launch per 64 rows."""
   from wts_jax.output import WalkOutput
-  from wts_jax.pallas.stacked_walk import row_launches, stacked_walk, w1_planes_operand
+  from wts_jax.pallas.stacked_walk import (row_launches, stacked_walk, w1_planes_operand,
+                                           w2_operand)
   first, status = _first_tokens(head, first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   tokens = []
   for rows, part in row_launches(spec):
     sampling = None if spec.greedy else (score_scale[rows], noise_on[rows], seed)
     part_tokens, part_status = stacked_walk(
-        part, operands["w2"], base_logits[rows], w1_planes_operand(part, operands),
+        part, w2_operand(part, operands), base_logits[rows], w1_planes_operand(part, operands),
         first[rows], operands["w2_scale"], operands["w1_plane_scale"], sampling=sampling)
     tokens.append(part_tokens)
     status = status | part_status

@@ -485,15 +485,16 @@ def base_slot_bytes(warps: int = 4) -> int:
 
 
 def _base_address(base, start, step, *, steps: int, width: int, batch: int, phases: int,
-                  rotate: bool = False):
+                  rotate: bool = False, columns_a_thread: int = 2):
   """(this thread's first base word's global address, its request is live): its
-  request's row at ``step`` from column ``start`` + 2t (i32 values)."""
+  request's row at ``step`` from column ``start`` + 2t (i32 values); with
+  ``columns_a_thread`` 16 (``int8_state.thread_rows_ordered`` W2) from ``start`` + 16t."""
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
   from jax.experimental.mosaic.gpu import utils as mgpu_utils
   i64 = ir.IntegerType.get_signless(64)
   request, (_, _, t) = _request(phases, rotate)
-  first_col = arith.addi(start, arith.muli(t, _const(2)))
+  first_col = arith.addi(start, arith.muli(t, _const(columns_a_thread)))
   live = arith.cmpi(arith.CmpIPredicate.slt, request, _const(batch))
   row = arith.select(live, request, _const(0))
   element = arith.addi(arith.muli(arith.addi(arith.muli(row, _const(steps)), step),
@@ -522,9 +523,22 @@ def _base_slot_word(staged, slot, slots: int, warps: int = 4, rotate: bool = Fal
   return arith.addi(slot_at, arith.muli(compact, _const(4)))
 
 
+def _base_slot_chunk(staged, slot, slots: int):
+  """This thread's first 16-byte chunk in its warpgroup's ``slot`` (``copy_base`` with
+  ``thread_rows``): chunk c of thread t at (c · 128 + t) · 16, so a warp's copies and
+  reads of one chunk are contiguous."""
+  from jax._src.lib.mlir.dialects import arith
+  from wts_jax.pallas.row_words import thread_and_addresses
+  thread, (staged_at,), _ = thread_and_addresses((staged,))
+  _, wg, *_ = _thread()
+  slot_at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
+                                             _const(BASE_SLOT_BYTES)))
+  return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(16)))
+
+
 def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
               batch: int, phases: int, slots: int, rotate: bool | str = False,
-              warps: int = 4):
+              warps: int = 4, thread_rows: bool = False):
   """``load_base``'s words by ``cp.async`` into this warpgroup's ``slot`` of ``base_s``
   (rows past the batch zero), one commit group: the words never pass through the
   registers, so no WGMMA's register fence waits for them (``fold_tile`` waits for the
@@ -532,7 +546,9 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
   ``warps`` < 4: the slots hold the first ``warps`` request warps' words only; the
   threads of the others copy nothing. ``rotate=K_HALVES``: a thread copies the 4 words
   of its half of the columns (``_k_half``: words 4h .. 4h + 3 of its request) into its
-  slot's words 0-3."""
+  slot's words 0-3. ``thread_rows`` (an ``int8_state.thread_rows_ordered`` W2, ``warps`` 4): a
+  thread's 16 columns are 16 consecutive rows, copied by two 16-byte copies into the
+  slot's chunks (c · 128 + t) · 16, c = 0, 1."""
   halves = rotate == K_HALVES
   start = tile_start(block, tile, tiles=tiles, vocab=vocab)
   steps, width = base_g.shape[1], base_g.shape[2]
@@ -544,7 +560,16 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm
     at, live = _base_address(base, _scalar(start_rows), _scalar(step_rows), steps=steps,
-                             width=width, batch=batch, phases=phases, rotate=rotate)
+                             width=width, batch=batch, phases=phases, rotate=rotate,
+                             columns_a_thread=16 if thread_rows else 2)
+    if thread_rows:
+      dst = _base_slot_chunk(staged, _scalar(slot_rows), slots)
+      size = arith.select(live, _const(16), _const(0))
+      llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size],
+                      "cp.async.cg.shared.global [$0], [$1], 16, $2;\n"
+                      "cp.async.cg.shared.global [$0+2048], [$1+16], 16, $2;\n"
+                      "cp.async.commit_group;", "r,l,r", has_side_effects=True)
+      return
     dst = _base_slot_word(staged, _scalar(slot_rows), slots, warps, rotate)
     size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
     if halves:
@@ -791,7 +816,8 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
               nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
               base_s=None, slots: int = 0, copies_pending: int = 1, tma_slots: bool = False,
               rotate: bool | str = False, live_rows: int | None = None, phases: int = 1,
-              pairs: tuple[int, int] = (0, TILE // 8), base_warps: int = 4):
+              pairs: tuple[int, int] = (0, TILE // 8), base_warps: int = 4,
+              thread_rows: bool = False):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -814,8 +840,13 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   ``rotate=K_HALVES``: on the GPU ``acc`` is ``k_halves_join``'s (D in the lo rows,
   ``pairs`` (0, 4): warps 0-1 fold the tile's columns 0-31, warps 2-3 columns 32-63,
   their base words ``copy_base``'s); interpreted, the stacked accumulators of the
-  dense operand ``gather`` stands for, whose two halves of K are added here."""
+  dense operand ``gather`` stands for, whose two halves of K are added here.
+  ``thread_rows``: the tile's W2 is ``int8_state.thread_rows_ordered`` (accumulator column
+  8j + 2t + e is the tile's row 16t + 2j + e), its base words ``copy_base``'s with
+  ``thread_rows`` (GPU)."""
   halves = rotate == K_HALVES
+  if interpret and thread_rows:   # (column 8j + 2t + e back to row 16t + 2j + e)
+    acc = acc.reshape(-1, 8, 4, 2).transpose(0, 2, 1, 3).reshape(acc.shape)
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
     if halves:   # (rows 32-63: the first 16 requests' second half of K)
@@ -884,7 +915,12 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     folded = read if column_pairs is None else range(
         first_pair, max(first_pair, min(first_pair + count, column_pairs)))
     if staged:
-      if tma_slots:   # (word k at word 0's address XOR 16 k: the swizzle)
+      if thread_rows:   # (pair k: chunk k // 4, word k % 4)
+        word_at = _base_slot_chunk(rest[0], _scalar(base), slots)
+        reads = f"cp.async.wait_group {copies_pending};\n" + "".join(
+            f"ld.shared.b32 ${k - first_pair}, [${count}+{2048 * (k // 4) + 4 * (k % 4)}];\n"
+            for k in read)
+      elif tma_slots:   # (word k at word 0's address XOR 16 k: the swizzle)
         word_at = _tma_base_word(rest[0], _scalar(base), slots, rotate)
         reads = "{ .reg .b32 a;\n" + "".join(
             f"xor.b32 a, ${count}, {16 * k}; ld.shared.b32 ${k - first_pair}, [a];\n"
@@ -907,7 +943,9 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     _, _, _, _, t = _thread()
     scale_lo = vector.broadcast(f32x2, _scalar(s_lo))
     lo_steps = vector.broadcast(ir.VectorType.get((2,), _i32()), _const(LO_STEPS))
-    pair = arith.muli(t, _const(2))
+    # (the thread's first column's row in the tile, and its pairs' step)
+    pair = arith.muli(t, _const(16 if thread_rows else 2))
+    pair_step = 2 if thread_rows else 8
     if halves:   # (the warp's half of the tile's columns)
       pair = arith.addi(pair, arith.muli(_k_half(), _const(TILE // 2)))
     first = arith.addi(_scalar(start_rows), pair)
@@ -923,22 +961,22 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       lo = acc.registers[0, j - first_pair, 0, 0, 1, 0, 0, 0, 0]
       d = arith.addi(arith.muli(hi, lo_steps), lo)
       logits = arith.mulf(arith.sitofp(f32x2, d), scale_lo)
-      column = arith.index_cast(index_type, arith.addi(pair, _const(8 * j)))
+      column = arith.index_cast(index_type, arith.addi(pair, _const(pair_step * j)))
       logits = arith.mulf(logits, vector.load(f32x2, scales, [column]))
       logits = arith.addf(logits, arith.extf(f32x2, base_words[j]))
       for e in range(2):
         logit = _element(logits, e)
         if sampling_state:
-          noise = _gumbel(arith.addi(first, _const(8 * j + e)), stream)
+          noise = _gumbel(arith.addi(first, _const(pair_step * j + e)), stream)
           logit = arith.addf(arith.mulf(logit, score_scale),
                              arith.select(noise_on, noise, arith.constant(f32, 0.0)))
         better = arith.cmpf(arith.CmpFPredicate.OGT, logit, value)
         if nan_in_value:
-          column_won = arith.select(better, _const(8 * j + e), column_won)
+          column_won = arith.select(better, _const(pair_step * j + e), column_won)
           value = arith.maximumf(value, logit)   # (NaN-propagating)
           continue
         value = arith.select(better, logit, value)
-        index = arith.select(better, arith.addi(first, _const(8 * j + e)), index)
+        index = arith.select(better, arith.addi(first, _const(pair_step * j + e)), index)
         top = arith.maximumf(top, logit)   # (NaN-propagating: the step's NaN check)
     if nan_in_value:
       won = arith.cmpi(arith.CmpIPredicate.sge, column_won, _const(0))

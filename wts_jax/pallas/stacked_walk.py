@@ -42,7 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from wts_jax.int8_state import k_halves_fragment_ordered
+from wts_jax.int8_state import k_halves_fragment_ordered, thread_rows_ordered
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT, STATUS_TOKEN_OUT_OF_RANGE
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas import stacked_planes as sp
@@ -290,6 +290,11 @@ class StackedSpec:
   # W1's planes as given ("rows") or ``int8_state.fragment_ordered`` ("fragments": a
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
+  # W2 as given ("rows") or ``int8_state.thread_rows_ordered`` ("thread_rows", V a
+  # multiple of 64, base logits by the threads' async copies into slots or interpreted):
+  # a thread's 16 columns of a tile are 16 consecutive rows, so its base logits are two
+  # 16-byte copies, not eight of 4 bytes.
+  w2_order: str = "rows"
   # Timing only (``tools/stacked_probe.py``; the tokens are wrong): "fold", a tile's
   # fold cut to its first column pair; "base", no base logits loaded (with base slots:
   # none copied, the fold reads the slots as they are); "mma", no WGMMA issued (the
@@ -329,6 +334,7 @@ class StackedSpec:
                           ("refill", ("released", "deferred")),
                           ("ring_issuers", ("first", "dealt")),
                           ("w1_order", ("rows", "fragments", "k_halves")),
+                          ("w2_order", ("rows", "thread_rows")),
                           ("status", ("flags", "kernel"))):
       value = getattr(self, name)
       if value not in allowed:
@@ -338,6 +344,14 @@ class StackedSpec:
     if not self.interpret and (self.w1_order == "k_halves") != self.plan.k_halves:
       raise ValueError(f"w1_order={self.w1_order!r} with k_halves={self.plan.k_halves}: "
                        "the k-halves walk reads W1 as k_halves_fragment_ordered, only it")
+    if self.w2_order == "thread_rows" and (
+        self.plan.vocab_size % sp.TILE or self.plan.k_halves or (not self.interpret and (
+            not self.plan.base_slots or self.plan.base_copies != "threads"
+            or self.plan.base_warps != 4))):
+      raise ValueError("w2_order='thread_rows': V a multiple of 64 (V="
+                       f"{self.plan.vocab_size}), dense tiles, and on the GPU the base "
+                       "logits by the threads' async copies into slots of every request "
+                       "warp")
     if self.plan.k_halves and (self.rotate_warps or self.exchange != "counter"
                                or self.mma_parts > 1 or self.timing_ablation == "narrow_mma"):
       raise ValueError("k_halves: its warps' requests are its own (no rotate_warps), the "
@@ -368,6 +382,15 @@ class StackedSpec:
                        f"counter exchange's barrier, not exchange={self.exchange!r}")
     if self.plan.z_loads == "shared" and self.w1_order != "fragments":
       raise ValueError("z_loads='shared' stages W1 in fragment order (w1_order='fragments')")
+
+
+def w2_operand(spec: StackedSpec, operands: dict):
+  """W2 in the order ``spec`` reads it (``thread_rows``: made here when the operands
+  lack ``w2_thread_rows``: a copy of W2)."""
+  if spec.w2_order == "thread_rows":
+    return (operands["w2_thread_rows"] if "w2_thread_rows" in operands
+            else thread_rows_ordered(operands["w2"]))
+  return operands["w2"]
 
 
 def w1_planes_operand(spec: StackedSpec, operands: dict):
@@ -518,7 +541,8 @@ def _kernel(*refs, spec: StackedSpec):
         if base_slots:
           return sp.copy_base(base_g, base_s, lax.rem(ordinal, base_slots), step, block,
                               tile, tiles=tiles, vocab=vocab, batch=batch, phases=phases,
-                              slots=base_slots, rotate=rotate, warps=plan.base_warps)
+                              slots=base_slots, rotate=rotate, warps=plan.base_warps,
+                              thread_rows=spec.w2_order == "thread_rows")
         return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
                             batch=batch, phases=phases, wg=wg, interpret=interpret,
                             loads=not no_base, rotate=rotate)
@@ -596,7 +620,8 @@ def _kernel(*refs, spec: StackedSpec):
                                 base_s=base_s, slots=base_slots,
                                 copies_pending=copies_ahead, tma_slots=by_tma,
                                 rotate=rotate, live_rows=live_rows, phases=phases,
-                                sampled=sampled, pairs=pairs, base_warps=plan.base_warps)
+                                sampled=sampled, pairs=pairs, base_warps=plan.base_warps,
+                                thread_rows=spec.w2_order == "thread_rows")
 
         def product(*acc_refs):
           parts = len(acc_refs)
