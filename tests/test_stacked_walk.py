@@ -692,6 +692,27 @@ def test_thread_rows_walk_lowers_for_cuda(greedy):
     assert "cp.async.cg.shared.global" in text
 
 
+@pytest.mark.parametrize("batch,options", [
+    (64, dict(plan=dict(base_slots=2, base_copies="tma"))),
+    (40, dict(greedy=False, plan=dict(base_slots=2, base_copies="tma"))),
+    (16, dict(base_vector_reads=True, plan=dict(base_slots=2)))],
+    ids=["tma-64", "tma-40-sampled", "vector-reads-16"])
+def test_thread_rows_with_tma_slots_or_vector_reads_lowers_for_cuda(batch, options):
+  """W2 in its threads' rows with the base logits by TMA (the slot's swizzled chunks read
+  as two 16-byte loads) or the async slots read so (``base_vector_reads``)."""
+  options = dict(options)
+  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                         smem_per_block=H200_SMEM, **options.pop("plan"))
+  spec = sw.StackedSpec(plan, batch, 7, w1_order="fragments", w2_order="thread_rows",
+                        rotate_warps=True, skip_idle_warps=True, status="kernel", **options)
+  text = _lowered_for_cuda(spec)
+  assert "mosaic_gpu" in text
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
+    assert "ld.shared.v4.b32" in text
+  with pytest.raises(ValueError, match="base_vector_reads"):
+    sw.StackedSpec(plan, batch, 7, base_vector_reads=True)
+
+
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("batch,temperature", [(5, 0.0), (40, 0.0), (9, 0.8)])
 def test_interpreted_thread_rows_walk_equals_the_reference(batch, temperature):
@@ -717,6 +738,25 @@ def test_gpu_thread_rows_walk_keeps_the_tokens(batch, temperature):
       temperature=temperature, key=jax.random.key(6) if temperature else None,
       spec_options=dict(w1_order="fragments", w2_order="thread_rows", rotate_warps=True,
                         skip_idle_warps=True, status="kernel"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
+@pytest.mark.parametrize("batch,temperature,plan,vector", [
+    (40, 0.0, dict(base_slots=2, base_copies="tma"), False),
+    (64, 0.0, dict(base_slots=2, base_copies="tma"), False),
+    (64, 0.8, dict(base_slots=2, base_copies="tma"), False),
+    (16, 0.0, dict(base_slots=2), True), (5, 0.8, dict(base_slots=2), True)],
+    ids=["tma-40", "tma-64", "tma-64-sampled", "vector-reads-16", "vector-reads-5-sampled"])
+def test_gpu_thread_rows_tma_or_vector_reads_keep_the_tokens(batch, temperature, plan,
+                                                             vector):
+  head, config = planes_head(151936, seed=batch + 13)
+  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 97))
+  _assert_walk_equals_the_reference(
+      head, base, first, num_blocks=132, interpret=False, **plan,
+      temperature=temperature, key=jax.random.key(9) if temperature else None,
+      spec_options=dict(w1_order="fragments", w2_order="thread_rows", rotate_warps=True,
+                        skip_idle_warps=True, status="kernel", base_vector_reads=vector))
 
 
 @pytest.mark.gpu

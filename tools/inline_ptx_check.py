@@ -39,7 +39,9 @@ BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs
           (16, dict(w1_order="k_halves", skip_idle_warps=True, greedy=False,
                     plan=dict(base_slots=2, k_halves=True))),
           (16, dict(w2_order="thread_rows", rotate_warps=True, skip_idle_warps=True,
-                    greedy=False, plan=dict(base_slots=2))))
+                    greedy=False, plan=dict(base_slots=2))),
+          (16, dict(w2_order="thread_rows", base_vector_reads=True, plan=dict(base_slots=2))),
+          (64, dict(w2_order="thread_rows", plan=dict(base_slots=2, base_copies="tma"))))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
 

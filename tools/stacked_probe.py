@@ -22,7 +22,9 @@ device time after an L2 flush (``profile_batched.time_walks``), in one device ca
       WGMMA in two halves, the first folded under the second; J in four quarters;
       O (B <= 16, with C) each tile's products as four 2:4-sparse WGMMAs on z's planes
       over two halves of K, W1 in that order; U (with C) W2's tiles in thread-rows order:
-      a thread's 16 columns 16 consecutive rows, its base logits two 16-byte copies)
+      a thread's 16 columns 16 consecutive rows, its base logits two 16-byte copies
+      (with T: its TMA slot's words read as two 16-byte loads); U4 (with C + U) the async
+      slots' words read so too)
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
                 "R": ("rotate_warps", True), "V": ("skip_idle_warps", True),
                 "G": ("dependent_launch", True), "S": ("status", "kernel"),
                 "H": ("mma_parts", 2), "J": ("mma_parts", 4),
-                "N": ("timing_ablation", "narrow_mma"), "U": ("w2_order", "thread_rows")}
+                "N": ("timing_ablation", "narrow_mma"), "U": ("w2_order", "thread_rows"),
+                "U4": ("base_vector_reads", True)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
 PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3),

@@ -616,6 +616,22 @@ def _tma_base_word(staged, slot, slots: int, rotate: bool = False):
   return arith.addi(at, arith.addi(arith.muli(g, _const(16)), arith.muli(t, _const(4))))
 
 
+def _tma_base_chunk(staged, slot, slots: int, rotate: bool = False):
+  """With W2 in its threads' rows: this thread's first 16-byte chunk (its request's row,
+  chunk 2t, swizzled: at 16 · (2t ^ g) in the row) in its warpgroup's TMA ``slot``; its
+  second, chunk 2t + 1, is at the first's address XOR 16 within the row."""
+  from jax._src.lib.mlir.dialects import arith
+  from wts_jax.pallas.row_words import thread_and_addresses
+  _, (staged_at,), _ = thread_and_addresses((staged,))
+  _, wg, warp, g, t = _thread()
+  warp = _request_warp(warp, wg, rotate)
+  row = arith.addi(arith.muli(warp, _const(8)), g)
+  at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
+                                        _const(BASE_SLOT_BYTES)))
+  at = arith.addi(at, arith.muli(row, _const(2 * TILE)))
+  return arith.addi(at, arith.muli(arith.xori(arith.muli(t, _const(2)), g), _const(16)))
+
+
 def zero_unread_rows(base_s, *, batch: int, phases: int, slots: int, rotate: bool = False):
   """Zeros in the TMA base slots' rows past the batch (the copies write the live rows
   only), each thread its own words in its warpgroup's slots: the fold of a request past
@@ -817,7 +833,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
               base_s=None, slots: int = 0, copies_pending: int = 1, tma_slots: bool = False,
               rotate: bool | str = False, live_rows: int | None = None, phases: int = 1,
               pairs: tuple[int, int] = (0, TILE // 8), base_warps: int = 4,
-              thread_rows: bool = False):
+              thread_rows: bool = False, vector_reads: bool = False):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
@@ -843,7 +859,10 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   dense operand ``gather`` stands for, whose two halves of K are added here.
   ``thread_rows``: the tile's W2 is ``int8_state.thread_rows_ordered`` (accumulator column
   8j + 2t + e is the tile's row 16t + 2j + e), its base words ``copy_base``'s with
-  ``thread_rows`` (GPU)."""
+  ``thread_rows`` or a TMA copy's (GPU), read as two 16-byte loads with TMA slots or
+  ``vector_reads`` (else eight 4-byte ones)."""
+  if (tma_slots or vector_reads) and thread_rows and pairs != (0, TILE // 8):
+    raise ValueError("the base words' 16-byte reads take a whole tile (pairs (0, 8))")
   halves = rotate == K_HALVES
   if interpret and thread_rows:   # (column 8j + 2t + e back to row 16t + 2j + e)
     acc = acc.reshape(-1, 8, 4, 2).transpose(0, 2, 1, 3).reshape(acc.shape)
@@ -915,7 +934,19 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     folded = read if column_pairs is None else range(
         first_pair, max(first_pair, min(first_pair + count, column_pairs)))
     if staged:
-      if thread_rows:   # (pair k: chunk k // 4, word k % 4)
+      if thread_rows and (tma_slots or vector_reads):   # (pair k: chunk k // 4, word k % 4)
+        if tma_slots:   # (its request's row, chunks 2t and 2t + 1, swizzled)
+          word_at = _tma_base_chunk(rest[0], _scalar(base), slots, rotate)
+          reads = ("{ .reg .b32 a;\n"
+                   f"xor.b32 a, ${count}, 16;\n"
+                   f"ld.shared.v4.b32 {{$0, $1, $2, $3}}, [${count}];\n"
+                   "ld.shared.v4.b32 {$4, $5, $6, $7}, [a]; }")
+        else:
+          word_at = _base_slot_chunk(rest[0], _scalar(base), slots)
+          reads = (f"cp.async.wait_group {copies_pending};\n"
+                   f"ld.shared.v4.b32 {{$0, $1, $2, $3}}, [${count}];\n"
+                   f"ld.shared.v4.b32 {{$4, $5, $6, $7}}, [${count}+2048];")
+      elif thread_rows:   # (pair k: chunk k // 4, word k % 4)
         word_at = _base_slot_chunk(rest[0], _scalar(base), slots)
         reads = f"cp.async.wait_group {copies_pending};\n" + "".join(
             f"ld.shared.b32 ${k - first_pair}, [${count}+{2048 * (k // 4) + 4 * (k % 4)}];\n"

@@ -295,6 +295,10 @@ class StackedSpec:
   # a thread's 16 columns of a tile are 16 consecutive rows, so its base logits are two
   # 16-byte copies, not eight of 4 bytes.
   w2_order: str = "rows"
+  # With ``w2_order="thread_rows"`` and the threads' async base copies: the fold reads a
+  # thread's 32 bytes of base logits as two 16-byte loads, not eight 4-byte ones (TMA
+  # slots always read them so). Unmeasured: off.
+  base_vector_reads: bool = False
   # Timing only (``tools/stacked_probe.py``; the tokens are wrong): "fold", a tile's
   # fold cut to its first column pair; "base", no base logits loaded (with base slots:
   # none copied, the fold reads the slots as they are); "mma", no WGMMA issued (the
@@ -346,12 +350,14 @@ class StackedSpec:
                        "the k-halves walk reads W1 as k_halves_fragment_ordered, only it")
     if self.w2_order == "thread_rows" and (
         self.plan.vocab_size % sp.TILE or self.plan.k_halves or (not self.interpret and (
-            not self.plan.base_slots or self.plan.base_copies != "threads"
-            or self.plan.base_warps != 4))):
+            not self.plan.base_slots or self.plan.base_warps != 4
+            or (self.plan.base_copies == "tma" and self.mma_parts > 1)))):
       raise ValueError("w2_order='thread_rows': V a multiple of 64 (V="
                        f"{self.plan.vocab_size}), dense tiles, and on the GPU the base "
-                       "logits by the threads' async copies into slots of every request "
-                       "warp")
+                       "logits in slots of every request warp (by TMA: whole tiles, "
+                       "mma_parts=1)")
+    if self.base_vector_reads and (self.w2_order != "thread_rows" or self.mma_parts > 1):
+      raise ValueError("base_vector_reads: W2 in its threads' rows, whole tiles")
     if self.plan.k_halves and (self.rotate_warps or self.exchange != "counter"
                                or self.mma_parts > 1 or self.timing_ablation == "narrow_mma"):
       raise ValueError("k_halves: its warps' requests are its own (no rotate_warps), the "
@@ -621,7 +627,8 @@ def _kernel(*refs, spec: StackedSpec):
                                 copies_pending=copies_ahead, tma_slots=by_tma,
                                 rotate=rotate, live_rows=live_rows, phases=phases,
                                 sampled=sampled, pairs=pairs, base_warps=plan.base_warps,
-                                thread_rows=spec.w2_order == "thread_rows")
+                                thread_rows=spec.w2_order == "thread_rows",
+                                vector_reads=spec.base_vector_reads)
 
         def product(*acc_refs):
           parts = len(acc_refs)
