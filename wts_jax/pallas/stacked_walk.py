@@ -291,9 +291,10 @@ class StackedSpec:
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
   # W2 as given ("rows") or ``int8_state.thread_rows_ordered`` ("thread_rows", V a
-  # multiple of 64, base logits by the threads' async copies into slots or interpreted):
-  # a thread's 16 columns of a tile are 16 consecutive rows, so its base logits are two
-  # 16-byte copies, not eight of 4 bytes.
+  # multiple of 64, the base logits in slots on the GPU): a thread's 16 columns of a tile
+  # are 16 consecutive rows, so its base logits are two 16-byte copies, not eight of 4
+  # bytes (by TMA: one copy a tile as before, the fold's reads two 16-byte loads; not
+  # yet measured, NOTES v35).
   w2_order: str = "rows"
   # With ``w2_order="thread_rows"`` and the threads' async base copies: the fold reads a
   # thread's 32 bytes of base logits as two 16-byte loads, not eight 4-byte ones (TMA
