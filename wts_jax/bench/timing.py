@@ -45,7 +45,10 @@ JAX paths (xla, pallas-stepwise, wts): one jitted executable runs the N walks, u
 in Python. Before walk i a flush step runs, `bump` (which depends on walk i-1's tokens)
 is added to a flush buffer, and walk i takes its first tokens through
 `where(flush[0] < 0, last_tokens_{i-1}, first_tokens)` (never true, but the compiler
-cannot know it); its operands (weights, base logits, hidden states) pass through
+cannot know it), last_tokens the last column of walk i-1's whole [B, K] tokens, sliced
+inside that select (the flush-only chain has the select too, so no op is the walk's
+alone; `build_chain`'s `carry_form="last_column"` keeps the earlier chain, whose slice
+after each walk was charged to the walk); its operands (weights, base logits, hidden states) pass through
 `lax.optimization_barrier` together with those tokens, and every walk's outputs are
 outputs of the executable: nothing can be reordered, CSE'd across walks, hoisted out of
 the chain or dead-code eliminated, and the flush step sits strictly between two walks
