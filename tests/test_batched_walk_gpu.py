@@ -523,3 +523,28 @@ def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, t
     (near_ties if passed else mismatches).append(f"walk {i}: {text}")
   assert not mismatches, f"walks differ from the reference: {mismatches[:5]}"
   assert len(near_ties) <= 2, f"too many near-tie divergences: {near_ties}"
+
+
+@pytest.mark.parametrize("head_fixture,axis,warpgroups,batch,temperature", [
+    ("head", "n", 2, 16, 0.0), ("head", "m", 2, 64, 0.8), ("head", "m", 1, 5, 0.0),
+    ("gated_head", "m", 1, 64, 0.0), ("rnn_head", "m", 1, 16, 0.8)])
+def test_status_in_the_kernel_keeps_tokens_and_reports(request, head_fixture, axis,
+                                                       warpgroups, batch, temperature):
+  """``MosaicConfig(status="kernel")``: the 132 blocks' status bits counted before the
+  last step's signal, block 0's word out of the kernel — the reference's tokens, a clean
+  status; a NaN in the second warpgroup's chunks or a first token out of range reported
+  (the gated head's and the rnn head's updates split over the blocks)."""
+  head = request.getfixturevalue(head_fixture)
+  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
+                        status="kernel")
+  _check(head, batch, temperature, 83, config=config)
+  base, first, hidden = random_inputs(head.config, batch, 7, jax.random.key(84))
+  key = jax.random.key(85) if temperature else None
+  walk = jax.jit(lambda b, f: wts_jax.walk(head, b, f, hidden, impl="mosaic", config=config,
+                                           temperature=temperature, key=key))
+  vocab = head.config.vocab_size
+  for row, step, column in ((batch - 1, 6, vocab - 1), (0, 2, vocab // 2 + 5)):
+    assert int(walk(base.at[row, step, column].set(jnp.nan), first).status) \
+        & STATUS_NAN_LOGITS, (row, step, column)
+  from wts_jax.output import STATUS_TOKEN_OUT_OF_RANGE
+  assert int(walk(base, first.at[batch - 1].set(vocab)).status) & STATUS_TOKEN_OUT_OF_RANGE

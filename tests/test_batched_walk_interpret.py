@@ -1296,3 +1296,89 @@ def test_profile_tool_splits_regions_by_warpgroup(tmp_path):
   by_warpgroup = summary["regions_by_warpgroup"]
   assert [by_warpgroup[w]["mma"] for w in ("0", "1", "2")] == [0.1, 0.3, 0.05]
   assert by_warpgroup["1"]["span_median_us"] == 0.3
+
+
+# --- the status reduced in the kernel (``BatchedSpec.status="kernel"``) -----------------
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("warpgroups,axis,temperature", [(1, "m", 0.0), (2, "m", 0.7),
+                                                         (2, "n", 0.0)])
+def test_status_in_the_kernel_keeps_tokens_and_reports(warpgroups, axis, temperature):
+  """One status word out of the kernel: the tokens as with the flags, a NaN in the
+  second warpgroup's chunks and a first token out of range reported."""
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  head = _head(520, 64)
+  base, first, _ = random_inputs(head.config, 5, 3, jax.random.key(12))
+  key = jax.random.key(13) if temperature else None
+
+  def walk(base, first, status):
+    config = MosaicConfig(interpret=True, kernel="batched", residency="none",
+                          batch_axis=axis, warpgroups=warpgroups, status=status)
+    return wts_jax.walk(head, base, first, None, impl="mosaic", config=config,
+                        temperature=temperature, key=key)
+  flags, kernel = walk(base, first, "flags"), walk(base, first, "kernel")
+  np.testing.assert_array_equal(np.asarray(kernel.tokens), np.asarray(flags.tokens))
+  assert int(kernel.status) == int(flags.status) == 0
+  # (traced first tokens: the API refuses concrete ones out of range up front)
+  bad = jax.jit(lambda b, f: walk(b, f, "kernel"))(base.at[3, 1, 519].set(jnp.nan),
+                                                    first.at[2].set(-1))
+  assert int(bad.status) & output.STATUS_NAN_LOGITS
+  assert int(bad.status) & output.STATUS_TOKEN_OUT_OF_RANGE
+
+
+@pytest.mark.parametrize("head_type,batch,temperature,axis,warpgroups", [
+    ("vanilla", 16, 0.0, "n", 2), ("vanilla", 64, 1.0, "m", 2), ("vanilla", 5, 0.0, "m", 1),
+    ("gated", 64, 0.0, "m", 1), ("rnn", 16, 1.0, "m", 1)])
+def test_status_in_the_kernel_lowers_for_cuda(head_type, batch, temperature, axis,
+                                              warpgroups):
+  """The 132-block kernel with its status reduced in the kernel lowers for CUDA (the
+  split update's time-out counted too: gated B 64, rnn), and no reduce follows it."""
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  texts = {status: lower_walk(head_type, batch, 7, temperature=temperature,
+                              config=MosaicConfig(num_blocks=132, kernel="batched",
+                                                  batch_axis=axis, warpgroups=warpgroups,
+                                                  status=status))
+           for status in ("flags", "kernel")}
+  assert _mosaic_launches(texts["kernel"]) == 1
+  after = {status: text.split("mosaic_gpu")[-1].count("stablehlo.reduce")
+           for status, text in texts.items()}
+  assert after["kernel"] == after["flags"] - 1, after   # (the status's reduce gone)
+
+
+def test_status_in_the_kernel_refused_by_the_row_kernel():
+  head = _head(520, 64)
+  base, first, _ = random_inputs(head.config, 1, 3, jax.random.key(1))
+  with pytest.raises(ValueError, match="status='kernel'"):
+    wts_jax.walk(head, base, first, None, impl="mosaic",
+                 config=MosaicConfig(interpret=True, kernel="rows", status="kernel"))
+  with pytest.raises(ValueError, match="status='bad'"):
+    MosaicConfig(status="bad")
+
+
+def test_bench_variant_sets_the_batched_status_only_while_its_walk_traces():
+  """``tools/bench_variants.py``'s ``wts-batched-status-kernel``: the API's batched plan
+  patched to reduce the status in the kernel while that path's walk traces, then
+  restored (the API's default stays "flags" until measured)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import bench_variants
+  from wts_jax.bench.registry import jax_prepared
+  head = _head(520, 64)
+  shapes, config = backend.WalkShapes(batch=16, steps=7), MosaicConfig(kernel="batched")
+
+  def status_now():
+    return mosaic_backend._batched_plan(head, shapes, config, H200_FACTS).status
+  assert status_now() == "flags"
+  seen = []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append(status_now())
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  original = mosaic_backend._batched_plan
+  bench_variants._batched_status_kernel(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
+  assert seen == ["kernel"]
+  assert mosaic_backend._batched_plan is original and status_now() == "flags"

@@ -24,7 +24,8 @@ int8-planes kernel / the row kernel by name; ``wts-stacked-status-flags`` / ``-k
 the stacked kernel's status reduced after the launch / in the kernel; ``wts-carry-last-column``
 / ``xla-carry-last-column`` wts / xla timed in the harness's older chain (the tokens' last
 column sliced after each walk, ``timing.build_chain``'s carry_form); ``wts-stacked-w2-rows``
-wts with the stacked kernel's W2 in row order (not its threads' rows). Any R, S, G named in
+wts with the stacked kernel's W2 in row order (not its threads' rows);
+``wts-batched-status-kernel`` wts with the batched kernel's status reduced in the kernel. Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -81,6 +82,10 @@ def register_variants(names):
       paths.register_path(name, jax_paths.available_wts,
                           _stacked_status(jax_paths.prepare_wts, status),
                           description=f"wts, the stacked kernel's status={status!r}")
+  if "wts-batched-status-kernel" in names and "wts-batched-status-kernel" not in paths.PATHS:
+    paths.register_path("wts-batched-status-kernel", jax_paths.available_wts,
+                        _batched_status_kernel(jax_paths.prepare_wts),
+                        description="wts, the batched kernel's status reduced in the kernel")
   if "wts-stacked-w2-rows" in names and "wts-stacked-w2-rows" not in paths.PATHS:
     paths.register_path("wts-stacked-w2-rows", jax_paths.available_wts,
                         _stacked_spec_patch(jax_paths.prepare_wts, w2_order="rows"),
@@ -140,27 +145,40 @@ def _stacked_status(prepare, status: str):
 
 def _stacked_spec_patch(prepare, **changes):
   """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec`` fields
-  ``changes`` set: the API's stacked plan patched while this path's walk traces (the
-  harness traces in one thread), so the other paths keep theirs."""
+  ``changes`` set."""
+  return _plan_patch(prepare, "_stacked_plan", "stacked_walk", "StackedSpec", **changes)
+
+
+def _batched_status_kernel(prepare):
+  """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec.status="kernel"``."""
+  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+                     status="kernel")
+
+
+def _plan_patch(prepare, planner: str, module: str, spec_name: str, **changes):
+  """``prepare`` (a wts path) whose kernel spec (``wts_jax.pallas.<module>.<spec_name>``)
+  has the fields ``changes``: the API's planner ``mosaic_backend.<planner>`` patched
+  while this path's walk traces (the harness traces in one thread), so the other paths
+  keep theirs."""
   def prepared(*args, **kwargs):
     import dataclasses
+    import importlib
     from wts_jax.bench.registry import jax_prepared
     from wts_jax.pallas import mosaic_backend
-    from wts_jax.pallas.stacked_walk import StackedSpec
+    spec_type = getattr(importlib.import_module(f"wts_jax.pallas.{module}"), spec_name)
     base = prepare(*args, **kwargs)
-    plan_of = mosaic_backend._stacked_plan
+    plan_of = getattr(mosaic_backend, planner)
 
-    def with_status(*plan_args, **plan_kwargs):
+    def patched(*plan_args, **plan_kwargs):
       spec = plan_of(*plan_args, **plan_kwargs)
-      return (dataclasses.replace(spec, **changes) if isinstance(spec, StackedSpec)
-              else spec)
+      return dataclasses.replace(spec, **changes) if isinstance(spec, spec_type) else spec
 
     def walk_fn(operands, first):
-      mosaic_backend._stacked_plan = with_status
+      setattr(mosaic_backend, planner, patched)
       try:
         return base.walk_fn(operands, first)
       finally:
-        mosaic_backend._stacked_plan = plan_of
+        setattr(mosaic_backend, planner, plan_of)
     return jax_prepared(walk_fn, base.operands, base.first_tokens,
                         traced_tokens=base.traced_tokens, notes=base.notes)
   return prepared

@@ -18,6 +18,10 @@ STATUS_BAD_LOGPROBS = 16       # a log-probability was NaN or +Inf (a +Inf logit
 STATUS_INVALID_TEMPERATURE = 32  # a traced temperature was negative or not finite (that
                                  # row was walked greedily)
 
+# The bits a walk kernel itself can set (a kernel that reduces its status in the kernel
+# keeps a counter for each).
+KERNEL_STATUS_BITS = (STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, STATUS_SYNC_TIMEOUT)
+
 _STATUS_TEXT = {
     STATUS_NAN_LOGITS: "NaN in the corrected logits (check base_logits and the head weights)",
     STATUS_TOKEN_OUT_OF_RANGE: "a first token was outside [0, vocab_size)",

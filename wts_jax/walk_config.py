@@ -160,6 +160,11 @@ class MosaicConfig:
     "smem" (converted into a bf16 tile in shared memory the WGMMA reads; either axis;
     what interpret mode runs) or "auto" (the planner's: "registers" up to 16 rows where
     it lowers, else "xla"; ``mosaic_batched_plan.auto_w2_widening``).
+  status: where the stacked and batched kernels reduce the walk's status: "flags" (a
+    word a warpgroup, OR-reduced by an XLA op after the launch) or "kernel" (in the
+    kernel, through a zeroed global counter a status bit: no op after the launch); None:
+    the planner's ("kernel" for the stacked kernel, "flags" for the batched one). The
+    row kernel reduces after the launch.
   """
 
   residency: str | float | int = "auto"
@@ -180,9 +185,12 @@ class MosaicConfig:
   serial_update: str = "auto"
   merge_tiles: bool | None = None
   w2_widening: str = "auto"
+  status: str | None = None
 
   def __post_init__(self):
     _check_common(self)
+    if self.status not in (None, "flags", "kernel"):
+      raise ValueError(f"status={self.status!r} must be 'flags', 'kernel' or None")
     if self.w2_widening not in MOSAIC_W2_WIDENINGS:
       raise ValueError(f"w2_widening={self.w2_widening!r} must be one of "
                        f"{MOSAIC_W2_WIDENINGS}")

@@ -98,7 +98,8 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
                      interpret=config.interpret, greedy=shapes.greedy,
                      w1_order="fragments" if gpu else "rows",
                      w2_order="thread_rows" if thread_rows else "rows",
-                     rotate_warps=gpu, skip_idle_warps=gpu, status="kernel")
+                     rotate_warps=gpu, skip_idle_warps=gpu,
+                     status=config.status or "kernel")
 
 
 def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
@@ -125,6 +126,9 @@ def _refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   if config.serial_update == "table":
     return _table_refusal(head, shapes, config) or (
         "serial_update='table' runs on the batched kernel (kernel='batched' or 'auto')")
+  if config.status == "kernel":
+    return ("status='kernel': the stacked and batched kernels reduce their status in the "
+            "kernel; the row kernel reduces it after the launch (status=None or 'flags')")
   if shapes.batch > MAX_BATCH:
     return (f"the Mosaic row kernel runs up to {MAX_BATCH} rows (B={shapes.batch}); "
             "kernel='batched' or 'auto' runs more")
@@ -374,7 +378,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
       return Refusal(str(err))
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
-                     interpret=config.interpret)
+                     interpret=config.interpret, status=config.status or "flags")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -84,7 +84,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import gate_table, sampling
 from wts_jax.int8_state import LO_STEPS
-from wts_jax.output import (STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
+from wts_jax.output import (KERNEL_STATUS_BITS, STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                              STATUS_TOKEN_OUT_OF_RANGE)
 from wts_jax.pallas import grid_sync, l2_priority, row_words, z_registers
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
@@ -123,6 +123,17 @@ class BatchedSpec:
   # Profiling only: a warpgroup barrier (region "skew") before each chunk's WGMMA, so the
   # profile separates the warps' arrival spread from the WGMMA's issue.
   probe_skew: bool = False
+  # The walk's status: "flags", a word a warpgroup, OR-reduced by an XLA op after the
+  # launch; "kernel", reduced in the kernel (as ``stacked_walk``'s): before its last
+  # step's grid signal each block's leader adds one to a zeroed global counter a status
+  # bit its block holds (warpgroup 1's NaN handed over with its bests, a split update's
+  # time-out read then), and block 0's leader, past that step's barrier, writes the one
+  # word. No op after the kernel. Unmeasured: "flags".
+  status: str = "flags"
+
+  def __post_init__(self):
+    if self.status not in ("flags", "kernel"):
+      raise ValueError(f"status={self.status!r} must be 'flags' or 'kernel'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +166,7 @@ class BatchedRefs:
   ring_free_bar: object = None   # producer: a W2 ring slot read by its consumer
   za_bar: object = None          # warpgroups: the WGMMA tile of z is staged
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
+  merge_flag_s: object = None    # status in the kernel: warpgroup 1's NaN flag, handed over
   turn_bar: object = None        # ``alternate_wgmma``: the warpgroups' WGMMA turns
   merge_value_s: object = None
   merge_index_s: object = None
@@ -228,6 +240,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # A split update's own barrier (one signal a block a step, like the exchange's).
   update_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
                 if multi_block and plan.split else None)
+  status_in_kernel = spec.status == "kernel"
+  bit_counts_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((len(KERNEL_STATUS_BITS),)))
+                  if status_in_kernel and multi_block else None)
   n_major = plan.batch_axis == "n"
   # The base logits' rows each copy brings: the plan's batch rows, or on N the batch as
   # given (a slot's rows past it are zeroed once and never written).
@@ -1065,7 +1080,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
       if wgs == 1:
         best_value, best_index, nan_flag = reduced(carry)
-        return flags | nan_flag | exchange(step, best_value, best_index)
+        return flags | nan_flag | exchange(step, best_value, best_index, flags | nan_flag)
 
       merge_tiles = (refs.merge_tile_value_s, refs.merge_tile_index_s,
                      refs.merge_tile_nan_s) if plan.merge_tiles else None
@@ -1079,6 +1094,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         best_value, best_index, nan_flag = reduced(carry)
         refs.merge_value_s[pl.ds(0, batch_width)] = best_value
         refs.merge_index_s[pl.ds(0, batch_width)] = best_index
+        if status_in_kernel:   # (the leader counts it: this warpgroup reports nothing)
+          refs.merge_flag_s[0] = nan_flag
         plgpu.barrier_arrive(refs.merge_bar)
         return nan_flag
 
@@ -1109,13 +1126,16 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             better = better_of(best_value, best_index, other_value, other_index)
             best_value = jnp.where(better, other_value, best_value)
             best_index = jnp.where(better, other_index, best_index)
-        return nan_flag | exchange(step, best_value, best_index)
+            if status_in_kernel:
+              nan_flag = nan_flag | refs.merge_flag_s[0]
+        return nan_flag | exchange(step, best_value, best_index, flags | nan_flag)
       return flags | lax.cond(leader, merge_and_exchange, hand_over)
 
-    def exchange(step, best_value, best_index):
+    def exchange(step, best_value, best_index, held):
       """The leader's end of a step: each row's winner over the grid, the tokens to
       ``tok_s`` (and by block 0 to ``tok_g``), the next step's z requested. Returns the
-      timeout flag."""
+      timeout flag. ``held``: the block's status bits so far (``spec.status="kernel"``:
+      counted at the last step, before its signal)."""
       timed_out = jnp.int32(0)
       if multi_block:
         # Each row's winner by the L2's atomics on one key per (step, row) (grid_sync).
@@ -1127,6 +1147,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           grid_sync.publish_keys(refs.keys_s, step_slots, batch_width)
           if plan.prefetch_candidates and not spec.interpret:
             prefetch_candidates()
+        if status_in_kernel:   # (released by the step's signal below)
+          pl.when(step == spec.steps - 1)(functools.partial(count_status_bits, held))
         with jax.named_scope("grid_sync"):
           timed_out = grid_sync.signal_and_poll(sem, blocks, step, spin_limit=spec.spin_limit)
         with jax.named_scope("exchange_reduce"):
@@ -1165,8 +1187,31 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       for slot in range(base_stages):
         plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
     if plan.split:
-      flags = flags | jnp.where(leader & (refs.update_flag_s[0] > 0), STATUS_SYNC_TIMEOUT, 0)
-    refs.flag_g[block * threads + wg] = flags
+      flags = flags | update_timeout()
+    if not status_in_kernel:
+      refs.flag_g[block * threads + wg] = flags
+      return
+
+    @pl.when(leader & (block == 0))
+    def _():   # (past the last step's barrier: every block's counts are in)
+      total = flags
+      for i, bit in enumerate(KERNEL_STATUS_BITS if multi_block else ()):
+        total = total | jnp.where(pl.semaphore_read(bit_counts_g.at[i]) > 0, bit, 0)
+      refs.flag_g[0] = total
+
+  def update_timeout():
+    """The leader's split-update time-out bit (its own barrier's, ``split_update``)."""
+    return jnp.where(leader & (refs.update_flag_s[0] > 0), STATUS_SYNC_TIMEOUT, 0)
+
+  def count_status_bits(held):
+    """The leader's last step: one added to the counter of each status bit the block
+    holds (``spec.status="kernel"``), before the step's grid signal. A split update's
+    last wait is this step's first, so its time-out is in too."""
+    if plan.split:
+      held = held | update_timeout()
+    for i, bit in enumerate(KERNEL_STATUS_BITS):
+      pl.when((held & bit) != 0)(functools.partial(
+          plgpu.semaphore_signal, bit_counts_g.at[i], 1, memory_scope="gpu"))
 
   def producer():
     """The copying warpgroup: every refill of the W2 ring and the base ring, each issued
@@ -1182,7 +1227,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         _when(warp == 0, refill_all)
     else:
       refill_all()
-    refs.flag_g[block * threads + wg] = jnp.int32(0)
+    if not status_in_kernel:
+      refs.flag_g[block * threads + wg] = jnp.int32(0)
 
   def refill_all():
     """Every refill the consumers' releases allow, in their order, then the last
@@ -1358,12 +1404,16 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       scratch["turn_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=1)
     scratch["merge_value_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
     scratch["merge_index_s"] = plgpu.SMEM((BATCH_TILE,), jnp.int32)
+    if spec.status == "kernel" and not plan.merge_tiles:
+      scratch["merge_flag_s"] = plgpu.SMEM((1,), jnp.int32)
     if plan.merge_tiles:   # warpgroup 1's per-element bests, [64 vocab rows, rows]
       for name, dtype in (("value", jnp.float32), ("index", jnp.int32), ("nan", jnp.int32)):
         scratch[f"merge_tile_{name}_s"] = plgpu.SMEM((CHUNK_ROWS, rows), dtype)
   outputs = {"tok_g": jax.ShapeDtypeStruct((steps, BATCH_TILE) if n_major
                                            else (BATCH_TILE, steps), jnp.int32),
-             "flag_g": jax.ShapeDtypeStruct((plan.num_blocks * threads,), jnp.int32)}
+             "flag_g": jax.ShapeDtypeStruct(
+                 (1,) if spec.status == "kernel" else (plan.num_blocks * threads,),
+                 jnp.int32)}
   operands = {"w2_g": w2, "base_g": base_logits}
   # The first tokens as they come (the kernel clamps them and reports those outside
   # [0, V)), padded only where the kernel's first load is wider than the batch.
@@ -1427,4 +1477,6 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       interpret=_interpret_params() if spec.interpret else None,
   )
   tokens, flags = kernel(*operands.values())[:2]
-  return (tokens.T if n_major else tokens)[:batch], lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
+  status = (flags.reshape(()) if spec.status == "kernel"
+            else lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,)))
+  return (tokens.T if n_major else tokens)[:batch], status

@@ -43,14 +43,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax.int8_state import k_halves_fragment_ordered, thread_rows_ordered
-from wts_jax.output import STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT, STATUS_TOKEN_OUT_OF_RANGE
+from wts_jax.output import (KERNEL_STATUS_BITS, STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
+                            STATUS_TOKEN_OUT_OF_RANGE)
 from wts_jax.pallas import grid_sync
 from wts_jax.pallas import stacked_planes as sp
 from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES, chunks_per_block
 from wts_jax.pallas.mosaic_walk import _interpret_params, _w2_transforms
 
 # The status bits the kernel can set (``StackedSpec.status="kernel"`` counts each).
-STATUS_BITS = (STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, STATUS_SYNC_TIMEOUT)
+STATUS_BITS = KERNEL_STATUS_BITS
 
 WARPGROUPS = 4
 # ``StackedSpec.timing_ablation="narrow_mma"``: a tile's W2 rows its WGMMA still reads.
