@@ -1356,29 +1356,3 @@ def test_status_in_the_kernel_refused_by_the_row_kernel():
                  config=MosaicConfig(interpret=True, kernel="rows", status="kernel"))
   with pytest.raises(ValueError, match="status='bad'"):
     MosaicConfig(status="bad")
-
-
-def test_bench_variant_sets_the_batched_status_only_while_its_walk_traces():
-  """``tools/bench_variants.py``'s ``wts-batched-status-kernel``: the API's batched plan
-  patched to reduce the status in the kernel while that path's walk traces, then
-  restored (the API's default stays "flags" until measured)."""
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import bench_variants
-  from wts_jax.bench.registry import jax_prepared
-  head = _head(520, 64)
-  shapes, config = backend.WalkShapes(batch=16, steps=7), MosaicConfig(kernel="batched")
-
-  def status_now():
-    return mosaic_backend._batched_plan(head, shapes, config, H200_FACTS).status
-  assert status_now() == "flags"
-  seen = []
-
-  def prepare(*args, **kwargs):
-    def walk_fn(operands, first):
-      seen.append(status_now())
-      return {"tokens": first[:, None]}
-    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
-  original = mosaic_backend._batched_plan
-  bench_variants._batched_status_kernel(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
-  assert seen == ["kernel"]
-  assert mosaic_backend._batched_plan is original and status_now() == "flags"

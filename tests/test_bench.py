@@ -789,3 +789,49 @@ def test_the_launch_shape_sanity_kernel_lowers_for_cuda(global_scratch, dependen
     # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
     assert ("griddepcontrol.wait" in text) == dependent_launch
   assert ("reduce" in text.split("mosaic_gpu")[-1]) == shape.get("reduce", True)
+
+
+@pytest.mark.parametrize("planner,patch,default,patched", [
+    ("_stacked_plan", "_stacked_status", "kernel", "flags"),
+    ("_batched_plan", "_batched_status_kernel", "flags", "kernel")])
+def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
+    planner, patch, default, patched):
+  """``tools/bench_variants.py``'s ``wts-stacked-status-flags`` and
+  ``wts-batched-status-kernel``: the API's stacked / batched plan (whose status defaults
+  are "kernel", NOTES v34, and "flags") patched while that path's walk traces, then
+  restored."""
+  import sys
+  from pathlib import Path
+  from wts_jax import device
+  from wts_jax.bench.registry import jax_prepared
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.backend import WalkShapes
+  from wts_jax.quantize import quantize_w2
+  from wts_jax.walk_config import MosaicConfig
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import bench_variants
+  config = dataclasses.replace(SHAPES["small_v1000"].head_config("vanilla",
+                                                                confidence=False), rank=64)
+  head = wts_jax.make_head(config)
+  if planner == "_stacked_plan":
+    head = quantize_w2(head, "int8", state="planes")
+  shapes = WalkShapes(batch=16, steps=7)
+
+  def status_now():
+    kernel = "stacked" if planner == "_stacked_plan" else "batched"
+    return getattr(mosaic_backend, planner)(head, shapes, MosaicConfig(kernel=kernel),
+                                            device.H200).status
+  assert status_now() == default
+  seen = []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append(status_now())
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  original = getattr(mosaic_backend, planner)
+  make = getattr(bench_variants, patch)
+  prepared = (make(prepare, "flags") if patch == "_stacked_status" else make(prepare))()
+  prepared.walk_fn((), jnp.zeros((2,), jnp.int32))
+  assert seen == [patched]
+  assert getattr(mosaic_backend, planner) is original and status_now() == default

@@ -526,62 +526,6 @@ def test_gpu_first_tokens_out_of_range_clamped_and_reported(status):
   np.testing.assert_array_equal(tokens, np.asarray(want.tokens))
 
 
-def test_api_stacked_plan_reduces_the_status_in_the_kernel_and_the_bench_variant_sets_it():
-  """The API's stacked walks reduce their status in the kernel (NOTES v34), and
-  ``tools/bench_variants.py``'s ``wts-stacked-status-flags`` builds the same walk with the
-  status reduced after the launch: its plan patched only while its walk traces."""
-  import sys
-  from pathlib import Path
-  from wts_jax import device
-  from wts_jax.bench.registry import jax_prepared
-  from wts_jax.pallas import mosaic_backend
-  from wts_jax.pallas.backend import WalkShapes
-  from wts_jax.walk_config import MosaicConfig
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import bench_variants
-  head, _ = planes_head(151936)
-  shapes, config = WalkShapes(batch=16, steps=7), MosaicConfig()
-
-  def status_now():
-    return mosaic_backend._stacked_plan(head, shapes, config, device.H200).status
-  assert status_now() == "kernel"
-  seen = []
-
-  def prepare(*args, **kwargs):
-    def walk_fn(operands, first):
-      seen.append(status_now())
-      return {"tokens": first[:, None]}
-    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
-  original = mosaic_backend._stacked_plan
-  prepared = bench_variants._stacked_status(prepare, "flags")()
-  prepared.walk_fn((), jnp.zeros((2,), jnp.int32))
-  assert seen == ["flags"]
-  assert mosaic_backend._stacked_plan is original and status_now() == "kernel"
-
-
-# --- the k-halves walk: 2:4-sparse WGMMAs on z's planes over two halves of K (B <= 16) ---
-def test_k_halves_order_puts_each_planes_pair_positions_in_halves():
-  """``int8_state.k_halves``: a plane's bytes 4J, 4J + 1 then 4J + 2, 4J + 3; in
-  fragment order each half-plane is ``fragment_ordered`` at r / 2; none lost."""
-  from wts_jax.int8_state import fragment_ordered, k_halves, k_halves_fragment_ordered
-  planes = np.random.default_rng(0).integers(-128, 128, (3, 512)).astype(np.int8)
-  halves = np.asarray(k_halves(jnp.asarray(planes)))
-  for plane in range(2):
-    for half in range(2):
-      want = planes[:, plane * 256:(plane + 1) * 256].reshape(3, 64, 4)[:, :, 2 * half:
-                                                                       2 * half + 2]
-      got = halves[:, (2 * plane + half) * 128:(2 * plane + half + 1) * 128]
-      np.testing.assert_array_equal(got, want.reshape(3, 128))
-  ordered = np.asarray(k_halves_fragment_ordered(jnp.asarray(planes)))
-  for part in range(4):
-    np.testing.assert_array_equal(
-        ordered[:, part * 128:(part + 1) * 128],
-        np.asarray(fragment_ordered(jnp.asarray(halves[:, part * 128:(part + 1) * 128]),
-                                    128)))
-  assert sp.k_halves_row(0) == (0, 0, 0) and sp.k_halves_row(8) == (0, 1, 0)
-  assert sp.k_halves_row(16 + 3) == (11, 0, 0) and sp.k_halves_row(32 + 8 + 2) == (2, 1, 1)
-
-
 def test_k_halves_plan_takes_its_exchange_from_the_tiles_and_refuses_what_it_cannot_run():
   halves, dense = (sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
                                    smem_per_block=H200_SMEM, base_slots=2, k_halves=k)
