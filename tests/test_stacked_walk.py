@@ -545,6 +545,10 @@ def test_k_halves_plan_takes_its_exchange_from_the_tiles_and_refuses_what_it_can
       sw.StackedSpec(halves, 16, 7, **options)
   with pytest.raises(ValueError, match="k_halves"):
     sw.StackedSpec(dense, 16, 7, w1_order="k_halves")
+  no_slots = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                             smem_per_block=H200_SMEM, k_halves=True)
+  with pytest.raises(ValueError, match="base_slots"):
+    sw.StackedSpec(no_slots, 16, 7, w1_order="k_halves")
 
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])

@@ -360,6 +360,9 @@ class StackedSpec:
                        "mma_parts=1)")
     if self.base_vector_reads and (self.w2_order != "thread_rows" or self.mma_parts > 1):
       raise ValueError("base_vector_reads: W2 in its threads' rows, whole tiles")
+    if self.plan.k_halves and not self.interpret and not self.plan.base_slots:
+      raise ValueError("k_halves on the GPU: base logits in slots (base_slots), whose "
+                       "words a warp's half of the columns reads")
     if self.plan.k_halves and (self.rotate_warps or self.exchange != "counter"
                                or self.mma_parts > 1 or self.timing_ablation == "narrow_mma"):
       raise ValueError("k_halves: its warps' requests are its own (no rotate_warps), the "
