@@ -510,11 +510,8 @@ def _base_slot_word(staged, slot, slots: int, warps: int = 4, rotate: bool = Fal
   < 4 (``base_slot_bytes``) a thread of request warp w >= ``warps`` (past the batch:
   it copies nothing) reads request warp w % ``warps``'s words."""
   from jax._src.lib.mlir.dialects import arith
-  from wts_jax.pallas.row_words import thread_and_addresses
-  thread, (staged_at,), _ = thread_and_addresses((staged,))
+  thread, slot_at = _slot_address(staged, slot, slots, base_slot_bytes(warps))
   _, wg, warp, *_ = _thread()
-  slot_at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
-                                             _const(base_slot_bytes(warps))))
   if warps == 4:
     return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
   compact = arith.addi(
@@ -528,12 +525,19 @@ def _base_slot_chunk(staged, slot, slots: int):
   ``thread_rows``): chunk c of thread t at (c · 128 + t) · 16, so a warp's copies and
   reads of one chunk are contiguous."""
   from jax._src.lib.mlir.dialects import arith
+  thread, slot_at = _slot_address(staged, slot, slots, BASE_SLOT_BYTES)
+  return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(16)))
+
+
+def _slot_address(staged, slot, slots: int, slot_bytes: int):
+  """(this thread's block-wide index, the shared-memory address of its warpgroup's
+  ``slot`` (an i32 value) of ``slots`` a warpgroup of ``slot_bytes`` each in ``staged``)."""
+  from jax._src.lib.mlir.dialects import arith
   from wts_jax.pallas.row_words import thread_and_addresses
   thread, (staged_at,), _ = thread_and_addresses((staged,))
   _, wg, *_ = _thread()
-  slot_at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
-                                             _const(BASE_SLOT_BYTES)))
-  return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(16)))
+  return thread, arith.addi(staged_at, arith.muli(
+      arith.addi(arith.muli(wg, _const(slots)), slot), _const(slot_bytes)))
 
 
 def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
@@ -605,15 +609,18 @@ def _tma_base_word(staged, slot, slots: int, rotate: bool = False):
   slots ``staged`` (``slots`` a warpgroup) as a shared-memory address: its word j is at
   that address XOR 16 j (its request's row, chunk j swizzled, byte 4 t)."""
   from jax._src.lib.mlir.dialects import arith
-  from wts_jax.pallas.row_words import thread_and_addresses
-  _, (staged_at,), _ = thread_and_addresses((staged,))
-  _, wg, warp, g, t = _thread()
-  warp = _request_warp(warp, wg, rotate)
-  row = arith.addi(arith.muli(warp, _const(8)), g)
-  at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
-                                        _const(BASE_SLOT_BYTES)))
-  at = arith.addi(at, arith.muli(row, _const(2 * TILE)))
+  at, g, t = _tma_base_row(staged, slot, slots, rotate)
   return arith.addi(at, arith.addi(arith.muli(g, _const(16)), arith.muli(t, _const(4))))
+
+
+def _tma_base_row(staged, slot, slots: int, rotate: bool = False):
+  """(the address of this thread's request's row in its warpgroup's TMA ``slot``, the
+  thread's g and t): the row the swizzle XORs its chunks by (row % 8 = g)."""
+  from jax._src.lib.mlir.dialects import arith
+  _, at = _slot_address(staged, slot, slots, BASE_SLOT_BYTES)
+  _, wg, warp, g, t = _thread()
+  row = arith.addi(arith.muli(_request_warp(warp, wg, rotate), _const(8)), g)
+  return arith.addi(at, arith.muli(row, _const(2 * TILE))), g, t
 
 
 def _tma_base_chunk(staged, slot, slots: int, rotate: bool = False):
@@ -621,14 +628,7 @@ def _tma_base_chunk(staged, slot, slots: int, rotate: bool = False):
   chunk 2t, swizzled: at 16 · (2t ^ g) in the row) in its warpgroup's TMA ``slot``; its
   second, chunk 2t + 1, is at the first's address XOR 16 within the row."""
   from jax._src.lib.mlir.dialects import arith
-  from wts_jax.pallas.row_words import thread_and_addresses
-  _, (staged_at,), _ = thread_and_addresses((staged,))
-  _, wg, warp, g, t = _thread()
-  warp = _request_warp(warp, wg, rotate)
-  row = arith.addi(arith.muli(warp, _const(8)), g)
-  at = arith.addi(staged_at, arith.muli(arith.addi(arith.muli(wg, _const(slots)), slot),
-                                        _const(BASE_SLOT_BYTES)))
-  at = arith.addi(at, arith.muli(row, _const(2 * TILE)))
+  at, g, t = _tma_base_row(staged, slot, slots, rotate)
   return arith.addi(at, arith.muli(arith.xori(arith.muli(t, _const(2)), g), _const(16)))
 
 

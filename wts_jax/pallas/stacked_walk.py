@@ -50,9 +50,6 @@ from wts_jax.pallas import stacked_planes as sp
 from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES, chunks_per_block
 from wts_jax.pallas.mosaic_walk import _interpret_params, _w2_transforms
 
-# The status bits the kernel can set (``StackedSpec.status="kernel"`` counts each).
-STATUS_BITS = KERNEL_STATUS_BITS
-
 WARPGROUPS = 4
 # ``StackedSpec.timing_ablation="narrow_mma"``: a tile's W2 rows its WGMMA still reads.
 NARROW_MMA_ROWS = 16
@@ -322,9 +319,9 @@ class StackedSpec:
   dependent_launch: bool = False
   # The walk's status: "flags", a word a warpgroup, OR-reduced by an XLA op after the
   # launch; "kernel", reduced in the kernel: before its last step's grid signal each
-  # block adds one to a zeroed global counter a status bit it holds (``STATUS_BITS``),
-  # and block 0, past that step's barrier, ORs the counters' bits into its own status
-  # and writes the one word. No op after the kernel. (A block's own time-out in the
+  # block adds one to a zeroed global counter a status bit it holds
+  # (``output.KERNEL_STATUS_BITS``), and block 0, past that step's barrier, ORs the
+  # counters' bits into its own status and writes the one word. No op after the kernel. (A block's own time-out in the
   # last step's wait is block 0's to report only: the tokens are block 0's.)
   status: str = "flags"
   # GPU only. Each tile's WGMMA in ``mma_parts`` (1, 2 or 4) of its rows, each its own
@@ -474,7 +471,7 @@ def _kernel(*refs, spec: StackedSpec):
             pl.get_global(plgpu.SemaphoreType.REGULAR((steps * step_words,))))
   sem = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(()))
   status_in_kernel = spec.status == "kernel"
-  bit_counts_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((len(STATUS_BITS),)))
+  bit_counts_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((len(KERNEL_STATUS_BITS),)))
                   if status_in_kernel and not interpret else None)
 
   def start(tile):
@@ -743,7 +740,7 @@ def _kernel(*refs, spec: StackedSpec):
       @pl.when(leader & (block == 0))
       def _():
         total = status
-        for i, bit in enumerate(STATUS_BITS if not interpret else ()):  # (one block)
+        for i, bit in enumerate(KERNEL_STATUS_BITS if not interpret else ()):  # (one block)
           total = total | jnp.where(pl.semaphore_read(bit_counts_g.at[i]) > 0, bit, 0)
         status_g[0] = total
 
@@ -759,7 +756,7 @@ def _kernel(*refs, spec: StackedSpec):
     thread's publish must be seen by the one that signals.)"""
     sp.warpgroup_sync()
     held = flags | block_status()
-    for i, bit in enumerate(STATUS_BITS):
+    for i, bit in enumerate(KERNEL_STATUS_BITS):
       pl.when((held & bit) != 0)(functools.partial(
           plgpu.semaphore_signal, bit_counts_g.at[i], 1, memory_scope="gpu"))
 
