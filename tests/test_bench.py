@@ -793,13 +793,12 @@ def test_the_launch_shape_sanity_kernel_lowers_for_cuda(global_scratch, dependen
 
 @pytest.mark.parametrize("planner,patch,default,patched", [
     ("_stacked_plan", "_stacked_status", "kernel", "flags"),
-    ("_batched_plan", "_batched_status_kernel", "flags", "kernel")])
+    ("_batched_plan", "_batched_status", "kernel", "flags")])
 def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
     planner, patch, default, patched):
   """``tools/bench_variants.py``'s ``wts-stacked-status-flags`` and
-  ``wts-batched-status-kernel``: the API's stacked / batched plan (whose status defaults
-  are "kernel", NOTES v34, and "flags") patched while that path's walk traces, then
-  restored."""
+  ``wts-batched-status-flags``: the API's stacked / batched plan (whose status defaults
+  are "kernel": NOTES v34, v36) patched while that path's walk traces, then restored."""
   import sys
   from pathlib import Path
   from wts_jax import device
@@ -831,7 +830,7 @@ def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
     return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
   original = getattr(mosaic_backend, planner)
   make = getattr(bench_variants, patch)
-  prepared = (make(prepare, "flags") if patch == "_stacked_status" else make(prepare))()
+  prepared = make(prepare, "flags")()
   prepared.walk_fn((), jnp.zeros((2,), jnp.int32))
   assert seen == [patched]
   assert getattr(mosaic_backend, planner) is original and status_now() == default

@@ -81,18 +81,22 @@ def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
       kernel="stacked", interpret=True), wts_jax.device.H200)
   assert gpu.w1_order == "fragments" and interpreted.w1_order == "rows"
   # W2 in its threads' rows: held by a head whose V is a multiple of 64, read by the
-  # GPU plan where the base logits are the threads' async copies (B <= 32).
+  # GPU plan wherever it has base slots (async copies at B <= 32, TMA above).
   assert not hasattr(head.markov_head.markov_w2, "thread_rows") and gpu.w2_order == "rows"
   from wts_jax.int8_state import thread_rows_ordered
   head, _ = planes_head(1024)
   w2 = head.markov_head.markov_w2
   np.testing.assert_array_equal(np.asarray(serial_operands(head, None)["w2_thread_rows"]),
                                 np.asarray(thread_rows_ordered(w2.weight[...])))
-  for batch, order in ((16, "thread_rows"), (32, "thread_rows"), (64, "rows")):
+  for batch, order in ((16, "thread_rows"), (32, "thread_rows"), (64, "thread_rows")):
     base = jax.ShapeDtypeStruct((batch, 7, 1024), jnp.bfloat16)
     plan = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
                                wts_jax.MosaicConfig(), wts_jax.device.H200)
     assert plan.w2_order == order, batch
+  interpreted = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
+                                    wts_jax.MosaicConfig(kernel="stacked", interpret=True),
+                                    wts_jax.device.H200)
+  assert interpreted.w2_order == "rows"   # (no base slots in interpret mode)
 
 
 # --- the plan ---------------------------------------------------------------------------

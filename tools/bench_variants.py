@@ -25,7 +25,7 @@ the stacked kernel's status reduced after the launch / in the kernel; ``wts-carr
 / ``xla-carry-last-column`` wts / xla timed in the harness's older chain (the tokens' last
 column sliced after each walk, ``timing.build_chain``'s carry_form); ``wts-stacked-w2-rows``
 wts with the stacked kernel's W2 in row order (not its threads' rows);
-``wts-batched-status-kernel`` wts with the batched kernel's status reduced in the kernel. Any R, S, G named in
+``wts-batched-status-flags`` wts with the batched kernel's status reduced after the launch. Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -82,10 +82,10 @@ def register_variants(names):
       paths.register_path(name, jax_paths.available_wts,
                           _stacked_status(jax_paths.prepare_wts, status),
                           description=f"wts, the stacked kernel's status={status!r}")
-  if "wts-batched-status-kernel" in names and "wts-batched-status-kernel" not in paths.PATHS:
-    paths.register_path("wts-batched-status-kernel", jax_paths.available_wts,
-                        _batched_status_kernel(jax_paths.prepare_wts),
-                        description="wts, the batched kernel's status reduced in the kernel")
+  if "wts-batched-status-flags" in names and "wts-batched-status-flags" not in paths.PATHS:
+    paths.register_path("wts-batched-status-flags", jax_paths.available_wts,
+                        _batched_status(jax_paths.prepare_wts, "flags"),
+                        description="wts, the batched kernel's status reduced after the launch")
   if "wts-stacked-w2-rows" in names and "wts-stacked-w2-rows" not in paths.PATHS:
     paths.register_path("wts-stacked-w2-rows", jax_paths.available_wts,
                         _stacked_spec_patch(jax_paths.prepare_wts, w2_order="rows"),
@@ -149,10 +149,10 @@ def _stacked_spec_patch(prepare, **changes):
   return _plan_patch(prepare, "_stacked_plan", "stacked_walk", "StackedSpec", **changes)
 
 
-def _batched_status_kernel(prepare):
-  """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec.status="kernel"``."""
+def _batched_status(prepare, status: str):
+  """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec.status`` set."""
   return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     status="kernel")
+                     status=status)
 
 
 def _plan_patch(prepare, planner: str, module: str, spec_name: str, **changes):

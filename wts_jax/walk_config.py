@@ -163,8 +163,8 @@ class MosaicConfig:
   status: where the stacked and batched kernels reduce the walk's status: "flags" (a
     word a warpgroup, OR-reduced by an XLA op after the launch) or "kernel" (in the
     kernel, through a zeroed global counter a status bit: no op after the launch); None:
-    the planner's ("kernel" for the stacked kernel, "flags" for the batched one). The
-    row kernel reduces after the launch.
+    the planner's ("kernel" for the stacked and batched kernels). The row kernel reduces
+    after the launch.
   """
 
   residency: str | float | int = "auto"

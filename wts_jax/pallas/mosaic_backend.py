@@ -89,9 +89,9 @@ def _stacked_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # rotated and the warps past the batch idle in the fold (NOTES v32). The status
   # reduced in the kernel (``StackedSpec.status``): no op after the launch; faster at
   # every B in one run with the reduce op beside it (NOTES v34). W2 in its threads' row
-  # order where the head holds it and the base logits are the threads' async copies:
-  # faster at B 1-32 (NOTES v35).
-  thread_rows = (gpu and plan.base_copies == "threads" and plan.base_slots
+  # order where the head holds it and the plan has base slots: faster at B 1-32 with
+  # the threads' async copies (NOTES v35), no slower with TMA slots (NOTES v36).
+  thread_rows = (gpu and plan.base_slots
                  and hasattr(head.markov_head.markov_w2, "thread_rows"))
   return StackedSpec(plan=plan, batch=shapes.batch, steps=shapes.steps, smem_per_block=smem,
                      ring_stages=config.ring_stages, spin_limit=config.sync_spin_limit,
@@ -376,9 +376,10 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
       batched = planned(1)
     except ValueError:
       return Refusal(str(err))
+  # The status reduced in the kernel: no reduce op after the launch (NOTES v36).
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
-                     interpret=config.interpret, status=config.status or "flags")
+                     interpret=config.interpret, status=config.status or "kernel")
 
 
 @dataclasses.dataclass(frozen=True)
