@@ -25,7 +25,9 @@ the stacked kernel's status reduced after the launch / in the kernel; ``wts-carr
 / ``xla-carry-last-column`` wts / xla timed in the harness's older chain (the tokens' last
 column sliced after each walk, ``timing.build_chain``'s carry_form); ``wts-stacked-w2-rows``
 wts with the stacked kernel's W2 in row order (not its threads' rows);
-``wts-batched-status-flags`` wts with the batched kernel's status reduced after the launch. Any R, S, G named in
+``wts-batched-status-flags`` wts with the batched kernel's status reduced after the launch;
+``wts-rnn-sliced-j-h`` wts with the rnn head's J_h sliced out of ``joint_proj`` every walk
+(the head without ``wts_jax.with_joint_hidden``'s copy). Any R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -86,6 +88,11 @@ def register_variants(names):
     paths.register_path("wts-batched-status-flags", jax_paths.available_wts,
                         _batched_status(jax_paths.prepare_wts, "flags"),
                         description="wts, the batched kernel's status reduced after the launch")
+  if "wts-rnn-sliced-j-h" in names and "wts-rnn-sliced-j-h" not in paths.PATHS:
+    paths.register_path("wts-rnn-sliced-j-h", jax_paths.available_wts,
+                        _without_joint_hidden(jax_paths.prepare_wts),
+                        description="wts, the rnn head's J_h sliced out of joint_proj "
+                                    "every walk (no contiguous copy)")
   if "wts-stacked-w2-rows" in names and "wts-stacked-w2-rows" not in paths.PATHS:
     paths.register_path("wts-stacked-w2-rows", jax_paths.available_wts,
                         _stacked_spec_patch(jax_paths.prepare_wts, w2_order="rows"),
@@ -147,6 +154,19 @@ def _stacked_spec_patch(prepare, **changes):
   """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec`` fields
   ``changes`` set."""
   return _plan_patch(prepare, "_stacked_plan", "stacked_walk", "StackedSpec", **changes)
+
+
+def _without_joint_hidden(prepare):
+  """``prepare`` (a wts path) given the head without its contiguous J_h
+  (``wts_jax.with_joint_hidden``), as a head that never had it."""
+  def prepared(head, *args, **kwargs):
+    from flax import nnx
+    serial = head.markov_head
+    if getattr(serial, "joint_hidden", None) is not None:
+      head = nnx.merge(*nnx.split(head))
+      del head.markov_head.joint_hidden
+    return prepare(head, *args, **kwargs)
+  return prepared
 
 
 def _batched_status(prepare, status: str):

@@ -9,7 +9,7 @@ from wts_jax.convert.errors import CheckpointError, ConversionError
 from wts_jax.gate_table import with_gate_table
 from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
 from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
-                           VanillaMarkovHead, make_head)
+                           VanillaMarkovHead, make_head, with_joint_hidden)
 from wts_jax.loading import DrafterWeights, from_torch_state_dict, load, load_drafter
 from wts_jax.output import WalkError, WalkOutput, check
 from wts_jax.quantize import quantize_w2
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointError", "ConversionError", "DrafterWeights", "KERNEL_COMPILER_OPTIONS",
     "from_torch_state_dict", "load", "load_drafter",
-    "quantize_w2", "with_gate_table",
+    "quantize_w2", "with_gate_table", "with_joint_hidden",
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
     "MosaicConfig", "TritonConfig", "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",
     "make_head", "walk",

@@ -24,10 +24,13 @@ from wts_jax.bench.cli import DTYPES, QUANTIZED, QUANTIZED_PLANES, UsageError
 def make_bench_head(config, dtype_name: str, seed: int, gate_table: bool = True):
   """(head, the bf16 head it was quantized from or None) for ``--dtype dtype_name``; a
   gated head with its gate table (``wts_jax.with_gate_table``) unless ``gate_table`` is
-  False (``--gate-table off``)."""
+  False (``--gate-table off``); an rnn head with its contiguous J_h
+  (``wts_jax.with_joint_hidden``)."""
   import jax.numpy as jnp
-  from wts_jax import make_head, with_gate_table
+  from wts_jax import make_head, with_gate_table, with_joint_hidden
   def tabled(head):
+    if config.head_type == "rnn":
+      return with_joint_hidden(head)
     return with_gate_table(head) if gate_table and config.head_type == "gated" else head
   if dtype_name in QUANTIZED + (QUANTIZED_PLANES,):
     from wts_jax.quantize import quantize_w2

@@ -33,9 +33,17 @@ class RecurrentHead(SerialHead):
     return (weight[:, :r], weight[:, r:2 * r], weight[:, 2 * r:],
             self.joint_proj.bias[...].astype(jnp.float32))
 
+  def hidden_weight(self):
+    """J_h [3r, d] as stored: the head's contiguous copy (``with_joint_hidden``), else
+    the columns of ``joint_proj.weight`` (which a GEMM reads only after copying them out:
+    an op every walk)."""
+    joint_hidden = getattr(self, "joint_hidden", None)
+    if joint_hidden is not None:
+      return joint_hidden.weight[...]
+    return self.joint_proj.weight[...][:, 2 * self.config.rank:]
+
   def hoist(self, hidden):
-    return hidden_terms(hidden, self.joint_proj.weight[...][:, 2 * self.config.rank:],
-                        self.joint_proj.bias[...])
+    return hidden_terms(hidden, self.hidden_weight(), self.joint_proj.bias[...])
 
   def init_state(self, batch):
     return jnp.zeros((batch, self.config.rank), jnp.float32)
@@ -51,3 +59,27 @@ class RecurrentHead(SerialHead):
     update = jax.nn.sigmoid(gate)
     state = update * state + (1.0 - update) * jnp.tanh(candidate)
     return state, jnp.tanh(output)
+
+
+class JointHidden(nnx.Module):
+  """An rnn head's J_h [3r, d] (``joint_proj.weight``'s hidden columns) as its own
+  contiguous array (``with_joint_hidden``)."""
+
+  def __init__(self, weight: jax.Array):
+    self.weight = nnx.Variable(weight)
+
+
+def with_joint_hidden(head):
+  """An rnn head sharing every weight with ``head``, with J_h copied beside them as one
+  contiguous array, so every walk's hoist (the reference's and every kernel's: one
+  ``RecurrentHead.hoist``) reads it as stored instead of slicing it out of
+  ``joint_proj.weight`` first. The values are the same bits: the walk's tokens do not
+  change. The copy is a function of ``joint_proj.weight``: rebuild it after changing it."""
+  if head.config.head_type != "rnn":
+    raise ValueError(f"a contiguous J_h is the rnn head's (got {head.config.head_type!r})")
+  graphdef, state = nnx.split(head)
+  copied = nnx.merge(graphdef, state)
+  serial = copied.markov_head
+  serial.joint_hidden = JointHidden(
+      jnp.array(serial.joint_proj.weight[...][:, 2 * copied.config.rank:]))
+  return copied
