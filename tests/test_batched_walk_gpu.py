@@ -375,6 +375,15 @@ def test_split_rnn_tokens_equal_reference(rnn_head, axis, batch, temperature):
   _check(rnn_head, batch, temperature, 75, config=config)
 
 
+@pytest.mark.parametrize("batch", [1, 16, 64])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_rnn_with_its_contiguous_j_h_equals_reference(rnn_head, batch, temperature):
+  """The API's rnn walk (``auto``) of the head with J_h beside ``joint_proj``
+  (``wts_jax.with_joint_hidden``, as wts-bench walks it), int8 W2 at B 16."""
+  head = quantize_w2(rnn_head, "int8") if batch == 16 else rnn_head
+  _check(wts_jax.with_joint_hidden(head), batch, temperature, 76, config=MosaicConfig())
+
+
 @pytest.mark.parametrize("head_type,axis,batch", [
     ("gated", "m", 5), ("gated", "n", 16), ("gated", "m", 64), ("rnn", "m", 16),
     ("rnn", "m", 64), ("vanilla", "n", 13), ("vanilla", "m", 64)])
