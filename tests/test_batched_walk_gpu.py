@@ -443,6 +443,24 @@ def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, tempe
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
+@pytest.mark.parametrize("head_name,w2,batch", [
+    ("tabled", "bf16", 64), ("rnn", "int8", 1), ("rnn", "int8", 4), ("rnn", "int8", 16)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_gated_and_rnn_with_the_vanilla_heads_deeper_ring(
+    monkeypatch, tabled_head, rnn_head, head_name, w2, batch, temperature):
+  """The API's gated and rnn walks with the planner's ring preference the vanilla
+  head's (ring slots before resident chunks) where it changes their plans at the
+  Qwen3-4B shape (tests/test_bench.py), fresh inputs at each point."""
+  from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
+  monkeypatch.setattr(mosaic_backend, "auto_ring_preference",
+                      lambda *, gated=False: AUTO_RING_PREFERENCE)
+  head = {"tabled": tabled_head, "rnn": rnn_head}[head_name]
+  if w2 == "int8":
+    head = quantize_w2(head, "int8")
+  for seed in (91, 92):
+    _check(head, batch, temperature, seed + batch, config=MosaicConfig())
+
+
 @pytest.mark.parametrize("kernel,batch", [("rows", 1), ("batched", 16), ("batched", 64)])
 def test_logits_and_logprobs_from_the_tokens(head, kernel, batch):
   """Asked for logits and log-probabilities, a Mosaic kernel's walk returns the

@@ -834,3 +834,37 @@ def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
   prepared.walk_fn((), jnp.zeros((2,), jnp.int32))
   assert seen == [patched]
   assert getattr(mosaic_backend, planner) is original and status_now() == default
+
+
+def test_bench_variants_deep_ring_deepens_the_gated_heads_ring_only_while_it_traces():
+  """``tools/bench_variants.py``'s ``wts-ring-deep``: the gated head's batched plan at
+  the Qwen3-4B shape, B 64, takes ring slots before a resident chunk while that path's
+  walk traces (the vanilla head's preference), and the planner's own rule after."""
+  import sys
+  from pathlib import Path
+  from wts_jax import device
+  from wts_jax.bench.registry import jax_prepared
+  from wts_jax.heads import HeadConfig
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.backend import WalkShapes
+  from wts_jax.walk_config import MosaicConfig
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import bench_variants
+  head = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
+  shapes = WalkShapes(batch=64, steps=7)
+
+  def ring_now():
+    plan = mosaic_backend.plan(head, shapes, MosaicConfig(), device.H200).plan
+    return plan.resident_chunks, plan.ring_stages
+  assert ring_now() == (1, 2)
+  seen = []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append(ring_now())
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  original = mosaic_backend.auto_ring_preference
+  bench_variants._deep_ring(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
+  assert seen == [(0, 3)]
+  assert mosaic_backend.auto_ring_preference is original and ring_now() == (1, 2)

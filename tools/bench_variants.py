@@ -27,7 +27,9 @@ column sliced after each walk, ``timing.build_chain``'s carry_form); ``wts-stack
 wts with the stacked kernel's W2 in row order (not its threads' rows);
 ``wts-batched-status-flags`` wts with the batched kernel's status reduced after the launch;
 ``wts-rnn-sliced-j-h`` wts with the rnn head's J_h sliced out of ``joint_proj`` every walk
-(the head without ``wts_jax.with_joint_hidden``'s copy). Any R, S, G named in
+(the head without ``wts_jax.with_joint_hidden``'s copy); ``wts-ring-deep`` wts with the
+batched planner's ring preference the vanilla head's for the gated and rnn heads too. Any
+R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
@@ -88,6 +90,10 @@ def register_variants(names):
     paths.register_path("wts-batched-status-flags", jax_paths.available_wts,
                         _batched_status(jax_paths.prepare_wts, "flags"),
                         description="wts, the batched kernel's status reduced after the launch")
+  if "wts-ring-deep" in names and "wts-ring-deep" not in paths.PATHS:
+    paths.register_path("wts-ring-deep", jax_paths.available_wts,
+                        _deep_ring(jax_paths.prepare_wts),
+                        description="wts, the batched planner's deeper ring for every head")
   if "wts-rnn-sliced-j-h" in names and "wts-rnn-sliced-j-h" not in paths.PATHS:
     paths.register_path("wts-rnn-sliced-j-h", jax_paths.available_wts,
                         _without_joint_hidden(jax_paths.prepare_wts),
@@ -180,25 +186,43 @@ def _plan_patch(prepare, planner: str, module: str, spec_name: str, **changes):
   has the fields ``changes``: the API's planner ``mosaic_backend.<planner>`` patched
   while this path's walk traces (the harness traces in one thread), so the other paths
   keep theirs."""
-  def prepared(*args, **kwargs):
+  def patched_planner(plan_of):
     import dataclasses
     import importlib
-    from wts_jax.bench.registry import jax_prepared
-    from wts_jax.pallas import mosaic_backend
     spec_type = getattr(importlib.import_module(f"wts_jax.pallas.{module}"), spec_name)
-    base = prepare(*args, **kwargs)
-    plan_of = getattr(mosaic_backend, planner)
 
     def patched(*plan_args, **plan_kwargs):
       spec = plan_of(*plan_args, **plan_kwargs)
       return dataclasses.replace(spec, **changes) if isinstance(spec, spec_type) else spec
+    return patched
+  return _traced_with(prepare, planner, patched_planner)
+
+
+def _deep_ring(prepare):
+  """``prepare`` (a wts path) with the batched planner's ring preference the vanilla
+  head's for every head (``AUTO_RING_PREFERENCE`` slots before any chunk stays resident;
+  the gated and rnn heads take ``DEFAULT_RING_STAGES``)."""
+  def deep(_):
+    from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
+    return lambda *, gated=False: AUTO_RING_PREFERENCE
+  return _traced_with(prepare, "auto_ring_preference", deep)
+
+
+def _traced_with(prepare, name: str, replace):
+  """``prepare`` (a wts path) whose walk traces with ``mosaic_backend.<name>`` replaced
+  by ``replace(original)``, restored after (the harness traces in one thread)."""
+  def prepared(*args, **kwargs):
+    from wts_jax.bench.registry import jax_prepared
+    from wts_jax.pallas import mosaic_backend
+    base = prepare(*args, **kwargs)
+    original = getattr(mosaic_backend, name)
 
     def walk_fn(operands, first):
-      setattr(mosaic_backend, planner, patched)
+      setattr(mosaic_backend, name, replace(original))
       try:
         return base.walk_fn(operands, first)
       finally:
-        setattr(mosaic_backend, planner, plan_of)
+        setattr(mosaic_backend, name, original)
     return jax_prepared(walk_fn, base.operands, base.first_tokens,
                         traced_tokens=base.traced_tokens, notes=base.notes)
   return prepared
