@@ -448,12 +448,13 @@ def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, tempe
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_gated_and_rnn_with_the_vanilla_heads_deeper_ring(
     monkeypatch, tabled_head, rnn_head, head_name, w2, batch, temperature):
-  """The API's gated and rnn walks with the planner's ring preference the vanilla
-  head's (ring slots before resident chunks) where it changes their plans at the
-  Qwen3-4B shape (tests/test_bench.py), fresh inputs at each point."""
+  """The API's gated and rnn walks with the vanilla head's ring preference (ring slots
+  before resident chunks) where it changes their plans at the Qwen3-4B shape: the gated
+  head's default since v36 at 64 rows, bench_variants' wts-ring-deep for the rnn head;
+  fresh inputs at each point."""
   from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
   monkeypatch.setattr(mosaic_backend, "auto_ring_preference",
-                      lambda *, gated=False: AUTO_RING_PREFERENCE)
+                      lambda **_: AUTO_RING_PREFERENCE)
   head = {"tabled": tabled_head, "rnn": rnn_head}[head_name]
   if w2 == "int8":
     head = quantize_w2(head, "int8")

@@ -1356,3 +1356,33 @@ def test_status_in_the_kernel_refused_by_the_row_kernel():
                  config=MosaicConfig(interpret=True, kernel="rows", status="kernel"))
   with pytest.raises(ValueError, match="status='bad'"):
     MosaicConfig(status="bad")
+
+
+@pytest.mark.parametrize("w2,status", [("bf16", "kernel"), ("int8", "kernel"),
+                                       ("planes", "flags")])
+def test_planners_status_where_each_measured_faster(w2, status):
+  """The batched kernel's status by default: in the kernel for bf16 and int8 W2, after
+  the launch for int8 planes (slower in the kernel at 16 sampled rows, NOTES v36); asked
+  for, either form."""
+  head = _head(1024, 64)
+  if w2 != "bf16":
+    head = quantize_w2(head, "int8", **({"state": "planes"} if w2 == "planes" else {}))
+  shapes = backend.WalkShapes(batch=16, steps=7, greedy=False)
+  for config, want in ((MosaicConfig(kernel="batched"), status),
+                       (MosaicConfig(kernel="batched", status="flags"), "flags"),
+                       (MosaicConfig(kernel="batched", status="kernel"), "kernel")):
+    spec = mosaic_backend.plan(head, shapes, config, H200_FACTS)
+    assert spec.plan.int8_state == (w2 == "planes") and spec.status == want
+
+
+def test_planners_ring_before_residency_for_the_gated_head_not_the_rnn_head():
+  """``auto_ring_preference``: the vanilla and gated heads take ring slots before
+  resident chunks (the gated split gate at 64 rows, Qwen3-4B: 3 slots, none resident),
+  the rnn head the default two (NOTES v36)."""
+  assert (mosaic_batched_plan.auto_ring_preference()
+          == mosaic_batched_plan.AUTO_RING_PREFERENCE > mosaic_batched_plan.DEFAULT_RING_STAGES
+          == mosaic_batched_plan.auto_ring_preference(recurrent=True))
+  head = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
+  plan = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=7), MosaicConfig(),
+                             H200_FACTS).plan
+  assert plan.gated and (plan.resident_chunks, plan.ring_stages) == (0, 3)

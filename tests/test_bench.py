@@ -836,10 +836,13 @@ def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
   assert getattr(mosaic_backend, planner) is original and status_now() == default
 
 
-def test_bench_variants_deep_ring_deepens_the_gated_heads_ring_only_while_it_traces():
-  """``tools/bench_variants.py``'s ``wts-ring-deep``: the gated head's batched plan at
-  the Qwen3-4B shape, B 64, takes ring slots before a resident chunk while that path's
-  walk traces (the vanilla head's preference), and the planner's own rule after."""
+@pytest.mark.skipif(jax.__version_info__ < (0, 11),
+                    reason="the rnn head's one-row plan puts the batch on N (jax >= 0.11)")
+def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_traces():
+  """``tools/bench_variants.py``'s ``wts-ring-deep``: the rnn head's batched plan (int8
+  W2, the Qwen3-4B shape, one row) takes ring slots before resident chunks while that
+  path's walk traces (the vanilla and gated heads' preference), and the planner's own
+  rule after; the gated head's split gate at 64 rows takes the deeper ring by default."""
   import sys
   from pathlib import Path
   from wts_jax import device
@@ -847,24 +850,27 @@ def test_bench_variants_deep_ring_deepens_the_gated_heads_ring_only_while_it_tra
   from wts_jax.heads import HeadConfig
   from wts_jax.pallas import mosaic_backend
   from wts_jax.pallas.backend import WalkShapes
+  from wts_jax.quantize import quantize_w2
   from wts_jax.walk_config import MosaicConfig
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   import bench_variants
-  head = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
-  shapes = WalkShapes(batch=64, steps=7)
 
-  def ring_now():
-    plan = mosaic_backend.plan(head, shapes, MosaicConfig(), device.H200).plan
+  def ring_of(head, batch):
+    plan = mosaic_backend.plan(head, WalkShapes(batch=batch, steps=7), MosaicConfig(),
+                               device.H200).plan
     return plan.resident_chunks, plan.ring_stages
-  assert ring_now() == (1, 2)
+  gated = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
+  assert ring_of(gated, 64) == (0, 3)
+  rnn = quantize_w2(wts_jax.make_head(HeadConfig.qwen3_4b("rnn")), "int8")
+  assert ring_of(rnn, 1) == (3, 2)
   seen = []
 
   def prepare(*args, **kwargs):
     def walk_fn(operands, first):
-      seen.append(ring_now())
+      seen.append(ring_of(rnn, 1))
       return {"tokens": first[:, None]}
     return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
   original = mosaic_backend.auto_ring_preference
   bench_variants._deep_ring(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
-  assert seen == [(0, 3)]
-  assert mosaic_backend.auto_ring_preference is original and ring_now() == (1, 2)
+  assert seen == [(1, 4)]
+  assert mosaic_backend.auto_ring_preference is original and ring_of(rnn, 1) == (3, 2)

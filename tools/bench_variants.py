@@ -28,7 +28,7 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 ``wts-batched-status-flags`` wts with the batched kernel's status reduced after the launch;
 ``wts-rnn-sliced-j-h`` wts with the rnn head's J_h sliced out of ``joint_proj`` every walk
 (the head without ``wts_jax.with_joint_hidden``'s copy); ``wts-ring-deep`` wts with the
-batched planner's ring preference the vanilla head's for the gated and rnn heads too. Any
+batched planner's ring preference the vanilla head's for the rnn head too. Any
 R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
@@ -93,7 +93,7 @@ def register_variants(names):
   if "wts-ring-deep" in names and "wts-ring-deep" not in paths.PATHS:
     paths.register_path("wts-ring-deep", jax_paths.available_wts,
                         _deep_ring(jax_paths.prepare_wts),
-                        description="wts, the batched planner's deeper ring for every head")
+                        description="wts, the batched planner's deeper ring for the rnn head too")
   if "wts-rnn-sliced-j-h" in names and "wts-rnn-sliced-j-h" not in paths.PATHS:
     paths.register_path("wts-rnn-sliced-j-h", jax_paths.available_wts,
                         _without_joint_hidden(jax_paths.prepare_wts),
@@ -201,10 +201,10 @@ def _plan_patch(prepare, planner: str, module: str, spec_name: str, **changes):
 def _deep_ring(prepare):
   """``prepare`` (a wts path) with the batched planner's ring preference the vanilla
   head's for every head (``AUTO_RING_PREFERENCE`` slots before any chunk stays resident;
-  the gated and rnn heads take ``DEFAULT_RING_STAGES``)."""
+  the rnn head takes ``DEFAULT_RING_STAGES``)."""
   def deep(_):
     from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
-    return lambda *, gated=False: AUTO_RING_PREFERENCE
+    return lambda **_: AUTO_RING_PREFERENCE
   return _traced_with(prepare, "auto_ring_preference", deep)
 
 

@@ -111,7 +111,8 @@ class MosaicConfig:
   num_blocks: the persistent grid (default: one block per SM).
   interpret, sync_spin_limit: as for ``TritonConfig``.
   ring_stages: slots of the TMA ring that streams the other chunks (None: the planner's;
-    the batched kernel's vanilla head takes up to 4 before any chunk stays resident).
+    the batched kernel's vanilla and gated heads take up to 4 before any chunk stays
+    resident).
   gemv: how a chunk meets z: "registers" (an fp32 GEMV in registers), "wgmma" (a
     tensor-core WGMMA, 64 x 8B x r, bf16 operands, fp32 accumulation; exact for the
     vanilla head, whose z is a bf16 row of W1), or "auto" (wgmma where it applies).
@@ -163,8 +164,8 @@ class MosaicConfig:
   status: where the stacked and batched kernels reduce the walk's status: "flags" (a
     word a warpgroup, OR-reduced by an XLA op after the launch) or "kernel" (in the
     kernel, through a zeroed global counter a status bit: no op after the launch); None:
-    the planner's ("kernel" for the stacked and batched kernels). The row kernel reduces
-    after the launch.
+    the planner's ("kernel" for the stacked kernel and the batched one, but "flags" for
+    the batched kernel's int8 planes). The row kernel reduces after the launch.
   """
 
   residency: str | float | int = "auto"

@@ -60,8 +60,8 @@ AUTO_WIDEN_IN_REGISTERS_RNN_SAMPLED_MAX = 4
 # - a producer warpgroup beside two computing ones for greedy walks (for sampling the
 #   computing warpgroups' own refills measured faster);
 # - warpgroup 1's bests merged unreduced (``merge_tiles``) on N up to 16 rows;
-# - the vanilla head's ring as deep as 4 slots before any chunk stays resident (the
-#   walk waits on streamed chunks' latency, not on their bandwidth), and on M with two
+# - the vanilla and gated heads' ring as deep as 4 slots before any chunk stays resident
+#   (the walk waits on streamed chunks' latency, not on their bandwidth), and on M with two
 #   warpgroups a 1-slot base ring, which leaves the W2 ring its second or third slot
 #   (the rnn head's two warpgroups on M: a 1-slot ring each beside its resident rows).
 AUTO_BATCH_ON_N_MAX = 32
@@ -142,11 +142,13 @@ def auto_merge_tiles(batch_axis: str, warpgroups: int, batch: int, *,
           and not gated)
 
 
-def auto_ring_preference(*, gated: bool = False) -> int:
-  """The ring slots the planner takes before keeping chunks resident: the vanilla head's
-  deeper ring; the gated and rnn heads (``gated``, as for ``auto_producer``) keep the
-  default (their few W2 slots beside the update's weights were not measured deeper)."""
-  return DEFAULT_RING_STAGES if gated else AUTO_RING_PREFERENCE
+def auto_ring_preference(*, recurrent: bool = False) -> int:
+  """The ring slots the planner takes before keeping chunks resident: the deeper ring for
+  the vanilla and gated heads (the gated head's split gate at 64 rows: 3 slots and none
+  resident against 2 and one, -4.2 and -2.5 µs in two runs, NOTES v36); the rnn head
+  (``recurrent``) keeps the default (deeper at 1-16 rows with an int8 W2: -9 to +4 µs,
+  no clear gain, NOTES v36)."""
+  return DEFAULT_RING_STAGES if recurrent else AUTO_RING_PREFERENCE
 
 
 def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
