@@ -377,8 +377,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
     except ValueError:
       return Refusal(str(err))
   # The status reduced in the kernel (no reduce op after the launch) where it measured
-  # faster: bf16 and int8 W2, every head; with int8 planes (sampled on N at 16 rows:
-  # +9 µs) after the launch (NOTES v36).
+  # faster: bf16 and int8 W2, every head; with int8 planes after the launch (slower in
+  # the kernel for their sampled walks on N, NOTES v36).
   status = config.status or ("flags" if batched.int8_state else "kernel")
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,

@@ -144,10 +144,9 @@ def auto_merge_tiles(batch_axis: str, warpgroups: int, batch: int, *,
 
 def auto_ring_preference(*, recurrent: bool = False) -> int:
   """The ring slots the planner takes before keeping chunks resident: the deeper ring for
-  the vanilla and gated heads (the gated head's split gate at 64 rows: 3 slots and none
-  resident against 2 and one, -4.2 and -2.5 µs in two runs, NOTES v36); the rnn head
-  (``recurrent``) keeps the default (deeper at 1-16 rows with an int8 W2: -9 to +4 µs,
-  no clear gain, NOTES v36)."""
+  the vanilla and gated heads (for the gated head's split gate at 64 rows faster in two
+  runs, NOTES v36); the rnn head (``recurrent``) keeps the default (deeper, its int8
+  walks at 1-16 rows measured no clear gain, NOTES v36)."""
   return DEFAULT_RING_STAGES if recurrent else AUTO_RING_PREFERENCE
 
 
