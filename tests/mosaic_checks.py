@@ -57,3 +57,17 @@ def planner_option(monkeypatch, **option):
     return plans[-1]
   monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
   return plans
+
+
+def batched_spec_option(monkeypatch, **fields):
+  """The API's batched kernel spec (``mosaic_backend._batched_plan``) with ``fields`` set
+  wherever it makes one."""
+  import dataclasses
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  planned = mosaic_backend._batched_plan
+
+  def with_fields(*args, **kwargs):
+    spec = planned(*args, **kwargs)
+    return dataclasses.replace(spec, **fields) if isinstance(spec, BatchedSpec) else spec
+  monkeypatch.setattr(mosaic_backend, "_batched_plan", with_fields)

@@ -39,7 +39,7 @@ from wts_jax.pallas import backend, mosaic_backend
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig
 
-from mosaic_checks import planner_option
+from mosaic_checks import batched_spec_option, planner_option
 
 pytestmark = [
     pytest.mark.gpu,
@@ -441,6 +441,22 @@ def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, tempe
     ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
                        key=key)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+@pytest.mark.parametrize("head_name,w2,batch", [
+    ("tabled", "bf16", 64), ("tabled", "int8", 64), ("rnn", "bf16", 64), ("rnn", "int8", 16),
+    ("rnn", "bf16", 5)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_split_update_with_hoisted_rows_equals_reference(
+    monkeypatch, tabled_head, rnn_head, head_name, w2, batch, temperature):
+  """The API's split updates (the gated head past 32 rows, the rnn head) reading their
+  hoisted terms as [rows, K, n] (``BatchedSpec.hoisted_rows``), fresh inputs."""
+  batched_spec_option(monkeypatch, hoisted_rows=True)
+  head = {"tabled": tabled_head, "rnn": rnn_head}[head_name]
+  if w2 == "int8":
+    head = quantize_w2(head, "int8")
+  for seed in (93, 94):
+    _check(head, batch, temperature, seed + batch, config=MosaicConfig())
 
 
 @pytest.mark.parametrize("head_name,w2,batch", [

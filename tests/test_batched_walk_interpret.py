@@ -30,7 +30,8 @@ from wts_jax.pallas.mosaic_batched_plan import AUTO_WIDEN_IN_REGISTERS_MAX, auto
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicConfig, WalkConfig
 
-from mosaic_checks import assert_walk_matches, mosaic_and_xla_walks, planner_option
+from mosaic_checks import (assert_walk_matches, batched_spec_option, mosaic_and_xla_walks,
+                           planner_option)
 from near_tie_inputs import tie_broken_by_lo
 
 H200_SMEM = 227 * 1024
@@ -1386,3 +1387,53 @@ def test_planners_ring_before_residency_for_the_gated_head_not_the_rnn_head():
   plan = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=7), MosaicConfig(),
                              H200_FACTS).plan
   assert plan.gated and (plan.resident_chunks, plan.ring_stages) == (0, 3)
+
+
+# A split update's hoisted terms read as [rows, K, n] (``BatchedSpec.hoisted_rows``): the
+# rnn head and the split gate, M and N, greedy and sampled, 64 rows (no pad) and fewer.
+HOISTED_ROWS_CASES = [("rnn", 1000, 64, 13, 4, 0.7, "m"), ("rnn", 776, 64, 64, 3, 0.0, "m"),
+                      ("gated", 1000, 128, 64, 3, 0.0, "m"), ("gated", 520, 64, 13, 4, 0.7, "n")]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,axis",
+                         HOISTED_ROWS_CASES)
+def test_hoisted_rows_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
+                                       temperature, axis):
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  batched_spec_option(monkeypatch, hoisted_rows=True)
+  if head_type == "gated":
+    head = _gated_head(vocab, rank, confidence=True)
+  else:
+    head = wts_jax.make_head(HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64,
+                                        head_type="rnn", confidence=True),
+                             seed=vocab + rank + 5)
+  _assert_matches_xla(head, batch, steps, "none", temperature, seed=16, batch_axis=axis,
+                      warpgroups=1, serial_update="split")
+
+
+@pytest.mark.parametrize("head_type", ["rnn", "gated"])
+def test_hoisted_rows_lower_for_cuda_without_a_transpose(monkeypatch, head_type):
+  """At 64 rows (Qwen3-4B shape, the split update on M) the hoisted terms go to the
+  kernel as the hoist gives them: no transpose between the hoist and the launch."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis="m", warpgroups=1,
+                        serial_update="split")
+  before = lower_walk(head_type, 64, 7, config=config).split("mosaic_gpu")[0]
+  batched_spec_option(monkeypatch, hoisted_rows=True)
+  text = lower_walk(head_type, 64, 7, config=config)
+  assert _mosaic_launches(text) == 1
+  assert "stablehlo.transpose" in before
+  assert "stablehlo.transpose" not in text.split("mosaic_gpu")[0]
+
+
+def test_hoisted_rows_refused_without_a_split_update():
+  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  head = _head(1024, 64)
+  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=16, steps=3),
+                             MosaicConfig(kernel="batched"), H200_FACTS)
+  with pytest.raises(ValueError, match="hoisted_rows=True is the split update's"):
+    BatchedSpec(plan=spec.plan, batch=16, steps=3, greedy=True, spin_limit=0,
+                interpret=False, hoisted_rows=True)

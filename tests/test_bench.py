@@ -874,3 +874,39 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   bench_variants._deep_ring(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
   assert seen == [(1, 4)]
   assert mosaic_backend.auto_ring_preference is original and ring_of(rnn, 1) == (3, 2)
+
+
+def test_bench_variants_hoisted_rows_patch_only_split_updates():
+  """``tools/bench_variants.py``'s ``wts-hoisted-rows``: ``BatchedSpec.hoisted_rows`` set
+  while the path's walk traces where the plan splits the update (the rnn head), the
+  vanilla head's plan as planned."""
+  import sys
+  from pathlib import Path
+  from wts_jax import device
+  from wts_jax.bench.registry import jax_prepared
+  from wts_jax.heads import HeadConfig
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.backend import WalkShapes
+  from wts_jax.walk_config import MosaicConfig
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import bench_variants
+  heads = {head_type: wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
+                                                   head_type=head_type))
+           for head_type in ("rnn", "vanilla")}
+
+  def rows_now():
+    return {name: mosaic_backend.plan(head, WalkShapes(batch=16, steps=3),
+                                      MosaicConfig(kernel="batched"), device.H200).hoisted_rows
+            for name, head in heads.items()}
+  assert rows_now() == {"rnn": False, "vanilla": False}
+  seen = []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append(rows_now())
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  bench_variants._split_update_patch(prepare, hoisted_rows=True)().walk_fn(
+      (), jnp.zeros((2,), jnp.int32))
+  assert seen == [{"rnn": True, "vanilla": False}]
+  assert rows_now() == {"rnn": False, "vanilla": False}

@@ -28,7 +28,8 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 ``wts-batched-status-flags`` wts with the batched kernel's status reduced after the launch;
 ``wts-rnn-sliced-j-h`` wts with the rnn head's J_h sliced out of ``joint_proj`` every walk
 (the head without ``wts_jax.with_joint_hidden``'s copy); ``wts-ring-deep`` wts with the
-batched planner's ring preference the vanilla head's for the rnn head too. Any
+batched planner's ring preference the vanilla head's for the rnn head too;
+``wts-hoisted-rows`` wts with a split update's hoisted terms read as [rows, K, n]. Any
 R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
@@ -99,6 +100,11 @@ def register_variants(names):
                         _without_joint_hidden(jax_paths.prepare_wts),
                         description="wts, the rnn head's J_h sliced out of joint_proj "
                                     "every walk (no contiguous copy)")
+  if "wts-hoisted-rows" in names and "wts-hoisted-rows" not in paths.PATHS:
+    paths.register_path("wts-hoisted-rows", jax_paths.available_wts,
+                        _split_update_patch(jax_paths.prepare_wts, hoisted_rows=True),
+                        description="wts, a split update's hoisted terms read as [rows, K, "
+                                    "n] (no transpose before the launch)")
   if "wts-stacked-w2-rows" in names and "wts-stacked-w2-rows" not in paths.PATHS:
     paths.register_path("wts-stacked-w2-rows", jax_paths.available_wts,
                         _stacked_spec_patch(jax_paths.prepare_wts, w2_order="rows"),
@@ -173,6 +179,22 @@ def _without_joint_hidden(prepare):
       del head.markov_head.joint_hidden
     return prepare(head, *args, **kwargs)
   return prepared
+
+
+def _split_update_patch(prepare, **changes):
+  """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields ``changes``
+  set where its plan splits the head's update over the blocks (elsewhere as planned)."""
+  def patched_planner(plan_of):
+    import dataclasses
+    from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+
+    def patched(*plan_args, **plan_kwargs):
+      spec = plan_of(*plan_args, **plan_kwargs)
+      if isinstance(spec, BatchedSpec) and spec.plan.split:
+        return dataclasses.replace(spec, **changes)
+      return spec
+    return patched
+  return _traced_with(prepare, "_batched_plan", patched_planner)
 
 
 def _batched_status(prepare, status: str):

@@ -128,12 +128,19 @@ class BatchedSpec:
   # step's grid signal each block's leader adds one to a zeroed global counter a status
   # bit its block holds (warpgroup 1's NaN handed over with its bests, a split update's
   # time-out read then), and block 0's leader, past that step's barrier, writes the one
-  # word. No op after the kernel. Unmeasured: "flags".
+  # word. No op after the kernel. (The API's choice: ``mosaic_backend._batched_plan``.)
   status: str = "flags"
+  # A split update's hoisted terms as the hoist gives them, [rows, K, n] (each block
+  # reads its columns of a step with the rows' stride), instead of [K, rows, n]: no
+  # transpose before the launch, and at 64 rows no pad either.
+  hoisted_rows: bool = False
 
   def __post_init__(self):
     if self.status not in ("flags", "kernel"):
       raise ValueError(f"status={self.status!r} must be 'flags' or 'kernel'")
+    if self.hoisted_rows and not self.plan.split:
+      raise ValueError("hoisted_rows=True is the split update's layout (the plan has "
+                       "no split gated or rnn update)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,8 +186,9 @@ class BatchedRefs:
   z_s: object = None             # z staging
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
   gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
-                                 # ([K, 64 rows, r] with a split gate; [K, 2, rows, r]
-                                 # int16 halves of its fp32 bits with a gate table)
+                                 # ([K, 64 rows, r] with a split gate, [64 rows, K, r]
+                                 # with ``hoisted_rows``; [K, 2, rows, r] int16 halves
+                                 # of its fp32 bits with a gate table)
   update_w_s: object = None      # split update: this block's rows of G_e (or [J_s, J_e],
                                  # each the rnn head's gate, candidate, output rows)
   update_w_bar: object = None
@@ -594,6 +602,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     pub_g.at[step, 0, :, columns][...] = pair.hi
     pub_g.at[step, 1, :, columns][...] = pair.lo
 
+  def hoisted_columns(step, columns):
+    """A split update's hoisted terms of a step, its 64 rows by ``columns``."""
+    if spec.hoisted_rows:
+      return refs.gate_hoisted_g.at[:, step, columns]
+    return refs.gate_hoisted_g.at[step, :, columns]
+
   def gate_slice(step):
     """A split gate's slice: z = σ(hoisted + G_e e) ⊙ e of this block's units (a WGMMA
     of the e tile ``za_s[1]`` against its resident G_e rows), to ``zpub_g[step]``."""
@@ -603,7 +617,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       plgpu.wgmma(acc_ref, refs.za_s.at[1], refs.update_w_s.T)
       return acc_ref[...]
     pre = pl.run_scoped(product, plgpu.ACC((BATCH_TILE, units), jnp.float32))
-    hoisted = _load(refs.gate_hoisted_g.at[step, :, columns], _WGMMA, optimized=False)
+    hoisted = _load(hoisted_columns(step, columns), _WGMMA, optimized=False)
     e = _load(refs.z_s.at[:, columns], _WGMMA, optimized=False).astype(jnp.float32)
     publish(refs.zpub_g, step, columns, jax.nn.sigmoid(hoisted + pre) * e)
 
@@ -619,8 +633,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     e_tile, state_tile = refs.za_s.at[0], refs.za_s.at[1]
     first = step == 0
     # (Loaded before the state's copies are waited for, so their latencies overlap.)
-    hoisted = [_load(refs.gate_hoisted_g.at[step, :, pl.ds(part * rank + block * units,
-                                                            units)],
+    hoisted = [_load(hoisted_columns(step, pl.ds(part * rank + block * units, units)),
                      _WGMMA, optimized=False) for part in range(3)]
 
     @jax.named_scope("state_half")
@@ -1425,10 +1438,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   if plan.int8_state:
     operands.update(w1_scale_g=w1_scale)
   def hoisted_by_step(hoisted):
-    """[B, K, n] -> [K, 64 rows, n] f32 (rows past B zero): a split update's block reads
-    its units' columns of a step."""
-    return jnp.pad(hoisted.astype(jnp.float32),
-                   ((0, BATCH_TILE - batch), (0, 0), (0, 0))).transpose(1, 0, 2)
+    """[B, K, n] -> [K, 64 rows, n] f32 (rows past B zero; ``hoisted_rows``: [64 rows,
+    K, n]): a split update's block reads its units' columns of a step."""
+    rows = jnp.pad(hoisted.astype(jnp.float32), ((0, BATCH_TILE - batch), (0, 0), (0, 0)))
+    return rows if spec.hoisted_rows else rows.transpose(1, 0, 2)
   if plan.gated:
     if plan.gate_table:   # the staged rows' terms as int16 halves: [K, 2, rows, r]
       halves = jnp.stack(gate_table.f32_halves(gate_hoisted), axis=2)   # [B, K, 2, r]
