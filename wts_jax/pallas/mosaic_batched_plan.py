@@ -142,12 +142,13 @@ def auto_merge_tiles(batch_axis: str, warpgroups: int, batch: int, *,
           and not gated)
 
 
-def auto_ring_preference(*, recurrent: bool = False) -> int:
+def auto_ring_preference(*, recurrent: bool = False, redundant_gate: bool = False) -> int:
   """The ring slots the planner takes before keeping chunks resident: the deeper ring for
-  the vanilla and gated heads (for the gated head's split gate at 64 rows faster in two
-  runs, NOTES v36); the rnn head (``recurrent``) keeps the default (deeper, its int8
-  walks at 1-16 rows measured no clear gain, NOTES v36)."""
-  return DEFAULT_RING_STAGES if recurrent else AUTO_RING_PREFERENCE
+  the vanilla head and the gated head's table or split gate (the split gate at 64 rows
+  faster in two runs, NOTES v36); the default for the rnn head (``recurrent``; deeper,
+  its int8 walks at 1-16 rows measured no clear gain, NOTES v36) and for a gate computed
+  by every block (``redundant_gate``: its G_e chunks share the ring; not measured)."""
+  return DEFAULT_RING_STAGES if recurrent or redundant_gate else AUTO_RING_PREFERENCE
 
 
 def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
