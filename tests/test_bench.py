@@ -910,3 +910,37 @@ def test_bench_variants_hoisted_rows_patch_only_split_updates():
       (), jnp.zeros((2,), jnp.int32))
   assert seen == [{"rnn": True, "vanilla": False}]
   assert rows_now() == {"rnn": False, "vanilla": False}
+
+
+def test_bench_variants_hoist_split_sums_the_same_products_while_the_walk_traces():
+  """``tools/bench_variants.py``'s ``wts-hoist-splitP``: the hoist's GEMM as P partial
+  products on K (close to the one GEMM's terms: the same products, another order), in
+  every module that calls it while the path's walk traces, and the originals after."""
+  import importlib
+  import sys
+  from pathlib import Path
+  from wts_jax.bench.registry import jax_prepared
+  from wts_jax.heads.base import hidden_terms
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import bench_variants
+  hidden = jax.random.normal(jax.random.key(1), (3, 5, 64), jnp.bfloat16)
+  weight = jax.random.normal(jax.random.key(2), (48, 64), jnp.bfloat16)
+  bias = jax.random.normal(jax.random.key(3), (48,), jnp.float32)
+  split = bench_variants.split_hidden_terms(4)(hidden, weight, bias)
+  np.testing.assert_allclose(np.asarray(split), np.asarray(hidden_terms(hidden, weight, bias)),
+                             rtol=1e-5, atol=1e-4)
+  eqns = jax.make_jaxpr(bench_variants.split_hidden_terms(4))(hidden, weight, bias).eqns
+  batched_dots = [eqn for eqn in eqns if eqn.primitive.name == "dot_general"
+                  and eqn.params["dimension_numbers"][1][0]]   # (a batch dimension: the parts)
+  assert len(batched_dots) == 1
+  modules = [importlib.import_module(name) for name in bench_variants.HOIST_CALLERS]
+  seen = []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append([module.hidden_terms is hidden_terms for module in modules])
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  bench_variants._hoist_split(prepare, 4)().walk_fn((), jnp.zeros((2,), jnp.int32))
+  assert seen == [[False, False, False]]
+  assert all(module.hidden_terms is hidden_terms for module in modules)

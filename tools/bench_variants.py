@@ -29,7 +29,9 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 ``wts-rnn-sliced-j-h`` wts with the rnn head's J_h sliced out of ``joint_proj`` every walk
 (the head without ``wts_jax.with_joint_hidden``'s copy); ``wts-ring-deep`` wts with the
 batched planner's ring preference the vanilla head's for the rnn head too;
-``wts-hoisted-rows`` wts with a split update's hoisted terms read as [rows, K, n]. Any
+``wts-hoisted-rows`` wts with a split update's hoisted terms read as [rows, K, n];
+``wts-hoist-splitP`` wts with the gated and rnn heads' hoist GEMM as P partial products on
+K, summed after. Any
 R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
@@ -38,10 +40,16 @@ registered in ``wts_jax.bench.paths``.
 import re
 import sys
 
+import jax
+import jax.numpy as jnp
+
 from wts_jax.bench import cli, jax_paths, paths
 
 MOSAIC_VARIANT = re.compile(
     r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
+
+
+HOIST_SPLIT_VARIANT = re.compile(r"wts-hoist-split(\d+)$")
 
 
 BATCHED_VARIANT = re.compile(
@@ -105,6 +113,13 @@ def register_variants(names):
                         _split_update_patch(jax_paths.prepare_wts, hoisted_rows=True),
                         description="wts, a split update's hoisted terms read as [rows, K, "
                                     "n] (no transpose before the launch)")
+  for name in names:   # the gated and rnn heads' hoist GEMM split on K
+    split = HOIST_SPLIT_VARIANT.match(name)
+    if split and name not in paths.PATHS:
+      paths.register_path(name, jax_paths.available_wts,
+                          _hoist_split(jax_paths.prepare_wts, int(split.group(1))),
+                          description=f"wts, the hoist's GEMM as {split.group(1)} partial "
+                                      "products on K, summed after")
   if "wts-stacked-w2-rows" in names and "wts-stacked-w2-rows" not in paths.PATHS:
     paths.register_path("wts-stacked-w2-rows", jax_paths.available_wts,
                         _stacked_spec_patch(jax_paths.prepare_wts, w2_order="rows"),
@@ -197,6 +212,39 @@ def _split_update_patch(prepare, **changes):
   return _traced_with(prepare, "_batched_plan", patched_planner)
 
 
+# The modules that call the hoist's GEMM (``wts_jax.heads.base.hidden_terms``) by name.
+HOIST_CALLERS = ("wts_jax.heads.markov", "wts_jax.heads.recurrent", "wts_jax.gate_table")
+
+
+def split_hidden_terms(parts: int):
+  """``hidden_terms`` as ``parts`` GEMMs over slices of the hidden size (a batch of
+  them: ``parts`` times the CTAs of one on the H200's 132 SMs), their fp32 products
+  summed after: the same products, summed in another order."""
+  from wts_jax.heads.base import hidden_terms
+
+  def terms(hidden, weight, bias):
+    size = hidden.shape[-1]
+    if size % parts:
+      return hidden_terms(hidden, weight, bias)
+    sliced = hidden.reshape(*hidden.shape[:-1], parts, size // parts)
+    weights = weight.reshape(weight.shape[0], parts, size // parts)
+    if hidden.dtype == weight.dtype and weight.dtype in (jnp.bfloat16, jnp.float16):
+      partial = jnp.einsum("bksd,jsd->sbkj", sliced, weights,
+                           preferred_element_type=jnp.float32)
+    else:
+      partial = jnp.einsum("bksd,jsd->sbkj", sliced.astype(jnp.float32),
+                           weights.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return partial.sum(0) + bias.astype(jnp.float32)
+  return terms
+
+
+def _hoist_split(prepare, parts: int):
+  """``prepare`` (a wts path) whose walk traces with the hoist's GEMM split on K
+  (``split_hidden_terms``) in every module that calls it."""
+  return _traced_with(prepare, "hidden_terms", lambda _: split_hidden_terms(parts),
+                      modules=HOIST_CALLERS)
+
+
 def _batched_status(prepare, status: str):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec.status`` set."""
   return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
@@ -230,21 +278,24 @@ def _deep_ring(prepare):
   return _traced_with(prepare, "auto_ring_preference", deep)
 
 
-def _traced_with(prepare, name: str, replace):
-  """``prepare`` (a wts path) whose walk traces with ``mosaic_backend.<name>`` replaced
-  by ``replace(original)``, restored after (the harness traces in one thread)."""
+def _traced_with(prepare, name: str, replace, modules=("wts_jax.pallas.mosaic_backend",)):
+  """``prepare`` (a wts path) whose walk traces with each module's ``<name>`` replaced by
+  ``replace(original)``, restored after (the harness traces in one thread)."""
   def prepared(*args, **kwargs):
+    import importlib
     from wts_jax.bench.registry import jax_prepared
-    from wts_jax.pallas import mosaic_backend
     base = prepare(*args, **kwargs)
-    original = getattr(mosaic_backend, name)
+    patched = [importlib.import_module(module) for module in modules]
+    originals = [getattr(module, name) for module in patched]
 
     def walk_fn(operands, first):
-      setattr(mosaic_backend, name, replace(original))
+      for module, original in zip(patched, originals):
+        setattr(module, name, replace(original))
       try:
         return base.walk_fn(operands, first)
       finally:
-        setattr(mosaic_backend, name, original)
+        for module, original in zip(patched, originals):
+          setattr(module, name, original)
     return jax_prepared(walk_fn, base.operands, base.first_tokens,
                         traced_tokens=base.traced_tokens, notes=base.notes)
   return prepared
