@@ -6,6 +6,7 @@ Public surface: ``walk`` and its ``WalkOutput``, the heads, the kernels' configs
 
 from wts_jax.api import chosen_implementation, walk
 from wts_jax.convert.errors import CheckpointError, ConversionError
+from wts_jax.derived import stale_copies, with_fresh_copies
 from wts_jax.gate_table import with_gate_table
 from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
 from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
@@ -20,7 +21,8 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointError", "ConversionError", "DrafterWeights", "KERNEL_COMPILER_OPTIONS",
     "from_torch_state_dict", "load", "load_drafter",
-    "quantize_w2", "with_gate_table", "with_joint_hidden",
+    "quantize_w2", "stale_copies", "with_fresh_copies", "with_gate_table",
+    "with_joint_hidden",
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
     "MosaicConfig", "TritonConfig", "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",
     "make_head", "walk",
