@@ -199,17 +199,8 @@ def _without_joint_hidden(prepare):
 def _split_update_patch(prepare, **changes):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields ``changes``
   set where its plan splits the head's update over the blocks (elsewhere as planned)."""
-  def patched_planner(plan_of):
-    import dataclasses
-    from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
-
-    def patched(*plan_args, **plan_kwargs):
-      spec = plan_of(*plan_args, **plan_kwargs)
-      if isinstance(spec, BatchedSpec) and spec.plan.split:
-        return dataclasses.replace(spec, **changes)
-      return spec
-    return patched
-  return _traced_with(prepare, "_batched_plan", patched_planner)
+  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+                     where=lambda spec: spec.plan.split, **changes)
 
 
 # The modules that call the hoist's GEMM (``wts_jax.heads.base.hidden_terms``) by name.
@@ -251,11 +242,12 @@ def _batched_status(prepare, status: str):
                      status=status)
 
 
-def _plan_patch(prepare, planner: str, module: str, spec_name: str, **changes):
+def _plan_patch(prepare, planner: str, module: str, spec_name: str, where=None,
+                **changes):
   """``prepare`` (a wts path) whose kernel spec (``wts_jax.pallas.<module>.<spec_name>``)
-  has the fields ``changes``: the API's planner ``mosaic_backend.<planner>`` patched
-  while this path's walk traces (the harness traces in one thread), so the other paths
-  keep theirs."""
+  has the fields ``changes`` (where ``where(spec)``, if given, holds): the API's planner
+  ``mosaic_backend.<planner>`` patched while this path's walk traces (the harness traces
+  in one thread), so the other paths keep theirs."""
   def patched_planner(plan_of):
     import dataclasses
     import importlib
@@ -263,7 +255,9 @@ def _plan_patch(prepare, planner: str, module: str, spec_name: str, **changes):
 
     def patched(*plan_args, **plan_kwargs):
       spec = plan_of(*plan_args, **plan_kwargs)
-      return dataclasses.replace(spec, **changes) if isinstance(spec, spec_type) else spec
+      if isinstance(spec, spec_type) and (where is None or where(spec)):
+        return dataclasses.replace(spec, **changes)
+      return spec
     return patched
   return _traced_with(prepare, planner, patched_planner)
 

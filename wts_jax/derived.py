@@ -24,30 +24,28 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wts_jax import gate_table
+from wts_jax.gate_table import GateTable
+from wts_jax.heads.recurrent import JointHidden
 from wts_jax.int8_state import thread_rows_ordered
 from wts_jax.quantize import W1Planes
 
 
 def _fresh(serial) -> dict[str, dict[str, jax.Array]]:
   """{copy's path: {field: the array its sources give now}} for each derived copy the
-  serial head holds."""
+  serial head holds, each built as the function that first made it builds it."""
+  def fields(module, names):
+    return {name: getattr(module, name)[...] for name in names}
   copies = {}
   w2 = serial.markov_w2
   if hasattr(w2, "thread_rows"):
     copies["markov_w2"] = {"thread_rows": thread_rows_ordered(w2.weight[...])}
   if getattr(serial, "markov_w1_planes", None) is not None:
-    planes = W1Planes(serial.markov_w1.weight[...])
-    copies["markov_w1_planes"] = {field: getattr(planes, field)[...]
-                                  for field in ("planes", "scale", "fragments")}
+    copies["markov_w1_planes"] = fields(W1Planes(serial.markov_w1.weight[...]),
+                                        ("planes", "scale", "fragments"))
   if getattr(serial, "gate_table", None) is not None:
-    _, gate_e, _ = serial.gate_weights()
-    copies["gate_table"] = {
-        "rows": gate_table.gate_rows(serial.markov_w1.weight[...], gate_e),
-        "hidden_weight": serial.gate_proj.weight[...][:, :serial.config.hidden_size]}
+    copies["gate_table"] = fields(GateTable.of(serial), ("rows", "hidden_weight"))
   if getattr(serial, "joint_hidden", None) is not None:
-    copies["joint_hidden"] = {
-        "weight": serial.joint_proj.weight[...][:, 2 * serial.config.rank:]}
+    copies["joint_hidden"] = fields(JointHidden.of(serial), ("weight",))
   return copies
 
 

@@ -74,6 +74,13 @@ class GateTable(nnx.Module):
     self.rows = nnx.Variable(rows)
     self.hidden_weight = nnx.Variable(hidden_weight)
 
+  @classmethod
+  def of(cls, serial) -> "GateTable":
+    """The table of a gated serial head's weights as they are now."""
+    _, gate_e, _ = serial.gate_weights()
+    return cls(gate_rows(serial.markov_w1.weight[...], gate_e),
+               jnp.array(serial.gate_proj.weight[...][:, :serial.config.hidden_size]))
+
 
 def with_gate_table(head):
   """A gated head sharing every weight with ``head``, with its gate table beside them
@@ -84,11 +91,7 @@ def with_gate_table(head):
     raise ValueError(f"a gate table is the gated head's (got {head.config.head_type!r})")
   graphdef, state = nnx.split(head)
   tabled = nnx.merge(graphdef, state)
-  serial = tabled.markov_head
-  _, gate_e, _ = serial.gate_weights()
-  hidden_weight = jnp.array(serial.gate_proj.weight[...][:, :tabled.config.hidden_size])
-  serial.gate_table = GateTable(gate_rows(serial.markov_w1.weight[...], gate_e),
-                                hidden_weight)
+  tabled.markov_head.gate_table = GateTable.of(tabled.markov_head)
   return tabled
 
 

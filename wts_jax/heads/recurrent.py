@@ -40,7 +40,7 @@ class RecurrentHead(SerialHead):
     joint_hidden = getattr(self, "joint_hidden", None)
     if joint_hidden is not None:
       return joint_hidden.weight[...]
-    return self.joint_proj.weight[...][:, 2 * self.config.rank:]
+    return _hidden_columns(self)
 
   def hoist(self, hidden):
     return hidden_terms(hidden, self.hidden_weight(), self.joint_proj.bias[...])
@@ -68,6 +68,16 @@ class JointHidden(nnx.Module):
   def __init__(self, weight: jax.Array):
     self.weight = nnx.Variable(weight)
 
+  @classmethod
+  def of(cls, serial) -> "JointHidden":
+    """The copy of an rnn serial head's J_h as ``joint_proj.weight`` holds it now."""
+    return cls(jnp.array(_hidden_columns(serial)))
+
+
+def _hidden_columns(serial) -> jax.Array:
+  """J_h [3r, d]: the hidden columns of ``joint_proj.weight`` (a strided view)."""
+  return serial.joint_proj.weight[...][:, 2 * serial.config.rank:]
+
 
 def with_joint_hidden(head):
   """An rnn head sharing every weight with ``head``, with J_h copied beside them as one
@@ -79,7 +89,5 @@ def with_joint_hidden(head):
     raise ValueError(f"a contiguous J_h is the rnn head's (got {head.config.head_type!r})")
   graphdef, state = nnx.split(head)
   copied = nnx.merge(graphdef, state)
-  serial = copied.markov_head
-  serial.joint_hidden = JointHidden(
-      jnp.array(serial.joint_proj.weight[...][:, 2 * copied.config.rank:]))
+  copied.markov_head.joint_hidden = JointHidden.of(copied.markov_head)
   return copied
