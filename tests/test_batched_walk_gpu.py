@@ -447,11 +447,12 @@ def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, tempe
     ("tabled", "bf16", 64), ("tabled", "int8", 64), ("rnn", "bf16", 64), ("rnn", "int8", 16),
     ("rnn", "bf16", 5)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_split_update_with_hoisted_rows_equals_reference(
+def test_split_update_with_hoisted_terms_by_step_equals_reference(
     monkeypatch, tabled_head, rnn_head, head_name, w2, batch, temperature):
   """The API's split updates (the gated head past 32 rows, the rnn head) reading their
-  hoisted terms as [rows, K, n] (``BatchedSpec.hoisted_rows``), fresh inputs."""
-  batched_spec_option(monkeypatch, hoisted_rows=True)
+  hoisted terms transposed to [K, rows, n] (``BatchedSpec.hoisted_rows`` off; the API
+  reads them as [rows, K, n]), fresh inputs."""
+  batched_spec_option(monkeypatch, hoisted_rows=False)
   head = {"tabled": tabled_head, "rnn": rnn_head}[head_name]
   if w2 == "int8":
     head = quantize_w2(head, "int8")

@@ -1399,11 +1399,13 @@ HOISTED_ROWS_CASES = [("rnn", 1000, 64, 13, 4, 0.7, "m"), ("rnn", 776, 64, 64, 3
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,axis",
                          HOISTED_ROWS_CASES)
-def test_hoisted_rows_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
-                                       temperature, axis):
+@pytest.mark.parametrize("hoisted_rows", [True, False])
+def test_hoisted_layouts_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
+                                          temperature, axis, hoisted_rows):
+  """A split update's hoisted terms as [rows, K, n] (the API's) and as [K, rows, n]."""
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  batched_spec_option(monkeypatch, hoisted_rows=True)
+  batched_spec_option(monkeypatch, hoisted_rows=hoisted_rows)
   if head_type == "gated":
     head = _gated_head(vocab, rank, confidence=True)
   else:
@@ -1416,17 +1418,18 @@ def test_hoisted_rows_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batc
 
 @pytest.mark.parametrize("head_type", ["rnn", "gated"])
 def test_hoisted_rows_lower_for_cuda_without_a_transpose(monkeypatch, head_type):
-  """At 64 rows (Qwen3-4B shape, the split update on M) the hoisted terms go to the
-  kernel as the hoist gives them: no transpose between the hoist and the launch."""
+  """At 64 rows (Qwen3-4B shape, the split update on M) the API's walk passes the hoisted
+  terms to the kernel as the hoist gives them: no transpose between the hoist and the
+  launch (the [K, rows, n] layout has one)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis="m", warpgroups=1,
                         serial_update="split")
-  before = lower_walk(head_type, 64, 7, config=config).split("mosaic_gpu")[0]
-  batched_spec_option(monkeypatch, hoisted_rows=True)
   text = lower_walk(head_type, 64, 7, config=config)
+  batched_spec_option(monkeypatch, hoisted_rows=False)
+  by_step = lower_walk(head_type, 64, 7, config=config).split("mosaic_gpu")[0]
   assert _mosaic_launches(text) == 1
-  assert "stablehlo.transpose" in before
+  assert "stablehlo.transpose" in by_step
   assert "stablehlo.transpose" not in text.split("mosaic_gpu")[0]
 
 

@@ -876,10 +876,10 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   assert mosaic_backend.auto_ring_preference is original and ring_of(rnn, 1) == (3, 2)
 
 
-def test_bench_variants_hoisted_rows_patch_only_split_updates():
-  """``tools/bench_variants.py``'s ``wts-hoisted-rows``: ``BatchedSpec.hoisted_rows`` set
-  while the path's walk traces where the plan splits the update (the rnn head), the
-  vanilla head's plan as planned."""
+def test_bench_variants_hoisted_by_step_patch_only_split_updates():
+  """``tools/bench_variants.py``'s ``wts-hoisted-by-step``: ``BatchedSpec.hoisted_rows``
+  cleared while the path's walk traces where the plan splits the update (the rnn head),
+  the vanilla head's plan as planned."""
   import sys
   from pathlib import Path
   from wts_jax import device
@@ -898,7 +898,7 @@ def test_bench_variants_hoisted_rows_patch_only_split_updates():
     return {name: mosaic_backend.plan(head, WalkShapes(batch=16, steps=3),
                                       MosaicConfig(kernel="batched"), device.H200).hoisted_rows
             for name, head in heads.items()}
-  assert rows_now() == {"rnn": False, "vanilla": False}
+  assert rows_now() == {"rnn": True, "vanilla": False}
   seen = []
 
   def prepare(*args, **kwargs):
@@ -906,10 +906,10 @@ def test_bench_variants_hoisted_rows_patch_only_split_updates():
       seen.append(rows_now())
       return {"tokens": first[:, None]}
     return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
-  bench_variants._split_update_patch(prepare, hoisted_rows=True)().walk_fn(
+  bench_variants._split_update_patch(prepare, hoisted_rows=False)().walk_fn(
       (), jnp.zeros((2,), jnp.int32))
-  assert seen == [{"rnn": True, "vanilla": False}]
-  assert rows_now() == {"rnn": False, "vanilla": False}
+  assert seen == [{"rnn": False, "vanilla": False}]
+  assert rows_now() == {"rnn": True, "vanilla": False}
 
 
 def test_bench_variants_hoist_split_sums_the_same_products_while_the_walk_traces():

@@ -29,7 +29,8 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 ``wts-rnn-sliced-j-h`` wts with the rnn head's J_h sliced out of ``joint_proj`` every walk
 (the head without ``wts_jax.with_joint_hidden``'s copy); ``wts-ring-deep`` wts with the
 batched planner's ring preference the vanilla head's for the rnn head too;
-``wts-hoisted-rows`` wts with a split update's hoisted terms read as [rows, K, n];
+``wts-hoisted-by-step`` wts with a split update's hoisted terms transposed to [K, rows, n]
+before the launch (the layout before ``BatchedSpec.hoisted_rows`` became the default);
 ``wts-hoist-splitP`` wts with the gated and rnn heads' hoist GEMM as P partial products on
 K, summed after. Any
 R, S, G named in
@@ -108,11 +109,11 @@ def register_variants(names):
                         _without_joint_hidden(jax_paths.prepare_wts),
                         description="wts, the rnn head's J_h sliced out of joint_proj "
                                     "every walk (no contiguous copy)")
-  if "wts-hoisted-rows" in names and "wts-hoisted-rows" not in paths.PATHS:
-    paths.register_path("wts-hoisted-rows", jax_paths.available_wts,
-                        _split_update_patch(jax_paths.prepare_wts, hoisted_rows=True),
-                        description="wts, a split update's hoisted terms read as [rows, K, "
-                                    "n] (no transpose before the launch)")
+  if "wts-hoisted-by-step" in names and "wts-hoisted-by-step" not in paths.PATHS:
+    paths.register_path("wts-hoisted-by-step", jax_paths.available_wts,
+                        _split_update_patch(jax_paths.prepare_wts, hoisted_rows=False),
+                        description="wts, a split update's hoisted terms transposed to "
+                                    "[K, rows, n] before the launch")
   for name in names:   # the gated and rnn heads' hoist GEMM split on K
     split = HOIST_SPLIT_VARIANT.match(name)
     if split and name not in paths.PATHS:

@@ -382,9 +382,12 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # faster: bf16 and int8 W2, every head; with int8 planes after the launch (slower in
   # the kernel for their sampled walks on N, NOTES v36).
   status = config.status or ("flags" if batched.int8_state else "kernel")
+  # A split update reads its hoisted terms as the hoist gives them, [rows, K, n]: no
+  # transpose op before the launch (NOTES v37).
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
-                     interpret=config.interpret, status=status)
+                     interpret=config.interpret, status=status,
+                     hoisted_rows=batched.split)
 
 
 @dataclasses.dataclass(frozen=True)

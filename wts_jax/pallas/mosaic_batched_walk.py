@@ -654,16 +654,24 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     # three, so each tile is read once, not once a part.
     def weights(operand):   # 0: J_s, 1: J_e
       return refs.update_w_s.at[operand].T
-    def products(acc):
+    # The lo half's product in an accumulator of its own, zeroed after the half is
+    # staged: an accumulator live across the staging's branches makes ptxas fence the
+    # WGMMA inside the leader's branch, which serializes every WGMMA of the kernel (its
+    # C7520 report, two warpgroups) or injects a warpgroup arrive (C7519, one).
+    def products_hi(acc):
       with jax.named_scope("update_mma_hi"):
         plgpu.wgmma(acc, e_tile, weights(1))       # J_e e
         plgpu.wgmma(acc, state_tile, weights(0))   # J_s s_hi
         plgpu.wgmma_wait(0)   # the hi half read before the lo half overwrites it
-      stage_state_half(1)
+        return acc[...]
+    def products_lo(acc):
       with jax.named_scope("update_mma_lo"):
         plgpu.wgmma(acc, state_tile, weights(0))   # J_s s_lo
         return acc[...]
-    sums = pl.run_scoped(products, plgpu.ACC((BATCH_TILE, 3 * units), jnp.float32))
+    update_acc = plgpu.ACC((BATCH_TILE, 3 * units), jnp.float32)
+    sums_hi = pl.run_scoped(products_hi, update_acc)
+    stage_state_half(1)
+    sums = sums_hi + pl.run_scoped(products_lo, update_acc)
     gate_pre, candidate, output = (sums[:, part * units:(part + 1) * units] + hoisted[part]
                                    for part in range(3))
     with jax.named_scope("update_activation"):
