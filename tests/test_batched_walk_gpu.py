@@ -460,6 +460,24 @@ def test_split_update_with_hoisted_terms_by_step_equals_reference(
     _check(head, batch, temperature, seed + batch, config=MosaicConfig())
 
 
+@pytest.mark.parametrize("head_name,w2,batch,temperature", [
+    ("vanilla", "bf16", 16, 0.8), ("vanilla", "bf16", 64, 0.0), ("vanilla", "bf16", 64, 0.8),
+    ("vanilla", "int8p", 16, 0.8), ("vanilla", "int8", 64, 0.0), ("tabled", "bf16", 16, 0.0),
+    ("tabled", "bf16", 64, 0.8), ("tabled", "int8", 64, 0.8), ("rnn", "bf16", 5, 0.0),
+    ("rnn", "bf16", 64, 0.0), ("rnn", "bf16", 64, 0.8), ("rnn", "int8", 16, 0.8)])
+def test_ring_refill_before_epilogue_equals_reference(head, tabled_head, rnn_head, head_name,
+                                                      w2, batch, temperature):
+  """The API's walks with each streamed chunk's ring slot refilled (or released to the
+  producer) as soon as its accumulator is read, at the plans it changes: 1-slot rings
+  (the gated and rnn heads' sampled walks at 64 rows), a producer (vanilla greedy),
+  int8 planes on N, an int8 W2 copied to bf16; fresh inputs."""
+  model = {"vanilla": head, "tabled": tabled_head, "rnn": rnn_head}[head_name]
+  if w2 != "bf16":
+    model = quantize_w2(model, "int8", state="planes" if w2 == "int8p" else "float")
+  for seed in (71, 72):
+    _check(model, batch, temperature, seed + batch, config=RING_REFILL_EARLY)
+
+
 @pytest.mark.parametrize("head_name,w2,batch", [
     ("tabled", "bf16", 64), ("rnn", "int8", 1), ("rnn", "int8", 4), ("rnn", "int8", 16)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -504,6 +522,7 @@ PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, produ
 AUTO = MosaicConfig()
 TABLE_GATE = MosaicConfig(kernel="batched", serial_update="table")
 STACKED = MosaicConfig(kernel="stacked")
+RING_REFILL_EARLY = MosaicConfig(ring_refill="before_epilogue")
 
 
 @pytest.mark.parametrize("w2,kernel_config,head_type,temperature,batch", [
@@ -530,14 +549,19 @@ STACKED = MosaicConfig(kernel="stacked")
     # the stacked int8-planes kernel: four phases, and two with shared rings; "auto"'s
     # at one row; its sampled walk by name
     ("int8p", STACKED, "vanilla", 0.0, 16), ("int8p", STACKED, "vanilla", 0.0, 64),
-    ("int8p", AUTO, "vanilla", 0.0, 1), ("int8p", STACKED, "vanilla", 0.8, 40)],
+    ("int8p", AUTO, "vanilla", 0.0, 1), ("int8p", STACKED, "vanilla", 0.8, 40),
+    # each streamed chunk's ring slot refilled before its epilogue: the producer's
+    # releases (vanilla greedy, 64 rows) and the split gate's 1-slot rings (sampled)
+    ("bf16", RING_REFILL_EARLY, "vanilla", 0.0, 64),
+    ("bf16", RING_REFILL_EARLY, "gated", 0.8, 64)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
          "gated-int8-auto-sample", "rnn-int8-auto-sample", "rnn-split-sample-m2", "int8p-m64",
          "int8p-auto-sample-m64", "gated-table-auto", "gated-table-auto-sample",
          "gated-table-32", "int8p-stacked-16", "int8p-stacked-64", "int8p-auto-stacked-1",
-         "int8p-stacked-sample-40"])
+         "int8p-stacked-sample-40", "bf16-ring-refill-early-64",
+         "gated-ring-refill-early-sample-64"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature,
                                                  batch):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)

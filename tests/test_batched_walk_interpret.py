@@ -1441,3 +1441,96 @@ def test_hoisted_rows_refused_without_a_split_update():
   with pytest.raises(ValueError, match="hoisted_rows=True is the split update's"):
     BatchedSpec(plan=spec.plan, batch=16, steps=3, greedy=True, spin_limit=0,
                 interpret=False, hoisted_rows=True)
+
+
+# (head, V, r, B, K, temperature, batch axis, warpgroups, producer, ring slots): the
+# plans whose W2 ring refills change with ``ring_refill``: a producer's releases, a
+# 1-slot ring on N, the split gate and the rnn update with two warpgroups on M.
+RING_REFILL_CASES = [("vanilla", 1000, 64, 13, 4, 0.0, "m", 2, True, None),
+                     ("vanilla", 520, 64, 5, 3, 0.7, "n", 1, False, 1),
+                     ("gated", 1000, 64, 13, 3, 0.7, "m", 2, False, 1),
+                     ("rnn", 776, 64, 13, 3, 0.7, "m", 2, False, 1)]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,axis,warpgroups,"
+                         "producer,ring_stages", RING_REFILL_CASES)
+def test_ring_refill_before_epilogue_tokens_equal_xla(head_type, vocab, rank, batch, steps,
+                                                      temperature, axis, warpgroups,
+                                                      producer, ring_stages):
+  """Each streamed chunk's ring slot refilled (or released to the producer) as soon as
+  its accumulator is read (``MosaicConfig(ring_refill="before_epilogue")``): the same
+  tokens as the XLA walk, fresh inputs."""
+  if axis == "n" and jax.__version_info__ < (0, 11):
+    pytest.skip("batch_axis='n' needs jax >= 0.11")
+  if head_type == "gated":
+    head = _gated_head(vocab, rank, confidence=True)
+  else:
+    head = wts_jax.make_head(HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64,
+                                        head_type=head_type, confidence=True),
+                             seed=vocab + rank + 7)
+  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis,
+                        warpgroups=warpgroups, producer=producer, ring_stages=ring_stages,
+                        serial_update="auto" if head_type == "vanilla" else "split",
+                        ring_refill="before_epilogue")
+  for seed in (31, 32):
+    base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
+    key = jax.random.key(seed + 10) if temperature else None
+    spec = mosaic_backend.plan(head, backend.WalkShapes(batch=batch, steps=steps,
+                                                        greedy=not temperature),
+                               config, H200_FACTS)
+    assert spec.ring_refill == "before_epilogue" and spec.plan.ring_stages >= 1
+    assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="mosaic",
+                                              config=config, temperature=temperature,
+                                              key=key))
+
+
+def test_ring_refill_refused_where_threads_read_the_slots():
+  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  head, shapes = quantize_w2(_head(1024, 64), "int8"), backend.WalkShapes(batch=16, steps=3)
+  smem = MosaicConfig(kernel="batched", batch_axis="m", w2_widening="smem")
+  spec = mosaic_backend.plan(head, shapes, smem, H200_FACTS)
+  assert spec.plan.widened_in_kernel and spec.ring_refill == "after_epilogue"
+  refusal = mosaic_backend.plan(head, shapes,
+                                dataclasses.replace(smem, ring_refill="before_epilogue"),
+                                H200_FACTS)
+  assert isinstance(refusal, backend.Refusal)
+  assert "w2_widening='smem'" in refusal.reason
+  with pytest.raises(ValueError, match="ring_refill='before_epilogue' needs W2 slots"):
+    dataclasses.replace(spec, ring_refill="before_epilogue")
+  with pytest.raises(ValueError, match="ring_refill='early' must be one of"):
+    BatchedSpec(plan=spec.plan, batch=16, steps=3, greedy=True, spin_limit=0,
+                interpret=False, ring_refill="early")
+  with pytest.raises(ValueError, match="ring_refill='early' must be one of"):
+    MosaicConfig(ring_refill="early")
+
+
+@pytest.mark.parametrize("head_type,batch,temperature", [
+    ("gated", 64, 0.8), ("rnn", 64, 0.8), ("vanilla", 64, 0.0), ("vanilla", 16, 0.8)])
+def test_ring_refill_before_epilogue_lowers_for_cuda(head_type, batch, temperature):
+  """The API's plans at the Qwen3-4B shape (a producer's releases at B 64 greedy, 1-slot
+  rings for the gated and rnn heads' sampled B 64) lower with the early refill: one
+  launch."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import lower_walk
+  text = lower_walk(head_type, batch, 7, temperature=temperature,
+                    config=MosaicConfig(num_blocks=132, kernel="batched",
+                                        ring_refill="before_epilogue"))
+  assert _mosaic_launches(text) == 1
+
+
+def test_sanitizer_case_refill_early_patches_the_batched_plans(monkeypatch):
+  """``tools/sanitizer_case.py``'s ``-refill-early`` cases: the API's batched plans refill
+  their W2 ring slots before each epilogue, except where the kernel widens an int8 W2."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import sanitizer_case
+  # (restored after the test: the tool patches the module for its process)
+  monkeypatch.setattr(mosaic_backend, "_batched_plan", mosaic_backend._batched_plan)
+  sanitizer_case.refill_before_epilogue()
+  shapes = backend.WalkShapes(batch=16, steps=3)
+  head = _head(1024, 64)
+  assert mosaic_backend.plan(head, shapes, MosaicConfig(kernel="batched"),
+                             H200_FACTS).ring_refill == "before_epilogue"
+  smem = MosaicConfig(kernel="batched", batch_axis="m", w2_widening="smem")
+  assert mosaic_backend.plan(quantize_w2(head, "int8"), shapes, smem,
+                             H200_FACTS).ring_refill == "after_epilogue"

@@ -799,41 +799,25 @@ def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
   """``tools/bench_variants.py``'s ``wts-stacked-status-flags`` and
   ``wts-batched-status-flags``: the API's stacked / batched plan (whose status defaults
   are "kernel": NOTES v34, v36) patched while that path's walk traces, then restored."""
-  import sys
-  from pathlib import Path
   from wts_jax import device
-  from wts_jax.bench.registry import jax_prepared
   from wts_jax.pallas import mosaic_backend
   from wts_jax.pallas.backend import WalkShapes
   from wts_jax.quantize import quantize_w2
   from wts_jax.walk_config import MosaicConfig
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import bench_variants
+  bench_variants = _bench_variants_module()
   config = dataclasses.replace(SHAPES["small_v1000"].head_config("vanilla",
                                                                 confidence=False), rank=64)
   head = wts_jax.make_head(config)
   if planner == "_stacked_plan":
     head = quantize_w2(head, "int8", state="planes")
-  shapes = WalkShapes(batch=16, steps=7)
-
-  def status_now():
-    kernel = "stacked" if planner == "_stacked_plan" else "batched"
-    return getattr(mosaic_backend, planner)(head, shapes, MosaicConfig(kernel=kernel),
-                                            device.H200).status
-  assert status_now() == default
-  seen = []
-
-  def prepare(*args, **kwargs):
-    def walk_fn(operands, first):
-      seen.append(status_now())
-      return {"tokens": first[:, None]}
-    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  kernel = MosaicConfig(kernel="stacked" if planner == "_stacked_plan" else "batched")
   original = getattr(mosaic_backend, planner)
-  make = getattr(bench_variants, patch)
-  prepared = make(prepare, "flags")()
-  prepared.walk_fn((), jnp.zeros((2,), jnp.int32))
-  assert seen == [patched]
-  assert getattr(mosaic_backend, planner) is original and status_now() == default
+  plans = {"walk": lambda: getattr(mosaic_backend, planner)(
+      head, WalkShapes(batch=16, steps=7), kernel, device.H200)}
+  before, seen, after = _spec_fields_while_tracing(
+      lambda prepare: getattr(bench_variants, patch)(prepare, "flags"), "status", plans)
+  assert before == after == {"walk": default} and seen == [{"walk": patched}]
+  assert getattr(mosaic_backend, planner) is original
 
 
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
@@ -843,8 +827,6 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   W2, the Qwen3-4B shape, one row) takes ring slots before resident chunks while that
   path's walk traces (the vanilla and gated heads' preference), and the planner's own
   rule after; the gated head's split gate at 64 rows takes the deeper ring by default."""
-  import sys
-  from pathlib import Path
   from wts_jax import device
   from wts_jax.bench.registry import jax_prepared
   from wts_jax.heads import HeadConfig
@@ -852,8 +834,7 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   from wts_jax.pallas.backend import WalkShapes
   from wts_jax.quantize import quantize_w2
   from wts_jax.walk_config import MosaicConfig
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import bench_variants
+  bench_variants = _bench_variants_module()
 
   def ring_of(head, batch):
     plan = mosaic_backend.plan(head, WalkShapes(batch=batch, steps=7), MosaicConfig(),
@@ -876,40 +857,74 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   assert mosaic_backend.auto_ring_preference is original and ring_of(rnn, 1) == (3, 2)
 
 
+def _spec_fields_while_tracing(patch, field, plans):
+  """A bench_variants patch of the batched planner: ``field`` of each of ``plans`` (name:
+  a function planning it) before, while the patched path's walk traces, and after."""
+  from wts_jax.bench.registry import jax_prepared
+
+  def now():
+    return {name: getattr(plan_of(), field) for name, plan_of in plans.items()}
+  before, seen = now(), []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append(now())
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  patch(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
+  return before, seen, now()
+
+
+def _bench_variants_module():
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import bench_variants
+  return bench_variants
+
+
+def _batched_plan_of(head, config):
+  from wts_jax import device
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.backend import WalkShapes
+  return lambda: mosaic_backend.plan(head, WalkShapes(batch=16, steps=3), config, device.H200)
+
+
 def test_bench_variants_hoisted_by_step_patch_only_split_updates():
   """``tools/bench_variants.py``'s ``wts-hoisted-by-step``: ``BatchedSpec.hoisted_rows``
   cleared while the path's walk traces where the plan splits the update (the rnn head),
   the vanilla head's plan as planned."""
-  import sys
-  from pathlib import Path
-  from wts_jax import device
-  from wts_jax.bench.registry import jax_prepared
   from wts_jax.heads import HeadConfig
-  from wts_jax.pallas import mosaic_backend
-  from wts_jax.pallas.backend import WalkShapes
   from wts_jax.walk_config import MosaicConfig
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import bench_variants
-  heads = {head_type: wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
-                                                   head_type=head_type))
+  bench_variants = _bench_variants_module()
+  plans = {head_type: _batched_plan_of(
+      wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
+                                   head_type=head_type)), MosaicConfig(kernel="batched"))
            for head_type in ("rnn", "vanilla")}
-
-  def rows_now():
-    return {name: mosaic_backend.plan(head, WalkShapes(batch=16, steps=3),
-                                      MosaicConfig(kernel="batched"), device.H200).hoisted_rows
-            for name, head in heads.items()}
-  assert rows_now() == {"rnn": True, "vanilla": False}
-  seen = []
-
-  def prepare(*args, **kwargs):
-    def walk_fn(operands, first):
-      seen.append(rows_now())
-      return {"tokens": first[:, None]}
-    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
-  bench_variants._split_update_patch(prepare, hoisted_rows=False)().walk_fn(
-      (), jnp.zeros((2,), jnp.int32))
+  before, seen, after = _spec_fields_while_tracing(
+      lambda prepare: bench_variants._split_update_patch(prepare, hoisted_rows=False),
+      "hoisted_rows", plans)
+  assert before == after == {"rnn": True, "vanilla": False}
   assert seen == [{"rnn": False, "vanilla": False}]
-  assert rows_now() == {"rnn": True, "vanilla": False}
+
+
+def test_bench_variants_ring_refill_early_patch_skips_kernel_widening():
+  """``wts-ring-refill-early``: ``BatchedSpec.ring_refill`` "before_epilogue" while the
+  path's walk traces, but not where an int8 W2 is widened in the kernel (its threads
+  read the slots)."""
+  from wts_jax.heads import HeadConfig
+  from wts_jax.quantize import quantize_w2
+  from wts_jax.walk_config import MosaicConfig
+  bench_variants = _bench_variants_module()
+  head = wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
+                                      head_type="vanilla"))
+  plans = {"bf16": _batched_plan_of(head, MosaicConfig(kernel="batched")),
+           "int8-smem": _batched_plan_of(quantize_w2(head, "int8"), MosaicConfig(
+               kernel="batched", batch_axis="m", w2_widening="smem"))}
+  before, seen, after = _spec_fields_while_tracing(bench_variants._early_ring_refill,
+                                                   "ring_refill", plans)
+  assert before == after == {"bf16": "after_epilogue", "int8-smem": "after_epilogue"}
+  assert seen == [{"bf16": "before_epilogue", "int8-smem": "after_epilogue"}]
 
 
 def test_bench_variants_hoist_split_sums_the_same_products_while_the_walk_traces():
@@ -917,12 +932,9 @@ def test_bench_variants_hoist_split_sums_the_same_products_while_the_walk_traces
   products on K (close to the one GEMM's terms: the same products, another order), in
   every module that calls it while the path's walk traces, and the originals after."""
   import importlib
-  import sys
-  from pathlib import Path
   from wts_jax.bench.registry import jax_prepared
   from wts_jax.heads.base import hidden_terms
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import bench_variants
+  bench_variants = _bench_variants_module()
   hidden = jax.random.normal(jax.random.key(1), (3, 5, 64), jnp.bfloat16)
   weight = jax.random.normal(jax.random.key(2), (48, 64), jnp.bfloat16)
   bias = jax.random.normal(jax.random.key(3), (48,), jnp.float32)

@@ -31,7 +31,9 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 batched planner's ring preference the vanilla head's for the rnn head too;
 ``wts-hoisted-by-step`` wts with a split update's hoisted terms transposed to [K, rows, n]
 before the launch (the layout before ``BatchedSpec.hoisted_rows`` became the default);
-``wts-hoist-splitP`` wts with the gated and rnn heads' hoist GEMM as P partial products on
+``wts-ring-refill-early`` wts with the batched kernel's streamed W2 slots refilled before
+each chunk's epilogue (``BatchedSpec.ring_refill``; where no int8 W2 is widened in the
+kernel); ``wts-hoist-splitP`` wts with the gated and rnn heads' hoist GEMM as P partial products on
 K, summed after. Any
 R, S, G named in
 ``--paths`` is registered. Development sweeps only: the paths every report compares are
@@ -114,6 +116,11 @@ def register_variants(names):
                         _split_update_patch(jax_paths.prepare_wts, hoisted_rows=False),
                         description="wts, a split update's hoisted terms transposed to "
                                     "[K, rows, n] before the launch")
+  if "wts-ring-refill-early" in names and "wts-ring-refill-early" not in paths.PATHS:
+    paths.register_path("wts-ring-refill-early", jax_paths.available_wts,
+                        _early_ring_refill(jax_paths.prepare_wts),
+                        description="wts, the batched kernel's W2 ring slots refilled "
+                                    "before each chunk's epilogue")
   for name in names:   # the gated and rnn heads' hoist GEMM split on K
     split = HOIST_SPLIT_VARIANT.match(name)
     if split and name not in paths.PATHS:
@@ -202,6 +209,15 @@ def _split_update_patch(prepare, **changes):
   set where its plan splits the head's update over the blocks (elsewhere as planned)."""
   return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
                      where=lambda spec: spec.plan.split, **changes)
+
+
+def _early_ring_refill(prepare):
+  """``prepare`` (a wts path) with the batched kernel's streamed W2 slots refilled before
+  each chunk's epilogue, where no int8 W2 is widened in the kernel (elsewhere as
+  planned)."""
+  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+                     where=lambda spec: not spec.plan.widened_in_kernel,
+                     ring_refill="before_epilogue")
 
 
 # The modules that call the hoist's GEMM (``wts_jax.heads.base.hidden_terms``) by name.

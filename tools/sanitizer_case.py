@@ -6,6 +6,10 @@
        |batched-widen-registers|batched-widen-smem|batched-int8p-m2|stacked|stacked-40]
       [SEEDS] [SPIN_LIMIT]
 
+(A batched case's name + ``-refill-early``: the same walk with each streamed W2 chunk's
+ring slot refilled, or released to the producer, before its epilogue:
+``MosaicConfig.ring_refill="before_epilogue"``.)
+
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
 ``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
 ``batched-producer`` / ``batched-producer-64n``: two warpgroups and a producer warpgroup,
@@ -77,6 +81,9 @@ def stacked(batch: int, seeds: int, spin_limit: int) -> int:
 
 
 def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
+  if backend.endswith("-refill-early"):
+    refill_before_epilogue()
+    backend = backend.removesuffix("-refill-early")
   if backend.startswith("stacked"):
     return stacked(40 if backend == "stacked-40" else 5, seeds, spin_limit)
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
@@ -137,6 +144,21 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
     print(f"{backend} seed {seed}: tokens {'equal' if same else 'DIFFER'} "
           f"status {int(out.status)}")
   return 1 if differ else 0
+
+
+def refill_before_epilogue():
+  """The API's batched plans with ``ring_refill="before_epilogue"`` (``WalkConfig``, which
+  these cases use, has no such field)."""
+  import dataclasses
+  from wts_jax.pallas import mosaic_backend
+  planned = mosaic_backend._batched_plan
+
+  def early(*args, **kwargs):
+    spec = planned(*args, **kwargs)
+    if hasattr(spec, "ring_refill") and not spec.plan.widened_in_kernel:
+      return dataclasses.replace(spec, ring_refill="before_epilogue")
+    return spec
+  mosaic_backend._batched_plan = early
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ MOSAIC_KERNELS = ("auto", "rows", "batched", "stacked")
 # Where the batched kernel widens an int8 W2 that z meets in bf16 (``BatchedPlan``).
 W2_WIDENINGS = ("xla", "registers", "smem")
 MOSAIC_W2_WIDENINGS = ("auto",) + W2_WIDENINGS   # (a config's: "auto", the planner's)
+# When the batched kernel refills a streamed W2 chunk's ring slot (``BatchedSpec``).
+RING_REFILLS = ("after_epilogue", "before_epilogue")
 SERIAL_UPDATES = ("auto", "split", "redundant", "table")
 DEFAULT_SPIN_LIMIT = 1 << 22
 
@@ -166,6 +168,11 @@ class MosaicConfig:
     kernel, through a zeroed global counter a status bit: no op after the launch); None:
     the planner's ("kernel" for the stacked kernel and the batched one, but "flags" for
     the batched kernel's int8 planes). The row kernel reduces after the launch.
+  ring_refill: when the batched kernel refills (or releases to its producer) a streamed
+    W2 chunk's ring slot: "after_epilogue" (once the chunk's logits are folded) or
+    "before_epilogue" (as soon as its accumulator is read, so the copy runs beside the
+    epilogue; not with an int8 W2 widened in the kernel, whose threads read the slot);
+    None: the planner's ("after_epilogue").
   """
 
   residency: str | float | int = "auto"
@@ -187,11 +194,15 @@ class MosaicConfig:
   merge_tiles: bool | None = None
   w2_widening: str = "auto"
   status: str | None = None
+  ring_refill: str | None = None
 
   def __post_init__(self):
     _check_common(self)
     if self.status not in (None, "flags", "kernel"):
       raise ValueError(f"status={self.status!r} must be 'flags', 'kernel' or None")
+    if self.ring_refill not in (None,) + RING_REFILLS:
+      raise ValueError(f"ring_refill={self.ring_refill!r} must be one of {RING_REFILLS} "
+                       "or None")
     if self.w2_widening not in MOSAIC_W2_WIDENINGS:
       raise ValueError(f"w2_widening={self.w2_widening!r} must be one of "
                        f"{MOSAIC_W2_WIDENINGS}")

@@ -19,8 +19,8 @@ from wts_jax.device import DeviceFacts
 from wts_jax.gate_table import table_of
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE, GATE_TABLE_MAX_ROWS,
-                                                auto_base_stages,
+from wts_jax.pallas.mosaic_batched_plan import (AUTO_RING_REFILL, BATCH_TILE,
+                                                GATE_TABLE_MAX_ROWS, auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
                                                 auto_overlap_chunks, auto_plane_scales,
                                                 auto_producer, auto_warp_gather,
@@ -382,12 +382,19 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # faster: bf16 and int8 W2, every head; with int8 planes after the launch (slower in
   # the kernel for their sampled walks on N, NOTES v36).
   status = config.status or ("flags" if batched.int8_state else "kernel")
+  ring_refill = config.ring_refill or AUTO_RING_REFILL
+  if ring_refill == "before_epilogue" and batched.widened_in_kernel:
+    if config.ring_refill:
+      return Refusal("ring_refill='before_epilogue' needs W2 slots that only WGMMAs read "
+                     f"(this plan widens its int8 W2 in the kernel: "
+                     f"w2_widening={batched.w2_widening!r})")
+    ring_refill = "after_epilogue"
   # A split update reads its hoisted terms as the hoist gives them, [rows, K, n]: no
   # transpose op before the launch (NOTES v37).
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,
                      greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
                      interpret=config.interpret, status=status,
-                     hoisted_rows=batched.split)
+                     hoisted_rows=batched.split, ring_refill=ring_refill)
 
 
 @dataclasses.dataclass(frozen=True)

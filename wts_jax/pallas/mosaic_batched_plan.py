@@ -74,6 +74,10 @@ AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX = 16
 AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX = 16
 AUTO_RING_PREFERENCE = 4
 AUTO_BASE_STAGES_TWO_ON_M = 1
+# When a streamed chunk's ring slot is refilled (``BatchedSpec.ring_refill``): after its
+# epilogue, the form every plan here was measured with, until the early refill is
+# measured against it (NOTES v37).
+AUTO_RING_REFILL = "after_epilogue"
 # The vanilla head's greedy walks on N up to 16 rows: each chunk's WGMMA issued before the
 # previous chunk's epilogue, in groups of 2 (faster at B 4 and 16, bf16 and int8 planes;
 # sampled walks, the gated and rnn heads and the batch on M measured slower, NOTES v23).

@@ -92,6 +92,7 @@ from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
                                         _not, _rem, _select, _w2_transforms, _when)
 from wts_jax.pallas.tile_math import make_operand
+from wts_jax.walk_config import RING_REFILLS
 
 _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
@@ -134,10 +135,21 @@ class BatchedSpec:
   # reads its columns of a step with the rows' stride), instead of [K, rows, n]: no
   # transpose before the launch, and at 64 rows no pad either.
   hoisted_rows: bool = False
+  # When a streamed chunk's W2 ring slot is refilled (or released to the producer):
+  # "after_epilogue", once the chunk's logits are folded; "before_epilogue", as soon as
+  # its accumulator is read (its WGMMA's reads of the slot are complete then), so the
+  # refill's copy runs beside the epilogue — the whole of a 1-slot ring's latency
+  # otherwise. Not with an int8 W2 widened in the kernel (its threads read the slot).
+  ring_refill: str = "after_epilogue"
 
   def __post_init__(self):
     if self.status not in ("flags", "kernel"):
       raise ValueError(f"status={self.status!r} must be 'flags' or 'kernel'")
+    if self.ring_refill not in RING_REFILLS:
+      raise ValueError(f"ring_refill={self.ring_refill!r} must be one of {RING_REFILLS}")
+    if self.ring_refill == "before_epilogue" and self.plan.widened_in_kernel:
+      raise ValueError("ring_refill='before_epilogue' needs W2 slots that only WGMMAs "
+                       "read (an int8 W2 widened in the kernel is read by its threads)")
     if self.hoisted_rows and not self.plan.split:
       raise ValueError("hoisted_rows=True is the split update's layout (the plan has "
                        "no split gated or rnn update)")
@@ -249,6 +261,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   update_sem = (pl.get_global(plgpu.SemaphoreType.REGULAR(()))
                 if multi_block and plan.split else None)
   status_in_kernel = spec.status == "kernel"
+  refill_before_epilogue = spec.ring_refill == "before_epilogue"
   bit_counts_g = (pl.get_global(plgpu.SemaphoreType.REGULAR((len(KERNEL_STATUS_BITS),)))
                   if status_in_kernel and multi_block else None)
   n_major = plan.batch_axis == "n"
@@ -965,6 +978,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         best_value, best_index, nan_seen = carry
         resident, j, ring, _, c, _ = locate(position)
         base_slot = base_slot_of(step, position)
+        if refill_before_epilogue:
+          with jax.named_scope("refill"):
+            release_ring_slot(resident, j, ring)
         with jax.named_scope("epilogue"):
           with jax.named_scope("base_wait"):   # (profile region: the base copy's latency)
             plgpu.barrier_wait(refs.base_bar.at[base_slot])
@@ -1005,9 +1021,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             # differed on the H200, most at 64 rows on N).
             plgpu.commit_smem()
             plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
-            if stages:
-              _when(_not(resident),
-                    lambda: plgpu.barrier_arrive(refs.ring_free_bar.at[wg * stages + ring]))
           elif plan.deferred_release:
             # This thread's reads of the base slot are done (a release arrival, no wait);
             # the slot read one position earlier is refilled once every thread has
@@ -1026,11 +1039,22 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             plgpu.commit_smem()
             next_step, next_position = base_after(step, position)
             _when(next_step < spec.steps, lambda: copy_base(next_step, next_position))
-          # (The WGMMA's reads of the W2 slot completed when its accumulator was read.)
-          if stages and not plan.producer:
-            _when(_and(ring_refill_due(step, j), _not(resident)),
-                  lambda: refill_ring_after(step, j))
+          if not refill_before_epilogue:
+            release_ring_slot(resident, j, ring)
         return best_value, best_index, nan_seen
+
+      def release_ring_slot(resident, j, ring):
+        """A streamed chunk's W2 ring slot refilled with the stream entry ``stages``
+        later, or with a producer released to it by an arrival. (The WGMMA's reads of
+        the slot completed when its accumulator was read.)"""
+        if not stages:
+          return
+        if plan.producer:
+          _when(_not(resident),
+                lambda: plgpu.barrier_arrive(refs.ring_free_bar.at[wg * stages + ring]))
+        else:
+          _when(_and(ring_refill_due(step, j), _not(resident)),
+                lambda: refill_ring_after(step, j))
 
       carry_shape, carry_layout = (tile, _WGMMA) if n_major else ((BATCH_TILE,), _PER_ROW)
       carry = tuple(plgpu.layout_cast(jnp.full(carry_shape, value, dtype), carry_layout)
