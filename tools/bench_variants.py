@@ -33,10 +33,8 @@ batched planner's ring preference the vanilla head's for the rnn head too;
 before the launch (the layout before ``BatchedSpec.hoisted_rows`` became the default);
 ``wts-ring-refill-early`` wts with the batched kernel's streamed W2 slots refilled before
 each chunk's epilogue (``BatchedSpec.ring_refill``; where no int8 W2 is widened in the
-kernel); ``wts-hoist-splitP`` wts with the gated and rnn heads' hoist GEMM as P partial products on
-K, summed after. Any
-R, S, G named in
-``--paths`` is registered. Development sweeps only: the paths every report compares are
+kernel); ``wts-hoist-splitP`` wts with the gated and rnn heads' hoist GEMM as P partial
+products on K, summed after. Any R, S, G named in ``--paths`` is registered. Development sweeps only: the paths every report compares are
 registered in ``wts_jax.bench.paths``.
 """
 
