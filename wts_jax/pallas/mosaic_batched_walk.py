@@ -980,6 +980,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         base_slot = base_slot_of(step, position)
         if refill_before_epilogue:
           with jax.named_scope("refill"):
+            if stages and not plan.producer:
+              # Every warp past its wait for the WGMMA (a warpgroup barrier) before one
+              # thread's copy overwrites the slot: a warp's wait completes its own part.
+              # (After the epilogue the base slot's barrier is this one; a producer
+              # waits for every thread's release.)
+              plgpu.commit_smem()
             release_ring_slot(resident, j, ring)
         with jax.named_scope("epilogue"):
           with jax.named_scope("base_wait"):   # (profile region: the base copy's latency)
@@ -1045,8 +1051,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
       def release_ring_slot(resident, j, ring):
         """A streamed chunk's W2 ring slot refilled with the stream entry ``stages``
-        later, or with a producer released to it by an arrival. (The WGMMA's reads of
-        the slot completed when its accumulator was read.)"""
+        later (every warp past its wait for the chunk's WGMMA: the warpgroup barrier
+        before the call — not with ``plan.deferred_release``, an option measured only,
+        which refills without one), or with a producer released to it by every
+        thread's arrival."""
         if not stages:
           return
         if plan.producer:
