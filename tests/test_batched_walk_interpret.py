@@ -1221,13 +1221,16 @@ def test_profile_tool_reserves_what_the_compiled_kernel_exceeds(monkeypatch):
                        "smem_bytes=260536 > max_smem_bytes=232448")
     return "built"
   monkeypatch.setattr(profile_batched, "build", build)
-  assert profile_batched.build_with_profile_space(None, None, "dir") == "built"
+  variant = profile_batched.parse_variant("rnn:64:sample:a+x+E+i600")
+  assert variant.profile_space == 600 and variant.ring_refill_early
+  assert profile_batched.build_with_profile_space(variant, None, "dir") == "built"
+  assert reserves[0] == 600 * 2 * 4 * 3 + 1024
   assert reserves[1] - reserves[0] == 260536 - 232448 + 1024
   def refused(variant, heads, **kwargs):
     raise ValueError("no W2 chunk fits")
   monkeypatch.setattr(profile_batched, "build", refused)
   with pytest.raises(ValueError, match="no W2 chunk fits"):
-    profile_batched.build_with_profile_space(None, None, "dir")
+    profile_batched.build_with_profile_space(variant, None, "dir")
 
 
 def test_profile_tool_variants_name_what_they_set():

@@ -35,7 +35,10 @@ tokens produced by an op of the walk, which otherwise passes them to the kernel 
 given), ``A`` (profiling: ≈ 3 ms of
 device work queued before the timed walks, so the host launches ahead of the device),
 ``R`` (int8 planes on M: z loaded into each warpgroup's WGMMA registers, no staging:
-``BatchedPlan.z_registers``), ``T`` (profiling: each row's base logits spiked at one column of its own at every step,
+``BatchedPlan.z_registers``), ``E`` (each streamed chunk's ring slot refilled before its
+epilogue: ``BatchedSpec.ring_refill``), ``iN`` (profiling: the profiler's buffer holds N
+regions a warpgroup, default 1200; its shared memory, reserved for three warpgroups, is
+taken from the plan, so a smaller N can keep a plan's second warpgroup), ``T`` (profiling: each row's base logits spiked at one column of its own at every step,
 so a row's token never changes and each step gathers the W1 rows the step before
 gathered — the gather's cost with its rows recently read, against random tokens').
 Options unnamed are the planner's, except the batch axis (M unless ``n`` or
@@ -101,6 +104,8 @@ class Variant:
   first_op: bool = False
   host_ahead: bool = False
   fixed_tokens: bool = False
+  ring_refill_early: bool = False   # BatchedSpec.ring_refill="before_epilogue"
+  profile_space: int = PROFILE_SPACE   # profiled regions a warpgroup (its buffer's size)
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
   plan_options: dict = dataclasses.field(default_factory=dict)
@@ -121,7 +126,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
          "N": ("merge_tiles", False), "F": ("first_op", True),
          "A": ("host_ahead", True), "T": ("fixed_tokens", True),
-         "R": ("z_registers", True)}
+         "R": ("z_registers", True), "E": ("ring_refill_early", True)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "nan_from_top",
@@ -186,10 +191,10 @@ def parse_variant(text: str) -> Variant:
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option in FLAGS:
       key, value = FLAGS[option]
-    elif m := re.fullmatch(r"([rsbwohf])(\d+)", option):
+    elif m := re.fullmatch(r"([rsbwohfi])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
              "w": "warpgroups", "o": "overlap_chunks", "h": "l2_keep_chunks",
-             "f": "base_l2_ahead"}[m.group(1)]
+             "f": "base_l2_ahead", "i": "profile_space"}[m.group(1)]
       value = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")
@@ -230,7 +235,7 @@ def build_with_profile_space(variant: Variant, heads: Heads, directory: str, tri
   excess reserved too, so the planner shrinks the ring or the resident chunks."""
   return reserving_excess(
       lambda reserve: build(variant, heads, smem_reserve=reserve, profile_dir=directory),
-      PROFILE_SPACE * 2 * 4 * 3 + 1024, tries=tries)
+      variant.profile_space * 2 * 4 * 3 + 1024, tries=tries)
 
 
 def reserving_excess(attempt, reserve: int, *, tries: int = 3, margin: int = 1024):
@@ -298,7 +303,9 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
                                                             **variant.plan_options))
   spec = dataclasses.replace(spec, profile_dir=profile_dir, probe_skew=variant.probe_skew,
-                             profile_space=PROFILE_SPACE if profile_dir else 0)
+                             profile_space=variant.profile_space if profile_dir else 0)
+  if variant.ring_refill_early:
+    spec = dataclasses.replace(spec, ring_refill="before_epilogue")
   def walk(head, base, first, hidden):
     if variant.first_op:   # the first tokens produced by an op of the walk (adds 0)
       first = first + (base[0, 0, 0] != base[0, 0, 0]).astype(first.dtype)
