@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from wts_jax.gate_table import GateTable
+from wts_jax.heads.base import sharing_copy
 from wts_jax.heads.recurrent import JointHidden
 from wts_jax.int8_state import thread_rows_ordered
 from wts_jax.quantize import W1Planes
@@ -70,8 +71,7 @@ def stale_copies(head) -> list[str]:
 def with_fresh_copies(head):
   """A head sharing every weight with ``head``, with each derived copy it holds rebuilt
   from the weights as they are now (the input head is left as it was)."""
-  graphdef, state = nnx.split(head)
-  copied = nnx.merge(graphdef, state)
+  copied = sharing_copy(head)
   serial = copied.markov_head
   for copy, fields in _fresh(serial).items():
     module = getattr(serial, copy)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from wts_jax.heads.base import hidden_terms
+from wts_jax.heads.base import hidden_terms, with_derived_copy
 
 
 def f32_halves(values: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -87,12 +87,7 @@ def with_gate_table(head):
   (``serial_update="table"`` and, for the gated head, ``"auto"`` on the batched Mosaic
   kernel read it; the reference and the other kernels compute the gate as before).
   The table is a function of W1 and ``gate_proj``: rebuild it after changing either."""
-  if head.config.head_type != "gated":
-    raise ValueError(f"a gate table is the gated head's (got {head.config.head_type!r})")
-  graphdef, state = nnx.split(head)
-  tabled = nnx.merge(graphdef, state)
-  tabled.markov_head.gate_table = GateTable.of(tabled.markov_head)
-  return tabled
+  return with_derived_copy(head, "gated", "a gate table", "gate_table", GateTable.of)
 
 
 def table_of(serial):

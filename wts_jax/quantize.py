@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wts_jax.heads.base import sharing_copy
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.int8_state import fragment_ordered, interleaved_planes, thread_rows_ordered
 
@@ -79,8 +80,7 @@ def quantize_w2(head: DraftHead, scheme: str = "int8", *, state: str = "float"
     raise ValueError(f"state={state!r} must be one of {STATES}")
   if state == "planes" and scheme != "int8":
     raise ValueError(f"state='planes' needs scheme='int8' (got scheme={scheme!r})")
-  graphdef, params = nnx.split(head)
-  quantized = nnx.merge(graphdef, params)
+  quantized = sharing_copy(head)
   serial = quantized.markov_head
   q, scale = quantize_rows(head.markov_head.markov_w2.weight[...], scheme)
   serial.markov_w2 = QuantizedLinear(q, scale, state_planes=state == "planes")

@@ -26,6 +26,24 @@ from wts_jax.heads.layers import Embedding, Linear
 from wts_jax.int8_state import planes_vocab_bias
 
 
+def sharing_copy(head):
+  """A head that shares every weight variable with ``head`` (an ``nnx`` split and merge):
+  modules set on the copy leave ``head`` as it was."""
+  graphdef, state = nnx.split(head)
+  return nnx.merge(graphdef, state)
+
+
+def with_derived_copy(head, head_type: str, what: str, name: str, build):
+  """``sharing_copy(head)`` with ``build(serial head)`` set as its serial head's ``name``:
+  a derived copy a kernel reads (``wts_jax.derived`` lists them). Only a ``head_type``
+  head has one (``what`` names it in the error)."""
+  if head.config.head_type != head_type:
+    raise ValueError(f"{what} is the {head_type} head's (got {head.config.head_type!r})")
+  copied = sharing_copy(head)
+  setattr(copied.markov_head, name, build(copied.markov_head))
+  return copied
+
+
 def hidden_terms(hidden: jax.Array, weight: jax.Array, bias: jax.Array) -> jax.Array:
   """``hidden · weightᵀ + bias`` [B, K, j] in fp32: a projection's hidden-side terms.
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wts_jax.heads.base import SerialHead, hidden_terms
+from wts_jax.heads.base import SerialHead, hidden_terms, with_derived_copy
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.layers import Linear
 
@@ -85,9 +85,4 @@ def with_joint_hidden(head):
   ``RecurrentHead.hoist``) reads it as stored instead of slicing it out of
   ``joint_proj.weight`` first. The values are the same bits: the walk's tokens do not
   change. The copy is a function of ``joint_proj.weight``: rebuild it after changing it."""
-  if head.config.head_type != "rnn":
-    raise ValueError(f"a contiguous J_h is the rnn head's (got {head.config.head_type!r})")
-  graphdef, state = nnx.split(head)
-  copied = nnx.merge(graphdef, state)
-  copied.markov_head.joint_hidden = JointHidden.of(copied.markov_head)
-  return copied
+  return with_derived_copy(head, "rnn", "a contiguous J_h", "joint_hidden", JointHidden.of)
