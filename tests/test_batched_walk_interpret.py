@@ -1522,18 +1522,20 @@ def test_ring_refill_before_epilogue_lowers_for_cuda(head_type, batch, temperatu
   assert _mosaic_launches(text) == 1
 
 
-def test_sanitizer_case_refill_early_patches_the_batched_plans(monkeypatch):
-  """``tools/sanitizer_case.py``'s ``-refill-early`` cases: the API's batched plans refill
-  their W2 ring slots before each epilogue, except where the kernel widens an int8 W2."""
+def test_sanitizer_case_refill_early_sets_the_batched_plans_refill():
+  """``tools/sanitizer_case.py``'s ``-refill-early`` cases: the batched plan refills its W2
+  ring slots before each epilogue, except where the kernel widens an int8 W2."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   import sanitizer_case
-  # (restored after the test: the tool patches the module for its process)
-  monkeypatch.setattr(mosaic_backend, "_batched_plan", mosaic_backend._batched_plan)
-  sanitizer_case.refill_before_epilogue()
   shapes = backend.WalkShapes(batch=16, steps=3)
   head = _head(1024, 64)
-  assert mosaic_backend.plan(head, shapes, MosaicConfig(kernel="batched"),
+  walk_config = WalkConfig(backend="mosaic", mosaic_kernel="batched")
+  impl, config = sanitizer_case.early_refill_config(walk_config, None)
+  assert impl == "mosaic"
+  assert mosaic_backend.plan(head, shapes, config,
                              H200_FACTS).ring_refill == "before_epilogue"
-  smem = MosaicConfig(kernel="batched", batch_axis="m", w2_widening="smem")
-  assert mosaic_backend.plan(quantize_w2(head, "int8"), shapes, smem,
+  smem = dataclasses.replace(walk_config, mosaic_batch_axis="m", mosaic_w2_widening="smem")
+  impl, config = sanitizer_case.early_refill_config(smem, "smem")
+  assert (impl, config) == ("pallas", smem)
+  assert mosaic_backend.plan(quantize_w2(head, "int8"), shapes, config.mosaic(),
                              H200_FACTS).ring_refill == "after_epilogue"

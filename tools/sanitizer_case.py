@@ -37,6 +37,7 @@ SPIN_LIMIT (default 2^14) bounds each grid-barrier wait: a walk whose instrument
 wait longer ends with the timeout status (4), not a race; raise it to let them finish.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -81,9 +82,8 @@ def stacked(batch: int, seeds: int, spin_limit: int) -> int:
 
 
 def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
-  if backend.endswith("-refill-early"):
-    refill_before_epilogue()
-    backend = backend.removesuffix("-refill-early")
+  refill_early = backend.endswith("-refill-early")
+  backend = backend.removesuffix("-refill-early")
   if backend.startswith("stacked"):
     return stacked(40 if backend == "stacked-40" else 5, seeds, spin_limit)
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
@@ -126,8 +126,10 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"}
          if rnn_two_on_m or planes_on_m else {}),
       **({"serial_update": "split"} if "-split" in backend else {}))
-  walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
-                                                 config=walk_config))
+  impl, kernel_config = (early_refill_config(walk_config, widening) if refill_early
+                         else ("pallas", walk_config))
+  walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl=impl,
+                                                 config=kernel_config))
   differ = 0
   for seed in range(seeds):
     base, first, hidden = random_inputs(config, batch, 4, jax.random.key(2 + seed))
@@ -146,19 +148,13 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   return 1 if differ else 0
 
 
-def refill_before_epilogue():
-  """The API's batched plans with ``ring_refill="before_epilogue"`` (``WalkConfig``, which
-  these cases use, has no such field)."""
-  import dataclasses
-  from wts_jax.pallas import mosaic_backend
-  planned = mosaic_backend._batched_plan
-
-  def early(*args, **kwargs):
-    spec = planned(*args, **kwargs)
-    if hasattr(spec, "ring_refill") and not spec.plan.widened_in_kernel:
-      return dataclasses.replace(spec, ring_refill="before_epilogue")
-    return spec
-  mosaic_backend._batched_plan = early
+def early_refill_config(walk_config, widening):
+  """(impl, config) of a ``-refill-early`` case: ``walk_config``'s Mosaic config with
+  ``ring_refill="before_epilogue"`` (``WalkConfig`` has no such field), or as planned
+  where the kernel widens an int8 W2 (its threads read the ring slots)."""
+  if widening:
+    return "pallas", walk_config
+  return "mosaic", dataclasses.replace(walk_config.mosaic(), ring_refill="before_epilogue")
 
 
 if __name__ == "__main__":
