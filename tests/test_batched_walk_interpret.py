@@ -1222,7 +1222,9 @@ def test_profile_tool_reserves_what_the_compiled_kernel_exceeds(monkeypatch):
     return "built"
   monkeypatch.setattr(profile_batched, "build", build)
   variant = profile_batched.parse_variant("rnn:64:sample:a+x+E+i600")
-  assert variant.profile_space == 600 and variant.ring_refill_early
+  assert variant.profile_space == 600 and variant.ring_refill == "before_epilogue"
+  assert profile_batched.parse_variant("rnn:64:sample:a+x+e").ring_refill == "after_epilogue"
+  assert profile_batched.parse_variant("rnn:64:sample:a+x").ring_refill is None
   assert profile_batched.build_with_profile_space(variant, None, "dir") == "built"
   assert reserves[0] == 600 * 2 * 4 * 3 + 1024
   assert reserves[1] - reserves[0] == 260536 - 232448 + 1024
@@ -1522,6 +1524,31 @@ def test_ring_refill_before_epilogue_lowers_for_cuda(head_type, batch, temperatu
   assert _mosaic_launches(text) == 1
 
 
+@pytest.mark.parametrize("ring_stages,widening,expected",
+                         [(1, None, "before_epilogue"), (2, None, "after_epilogue"),
+                          (4, None, "after_epilogue"), (1, "smem", "after_epilogue")])
+def test_planner_refills_early_only_a_one_slot_ring(ring_stages, widening, expected):
+  """The planner's ``ring_refill`` (``auto_ring_refill``): before the epilogue where a
+  warpgroup's ring has one slot, after it with more slots or where the kernel widens an
+  int8 W2 (its threads read the slots); an explicit "before_epilogue" there is refused."""
+  head = _head(1024, 64)
+  config = MosaicConfig(kernel="batched", ring_stages=ring_stages, residency="none")
+  if widening:
+    head = quantize_w2(head, "int8")
+    config = dataclasses.replace(config, batch_axis="m", w2_widening=widening)
+  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=16, steps=3), config,
+                             H200_FACTS)
+  assert spec.plan.ring_stages == ring_stages
+  assert spec.ring_refill == expected
+
+
+def test_planner_refills_after_the_epilogue_without_a_ring():
+  """A W2 all resident (no ring slot) keeps the planner's "after_epilogue"."""
+  spec = mosaic_backend.plan(_head(1024, 64), backend.WalkShapes(batch=16, steps=3),
+                             MosaicConfig(kernel="batched"), H200_FACTS)
+  assert spec.plan.ring_stages == 0 and spec.ring_refill == "after_epilogue"
+
+
 def test_sanitizer_case_refill_early_sets_the_batched_plans_refill():
   """``tools/sanitizer_case.py``'s ``-refill-early`` cases: the batched plan refills its W2
   ring slots before each epilogue, except where the kernel widens an int8 W2."""
@@ -1539,3 +1566,25 @@ def test_sanitizer_case_refill_early_sets_the_batched_plans_refill():
   assert (impl, config) == ("pallas", smem)
   assert mosaic_backend.plan(quantize_w2(head, "int8"), shapes, config.mosaic(),
                              H200_FACTS).ring_refill == "after_epilogue"
+
+
+@pytest.mark.parametrize("head_type,dtype,expected", [("vanilla", "bf16", 1), ("rnn", "int8", 1),
+                                                      ("gated", "bf16", 1),
+                                                      ("gated", "int8", 3)])
+def test_planner_base_ring_on_m_with_two_warpgroups(head_type, dtype, expected):
+  """The planner's base ring on M with two computing warpgroups (``auto_base_stages``):
+  one slot, but three for the gated head whose int8 W2 is widened before the launch (its
+  row scales applied in the epilogue), where one slot measured slower."""
+  # (the Qwen3 vocabulary and rank: W2 streamed, so the base ring's slots are the
+  # planner's choice, not what is left beside a resident W2)
+  head = wts_jax.make_head(HeadConfig(vocab_size=151936, rank=256, hidden_size=64,
+                                      head_type=head_type), seed=3)
+  if dtype == "int8":
+    head = quantize_w2(head, "int8")
+  config = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2,
+                        serial_update="auto" if head_type == "vanilla" else "split",
+                        w2_widening="xla" if dtype == "int8" else "auto")
+  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=3, greedy=False),
+                             config, H200_FACTS)
+  assert spec.plan.warpgroups == 2 and spec.plan.batch_axis == "m"
+  assert spec.plan.base_stages == expected

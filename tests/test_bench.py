@@ -918,13 +918,31 @@ def test_bench_variants_ring_refill_early_patch_skips_kernel_widening():
   bench_variants = _bench_variants_module()
   head = wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
                                       head_type="vanilla"))
-  plans = {"bf16": _batched_plan_of(head, MosaicConfig(kernel="batched")),
+  plans = {"bf16": _batched_plan_of(head, MosaicConfig(kernel="batched", residency="none",
+                                                       ring_stages=2)),
            "int8-smem": _batched_plan_of(quantize_w2(head, "int8"), MosaicConfig(
                kernel="batched", batch_axis="m", w2_widening="smem"))}
   before, seen, after = _spec_fields_while_tracing(bench_variants._early_ring_refill,
                                                    "ring_refill", plans)
   assert before == after == {"bf16": "after_epilogue", "int8-smem": "after_epilogue"}
   assert seen == [{"bf16": "before_epilogue", "int8-smem": "after_epilogue"}]
+
+
+def test_bench_variants_ring_refill_late_patch_sets_every_batched_plan():
+  """``wts-ring-refill-late``: ``BatchedSpec.ring_refill`` "after_epilogue" while the
+  path's walk traces, a 1-slot ring's (the planner's "before_epilogue") included."""
+  from wts_jax.heads import HeadConfig
+  from wts_jax.walk_config import MosaicConfig
+  bench_variants = _bench_variants_module()
+  head = wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
+                                      head_type="vanilla"))
+  plans = {slots: _batched_plan_of(head, MosaicConfig(kernel="batched", residency="none",
+                                                     ring_stages=stages))
+           for slots, stages in (("one-slot", 1), ("two-slot", 2))}
+  before, seen, after = _spec_fields_while_tracing(bench_variants._late_ring_refill,
+                                                   "ring_refill", plans)
+  assert before == after == {"one-slot": "before_epilogue", "two-slot": "after_epilogue"}
+  assert seen == [{"one-slot": "after_epilogue", "two-slot": "after_epilogue"}]
 
 
 def test_bench_variants_hoist_split_sums_the_same_products_while_the_walk_traces():

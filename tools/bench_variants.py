@@ -31,6 +31,8 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 batched planner's ring preference the vanilla head's for the rnn head too;
 ``wts-hoisted-by-step`` wts with a split update's hoisted terms transposed to [K, rows, n]
 before the launch (the layout before ``BatchedSpec.hoisted_rows`` became the default);
+``wts-ring-refill-late`` wts with the batched kernel's streamed W2 slots refilled after
+each chunk's epilogue (every plan; ``BatchedSpec.ring_refill``);
 ``wts-ring-refill-early`` wts with the batched kernel's streamed W2 slots refilled before
 each chunk's epilogue (``BatchedSpec.ring_refill``; where no int8 W2 is widened in the
 kernel); ``wts-hoist-splitP`` wts with the gated and rnn heads' hoist GEMM as P partial
@@ -114,6 +116,11 @@ def register_variants(names):
                         _split_update_patch(jax_paths.prepare_wts, hoisted_rows=False),
                         description="wts, a split update's hoisted terms transposed to "
                                     "[K, rows, n] before the launch")
+  if "wts-ring-refill-late" in names and "wts-ring-refill-late" not in paths.PATHS:
+    paths.register_path("wts-ring-refill-late", jax_paths.available_wts,
+                        _late_ring_refill(jax_paths.prepare_wts),
+                        description="wts, the batched kernel's W2 ring slots refilled "
+                                    "after each chunk's epilogue")
   if "wts-ring-refill-early" in names and "wts-ring-refill-early" not in paths.PATHS:
     paths.register_path("wts-ring-refill-early", jax_paths.available_wts,
                         _early_ring_refill(jax_paths.prepare_wts),
@@ -207,6 +214,13 @@ def _split_update_patch(prepare, **changes):
   set where its plan splits the head's update over the blocks (elsewhere as planned)."""
   return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
                      where=lambda spec: spec.plan.split, **changes)
+
+
+def _late_ring_refill(prepare):
+  """``prepare`` (a wts path) with the batched kernel's streamed W2 slots refilled after
+  each chunk's epilogue (the planner's choice before its 1-slot rings refilled early)."""
+  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+                     ring_refill="after_epilogue")
 
 
 def _early_ring_refill(prepare):

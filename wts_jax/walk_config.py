@@ -172,7 +172,8 @@ class MosaicConfig:
     W2 chunk's ring slot: "after_epilogue" (once the chunk's logits are folded) or
     "before_epilogue" (as soon as its accumulator is read, so the copy runs beside the
     epilogue; not with an int8 W2 widened in the kernel, whose threads read the slot);
-    None: the planner's ("after_epilogue").
+    None: the planner's ("before_epilogue" for a 1-slot ring, else "after_epilogue";
+    ``mosaic_batched_plan.auto_ring_refill``).
   """
 
   residency: str | float | int = "auto"

@@ -19,12 +19,13 @@ from wts_jax.device import DeviceFacts
 from wts_jax.gate_table import table_of
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (AUTO_RING_REFILL, BATCH_TILE,
+from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE,
                                                 GATE_TABLE_MAX_ROWS, auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
                                                 auto_overlap_chunks, auto_plane_scales,
                                                 auto_producer, auto_warp_gather,
-                                                auto_ring_preference, auto_w2_widening,
+                                                auto_ring_preference, auto_ring_refill,
+                                                auto_w2_widening,
                                                 auto_warpgroups, plan_batched,
                                                 warpgroup_chunks)
 from wts_jax.pallas.mosaic_plan import (AUTO_MAX_BATCH, CHUNK_ROWS, MAX_BATCH,
@@ -341,7 +342,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
     merge_tiles = (config.merge_tiles if config.merge_tiles is not None else
                    auto_merge_tiles(axis, wgs, rows, gated=update_head))
     base_stages = (config.base_stages if config.base_stages is not None else
-                   auto_base_stages(axis, wgs, gated=update_head, recurrent=recurrent))
+                   auto_base_stages(axis, wgs, gated=update_head, recurrent=recurrent,
+                                    w2_row_scale=w2_row_scale))
     wg_chunks = warpgroup_chunks(vocab, blocks, wgs)
     return plan_batched(
         vocab_size=vocab, rank=rank, batch=rows,
@@ -382,13 +384,12 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # faster: bf16 and int8 W2, every head; with int8 planes after the launch (slower in
   # the kernel for their sampled walks on N, NOTES v36).
   status = config.status or ("flags" if batched.int8_state else "kernel")
-  ring_refill = config.ring_refill or AUTO_RING_REFILL
+  ring_refill = config.ring_refill or auto_ring_refill(
+      batched.ring_stages, widened_in_kernel=batched.widened_in_kernel)
   if ring_refill == "before_epilogue" and batched.widened_in_kernel:
-    if config.ring_refill:
-      return Refusal("ring_refill='before_epilogue' needs W2 slots that only WGMMAs read "
-                     f"(this plan widens its int8 W2 in the kernel: "
-                     f"w2_widening={batched.w2_widening!r})")
-    ring_refill = "after_epilogue"
+    return Refusal("ring_refill='before_epilogue' needs W2 slots that only WGMMAs read "
+                   f"(this plan widens its int8 W2 in the kernel: "
+                   f"w2_widening={batched.w2_widening!r})")
   # A split update reads its hoisted terms as the hoist gives them, [rows, K, n]: no
   # transpose op before the launch (NOTES v37).
   return BatchedSpec(plan=batched, batch=shapes.batch, steps=shapes.steps,

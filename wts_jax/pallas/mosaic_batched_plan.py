@@ -74,10 +74,10 @@ AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX = 16
 AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX = 16
 AUTO_RING_PREFERENCE = 4
 AUTO_BASE_STAGES_TWO_ON_M = 1
-# When a streamed chunk's ring slot is refilled (``BatchedSpec.ring_refill``): after its
-# epilogue, the form every plan here was measured with, until the early refill is
-# measured against it (NOTES v37).
-AUTO_RING_REFILL = "after_epilogue"
+# The ring depth at or below which a streamed chunk's slot is refilled before its
+# epilogue (``BatchedSpec.ring_refill``): a 1-slot ring's copy otherwise waits out the
+# whole epilogue (NOTES v38).
+AUTO_EARLY_REFILL_MAX_SLOTS = 1
 # The vanilla head's greedy walks on N up to 16 rows: each chunk's WGMMA issued before the
 # previous chunk's epilogue, in groups of 2 (faster at B 4 and 16, bf16 and int8 planes;
 # sampled walks, the gated and rnn heads and the batch on M measured slower, NOTES v23).
@@ -155,12 +155,25 @@ def auto_ring_preference(*, recurrent: bool = False, redundant_gate: bool = Fals
   return DEFAULT_RING_STAGES if recurrent or redundant_gate else AUTO_RING_PREFERENCE
 
 
+def auto_ring_refill(ring_stages: int, *, widened_in_kernel: bool) -> str:
+  """``BatchedSpec.ring_refill`` where it measured faster: before the epilogue for a ring
+  of ``AUTO_EARLY_REFILL_MAX_SLOTS`` slot (the gated and rnn heads' sampled walks at 64
+  rows, bf16 and int8: −34 to −58 µs; with 2 to 4 slots −6 to +11 µs, no clear gain:
+  NOTES v38), never where an int8 W2 is widened in the kernel (its threads read the
+  slots); else after it (a W2 all resident has no ring to refill)."""
+  return ("before_epilogue" if 0 < ring_stages <= AUTO_EARLY_REFILL_MAX_SLOTS
+          and not widened_in_kernel else "after_epilogue")
+
+
 def auto_base_stages(batch_axis: str, warpgroups: int, *, gated: bool = False,
-                     recurrent: bool = False) -> int | None:
+                     recurrent: bool = False, w2_row_scale: bool = False) -> int | None:
   """The base ring's slots where the planner's default (3) is not the measured best: one
-  on M with two computing warpgroups, the vanilla and rnn heads' (``gated``: the gated or
-  rnn head; ``recurrent``: the rnn head), or None."""
-  if batch_axis == "m" and warpgroups == 2 and (recurrent or not gated):
+  on M with two computing warpgroups, the vanilla and rnn heads' and the gated head's
+  with a bf16 W2 (its sampled walk at 64 rows −19 µs in three runs; with an int8 W2
+  widened before the launch, ``w2_row_scale``, +4 and +7 µs: NOTES v38), or None.
+  ``gated``: the gated or rnn head; ``recurrent``: the rnn head."""
+  if (batch_axis == "m" and warpgroups == 2
+      and (recurrent or not gated or not w2_row_scale)):
     return AUTO_BASE_STAGES_TWO_ON_M
   return None
 
