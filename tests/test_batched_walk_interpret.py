@@ -1588,3 +1588,22 @@ def test_planner_base_ring_on_m_with_two_warpgroups(head_type, dtype, expected):
                              config, H200_FACTS)
   assert spec.plan.warpgroups == 2 and spec.plan.batch_axis == "m"
   assert spec.plan.base_stages == expected
+
+
+@pytest.mark.parametrize("head_type,dtype,greedy,expected",
+                         [("gated", "bf16", True, 2), ("rnn", "bf16", True, 2),
+                          ("gated", "int8", True, 1), ("rnn", "int8", True, 1),
+                          ("gated", "int8", False, 2), ("rnn", "int8", False, 2)])
+def test_planner_warpgroups_of_the_gated_and_rnn_heads_on_m(head_type, dtype, greedy,
+                                                             expected):
+  """The planner's computing warpgroups for the gated and rnn heads at 64 rows (on M):
+  two, but one for a greedy walk whose int8 W2 is widened before the launch."""
+  head = wts_jax.make_head(HeadConfig(vocab_size=151936, rank=256, hidden_size=64,
+                                      head_type=head_type), seed=4)
+  if dtype == "int8":
+    head = quantize_w2(head, "int8")
+  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=3, greedy=greedy),
+                             MosaicConfig(kernel="batched", serial_update="split"),
+                             H200_FACTS)
+  assert spec.plan.batch_axis == "m"
+  assert spec.plan.warpgroups == expected

@@ -135,16 +135,17 @@ class MosaicConfig:
     registers, four warpgroups; up to 64 rows a launch — "auto"'s choice for such walks
     from 2 rows on the GPU, where no other kernel's option is set).
   base_stages: the batched kernel's base-logit ring slots (at most a warpgroup's
-    chunks; None: the planner's — 3, or 1 on M with two computing warpgroups).
+    chunks; None: the planner's — 3, or 1 on M with two computing warpgroups, but 3 for
+    the gated head's int8 W2 widened before the launch).
   batch_axis: the batched kernel's orientation: "m" (the batch on the WGMMA's M, a chunk
     the B operand), "n" (a chunk the A operand, the batch on N; jax >= 0.11) or None
     (the planner's: N up to 32 rows where it lowers, else M; int8 planes at r < 128
     always M).
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
     two for sampling, for int8 planes and for bf16 greedy walks of 17-32 rows (on N);
-    the gated head two only for sampling past 16 rows or on M; the rnn head two only for
-    sampling on M; one where the second does not fit), each computing its own half of
-    the block's chunks.
+    the gated head two for sampling past 16 rows and on M; the rnn head two on M; both
+    one for a greedy walk on M whose int8 W2 is widened before the launch; one where the
+    second does not fit), each computing its own half of the block's chunks.
   serial_update: the batched kernel's gated and rnn heads: "split" (each block a slice of
     the update's units, published to the others through global memory and a second grid
     barrier a step), "redundant" (gated only: every block computes the whole gate from

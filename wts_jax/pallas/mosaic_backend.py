@@ -332,7 +332,8 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   # vanilla choices, NOTES v27.)
   wgs = config.warpgroups or auto_warpgroups(
       axis, int8_state=planes, greedy=shapes.greedy, gated=gated and not table, batch=rows,
-      w2_in_registers=widening == "registers", recurrent=recurrent)
+      w2_in_registers=widening == "registers", recurrent=recurrent,
+      w2_row_scale=w2_row_scale)
   update_head = (gated and not table) or recurrent   # (the auto_* functions' ``gated``)
 
   def planned(wgs: int):

@@ -114,16 +114,20 @@ def auto_w2_widening(batch: int, *, batch_axis: str | None, gate_split: bool,
 
 def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool,
                     gated: bool = False, batch: int = 1, w2_in_registers: bool = False,
-                    recurrent: bool = False) -> int:
+                    recurrent: bool = False, w2_row_scale: bool = False) -> int:
+  """Computing warpgroups a block. The gated and rnn heads on M: two, but one for a
+  greedy walk whose int8 W2 is widened before the launch (``w2_row_scale``; two measured
+  no faster there, bf16 greedy at 64 rows −7 to −8 µs in two runs: NOTES v38)."""
+  two_on_m = batch_axis == "m" and (not greedy or not w2_row_scale)
   if recurrent:
-    return 2 if not greedy and batch_axis == "m" else 1
+    return 2 if two_on_m else 1
   if w2_in_registers:
     # (An int8 chunk widened in registers is half a bf16 one: two warpgroups fit, and
     # measured faster for the vanilla and gated heads, greedy and sampled, NOTES v21.)
     return 2
   if gated:
-    return 2 if not greedy and (batch_axis == "m"
-                                or batch > AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX) else 1
+    return 2 if two_on_m or (not greedy
+                             and batch > AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX) else 1
   if not greedy or int8_state:
     return 2
   return 2 if batch_axis == "n" and batch > AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX else 1
