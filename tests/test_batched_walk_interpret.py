@@ -1383,15 +1383,16 @@ def test_planners_status_where_each_measured_faster(w2, status):
 
 def test_planners_ring_before_residency_for_the_gated_head_not_the_rnn_head():
   """``auto_ring_preference``: the vanilla head and the gated head's table or split gate
-  take ring slots before resident chunks (the split gate at 64 rows, Qwen3-4B: 3 slots,
-  none resident), the rnn head and a redundant gate the default two (NOTES v36)."""
+  take ring slots before resident chunks (the split gate at 64 rows with one warpgroup,
+  Qwen3-4B: 3 slots, none resident), the rnn head and a redundant gate the default two
+  (NOTES v36)."""
   assert (mosaic_batched_plan.auto_ring_preference()
           == mosaic_batched_plan.AUTO_RING_PREFERENCE > mosaic_batched_plan.DEFAULT_RING_STAGES
           == mosaic_batched_plan.auto_ring_preference(recurrent=True)
           == mosaic_batched_plan.auto_ring_preference(redundant_gate=True))
   head = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
-  plan = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=7), MosaicConfig(),
-                             H200_FACTS).plan
+  plan = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=7),
+                             MosaicConfig(warpgroups=1), H200_FACTS).plan
   assert plan.gated and (plan.resident_chunks, plan.ring_stages) == (0, 3)
 
 

@@ -196,7 +196,8 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   and there greedy walks' WGMMAs overlapping epilogues in pairs (NOTES v23);
   a ring up to 4 slots deep before chunks stay resident, and on M with two warpgroups a
   1-slot base ring; the gated head one warpgroup but for sampling past 16 rows or on
-  M, no producer, the default ring; the rnn head one but for sampling on M (NOTES v23).
+  M, and for bf16 greedy walks past 32 rows, no producer; the rnn head one but for
+  sampling on M and bf16 greedy walks past 32 rows (NOTES v23, v38).
   The planner is the same arithmetic on either jax; whether jax lowers the batch on N is
   set here, so both cases run on either. A greedy int8-planes walk is the stacked
   kernel's from one row (NOTES v31): there the batched kernel's plan is asked for by
@@ -241,14 +242,18 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
       1, base_stages, False, not greedy)
   assert stated.overlap_chunks == 0   # (one slot cannot overlap chunks: a deadlock)
   # The gated head (bf16): the batched kernel, one warpgroup but for sampling past 16
-  # rows or on M, no producer, no merged tiles, the default ring.
+  # rows or on M and for greedy walks past 32 rows (on M), there with a 1-slot base ring;
+  # no producer, no merged tiles.
   gated_plan = mosaic_backend.plan(_head("gated"), shapes, MosaicConfig(), H200).plan
   assert gated_plan.gated and not gated_plan.producer and not gated_plan.merge_tiles
-  assert gated_plan.warpgroups == (2 if not greedy and (batch > 16 or axis == "m") else 1)
-  assert gated_plan.base_stages == min(DEFAULT_BASE_STAGES, gated_plan.wg_chunks)
-  # The rnn head: one warpgroup but for sampling on M, there two with a 1-slot base ring.
+  two_on_m = gated_plan.batch_axis == "m" and (not greedy or batch > 32)
+  assert gated_plan.warpgroups == (2 if two_on_m or (not greedy and batch > 16) else 1)
+  assert gated_plan.base_stages == (1 if two_on_m else min(DEFAULT_BASE_STAGES,
+                                                           gated_plan.wg_chunks))
+  # The rnn head: one warpgroup but on M for sampling and for greedy walks past 32 rows,
+  # there two with a 1-slot base ring.
   rnn_plan = mosaic_backend.plan(_head("rnn"), shapes, MosaicConfig(), H200).plan
-  rnn_two = not greedy and rnn_plan.batch_axis == "m"
+  rnn_two = rnn_plan.batch_axis == "m" and (not greedy or batch > 32)
   assert (rnn_plan.warpgroups, rnn_plan.producer) == (2 if rnn_two else 1, False)
   assert rnn_plan.overlap_chunks == gated_plan.overlap_chunks == 0
   assert rnn_plan.base_stages == (1 if rnn_two else min(DEFAULT_BASE_STAGES,

@@ -143,9 +143,9 @@ class MosaicConfig:
     always M).
   warpgroups: the batched kernel's warpgroups a block (1 or 2; None: the planner's —
     two for sampling, for int8 planes and for bf16 greedy walks of 17-32 rows (on N);
-    the gated head two for sampling past 16 rows and on M; the rnn head two on M; both
-    one for a greedy walk on M whose int8 W2 is widened before the launch; one where the
-    second does not fit), each computing its own half of the block's chunks.
+    the gated head two for sampling past 16 rows or on M; the gated and rnn heads two on
+    M for sampling and for greedy walks past 32 rows of a bf16 W2; one where the second
+    does not fit), each computing its own half of the block's chunks.
   serial_update: the batched kernel's gated and rnn heads: "split" (each block a slice of
     the update's units, published to the others through global memory and a second grid
     barrier a step), "redundant" (gated only: every block computes the whole gate from

@@ -115,10 +115,12 @@ def auto_w2_widening(batch: int, *, batch_axis: str | None, gate_split: bool,
 def auto_warpgroups(batch_axis: str, *, int8_state: bool, greedy: bool,
                     gated: bool = False, batch: int = 1, w2_in_registers: bool = False,
                     recurrent: bool = False, w2_row_scale: bool = False) -> int:
-  """Computing warpgroups a block. The gated and rnn heads on M: two, but one for a
-  greedy walk whose int8 W2 is widened before the launch (``w2_row_scale``; two measured
-  no faster there, bf16 greedy at 64 rows −7 to −8 µs in two runs: NOTES v38)."""
-  two_on_m = batch_axis == "m" and (not greedy or not w2_row_scale)
+  """Computing warpgroups a block. The gated and rnn heads on M: two for sampling, and
+  for a greedy walk past ``AUTO_BATCH_ON_N_MAX`` rows whose W2 is bf16 (at 64 rows −7 to
+  −8 µs in two runs; an int8 W2 widened before the launch, ``w2_row_scale``, measured no
+  faster: NOTES v38)."""
+  two_on_m = batch_axis == "m" and (
+      not greedy or (not w2_row_scale and batch > AUTO_BATCH_ON_N_MAX))
   if recurrent:
     return 2 if two_on_m else 1
   if w2_in_registers:
