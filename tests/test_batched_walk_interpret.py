@@ -11,8 +11,12 @@ interpreter cannot run tiled shared-memory loads, so the interpret cases need ja
 import dataclasses
 import functools
 import json
+import os
 import re
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -1233,6 +1237,63 @@ def test_profile_tool_reserves_what_the_compiled_kernel_exceeds(monkeypatch):
   monkeypatch.setattr(profile_batched, "build", refused)
   with pytest.raises(ValueError, match="no W2 chunk fits"):
     profile_batched.build_with_profile_space(variant, None, "dir")
+
+
+def test_profile_tool_isolates_each_profile_in_a_process(monkeypatch, tmp_path):
+  """tools/profile_batched.py ``--isolate on``: each profile variant runs in a process of
+  its own; its entry is merged, and a crash becomes that variant's ``profile_error``
+  (exit status and the failed check above the native stack), the next variant still
+  running."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import profile_batched
+  commands = []
+  def child(command, log_path):
+    commands.append(command)
+    text = command[command.index("--profile") + 1]
+    out = command[command.index("--out") + 1]
+    assert command[command.index("--isolate") + 1] == "off"
+    if text.startswith("rnn"):
+      Path(log_path).write_text("WARNING: a warning\nF1204 12:00 gpu_executable.cc:1] "
+                                "Check failed: launch ok\n    @     0x7f  xla::Execute()\n")
+      return -6
+    Path(out).mkdir(parents=True)
+    (Path(out) / "results.json").write_text(json.dumps(
+        {"variants": {text: {"profile": {"blocks": 132}}}}))
+    return 0
+  monkeypatch.setattr(profile_batched, "run_child", child)
+  monkeypatch.setattr(profile_batched, "Heads", lambda: None)
+  assert profile_batched.main(["--out", str(tmp_path), "--variants", "",
+                               "--profile", "rnn:64:sample:a+x,gated:64:sample:a+x"]) == 0
+  results = json.loads((tmp_path / "results.json").read_text())["variants"]
+  error = results["rnn:64:sample:a+x"]["profile_error"]
+  assert "status -6" in error and "Check failed: launch ok" in error
+  assert "@" not in error and "WARNING" not in error
+  assert results["gated:64:sample:a+x"] == {"profile": {"blocks": 132}}
+  assert len(commands) == 2
+
+
+def test_profile_tool_child_is_killed_with_its_parent(tmp_path):
+  """``run_child``: the child's exit status and output; interrupted, the child is killed
+  before the interruption goes on (no process left running)."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import profile_batched
+  log = tmp_path / "child.log"
+  assert profile_batched.run_child([sys.executable, "-c", "print('hi'); raise SystemExit(3)"],
+                                   str(log)) == 3
+  assert log.read_text().strip() == "hi"
+  pid_file = tmp_path / "pid"
+  script = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            "time.sleep(60)")
+  def interrupt():   # (a real SIGINT: it ends the parent's wait for the child)
+    while not pid_file.exists() or not pid_file.read_text():
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+  threading.Thread(target=interrupt, daemon=True).start()
+  with pytest.raises(KeyboardInterrupt):
+    profile_batched.run_child([sys.executable, "-c", script], str(log))
+  pid = int(pid_file.read_text())
+  with pytest.raises(ProcessLookupError):
+    os.kill(pid, 0)
 
 
 def test_profile_tool_variants_name_what_they_set():

@@ -50,7 +50,9 @@ the walk's device time from a CUPTI trace, each walk after an L2 flush (median o
 regions (cycles; median over blocks of each region's total per walk, over every
 warpgroup's trace and each warpgroup's apart). ``--dump``: the
 ptxas report (registers, spills) and SASS statistics of the variant's kernel.
-Writes ``results.json`` and ``summary.txt`` under ``--out``.
+Writes ``results.json`` and ``summary.txt`` under ``--out``. Each ``--profile`` variant
+runs in a process of its own (``--isolate on``, the default): a crash loses only that
+variant, and its output stays in ``profile-*/process.log``.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ import gzip
 import json
 import os
 import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -463,6 +467,61 @@ def dump_stats(directory: str) -> dict:
   return stats
 
 
+def profile_directory(out: str, text: str) -> str:
+  return os.path.join(out, "profile-" + re.sub(r"[^\w]+", "_", text))
+
+
+def run_child(command: list[str], log_path: str) -> int:
+  """``command``'s exit status, its output into ``log_path``; the process is killed if
+  this one is interrupted or ended (SIGTERM) first, so none is left running. (Without
+  preallocation: this process may hold most of the GPU's memory already.)"""
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  with open(log_path, "w") as log:
+    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+      return child.wait()
+    finally:
+      if child.poll() is None:
+        child.kill()
+        child.wait()
+
+
+def crash_lines(log_path: str, keep: int = 15) -> str:
+  """The last ``keep`` lines of a crashed process's log that are neither warnings nor
+  native stack frames: the failed check or error above its stack."""
+  try:
+    lines = open(log_path, errors="replace").read().splitlines()
+  except OSError as err:
+    return f"(no log: {err})"
+  kept = [line for line in lines if line.strip() and not line.lstrip().startswith("@ ")
+          and "warn" not in line.lower()]
+  return "\n".join(kept[-keep:])
+
+
+def profile_isolated(text: str, args) -> dict:
+  """One ``--profile`` variant in a process of its own (``--isolate on``): a crash of its
+  build or its profiled walks (v38: an abort inside XLA's launch took every variant
+  after it) loses only this variant, and its log stays beside its results
+  (``profile-*/process.log``). The child's entry, or ``profile_error`` with its exit
+  status and the log's last lines."""
+  directory = profile_directory(args.out, text)
+  os.makedirs(directory, exist_ok=True)
+  child_out = os.path.join(directory, "process")
+  log_path = os.path.join(directory, "process.log")
+  status = run_child([sys.executable, os.path.abspath(__file__), "--out", child_out,
+                      "--variants", "", "--profile", text, "--walks", str(args.walks),
+                      "--clock-ghz", str(args.clock_ghz), "--isolate", "off"], log_path)
+  try:
+    with open(os.path.join(child_out, "results.json")) as f:
+      entry = json.load(f)["variants"].get(text, {})
+  except (OSError, ValueError, KeyError):
+    entry = {}
+  if status != 0 and "profile" not in entry:
+    entry = {**entry, "profile_error": f"its process exited with status {status}: "
+                                       + crash_lines(log_path)}
+  return entry
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)
@@ -471,6 +530,9 @@ def main(argv=None):
   parser.add_argument("--dump", default="", help="variants whose SASS/ptxas to dump")
   parser.add_argument("--walks", type=int, default=10)
   parser.add_argument("--clock-ghz", type=float, default=1.98)
+  parser.add_argument("--isolate", choices=("on", "off"), default="on",
+                      help="each --profile variant in a process of its own (a crash "
+                           "loses only that variant)")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   heads = Heads()
@@ -519,7 +581,15 @@ def main(argv=None):
 
   for text in [t for t in args.profile.split(",") if t]:
     variant = parse_variant(text)
-    directory = os.path.join(args.out, "profile-" + re.sub(r"[^\w]+", "_", text))
+    if args.isolate == "on":
+      # (A SIGTERM, say from timeout, ends the child too: run_child's cleanup runs.)
+      previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+      try:
+        record(text, profile_isolated(text, args))
+      finally:
+        signal.signal(signal.SIGTERM, previous)
+      continue
+    directory = profile_directory(args.out, text)
     os.makedirs(directory, exist_ok=True)
     try:
       spec, run, operands, want = build_with_profile_space(variant, heads, directory)
