@@ -553,7 +553,10 @@ RING_REFILL_EARLY = MosaicConfig(ring_refill="before_epilogue")
     # each streamed chunk's ring slot refilled before its epilogue: the producer's
     # releases (vanilla greedy, 64 rows) and the split gate's 1-slot rings (sampled)
     ("bf16", RING_REFILL_EARLY, "vanilla", 0.0, 64),
-    ("bf16", RING_REFILL_EARLY, "gated", 0.8, 64)],
+    ("bf16", RING_REFILL_EARLY, "gated", 0.8, 64),
+    # the planner's greedy walks of the gated and rnn heads past 32 rows: two warpgroups
+    # on M, 1-slot rings refilled early
+    ("bf16", AUTO, "gated", 0.0, 64), ("bf16", AUTO, "rnn", 0.0, 64)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
@@ -561,7 +564,7 @@ RING_REFILL_EARLY = MosaicConfig(ring_refill="before_epilogue")
          "int8p-auto-sample-m64", "gated-table-auto", "gated-table-auto-sample",
          "gated-table-32", "int8p-stacked-16", "int8p-stacked-64", "int8p-auto-stacked-1",
          "int8p-stacked-sample-40", "bf16-ring-refill-early-64",
-         "gated-ring-refill-early-sample-64"])
+         "gated-ring-refill-early-sample-64", "gated-auto-greedy-64", "rnn-auto-greedy-64"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature,
                                                  batch):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)
