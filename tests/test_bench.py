@@ -826,7 +826,8 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   """``tools/bench_variants.py``'s ``wts-ring-deep``: the rnn head's batched plan (int8
   W2, the Qwen3-4B shape, one row) takes ring slots before resident chunks while that
   path's walk traces (the vanilla and gated heads' preference), and the planner's own
-  rule after; the gated head's split gate at 64 rows takes the deeper ring by default."""
+  rule after; the gated head's split gate at 64 rows with one warpgroup takes the deeper
+  ring by default."""
   from wts_jax import device
   from wts_jax.bench.registry import jax_prepared
   from wts_jax.heads import HeadConfig
@@ -836,12 +837,12 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   from wts_jax.walk_config import MosaicConfig
   bench_variants = _bench_variants_module()
 
-  def ring_of(head, batch):
-    plan = mosaic_backend.plan(head, WalkShapes(batch=batch, steps=7), MosaicConfig(),
+  def ring_of(head, batch, config=MosaicConfig()):
+    plan = mosaic_backend.plan(head, WalkShapes(batch=batch, steps=7), config,
                                device.H200).plan
     return plan.resident_chunks, plan.ring_stages
   gated = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
-  assert ring_of(gated, 64) == (0, 3)
+  assert ring_of(gated, 64, MosaicConfig(warpgroups=1)) == (0, 3)
   rnn = quantize_w2(wts_jax.make_head(HeadConfig.qwen3_4b("rnn")), "int8")
   assert ring_of(rnn, 1) == (3, 2)
   seen = []
