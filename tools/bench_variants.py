@@ -40,6 +40,7 @@ products on K, summed after. Any R, S, G named in ``--paths`` is registered. Dev
 registered in ``wts_jax.bench.paths``.
 """
 
+import functools
 import re
 import sys
 
@@ -98,34 +99,10 @@ def register_variants(names):
       paths.register_path(name, jax_paths.available_wts,
                           _stacked_status(jax_paths.prepare_wts, status),
                           description=f"wts, the stacked kernel's status={status!r}")
-  if "wts-batched-status-flags" in names and "wts-batched-status-flags" not in paths.PATHS:
-    paths.register_path("wts-batched-status-flags", jax_paths.available_wts,
-                        _batched_status(jax_paths.prepare_wts, "flags"),
-                        description="wts, the batched kernel's status reduced after the launch")
-  if "wts-ring-deep" in names and "wts-ring-deep" not in paths.PATHS:
-    paths.register_path("wts-ring-deep", jax_paths.available_wts,
-                        _deep_ring(jax_paths.prepare_wts),
-                        description="wts, the batched planner's deeper ring for the rnn head too")
-  if "wts-rnn-sliced-j-h" in names and "wts-rnn-sliced-j-h" not in paths.PATHS:
-    paths.register_path("wts-rnn-sliced-j-h", jax_paths.available_wts,
-                        _without_joint_hidden(jax_paths.prepare_wts),
-                        description="wts, the rnn head's J_h sliced out of joint_proj "
-                                    "every walk (no contiguous copy)")
-  if "wts-hoisted-by-step" in names and "wts-hoisted-by-step" not in paths.PATHS:
-    paths.register_path("wts-hoisted-by-step", jax_paths.available_wts,
-                        _split_update_patch(jax_paths.prepare_wts, hoisted_rows=False),
-                        description="wts, a split update's hoisted terms transposed to "
-                                    "[K, rows, n] before the launch")
-  if "wts-ring-refill-late" in names and "wts-ring-refill-late" not in paths.PATHS:
-    paths.register_path("wts-ring-refill-late", jax_paths.available_wts,
-                        _late_ring_refill(jax_paths.prepare_wts),
-                        description="wts, the batched kernel's W2 ring slots refilled "
-                                    "after each chunk's epilogue")
-  if "wts-ring-refill-early" in names and "wts-ring-refill-early" not in paths.PATHS:
-    paths.register_path("wts-ring-refill-early", jax_paths.available_wts,
-                        _early_ring_refill(jax_paths.prepare_wts),
-                        description="wts, the batched kernel's W2 ring slots refilled "
-                                    "before each chunk's epilogue")
+  for name, (patch, description) in PATCHED_WTS_PATHS.items():
+    if name in names and name not in paths.PATHS:
+      paths.register_path(name, jax_paths.available_wts, patch(jax_paths.prepare_wts),
+                          description=description)
   for name in names:   # the gated and rnn heads' hoist GEMM split on K
     split = HOIST_SPLIT_VARIANT.match(name)
     if split and name not in paths.PATHS:
@@ -133,10 +110,6 @@ def register_variants(names):
                           _hoist_split(jax_paths.prepare_wts, int(split.group(1))),
                           description=f"wts, the hoist's GEMM as {split.group(1)} partial "
                                       "products on K, summed after")
-  if "wts-stacked-w2-rows" in names and "wts-stacked-w2-rows" not in paths.PATHS:
-    paths.register_path("wts-stacked-w2-rows", jax_paths.available_wts,
-                        _stacked_spec_patch(jax_paths.prepare_wts, w2_order="rows"),
-                        description="wts, the stacked kernel's W2 in row order")
   for path in ("wts", "xla"):   # the harness's chain carrying only the tokens' last column
     name = f"{path}-carry-last-column"
     if name in names and name not in paths.PATHS:
@@ -329,6 +302,32 @@ def _carry_last_column(prepare):
     import dataclasses
     return dataclasses.replace(prepare(*args, **kwargs), chain_carry="last_column")
   return prepared
+
+
+# The wts paths of one fixed name that patch the API's walk while it traces: name →
+# (the patch of ``prepare_wts``, the path's description).
+PATCHED_WTS_PATHS = {
+    "wts-batched-status-flags": (
+        functools.partial(_batched_status, status="flags"),
+        "wts, the batched kernel's status reduced after the launch"),
+    "wts-ring-deep": (
+        _deep_ring, "wts, the batched planner's deeper ring for the rnn head too"),
+    "wts-rnn-sliced-j-h": (
+        _without_joint_hidden,
+        "wts, the rnn head's J_h sliced out of joint_proj every walk (no contiguous copy)"),
+    "wts-hoisted-by-step": (
+        functools.partial(_split_update_patch, hoisted_rows=False),
+        "wts, a split update's hoisted terms transposed to [K, rows, n] before the launch"),
+    "wts-ring-refill-late": (
+        _late_ring_refill,
+        "wts, the batched kernel's W2 ring slots refilled after each chunk's epilogue"),
+    "wts-ring-refill-early": (
+        _early_ring_refill,
+        "wts, the batched kernel's W2 ring slots refilled before each chunk's epilogue"),
+    "wts-stacked-w2-rows": (
+        functools.partial(_stacked_spec_patch, w2_order="rows"),
+        "wts, the stacked kernel's W2 in row order"),
+}
 
 
 def _named_paths(argv):
