@@ -205,6 +205,13 @@ def _early_ring_refill(prepare):
                      ring_refill="before_epilogue")
 
 
+def _widen_by_xla(prepare):
+  """``prepare`` (a wts path) with an int8 W2 that the batched kernel meets in bf16
+  widened before the launch by XLA's convert, not ``wts_jax.pallas.widen``'s kernel."""
+  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+                     where=lambda spec: spec.plan.w2_row_scale, widen_op="xla")
+
+
 # The modules that call the hoist's GEMM (``wts_jax.heads.base.hidden_terms``) by name.
 HOIST_CALLERS = ("wts_jax.heads.markov", "wts_jax.heads.recurrent", "wts_jax.gate_table")
 
@@ -324,6 +331,9 @@ PATCHED_WTS_PATHS = {
     "wts-ring-refill-early": (
         _early_ring_refill,
         "wts, the batched kernel's W2 ring slots refilled before each chunk's epilogue"),
+    "wts-widen-xla": (
+        _widen_by_xla,
+        "wts, an int8 W2 widened to bf16 before the batched launch by XLA's convert"),
     "wts-stacked-w2-rows": (
         functools.partial(_stacked_spec_patch, w2_order="rows"),
         "wts, the stacked kernel's W2 in row order"),

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from wts_jax.device import DeviceFacts
 from wts_jax.gate_table import table_of
+from wts_jax.pallas import widen
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE,
@@ -548,7 +549,7 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
     weights["w1"] = operands["gate_rows"]
   if spec.plan.w2_row_scale and not spec.plan.widened_in_kernel:
     # int8 values are exact in bf16; the scales come after
-    weights["w2"] = operands["w2"].astype(jnp.bfloat16)
+    weights["w2"] = widen.widen(operands["w2"], spec.widen_op, interpret=spec.interpret)
   tokens, kernel_status = [], status
   for rows, part in row_launches(spec, spec.batch):
     sampled = {} if spec.greedy else dict(seed=seed, score_scale=score_scale[rows],

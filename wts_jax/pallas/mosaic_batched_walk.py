@@ -92,6 +92,7 @@ from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
                                         _not, _rem, _select, _w2_transforms, _when)
 from wts_jax.pallas.tile_math import make_operand
+from wts_jax.pallas.widen import WIDEN_OPS
 from wts_jax.walk_config import RING_REFILLS
 
 _WGMMA = plgpu.Layout.WGMMA
@@ -141,8 +142,13 @@ class BatchedSpec:
   # refill's copy runs beside the epilogue — the whole of a 1-slot ring's latency
   # otherwise. Not with an int8 W2 widened in the kernel (its threads read the slot).
   ring_refill: str = "after_epilogue"
+  # An int8 W2 widened before the launch (``plan.w2_row_scale``, not in the kernel): by
+  # "pallas", ``wts_jax.pallas.widen``'s kernel, or "xla", XLA's convert (the same bits).
+  widen_op: str = "pallas"
 
   def __post_init__(self):
+    if self.widen_op not in WIDEN_OPS:
+      raise ValueError(f"widen_op={self.widen_op!r} must be one of {WIDEN_OPS}")
     if self.status not in ("flags", "kernel"):
       raise ValueError(f"status={self.status!r} must be 'flags' or 'kernel'")
     if self.ring_refill not in RING_REFILLS:

@@ -1,0 +1,65 @@
+"""An int8 matrix widened to bf16 by a Pallas Triton kernel: the batched walk's int8 W2
+when its WGMMAs meet it in bf16 (``BatchedPlan.w2_row_scale`` widened before the launch).
+
+The values are exact in bf16 (|q| <= 128), so this is ``values.astype(jnp.bfloat16)``
+bit for bit; it exists because XLA's convert fusion of an int8 array moves its bytes
+about a third slower than a plain kernel does (NOTES v39). The array is converted as one
+flat run of elements (Triton's blocks are powers of two; a row of rank 192 is not), each
+program ``ELEMENTS_PER_PROGRAM`` of them, or fewer where the total is not a multiple of
+that (the largest power of two dividing it, so no block reaches past the array).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+ELEMENTS_PER_PROGRAM = 8192
+NUM_WARPS = 4
+# Where the widening runs (``BatchedSpec.widen_op``): this kernel, or XLA's convert.
+WIDEN_OPS = ("pallas", "xla")
+
+
+def elements_per_program(elements: int) -> int:
+  """The elements a program converts: ``ELEMENTS_PER_PROGRAM``, halved until it divides
+  ``elements``."""
+  if elements < 1:
+    raise ValueError(f"elements={elements} must be >= 1")
+  block = ELEMENTS_PER_PROGRAM
+  while elements % block:
+    block //= 2
+  return block
+
+
+def _widen_block(values_ref, out_ref):
+  out_ref[...] = values_ref[...].astype(jnp.bfloat16)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def widen_to_bf16(values: jax.Array, *, interpret: bool = False) -> jax.Array:
+  """``values`` ([rows, cols] int8) as bf16, by the Pallas Triton kernel."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as pl_triton
+  if values.ndim != 2 or values.dtype != jnp.int8:
+    raise ValueError(f"widen_to_bf16 takes a 2-D int8 array, got {values.dtype} "
+                     f"{values.shape}")
+  flat = values.reshape(-1)
+  block = elements_per_program(flat.shape[0])
+  spec = pl.BlockSpec((block,), lambda i: (i,))
+  widened = pl.pallas_call(
+      _widen_block, out_shape=jax.ShapeDtypeStruct(flat.shape, jnp.bfloat16),
+      grid=(flat.shape[0] // block,), in_specs=[spec], out_specs=spec, interpret=interpret,
+      name="wts_widen_int8",
+      compiler_params=pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1))(flat)
+  return widened.reshape(values.shape)
+
+
+def widen(values: jax.Array, op: str, *, interpret: bool = False) -> jax.Array:
+  """``values`` (int8) as bf16 by ``op`` (one of ``WIDEN_OPS``)."""
+  if op == "xla":
+    return values.astype(jnp.bfloat16)
+  if op == "pallas":
+    return widen_to_bf16(values, interpret=interpret)
+  raise ValueError(f"op={op!r} must be one of {WIDEN_OPS}")
