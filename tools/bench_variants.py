@@ -182,6 +182,18 @@ def _without_joint_hidden(prepare):
   return prepared
 
 
+def _without_joint_table(prepare):
+  """``prepare`` (a wts path) given the rnn head without its joint table
+  (``wts_jax.with_joint_table``): its update split over the blocks, as before the table."""
+  def prepared(head, *args, **kwargs):
+    from flax import nnx
+    if getattr(head.markov_head, "joint_table", None) is not None:
+      head = nnx.merge(*nnx.split(head))
+      del head.markov_head.joint_table
+    return prepare(head, *args, **kwargs)
+  return prepared
+
+
 def _split_update_patch(prepare, **changes):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields ``changes``
   set where its plan splits the head's update over the blocks (elsewhere as planned)."""
@@ -322,6 +334,9 @@ PATCHED_WTS_PATHS = {
     "wts-rnn-sliced-j-h": (
         _without_joint_hidden,
         "wts, the rnn head's J_h sliced out of joint_proj every walk (no contiguous copy)"),
+    "wts-rnn-no-joint-table": (
+        _without_joint_table,
+        "wts, the rnn head without its joint table (its update split, a second barrier)"),
     "wts-hoisted-by-step": (
         functools.partial(_split_update_patch, hoisted_rows=False),
         "wts, a split update's hoisted terms transposed to [K, rows, n] before the launch"),

@@ -8,6 +8,7 @@ from wts_jax.api import chosen_implementation, walk
 from wts_jax.convert.errors import CheckpointError, ConversionError
 from wts_jax.derived import stale_copies, with_fresh_copies
 from wts_jax.gate_table import with_gate_table
+from wts_jax.joint_table import with_joint_table
 from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
 from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
                            VanillaMarkovHead, make_head, with_joint_hidden)
@@ -22,7 +23,7 @@ __all__ = [
     "CheckpointError", "ConversionError", "DrafterWeights", "KERNEL_COMPILER_OPTIONS",
     "from_torch_state_dict", "load", "load_drafter",
     "quantize_w2", "stale_copies", "with_fresh_copies", "with_gate_table",
-    "with_joint_hidden",
+    "with_joint_hidden", "with_joint_table",
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
     "MosaicConfig", "TritonConfig", "WalkConfig", "WalkError", "WalkOutput", "chosen_implementation", "check",
     "make_head", "walk",

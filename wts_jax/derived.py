@@ -8,7 +8,9 @@ a function of weights the head also holds.
 - ``gate_table`` (``rows``, ``hidden_weight``): the gated head's gate table
   (``with_gate_table``), from ``markov_w1.weight`` and ``gate_proj.weight``;
 - ``joint_hidden.weight``: the rnn head's contiguous J_h (``with_joint_hidden``), from
-  ``joint_proj.weight``.
+  ``joint_proj.weight``;
+- ``joint_table.rows``: the rnn head's joint table (``with_joint_table``), from
+  ``markov_w1.weight`` and ``joint_proj.weight``.
 
 Nothing rebuilds them when a weight is changed in place (say after a fine-tuning step),
 and a walk reads the copy, so a stale copy gives other tokens than the weights it sits
@@ -28,6 +30,7 @@ from wts_jax.gate_table import GateTable
 from wts_jax.heads.base import sharing_copy
 from wts_jax.heads.recurrent import JointHidden
 from wts_jax.int8_state import thread_rows_ordered
+from wts_jax.joint_table import JointTable
 from wts_jax.quantize import W1Planes
 
 
@@ -47,6 +50,8 @@ def _fresh(serial) -> dict[str, dict[str, jax.Array]]:
     copies["gate_table"] = fields(GateTable.of(serial), ("rows", "hidden_weight"))
   if getattr(serial, "joint_hidden", None) is not None:
     copies["joint_hidden"] = fields(JointHidden.of(serial), ("weight",))
+  if getattr(serial, "joint_table", None) is not None:
+    copies["joint_table"] = fields(JointTable.of(serial), ("rows",))
   return copies
 
 

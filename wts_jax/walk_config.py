@@ -149,9 +149,11 @@ class MosaicConfig:
   serial_update: the batched kernel's gated and rnn heads: "split" (each block a slice of
     the update's units, published to the others through global memory and a second grid
     barrier a step), "redundant" (gated only: every block computes the whole gate from
-    G_e streamed through its ring), "table" (gated only, the batch on N: each row's gate
-    term gathered from the head's gate table, ``wts_jax.with_gate_table``) or "auto"
-    (the table where the head has one and the batch goes on N, else split).
+    G_e streamed through its ring), "table" (the batch on N: each row's gate term
+    gathered from the gated head's gate table, ``wts_jax.with_gate_table``, or the rnn
+    head's J_e e from its joint table, ``wts_jax.with_joint_table``, up to 16 rows, one
+    warpgroup: no second barrier) or "auto" (the table where the head has one and the
+    batch goes on N within the table's rows, else split).
   producer: one more warpgroup in the batched kernel that issues every W2 and base
     refill once the computing warpgroups release the slot (None: the planner's — beside
     two computing warpgroups for greedy walks of the vanilla head).

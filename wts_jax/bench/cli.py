@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
   grid.add_argument("--gate-table", default="on", choices=("on", "off"),
                     help="the gated head with its gate table (wts_jax.with_gate_table; "
                          "default on): its walks on N gather the gate's token term")
+  grid.add_argument("--joint-table", default="on", choices=("on", "off"),
+                    help="the rnn head with its joint table (wts_jax.with_joint_table; "
+                         "default on): its walks of up to 16 rows gather J_e e and need "
+                         "no second grid barrier a step")
   grid.add_argument("--confidence", action="store_true",
                     help="heads with the confidence head (default: serial head only)")
   grid.add_argument("--temperature", type=float, default=1.0,

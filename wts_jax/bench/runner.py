@@ -21,16 +21,19 @@ from wts_jax.bench import gate, torch_paths
 from wts_jax.bench.cli import DTYPES, QUANTIZED, QUANTIZED_PLANES, UsageError
 
 
-def make_bench_head(config, dtype_name: str, seed: int, gate_table: bool = True):
+def make_bench_head(config, dtype_name: str, seed: int, gate_table: bool = True,
+                    joint_table: bool = True):
   """(head, the bf16 head it was quantized from or None) for ``--dtype dtype_name``; a
   gated head with its gate table (``wts_jax.with_gate_table``) unless ``gate_table`` is
   False (``--gate-table off``); an rnn head with its contiguous J_h
-  (``wts_jax.with_joint_hidden``)."""
+  (``wts_jax.with_joint_hidden``) and, unless ``joint_table`` is False (``--joint-table
+  off``), its joint table (``wts_jax.with_joint_table``)."""
   import jax.numpy as jnp
-  from wts_jax import make_head, with_gate_table, with_joint_hidden
+  from wts_jax import make_head, with_gate_table, with_joint_hidden, with_joint_table
   def tabled(head):
     if config.head_type == "rnn":
-      return with_joint_hidden(head)
+      head = with_joint_hidden(head)
+      return with_joint_table(head) if joint_table else head
     return with_gate_table(head) if gate_table and config.head_type == "gated" else head
   if dtype_name in QUANTIZED + (QUANTIZED_PLANES,):
     from wts_jax.quantize import quantize_w2
@@ -360,7 +363,8 @@ class Runner:
       if head_key not in heads:
         try:
           heads[head_key] = make_bench_head(config, point["w2_dtype"], self.args.seed,
-                                            gate_table=self.args.gate_table == "on")
+                                            gate_table=self.args.gate_table == "on",
+                                            joint_table=self.args.joint_table == "on")
         except Exception as err:  # noqa: BLE001
           heads[head_key] = err
           log(f"head {point['head']} r={config.rank} {point['w2_dtype']}: "

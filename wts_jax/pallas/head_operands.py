@@ -16,6 +16,7 @@ Mosaic kernel's ``gated_z``); a backend without a hook for it refuses it in ``pl
 from __future__ import annotations
 
 from wts_jax.gate_table import hoisted_terms, table_of
+from wts_jax.joint_table import joint_table_of
 
 
 def _vanilla(serial, hidden) -> dict:
@@ -36,9 +37,14 @@ def _gated(serial, hidden) -> dict:
 
 
 def _rnn(serial, hidden) -> dict:
-  # The recurrent state's joint projection: the hidden side hoisted, J_s, J_e per step.
-  return {"joint_hoisted": serial.hoist(hidden),
-          "joint_weight": serial.joint_proj.weight[...]}
+  # The recurrent state's joint projection: the hidden side hoisted, J_s, J_e per step —
+  # or, where the head has its joint table (``wts_jax.joint_table``), J_e e gathered.
+  operands = {"joint_hoisted": serial.hoist(hidden),
+              "joint_weight": serial.joint_proj.weight[...]}
+  table = joint_table_of(serial)
+  if table is not None:
+    operands["joint_rows"] = table
+  return operands
 
 
 HEAD_HOOKS = {"vanilla": _vanilla, "gated": _gated, "rnn": _rnn}

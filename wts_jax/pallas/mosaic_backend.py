@@ -17,11 +17,13 @@ import jax.numpy as jnp
 
 from wts_jax.device import DeviceFacts
 from wts_jax.gate_table import table_of
+from wts_jax.joint_table import joint_table_of
 from wts_jax.pallas import widen
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE,
-                                                GATE_TABLE_MAX_ROWS, auto_base_stages,
+                                                GATE_TABLE_MAX_ROWS, JOINT_TABLE_MAX_ROWS,
+                                                auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
                                                 auto_overlap_chunks, auto_plane_scales,
                                                 auto_producer, auto_warp_gather,
@@ -248,9 +250,12 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
 
 def _table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
   """Why ``serial_update="table"`` cannot run this walk, or None."""
+  if head.config.head_type == "rnn":
+    return _joint_table_refusal(head, shapes, config)
   if head.config.head_type != "gated" or table_of(head.markov_head) is None:
     return ("serial_update='table' needs a gated head with its gate table "
-            "(wts_jax.with_gate_table(head))")
+            "(wts_jax.with_gate_table(head)) or an rnn head with its joint table "
+            "(wts_jax.with_joint_table(head))")
   if config.batch_axis == "m" or not BATCH_ON_N_LOWERS:
     return ("serial_update='table' needs the batch on N (batch_axis 'n' or None) and "
             "jax >= 0.11")
@@ -258,6 +263,33 @@ def _table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None
     return (f"serial_update='table' runs up to {GATE_TABLE_MAX_ROWS} rows, the batch on N "
             f"(B={shapes.batch}; 'split' runs more)")
   return None
+
+
+def _joint_table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None:
+  """Why ``serial_update="table"`` cannot run this rnn walk, or None."""
+  if joint_table_of(head.markov_head) is None:
+    return ("serial_update='table' needs an rnn head with its joint table "
+            "(wts_jax.with_joint_table(head))")
+  if shapes.batch > JOINT_TABLE_MAX_ROWS:
+    return (f"serial_update='table' runs the rnn head up to {JOINT_TABLE_MAX_ROWS} rows "
+            f"(B={shapes.batch}; 'split' runs more)")
+  if config.warpgroups == 2 or config.producer:
+    return ("serial_update='table' runs the rnn head on one warpgroup, no producer (got "
+            f"warpgroups={config.warpgroups}, producer={config.producer})")
+  if config.batch_axis == "m" or not BATCH_ON_N_LOWERS:
+    return ("serial_update='table' needs the batch on N (batch_axis 'n' or None) and "
+            "jax >= 0.11")
+  return None
+
+
+def joint_table_walk(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
+  """Whether the batched kernel takes this rnn head's J_e e from its joint table: asked
+  for (``serial_update="table"``), or under "auto" where the head has one and the walk
+  is one the table runs (``_joint_table_refusal``)."""
+  if head.config.head_type != "rnn" or joint_table_of(head.markov_head) is None:
+    return False
+  return (config.serial_update in ("table", "auto")
+          and _joint_table_refusal(head, shapes, config) is None)
 
 
 def gate_table_walk(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
@@ -323,15 +355,18 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
   gated = head.config.head_type == "gated"
   recurrent = head.config.head_type == "rnn"
   table = gate_table_walk(head, shapes, config)
+  joint = joint_table_walk(head, shapes, config)
   widening = w2_widening(head, shapes, config)
   # (Widened into registers the chunk is the WGMMA's A operand: the batch goes on N; a
-  # table gate is staged on N.)
-  axis = config.batch_axis or ("n" if widening == "registers" or table else auto_batch_axis(
+  # table gate and a joint table are staged on N.)
+  axis = config.batch_axis or ("n" if widening == "registers" or table or joint
+                               else auto_batch_axis(
       rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS,
       rank=rank))
   # (A table gate's walk is the vanilla head's but for the elementwise gate: the planner's
   # vanilla choices, NOTES v27.)
-  wgs = config.warpgroups or auto_warpgroups(
+  # (A joint table's walk runs one warpgroup: ``_joint_table_refusal``.)
+  wgs = 1 if joint else config.warpgroups or auto_warpgroups(
       axis, int8_state=planes, greedy=shapes.greedy, gated=gated and not table, batch=rows,
       w2_in_registers=widening == "registers", recurrent=recurrent,
       w2_row_scale=w2_row_scale)
@@ -361,7 +396,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         gated=gated,
         gate_split=gated and not table and config.serial_update != "redundant",
         gate_table=table,
-        recurrent=recurrent, merge_tiles=merge_tiles,
+        recurrent=recurrent, joint_table=joint, merge_tiles=merge_tiles,
         overlap_chunks=auto_overlap_chunks(axis, rows, greedy=shapes.greedy,
                                            gated=update_head,
                                            widened_in_kernel=widening != "xla"),
@@ -547,6 +582,8 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
     weights.update(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"])
   if spec.plan.gate_table:   # each token's e and G_e e, gathered as one row
     weights["w1"] = operands["gate_rows"]
+  if spec.plan.joint_table:   # each token's J_e e, gathered as one row
+    weights["w1"] = operands["joint_rows"]
   if spec.plan.w2_row_scale and not spec.plan.widened_in_kernel:
     # int8 values are exact in bf16; the scales come after
     weights["w2"] = widen.widen(operands["w2"], spec.widen_op, interpret=spec.interpret)

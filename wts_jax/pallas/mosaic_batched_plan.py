@@ -69,6 +69,9 @@ AUTO_BATCH_ON_N_MAX = 32
 # too: at 32 rows, its staging leaving one W2 ring slot a warpgroup, it still measured
 # faster than the split gate, greedy and sampled, bf16 and int8: NOTES v27).
 GATE_TABLE_MAX_ROWS = AUTO_BATCH_ON_N_MAX
+# The rnn head's joint table: its staging (3 KB a row), the state (1 KB a row) and the
+# owners' operand tile leave no W2 slot past 16 rows.
+JOINT_TABLE_MAX_ROWS = 16
 AUTO_MERGE_TILES_MAX = 16
 AUTO_ONE_WARPGROUP_BF16_GREEDY_MAX = 16
 AUTO_ONE_WARPGROUP_GATED_SAMPLED_MAX = 16
@@ -280,6 +283,13 @@ class BatchedPlan:
   # (their rows of J_s and J_e resident), advances them for every row, publishes their
   # state and z; every block reads z back after the second barrier. ``gated`` is False.
   recurrent: bool = False
+  # The rnn head with its joint table (``wts_jax.joint_table``), batch on N, one
+  # warpgroup: each row's gather brings J_e e (fp32 bit halves); every block reads the
+  # J_s s_{k-1} that the owners of the state's units published during the last step
+  # (before its token barrier) and advances the whole state elementwise — no second
+  # barrier. The owners then compute J_s s_k for their units (WGMMAs against their
+  # resident J_s rows) and publish it for the next step. z's halves share one WGMMA.
+  joint_table: bool = False
   # Where the batch is on N, z's two halves in one WGMMA a chunk (``pair_on_n``); off only
   # to measure the two-WGMMA form.
   pair_in_one_wgmma: bool = True
@@ -396,6 +406,10 @@ class BatchedPlan:
     if self.recurrent and (self.gated or self.int8_state or self.producer
                            or self.deferred_release):
       raise ValueError("the rnn head's batched plan needs a bf16 W2 and no producer")
+    if self.joint_table and (not self.recurrent or self.batch_axis != "n"
+                             or self.warpgroups != 1):
+      raise ValueError("joint_table is the rnn head's, with the batch on N and one "
+                       "warpgroup")
     if self.gated and (self.int8_state or self.deferred_release
                        or (self.producer and not self.gate_table)
                        or (self.ring_stages < 1 and self.gate_chunks)):
@@ -448,7 +462,7 @@ class BatchedPlan:
     time). The pair needs both halves' rows in one 64-row tile: 2 · rows <= 64."""
     if self.batch_axis != "n" or not self.pair_in_one_wgmma:
       return False
-    return (self.int8_state or self.gate_table
+    return (self.int8_state or self.gate_table or self.joint_table
             or (self.split and 2 * self.batch_rows <= BATCH_TILE))
 
   @property
@@ -456,7 +470,8 @@ class BatchedPlan:
     """With ``pair_on_n``: the tile row (and accumulator column) where z's second half
     starts — after the staged rows of the first plane (or of a table gate's hi half), or
     after the batch rows of a split update's copied hi half."""
-    return self.staged_rows if self.int8_state or self.gate_table else self.batch_rows
+    return (self.staged_rows if self.int8_state or self.gate_table or self.joint_table
+            else self.batch_rows)
 
   @property
   def gate_chunks(self) -> int:
@@ -467,19 +482,23 @@ class BatchedPlan:
 
   @property
   def split(self) -> bool:
-    """The head's update split over the blocks (a split gate, or the rnn head)."""
-    return self.gate_split or self.recurrent
+    """The head's update split over the blocks, a second grid barrier a step (a split
+    gate, or the rnn head without its joint table)."""
+    return self.gate_split or (self.recurrent and not self.joint_table)
 
   @property
   def update_units(self) -> int:
-    """A split update: the units a block owns (``split_update_units``)."""
-    return split_update_units(self.rank, self.num_blocks) if self.split else 0
+    """A split update, or the joint table's J_s s: the units a block owns
+    (``split_update_units``)."""
+    return (split_update_units(self.rank, self.num_blocks)
+            if self.split or self.joint_table else 0)
 
   @property
   def resident_update_rows(self) -> int:
     """Rows of the head's weights a block keeps for a split update: its units' G_e rows,
-    or J_s and J_e rows of its units for each of the rnn's gate, candidate, output."""
-    return self.update_units * (6 if self.recurrent else 1)
+    or J_s and J_e rows of its units for each of the rnn's gate, candidate, output (J_s
+    rows only with the joint table)."""
+    return self.update_units * (3 if self.joint_table else 6 if self.recurrent else 1)
 
   @property
   def base_rows(self) -> int:
@@ -492,8 +511,8 @@ class BatchedPlan:
     """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
     batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
     axis (its gate is a WGMMA with the batch on M) unless from its table, and the rnn
-    head likewise."""
-    if self.batch_axis == "m" or (self.z_pair and not self.gate_table):
+    head likewise (unless from its joint table)."""
+    if self.batch_axis == "m" or (self.z_pair and not (self.gate_table or self.joint_table)):
       return BATCH_TILE
     return staged_rows_on_n(self.batch_rows, self.rank, self.z_itemsize)
 
@@ -506,8 +525,8 @@ class BatchedPlan:
   @property
   def z_row_bytes(self) -> int:
     """A z staging row: a bf16 W1 row, an int8 token's two planes side by side, or a
-    token's gate table row (three parts of 16-bit words)."""
-    return z_row_bytes(self.rank, gate_table=self.gate_table)
+    token's gate table row (three parts of 16-bit words) or joint table row (six)."""
+    return z_row_bytes(self.rank, gate_table=self.gate_table, joint_table=self.joint_table)
 
   def describe(self) -> str:
     chunk_kb = CHUNK_ROWS * self.rank * self.w2_itemsize / 1024
@@ -551,14 +570,18 @@ class BatchedPlan:
                   if self.gate_split else "the gate from its table" if self.gate_table
                   else "G_e streamed by the leader")
                if self.gated else "")
-            + (f"; rnn head split over the blocks ({self.update_units} units a block), z "
+            + (f"; rnn head from its joint table (J_s s of {self.update_units} units a "
+               "block published a step ahead), z as a hi + lo bf16 pair"
+               if self.joint_table else
+               f"; rnn head split over the blocks ({self.update_units} units a block), z "
                "as a hi + lo bf16 pair" if self.recurrent else ""))
 
 
-def z_row_bytes(rank: int, *, gate_table: bool = False) -> int:
+def z_row_bytes(rank: int, *, gate_table: bool = False, joint_table: bool = False) -> int:
   """Bytes of a z staging row (``BatchedPlan.z_row_bytes``): r bf16 (or two int8 planes),
-  3r 16-bit words for a gate table's row, then the bank padding."""
-  return rank * 2 * (3 if gate_table else 1) + Z_ROW_PAD_BYTES
+  3r 16-bit words for a gate table's row, 6r for a joint table's, then the bank
+  padding."""
+  return rank * 2 * (3 if gate_table else 6 if joint_table else 1) + Z_ROW_PAD_BYTES
 
 
 def split_update_units(rank: int, num_blocks: int) -> int:
@@ -586,7 +609,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 gate_rows: int = 0, state_units: int = 0,
                 plane_scales: str = "window", merge_tile_rows: int = 0,
                 widen_tiles: int = 0, gate_table: bool = False,
-                z_registers: bool = False) -> int:
+                joint_table: bool = False, z_registers: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
@@ -599,10 +622,15 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   and the rnn head's own units' state [64, state_units] f32; with ``merge_tiles``
   warpgroup 1's unreduced bests, three [64, merge_tile_rows] 4-byte tiles; an int8 W2
   widened through shared memory, a bf16 chunk tile [64, r] a warpgroup
-  (``widen_tiles``); a gate table's staging rows are three times as wide; z in
-  registers (``z_registers``) stages nothing."""
-  z_stage = 0 if z_registers else (staged_rows * z_row_bytes(rank, gate_table=gate_table)
-                                   + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
+  (``widen_tiles``); a gate table's staging rows are three times as wide, a joint
+  table's six times, and the joint table adds the state [staged rows, r] f32 and the
+  owners' operand tile of it [64, r] bf16; z in registers (``z_registers``) stages
+  nothing."""
+  z_stage = 0 if z_registers else (
+      staged_rows * z_row_bytes(rank, gate_table=gate_table, joint_table=joint_table)
+      + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
+  joint_state = (_aligned(staged_rows * rank * 4) + _aligned(BATCH_TILE * rank * 2)
+                 if joint_table else 0)
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
   window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
@@ -619,7 +647,7 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
           + (_aligned(gate_rows * rank * 2) + SMEM_ALIGNMENT if gate_rows else 0)
           + _aligned(BATCH_TILE * state_units * 4)
           + 3 * _aligned(CHUNK_ROWS * merge_tile_rows * 4)
-          + widen_tiles * _aligned(CHUNK_ROWS * rank * 2))
+          + widen_tiles * _aligned(CHUNK_ROWS * rank * 2) + joint_state)
 
 
 def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
@@ -632,6 +660,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
                  gate_table: bool = False, recurrent: bool = False,
+                 joint_table: bool = False,
                  plane_scales: str = "window", merge_tiles: bool = False,
                  overlap_chunks: int = 0, warp_gather: bool = False,
                  z_registers: bool = False,
@@ -667,6 +696,9 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   if gate_table and (not gated or gate_split or batch_axis != "n"):
     raise ValueError("a gate table is the gated head's, its gate not split, with the batch "
                      "on N")
+  if joint_table and (not recurrent or batch_axis != "n" or warpgroups != 1 or producer):
+    raise ValueError("a joint table is the rnn head's, with the batch on N, one warpgroup "
+                     "and no producer")
   # The gated head's gate computed from G_e streamed through the leader's W2 ring.
   redundant_gate = gated and not (gate_split or gate_table)
   if rank % 64 or rank > 256:
@@ -707,15 +739,17 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       warpgroups=warpgroups,
                       staged_rows=(staged_rows_on_n(padded_batch(batch), rank,
                                                     1 if int8_state else 2)
-                                   if batch_axis == "n" and (gate_table or not z_pair)
+                                   if batch_axis == "n"
+                                   and (gate_table or joint_table or not z_pair)
                                    else BATCH_TILE),
                       z_pair=z_pair,
-                      gate_rows=update_units * (6 if recurrent else 1),
-                      state_units=update_units if recurrent else 0,
+                      gate_rows=update_units * (3 if joint_table else 6 if recurrent else 1),
+                      state_units=update_units if recurrent and not joint_table else 0,
                       plane_scales=plane_scales,
                       merge_tile_rows=padded_batch(batch) if merge_tiles else 0,
                       widen_tiles=warpgroups if in_kernel and w2_widening == "smem" else 0,
-                      gate_table=gate_table, z_registers=z_registers)
+                      gate_table=gate_table, joint_table=joint_table,
+                      z_registers=z_registers)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -763,6 +797,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
                      gate_split=gate_split, gate_table=gate_table, recurrent=recurrent,
+                     joint_table=joint_table,
                      plane_scales=plane_scales, merge_tiles=merge_tiles,
                      overlap_chunks=overlap_chunks, warp_gather=warp_gather,
                      z_registers=z_registers)

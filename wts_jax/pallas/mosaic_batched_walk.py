@@ -218,6 +218,10 @@ class BatchedRefs:
   state_bar: object = None       # the rnn head: a published state half copied in
   state_s: object = None         # the rnn head: its own units' state, fp32 [64, units]
   joint_w_g: object = None       # the rnn head: joint_proj.weight [3r, 2r + d]
+  ppub_g: object = None          # joint table: J_s s_{k-1} of every row for step k, as
+                                 # int16 halves of its fp32 bits [K, 2, 3 parts, 64, r]
+  state_tile_s: object = None    # joint table: s_k's hi or lo half, the owners' WGMMA
+                                 # operand [64, r] bf16
 
 
 def row_launches(spec: BatchedSpec, batch: int) -> list[tuple[slice, BatchedSpec]]:
@@ -287,14 +291,15 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
   # Staged elements a row: int8 planes, a bf16 W1 row, or a gate table's three parts.
-  z_width = 2 * rank if planes else 3 * rank if plan.gate_table else rank
+  z_width = (2 * rank if planes else 3 * rank if plan.gate_table
+             else 6 * rank if plan.joint_table else rank)
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
   # (A gate table's staging holds int16 words: ``z_s.dtype``.)
   z_dtype = refs.za_s.dtype if refs.za_s is not None else refs.w1_g.dtype
-  if n_major and (plan.gate_table or not plan.z_pair):
+  if n_major and (plan.gate_table or plan.joint_table or not plan.z_pair):
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
         (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
   else:
@@ -703,6 +708,68 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       publish(refs.spub_g, step, own, state)
       publish(refs.zpub_g, step, own, output)
 
+  def joint_terms(halves_g, rows=None):
+    """A joint table walk's three parts (gate, candidate, output) of a step's fp32 terms
+    stored as int16 halves ([2, 3, rows, r] in global memory: the hoisted terms, or the
+    published J_s s), each [staged rows, r] in the staging's layout."""
+    staged = pl.ds(0, plan.staged_rows if rows is None else rows)
+    return [gate_table.f32_from_halves(
+        *(_load(halves_g.at[half, part, staged], z_layout, optimized=False)
+          for half in range(2))) for part in range(3)]
+
+  def joint_update(step, hoisted, published):
+    """The rnn head's step from its joint table (``RecurrentHead.advance``) for every
+    staged row: [a ; c ; o] = (hoisted + J_s s_{k-1}) + J_e e, J_e e gathered (the row's
+    T[x]: fp32 upper halves of the three parts, then lower) and J_s s_{k-1} as published
+    (``publish_joint_state_terms``); u = σ(a), s_k = u ⊙ s_{k-1} + (1 − u) ⊙ tanh(c)
+    kept in fp32 (``state_s``, each thread reading back what it stored), z = tanh(o)
+    stored as the hi + lo pair the W2 WGMMA reads. Then, in the blocks that own units,
+    J_s s_k for the next step."""
+    def part(index):   # int16 words
+      return _load(refs.z_s.at[:, pl.ds(index * rank, rank)], z_layout)
+    first = step == 0
+    gate_pre, candidate, output = (
+        hoisted[p] + jnp.where(first, 0.0, published[p])
+        + gate_table.f32_from_halves(part(p), part(3 + p)) for p in range(3))
+    update = jax.nn.sigmoid(gate_pre)
+    last = jnp.where(first, 0.0, _load(refs.state_s, z_layout, optimized=False))
+    state = update * last + (1.0 - update) * jnp.tanh(candidate)
+    refs.state_s[...] = state
+    z = make_operand(jnp.tanh(output), exact_in_bf16=False)
+    hi_tile, lo_tile = plane_tiles()
+    hi_tile[...] = z.hi
+    lo_tile[...] = z.lo
+    owner = block * plan.update_units < rank
+    _when(_and(owner, step + 1 < spec.steps),
+          functools.partial(publish_joint_state_terms, step, state))
+
+  def publish_joint_state_terms(step, state):
+    """An owner's J_s s_k for its units (of the gate, candidate and output), every row:
+    s_k's hi then lo half through ``state_tile_s`` (the batch on M) against its resident
+    J_s rows, summed in fp32, published as int16 halves to ``ppub_g[step + 1]`` for the
+    next step's readers (released by this step's grid signal)."""
+    units = plan.update_units
+    pair = make_operand(state, exact_in_bf16=False)
+    tile = refs.state_tile_s
+    def product(half):
+      tile.at[pl.ds(0, plan.staged_rows)][...] = half
+      plgpu.commit_smem()   # before the WGMMA's async-proxy reads
+      def run(acc_ref):
+        plgpu.wgmma(acc_ref, tile, refs.update_w_s.T)
+        plgpu.wgmma_wait(0)   # read before the next half overwrites the tile
+        return acc_ref[...]
+      return pl.run_scoped(run, plgpu.ACC((BATCH_TILE, 3 * units), jnp.float32))
+    sums = product(pair.hi)
+    sums = sums + product(pair.lo)
+    bits = lax.bitcast_convert_type(sums, jnp.int32)
+    halves = (lax.shift_right_arithmetic(bits, jnp.int32(16)).astype(jnp.int16),
+              bits.astype(jnp.int16))
+    columns = pl.ds(block * units, units)
+    for half, words in enumerate(halves):
+      for p in range(3):
+        refs.ppub_g.at[step + 1, half, p, :, columns][...] = (
+            words[:, p * units:(p + 1) * units])
+
   def gate(step):
     """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
     of every staged row, stored as the hi + lo bf16 pair the W2 WGMMAs read (``za_s[0]``,
@@ -791,11 +858,18 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           plgpu.commit_smem()   # each row's token stored before its own thread reads it
         gather_z()
       leader_only(first_z)
-      if plan.split:   # this block's rows of the update's weights (clamped: a block
-        def resident_update_rows():   # owning none reads the last ones, unused)
+      if plan.split or plan.joint_table:   # this block's rows of the update's weights
+        def resident_update_rows():   # (clamped: a block owning none reads the last ones)
           units = plan.update_units
           first_unit = jnp.minimum(block * units, rank - units)
-          if plan.recurrent:   # [J_s; J_e] rows of (gate, candidate, output)
+          if plan.joint_table:   # J_s rows of (gate, candidate, output)
+            for part in range(3):
+              plgpu.copy_gmem_to_smem(
+                  refs.joint_w_g.at[pl.ds(part * rank + first_unit, units), pl.ds(0, rank)],
+                  refs.update_w_s.at[pl.ds(part * units, units)], refs.update_w_bar)
+            zero_tile(refs.state_tile_s)   # (its rows past the staged ones stay zero)
+            plgpu.commit_smem()
+          elif plan.recurrent:   # [J_s; J_e] rows of (gate, candidate, output)
             for part in range(6):
               plgpu.copy_gmem_to_smem(
                   refs.joint_w_g.at[pl.ds((part % 3) * rank + first_unit, units),
@@ -807,7 +881,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                 refs.gate_w_g.at[pl.ds(first_unit, units),
                                  pl.ds(refs.gate_w_g.shape[1] - rank, rank)],
                 refs.update_w_s, refs.update_w_bar)
-          refs.update_flag_s[0] = jnp.int32(0)
+          if plan.split:
+            refs.update_flag_s[0] = jnp.int32(0)
           plgpu.barrier_wait(refs.update_w_bar)
         leader_only(resident_update_rows)
       if plan.scaled:
@@ -833,13 +908,20 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
               plgpu.barrier_arrive(refs.za_bar)
             return
           # (Loaded before the gather is waited for, so the latencies overlap.)
-          hoisted = table_hoisted(step) if plan.gate_table else None
+          hoisted = (table_hoisted(step) if plan.gate_table
+                     else joint_terms(refs.gate_hoisted_g.at[step]) if plan.joint_table
+                     else None)
+          # J_s s_{k-1}, published at step k - 1 (a step 0's slot is never written:
+          # masked there, s_{-1} = 0).
+          published = (joint_terms(refs.ppub_g.at[step], rows=plan.staged_rows)
+                       if plan.joint_table else None)
           plgpu.barrier_wait(refs.z_bar)
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
           # or the rnn update's (then z's hi half).
-          tiles = (plane_tiles() if planes else [] if plan.gate_table else
+          tiles = (plane_tiles() if planes else []
+                   if plan.gate_table or plan.joint_table else
                    [refs.za_s.at[1]] if gated else [refs.za_s.at[0]] if plan.recurrent
                    else [refs.za_s])
           for plane, tile_ref in enumerate(tiles):
@@ -847,8 +929,11 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if plan.gate_table:
             with jax.named_scope("update"):
               table_gate(hoisted)
+          if plan.joint_table:
+            with jax.named_scope("update"):
+              joint_update(step, hoisted, published)
           plgpu.commit_smem()
-          if (gated and not plan.gate_table) or plan.recurrent:
+          if (gated and not plan.gate_table) or plan.split:
             with jax.named_scope("update"):
               (split_update if plan.split else gate)(step)
           if wgs > 1:
@@ -899,7 +984,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           # int8 planes: a plane an accumulator; a hi + lo pair: both into one; either
           # with ``pair_on_n``: both halves' rows in one operand, one accumulator.
           if plan.pair_on_n:
-            operands = [(acc_refs[0], refs.za_s if planes or plan.gate_table
+            operands = [(acc_refs[0], refs.za_s
+                         if planes or plan.gate_table or plan.joint_table
                          else refs.za_s.at[0])]
           elif z_in_registers is not None:
             operands = list(zip(acc_refs, z_in_registers))
@@ -1373,6 +1459,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   if plan.gate_table and (w1.shape != (vocab, 3 * rank) or w1.dtype != jnp.int16):
     raise ValueError(f"a gate-table plan needs the head's gate table [{vocab}, {3 * rank}] "
                      f"int16 as w1 (got {w1.dtype}{list(w1.shape)})")
+  if plan.joint_table and (w1.shape != (vocab, 6 * rank) or w1.dtype != jnp.int16):
+    raise ValueError(f"a joint-table plan needs the head's joint table [{vocab}, "
+                     f"{6 * rank}] int16 as w1 (got {w1.dtype}{list(w1.shape)})")
   if plan.int8_state:
     if (w2.dtype != jnp.int8 or w2_scale is None or w1.dtype != jnp.int8
         or w1.shape != (2 * vocab, rank) or w1_scale is None):
@@ -1382,7 +1471,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     w1 = w1.reshape(vocab, 2 * rank)                  # a token's two planes side by side
     w1_scale = w1_scale.astype(jnp.float32)
   elif (w2.dtype != (jnp.int8 if plan.widened_in_kernel else jnp.bfloat16)
-        or w1.dtype != (jnp.int16 if plan.gate_table else jnp.bfloat16)):
+        or w1.dtype != (jnp.int16 if plan.gate_table or plan.joint_table
+                        else jnp.bfloat16)):
     raise ValueError("the batched walk needs a bf16 W1 and a bf16 W2, or an int8 W2 to "
                      f"widen in the kernel (got {w1.dtype}, {w2.dtype})")
   if plan.w2_row_scale and (w2_scale is None or w2_scale.shape != (vocab,)):
@@ -1407,13 +1497,15 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  if (plan.int8_state or plan.gate_table) and plan.pair_on_n:   # one above the other
+  if (plan.int8_state or plan.gate_table or plan.joint_table) and plan.pair_on_n:
+    # (one above the other)
     a_tile = (2 * plan.staged_rows, rank)
   elif plan.int8_state or plan.z_pair:
     a_tile = (2, plan.staged_rows, rank)
   else:
     a_tile = (plan.staged_rows, rank)
-  z_dtype = jnp.bfloat16 if plan.gate_table else w1.dtype   # the WGMMA tile's
+  # The WGMMA tile's (a table's staging holds int16 words).
+  z_dtype = jnp.bfloat16 if plan.gate_table or plan.joint_table else w1.dtype
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
                         transforms=_w2_transforms(w_itemsize, rank)),
@@ -1500,7 +1592,19 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
         hoisted = hoisted.reshape(steps, BATCH_TILE, rank // CHUNK_ROWS,
                                   CHUNK_ROWS).transpose(0, 2, 1, 3)
       operands.update(gate_w_g=gate_weight, gate_hoisted_g=hoisted)
-  if plan.recurrent:
+  if plan.joint_table:   # the staged rows' terms as int16 halves: [K, 2, 3, rows, r]
+    halves = jnp.stack(gate_table.f32_halves(joint_hoisted), axis=2)   # [B, K, 2, 3r]
+    halves = halves.reshape(batch, steps, 2, 3, rank)
+    operands.update(joint_w_g=joint_weight, gate_hoisted_g=jnp.pad(
+        halves, ((0, plan.staged_rows - batch),) + ((0, 0),) * 4).transpose(1, 2, 3, 0, 4))
+    outputs["ppub_g"] = jax.ShapeDtypeStruct((steps, 2, 3, BATCH_TILE, rank), jnp.int16)
+    scratch["state_s"] = plgpu.SMEM((plan.staged_rows, rank), jnp.float32)
+    scratch["state_tile_s"] = plgpu.SMEM((BATCH_TILE, rank), jnp.bfloat16,
+                                         transforms=_w2_transforms(2, rank))
+    scratch["update_w_s"] = plgpu.SMEM((3 * plan.update_units, rank), jnp.bfloat16,
+                                       transforms=_w2_transforms(2, rank))
+    scratch["update_w_bar"] = plgpu.Barrier(num_arrivals=3, num_barriers=1)
+  elif plan.recurrent:
     operands.update(joint_w_g=joint_weight, gate_hoisted_g=hoisted_by_step(joint_hoisted))
   if plan.split:   # the split update's global buffers (outputs, discarded) and weights
     outputs["zpub_g"] = jax.ShapeDtypeStruct((steps, 2, BATCH_TILE, rank), jnp.bfloat16)
