@@ -145,10 +145,14 @@ PLANNER_OPTIONS = ("plane_scales", "z_registers")
 DTYPES = {"bf16": ("vanilla", None), "int8p": ("vanilla", "planes"),
           "int8": ("vanilla", "int8"), "gated": ("gated", None), "rnn": ("rnn", None),
           "gated8": ("gated", "int8"), "rnn8": ("rnn", "int8"),
-          "gatedT": ("gated", None), "gatedT8": ("gated", "int8")}
+          "gatedT": ("gated", None), "gatedT8": ("gated", "int8"),
+          "rnnT": ("rnn", None), "rnnT8": ("rnn", "int8")}
 UPDATE_DTYPES = ("gated", "rnn", "gated8", "rnn8")
 # The gated heads with their gate table (``wts_jax.with_gate_table``: "auto" takes it on N).
 TABLE_DTYPES = ("gatedT", "gatedT8")
+# The rnn heads with their joint table (``wts_jax.with_joint_table``: "auto" takes it on N
+# up to 16 rows).
+JOINT_TABLE_DTYPES = ("rnnT", "rnnT8")
 
 
 def planner_sweep(dtype: str) -> list[str]:
@@ -229,6 +233,8 @@ class Heads:
                            state="planes" if quantized == "planes" else "float")
       if dtype in TABLE_DTYPES:
         head = wts_jax.with_gate_table(head)
+      if dtype in JOINT_TABLE_DTYPES:
+        head = wts_jax.with_joint_table(head)
       self._heads[dtype] = head
     return self._heads[dtype]
 

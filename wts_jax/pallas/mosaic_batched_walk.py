@@ -237,6 +237,12 @@ def row_launches(spec: BatchedSpec, batch: int) -> list[tuple[slice, BatchedSpec
   return launches
 
 
+def gathered_z_rows(spec: BatchedSpec) -> int:
+  """The staging rows each step's gather copies: the plan's batch rows (rows past the
+  batch walk along on their own tokens), or with a joint table the batch's only."""
+  return spec.batch if spec.plan.joint_table else spec.plan.batch_rows
+
+
 def _base_transforms(itemsize: int):
   # The base tile is read in the WGMMA layout: the 128-byte swizzle spreads the 8 rows a
   # warp reads over all banks.
@@ -291,6 +297,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
   # Staged elements a row: int8 planes, a bf16 W1 row, or a gate table's three parts.
+  # A joint table's rows past the batch gather nothing (3 KB a row): their staging stays
+  # the prologue's zeros, which no batch row reads.
+  gathered_rows = gathered_z_rows(spec)
   z_width = (2 * rank if planes else 3 * rank if plan.gate_table
              else 6 * rank if plan.joint_table else rank)
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
@@ -486,12 +495,12 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     if plan.z_registers:
       pass   # (each warpgroup loads its rows' planes itself: ``z_in_registers``)
     elif not plan.warp_gather:
-      for b in range(rows):
+      for b in range(gathered_rows):
         gather_row(b)
     else:
       @plgpu.warp_map
       def _(warp):
-        for b in range(rows):
+        for b in range(gathered_rows):
           _when(warp == b % _WARPS, functools.partial(gather_row, b))
     if not planes or plan.scale_windows:
       return
@@ -1522,7 +1531,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       # A base slot read by every thread of its warpgroup (one arrival each).
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A row's copies each.
-      "z_bar": plgpu.Barrier(num_arrivals=rows * (
+      "z_bar": plgpu.Barrier(num_arrivals=gathered_z_rows(spec) * (
           2 if plan.scale_windows else 1), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), w1.dtype),
   }
