@@ -385,6 +385,9 @@ def test_rnn_with_its_contiguous_j_h_equals_reference(rnn_head, batch, temperatu
   _check(wts_jax.with_joint_hidden(head), batch, temperature, 76, config=MosaicConfig())
 
 
+JOINT_TABLE = MosaicConfig(serial_update="table")
+
+
 @pytest.fixture(scope="module")
 def joint_rnn_head(rnn_head):
   return wts_jax.with_joint_table(rnn_head)
@@ -394,14 +397,14 @@ def joint_rnn_head(rnn_head):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("w2", ["bf16", "int8"])
 def test_rnn_joint_table_tokens_equal_reference(joint_rnn_head, batch, temperature, w2):
-  """The rnn head with its joint table ("auto" takes it up to 16 rows, the batch on N):
-  J_e e gathered, J_s s published a step ahead, no second barrier — the reference's
-  tokens (bf16, and an int8 W2 widened for the WGMMA)."""
+  """The rnn head with its joint table (``serial_update="table"``; "auto" takes it up to
+  4 rows), the batch on N: J_e e gathered, J_s s published a step ahead, no second
+  barrier — the reference's tokens (bf16, and an int8 W2 widened for the WGMMA)."""
   head = quantize_w2(joint_rnn_head, "int8") if w2 == "int8" else joint_rnn_head
   shapes = backend.WalkShapes(batch=batch, steps=7, greedy=temperature == 0.0)
-  spec = mosaic_backend.plan(head, shapes, MosaicConfig(), H200)
+  spec = mosaic_backend.plan(head, shapes, JOINT_TABLE, H200)
   assert spec.plan.joint_table and not spec.plan.split
-  _check(head, batch, temperature, 120 + batch, config=MosaicConfig())
+  _check(head, batch, temperature, 120 + batch, config=JOINT_TABLE)
 
 
 @pytest.mark.parametrize("head_type,axis,batch", [
@@ -577,8 +580,8 @@ RING_REFILL_EARLY = MosaicConfig(ring_refill="before_epilogue")
     # the planner's greedy walks of the gated and rnn heads past 32 rows: two warpgroups
     # on M, 1-slot rings refilled early
     ("bf16", AUTO, "gated", 0.0, 64), ("bf16", AUTO, "rnn", 0.0, 64),
-    # the rnn head with its joint table ("auto" up to 16 rows): no second barrier
-    ("joint", AUTO, "rnn", 0.0, 16), ("joint", AUTO, "rnn", 0.8, 5)],
+    # the rnn head with its joint table: no second barrier ("auto"'s up to 4 rows)
+    ("joint", TABLE_GATE, "rnn", 0.0, 16), ("joint", AUTO, "rnn", 0.8, 4)],
     ids=["bf16", "int8p", "int8p-producer-n2", "bf16-producer-m2", "gated-bf16",
          "gated-split", "rnn-split", "bf16-sample", "int8p-sample",
          "gated-split-sample", "int8-auto", "gated-int8-auto", "rnn-int8-auto",
@@ -587,7 +590,7 @@ RING_REFILL_EARLY = MosaicConfig(ring_refill="before_epilogue")
          "gated-table-32", "int8p-stacked-16", "int8p-stacked-64", "int8p-auto-stacked-1",
          "int8p-stacked-sample-40", "bf16-ring-refill-early-64",
          "gated-ring-refill-early-sample-64", "gated-auto-greedy-64", "rnn-auto-greedy-64",
-         "rnn-joint-table-16", "rnn-joint-table-sample-5"])
+         "rnn-joint-table-16", "rnn-joint-table-auto-sample-4"])
 def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, temperature,
                                                  batch):
   config = HeadConfig.qwen3_4b(head_type, confidence=False)

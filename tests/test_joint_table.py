@@ -96,7 +96,8 @@ JOINT_CASES = [(1000, 64, 5, 4, "auto", 0.0), (1000, 64, 16, 5, "none", 0.8),
 @pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature", JOINT_CASES)
 def test_joint_table_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
   head = wts_jax.with_joint_table(_rnn(vocab, rank))
-  config = MosaicConfig(interpret=True, kernel="batched", residency=residency)
+  config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
+                        serial_update="table")
   shapes = backend.WalkShapes(batch=batch, steps=steps, greedy=not temperature)
   plan = mosaic_backend.plan(head, shapes, config, H200).plan
   assert plan.joint_table and not plan.split and plan.pair_on_n
@@ -124,10 +125,14 @@ def _choice(head, batch, config=MosaicConfig(), greedy=True):
 
 @NEEDS_N
 def test_auto_takes_the_table_up_to_its_rows():
+  """"auto" up to 4 rows (where it measured faster), "table" up to 16."""
   head = wts_jax.with_joint_table(_rnn(1000, 64))
-  for batch in (1, 5, 16):
+  for batch in (1, 4):
     plan = _choice(head, batch).plan
     assert plan.joint_table and plan.batch_axis == "n" and plan.warpgroups == 1, batch
+  for batch in (5, 16):
+    assert not _choice(head, batch).plan.joint_table, batch
+    assert _choice(head, batch, MosaicConfig(serial_update="table")).plan.joint_table
   past = _choice(head, 17).plan
   assert past.recurrent and past.split and not past.joint_table
   assert not _choice(_rnn(1000, 64), 5).plan.joint_table   # (no table: the split update)

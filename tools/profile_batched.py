@@ -151,7 +151,7 @@ UPDATE_DTYPES = ("gated", "rnn", "gated8", "rnn8")
 # The gated heads with their gate table (``wts_jax.with_gate_table``: "auto" takes it on N).
 TABLE_DTYPES = ("gatedT", "gatedT8")
 # The rnn heads with their joint table (``wts_jax.with_joint_table``: "auto" takes it on N
-# up to 16 rows).
+# up to 4 rows; ``y`` asks for it up to 16).
 JOINT_TABLE_DTYPES = ("rnnT", "rnnT8")
 
 

@@ -3,6 +3,7 @@
   compute-sanitizer --tool racecheck python tools/sanitizer_case.py \
       [mosaic|triton|batched|batched-wg2|batched-producer|batched-producer-64n|batched-gated
        |batched-gated-split|batched-gated-table|batched-rnn-split|batched-rnn-split-m2
+       |batched-rnn-joint-table
        |batched-widen-registers|batched-widen-smem|batched-int8p-m2|stacked|stacked-40]
       [SEEDS] [SPIN_LIMIT]
 
@@ -20,6 +21,8 @@ ring slot refilled, or released to the producer, before its epilogue:
 the leader's gate staging beside two warpgroups and a producer);
 ``batched-rnn-split``: the rnn head, its update split likewise; ``-m2``: 40 rows on M,
 two warpgroups (a 1-slot base ring each);
+``batched-rnn-joint-table``: the rnn head from its joint table (B = 5 on N: the owners'
+J_s s tile, WGMMAs and published halves, the state kept in shared memory);
 ``batched-widen-registers`` / ``batched-widen-smem``: an int8 W2 streamed as int8 and
 widened in the kernel (into the WGMMA's A operand, or through each warpgroup's bf16 tile:
 its stores and fence), two warpgroups on N;
@@ -89,7 +92,9 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   # 4 blocks × 3 chunks of 64 rows (V a multiple of 8, not of 64): one resident, a
   # 2-slot ring (two streamed chunks a step): every code path runs.
   gated = backend.startswith("batched-gated")
-  rnn = backend.startswith("batched-rnn-split")
+  # (-joint-table: the rnn head's one-barrier update from its joint table, on N.)
+  joint = backend == "batched-rnn-joint-table"
+  rnn = backend.startswith("batched-rnn-split") or joint
   # (-m2: the rnn head's two warpgroups on M, each with a 1-slot base ring.)
   rnn_two_on_m = backend == "batched-rnn-split-m2"
   planes_on_m = backend == "batched-int8p-m2"
@@ -99,6 +104,8 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   head = wts_jax.make_head(config, seed=1)
   if table:
     head = wts_jax.with_gate_table(head)
+  if joint:
+    head = wts_jax.with_joint_table(head)
   widening = backend.removeprefix("batched-widen-") if "-widen-" in backend else None
   if widening or planes_on_m:
     from wts_jax.quantize import quantize_w2
@@ -125,7 +132,8 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
       **({"mosaic_producer": True} if producer else {}),
       **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"}
          if rnn_two_on_m or planes_on_m else {}),
-      **({"serial_update": "split"} if "-split" in backend else {}))
+      **({"serial_update": "split"} if "-split" in backend else {}),
+      **({"serial_update": "table", "mosaic_batch_axis": "n"} if joint else {}))
   impl, kernel_config = (early_refill_config(walk_config, widening) if refill_early
                          else ("pallas", walk_config))
   walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl=impl,

@@ -57,8 +57,9 @@ class JointTable(nnx.Module):
 
 def with_joint_table(head):
   """An rnn head sharing every weight with ``head``, with its joint table beside them
-  (``serial_update="table"`` and, up to ``mosaic_batched_plan.JOINT_TABLE_MAX_ROWS`` rows
-  with the batch on N, ``"auto"`` on the batched Mosaic kernel read it; the reference and
+  (``serial_update="table"``, up to ``mosaic_batched_plan.JOINT_TABLE_MAX_ROWS`` rows,
+  and ``"auto"``, up to ``AUTO_JOINT_TABLE_MAX_ROWS``, on the batched Mosaic kernel read
+  it, the batch on N; the reference and
   the other kernels compute ``J_e e`` as before). The table is a function of W1 and
   ``joint_proj``: rebuild it after changing either (``wts_jax.with_fresh_copies``)."""
   return with_derived_copy(head, "rnn", "a joint table", "joint_table", JointTable.of)

@@ -152,8 +152,8 @@ class MosaicConfig:
     G_e streamed through its ring), "table" (the batch on N: each row's gate term
     gathered from the gated head's gate table, ``wts_jax.with_gate_table``, or the rnn
     head's J_e e from its joint table, ``wts_jax.with_joint_table``, up to 16 rows, one
-    warpgroup: no second barrier) or "auto" (the table where the head has one and the
-    batch goes on N within the table's rows, else split).
+    warpgroup: no second barrier) or "auto" (the gate table where the head has one and
+    the batch goes on N, the joint table up to 4 rows, else split).
   producer: one more warpgroup in the batched kernel that issues every W2 and base
     refill once the computing warpgroups release the slot (None: the planner's — beside
     two computing warpgroups for greedy walks of the vanilla head).

@@ -22,6 +22,7 @@ from wts_jax.pallas import widen
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_batched_plan import (BATCH_TILE,
+                                                AUTO_JOINT_TABLE_MAX_ROWS,
                                                 GATE_TABLE_MAX_ROWS, JOINT_TABLE_MAX_ROWS,
                                                 auto_base_stages,
                                                 auto_batch_axis, auto_merge_tiles,
@@ -284,11 +285,14 @@ def _joint_table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str 
 
 def joint_table_walk(head, shapes: WalkShapes, config: MosaicConfig) -> bool:
   """Whether the batched kernel takes this rnn head's J_e e from its joint table: asked
-  for (``serial_update="table"``), or under "auto" where the head has one and the walk
-  is one the table runs (``_joint_table_refusal``)."""
+  for (``serial_update="table"``), or under "auto" where the head has one, the walk is
+  one the table runs (``_joint_table_refusal``) and has at most
+  ``AUTO_JOINT_TABLE_MAX_ROWS`` rows."""
   if head.config.head_type != "rnn" or joint_table_of(head.markov_head) is None:
     return False
-  return (config.serial_update in ("table", "auto")
+  if config.serial_update == "table":
+    return True
+  return (config.serial_update == "auto" and shapes.batch <= AUTO_JOINT_TABLE_MAX_ROWS
           and _joint_table_refusal(head, shapes, config) is None)
 
 
