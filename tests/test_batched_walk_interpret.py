@@ -1669,3 +1669,36 @@ def test_planner_warpgroups_of_the_gated_and_rnn_heads_on_m(head_type, dtype, gr
                              H200_FACTS)
   assert spec.plan.batch_axis == "m"
   assert spec.plan.warpgroups == expected
+
+
+# (head, W2, B, axis, serial update): padded launches on either axis; on M a 64-row plan
+# of 61 rows (its staging zeroed by the prologue only because of the option); int8 planes
+# with their scale windows; the gated head's gate table and split gate.
+GATHER_BATCH_CASES = [("vanilla", "bf16", 5, "n", "auto"), ("vanilla", "bf16", 61, "m", "auto"),
+                      ("vanilla", "int8p", 5, "m", "auto"),
+                      ("gated", "bf16", 5, "n", "table"), ("gated", "bf16", 13, "m", "split")]
+
+
+@NEEDS_INTERPRETER
+@pytest.mark.parametrize("head_type,w2,batch,axis,update", GATHER_BATCH_CASES)
+def test_gather_of_the_batch_rows_only_keeps_the_tokens(monkeypatch, head_type, w2, batch,
+                                                        axis, update):
+  """``BatchedSpec.gather_batch_only`` (a measurement option; the joint table's walk
+  always): each step copies the batch's rows only, the padded rows keep the prologue's
+  zeros — the reference's tokens, greedy and sampled."""
+  head = wts_jax.make_head(HeadConfig(vocab_size=520, rank=64, hidden_size=64,
+                                      head_type=head_type, confidence=True), seed=batch)
+  if w2 == "int8p":
+    head = quantize_w2(head, "int8", state="planes")
+  if update == "table":
+    head = wts_jax.with_gate_table(head)
+  batched_spec_option(monkeypatch, gather_batch_only=True)
+  from wts_jax.pallas import mosaic_batched_walk
+  seen = []
+  gathered = mosaic_batched_walk.gathered_z_rows
+  monkeypatch.setattr(mosaic_batched_walk, "gathered_z_rows",
+                      lambda spec: seen.append(gathered(spec)) or seen[-1])
+  for temperature in (0.0, 0.8):
+    _assert_matches_xla(head, batch, 3, "auto", temperature, seed=40 + batch,
+                        batch_axis=axis, serial_update=update)
+  assert seen and set(seen) == {batch}

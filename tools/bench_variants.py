@@ -201,11 +201,17 @@ def _split_update_patch(prepare, **changes):
                      where=lambda spec: spec.plan.split, **changes)
 
 
+def _batched_spec_patch(prepare, **changes):
+  """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields
+  ``changes`` set."""
+  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+                     **changes)
+
+
 def _late_ring_refill(prepare):
   """``prepare`` (a wts path) with the batched kernel's streamed W2 slots refilled after
   each chunk's epilogue (the planner's choice before its 1-slot rings refilled early)."""
-  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     ring_refill="after_epilogue")
+  return _batched_spec_patch(prepare, ring_refill="after_epilogue")
 
 
 def _early_ring_refill(prepare):
@@ -259,8 +265,7 @@ def _hoist_split(prepare, parts: int):
 
 def _batched_status(prepare, status: str):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec.status`` set."""
-  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     status=status)
+  return _batched_spec_patch(prepare, status=status)
 
 
 def _plan_patch(prepare, planner: str, module: str, spec_name: str, where=None,
@@ -349,6 +354,9 @@ PATCHED_WTS_PATHS = {
     "wts-widen-xla": (
         _widen_by_xla,
         "wts, an int8 W2 widened to bf16 before the batched launch by XLA's convert"),
+    "wts-gather-batch-rows": (
+        functools.partial(_batched_spec_patch, gather_batch_only=True),
+        "wts, the batched kernel's gather copying the batch's rows only (not the padded)"),
     "wts-stacked-w2-rows": (
         functools.partial(_stacked_spec_patch, w2_order="rows"),
         "wts, the stacked kernel's W2 in row order"),

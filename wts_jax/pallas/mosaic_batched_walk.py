@@ -145,6 +145,10 @@ class BatchedSpec:
   # An int8 W2 widened before the launch (``plan.w2_row_scale``, not in the kernel): by
   # "pallas", ``wts_jax.pallas.widen``'s kernel, or "xla", XLA's convert (the same bits).
   widen_op: str = "pallas"
+  # Each step's gather copies the batch's rows only, not the plan's padded rows (those
+  # keep the prologue's zeros): a measurement option, off; a joint table's walk always
+  # does (``gathered_z_rows``).
+  gather_batch_only: bool = False
 
   def __post_init__(self):
     if self.widen_op not in WIDEN_OPS:
@@ -239,8 +243,11 @@ def row_launches(spec: BatchedSpec, batch: int) -> list[tuple[slice, BatchedSpec
 
 def gathered_z_rows(spec: BatchedSpec) -> int:
   """The staging rows each step's gather copies: the plan's batch rows (rows past the
-  batch walk along on their own tokens), or with a joint table the batch's only."""
-  return spec.batch if spec.plan.joint_table else spec.plan.batch_rows
+  batch walk along on their own tokens), or with a joint table (or
+  ``spec.gather_batch_only``) the batch's only."""
+  if spec.plan.joint_table or spec.gather_batch_only:
+    return spec.batch
+  return spec.plan.batch_rows
 
 
 def _base_transforms(itemsize: int):
@@ -300,6 +307,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # A joint table's rows past the batch gather nothing (3 KB a row): their staging stays
   # the prologue's zeros, which no batch row reads.
   gathered_rows = gathered_z_rows(spec)
+  zero_padded_rows = rows < BATCH_TILE or gathered_rows < rows
   z_width = (2 * rank if planes else 3 * rank if plan.gate_table
              else 6 * rank if plan.joint_table else rank)
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
@@ -816,7 +824,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # Rows past the batch: zeros, never NaN (on N the base copies bring the batch's
       # rows only, so a slot's padded rows are zeroed here even at 64 plan rows).
       short_base = n_major and base_copy_rows < rows
-      if rows < BATCH_TILE or short_base:
+      if zero_padded_rows or short_base:
         def zero_staging():
           if refs.z_s is not None:
             refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width),
@@ -829,7 +837,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if plan.split:   # the rows past the batch that no copy back writes
             zero_tile(refs.za_s.at[0])
             zero_tile(refs.za_s.at[1])
-        if rows < BATCH_TILE:
+        if zero_padded_rows:
           leader_only(zero_staging)
         if not n_major:
           zeros = plgpu.layout_cast(jnp.zeros((BATCH_TILE, CHUNK_ROWS), refs.base_s.dtype),
