@@ -218,7 +218,8 @@ def _batched_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | No
     if (config.serial_update == "redundant" or config.producer
         or joint != jnp.dtype(jnp.bfloat16)):
       return ("the batched Mosaic kernel runs the rnn head with its update split over the "
-              "blocks (serial_update 'split' or 'auto', no producer, a bf16 joint_proj); "
+              "blocks or from its joint table (serial_update 'split', 'table' or 'auto', "
+              "no producer, a bf16 joint_proj); "
               f"got serial_update={config.serial_update!r}, producer={config.producer}, "
               f"joint_proj {joint}")
   w1, w2 = (jnp.dtype(serial.markov_w1.weight.dtype),

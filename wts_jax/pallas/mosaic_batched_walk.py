@@ -52,6 +52,16 @@ token's e and G_e e (int16 words: e's bf16 bits and G_e e's fp32 bit halves,
 ``wts_jax.gate_table``), and the leader forms z = σ(hoisted_k + G_e e) ⊙ e elementwise
 while staging it — the vanilla head's step but for that.
 
+The rnn head with its joint table (``plan.joint_table``, the batch on N, one warpgroup):
+each row's gather brings the token's J_e e (fp32 bit halves, ``wts_jax.joint_table``);
+the leader loads the step's hoisted terms and the J_s s_{k−1} that the blocks owning the
+state's units published during the last step (``ppub_g``: global memory, generic stores
+released by that step's grid signal and read after its acquire), and advances the whole
+state for every row itself, elementwise, keeping s in fp32 in shared memory. Then each
+owner computes J_s s_k for its units (two WGMMAs, s's hi and lo halves with the batch on
+M, against its resident J_s rows) and publishes it for the next step: one grid barrier a
+step, where the split update has two.
+
 A split update (``plan.split``): block p owns the units [8p, 8p + 8) (at r = 256 on 132
 blocks), keeps its rows of the head's weights resident (G_e; for the rnn head J_s and J_e
 of the gate, candidate and output), computes its units for every row with WGMMAs of N = 8
@@ -62,8 +72,8 @@ owners copy s's halves in likewise, one at a time, and keep their own units' s i
 
 Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
 with a bf16 W1 and W2 (z exact in bf16) or an int8 W2 that z meets as two int8 planes,
-the gated head with a bf16 W1, W2 and gate, and the rnn head (split) with a bf16 W1,
-W2 and joint_proj (no producer for either). Int8 planes
+the gated head with a bf16 W1, W2 and gate, and the rnn head (split, or from its joint
+table) with a bf16 W1, W2 and joint_proj (no producer for either). Int8 planes
 (``wts_jax.int8_state``): two int8 WGMMAs a chunk, s32 accumulators, D = 256 · d_hi +
 d_lo exact, then (f32(D) · s_lo) · scale2 — each row's s_lo comes in a 128-byte copy
 beside its planes. Up to 64 rows a launch, greedy and sampled; no logits written (the
@@ -304,8 +314,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
   # Staged elements a row: int8 planes, a bf16 W1 row, or a gate table's three parts.
-  # A joint table's rows past the batch gather nothing (3 KB a row): their staging stays
-  # the prologue's zeros, which no batch row reads.
+  # Rows past the batch that gather nothing (a joint table's, 3 KB a row; any plan's with
+  # ``gather_batch_only``) keep the prologue's zeros, which no batch row reads.
   gathered_rows = gathered_z_rows(spec)
   zero_padded_rows = rows < BATCH_TILE or gathered_rows < rows
   z_width = (2 * rank if planes else 3 * rank if plan.gate_table
@@ -1449,7 +1459,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   ``plan.gated``: ``gate_weight`` is ``gate_proj.weight`` [r, d + r] (bf16, inputs
   [h ; e]) and ``gate_hoisted`` its hidden-side terms [B, K, r] f32
   (``GatedMarkovHead.hoist``); with ``plan.gate_table`` ``w1`` is the head's gate table
-  [V, 3r] int16 (``wts_jax.gate_table.gate_rows``) and G_e is not read.
+  [V, 3r] int16 (``wts_jax.gate_table.gate_rows``) and G_e is not read; with
+  ``plan.joint_table`` ``w1`` is the rnn head's joint table [V, 6r] int16
+  (``wts_jax.joint_table.joint_rows``) and only J_s of ``joint_weight`` is read.
   ``plan.recurrent``: ``joint_weight`` is ``joint_proj.weight`` [3r, 2r + d] (bf16,
   inputs [s ; e ; h]) and ``joint_hoisted`` its hidden-side terms [B, K, 3r] f32
   (``RecurrentHead.hoist``)."""
