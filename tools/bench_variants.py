@@ -208,6 +208,13 @@ def _batched_spec_patch(prepare, **changes):
                      **changes)
 
 
+def _joint_publish_in_loop(prepare):
+  """``prepare`` (a wts path) with a joint table's owners publishing J_s s inside the
+  step's chunk loop (``BatchedSpec.joint_publish``; elsewhere as planned)."""
+  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+                     where=lambda spec: spec.plan.joint_table, joint_publish="in_chunk_loop")
+
+
 def _late_ring_refill(prepare):
   """``prepare`` (a wts path) with the batched kernel's streamed W2 slots refilled after
   each chunk's epilogue (the planner's choice before its 1-slot rings refilled early)."""
@@ -357,6 +364,9 @@ PATCHED_WTS_PATHS = {
     "wts-gather-batch-rows": (
         functools.partial(_batched_spec_patch, gather_batch_only=True),
         "wts, the batched kernel's gather copying the batch's rows only (not the padded)"),
+    "wts-joint-publish-in-loop": (
+        _joint_publish_in_loop,
+        "wts, the rnn joint table's J_s s product and publish inside the chunk loop"),
     "wts-stacked-w2-rows": (
         functools.partial(_stacked_spec_patch, w2_order="rows"),
         "wts, the stacked kernel's W2 in row order"),
