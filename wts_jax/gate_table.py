@@ -26,7 +26,8 @@ from wts_jax.heads.base import hidden_terms, with_derived_copy
 
 
 def f32_halves(values: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """fp32 ``values`` as the (upper, lower) 16 bits of each, int16 words."""
+  """fp32 ``values`` as the (upper, lower) 16 bits of each, int16 words (in XLA, and in
+  the batched Mosaic kernel, whose joint-table owners publish J_s s so)."""
   bits = lax.bitcast_convert_type(values.astype(jnp.float32), jnp.uint32)
   def half(word):
     return lax.bitcast_convert_type(word.astype(jnp.uint16), jnp.int16)

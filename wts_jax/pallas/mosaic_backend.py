@@ -258,9 +258,9 @@ def _table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str | None
     return ("serial_update='table' needs a gated head with its gate table "
             "(wts_jax.with_gate_table(head)) or an rnn head with its joint table "
             "(wts_jax.with_joint_table(head))")
-  if config.batch_axis == "m" or not BATCH_ON_N_LOWERS:
-    return ("serial_update='table' needs the batch on N (batch_axis 'n' or None) and "
-            "jax >= 0.11")
+  reason = _table_axis_refusal(config)
+  if reason is not None:
+    return reason
   if shapes.batch > GATE_TABLE_MAX_ROWS:
     return (f"serial_update='table' runs up to {GATE_TABLE_MAX_ROWS} rows, the batch on N "
             f"(B={shapes.batch}; 'split' runs more)")
@@ -278,6 +278,12 @@ def _joint_table_refusal(head, shapes: WalkShapes, config: MosaicConfig) -> str 
   if config.warpgroups == 2 or config.producer:
     return ("serial_update='table' runs the rnn head on one warpgroup, no producer (got "
             f"warpgroups={config.warpgroups}, producer={config.producer})")
+  return _table_axis_refusal(config)
+
+
+def _table_axis_refusal(config: MosaicConfig) -> str | None:
+  """Why ``serial_update="table"`` (either table) cannot put this walk's batch on N, or
+  None."""
   if config.batch_axis == "m" or not BATCH_ON_N_LOWERS:
     return ("serial_update='table' needs the batch on N (batch_axis 'n' or None) and "
             "jax >= 0.11")

@@ -752,11 +752,11 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       publish(refs.spub_g, step, own, state)
       publish(refs.zpub_g, step, own, output)
 
-  def joint_terms(halves_g, rows=None):
+  def joint_terms(halves_g):
     """A joint table walk's three parts (gate, candidate, output) of a step's fp32 terms
     stored as int16 halves ([2, 3, rows, r] in global memory: the hoisted terms, or the
     published J_s s), each [staged rows, r] in the staging's layout."""
-    staged = pl.ds(0, plan.staged_rows if rows is None else rows)
+    staged = pl.ds(0, plan.staged_rows)
     return [gate_table.f32_from_halves(
         *(_load(halves_g.at[half, part, staged], z_layout, optimized=False)
           for half in range(2))) for part in range(3)]
@@ -809,9 +809,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       return pl.run_scoped(run, plgpu.ACC((BATCH_TILE, 3 * units), jnp.float32))
     sums = product(pair.hi)
     sums = sums + product(pair.lo)
-    bits = lax.bitcast_convert_type(sums, jnp.int32)
-    halves = (lax.shift_right_arithmetic(bits, jnp.int32(16)).astype(jnp.int16),
-              bits.astype(jnp.int16))
+    halves = gate_table.f32_halves(sums)
     columns = pl.ds(block * units, units)
     for half, words in enumerate(halves):
       for p in range(3):
@@ -961,8 +959,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                      else None)
           # J_s s_{k-1}, published at step k - 1 (a step 0's slot is never written:
           # masked there, s_{-1} = 0).
-          published = (joint_terms(refs.ppub_g.at[step], rows=plan.staged_rows)
-                       if plan.joint_table else None)
+          published = joint_terms(refs.ppub_g.at[step]) if plan.joint_table else None
           plgpu.barrier_wait(refs.z_bar)
           # The staged rows into the swizzled WGMMA tile(s) (a register round trip: a bulk
           # copy cannot swizzle), then ordered before the WGMMAs' async-proxy reads.
