@@ -36,6 +36,19 @@ def assert_walk_matches(out, ref):
   assert int(out.status) == 0
 
 
+def assert_table_unread_elsewhere(head, tabled):
+  """A head's derived table rides along where it is not read: the XLA walk and the
+  Triton kernel (interpret mode) of ``tabled`` give ``head``'s tokens."""
+  from wts_jax.inputs import random_inputs
+  from wts_jax.walk_config import TritonConfig
+  base, first, hidden = random_inputs(head.config, 3, 3, jax.random.key(17))
+  want = np.asarray(wts_jax.walk(head, base, first, hidden, impl="xla").tokens)
+  for impl, config in (("xla", None),
+                       ("triton", TritonConfig(interpret=True, num_programs=1))):
+    out = wts_jax.walk(tabled, base, first, hidden, impl=impl, config=config)
+    np.testing.assert_array_equal(np.asarray(out.tokens), want)
+
+
 def assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature,
                               kernel="auto"):
   """The Mosaic walk (interpret mode, one block) against the XLA walk of the same head."""

@@ -197,22 +197,21 @@ def _without_joint_table(prepare):
 def _split_update_patch(prepare, **changes):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields ``changes``
   set where its plan splits the head's update over the blocks (elsewhere as planned)."""
-  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     where=lambda spec: spec.plan.split, **changes)
+  return _batched_spec_patch(prepare, where=lambda spec: spec.plan.split, **changes)
 
 
-def _batched_spec_patch(prepare, **changes):
+def _batched_spec_patch(prepare, where=None, **changes):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields
-  ``changes`` set."""
+  ``changes`` set (where ``where(spec)``, if given, holds)."""
   return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     **changes)
+                     where=where, **changes)
 
 
 def _joint_publish_in_loop(prepare):
   """``prepare`` (a wts path) with a joint table's owners publishing J_s s inside the
   step's chunk loop (``BatchedSpec.joint_publish``; elsewhere as planned)."""
-  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     where=lambda spec: spec.plan.joint_table, joint_publish="in_chunk_loop")
+  return _batched_spec_patch(prepare, where=lambda spec: spec.plan.joint_table,
+                             joint_publish="in_chunk_loop")
 
 
 def _late_ring_refill(prepare):
@@ -225,16 +224,15 @@ def _early_ring_refill(prepare):
   """``prepare`` (a wts path) with the batched kernel's streamed W2 slots refilled before
   each chunk's epilogue, where no int8 W2 is widened in the kernel (elsewhere as
   planned)."""
-  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     where=lambda spec: not spec.plan.widened_in_kernel,
-                     ring_refill="before_epilogue")
+  return _batched_spec_patch(prepare, where=lambda spec: not spec.plan.widened_in_kernel,
+                             ring_refill="before_epilogue")
 
 
 def _widen_by_xla(prepare):
   """``prepare`` (a wts path) with an int8 W2 that the batched kernel meets in bf16
   widened before the launch by XLA's convert, not ``wts_jax.pallas.widen``'s kernel."""
-  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
-                     where=lambda spec: spec.plan.w2_row_scale, widen_op="xla")
+  return _batched_spec_patch(prepare, where=lambda spec: spec.plan.w2_row_scale,
+                             widen_op="xla")
 
 
 # The modules that call the hoist's GEMM (``wts_jax.heads.base.hidden_terms``) by name.

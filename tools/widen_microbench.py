@@ -4,7 +4,8 @@
 
 At 33–64 rows the batched walk meets an int8 W2 widened to bf16 before its launch
 (``mosaic_backend._launch_batched``). XLA's convert fusion moves 1 byte in and 2 out
-an element; this times it beside Pallas Triton kernels of several block shapes and an
+an element; this times it beside Pallas Triton kernels of several block shapes (the
+shipped one, ``wts_jax.pallas.widen``, among them: ``triton_flat8192_w4``) and an
 int8 -> int8 copy of the same array (the bytes read) and a bf16 -> bf16 copy (the bytes
 written), each from a CUPTI trace (device time of the op, median of ``--repeats``), and
 checks every candidate's bits against XLA's.
@@ -13,6 +14,7 @@ checks every candidate's bits against XLA's.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -22,52 +24,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from wts_jax.bench.registry import gpu_reason
+from wts_jax.pallas import widen
 
 
-def _triton_widen(rows_per_block: int, num_warps: int, num_stages: int):
+def _triton_widen_rows(rows_per_block: int, num_warps: int, num_stages: int):
+  """Each program converts ``rows_per_block`` whole rows (power-of-two rows only)."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as pl_triton
 
-  def kernel(x_ref, o_ref):
-    o_ref[...] = x_ref[...].astype(jnp.bfloat16)
-
   @jax.jit
-  def widen(x):
+  def widen_rows(x):
     rows, cols = x.shape
     spec = pl.BlockSpec((rows_per_block, cols), lambda i: (i, 0))
     return pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((rows, cols), jnp.bfloat16),
+        widen._widen_block, out_shape=jax.ShapeDtypeStruct((rows, cols), jnp.bfloat16),
         grid=(pl.cdiv(rows, rows_per_block),), in_specs=[spec], out_specs=spec,
-        name="wts_widen",
+        name="wts_widen_rows",
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps,
                                                  num_stages=num_stages))(x)
-  return widen
+  return widen_rows
 
 
-def _triton_widen_flat(elements_per_block: int, num_warps: int):
-  """The array as one flat run of elements (no row structure): each program converts
-  ``elements_per_block`` contiguous ones."""
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as pl_triton
-
-  def kernel(x_ref, o_ref):
-    o_ref[...] = x_ref[...].astype(jnp.bfloat16)
-
-  @jax.jit
-  def widen(x):
-    flat = x.reshape(-1)
-    spec = pl.BlockSpec((elements_per_block,), lambda i: (i,))
-    out = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct(flat.shape, jnp.bfloat16),
-        grid=(pl.cdiv(flat.shape[0], elements_per_block),), in_specs=[spec],
-        out_specs=spec, name="wts_widen_flat",
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1))(flat)
-    return out.reshape(x.shape)
-  return widen
-
-
-def _op_durations(fn, x, repeats: int) -> list[float]:
-  """Device µs of every GPU op of each of ``repeats`` calls (summed per call)."""
+def _op_durations(fn, x, repeats: int) -> tuple[list[float], list[str]]:
+  """(device µs of each of ``repeats`` calls, its GPU ops summed; the ops' names)."""
   from wts_jax.bench.timing import gpu_ops
   jax.block_until_ready(fn(x))
   with tempfile.TemporaryDirectory() as trace_dir:
@@ -104,12 +83,14 @@ def main(argv=None) -> int:
   for rows_per_block in (32, 64, 128):
     for num_warps in (4, 8):
       for num_stages in (1, 3):
-        candidates[f"triton_r{rows_per_block}_w{num_warps}_s{num_stages}"] = _triton_widen(
-            rows_per_block, num_warps, num_stages)
+        candidates[f"triton_r{rows_per_block}_w{num_warps}_s{num_stages}"] = (
+            _triton_widen_rows(rows_per_block, num_warps, num_stages))
+  # The shipped kernel (``wts_jax.pallas.widen``: the array as one flat run), its
+  # elements a program and warps swept.
   for elements in (8192, 16384, 32768):
     for num_warps in (4, 8):
-      candidates[f"triton_flat{elements}_w{num_warps}"] = _triton_widen_flat(elements,
-                                                                             num_warps)
+      candidates[f"triton_flat{elements}_w{num_warps}"] = functools.partial(
+          widen.widen_to_bf16, most_per_program=elements, num_warps=num_warps)
   copies = {"int8_copy": (jax.jit(lambda a: a + jnp.int8(1)), x),
             "bf16_copy": (jax.jit(lambda a: a + jnp.bfloat16(1)), y)}
   read_write = args.rows * args.cols * 3

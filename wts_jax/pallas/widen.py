@@ -22,12 +22,12 @@ NUM_WARPS = 4
 WIDEN_OPS = ("pallas", "xla")
 
 
-def elements_per_program(elements: int) -> int:
-  """The elements a program converts: ``ELEMENTS_PER_PROGRAM``, halved until it divides
+def elements_per_program(elements: int, most: int = ELEMENTS_PER_PROGRAM) -> int:
+  """The elements a program converts: ``most`` (a power of two), halved until it divides
   ``elements``."""
   if elements < 1:
     raise ValueError(f"elements={elements} must be >= 1")
-  block = ELEMENTS_PER_PROGRAM
+  block = most
   while elements % block:
     block //= 2
   return block
@@ -37,22 +37,27 @@ def _widen_block(values_ref, out_ref):
   out_ref[...] = values_ref[...].astype(jnp.bfloat16)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
-def widen_to_bf16(values: jax.Array, *, interpret: bool = False) -> jax.Array:
-  """``values`` ([rows, cols] int8) as bf16, by the Pallas Triton kernel."""
+@functools.partial(jax.jit,
+                   static_argnames=("interpret", "most_per_program", "num_warps"))
+def widen_to_bf16(values: jax.Array, *, interpret: bool = False,
+                  most_per_program: int = ELEMENTS_PER_PROGRAM,
+                  num_warps: int = NUM_WARPS) -> jax.Array:
+  """``values`` ([rows, cols] int8) as bf16, by the Pallas Triton kernel
+  (``most_per_program`` and ``num_warps``: the measured choices unless a
+  microbenchmark sweeps them)."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as pl_triton
   if values.ndim != 2 or values.dtype != jnp.int8:
     raise ValueError(f"widen_to_bf16 takes a 2-D int8 array, got {values.dtype} "
                      f"{values.shape}")
   flat = values.reshape(-1)
-  block = elements_per_program(flat.shape[0])
+  block = elements_per_program(flat.shape[0], most_per_program)
   spec = pl.BlockSpec((block,), lambda i: (i,))
   widened = pl.pallas_call(
       _widen_block, out_shape=jax.ShapeDtypeStruct(flat.shape, jnp.bfloat16),
       grid=(flat.shape[0] // block,), in_specs=[spec], out_specs=spec, interpret=interpret,
       name="wts_widen_int8",
-      compiler_params=pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1))(flat)
+      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1))(flat)
   return widened.reshape(values.shape)
 
 
