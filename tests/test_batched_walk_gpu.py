@@ -407,6 +407,38 @@ def test_rnn_joint_table_tokens_equal_reference(joint_rnn_head, batch, temperatu
   _check(head, batch, temperature, 120 + batch, config=JOINT_TABLE)
 
 
+@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("w2", ["bf16", "int8"])
+def test_rnn_joint_publish_in_the_chunk_loop_equals_reference(monkeypatch, joint_rnn_head,
+                                                              batch, temperature, w2):
+  """``BatchedSpec.joint_publish="in_chunk_loop"`` (bench path wts-joint-publish-in-loop):
+  the owners' J_s s product and publish before each step's second chunk; fresh inputs."""
+  batched_spec_option(monkeypatch, joint_publish="in_chunk_loop")
+  head = quantize_w2(joint_rnn_head, "int8") if w2 == "int8" else joint_rnn_head
+  _check(head, batch, temperature, 130 + batch, config=JOINT_TABLE)
+
+
+@pytest.mark.parametrize("head_name,w2,batch,axis,update", [
+    ("vanilla", "bf16", 1, None, "auto"), ("vanilla", "bf16", 5, "n", "auto"),
+    ("vanilla", "bf16", 61, "m", "auto"), ("vanilla", "int8p", 5, None, "auto"),
+    ("tabled", "bf16", 1, None, "auto"), ("tabled", "bf16", 4, None, "auto"),
+    ("tabled", "int8", 4, None, "auto"), ("gated", "bf16", 13, "m", "split")])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_gather_of_the_batch_rows_only_equals_reference(monkeypatch, head, tabled_head,
+                                                        gated_head, head_name, w2, batch,
+                                                        axis, update, temperature):
+  """``BatchedSpec.gather_batch_only`` (bench path wts-gather-batch-rows): each step
+  copies the batch's rows only, the padded rows keep the prologue's zeros; fresh inputs
+  at the plans it would change (padded rows on N and M, the gate table's wide rows)."""
+  batched_spec_option(monkeypatch, gather_batch_only=True)
+  model = {"vanilla": head, "tabled": tabled_head, "gated": gated_head}[head_name]
+  if w2 != "bf16":
+    model = quantize_w2(model, "int8", state="planes" if w2 == "int8p" else "float")
+  config = MosaicConfig(kernel="batched", batch_axis=axis, serial_update=update)
+  _check(model, batch, temperature, 140 + batch, config=config)
+
+
 @pytest.mark.parametrize("head_type,axis,batch", [
     ("gated", "m", 5), ("gated", "n", 16), ("gated", "m", 64), ("rnn", "m", 16),
     ("rnn", "m", 64), ("vanilla", "n", 13), ("vanilla", "m", 64)])
