@@ -425,13 +425,13 @@ def test_rnn_joint_publish_in_the_chunk_loop_equals_reference(monkeypatch, joint
     ("tabled", "bf16", 1, None, "auto"), ("tabled", "bf16", 4, None, "auto"),
     ("tabled", "int8", 4, None, "auto"), ("gated", "bf16", 13, "m", "split")])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_gather_of_the_batch_rows_only_equals_reference(monkeypatch, head, tabled_head,
-                                                        gated_head, head_name, w2, batch,
-                                                        axis, update, temperature):
-  """``BatchedSpec.gather_batch_only`` (bench path wts-gather-batch-rows): each step
-  copies the batch's rows only, the padded rows keep the prologue's zeros; fresh inputs
-  at the plans it would change (padded rows on N and M, the gate table's wide rows)."""
-  batched_spec_option(monkeypatch, gather_batch_only=True)
+def test_gather_of_every_planned_row_equals_reference(monkeypatch, head, tabled_head,
+                                                      gated_head, head_name, w2, batch,
+                                                      axis, update, temperature):
+  """``BatchedSpec.gather_batch_only`` off (bench path wts-gather-padded-rows; the default
+  gathers the batch's rows only): each step copies the padded rows too; fresh inputs at
+  the plans it changes (padded rows on N and M, the gate table's wide rows)."""
+  batched_spec_option(monkeypatch, gather_batch_only=False)
   model = {"vanilla": head, "tabled": tabled_head, "gated": gated_head}[head_name]
   if w2 != "bf16":
     model = quantize_w2(model, "int8", state="planes" if w2 == "int8p" else "float")

@@ -858,6 +858,47 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   assert mosaic_backend.auto_ring_preference is original and ring_of(rnn, 1) == (3, 2)
 
 
+@pytest.mark.skipif(jax.__version_info__ < (0, 11),
+                    reason="the rnn head's one-row plan puts the batch on N (jax >= 0.11)")
+def test_bench_variants_shallow_joint_ring_only_while_it_traces():
+  """``tools/bench_variants.py``'s ``wts-joint-ring-shallow``: the rnn head's joint-table
+  plan (int8 W2, the Qwen3-4B shape, one row; the head's shapes only) takes the split
+  update's two ring slots first while that path's walk traces, the deeper ring after."""
+  from wts_jax import device
+  from wts_jax.bench.registry import jax_prepared
+  from wts_jax.heads import HeadConfig
+  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas.backend import WalkShapes
+  from wts_jax.quantize import quantize_w2
+  from wts_jax.walk_config import MosaicConfig
+  bench_variants = _bench_variants_module()
+  rings = []
+
+  def ring_of_joint_head():
+    def planned():
+      head = quantize_w2(wts_jax.with_joint_table(
+          wts_jax.make_head(HeadConfig.qwen3_4b("rnn"))), "int8")
+      plan = mosaic_backend.plan(head, WalkShapes(batch=1, steps=7), MosaicConfig(),
+                                 device.H200).plan
+      assert plan.joint_table
+      rings.append((plan.resident_chunks, plan.ring_stages))
+      return jnp.zeros(())
+    jax.eval_shape(planned)
+    return rings[-1]
+  assert ring_of_joint_head() == (4, 4)
+  seen = []
+
+  def prepare(*args, **kwargs):
+    def walk_fn(operands, first):
+      seen.append(ring_of_joint_head())
+      return {"tokens": first[:, None]}
+    return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
+  original = mosaic_backend.auto_ring_preference
+  bench_variants._shallow_joint_ring(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
+  assert seen == [(6, 2)]
+  assert mosaic_backend.auto_ring_preference is original and ring_of_joint_head() == (4, 4)
+
+
 def _spec_fields_while_tracing(patch, field, plans):
   """A bench_variants patch of the batched planner: ``field`` of each of ``plans`` (name:
   a function planning it) before, while the patched path's walk traces, and after."""

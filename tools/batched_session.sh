@@ -98,7 +98,7 @@ if has sanitizer; then   # memcheck and racecheck on 4-block batched walks
         tools/sanitizer_case.py $case 1 ${SANITIZER_SPIN:-16384} > /tmp/sanitizer_case.log 2>&1
       echo "(exit status $?)" >> /tmp/sanitizer_case.log
       pkill -9 -f sanitizer_case.py; sleep 2
-      grep -v -i warn /tmp/sanitizer_case.log | tail -6 | tee -a "$OUT/batched_sanitizer.log"
+      grep -E -v -i "warning:|warnings.warn" /tmp/sanitizer_case.log | tail -6 | tee -a "$OUT/batched_sanitizer.log"
     done
   done
 fi

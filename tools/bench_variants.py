@@ -29,6 +29,8 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 ``wts-rnn-sliced-j-h`` wts with the rnn head's J_h sliced out of ``joint_proj`` every walk
 (the head without ``wts_jax.with_joint_hidden``'s copy); ``wts-ring-deep`` wts with the
 batched planner's ring preference the vanilla head's for the rnn head too;
+``wts-joint-ring-shallow`` wts with the rnn joint table's ring preference the split
+update's (2 slots before residency);
 ``wts-hoisted-by-step`` wts with a split update's hoisted terms transposed to [K, rows, n]
 before the launch (the layout before ``BatchedSpec.hoisted_rows`` became the default);
 ``wts-ring-refill-late`` wts with the batched kernel's streamed W2 slots refilled after
@@ -293,6 +295,17 @@ def _plan_patch(prepare, planner: str, module: str, spec_name: str, where=None,
   return _traced_with(prepare, planner, patched_planner)
 
 
+def _shallow_joint_ring(prepare):
+  """``prepare`` (a wts path) with the batched planner's ring preference for the rnn
+  head's joint table the split update's (``DEFAULT_RING_STAGES``; the preference before
+  NOTES v40)."""
+  def shallow(preference):
+    from wts_jax.pallas.mosaic_batched_plan import DEFAULT_RING_STAGES
+    return lambda **kw: (DEFAULT_RING_STAGES if kw.get("joint_table")
+                         else preference(**kw))
+  return _traced_with(prepare, "auto_ring_preference", shallow)
+
+
 def _deep_ring(prepare):
   """``prepare`` (a wts path) with the batched planner's ring preference the vanilla
   head's for every head (``AUTO_RING_PREFERENCE`` slots before any chunk stays resident;
@@ -341,6 +354,9 @@ PATCHED_WTS_PATHS = {
         "wts, the batched kernel's status reduced after the launch"),
     "wts-ring-deep": (
         _deep_ring, "wts, the batched planner's deeper ring for the rnn head too"),
+    "wts-joint-ring-shallow": (
+        _shallow_joint_ring,
+        "wts, the rnn joint table's ring at the split update's depth (2 slots first)"),
     "wts-rnn-sliced-j-h": (
         _without_joint_hidden,
         "wts, the rnn head's J_h sliced out of joint_proj every walk (no contiguous copy)"),
@@ -359,9 +375,9 @@ PATCHED_WTS_PATHS = {
     "wts-widen-xla": (
         _widen_by_xla,
         "wts, an int8 W2 widened to bf16 before the batched launch by XLA's convert"),
-    "wts-gather-batch-rows": (
-        functools.partial(_batched_spec_patch, gather_batch_only=True),
-        "wts, the batched kernel's gather copying the batch's rows only (not the padded)"),
+    "wts-gather-padded-rows": (
+        functools.partial(_batched_spec_patch, gather_batch_only=False),
+        "wts, the batched kernel's gather copying every planned row (the padded ones too)"),
     "wts-joint-publish-in-loop": (
         _joint_publish_in_loop,
         "wts, the rnn joint table's J_s s product and publish inside the chunk loop"),

@@ -414,7 +414,7 @@ def _batched_plan(head, shapes: WalkShapes, config: MosaicConfig, device: Device
         warp_gather=auto_warp_gather(axis, int8_state=planes),
         plane_scales=auto_plane_scales(int8_state=planes),
         ring_preference=auto_ring_preference(
-            recurrent=recurrent,
+            recurrent=recurrent, joint_table=joint,
             redundant_gate=gated and not table and config.serial_update == "redundant"))
 
   try:

@@ -158,12 +158,17 @@ def auto_merge_tiles(batch_axis: str, warpgroups: int, batch: int, *,
           and not gated)
 
 
-def auto_ring_preference(*, recurrent: bool = False, redundant_gate: bool = False) -> int:
+def auto_ring_preference(*, recurrent: bool = False, redundant_gate: bool = False,
+                         joint_table: bool = False) -> int:
   """The ring slots the planner takes before keeping chunks resident: the deeper ring for
-  the vanilla head and the gated head's table or split gate (the split gate at 64 rows
-  faster in two runs, NOTES v36); the default for the rnn head (``recurrent``; deeper,
-  its int8 walks at 1-16 rows measured no clear gain, NOTES v36) and for a gate computed
-  by every block (``redundant_gate``: its G_e chunks share the ring; not measured)."""
+  the vanilla head, the gated head's table or split gate (the split gate at 64 rows
+  faster in two runs, NOTES v36) and the rnn head's joint table (``joint_table``; faster
+  or even at 1-4 rows, NOTES v40); the default for the rnn head's split update
+  (``recurrent``; deeper, its int8 walks at 1-16 rows measured no clear gain, NOTES v36)
+  and for a gate computed by every block (``redundant_gate``: its G_e chunks share the
+  ring; not measured)."""
+  if joint_table:
+    return AUTO_RING_PREFERENCE
   return DEFAULT_RING_STAGES if recurrent or redundant_gate else AUTO_RING_PREFERENCE
 
 

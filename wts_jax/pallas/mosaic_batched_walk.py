@@ -158,9 +158,9 @@ class BatchedSpec:
   # "pallas", ``wts_jax.pallas.widen``'s kernel, or "xla", XLA's convert (the same bits).
   widen_op: str = "pallas"
   # Each step's gather copies the batch's rows only, not the plan's padded rows (those
-  # keep the prologue's zeros): a measurement option, off; a joint table's walk always
-  # does (``gathered_z_rows``).
-  gather_batch_only: bool = False
+  # keep the prologue's zeros, which no batch row reads); False gathers every planned
+  # row (a measurement option). A joint table's walk always gathers the batch's only.
+  gather_batch_only: bool = True
   # Where a joint table's owners compute and publish J_s s_k: "after_update", right after
   # the step's update (before the W2 chunks); "in_chunk_loop", before the step's second
   # chunk, so the product's latency runs beside the ring's copies instead of holding
