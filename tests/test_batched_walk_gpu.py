@@ -407,18 +407,6 @@ def test_rnn_joint_table_tokens_equal_reference(joint_rnn_head, batch, temperatu
   _check(head, batch, temperature, 120 + batch, config=JOINT_TABLE)
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-@pytest.mark.parametrize("w2", ["bf16", "int8"])
-def test_rnn_joint_publish_in_the_chunk_loop_equals_reference(monkeypatch, joint_rnn_head,
-                                                              batch, temperature, w2):
-  """``BatchedSpec.joint_publish="in_chunk_loop"`` (bench path wts-joint-publish-in-loop):
-  the owners' J_s s product and publish before each step's second chunk; fresh inputs."""
-  batched_spec_option(monkeypatch, joint_publish="in_chunk_loop")
-  head = quantize_w2(joint_rnn_head, "int8") if w2 == "int8" else joint_rnn_head
-  _check(head, batch, temperature, 130 + batch, config=JOINT_TABLE)
-
-
 @pytest.mark.parametrize("head_name,w2,batch,axis,update", [
     ("vanilla", "bf16", 1, None, "auto"), ("vanilla", "bf16", 5, "n", "auto"),
     ("vanilla", "bf16", 61, "m", "auto"), ("vanilla", "int8p", 5, None, "auto"),

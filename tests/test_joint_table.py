@@ -164,17 +164,13 @@ def test_other_walks_of_a_tabled_head_are_unchanged():
 
 
 @NEEDS_N
-@pytest.mark.parametrize("batch,temperature,publish", [
-    (1, 0.0, "after_update"), (16, 0.8, "after_update"), (4, 0.8, "in_chunk_loop")])
-def test_joint_table_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, temperature,
-                                                        publish):
+@pytest.mark.parametrize("batch,temperature", [(1, 0.0), (4, 0.8), (16, 0.8)])
+def test_joint_table_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, temperature):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   import lower_for_gpu
-  from mosaic_checks import batched_spec_option
   make_head = wts_jax.make_head
   monkeypatch.setattr(wts_jax, "make_head",
                       lambda config, **kw: wts_jax.with_joint_table(make_head(config, **kw)))
-  batched_spec_option(monkeypatch, joint_publish=publish)
   text = lower_for_gpu.lower_walk("rnn", batch, 7, temperature=temperature,
                                   config=MosaicConfig(serial_update="table"))
   assert "mosaic_gpu" in text
@@ -189,31 +185,3 @@ def test_bench_path_without_the_table_drops_it():
   prepared(head)
   assert joint_table.joint_table_of(seen[0].markov_head) is None
   assert joint_table.joint_table_of(head.markov_head) is not None
-
-
-@NEEDS_N
-@pytest.mark.parametrize("batch,temperature,residency", [(5, 0.0, "auto"), (16, 0.8, "none")])
-def test_publish_inside_the_chunk_loop_keeps_the_tokens(monkeypatch, batch, temperature,
-                                                        residency):
-  """``BatchedSpec.joint_publish="in_chunk_loop"`` (a measurement option): the owners'
-  J_s s product and publish before the step's second chunk — the reference's tokens."""
-  from mosaic_checks import batched_spec_option
-  batched_spec_option(monkeypatch, joint_publish="in_chunk_loop")
-  head = wts_jax.with_joint_table(_rnn(1000, 64))
-  config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
-                        serial_update="table")
-  assert_walk_matches(*_walks(head, batch, 4, temperature, 33, config))
-
-
-def test_joint_publish_is_the_joint_tables():
-  pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
-  from wts_jax.pallas.mosaic_batched_plan import plan_batched
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
-  plan = plan_batched(vocab_size=1000, rank=64, batch=5, num_sms=4,
-                      smem_per_block=227 * 1024, batch_axis="n", recurrent=True)
-  with pytest.raises(ValueError, match="the joint table's"):
-    BatchedSpec(plan=plan, batch=5, steps=3, greedy=True, spin_limit=1 << 20,
-                interpret=True, joint_publish="in_chunk_loop")
-  with pytest.raises(ValueError, match="joint_publish='later'"):
-    BatchedSpec(plan=plan, batch=5, steps=3, greedy=True, spin_limit=1 << 20,
-                interpret=True, joint_publish="later")

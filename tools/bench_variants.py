@@ -209,13 +209,6 @@ def _batched_spec_patch(prepare, where=None, **changes):
                      where=where, **changes)
 
 
-def _joint_publish_in_loop(prepare):
-  """``prepare`` (a wts path) with a joint table's owners publishing J_s s inside the
-  step's chunk loop (``BatchedSpec.joint_publish``; elsewhere as planned)."""
-  return _batched_spec_patch(prepare, where=lambda spec: spec.plan.joint_table,
-                             joint_publish="in_chunk_loop")
-
-
 def _late_ring_refill(prepare):
   """``prepare`` (a wts path) with the batched kernel's streamed W2 slots refilled after
   each chunk's epilogue (the planner's choice before its 1-slot rings refilled early)."""
@@ -378,9 +371,6 @@ PATCHED_WTS_PATHS = {
     "wts-gather-padded-rows": (
         functools.partial(_batched_spec_patch, gather_batch_only=False),
         "wts, the batched kernel's gather copying every planned row (the padded ones too)"),
-    "wts-joint-publish-in-loop": (
-        _joint_publish_in_loop,
-        "wts, the rnn joint table's J_s s product and publish inside the chunk loop"),
     "wts-stacked-w2-rows": (
         functools.partial(_stacked_spec_patch, w2_order="rows"),
         "wts, the stacked kernel's W2 in row order"),

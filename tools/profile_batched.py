@@ -38,8 +38,7 @@ device work queued before the timed walks, so the host launches ahead of the dev
 ``BatchedPlan.z_registers``), ``E`` / ``e`` (each streamed chunk's ring slot refilled before its
 epilogue, or after it: ``BatchedSpec.ring_refill``; unnamed: the planner's), ``B`` (each
 step's gather copies every planned row, the padded ones too: ``BatchedSpec.gather_batch_only``
-off), ``J`` (a
-joint table's J_s s published inside the chunk loop: ``BatchedSpec.joint_publish``), ``iN`` (profiling: the profiler's buffer holds N
+off), ``iN`` (profiling: the profiler's buffer holds N
 regions a warpgroup, default 1200; its shared memory, reserved for three warpgroups, is
 taken from the plan, so a smaller N can keep a plan's second warpgroup), ``T`` (profiling: each row's base logits spiked at one column of its own at every step,
 so a row's token never changes and each step gathers the W1 rows the step before
@@ -113,7 +112,6 @@ class Variant:
   fixed_tokens: bool = False
   ring_refill: str | None = None   # BatchedSpec.ring_refill (None: the planner's)
   gather_batch_only: bool = True   # BatchedSpec.gather_batch_only
-  joint_publish: str = "after_update"   # BatchedSpec.joint_publish
   profile_space: int = PROFILE_SPACE   # profiled regions a warpgroup (its buffer's size)
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
@@ -136,8 +134,7 @@ FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
          "N": ("merge_tiles", False), "F": ("first_op", True),
          "A": ("host_ahead", True), "T": ("fixed_tokens", True),
          "R": ("z_registers", True), "E": ("ring_refill", "before_epilogue"),
-         "e": ("ring_refill", "after_epilogue"), "B": ("gather_batch_only", False),
-         "J": ("joint_publish", "in_chunk_loop")}
+         "e": ("ring_refill", "after_epilogue"), "B": ("gather_batch_only", False)}
 # Plan fields a variant sets after planning (the planner leaves them at their defaults).
 PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
                 "nan_from_top",
@@ -323,8 +320,7 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
                              profile_space=variant.profile_space if profile_dir else 0)
   if variant.ring_refill:
     spec = dataclasses.replace(spec, ring_refill=variant.ring_refill)
-  spec = dataclasses.replace(spec, gather_batch_only=variant.gather_batch_only,
-                             joint_publish=variant.joint_publish)
+  spec = dataclasses.replace(spec, gather_batch_only=variant.gather_batch_only)
   def walk(head, base, first, hidden):
     if variant.first_op:   # the first tokens produced by an op of the walk (adds 0)
       first = first + (base[0, 0, 0] != base[0, 0, 0]).astype(first.dtype)

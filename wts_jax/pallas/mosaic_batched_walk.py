@@ -114,8 +114,6 @@ SCALE_WINDOW_N = 64   # the batch on N: a window as wide as the [64, 64] layout 
 _BIG_INDEX = 1 << 30
 _STEP_KEY_WORDS = BATCH_TILE * grid_sync.KEY_ROW_WORDS   # a step's exchange slots
 _NEG_INF = float("-inf")
-JOINT_PUBLISHES = ("after_update", "in_chunk_loop")
-JOINT_PUBLISH_POSITION = 1
 # Registers a thread with a producer beside two consumers (384 threads start at 168): the
 # producer keeps what issuing copies needs, the consumers take the rest (multiples of 8,
 # 128 · (2 · 232 + 40) <= 64 K).
@@ -161,19 +159,8 @@ class BatchedSpec:
   # keep the prologue's zeros, which no batch row reads); False gathers every planned
   # row (a measurement option). A joint table's walk always gathers the batch's only.
   gather_batch_only: bool = True
-  # Where a joint table's owners compute and publish J_s s_k: "after_update", right after
-  # the step's update (before the W2 chunks); "in_chunk_loop", before the step's second
-  # chunk, so the product's latency runs beside the ring's copies instead of holding
-  # back the owners' signal (a measurement option).
-  joint_publish: str = "after_update"
 
   def __post_init__(self):
-    if self.joint_publish not in JOINT_PUBLISHES:
-      raise ValueError(f"joint_publish={self.joint_publish!r} must be one of "
-                       f"{JOINT_PUBLISHES}")
-    if self.joint_publish != "after_update" and not self.plan.joint_table:
-      raise ValueError(f"joint_publish={self.joint_publish!r} is the joint table's (the "
-                       "plan has none)")
     if self.widen_op not in WIDEN_OPS:
       raise ValueError(f"widen_op={self.widen_op!r} must be one of {WIDEN_OPS}")
     if self.status not in ("flags", "kernel"):
@@ -331,10 +318,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   # ``gather_batch_only``) keep the prologue's zeros, which no batch row reads.
   gathered_rows = gathered_z_rows(spec)
   zero_padded_rows = rows < BATCH_TILE or gathered_rows < rows
-  # (The chunk loop's position where a joint table's owners publish, with
-  # ``spec.joint_publish="in_chunk_loop"``; not in the overlapped loop.)
-  publish_in_chunk_loop = (spec.joint_publish == "in_chunk_loop" and plan.overlap_chunks <= 1
-                           and plan.wg_chunks > JOINT_PUBLISH_POSITION)
   z_width = (2 * rank if planes else 3 * rank if plan.gate_table
              else 6 * rank if plan.joint_table else rank)
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
@@ -783,8 +766,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     hi_tile, lo_tile = plane_tiles()
     hi_tile[...] = z.hi
     lo_tile[...] = z.lo
-    if not publish_in_chunk_loop:
-      _when(joint_publish_due(step), functools.partial(publish_joint_state_terms, step, state))
+    _when(joint_publish_due(step), functools.partial(publish_joint_state_terms, step, state))
 
   def joint_publish_due(step):
     """Whether this block publishes J_s s_k at ``step``: it owns units, and a step
@@ -1208,10 +1190,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       # One loop, not one code copy a chunk: unrolled, the copies spilled registers
       # (NOTES v10).
       def chunk(position, carry):
-        if publish_in_chunk_loop:
-          _when(_and(position == JOINT_PUBLISH_POSITION, joint_publish_due(step)),
-                lambda: publish_joint_state_terms(
-                    step, _load(refs.state_s, z_layout, optimized=False)))
         await_chunk(position)
         def product(*acc_refs):
           issue(position, acc_refs)
