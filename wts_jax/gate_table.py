@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from wts_jax.heads.base import hidden_terms, with_derived_copy
+from wts_jax.heads.base import derived_rows, hidden_terms, with_derived_copy
 
 
 def f32_halves(values: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -52,17 +52,18 @@ def bf16_from_bits(words: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(words, jnp.bfloat16)
 
 
-def token_gate_terms(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
-  """``P = W1 · G_eᵀ`` [V, r] fp32: every token's ``G_e e`` (``GatedMarkovHead.advance``'s
-  contraction)."""
-  return jnp.einsum("vr,sr->vs", w1.astype(jnp.float32), gate_e.astype(jnp.float32),
+def token_terms(w1: jax.Array, token_weight: jax.Array) -> jax.Array:
+  """``W1 · token_weightᵀ`` [V, j] fp32: every token's term ``token_weight · e`` (e = W1[x];
+  G_e for the gate table, J_e for the joint table) as the heads' ``advance`` contracts it,
+  fp32 products summed in fp32."""
+  return jnp.einsum("vr,jr->vj", w1.astype(jnp.float32), token_weight.astype(jnp.float32),
                     precision=lax.Precision.HIGHEST)
 
 
 def gate_rows(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
   """[V, 3r] int16: each token's W1 row (its bf16 bits), then its ``G_e e`` as fp32 bit
   halves."""
-  upper, lower = f32_halves(token_gate_terms(w1, gate_e))
+  upper, lower = f32_halves(token_terms(w1, gate_e))
   return jnp.concatenate([bf16_bits(w1), upper, lower], axis=1)
 
 
@@ -93,8 +94,7 @@ def with_gate_table(head):
 
 def table_of(serial):
   """The serial head's ``GateTable`` rows, or None."""
-  table = getattr(serial, "gate_table", None)
-  return None if table is None else table.rows[...]
+  return derived_rows(serial, "gate_table")
 
 
 def hoisted_terms(serial, hidden: jax.Array) -> jax.Array:

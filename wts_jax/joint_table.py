@@ -22,23 +22,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax import lax
 
-from wts_jax.gate_table import f32_halves
-from wts_jax.heads.base import with_derived_copy
-
-
-def token_joint_terms(w1: jax.Array, joint_e: jax.Array) -> jax.Array:
-  """``T = W1 · J_eᵀ`` [V, 3r] fp32: every token's ``J_e e`` (``RecurrentHead.advance``'s
-  contraction)."""
-  return jnp.einsum("vr,jr->vj", w1.astype(jnp.float32), joint_e.astype(jnp.float32),
-                    precision=lax.Precision.HIGHEST)
+from wts_jax.gate_table import f32_halves, token_terms
+from wts_jax.heads.base import derived_rows, with_derived_copy
 
 
 def joint_rows(w1: jax.Array, joint_e: jax.Array) -> jax.Array:
-  """[V, 6r] int16: each token's ``J_e e`` as fp32 bit halves, the upper 16 bits of all 3r
-  terms, then the lower."""
-  upper, lower = f32_halves(token_joint_terms(w1, joint_e))
+  """[V, 6r] int16: each token's ``J_e e`` (``T = W1 · J_eᵀ``, ``gate_table.token_terms``)
+  as fp32 bit halves, the upper 16 bits of all 3r terms, then the lower."""
+  upper, lower = f32_halves(token_terms(w1, joint_e))
   return jnp.concatenate([upper, lower], axis=1)
 
 
@@ -67,5 +59,4 @@ def with_joint_table(head):
 
 def joint_table_of(serial):
   """The serial head's ``JointTable`` rows, or None."""
-  table = getattr(serial, "joint_table", None)
-  return None if table is None else table.rows[...]
+  return derived_rows(serial, "joint_table")

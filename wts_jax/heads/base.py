@@ -44,6 +44,13 @@ def with_derived_copy(head, head_type: str, what: str, name: str, build):
   return copied
 
 
+def derived_rows(serial, name: str):
+  """The rows of the serial head's derived copy ``name`` (``with_derived_copy``), or None
+  where it has none."""
+  copy = getattr(serial, name, None)
+  return None if copy is None else copy.rows[...]
+
+
 def hidden_terms(hidden: jax.Array, weight: jax.Array, bias: jax.Array) -> jax.Array:
   """``hidden · weightᵀ + bias`` [B, K, j] in fp32: a projection's hidden-side terms.
 

@@ -223,6 +223,24 @@ def padded_batch(batch: int) -> int:
   return -(-batch // BATCH_ALIGN) * BATCH_ALIGN
 
 
+def staged_z_rows(*, batch_axis: str, z_pair: bool, token_table: bool, batch_rows: int,
+                  rank: int, itemsize: int) -> int:
+  """Rows of z staging and of its WGMMA tile (``BatchedPlan.staged_rows``): 64 on M (the
+  WGMMA's A operand), the batch rows (rounded: ``staged_rows_on_n``) on N; 64 for a hi +
+  lo pair on either axis (the gated and rnn updates are WGMMAs with the batch on M)
+  unless z comes from a token table."""
+  if batch_axis == "m" or (z_pair and not token_table):
+    return BATCH_TILE
+  return staged_rows_on_n(batch_rows, rank, itemsize)
+
+
+def resident_rows_a_unit(*, recurrent: bool, joint_table: bool) -> int:
+  """Rows of the head's weights a block keeps for each unit it owns: the gated head's
+  G_e row, the rnn head's J_s and J_e rows of the gate, candidate and output (J_s rows
+  only with the joint table)."""
+  return 3 if joint_table else 6 if recurrent else 1
+
+
 def staged_rows_on_n(batch_rows: int, rank: int, itemsize: int) -> int:
   """The rows of z staged with the batch on N: the batch rows, rounded up to what the
   register round trip into the swizzled tile moves whole (Mosaic's shared-to-global copy
@@ -470,7 +488,7 @@ class BatchedPlan:
     time). The pair needs both halves' rows in one 64-row tile: 2 · rows <= 64."""
     if self.batch_axis != "n" or not self.pair_in_one_wgmma:
       return False
-    return (self.int8_state or self.gate_table or self.joint_table
+    return (self.int8_state or self.token_table
             or (self.split and 2 * self.batch_rows <= BATCH_TILE))
 
   @property
@@ -478,8 +496,7 @@ class BatchedPlan:
     """With ``pair_on_n``: the tile row (and accumulator column) where z's second half
     starts — after the staged rows of the first plane (or of a table gate's hi half), or
     after the batch rows of a split update's copied hi half."""
-    return (self.staged_rows if self.int8_state or self.gate_table or self.joint_table
-            else self.batch_rows)
+    return self.staged_rows if self.int8_state or self.token_table else self.batch_rows
 
   @property
   def gate_chunks(self) -> int:
@@ -487,6 +504,12 @@ class BatchedPlan:
     redundant gate)."""
     redundant = self.gated and not (self.gate_split or self.gate_table)
     return self.rank // CHUNK_ROWS if redundant else 0
+
+  @property
+  def token_table(self) -> bool:
+    """z staged from each token's gathered row of a table (int16 words): the gated head's
+    gate table or the rnn head's joint table."""
+    return self.gate_table or self.joint_table
 
   @property
   def split(self) -> bool:
@@ -503,10 +526,10 @@ class BatchedPlan:
 
   @property
   def resident_update_rows(self) -> int:
-    """Rows of the head's weights a block keeps for a split update: its units' G_e rows,
-    or J_s and J_e rows of its units for each of the rnn's gate, candidate, output (J_s
-    rows only with the joint table)."""
-    return self.update_units * (3 if self.joint_table else 6 if self.recurrent else 1)
+    """Rows of the head's weights a block keeps for the units it owns
+    (``resident_rows_a_unit``)."""
+    return self.update_units * resident_rows_a_unit(recurrent=self.recurrent,
+                                                    joint_table=self.joint_table)
 
   @property
   def base_rows(self) -> int:
@@ -516,19 +539,22 @@ class BatchedPlan:
 
   @property
   def staged_rows(self) -> int:
-    """Rows of z staging and of its WGMMA tile: 64 on M (the WGMMA's A operand), the
-    batch rows (rounded: ``staged_rows_on_n``) on N; 64 for the gated head on either
-    axis (its gate is a WGMMA with the batch on M) unless from its table, and the rnn
-    head likewise (unless from its joint table)."""
-    if self.batch_axis == "m" or (self.z_pair and not (self.gate_table or self.joint_table)):
-      return BATCH_TILE
-    return staged_rows_on_n(self.batch_rows, self.rank, self.z_itemsize)
+    """Rows of z staging and of its WGMMA tile (``staged_z_rows``)."""
+    return staged_z_rows(batch_axis=self.batch_axis, z_pair=self.z_pair,
+                         token_table=self.token_table, batch_rows=self.batch_rows,
+                         rank=self.rank, itemsize=self.z_itemsize)
 
   @property
   def resident_fraction(self) -> float:
     """The share of W2 that stays in shared memory for the whole walk."""
     return min(1.0, self.resident_chunks * self.warpgroups * self.num_blocks * CHUNK_ROWS
                / self.vocab_size)
+
+  @property
+  def z_row_elements(self) -> int:
+    """Staged elements a z row, its bank padding left out: a bf16 W1 row (r), an int8
+    token's two planes (2r), a gate table's row (3r words) or a joint table's (6r)."""
+    return (self.z_row_bytes - Z_ROW_PAD_BYTES) // self.z_itemsize
 
   @property
   def z_row_bytes(self) -> int:
@@ -745,13 +771,14 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       int8_state=int8_state, batch_axis=batch_axis,
                       base_rows=padded_batch(batch) if batch_axis == "n" else BATCH_TILE,
                       warpgroups=warpgroups,
-                      staged_rows=(staged_rows_on_n(padded_batch(batch), rank,
-                                                    1 if int8_state else 2)
-                                   if batch_axis == "n"
-                                   and (gate_table or joint_table or not z_pair)
-                                   else BATCH_TILE),
+                      staged_rows=staged_z_rows(
+                          batch_axis=batch_axis, z_pair=z_pair,
+                          token_table=gate_table or joint_table,
+                          batch_rows=padded_batch(batch), rank=rank,
+                          itemsize=1 if int8_state else 2),
                       z_pair=z_pair,
-                      gate_rows=update_units * (3 if joint_table else 6 if recurrent else 1),
+                      gate_rows=update_units * resident_rows_a_unit(recurrent=recurrent,
+                                                                    joint_table=joint_table),
                       state_units=update_units if recurrent and not joint_table else 0,
                       plane_scales=plane_scales,
                       merge_tile_rows=padded_batch(batch) if merge_tiles else 0,

@@ -313,20 +313,18 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   vocab_ids = plgpu.broadcasted_iota(jnp.int32, tile, vocab_axis, layout=_WGMMA)
   row_ids = plgpu.broadcasted_iota(jnp.int32, (batch_width,), 0, layout=per_batch_row)
   planes, gated, gate_chunks = plan.int8_state, plan.gated, plan.gate_chunks
-  # Staged elements a row: int8 planes, a bf16 W1 row, or a gate table's three parts.
   # Rows past the batch that gather nothing (a joint table's, 3 KB a row; any plan's with
   # ``gather_batch_only``) keep the prologue's zeros, which no batch row reads.
   gathered_rows = gathered_z_rows(spec)
   zero_padded_rows = rows < BATCH_TILE or gathered_rows < rows
-  z_width = (2 * rank if planes else 3 * rank if plan.gate_table
-             else 6 * rank if plan.joint_table else rank)
+  z_width = plan.z_row_elements
   window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
   # (A gate table's staging holds int16 words: ``z_s.dtype``.)
   z_dtype = refs.za_s.dtype if refs.za_s is not None else refs.w1_g.dtype
-  if n_major and (plan.gate_table or plan.joint_table or not plan.z_pair):
+  if n_major and (plan.token_table or not plan.z_pair):
     z_layout = plgpu.Layout.SMEM_GMEM_COPY(
         (plan.staged_rows, rank), z_dtype, row_swizzle(rank, jnp.dtype(z_dtype).itemsize))
   else:
@@ -948,7 +946,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           # int8: q_hi, q_lo; e of a head's update: the gate's operand (then z's lo half)
           # or the rnn update's (then z's hi half).
           tiles = (plane_tiles() if planes else []
-                   if plan.gate_table or plan.joint_table else
+                   if plan.token_table else
                    [refs.za_s.at[1]] if gated else [refs.za_s.at[0]] if plan.recurrent
                    else [refs.za_s])
           for plane, tile_ref in enumerate(tiles):
@@ -1012,7 +1010,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           # with ``pair_on_n``: both halves' rows in one operand, one accumulator.
           if plan.pair_on_n:
             operands = [(acc_refs[0], refs.za_s
-                         if planes or plan.gate_table or plan.joint_table
+                         if planes or plan.token_table
                          else refs.za_s.at[0])]
           elif z_in_registers is not None:
             operands = list(zip(acc_refs, z_in_registers))
@@ -1500,8 +1498,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     w1 = w1.reshape(vocab, 2 * rank)                  # a token's two planes side by side
     w1_scale = w1_scale.astype(jnp.float32)
   elif (w2.dtype != (jnp.int8 if plan.widened_in_kernel else jnp.bfloat16)
-        or w1.dtype != (jnp.int16 if plan.gate_table or plan.joint_table
-                        else jnp.bfloat16)):
+        or w1.dtype != (jnp.int16 if plan.token_table else jnp.bfloat16)):
     raise ValueError("the batched walk needs a bf16 W1 and a bf16 W2, or an int8 W2 to "
                      f"widen in the kernel (got {w1.dtype}, {w2.dtype})")
   if plan.w2_row_scale and (w2_scale is None or w2_scale.shape != (vocab,)):
@@ -1526,7 +1523,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   slots = wgs * (plan.resident_chunks + plan.ring_stages)
   base_dtype = base_logits.dtype
   w_itemsize = jnp.dtype(w2.dtype).itemsize
-  if (plan.int8_state or plan.gate_table or plan.joint_table) and plan.pair_on_n:
+  if (plan.int8_state or plan.token_table) and plan.pair_on_n:
     # (one above the other)
     a_tile = (2 * plan.staged_rows, rank)
   elif plan.int8_state or plan.z_pair:
@@ -1534,7 +1531,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
   else:
     a_tile = (plan.staged_rows, rank)
   # The WGMMA tile's (a table's staging holds int16 words).
-  z_dtype = jnp.bfloat16 if plan.gate_table or plan.joint_table else w1.dtype
+  z_dtype = jnp.bfloat16 if plan.token_table else w1.dtype
   scratch = {
       "w_s": plgpu.SMEM((slots, CHUNK_ROWS, rank), w2.dtype,
                         transforms=_w2_transforms(w_itemsize, rank)),
