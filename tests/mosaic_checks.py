@@ -16,6 +16,21 @@ def planes_head(vocab, rank=256, seed=0, confidence=False):
   return quantize_w2(head, "int8", state="planes"), config
 
 
+def lower_with_derived_copy(monkeypatch, derive, head_type, batch, temperature, config):
+  """``tools/lower_for_gpu``'s CUDA lowering (text) of a ``head_type`` walk at the
+  Qwen3-4B shape, its head made with ``derive`` applied (``wts_jax.with_gate_table``,
+  ``with_joint_table``)."""
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import lower_for_gpu
+  make_head = wts_jax.make_head
+  monkeypatch.setattr(wts_jax, "make_head",
+                      lambda head_config, **kw: derive(make_head(head_config, **kw)))
+  return lower_for_gpu.lower_walk(head_type, batch, 7, temperature=temperature,
+                                  config=config)
+
+
 def mosaic_and_xla_walks(head, base, first, hidden, *, impl, config, temperature, key):
   """(the kernel's walk under ``impl`` and ``config``, the XLA walk) of the same head,
   inputs and key."""

@@ -1229,8 +1229,8 @@ def test_profile_tool_reserves_what_the_compiled_kernel_exceeds(monkeypatch):
   assert variant.profile_space == 600 and variant.ring_refill == "before_epilogue"
   assert profile_batched.parse_variant("rnn:64:sample:a+x+e").ring_refill == "after_epilogue"
   assert profile_batched.parse_variant("rnn:64:sample:a+x").ring_refill is None
-  assert not profile_batched.parse_variant("rnnT:4:greedy:a+B").gather_batch_only
-  assert profile_batched.parse_variant("rnnT:4:greedy:a").gather_batch_only
+  assert profile_batched.parse_variant("rnnT:4:greedy:a+B").gather_batch_only is False
+  assert profile_batched.parse_variant("rnnT:4:greedy:a").gather_batch_only is None
   assert profile_batched.build_with_profile_space(variant, None, "dir") == "built"
   assert reserves[0] == 600 * 2 * 4 * 3 + 1024
   assert reserves[1] - reserves[0] == 260536 - 232448 + 1024

@@ -5,8 +5,6 @@ batch on N)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +20,7 @@ from wts_jax.pallas import backend, mosaic_backend
 from wts_jax.walk_config import MosaicConfig, TritonConfig
 
 from mosaic_checks import (assert_table_unread_elsewhere, assert_walk_matches,
-                           mosaic_and_xla_walks)
+                           lower_with_derived_copy, mosaic_and_xla_walks)
 from near_tie_inputs import tie_broken_by_lo
 
 NEEDS_N = pytest.mark.skipif(
@@ -191,13 +189,8 @@ def test_triton_refuses_the_table():
 @NEEDS_N
 @pytest.mark.parametrize("batch,temperature", [(1, 0.0), (16, 0.8)])
 def test_table_gate_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, temperature):
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import lower_for_gpu
-  make_head = wts_jax.make_head
-  monkeypatch.setattr(wts_jax, "make_head",
-                      lambda config, **kw: wts_jax.with_gate_table(make_head(config, **kw)))
-  text = lower_for_gpu.lower_walk("gated", batch, 7, temperature=temperature,
-                                  config=MosaicConfig())
+  text = lower_with_derived_copy(monkeypatch, wts_jax.with_gate_table, "gated", batch,
+                                 temperature, MosaicConfig())
   assert "mosaic_gpu" in text
 
 

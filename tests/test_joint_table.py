@@ -23,7 +23,7 @@ from wts_jax.pallas import backend, mosaic_backend
 from wts_jax.walk_config import MosaicConfig
 
 from mosaic_checks import (assert_table_unread_elsewhere, assert_walk_matches,
-                           mosaic_and_xla_walks)
+                           lower_with_derived_copy, mosaic_and_xla_walks)
 
 NEEDS_N = pytest.mark.skipif(
     jax.__version_info__ < (0, 11),
@@ -49,7 +49,7 @@ def test_rows_hold_the_reference_joint_terms():
   w1 = serial.markov_w1.weight[...]
   np.testing.assert_array_equal(
       np.asarray(terms).view(np.uint32),
-      np.asarray(joint_table.token_joint_terms(w1, joint_e)).view(np.uint32))
+      np.asarray(gate_table.token_terms(w1, joint_e)).view(np.uint32))
   per_step = jnp.einsum("br,jr->bj", w1[:7].astype(jnp.float32), joint_e,
                         precision=jax.lax.Precision.HIGHEST)
   # (Two XLA contractions of different shapes: the same products, summed in their own
@@ -166,13 +166,8 @@ def test_other_walks_of_a_tabled_head_are_unchanged():
 @NEEDS_N
 @pytest.mark.parametrize("batch,temperature", [(1, 0.0), (4, 0.8), (16, 0.8)])
 def test_joint_table_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, temperature):
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-  import lower_for_gpu
-  make_head = wts_jax.make_head
-  monkeypatch.setattr(wts_jax, "make_head",
-                      lambda config, **kw: wts_jax.with_joint_table(make_head(config, **kw)))
-  text = lower_for_gpu.lower_walk("rnn", batch, 7, temperature=temperature,
-                                  config=MosaicConfig(serial_update="table"))
+  text = lower_with_derived_copy(monkeypatch, wts_jax.with_joint_table, "rnn", batch,
+                                 temperature, MosaicConfig(serial_update="table"))
   assert "mosaic_gpu" in text
 
 

@@ -111,7 +111,7 @@ class Variant:
   host_ahead: bool = False
   fixed_tokens: bool = False
   ring_refill: str | None = None   # BatchedSpec.ring_refill (None: the planner's)
-  gather_batch_only: bool = True   # BatchedSpec.gather_batch_only
+  gather_batch_only: bool | None = None   # BatchedSpec.gather_batch_only (None: its default)
   profile_space: int = PROFILE_SPACE   # profiled regions a warpgroup (its buffer's size)
   # BatchedPlan fields set after planning, and plan_batched arguments: only those the
   # variant names (the rest stay the planner's).
@@ -320,7 +320,8 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
                              profile_space=variant.profile_space if profile_dir else 0)
   if variant.ring_refill:
     spec = dataclasses.replace(spec, ring_refill=variant.ring_refill)
-  spec = dataclasses.replace(spec, gather_batch_only=variant.gather_batch_only)
+  if variant.gather_batch_only is not None:
+    spec = dataclasses.replace(spec, gather_batch_only=variant.gather_batch_only)
   def walk(head, base, first, hidden):
     if variant.first_op:   # the first tokens produced by an op of the walk (adds 0)
       first = first + (base[0, 0, 0] != base[0, 0, 0]).astype(first.dtype)
