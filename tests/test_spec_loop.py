@@ -25,7 +25,7 @@ def models():
   """A 6-token vocabulary, so a random drafter still gets some drafts accepted. The
   drafter stores bf16 and has rank 16, as the walk kernel needs (interpret mode here)."""
   target_config = Qwen3Config.tiny(vocab_size=6, num_layers=3)
-  target = make_qwen3(target_config, seed=1, **F32)
+  target = make_qwen3(target_config, seed=2, **F32)
   drafter = make_dspark(DSparkConfig.tiny(target_config, head_type="gated", block_size=4,
                                           target_layer_ids=(-1, 1), rank=16),
                         seed=2, param_dtype=jnp.bfloat16, dtype=jnp.float32)
@@ -65,13 +65,18 @@ def test_greedy_with_the_walk_kernel_stops_at_eos_per_row(models):
   """The persistent walk kernel's own code (Pallas interpret mode) inside the loop."""
   target, drafter = models
   reference = greedy_reference(target, PROMPTS, 12)
-  eos = reference[1][4]          # a token row 1 emits mid-way; other rows may emit it too
+  # A token row 1 first emits mid-way, which makes the rows stop at different steps.
+  candidates = [token for token in reference[1][2:10]
+                if 2 <= reference[1].index(token) < 10
+                and len({len(row) for row in greedy_reference(target, PROMPTS, 12,
+                                                              eos_id=token)}) > 1]
+  assert candidates, "no token of row 1 ends the rows at different steps"
+  eos = candidates[0]
   out = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="pallas",
                  walk_config=WalkConfig(interpret=True), eos_id=eos)
   expected = greedy_reference(target, PROMPTS, 12, eos_id=eos)
   assert out.rows() == expected
-  # The rows stop at their EOS at different steps (row 1 first), the others running on.
-  assert len(expected[1]) == 5 and len({len(row) for row in expected}) == len(expected)
+  assert expected[1][-1] == eos and len(expected[1]) < 12
 
 
 @dataclasses.dataclass(frozen=True)
