@@ -80,5 +80,5 @@ def test_a_cache_the_kernel_cannot_split_is_refused_by_size():
 
 
 def test_unknown_impl_is_named():
-  with pytest.raises(ValueError, match="attention='flash'"):
+  with pytest.raises(ValueError, match="attention_impl='flash'"):
     attention.resolve("flash")

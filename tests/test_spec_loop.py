@@ -167,3 +167,55 @@ def test_bad_input_is_refused_before_any_work(models, monkeypatch):
     generate(target, drafter, PROMPTS, 3, temperature=0.5)
   with pytest.raises(ValueError, match="walk_impl='fast'"):
     generate(target, drafter, PROMPTS, 3, walk_impl="fast")
+
+
+def _poisoned(model, layer: int, name: str):
+  """A copy of ``model`` with one weight entry of layer ``layer`` set to NaN."""
+  copy = nnx.clone(model)
+  weight = getattr(copy.layers[layer], name)
+  weight.set_value(weight.get_value().at[0, 0].set(jnp.nan))
+  return copy
+
+
+def test_a_target_that_turns_nan_stops_with_an_error_not_tokens(models):
+  target, drafter = models
+  bad = _poisoned(target, 1, "down_proj")
+  with pytest.raises(loop.GenerateError, match="target's logits were NaN"):
+    generate(bad, drafter, PROMPTS, 6, draft_len=3, walk_impl="xla")
+  out = generate(bad, drafter, PROMPTS, 6, draft_len=3, walk_impl="xla", check=False)
+  assert int(out.status) & loop.STATUS_TARGET_NONFINITE
+  assert out.rows() == [[], [], []]     # nothing committed from NaN logits
+
+
+def test_a_drafter_that_turns_nan_is_reported_and_the_output_stays_exact(models):
+  target, drafter = models
+  bad = _poisoned(drafter, 0, "o_proj")
+  with pytest.raises(loop.GenerateError, match="drafter's logits were NaN"):
+    generate(target, bad, PROMPTS, 6, draft_len=3, walk_impl="xla")
+  out = generate(target, bad, PROMPTS, 6, draft_len=3, walk_impl="xla", check=False)
+  assert int(out.status) & loop.STATUS_DRAFTER_NONFINITE
+  assert out.rows() == greedy_reference(target, PROMPTS, 6)
+  assert int(np.sum(out.accepted)) == 0
+
+
+def test_several_iterations_per_host_check_give_the_same_output(models):
+  target, drafter = models
+  one = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="xla")
+  three = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="xla",
+                   iterations_per_check=3)
+  assert three.rows() == one.rows()
+  assert int(three.iterations) == int(one.iterations) and int(three.status) == 0
+
+
+def test_eos_and_length_errors_name_the_value(models):
+  target, drafter = models
+  for eos in ("19", b"3", 2.0, True, [1, "2"]):
+    with pytest.raises(ValueError, match="eos_id=.* must be a token id"):
+      generate(target, drafter, PROMPTS, 3, eos_id=eos)
+  limit = target.config.max_position_embeddings
+  with pytest.raises(ValueError, match=f"max_position_embeddings={limit}"):
+    generate(target, drafter, PROMPTS, limit)
+  for name, value in (("draft_w2", "int4"), ("iterations_per_check", 0),
+                      ("attention_impl", "flash")):
+    with pytest.raises(ValueError, match=f"{name}="):
+      generate(target, drafter, PROMPTS, 3, **{name: value})

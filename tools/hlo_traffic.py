@@ -156,14 +156,39 @@ def entry_name(found: dict[str, list[str]]) -> str:
   return next(name for name in found if name.startswith("main"))
 
 
+_NESTED = re.compile(r"(?:body|condition|true_computation|false_computation|to_apply)="
+                     r"%([\w\.\-]+)|branch_computations=\{([^}]*)\}")
+
+
+def top_level(found: dict[str, list[str]]) -> list[str]:
+  """The entry computation and the control-flow bodies it runs (while bodies and
+  conditions, conditional branches, called computations): the computations whose
+  operations are kernels or library calls, not the insides of a fusion."""
+  names, queue = [], [entry_name(found)]
+  while queue:
+    name = queue.pop()
+    if name in names or name not in found:
+      continue
+    names.append(name)
+    for line in found[name]:
+      if " fusion(" in line or "fusion-start(" in line or (
+          "to_apply=" in line and " call(" not in line):   # a reduction's scalar lambda
+        continue
+      for single, several in _NESTED.findall(line):
+        queue.extend([single] if single else re.findall(r"%([\w\.\-]+)", several))
+  return names
+
+
 def summary(hlo_text: str, *, cache_fraction: float = 1.0,
             weight_shapes: set[str] = frozenset()) -> dict:
-  """Bytes the entry computation moves: in all, by kind of operation, and the bytes
+  """Bytes the program's kernels and library calls move (a loop's body counted once):
+  in all, by kind of operation, and the bytes
   written by operations that produce an array shaped like a weight (``weight_shapes``,
   HLO shape strings such as ``bf16[9728,2560]``) other than a library call or a kernel:
   a weight copied before use."""
   found = computations(hlo_text)
-  rows = traffic(found, entry_name(found), cache_fraction=cache_fraction)
+  rows = [row for name in top_level(found)
+          for row in traffic(found, name, cache_fraction=cache_fraction)]
   by_kind: dict[str, int] = {}
   for row in rows:
     kind = row["op"] if row["op"] != "fusion" else re.sub(r"[\._]\d+.*$", "",

@@ -57,7 +57,7 @@ def kv_splits(batch: int, kv_heads: int) -> int:
 def resolve(impl: str) -> str:
   """``"auto"`` → ``"pallas"`` on a GPU whose JAX ships the kernel, else ``"xla"``."""
   if impl not in IMPLS:
-    raise ValueError(f"attention={impl!r} must be one of {IMPLS}")
+    raise ValueError(f"attention_impl={impl!r} must be one of {IMPLS}")
   if impl != "auto":
     return impl
   return "pallas" if jax.default_backend() == "gpu" and _kernel() is not None else "xla"

@@ -382,13 +382,12 @@ def _eos_ids(eos_id, vocab_size: int) -> np.ndarray:
     return int(value)
   if eos_id is None:
     ids = []
-  elif isinstance(eos_id, (str, bytes)) or not isinstance(eos_id, (int, np.integer,
-                                                                   Sequence, np.ndarray)):
-    raise ValueError(f"eos_id={eos_id!r} must be a token id (an int) or a list of them")
-  elif isinstance(eos_id, (int, np.integer)) and not isinstance(eos_id, bool):
+  elif isinstance(eos_id, (int, np.integer)):
     ids = [as_id(eos_id)]
-  else:
+  elif isinstance(eos_id, (Sequence, np.ndarray)) and not isinstance(eos_id, (str, bytes)):
     ids = [as_id(value) for value in eos_id]
+  else:
+    raise ValueError(f"eos_id={eos_id!r} must be a token id (an int) or a list of them")
   # At least one entry (-1 matches no token): no EOS and one EOS share a compile.
   return np.array(ids or [-1], np.int32)
 
