@@ -137,8 +137,8 @@ def traffic(found: dict[str, list[str]], name: str, *, cache_fraction: float = 1
       read = written = update
     elif root in ("dynamic-slice", "gather") or op in ("dynamic-slice", "gather"):
       read = written
-    elif " gather(" in inner and "dot(" not in inner:
-      # a table gathered from (its largest operand) gives only the rows taken
+    elif (" gather(" in inner or " dynamic-slice(" in inner) and "dot(" not in inner:
+      # a table sliced or gathered from (its largest operand) gives only the rows taken
       read = sum(operand_bytes) - max(operand_bytes) + written
     elif op == "custom-call" and "triton" in line:
       # the decode-attention kernel: its two largest operands are a layer's keys and

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from wts_jax import result_files
-from wts_jax.spec import loop, timing
+from wts_jax.spec import loop, phase_profile, timing
 from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
 from wts_jax.spec.loop import generate
 from wts_jax.spec.policy import FixedDraftLength
@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--generate-tokens", type=int, default=0,
                       help="also time whole generate calls of this many new tokens per "
                            "row (wall clock; 0: no)")
+  parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                      help="with --generate-tokens: profile one generate call per point "
+                           "into DIR and split its device time by phase")
   parser.add_argument("--agreement", action="store_true",
                       help="also report how often the int8-planes walk's tokens agree "
                            "with the bf16 walk's at each point")
@@ -180,13 +183,17 @@ def walk_agreement(target, drafter, *, batch: int, draft_len: int, prompt_len: i
 
 
 def generate_rate(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
-                  walk: str, new_tokens: int) -> dict:
+                  walk: str, new_tokens: int, profile: Path | None = None) -> dict:
   """Wall-clock tokens/s of whole ``generate`` calls (after a compiling call): the
-  median of three, with the acceptance the random weights give."""
+  median of three, with the acceptance the random weights give. With ``profile`` (a
+  folder), one more call runs under the profiler and its device time is split by the
+  loop's phases (``phase_profile``)."""
   prompts = [[(b * 7 + i) % target.config.vocab_size for i in range(prompt_len)]
              for b in range(batch)]
   kwargs = dict(draft_len=draft_len, walk_impl=walk)
-  out = generate(target, drafter, prompts, new_tokens, **kwargs)   # compile, warm up
+  hlo: list[str] = []
+  out = generate(target, drafter, prompts, new_tokens, **kwargs,      # compile, warm up
+                 hlo_text=hlo if profile else None)
   seconds = []
   for _ in range(3):
     began = time.perf_counter()
@@ -194,10 +201,23 @@ def generate_rate(target, drafter, *, batch: int, draft_len: int, prompt_len: in
     jax.block_until_ready(out.tokens)
     seconds.append(time.perf_counter() - began)
   wall = float(np.median(seconds))
-  return dict(generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
-              generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
-              generate_iterations=int(out.iterations),
-              generate_acceptance_length=float(np.mean(out.acceptance_length())))
+  record = dict(generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
+                generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
+                generate_iterations=int(out.iterations),
+                generate_acceptance_length=float(np.mean(out.acceptance_length())))
+  if profile is not None:
+    folder = Path(profile) / f"B{batch}_{walk}"
+    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+      jax.block_until_ready(generate(target, drafter, prompts, new_tokens, **kwargs).tokens)
+    try:
+      phases = phase_profile.phase_seconds(folder, hlo[0])
+    except (ValueError, OSError) as err:
+      record["generate_profile_error"] = str(err)
+    else:
+      iterations = max(int(out.iterations), 1)
+      record.update({f"generate_{phase}_s_per_iteration": seconds / iterations
+                     for phase, seconds in phases.items()})
+  return record
 
 
 def run(args) -> dict:
@@ -255,7 +275,8 @@ def run(args) -> dict:
           if args.generate_tokens:
             record.update(generate_rate(target, drafter, batch=batch, draft_len=steps,
                                         prompt_len=args.prompt_len, walk=walk,
-                                        new_tokens=args.generate_tokens))
+                                        new_tokens=args.generate_tokens,
+                                        profile=args.profile))
         except Exception as err:   # a walk this device cannot run: recorded, not fatal
           records.append({**record, "error": f"{type(err).__name__}: {err}"})
           _log(f"  {model} B={batch} walk={walk}: {type(err).__name__}: {err}")
@@ -410,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
       report = _read_report(args.replot)
       result_files.check_writable(plot_path, "--plot")
       return _plot_or_say_why(report, plot_path)
+    if args.generate_tokens < 0:
+      raise ValueError(f"--generate-tokens={args.generate_tokens} must be >= 0")
     for name in ("prompt_len", "draft_len", "repeats", "chain"):
       if getattr(args, name) < 1:
         raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")

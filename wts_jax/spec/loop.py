@@ -63,6 +63,9 @@ _STATUS_TEXT = {
                                "weights); its drafts were not accepted"),
 }
 DRAFT_W2 = ("auto", "bf16", "int8_planes")
+# The named scopes of an iteration's phases (a profile attributes device time by them);
+# what lies outside them is "other".
+PHASES = ("verify", "drafter", "walk")
 
 
 class GenerateError(RuntimeError):
@@ -193,7 +196,9 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
   active, length, last = state["active"], state["length"], state["last"]
   key, draft_key, verify_key = jax.random.split(state["key"], 3)
   k, cap, policy_state = policy.choose(state["policy_state"], active)
-  base, hidden = drafter.block(last, length, state["draft_cache"], attention_impl=s.attention)
+  with jax.named_scope(PHASES[1]):
+    base, hidden = drafter.block(last, length, state["draft_cache"],
+                                 attention_impl=s.attention)
   drafter_bad = active & _nonfinite_rows(base)
   head = drafter.head
   with_confidence = (s.walk_impl != "none" and head is not None
@@ -201,12 +206,14 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
 
   def branch(steps: int):
     def run(_):
-      draft = drafter.draft(base[:, :steps], hidden[:, :steps], last,
-                            temperature=s.temperature, key=draft_key, walk_impl=s.walk_impl,
-                            walk_config=s.walk_config)
-      out = target.forward(jnp.concatenate([last[:, None], draft.tokens], axis=1),
-                           length, state["target_cache"], feature_layers=layer_ids,
-                           attention_impl=s.attention)
+      with jax.named_scope(PHASES[2]):
+        draft = drafter.draft(base[:, :steps], hidden[:, :steps], last,
+                              temperature=s.temperature, key=draft_key,
+                              walk_impl=s.walk_impl, walk_config=s.walk_config)
+      with jax.named_scope(PHASES[0]):
+        out = target.forward(jnp.concatenate([last[:, None], draft.tokens], axis=1),
+                             length, state["target_cache"], feature_layers=layer_ids,
+                             attention_impl=s.attention)
       # A draft from bad logits is not accepted: the row commits the target's own
       # token, which keeps greedy and sampling exact.
       walk_bad = (draft.status & STATUS_NAN_LOGITS) != 0
@@ -216,7 +223,8 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
                                           s.temperature, verify_key, row_cap)
       else:
         accepted, bonus = verify_greedy(draft.tokens, out.logits, row_cap)
-      context_keys, context_values = drafter.context_kv(out.features, length)
+      with jax.named_scope(PHASES[1]):
+        context_keys, context_values = drafter.context_kv(out.features, length)
       extra = k_max - steps
       confidence = (jnp.zeros((length.shape[0], k_max), jnp.float32)
                     if draft.confidence is None
@@ -398,7 +406,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
              eos_id: int | Sequence[int] | None = None, cache_len: int | None = None,
              walk_config: WalkConfig | None = None, attention_impl: str = "auto",
              draft_w2: str = "auto", iterations_per_check: int = 1,
-             check: bool = True) -> GenerateOutput:
+             check: bool = True, hlo_text: list | None = None) -> GenerateOutput:
   """Speculative decoding of a batch of prompts (token-id lists of any lengths).
 
   temperature: 0 for greedy (output = the target's greedy decoding in the same compute
@@ -412,7 +420,9 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   ``"pallas"``. draft_w2: ``"auto"`` (int8 planes where a walk kernel runs them),
   ``"bf16"`` (as stored), ``"int8_planes"``. iterations_per_check: iterations between
   two host reads of the loop condition. check: raise ``GenerateError`` when the
-  output's ``status`` reports a problem (else leave it in ``status``).
+  output's ``status`` reports a problem (else leave it in ``status``). hlo_text: a
+  list to which the optimized HLO of the compiled loop is appended (profiling reads its
+  operations' phases; costs a second compile).
   Every argument is checked before any work; a bad one raises ``ValueError``.
   """
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
@@ -457,6 +467,9 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   drafter_graph, drafter_state = nnx.split(drafter)
   run = _compiled(target_graph, drafter_graph, settings)
   key = jax.random.key(0) if key is None else key
-  out = run(target_state, drafter_state, jnp.asarray(prompt_ids),
-            jnp.asarray(prompt_lengths), jnp.asarray(eos_ids), key)
+  args = (target_state, drafter_state, jnp.asarray(prompt_ids), jnp.asarray(prompt_lengths),
+          jnp.asarray(eos_ids), key)
+  if hlo_text is not None:
+    hlo_text.append(run.lower(*args).compile().as_text())
+  out = run(*args)
   return out.check() if check else out
