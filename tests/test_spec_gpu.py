@@ -36,13 +36,12 @@ def test_every_walk_gives_the_same_greedy_output():
   assert outputs["pallas"] == outputs["xla"] == outputs["none"]
 
 
-@pytest.mark.parametrize("walk", ["pallas", "xla", "none"])
-def test_one_iteration_at_the_qwen3_4b_shapes(walk):
+def test_one_iteration_at_the_qwen3_4b_shapes():
   target = make_qwen3(Qwen3Config.qwen3_4b())
   drafter = make_dspark(DSparkConfig.qwen3_4b())
   cost = iteration_cost(target, drafter, batch=4, draft_len=7, prompt_len=128,
-                        walk_impl=walk, repeats=2, chain=2)
-  assert all(value > 0 for value in cost.values()), cost
+                        walk_impl="pallas", repeats=2, chain=2, pieces=("total",))
+  assert cost["total_s"] > 0, cost
 
 
 def test_the_decode_kernel_matches_xla_attention_at_the_qwen3_4b_shapes():

@@ -219,3 +219,9 @@ def test_eos_and_length_errors_name_the_value(models):
                       ("attention_impl", "flash")):
     with pytest.raises(ValueError, match=f"{name}="):
       generate(target, drafter, PROMPTS, 3, **{name: value})
+
+
+def test_the_autoregressive_baseline_is_the_targets_greedy_decoding(models):
+  target, _ = models
+  tokens = np.asarray(loop.decode_autoregressive(target, PROMPTS, 8))
+  assert [row.tolist() for row in tokens] == greedy_reference(target, PROMPTS, 8)

@@ -18,11 +18,11 @@ if has bench; then
   stamp bench
   timeout ${BENCH_S:-420} python -m wts_jax.spec.bench_e2e --models ${MODELS:-qwen3_4b} \
     --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
-    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --generate-tokens ${GENERATE:-0} ${PROFILE:+--profile /tmp/e2e_profile} \
+    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} --profile /tmp/e2e_profile \
     ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \
     --out "$OUT/e2e.json" 2>&1 | grep -v Warning | tee "$OUT/e2e.log"
 fi
-if [ -n "${PROFILE:-}" ]; then   # one trace back, to read its events' fields
+if has bench; then   # one trace back, to read its events' fields
   f=$(find /tmp/e2e_profile -name perfetto_trace.json.gz | head -1)
   [ -n "$f" ] && cp "$f" "$OUT/trace_sample.json.gz"
 fi

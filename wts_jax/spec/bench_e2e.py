@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import tempfile
 import json
 import math
 import sys
@@ -103,12 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--chain", type=int, default=8,
                       help="iterations chained in one timed executable")
-  parser.add_argument("--generate-tokens", type=int, default=0,
-                      help="also time whole generate calls of this many new tokens per "
-                           "row (wall clock; 0: no)")
+  parser.add_argument("--method", choices=("generate", "pieces"), default="generate",
+                      help="generate: whole generate calls (wall clock) and, from a "
+                           "profile of one, each phase's device time per iteration; "
+                           "pieces: each phase chained alone (timing.iteration_cost)")
+  parser.add_argument("--new-tokens", type=int, default=64,
+                      help="tokens generated per row by each measured generate call")
   parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                      help="with --generate-tokens: profile one generate call per point "
-                           "into DIR and split its device time by phase")
+                      help="where the profiles go (default: a temporary folder)")
   parser.add_argument("--agreement", action="store_true",
                       help="also report how often the int8-planes walk's tokens agree "
                            "with the bf16 walk's at each point")
@@ -182,42 +185,69 @@ def walk_agreement(target, drafter, *, batch: int, draft_len: int, prompt_len: i
   return float(np.mean(tokens["int8_planes"] == tokens["bf16"]))
 
 
-def generate_rate(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
-                  walk: str, new_tokens: int, profile: Path | None = None) -> dict:
-  """Wall-clock tokens/s of whole ``generate`` calls (after a compiling call): the
-  median of three, with the acceptance the random weights give. With ``profile`` (a
-  folder), one more call runs under the profiler and its device time is split by the
-  loop's phases (``phase_profile``)."""
-  prompts = [[(b * 7 + i) % target.config.vocab_size for i in range(prompt_len)]
-             for b in range(batch)]
+def _prompts(vocab: int, batch: int, prompt_len: int) -> list[list[int]]:
+  return [[(b * 7 + i) % vocab for i in range(prompt_len)] for b in range(batch)]
+
+
+def _timed_calls(call, *, repeats: int = 3) -> tuple[float, object]:
+  """(median wall seconds, last result) of ``repeats`` calls after a compiling one."""
+  result = jax.block_until_ready(call())
+  seconds = []
+  for _ in range(repeats):
+    began = time.perf_counter()
+    result = jax.block_until_ready(call())
+    seconds.append(time.perf_counter() - began)
+  return float(np.median(seconds)), result
+
+
+def _profiled(call, folder: Path, hlo: str) -> dict[str, float]:
+  """Device seconds by phase of one ``call`` under the profiler."""
+  with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+    jax.block_until_ready(call())
+  return phase_profile.phase_seconds(folder, hlo)
+
+
+def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
+                         profile: Path) -> dict:
+  """The target's own greedy decode: wall-clock tokens/s, and the device time of one
+  decode step from a profile (its steps are scoped "verify")."""
+  prompts = _prompts(target.config.vocab_size, batch, prompt_len)
+  hlo: list[str] = []
+  loop.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
+  wall, _ = _timed_calls(lambda: loop.decode_autoregressive(target, prompts, new_tokens))
+  phases = _profiled(lambda: loop.decode_autoregressive(target, prompts, new_tokens),
+                     profile / f"B{batch}_autoregressive", hlo[0])
+  if not phases["verify"] > 0:
+    raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
+                     "use --method pieces)")
+  return dict(autoregressive_s=phases["verify"] / max(new_tokens - 1, 1),
+              autoregressive_wall_s=wall,
+              autoregressive_tokens_per_s=batch * new_tokens / wall)
+
+
+def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
+                   walk: str, new_tokens: int, profile: Path) -> dict:
+  """Whole ``generate`` calls with this walk: wall-clock tokens/s (median of three after
+  a compiling call, at the acceptance the random weights give) and, from one profiled
+  call, the device time of an iteration and of its phases."""
+  prompts = _prompts(target.config.vocab_size, batch, prompt_len)
   kwargs = dict(draft_len=draft_len, walk_impl=walk)
   hlo: list[str] = []
-  out = generate(target, drafter, prompts, new_tokens, **kwargs,      # compile, warm up
-                 hlo_text=hlo if profile else None)
-  seconds = []
-  for _ in range(3):
-    began = time.perf_counter()
-    out = generate(target, drafter, prompts, new_tokens, **kwargs)
-    jax.block_until_ready(out.tokens)
-    seconds.append(time.perf_counter() - began)
-  wall = float(np.median(seconds))
-  record = dict(generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
-                generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
-                generate_iterations=int(out.iterations),
-                generate_acceptance_length=float(np.mean(out.acceptance_length())))
-  if profile is not None:
-    folder = Path(profile) / f"B{batch}_{walk}"
-    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
-      jax.block_until_ready(generate(target, drafter, prompts, new_tokens, **kwargs).tokens)
-    try:
-      phases = phase_profile.phase_seconds(folder, hlo[0])
-    except (ValueError, OSError) as err:
-      record["generate_profile_error"] = str(err)
-    else:
-      iterations = max(int(out.iterations), 1)
-      record.update({f"generate_{phase}_s_per_iteration": seconds / iterations
-                     for phase, seconds in phases.items()})
-  return record
+  generate(target, drafter, prompts, new_tokens, hlo_text=hlo, **kwargs)
+  wall, out = _timed_calls(lambda: generate(target, drafter, prompts, new_tokens, **kwargs))
+  phases = _profiled(lambda: generate(target, drafter, prompts, new_tokens, **kwargs),
+                     profile / f"B{batch}_{walk}", hlo[0])
+  if not sum(phases.values()) > 0:
+    raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
+                     "use --method pieces)")
+  iterations = max(int(out.iterations), 1)
+  per = {f"{phase}_s": phases[phase] / iterations
+         for phase in ("verify", "drafter", "walk", "other", "unattributed")}
+  return dict(total_s=sum(per.values()), **per, prefill_s=phases["prefill"],
+              generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
+              generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
+              generate_iterations=iterations,
+              generate_acceptance_length=float(np.mean(out.acceptance_length())))
 
 
 def run(args) -> dict:
@@ -254,49 +284,58 @@ def run(args) -> dict:
       if over_budget():
         records.append(dict(model=model, batch=batch, skipped="time budget"))
         continue
-      ar = timing.iteration_cost(target, drafter, draft_len=0, **common)["total_s"]
+      profile = Path(args.profile or tempfile.mkdtemp(prefix="wts-e2e-profile-"))
+      if args.method == "generate":
+        baseline = autoregressive_point(target, batch=batch, prompt_len=args.prompt_len,
+                                        new_tokens=args.new_tokens, profile=profile)
+      else:
+        baseline = {"autoregressive_s": timing.iteration_cost(
+            target, drafter, draft_len=0, **common)["total_s"]}
+        baseline["autoregressive_tokens_per_s"] = batch / baseline["autoregressive_s"]
+      ar = baseline["autoregressive_s"]
       _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} autoregressive "
            f"{ar * 1e3:.3f} ms (roofline {roofline['autoregressive'] * 1e3:.3f})")
       shared: dict[str, float] = {}
       point = []
       for walk in args.walks:
         record = dict(model=model, batch=batch, walk=walk, draft_len=steps,
-                      prompt_len=args.prompt_len, autoregressive_s=ar,
+                      prompt_len=args.prompt_len, method=args.method, **baseline,
                       target_weight_bytes=target_weights, drafter_weight_bytes=drafter_weights,
                       kv_cache_bytes=int(kv_bytes(c, batch, args.prompt_len, dtype)),
                       **{f"{phase}_roofline_s": value for phase, value in roofline.items()})
         if over_budget():
           records.append({**record, "skipped": "time budget"})
           continue
-        pieces = ("total", "walk") if shared else timing.PIECES
         try:
-          cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
-                                       pieces=pieces, **common)
-          if args.generate_tokens:
-            record.update(generate_rate(target, drafter, batch=batch, draft_len=steps,
-                                        prompt_len=args.prompt_len, walk=walk,
-                                        new_tokens=args.generate_tokens,
-                                        profile=args.profile))
+          if args.method == "generate":
+            cost = generate_point(target, drafter, batch=batch, draft_len=steps,
+                                  prompt_len=args.prompt_len, walk=walk,
+                                  new_tokens=args.new_tokens, profile=profile)
+          else:
+            pieces = ("total", "walk") if shared else timing.PIECES
+            cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
+                                         pieces=pieces, **common)
+            if not shared:
+              shared = {"verify_s": cost["verify_s"], "drafter_s": cost["drafter_s"]}
+            cost.update(shared)
+            cost["other_s"] = (cost["total_s"] - cost["verify_s"] - cost["drafter_s"]
+                               - cost["walk_s"])
         except Exception as err:   # a walk this device cannot run: recorded, not fatal
           records.append({**record, "error": f"{type(err).__name__}: {err}"})
           _log(f"  {model} B={batch} walk={walk}: {type(err).__name__}: {err}")
           continue
-        if not shared:
-          shared = {"verify_s": cost["verify_s"], "drafter_s": cost["drafter_s"]}
-        cost.update(shared)
         modelled = batch * per_iteration / cost["total_s"]
         record.update(cost)
         record.update(
-            other_s=cost["total_s"] - cost["verify_s"] - cost["drafter_s"] - cost["walk_s"],
             modelled_tokens_per_iteration=per_iteration,
             modelled_tokens_per_s=modelled,
-            autoregressive_tokens_per_s=batch / ar,
             modelled_speedup_vs_autoregressive=modelled / (batch / ar))
         records.append(record)
         point.append(record)
         _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} walk={walk}: "
              f"total {cost['total_s'] * 1e3:.3f} ms (verify {cost['verify_s'] * 1e3:.3f}, "
-             f"drafter {cost['drafter_s'] * 1e3:.3f}, walk {cost['walk_s'] * 1e3:.3f})")
+             f"drafter {cost['drafter_s'] * 1e3:.3f}, walk {cost['walk_s'] * 1e3:.3f}, "
+             f"other {cost['other_s'] * 1e3:.3f})")
       add_walk_in_loop(point)
       if args.agreement and any(r["walk"] in ("auto", "pallas") for r in point):
         agreement = walk_agreement(target, drafter, batch=batch, draft_len=steps,
@@ -320,8 +359,12 @@ def run(args) -> dict:
       walk_in_loop_note=("walk_in_loop_s = total_s - total_s(walk=none) + walk_s(none): "
                          "what the walk adds to the measured iteration; walk_s is the walk "
                          "chained alone"),
-      generate_note=("generate_*: wall-clock of whole generate calls at the acceptance "
-                     "the random weights give (generate_acceptance_length), measured"),
+      generate_note=("method=generate: total_s and its phases are device time per "
+                     "iteration of a profiled generate call (kernels summed by the phase "
+                     "of their HLO operation; prefill apart); generate_*: wall clock of "
+                     "whole generate calls at the acceptance the random weights give "
+                     "(generate_acceptance_length); autoregressive_s: one step of the "
+                     "target's own decode loop, profiled likewise"),
       acceptance_profile=list(args.acceptance),
       modelled_note=(
           "MODELLED, not measured: tokens/s = B * L / total_s with L = 1 + sum_j "
@@ -431,9 +474,7 @@ def main(argv: list[str] | None = None) -> int:
       report = _read_report(args.replot)
       result_files.check_writable(plot_path, "--plot")
       return _plot_or_say_why(report, plot_path)
-    if args.generate_tokens < 0:
-      raise ValueError(f"--generate-tokens={args.generate_tokens} must be >= 0")
-    for name in ("prompt_len", "draft_len", "repeats", "chain"):
+    for name in ("prompt_len", "draft_len", "repeats", "chain", "new_tokens"):
       if getattr(args, name) < 1:
         raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if not (math.isfinite(args.time_budget) and args.time_budget > 0):

@@ -63,9 +63,9 @@ _STATUS_TEXT = {
                                "weights); its drafts were not accepted"),
 }
 DRAFT_W2 = ("auto", "bf16", "int8_planes")
-# The named scopes of an iteration's phases (a profile attributes device time by them);
-# what lies outside them is "other".
-PHASES = ("verify", "drafter", "walk")
+# The named scopes of an iteration's phases and of the prefill (a profile attributes
+# device time by them); what lies outside them is "other".
+PHASES = ("verify", "drafter", "walk", "prefill")
 
 
 class GenerateError(RuntimeError):
@@ -196,7 +196,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
   active, length, last = state["active"], state["length"], state["last"]
   key, draft_key, verify_key = jax.random.split(state["key"], 3)
   k, cap, policy_state = policy.choose(state["policy_state"], active)
-  with jax.named_scope(PHASES[1]):
+  with jax.named_scope("drafter"):
     base, hidden = drafter.block(last, length, state["draft_cache"],
                                  attention_impl=s.attention)
   drafter_bad = active & _nonfinite_rows(base)
@@ -206,11 +206,11 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
 
   def branch(steps: int):
     def run(_):
-      with jax.named_scope(PHASES[2]):
+      with jax.named_scope("walk"):
         draft = drafter.draft(base[:, :steps], hidden[:, :steps], last,
                               temperature=s.temperature, key=draft_key,
                               walk_impl=s.walk_impl, walk_config=s.walk_config)
-      with jax.named_scope(PHASES[0]):
+      with jax.named_scope("verify"):
         out = target.forward(jnp.concatenate([last[:, None], draft.tokens], axis=1),
                              length, state["target_cache"], feature_layers=layer_ids,
                              attention_impl=s.attention)
@@ -223,7 +223,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
                                           s.temperature, verify_key, row_cap)
       else:
         accepted, bonus = verify_greedy(draft.tokens, out.logits, row_cap)
-      with jax.named_scope(PHASES[1]):
+      with jax.named_scope("drafter"):
         context_keys, context_values = drafter.context_kv(out.features, length)
       extra = k_max - steps
       confidence = (jnp.zeros((length.shape[0], k_max), jnp.float32)
@@ -327,7 +327,8 @@ def _compiled(target_graph, drafter_graph, settings: LoopSettings):
     target = nnx.merge(target_graph, target_state)
     drafter = with_walk_head(nnx.merge(drafter_graph, drafter_state), settings,
                              prompt_ids.shape[0])
-    state = prefill(target, drafter, prompt_ids, prompt_lengths, eos_ids, key, settings)
+    with jax.named_scope("prefill"):
+      state = prefill(target, drafter, prompt_ids, prompt_lengths, eos_ids, key, settings)
     state = decode(target, drafter, state, settings)
     count = state["generated"]
     tokens = state["out_tokens"][:, :settings.max_new_tokens]
@@ -336,6 +337,55 @@ def _compiled(target_graph, drafter_graph, settings: LoopSettings):
     return GenerateOutput(tokens, count, state["iterations"], state["accepted"],
                           state["steps"], state["status"])
   return jax.jit(run, compiler_options=compiler_options())
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_autoregressive(target_graph, max_new_tokens: int, cache_len: int,
+                             attention_impl: str):
+  def run(target_state, prompt_ids, prompt_lengths):
+    target = nnx.merge(target_graph, target_state)
+    batch = prompt_ids.shape[0]
+    zeros = jnp.zeros((batch,), jnp.int32)
+    with jax.named_scope("prefill"):
+      out = target.forward(prompt_ids, zeros, None,
+                           logit_positions=(prompt_lengths - 1)[:, None],
+                           attention_impl=attention_impl)
+      cache = target.empty_cache(batch, cache_len).write(out.keys, out.values, zeros)
+      first = _pick(out.logits[:, 0], 0.0, None)
+    tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(first)
+
+    def step(i, carry):
+      tokens, cache = carry
+      length = prompt_lengths + i - 1
+      with jax.named_scope("verify"):
+        out = target.forward(jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1),
+                             length, cache,
+                             attention_impl=attention_impl)
+      cache = cache.write(out.keys, out.values, length)
+      return tokens.at[:, i].set(_pick(out.logits[:, 0], 0.0, None)), cache
+    return jax.lax.fori_loop(1, max_new_tokens, step, (tokens, cache))[0]
+  return jax.jit(run, compiler_options=compiler_options())
+
+
+def decode_autoregressive(target: Qwen3, prompts: Sequence[Sequence[int]],
+                          max_new_tokens: int, *, attention_impl: str = "auto",
+                          hlo_text: list | None = None) -> jax.Array:
+  """The target's own greedy decoding, one token per row and step, as one compiled loop
+  (the baseline speculative decoding is measured against): [B, max_new_tokens] ids,
+  no EOS (every row runs the full length). hlo_text: as ``generate``'s."""
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+      max_new_tokens < 1):
+    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+  prompt_ids, prompt_lengths = _prompt_array(prompts, target.config.vocab_size)
+  graph, state = nnx.split(target)
+  settings = (max_new_tokens, prompt_ids.shape[1] + max_new_tokens,
+              attention.resolve(attention_impl))
+  args = (state, jnp.asarray(prompt_ids), jnp.asarray(prompt_lengths))
+  run = _executable(("autoregressive", graph, *settings, prompt_ids.shape),
+                    lambda: _compiled_autoregressive(graph, *settings).lower(*args))
+  if hlo_text is not None:
+    hlo_text.append(run.as_text())
+  return run(*args)
 
 
 def check_models(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy) -> None:
@@ -422,7 +472,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   two host reads of the loop condition. check: raise ``GenerateError`` when the
   output's ``status`` reports a problem (else leave it in ``status``). hlo_text: a
   list to which the optimized HLO of the compiled loop is appended (profiling reads its
-  operations' phases; costs a second compile).
+  operations' phases).
   Every argument is checked before any work; a bad one raises ``ValueError``.
   """
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
@@ -465,11 +515,25 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
                           iterations_per_check)
   target_graph, target_state = nnx.split(target)
   drafter_graph, drafter_state = nnx.split(drafter)
-  run = _compiled(target_graph, drafter_graph, settings)
   key = jax.random.key(0) if key is None else key
   args = (target_state, drafter_state, jnp.asarray(prompt_ids), jnp.asarray(prompt_lengths),
           jnp.asarray(eos_ids), key)
+  run = _executable((target_graph, drafter_graph, settings, prompt_ids.shape, eos_ids.shape),
+                    lambda: _compiled(target_graph, drafter_graph, settings).lower(*args))
   if hlo_text is not None:
-    hlo_text.append(run.lower(*args).compile().as_text())
+    hlo_text.append(run.as_text())
   out = run(*args)
   return out.check() if check else out
+
+
+_EXECUTABLES: dict = {}
+
+
+def _executable(key: tuple, lower):
+  """The compiled loop for ``key`` (models, settings, input shapes), compiled ahead of
+  time once, so that its HLO can be read without compiling it again."""
+  if key not in _EXECUTABLES:
+    if len(_EXECUTABLES) >= 16:
+      _EXECUTABLES.pop(next(iter(_EXECUTABLES)))
+    _EXECUTABLES[key] = lower().compile()
+  return _EXECUTABLES[key]

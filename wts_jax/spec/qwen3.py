@@ -207,8 +207,10 @@ def layer_weight_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
           "gate_proj": (inter, d), "up_proj": (inter, d), "down_proj": (d, inter)}
 
 
-def _init(rngs: nnx.Rngs, shape, dtype) -> jax.Array:
-  if len(shape) == 1:   # a norm weight: around one, so tests exercise it
+def _init(rngs: nnx.Rngs, shape, dtype, *, norm: bool | None = None) -> jax.Array:
+  """Random weights: a norm weight (1-D, or ``norm``) around one, so tests exercise it;
+  a matrix with rows of unit scale."""
+  if norm if norm is not None else len(shape) == 1:
     return (1.0 + 0.1 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
   scale = shape[-1] ** -0.5
   return (jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype)
@@ -217,9 +219,9 @@ def _init(rngs: nnx.Rngs, shape, dtype) -> jax.Array:
 class DecoderLayer(nnx.Module):
   """One Qwen3 decoder layer's weights, by ``LAYER_WEIGHTS`` name."""
 
-  def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16):
-    for name, shape in layer_weight_shapes(config).items():
-      setattr(self, name, nnx.Param(_init(rngs, shape, param_dtype)))
+  def __init__(self, weights: dict[str, jax.Array]):
+    for name in LAYER_WEIGHTS:
+      setattr(self, name, nnx.Param(weights[name]))
 
   def weights(self) -> dict[str, jax.Array]:
     return {name: getattr(self, name)[...] for name in LAYER_WEIGHTS}
@@ -227,10 +229,13 @@ class DecoderLayer(nnx.Module):
 
 def decoder_layers(config: Qwen3Config, num_layers: int, *, rngs: nnx.Rngs,
                    param_dtype=jnp.bfloat16) -> nnx.List:
-  """``num_layers`` layers; attribute path ``layers.<i>.<name>``, as the checkpoint's
-  ``layers.<i>.<...>.weight`` keys."""
-  return nnx.List([DecoderLayer(config, rngs=rngs, param_dtype=param_dtype)
-                   for _ in range(num_layers)])
+  """``num_layers`` random layers; attribute path ``layers.<i>.<name>``, as the
+  checkpoint's ``layers.<i>.<...>.weight`` keys. Each weight is drawn for all layers at
+  once (one random draw per name keeps the drawing program small), then split."""
+  drawn = {name: _init(rngs, (num_layers, *shape), param_dtype, norm=len(shape) == 1)
+           for name, shape in layer_weight_shapes(config).items()}
+  return nnx.List([DecoderLayer({name: weight[i] for name, weight in drawn.items()})
+                   for i in range(num_layers)])
 
 
 class Embedding(nnx.Module):
