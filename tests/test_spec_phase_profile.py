@@ -35,7 +35,7 @@ def test_kernels_are_summed_by_the_phase_of_their_hlo_operation(tmp_path):
             {"ph": "X", "pid": 1, "dur": 999.0, "name": "host", "args": {"hlo_op": "fusion.1"}}]
   seconds = phase_profile.phase_seconds(_trace(tmp_path, events), HLO)
   assert seconds == pytest.approx({"verify": 100e-6, "drafter": 50e-6, "walk": 20e-6,
-                                   "other": 5e-6, "unattributed": 3e-6})
+                                   "prefill": 0.0, "other": 5e-6, "unattributed": 3e-6})
 
 
 def test_a_directory_without_a_trace_is_named(tmp_path):

@@ -168,19 +168,21 @@ def with_walk_head(drafter: DSparkDrafter, s: LoopSettings, batch: int) -> DSpar
   from wts_jax.api import chosen_implementation
   from wts_jax.quantize import quantize_w2
   head = drafter.head
-  if head is None or s.walk_impl == "none" or s.draft_w2 == "bf16":
+  if head is None or s.walk_impl in ("none", "xla") or s.draft_w2 == "bf16":
     return drafter
   if head.markov_head.markov_w2.weight.dtype == jnp.int8:   # already quantized
     return drafter
-  planes = quantize_w2(head, "int8", state="planes")
-  if s.draft_w2 == "auto":
+  if s.draft_w2 == "int8_planes":
+    planes = quantize_w2(head, "int8", state="planes")
+  else:
     base = jax.ShapeDtypeStruct((batch, s.policy.max_draft_len, drafter.config.vocab_size),
                                 drafter.dtype)
-    try:
+    try:   # planes only where a kernel walks them ("pallas" refuses, saying why)
+      planes = quantize_w2(head, "int8", state="planes")
       impl = chosen_implementation(planes, base, s.walk_impl, s.walk_config,
                                    temperature=s.temperature,
                                    return_logits=s.temperature > 0)
-    except ValueError:   # no kernel runs this head's planes ("pallas" says why)
+    except (TypeError, ValueError):   # a rank or head the planes do not fit
       return drafter
     if impl == "xla":
       return drafter
