@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
   from wts_jax.convert.errors import ConversionError
   from wts_jax.spec.dspark import load_dspark
-  from wts_jax.spec.loop import generate
+  from wts_jax.spec.loop import GenerateError, generate
   from wts_jax.spec.qwen3 import load_qwen3
   dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
   try:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     out = generate(target, drafter, prompts, args.max_new_tokens,
                    temperature=args.temperature, key=jax.random.key(args.seed),
                    draft_len=args.draft_len, walk_impl=args.walk, eos_id=eos)
-  except (ValueError, TypeError, ConversionError, OSError) as err:
+  except (ValueError, TypeError, ConversionError, OSError, GenerateError) as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
   for row in out.rows():
