@@ -1,0 +1,76 @@
+"""The per-step exchange of a vocabulary-sharded walk: each device's best candidate in,
+the same token out on every device.
+
+Device ``i`` of ``n`` along the vocabulary axis owns the columns ``[i·V/n, (i+1)·V/n)``.
+At every step it selects its own candidate exactly as the single-device walk selects over
+all of V (``jnp.argmax`` of its scores: the highest, the lowest column among equal ones,
+the first NaN where there is one) and publishes it as a few words per batch row:
+
+- ``score``: the candidate's selection score (its logit, or logit / T + Gumbel noise);
+- ``index``: its *global* column;
+- ``row``: its W1 row, only when W1 is sharded along V too (then the next step's
+  ``e = W1[x]`` arrives with the token, in the same exchange);
+- ``chosen`` and ``lse``: its scaled logit and the log-sum-exp of the device's scaled
+  logits, only when the walk returns log-probabilities.
+
+``pick`` reduces the ``n`` candidates with the single-device rule (a NaN score wins, the
+lowest global column first; otherwise the highest score, the lowest global column among
+equal scores), so the token is the single-device walk's for the same logits: exactly,
+greedy, and bit for bit sampled with the same key (the Gumbel noise of a column is drawn
+by its global index, ``wts_jax.sampling``). One ``all_gather`` a step; nothing V-sized
+crosses devices.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def local_candidate(score: jax.Array, column_offset) -> tuple[jax.Array, jax.Array]:
+  """(best score [B], its global column [B] int32) of one device's scores [B, V_local]."""
+  local = jnp.argmax(score, axis=-1).astype(jnp.int32)
+  best = jnp.take_along_axis(score, local[:, None], axis=-1)[:, 0]
+  return best, local + column_offset
+
+
+def pick(scores: jax.Array, indices: jax.Array) -> jax.Array:
+  """Which of the ``n`` candidates wins, per batch row: scores and indices [n, B] →
+  positions [B] in ``0 … n-1`` (the single-device argmax rule; the module docstring)."""
+  nan = jnp.isnan(scores)
+  any_nan = jnp.any(nan, axis=0)
+  top = jnp.max(jnp.where(nan, -jnp.inf, scores), axis=0)
+  contender = jnp.where(any_nan[None], nan, scores == top[None])
+  lowest = jnp.min(jnp.where(contender, indices, jnp.iinfo(jnp.int32).max), axis=0)
+  return jnp.argmax(contender & (indices == lowest[None]), axis=0).astype(jnp.int32)
+
+
+def combined_logsumexp(lse: jax.Array) -> jax.Array:
+  """The log-sum-exp over all devices' columns from each device's own, [n, B] → [B]
+  (as ``jax.nn.logsumexp`` guards an infinite maximum)."""
+  top = jnp.max(lse, axis=0)
+  safe = jnp.where(jnp.isfinite(top), top, 0.0)
+  return safe + jnp.log(jnp.sum(jnp.exp(lse - safe[None]), axis=0))
+
+
+def exchange(candidate: dict[str, jax.Array], axis_name) -> dict[str, jax.Array]:
+  """Every device's ``candidate`` (a dict of [B, ...] arrays with at least ``score`` and
+  ``index``) gathered over ``axis_name`` and reduced to the winner's fields, the same on
+  every device. ``lse``, when present, becomes the log-sum-exp over all columns."""
+  gathered = lax.all_gather(candidate, axis_name)          # each [n, B, ...]
+  winner = pick(gathered["score"], gathered["index"])       # [B]
+
+  def of_winner(values):
+    return jnp.take_along_axis(
+        values, winner.reshape((1, -1) + (1,) * (values.ndim - 2)), axis=0)[0]
+
+  result = {name: of_winner(values) for name, values in gathered.items() if name != "lse"}
+  if "lse" in gathered:
+    result["lse"] = combined_logsumexp(gathered["lse"])
+  return result
+
+
+def or_over(status: jax.Array, axis_name) -> jax.Array:
+  """The bitwise OR of an int32 status word over the devices of ``axis_name``."""
+  return jnp.bitwise_or.reduce(lax.all_gather(status, axis_name).reshape(-1))
