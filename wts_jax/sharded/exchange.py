@@ -17,11 +17,13 @@ the first NaN where there is one) and publishes it as a few words per batch row:
 lowest global column first; otherwise the highest score, the lowest global column among
 equal scores), so the token is the single-device walk's for the same logits: exactly,
 greedy, and bit for bit sampled with the same key (the Gumbel noise of a column is drawn
-by its global index, ``wts_jax.sampling``). One ``all_gather`` a step; nothing V-sized
-crosses devices.
+by its global index, ``wts_jax.sampling``). The fields travel as one int32 message (their
+bits, packed), so a step is one ``all_gather``; nothing V-sized crosses devices.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -54,11 +56,58 @@ def combined_logsumexp(lse: jax.Array) -> jax.Array:
   return safe + jnp.log(jnp.sum(jnp.exp(lse - safe[None]), axis=0))
 
 
+def _as_words(values: jax.Array) -> jax.Array:
+  """[B, ...] values of any 4-, 2- or 1-byte dtype as their bits in int32 words [B, w]
+  (16-bit values two to a word when they pair up)."""
+  values = values.reshape(values.shape[0], -1)
+  itemsize = jnp.dtype(values.dtype).itemsize
+  if itemsize == 4:
+    return lax.bitcast_convert_type(values, jnp.int32)
+  per_word = 4 // itemsize
+  if values.shape[1] % per_word == 0:
+    grouped = values.reshape(values.shape[0], -1, per_word)
+    return lax.bitcast_convert_type(grouped, jnp.int32)
+  unsigned = {2: jnp.uint16, 1: jnp.uint8}[itemsize]
+  return lax.bitcast_convert_type(values, unsigned).astype(jnp.int32)
+
+
+def _from_words(words: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
+  """``_as_words``' inverse: words [..., w] back to values shaped like ``like`` [B, ...]
+  (with the leading axes of ``words``)."""
+  lead = words.shape[:-1]
+  itemsize = jnp.dtype(like.dtype).itemsize
+  size = math.prod(like.shape[1:])
+  if itemsize == 4:
+    values = lax.bitcast_convert_type(words, like.dtype)
+  elif size % (4 // itemsize) == 0:
+    values = lax.bitcast_convert_type(words, like.dtype)     # [..., w, per_word]
+  else:
+    unsigned = {2: jnp.uint16, 1: jnp.uint8}[itemsize]
+    values = lax.bitcast_convert_type(words.astype(unsigned), like.dtype)
+  return values.reshape(lead + tuple(like.shape[1:]))
+
+
+def gather_packed(candidate: dict[str, jax.Array], axis_name) -> dict[str, jax.Array]:
+  """``lax.all_gather`` of every field of ``candidate`` (each [B, ...]) as one message:
+  the fields' bits packed into one int32 array [B, words], gathered once, unpacked to
+  [n, B, ...] each — one collective a step, whatever the fields."""
+  names = sorted(candidate)
+  words = [_as_words(candidate[name]) for name in names]
+  gathered = lax.all_gather(jnp.concatenate(words, axis=1), axis_name)   # [n, B, words]
+  fields, start = {}, 0
+  for name, part in zip(names, words):
+    like = jax.ShapeDtypeStruct(candidate[name].shape, candidate[name].dtype)
+    fields[name] = _from_words(gathered[..., start:start + part.shape[1]], like)
+    start += part.shape[1]
+  return fields
+
+
 def exchange(candidate: dict[str, jax.Array], axis_name) -> dict[str, jax.Array]:
   """Every device's ``candidate`` (a dict of [B, ...] arrays with at least ``score`` and
-  ``index``) gathered over ``axis_name`` and reduced to the winner's fields, the same on
-  every device. ``lse``, when present, becomes the log-sum-exp over all columns."""
-  gathered = lax.all_gather(candidate, axis_name)          # each [n, B, ...]
+  ``index``) gathered over ``axis_name`` in one message and reduced to the winner's
+  fields, the same on every device. ``lse``, when present, becomes the log-sum-exp over
+  all columns."""
+  gathered = gather_packed(candidate, axis_name)           # each [n, B, ...]
   winner = pick(gathered["score"], gathered["index"])       # [B]
 
   def of_winner(values):

@@ -27,7 +27,7 @@ from jax import lax
 from wts_jax import sampling
 from wts_jax.output import STATUS_NAN_LOGITS, WalkOutput
 from wts_jax.reference import clamp_first_tokens
-from wts_jax.sharded.exchange import exchange, local_candidate, or_over
+from wts_jax.sharded.exchange import exchange, gather_packed, local_candidate, or_over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +117,7 @@ def _first_embedding(serial, first: jax.Array, layout: ShardLayout, column_offse
   local = first - column_offset
   owned = (local >= 0) & (local < local_vocab)
   rows = jnp.where(owned[:, None], serial.embed(jnp.clip(local, 0, local_vocab - 1)), 0)
-  gathered = lax.all_gather(rows, layout.vocab_axis)       # [n, B, r]
+  gathered = gather_packed({"row": rows}, layout.vocab_axis)["row"]   # [n, B, r]
   owner = (first // local_vocab).astype(jnp.int32)
   return jnp.take_along_axis(gathered, owner[None, :, None], axis=0)[0]
 

@@ -73,7 +73,13 @@ def _named_sharding(array) -> NamedSharding | None:
     sharding = jax.typeof(array).sharding
   except (AttributeError, TypeError):
     return None
-  return sharding if isinstance(sharding, NamedSharding) and sharding.mesh.shape else None
+  # A traced array's type tells its layout only over explicit mesh axes; on automatic
+  # axes its spec reads unsplit whatever the layout is.
+  explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+  if not isinstance(sharding, NamedSharding) or not any(
+      kind == explicit for kind in getattr(sharding.mesh, "axis_types", ())):
+    return None
+  return sharding
 
 
 def _spec_entry(sharding: NamedSharding, dim: int):
@@ -215,3 +221,21 @@ def leaf_specs(head, layout: ShardLayout) -> list[P]:
     else:
       specs.append(P())
   return specs
+
+
+def place_head(head, mesh, vocab_axis, *, split_w1: bool = True):
+  """``head`` with its arrays put on ``mesh``: W2 (and its row scales) split along V over
+  ``vocab_axis``, W1 too when ``split_w1`` (else whole on every device), every other
+  array whole on every device; without the kernel-only copies (``walk_view``). For a
+  head loaded on one device; an engine's arrays already on the mesh need no placing
+  (``heads.engine.head_from_arrays``)."""
+  view = walk_view(head)
+  vocab = view.config.vocab_size
+  shards = _split_size(mesh, vocab_axis)
+  _check_divides(vocab, shards, vocab_axis)
+  layout = ShardLayout(vocab_axis=vocab_axis, batch_axis=None, vocab_size=vocab,
+                       w1_sharded=split_w1)
+  leaves, treedef = jax.tree.flatten(view)
+  placed = [jax.device_put(leaf, NamedSharding(mesh, spec))
+            for leaf, spec in zip(leaves, leaf_specs(view, layout))]
+  return jax.tree.unflatten(treedef, placed)

@@ -20,7 +20,7 @@ import functools
 
 import jax
 from jax import lax
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wts_jax import validation
 from wts_jax.output import WalkOutput
@@ -113,4 +113,16 @@ def _mesh_walk(leaves, base_logits, first_tokens, hidden, score_scale, noise_on,
   # see through a gather-and-select.
   walk = jax.shard_map(device_walk, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                        check_vma=False)
-  return walk(leaves, base_logits, first_tokens, hidden, score_scale, noise_on, seed)
+  args = (leaves, base_logits, first_tokens, hidden, score_scale, noise_on, seed)
+  if _explicit(mesh):
+    # On explicit mesh axes shard_map takes each input only as its spec lays it out; an
+    # input laid out otherwise moves here (nothing, for a head split as the walk needs).
+    args = jax.tree.map(
+        lambda x, spec: None if x is None else jax.sharding.reshard(
+            x, NamedSharding(mesh, spec)), args, in_specs, is_leaf=lambda x: x is None)
+  return walk(*args)
+
+
+def _explicit(mesh) -> bool:
+  explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+  return any(kind == explicit for kind in getattr(mesh, "axis_types", ()))
