@@ -272,3 +272,93 @@ def test_engine_layout_head_refuses_the_row_kernels_by_name():
   ref = wts_jax.walk(head, base, first, impl="xla")
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   assert wts_jax.chosen_implementation(engine_head, base) == "xla"
+
+
+# --- the sharded step kernel (impl="pallas"), in Pallas interpret mode -----------------
+
+def _interpret_config():
+  from wts_jax.sharded.step_kernel import StepKernelConfig
+  return StepKernelConfig(tile_rows=32, interpret=True)
+
+
+STEP_KERNEL_CASES = [("vanilla", "tensor2", 1, None), ("gated", "tensor4", 3, None),
+                     ("rnn", "data2_tensor4", 8, None), ("gated", "tensor2", 4, "int8"),
+                     ("vanilla", "vocab_over_x2_y4", 2, "fp8")]
+
+
+@pytest.mark.parametrize("head_type,mesh_name,batch,scheme", STEP_KERNEL_CASES)
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_step_kernel_sharded_walk(head_type, mesh_name, batch, scheme, sampled):
+  """One kernel launch a step on each device, the exchange between launches: the XLA
+  walk's tokens, logits to the kernels' fp32-product tolerance."""
+  head, (base, first, hidden) = _case(head_type, batch, seed=batch)
+  if scheme:
+    head = quantize_w2(head, scheme)
+  temperature = temperatures(batch, sampled)
+  key = jax.random.key(9)
+  ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
+                     key=key, return_logits=True, return_logprobs=True)
+  _, placed, sharded_base = _on_mesh(mesh_name, head, base)
+  out = wts_jax.walk(placed, sharded_base, first, hidden, impl="pallas",
+                     config=_interpret_config(), temperature=temperature, key=key,
+                     return_logits=True, return_logprobs=True)
+  assert_same_walk(out, ref, logits_atol=2e-4, logprobs_atol=2e-4)
+
+
+def test_step_kernel_reads_an_engine_kernel_where_it_lies():
+  from wts_jax.heads.engine import head_from_arrays
+  head, (base, first, hidden) = _case("vanilla", 2, confidence=False)
+  mesh = make_mesh("tensor4")
+  engine_head = head_from_arrays(
+      jax.device_put(head.markov_head.markov_w1.weight[...], NamedSharding(mesh, P())),
+      jax.device_put(head.markov_head.markov_w2.weight[...].T,
+                     NamedSharding(mesh, P(None, "tensor"))), hidden_size=HIDDEN)
+  sharded_base = jax.device_put(base, NamedSharding(mesh, P(None, None, "tensor")))
+  out = wts_jax.walk(engine_head, sharded_base, first, impl="pallas",
+                     config=_interpret_config(), temperature=0.6, key=jax.random.key(1))
+  ref = wts_jax.walk(head, base, first, impl="xla", temperature=0.6, key=jax.random.key(1))
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+def test_step_kernel_refuses_int8_planes_by_name():
+  head, (base, first, hidden) = _case("vanilla", 2)
+  head = quantize_w2(head, "int8", state="planes")
+  _, placed, sharded_base = _on_mesh("tensor2", head, base)
+  with pytest.raises(ValueError, match="meets it as two int8 planes"):
+    wts_jax.walk(placed, sharded_base, first, hidden, impl="pallas",
+                 config=_interpret_config())
+
+
+@pytest.mark.parametrize("batch,sampled,kernel_layout", [(1, False, False),
+                                                         (16, True, False),
+                                                         (64, False, True)])
+def test_step_kernel_lowers_for_cuda_at_the_qwen3_shape(batch, sampled, kernel_layout):
+  """Half of the Qwen3 vocabulary a device (two GPUs), r = 256: the Triton kernel
+  lowers for CUDA (its MLIR verified), W2 by rows or as an engine's kernel."""
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  from lower_for_gpu import cuda_target, verify_triton_modules
+  from wts_jax.pallas.plan import padded_batch
+  from wts_jax.sharded import step_kernel
+  local_vocab, rank, padded = 151_936 // 2, 256, padded_batch(batch)
+  shape = step_kernel.KernelShape(
+      batch=batch, padded_batch=padded, steps=7, local_vocab=local_vocab, rank=rank,
+      tile_rows=128, quantized=False, w2_kernel_layout=kernel_layout,
+      z_exact_in_bf16=batch == 1, greedy=not sampled, return_logits=sampled,
+      return_logprobs=True, num_warps=4, interpret=False)
+  spec = jax.ShapeDtypeStruct
+  inputs = {"z": spec((padded, rank), jnp.float32),
+            "w2": spec((rank, local_vocab) if kernel_layout else (local_vocab, rank),
+                       jnp.bfloat16),
+            "base_logits": spec((batch, 7, local_vocab), jnp.bfloat16),
+            "step": spec((1,), jnp.int32), "column_offset": spec((1,), jnp.int32)}
+  if sampled:
+    inputs.update(streams=spec((padded,), jnp.uint32), score_scale=spec((padded,),
+                                                                         jnp.float32),
+                  noise_on=spec((padded,), jnp.int32))
+  verify_triton_modules()
+  with cuda_target():
+    text = step_kernel._launch.trace(inputs, shape=shape).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert text.count(step_kernel.KERNEL_NAME) >= 1

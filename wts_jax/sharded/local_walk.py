@@ -78,16 +78,17 @@ class StepInputs:
   return_logprobs: bool
 
 
-# A device's step: (serial head, base logits of the step [B, V_local], z [B, r], step,
-# StepInputs) -> StepScores.
+# A device's step: (serial head, base logits [B, K, V_local], z [B, r], step,
+# StepInputs) -> StepScores. Hashable (a static argument of the jitted walk).
 LocalScores = Callable[..., StepScores]
 
 
-def xla_scores(serial, base_step: jax.Array, z: jax.Array, step, inputs: StepInputs
+def xla_scores(serial, base_logits: jax.Array, z: jax.Array, step, inputs: StepInputs
                ) -> StepScores:
   """The reference's arithmetic on the device's own columns (``reference.select_tokens``
   and ``token_logprobs``, with the noise drawn by global column)."""
-  logits = base_step.astype(jnp.float32) + serial.vocab_bias(z)
+  logits = (jnp.take(base_logits, step, axis=1).astype(jnp.float32)
+            + serial.vocab_bias(z))
   nan = jnp.any(jnp.isnan(logits))
   if inputs.seed is None:
     score = logits
@@ -150,7 +151,7 @@ def local_walk(head, base_logits: jax.Array, first_tokens: jax.Array,
     e, state, status = carry
     state, z = serial.advance(state, e, None if hoisted is None else
                               serial.hoisted_at(hoisted, k))
-    local = scores(serial, jnp.take(base_logits, k, axis=1), z, k, inputs)
+    local = scores(serial, base_logits, z, k, inputs)
     status = status | jnp.where(local.nan, STATUS_NAN_LOGITS, 0)
     candidate = {"score": local.best, "index": local.index}
     if layout.w1_sharded:
