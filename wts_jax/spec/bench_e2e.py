@@ -33,8 +33,10 @@ import numpy as np
 from flax import nnx
 
 from wts_jax import result_files
-from wts_jax.spec import timing
+from wts_jax.spec import loop, timing
 from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
+from wts_jax.spec.loop import generate
+from wts_jax.spec.policy import FixedDraftLength
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
 
 MODELS = {
@@ -101,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--chain", type=int, default=8,
                       help="iterations chained in one timed executable")
+  parser.add_argument("--generate-tokens", type=int, default=0,
+                      help="also time whole generate calls of this many new tokens per "
+                           "row (wall clock; 0: no)")
+  parser.add_argument("--agreement", action="store_true",
+                      help="also report how often the int8-planes walk's tokens agree "
+                           "with the bf16 walk's at each point")
   parser.add_argument("--time-budget", type=float, default=420.0,
                       help="seconds; measurements past it are skipped (and recorded so)")
   parser.add_argument("--out", type=Path, default=Path("e2e.json"))
@@ -129,6 +137,69 @@ def model_configs(name: str, head_type: str) -> tuple[Qwen3Config, DSparkConfig]
   return target_config, drafter_preset(target_config, head_type=head_type)
 
 
+HBM_BYTES_PER_S = 4.8e12   # the H200's HBM bandwidth: the rooflines' denominator
+
+
+def weight_bytes(model, *, gathered_table: bool) -> int:
+  """Bytes of the weights a forward reads once: all of ``model``'s parameters but its
+  serial head (the walk's) and, when ``gathered_table``, the embedding table (a forward
+  gathers a few of its rows)."""
+  def size(tree):
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
+  total = size(nnx.state(model))
+  if getattr(model, "head", None) is not None:
+    total -= size(nnx.state(model.head))
+  if gathered_table:
+    total -= model.embed_tokens.weight.nbytes
+  return int(total)
+
+
+def kv_bytes(config: Qwen3Config, batch: int, length: int, dtype) -> int:
+  """Bytes of ``batch`` rows' cached keys and values over ``length`` positions."""
+  return (2 * config.num_layers * batch * length * config.num_kv_heads * config.head_dim
+          * jnp.dtype(dtype).itemsize)
+
+
+def walk_agreement(target, drafter, *, batch: int, draft_len: int, prompt_len: int) -> float:
+  """Fraction of drafted tokens on which the walk with W2 as int8 planes agrees with the
+  walk of the stored (bf16) W2, greedy, on the drafter's own block at this point."""
+  last, base, hidden = timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
+                                          prompt_len=prompt_len)["walk"].carry()
+  graph, state = nnx.split(drafter)
+
+  def draft(state, w2):
+    settings = loop.LoopSettings(max_new_tokens=1, temperature=0.0,
+                                 policy=FixedDraftLength(draft_len), walk_impl="auto",
+                                 cache_len=1, draft_w2=w2)
+    d = loop.with_walk_head(nnx.merge(graph, state), settings, batch)
+    return d.draft(base[:, :draft_len], hidden[:, :draft_len], last, temperature=0.0,
+                   key=None, walk_impl="auto").tokens
+  tokens = {w2: np.asarray(jax.jit(draft, static_argnums=1)(state, w2))
+            for w2 in ("int8_planes", "bf16")}
+  return float(np.mean(tokens["int8_planes"] == tokens["bf16"]))
+
+
+def generate_rate(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
+                  walk: str, new_tokens: int) -> dict:
+  """Wall-clock tokens/s of whole ``generate`` calls (after a compiling call): the
+  median of three, with the acceptance the random weights give."""
+  prompts = [[(b * 7 + i) % target.config.vocab_size for i in range(prompt_len)]
+             for b in range(batch)]
+  kwargs = dict(draft_len=draft_len, walk_impl=walk)
+  out = generate(target, drafter, prompts, new_tokens, **kwargs)   # compile, warm up
+  seconds = []
+  for _ in range(3):
+    began = time.perf_counter()
+    out = generate(target, drafter, prompts, new_tokens, **kwargs)
+    jax.block_until_ready(out.tokens)
+    seconds.append(time.perf_counter() - began)
+  wall = float(np.median(seconds))
+  return dict(generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
+              generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
+              generate_iterations=int(out.iterations),
+              generate_acceptance_length=float(np.mean(out.acceptance_length())))
+
+
 def run(args) -> dict:
   began = time.perf_counter()
   dtype = DTYPES[args.dtype]
@@ -147,12 +218,17 @@ def run(args) -> dict:
   for model, (target_config, drafter_config) in configs.items():
     target = make_qwen3(target_config, seed=0, param_dtype=dtype, dtype=dtype)
     drafter = make_dspark(drafter_config, seed=1, param_dtype=dtype, dtype=dtype)
-    weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(target)))
+    target_weights = weight_bytes(target, gathered_table=not target_config.tie_word_embeddings)
+    drafter_weights = weight_bytes(drafter, gathered_table=True)
     for batch in args.batches:
       c = target_config
-      # what a verify pass must read at least: the weights and the rows' cached K/V
-      cache_bytes = (2 * c.num_layers * batch * args.prompt_len * c.num_kv_heads
-                     * c.head_dim * jnp.dtype(dtype).itemsize)
+      roofline = {   # bytes ÷ HBM bandwidth: weights once, the rows' K/V at prompt_len
+          "verify": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
+                    / HBM_BYTES_PER_S,
+          "autoregressive": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
+                            / HBM_BYTES_PER_S,
+          "drafter": (drafter_weights + kv_bytes(drafter_config.layers, batch,
+                                                 args.prompt_len, dtype)) / HBM_BYTES_PER_S}
       common = dict(batch=batch, prompt_len=args.prompt_len, repeats=args.repeats,
                     chain=args.chain)
       if over_budget():
@@ -160,13 +236,15 @@ def run(args) -> dict:
         continue
       ar = timing.iteration_cost(target, drafter, draft_len=0, **common)["total_s"]
       _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} autoregressive "
-           f"{ar * 1e3:.3f} ms")
+           f"{ar * 1e3:.3f} ms (roofline {roofline['autoregressive'] * 1e3:.3f})")
       shared: dict[str, float] = {}
+      point = []
       for walk in args.walks:
         record = dict(model=model, batch=batch, walk=walk, draft_len=steps,
                       prompt_len=args.prompt_len, autoregressive_s=ar,
-                      target_weight_bytes=int(weight_bytes),
-                      kv_cache_bytes=int(cache_bytes))
+                      target_weight_bytes=target_weights, drafter_weight_bytes=drafter_weights,
+                      kv_cache_bytes=int(kv_bytes(c, batch, args.prompt_len, dtype)),
+                      **{f"{phase}_roofline_s": value for phase, value in roofline.items()})
         if over_budget():
           records.append({**record, "skipped": "time budget"})
           continue
@@ -174,6 +252,10 @@ def run(args) -> dict:
         try:
           cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
                                        pieces=pieces, **common)
+          if args.generate_tokens:
+            record.update(generate_rate(target, drafter, batch=batch, draft_len=steps,
+                                        prompt_len=args.prompt_len, walk=walk,
+                                        new_tokens=args.generate_tokens))
         except Exception as err:   # a walk this device cannot run: recorded, not fatal
           records.append({**record, "error": f"{type(err).__name__}: {err}"})
           _log(f"  {model} B={batch} walk={walk}: {type(err).__name__}: {err}")
@@ -190,9 +272,16 @@ def run(args) -> dict:
             autoregressive_tokens_per_s=batch / ar,
             modelled_speedup_vs_autoregressive=modelled / (batch / ar))
         records.append(record)
+        point.append(record)
         _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} walk={walk}: "
              f"total {cost['total_s'] * 1e3:.3f} ms (verify {cost['verify_s'] * 1e3:.3f}, "
              f"drafter {cost['drafter_s'] * 1e3:.3f}, walk {cost['walk_s'] * 1e3:.3f})")
+      add_walk_in_loop(point)
+      if args.agreement and any(r["walk"] in ("auto", "pallas") for r in point):
+        agreement = walk_agreement(target, drafter, batch=batch, draft_len=steps,
+                                   prompt_len=args.prompt_len)
+        for r in point:
+          r["int8_planes_vs_bf16_token_agreement"] = agreement
     del target, drafter
     gc.collect()
 
@@ -205,6 +294,13 @@ def run(args) -> dict:
       head_type=args.head_type,
       weights="random (throughput is modelled, see modelled_note)",
       method=timing.METHOD,
+      roofline_note=(f"*_roofline_s = bytes the phase must read (weights once, the rows' "
+                     f"K/V at prompt_len) / {HBM_BYTES_PER_S / 1e12:.1f} TB/s"),
+      walk_in_loop_note=("walk_in_loop_s = total_s - total_s(walk=none) + walk_s(none): "
+                         "what the walk adds to the measured iteration; walk_s is the walk "
+                         "chained alone"),
+      generate_note=("generate_*: wall-clock of whole generate calls at the acceptance "
+                     "the random weights give (generate_acceptance_length), measured"),
       acceptance_profile=list(args.acceptance),
       modelled_note=(
           "MODELLED, not measured: tokens/s = B * L / total_s with L = 1 + sum_j "
@@ -213,6 +309,16 @@ def run(args) -> dict:
       persistent_walk_gain=walk_gains(records),
       results=records,
       elapsed_s=time.perf_counter() - began)
+
+
+def add_walk_in_loop(point: list[dict]) -> None:
+  """Each record of one (model, B) gains ``walk_in_loop_s`` when the "none" walk (no
+  serial head) was measured beside it."""
+  none = next((r for r in point if r["walk"] == "none"), None)
+  if none is None:
+    return
+  for r in point:
+    r["walk_in_loop_s"] = r["total_s"] - none["total_s"] + none["walk_s"]
 
 
 def walk_gains(records: list[dict]) -> list[dict]:
