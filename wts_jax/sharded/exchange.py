@@ -30,10 +30,24 @@ import jax.numpy as jnp
 from jax import lax
 
 
+def _argmax_reducer(candidate, accumulated):
+  """``lax.argmax``'s own reduction rule (a NaN is picked; of equal values the lower
+  index), kept with its value: one pass gives both."""
+  value, index = candidate
+  best, best_index = accumulated
+  take_value = (value > best) | (value != value)
+  take_index = take_value | ((value == best) & (index < best_index))
+  return (jnp.where(take_value, value, best), jnp.where(take_index, index, best_index))
+
+
 def local_candidate(score: jax.Array, column_offset) -> tuple[jax.Array, jax.Array]:
-  """(best score [B], its global column [B] int32) of one device's scores [B, V_local]."""
-  local = jnp.argmax(score, axis=-1).astype(jnp.int32)
-  best = jnp.take_along_axis(score, local[:, None], axis=-1)[:, 0]
+  """(best score [B], its global column [B] int32) of one device's scores [B, V_local]:
+  ``jnp.argmax``'s choice and its score from one reduction (the scores, a fusion of the
+  logits' add, need not be written out to be read twice)."""
+  columns = lax.broadcasted_iota(jnp.int32, score.shape, score.ndim - 1)
+  best, local = lax.reduce((score, columns), (jnp.array(-jnp.inf, score.dtype),
+                                              jnp.int32(0)),
+                           _argmax_reducer, (score.ndim - 1,))
   return best, local + column_offset
 
 
