@@ -101,9 +101,9 @@ def lower_exchange_probe(devices: int = 2, steps: int = 7, blocks: int = 132):
   return jax.jit(probe).trace(scores, indices, first).lower()
 
 
-def probe_asm_failures(devices: int = 2) -> list[str]:
-  """``ptxas`` errors of the inline PTX the probe's lowering builds (empty: all of it
-  assembles for sm_90a)."""
+def probe_asm_check(devices: int = 2) -> tuple[int, list[str]]:
+  """(how many inline-PTX blocks the probe's lowering builds were assembled, ``ptxas``'s
+  errors: empty when every one assembles for sm_90a)."""
   from jax._src.lib.mlir.dialects import llvm
   import inline_ptx_check
   ptxas = shutil.which("ptxas")
@@ -120,19 +120,20 @@ def probe_asm_failures(devices: int = 2) -> list[str]:
     lower_exchange_probe(devices)
   finally:
     llvm.inline_asm = original
-  failures = []
+  failures, assembled = [], 0
   with tempfile.TemporaryDirectory() as directory:
     for number, (asm, constraints) in enumerate(seen):
       module = inline_ptx_check.ptx_module(asm, constraints, number)
       if module is None:
         continue
+      assembled += 1
       path = Path(directory) / f"asm{number}.ptx"
       path.write_text(module)
       run = subprocess.run([ptxas, "-arch=sm_90a", str(path), "-o", f"{path}.cubin"],
                            capture_output=True, text=True)
       if run.returncode:
         failures.append(f"{run.stderr.strip()}\n--- the asm:\n{asm}")
-  return failures
+  return assembled, failures
 
 
 def collectives(hlo_text: str) -> list[tuple[str, str]]:
@@ -168,10 +169,10 @@ def main(argv=None) -> int:
   print(json.dumps({"exchange_probe": "lowered and compiled",
                     "collective_metadata": "uses_xla_collective_metadata = true" in compiled,
                     "multicast": "multimem" in text}))
-  failures = probe_asm_failures(args.devices)
+  assembled, failures = probe_asm_check(args.devices)
   for failure in failures:
     print(failure, file=sys.stderr)
-  print(f"{len(failures)} inline-asm blocks of the probe failed to assemble")
+  print(f"{len(failures)} of the probe's {assembled} inline-asm blocks failed to assemble")
   return 1 if failures else 0
 
 

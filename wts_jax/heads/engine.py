@@ -16,11 +16,11 @@ device, or sharded: ``wts_jax.sharded``); ``uses_w2_kernel`` tells the two apart
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
+from wts_jax.heads.layers import Linear
 
 
 class KernelLinear(nnx.Module):
@@ -36,13 +36,7 @@ class KernelLinear(nnx.Module):
   def weight(self) -> jax.Array:
     return self.kernel[...].T
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.einsum("...i,io->...o", x.astype(jnp.float32),
-                   self.kernel[...].astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST)
-    if self.bias is not None:
-      y = y + self.bias[...].astype(jnp.float32)
-    return y
+  __call__ = Linear.__call__   # y = x Wᵀ + b, on the view
 
 
 def uses_w2_kernel(head) -> bool:

@@ -71,53 +71,29 @@ class ProbeShape:
       raise ValueError(f"batch={self.batch} must be in [1, {ROWS}] (one warpgroup)")
 
 
-def _red_max_sys(keys_s, slots_g, rows: int):
-  """``red.relaxed.sys.global.max.u64`` of each of the first ``rows`` rows' key
-  (``keys_s`` [2, ROWS] u32: high words, low words) into its slot of ``slots_g`` (a
-  step's slots, one 64-bit key a row; on this device or a peer's)."""
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import llvm
+# The batched kernel's ``publish_keys`` and ``collect_keys`` (``pallas.grid_sync``) at
+# system scope, one thread a row: ``red.max`` the row's key (``keys_s`` [2, ROWS] u32,
+# high words then low words) into its slot; or read the row's winning key back.
+_PUBLISH_SYS = ("@p ld.shared.b32 hi, [sa]; @p ld.shared.b32 lo, [sa+{low_offset}];\n"
+                "mov.b64 key, {{lo, hi}};\n"
+                "@p red.relaxed.sys.global.max.u64 [g], key;\n")
+_COLLECT_SYS = ("@p ld.relaxed.sys.global.b64 key, [g];\n"
+                "mov.b64 {{lo, hi}}, key;\n"
+                "@p st.shared.b32 [sa], hi; @p st.shared.b32 [sa+{low_offset}], lo;\n")
+
+
+def _on_row_slots(body: str, keys_s, slots_g, rows: int):
+  """Run ``body`` (``_PUBLISH_SYS`` or ``_COLLECT_SYS``) for the first ``rows`` rows
+  between ``keys_s`` and ``slots_g`` (a step's slots, one 64-bit key a row; a peer's
+  through ``remote_ref``). A collect runs after the poll's acquire, and a barrier must
+  follow it before other threads read ``keys_s``."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  from wts_jax.pallas.row_words import thread_and_addresses
+  from wts_jax.pallas import grid_sync
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
-  def publish(_, keys, slots):
-    thread, (shared,), (slots_at,) = thread_and_addresses((keys,), (slots,))
-    llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [shared, slots_at, thread],
-        "{ .reg .pred p; .reg .b32 hi, lo, sa; .reg .b64 key, g, off;\n"
-        f"setp.lt.u32 p, $2, {rows};\n"
-        "shl.b32 sa, $2, 2; add.u32 sa, sa, $0;\n"
-        "mul.wide.u32 off, $2, 8; add.u64 g, $1, off;\n"
-        f"@p ld.shared.b32 hi, [sa]; @p ld.shared.b32 lo, [sa+{4 * ROWS}];\n"
-        "mov.b64 key, {lo, hi};\n"
-        "@p red.relaxed.sys.global.max.u64 [g], key;\n}",
-        "r,l,r", has_side_effects=True)
-  publish(keys_s, slots_g)
-
-
-def _collect_sys(slots_g, keys_s, rows: int):
-  """Each row's winning key from this device's slots into ``keys_s`` (after the acquire
-  of the poll; a barrier must follow before other threads read it)."""
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import llvm
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-  from wts_jax.pallas.row_words import thread_and_addresses
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
-  def collect(_, slots, keys):
-    thread, (shared,), (slots_at,) = thread_and_addresses((keys,), (slots,))
-    llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [shared, slots_at, thread],
-        "{ .reg .pred p; .reg .b32 hi, lo, sa; .reg .b64 key, g, off;\n"
-        f"setp.lt.u32 p, $2, {rows};\n"
-        "shl.b32 sa, $2, 2; add.u32 sa, sa, $0;\n"
-        "mul.wide.u32 off, $2, 8; add.u64 g, $1, off;\n"
-        "@p ld.relaxed.sys.global.b64 key, [g];\n"
-        "mov.b64 {lo, hi}, key;\n"
-        f"@p st.shared.b32 [sa], hi; @p st.shared.b32 [sa+{4 * ROWS}], lo;\n}}",
-        "r,l,r", has_side_effects=True)
-  collect(slots_g, keys_s)
+  def run(_, keys, slots):
+    grid_sync._row_slot_asm(body, keys, slots, rows, slot_bytes=4 * KEY_WORDS)
+  run(keys_s, slots_g)
 
 
 def publish_to_devices(keys_s, step_slots, sem, shape: ProbeShape):
@@ -125,7 +101,7 @@ def publish_to_devices(keys_s, step_slots, sem, shape: ProbeShape):
   device, then one sys-scope signal to each device's semaphore."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
   for peer in range(shape.num_devices):
-    _red_max_sys(keys_s, plgpu.remote_ref(step_slots, peer), shape.batch)
+    _on_row_slots(_PUBLISH_SYS, keys_s, plgpu.remote_ref(step_slots, peer), shape.batch)
   for peer in range(shape.num_devices):
     plgpu.semaphore_signal(sem, 1, device_id=peer, memory_scope="sys")
 
@@ -147,6 +123,13 @@ def poll_devices(sem, step, shape: ProbeShape):
   return jnp.where(seen < target, 1, 0)
 
 
+def _required_load_arguments() -> set[str]:
+  import inspect
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  return {name for name, parameter in inspect.signature(plgpu.load).parameters.items()
+          if parameter.default is inspect.Parameter.empty}
+
+
 def _probe_kernel(scores_g, indices_g, first_g, tokens_g, timeouts_g, keys_s, *,
                   shape: ProbeShape):
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -157,7 +140,9 @@ def _probe_kernel(scores_g, indices_g, first_g, tokens_g, timeouts_g, keys_s, *,
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR(()))
 
   def load(ref):
-    return plgpu.load(ref, (), layout=row_layout, optimized=False)
+    if "idx" in _required_load_arguments():   # jax 0.10 takes the index apart
+      return plgpu.load(ref, (), layout=row_layout, optimized=False)
+    return plgpu.load(ref, layout=row_layout, optimized=False)
 
   def step_body(step, carry):
     previous, timed_out = carry
@@ -172,7 +157,7 @@ def _probe_kernel(scores_g, indices_g, first_g, tokens_g, timeouts_g, keys_s, *,
     step_slots = slots.at[pl.ds(step * ROWS * KEY_WORDS, ROWS * KEY_WORDS)]
     publish_to_devices(keys_s, step_slots, sem, shape)
     timed_out = timed_out | poll_devices(sem, step, shape)
-    _collect_sys(step_slots, keys_s, shape.batch)
+    _on_row_slots(_COLLECT_SYS, keys_s, step_slots, shape.batch)
     plgpu.commit_smem()
     token = grid_sync.key_index(load(keys_s.at[1]))
 
