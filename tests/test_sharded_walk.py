@@ -343,7 +343,7 @@ def test_step_kernel_lowers_for_cuda_at_the_qwen3_shape(batch, sampled, kernel_l
   from wts_jax.sharded import step_kernel
   local_vocab, rank, padded = 151_936 // 2, 256, padded_batch(batch)
   shape = step_kernel.KernelShape(
-      batch=batch, padded_batch=padded, steps=7, local_vocab=local_vocab, rank=rank,
+      batch=batch, padded_batch=padded, local_vocab=local_vocab, rank=rank,
       tile_rows=128, quantized=False, w2_kernel_layout=kernel_layout,
       z_exact_in_bf16=batch == 1, greedy=not sampled, return_logits=sampled,
       return_logprobs=True, num_warps=4, interpret=False)

@@ -65,7 +65,6 @@ class KernelShape:
   """Everything static about one build of the step kernel."""
   batch: int
   padded_batch: int
-  steps: int
   local_vocab: int
   rank: int
   tile_rows: int
@@ -194,14 +193,14 @@ class StepKernelScores:
     reason = _refusal(serial)
     if reason is not None:
       raise ValueError(f"impl='pallas' cannot run this sharded walk: {reason}")
-    batch, steps, local_vocab = base_logits.shape
+    batch, _, local_vocab = base_logits.shape
     w2 = serial.markov_w2
     kernel_layout = uses_w2_kernel(serial)
     weight = w2.kernel[...] if kernel_layout else w2.weight[...]
     scale = getattr(w2, "scale", None)
     padded = padded_batch(batch)
     shape = KernelShape(
-        batch=batch, padded_batch=padded, steps=steps, local_vocab=local_vocab,
+        batch=batch, padded_batch=padded, local_vocab=local_vocab,
         rank=serial.config.rank, tile_rows=self.config.tile_rows,
         quantized=scale is not None, w2_kernel_layout=kernel_layout,
         z_exact_in_bf16=(serial.head_type == "vanilla"
