@@ -243,6 +243,10 @@ def test_refusals_name_the_value():
   mesh, placed, sharded_base = _on_mesh("tensor4", head, base)
   with pytest.raises(ValueError, match="impl='mosaic' cannot run a vocabulary-sharded"):
     wts_jax.walk(placed, sharded_base, first, hidden, impl="mosaic")
+  assert wts_jax.chosen_implementation(placed, sharded_base) == "xla"
+  assert wts_jax.chosen_implementation(placed, sharded_base, "pallas") == "pallas"
+  with pytest.raises(ValueError, match="impl='triton' cannot run a vocabulary-sharded"):
+    wts_jax.chosen_implementation(placed, sharded_base, "triton")
   with pytest.raises(ValueError, match="no axis \\['vocab'\\] in the mesh"):
     wts_jax.walk(head, base, first, hidden, vocab_axis="vocab", mesh=mesh)
   with pytest.raises(ValueError, match="batch B=3 is not a multiple of the 2 devices"):

@@ -111,11 +111,14 @@ def chosen_implementation(head, base_logits, impl: str = "auto", config=None, *,
                           temperature=0.0, return_logits: bool = False,
                           return_logprobs: bool = False) -> str:
   """The implementation ``walk(..., impl=impl, config=config)`` would run: a kernel's
-  name (``"mosaic"``, ``"triton"``) or ``"xla"``."""
+  name (``"mosaic"``, ``"triton"``) or ``"xla"``; for a head split along V (its W2's
+  ``NamedSharding``), ``"xla"`` or ``"pallas"`` (the sharded step kernel)."""
+  head = validation.as_draft_head(head)
+  if sharded.placement(head, base_logits) is not None:
+    return sharded.implementation(impl, config)
   backend = _backend()
   greedy = validation.make_sampling(temperature, jax.random.key(0),
                                     base_logits.shape[0]).greedy
   shapes = backend.WalkShapes.of(base_logits, greedy, return_logits=return_logits,
                                  return_logprobs=return_logprobs)
-  head = validation.as_draft_head(head)
   return backend.choose(head, shapes, _impl_for_layout(head, impl), config).impl

@@ -128,6 +128,7 @@ class Runner:
     self.ceilings = None
     self.compiler = None
     self.flush_impl = None
+    self.placed_flush: dict = {}   # the flush buffer on a path's mesh, by device count
     self.results = {
         **_versions(),
         "chain_compiler_options": chain_compiler_options(args.command_buffers),
@@ -481,11 +482,10 @@ class Runner:
     """The flush buffer where ``prepared``'s walk runs (one copy for each placement)."""
     if prepared.place is None:
       return flush_jax
-    cache = self.__dict__.setdefault("_placed_flush", {})
     key = prepared.notes.get("devices")
-    if key not in cache:
-      cache[key] = prepared.place(flush_jax)
-    return cache[key]
+    if key not in self.placed_flush:
+      self.placed_flush[key] = prepared.place(flush_jax)
+    return self.placed_flush[key]
 
   def time_point(self, plan, paths, flush_jax, flush_torch) -> None:
     """Phase 2 of a point, nothing compiling: per mode the reference, then each path

@@ -5,6 +5,6 @@
 """
 
 from wts_jax.sharded.placement import Placement, placement
-from wts_jax.sharded.walk import check_inputs, sharded_walk
+from wts_jax.sharded.walk import check_inputs, implementation, sharded_walk
 
-__all__ = ["Placement", "check_inputs", "placement", "sharded_walk"]
+__all__ = ["Placement", "check_inputs", "implementation", "placement", "sharded_walk"]

@@ -31,20 +31,30 @@ from wts_jax.sharded.placement import (Placement, axes_of, leaf_specs, w2_array,
 IMPLEMENTATIONS = ("auto", "xla", "pallas")
 
 
-def _scores(impl: str, config):
-  """The device step of ``impl``: XLA's, or the step kernel's with ``config``."""
+def implementation(impl: str, config) -> str:
+  """What runs a sharded walk under ``impl`` and ``config``: ``"xla"`` or ``"pallas"``
+  (the step kernel), or one error naming the value."""
   if impl in ("auto", "xla"):
     if config is not None:
       raise ValueError(f"config={config!r} is a kernel's; impl={impl!r} runs the XLA "
                        "sharded walk, which takes none")
-    return xla_scores
+    return "xla"
   if impl == "pallas":
     from wts_jax.sharded import step_kernel
-    return step_kernel.scores_for(config)
+    step_kernel.scores_for(config)   # checks the config
+    return "pallas"
   raise ValueError(
       f"impl={impl!r} cannot run a vocabulary-sharded walk: it must be one of "
       f"{IMPLEMENTATIONS} (the persistent kernels walk one device's whole vocabulary; "
       "the sharded walk runs the XLA step or the sharded step kernel on each slice)")
+
+
+def _scores(impl: str, config):
+  """The device step of ``impl``: XLA's, or the step kernel's with ``config``."""
+  if implementation(impl, config) == "xla":
+    return xla_scores
+  from wts_jax.sharded import step_kernel
+  return step_kernel.scores_for(config)
 
 
 def check_inputs(head, base_logits, first_tokens, hidden, where: Placement) -> None:
