@@ -57,7 +57,10 @@ def _check_floating(name: str, array) -> None:
     raise TypeError(f"{name}.dtype={array.dtype} must be a floating dtype")
 
 
-def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden) -> None:
+def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden, *,
+                      vocab_shards: int = 1) -> None:
+  """``vocab_shards``: base_logits holds one device's 1/vocab_shards of the vocabulary
+  (a sharded walk inside ``shard_map``)."""
   config = head.config
   _check_array("base_logits", base_logits)
   _check_array("first_tokens", first_tokens)
@@ -68,9 +71,11 @@ def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden) -> Non
                      f"{getattr(base_logits, 'shape', None)}")
   _check_floating("base_logits", base_logits)
   batch, steps, vocab = base_logits.shape
-  if vocab != config.vocab_size:
-    raise ValueError(f"base_logits vocabulary {vocab} != head vocab_size "
-                     f"{config.vocab_size}")
+  if vocab * vocab_shards != config.vocab_size:
+    raise ValueError(f"base_logits vocabulary {vocab}"
+                     f"{f' × {vocab_shards} devices' if vocab_shards > 1 else ''} != head "
+                     f"vocab_size {config.vocab_size}")
+  vocab = config.vocab_size
   if steps < 1:
     raise ValueError(f"walk length K={steps} must be >= 1")
   if batch < 1:
