@@ -214,7 +214,8 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
   hlo: list[str] = []
   loop.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
-  wall, _ = _timed_calls(lambda: loop.decode_autoregressive(target, prompts, new_tokens))
+  wall, tokens = _timed_calls(lambda: loop.decode_autoregressive(target, prompts,
+                                                                 new_tokens))
   phases = _profiled(lambda: loop.decode_autoregressive(target, prompts, new_tokens),
                      profile / f"B{batch}_autoregressive", hlo[0])
   if not phases["verify"] > 0:
@@ -222,14 +223,17 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
                      "use --method pieces)")
   return dict(autoregressive_s=phases["verify"] / max(new_tokens - 1, 1),
               autoregressive_wall_s=wall,
-              autoregressive_tokens_per_s=batch * new_tokens / wall)
+              autoregressive_tokens_per_s=batch * new_tokens / wall), np.asarray(tokens)
 
 
 def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
-                   walk: str, new_tokens: int, profile: Path) -> dict:
+                   walk: str, new_tokens: int, profile: Path,
+                   reference: np.ndarray | None = None) -> dict:
   """Whole ``generate`` calls with this walk: wall-clock tokens/s (median of three after
   a compiling call, at the acceptance the random weights give) and, from one profiled
-  call, the device time of an iteration and of its phases."""
+  call, the device time of an iteration and of its phases. ``reference``: the target's
+  own greedy tokens, against which the output's agreement is reported (the same compute
+  dtype, but other shapes of the same products: bf16 near-ties can round apart)."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
   kwargs = dict(draft_len=draft_len, walk_impl=walk)
   hlo: list[str] = []
@@ -243,7 +247,11 @@ def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: i
   iterations = max(int(out.iterations), 1)
   per = {f"{phase}_s": phases[phase] / iterations
          for phase in ("verify", "drafter", "walk", "other", "unattributed")}
-  return dict(total_s=sum(per.values()), **per, prefill_s=phases["prefill"],
+  agreement = {}
+  if reference is not None:
+    agreement["greedy_agreement_with_autoregressive"] = float(
+        np.mean(np.asarray(out.tokens) == reference))
+  return dict(total_s=sum(per.values()), **per, prefill_s=phases["prefill"], **agreement,
               generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
               generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
               generate_iterations=iterations,
@@ -285,9 +293,11 @@ def run(args) -> dict:
         records.append(dict(model=model, batch=batch, skipped="time budget"))
         continue
       profile = Path(args.profile or tempfile.mkdtemp(prefix="wts-e2e-profile-"))
+      reference = None
       if args.method == "generate":
-        baseline = autoregressive_point(target, batch=batch, prompt_len=args.prompt_len,
-                                        new_tokens=args.new_tokens, profile=profile)
+        baseline, reference = autoregressive_point(
+            target, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+            profile=profile)
       else:
         baseline = {"autoregressive_s": timing.iteration_cost(
             target, drafter, draft_len=0, **common)["total_s"]}
@@ -310,7 +320,8 @@ def run(args) -> dict:
           if args.method == "generate":
             cost = generate_point(target, drafter, batch=batch, draft_len=steps,
                                   prompt_len=args.prompt_len, walk=walk,
-                                  new_tokens=args.new_tokens, profile=profile)
+                                  new_tokens=args.new_tokens, profile=profile,
+                                  reference=reference)
           else:
             pieces = ("total", "walk") if shared else timing.PIECES
             cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
