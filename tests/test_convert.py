@@ -505,6 +505,28 @@ def _legacy_pickle_with_code(tmp_path):
   return src
 
 
+def _config_field(name, value):
+  """A config whose field ``name`` holds ``value`` (a wrong type, or a setting the drafter's
+  layers cannot run: load_dspark reads the same fields)."""
+  def make(tmp_path):
+    return _checkpoint(tmp_path, edit_config=lambda c: c.update({name: value}))
+  make.__name__ = f"_{name}_{type(value).__name__}"
+  return make
+
+
+def _layer_count_bomb(tmp_path):
+  return _checkpoint(tmp_path, edit_config=lambda c: c.update(num_hidden_layers=10_000_000))
+
+
+def _zeroed_matrix(tmp_path):
+  return _checkpoint(tmp_path, edit_state=lambda s: s["markov_head.markov_w2.weight"].zero_())
+
+
+def _int_tensor(tmp_path):
+  return _checkpoint(tmp_path, edit_state=lambda s: s.update(
+      {"fc.weight": s["fc.weight"].to(torch.int64)}))
+
+
 def _truncated_bin(tmp_path):
   src = _checkpoint(tmp_path, layout="bin")
   path = src / "pytorch_model.bin"
@@ -566,6 +588,20 @@ REFUSALS = [
     (_not_a_torch_file, [], ["pytorch_model.bin: not a PyTorch checkpoint"]),
     (_non_finite_backbone, ["--full"], ["'lm_head.weight' in model.safetensors holds 1 "
                                         "non-finite values"]),
+    (_config_field("rope_scaling", "abc"), [],
+     ["config.json: rope_scaling='abc' must be a JSON object or null"]),
+    (_config_field("rope_scaling", {"rope_type": "yarn", "factor": 4.0}), [],
+     ["rope_scaling.rope_type='yarn' is not supported"]),
+    (_config_field("rope_theta", "abc"), [], ["rope_theta='abc' must be a finite number > 0"]),
+    (_config_field("block_size", "7"), [], ["block_size='7' must be a positive integer"]),
+    (_config_field("enable_confidence_head", "false"), [],
+     ["enable_confidence_head='false' must be true or false"]),
+    (_config_field("hidden_act", "gelu"), [], ["hidden_act='gelu' must be one of"]),
+    (_config_field("num_target_layers", 6.0), [],
+     ["num_target_layers=6.0 must be a positive integer"]),
+    (_layer_count_bomb, [], ["num_hidden_layers=10000000", "layers 0-1 (2 layers)"]),
+    (_zeroed_matrix, [], ["'markov_head.markov_w2.weight' in model.safetensors is all zeros"]),
+    (_int_tensor, ["--full"], ["'fc.weight' in model.safetensors has dtype int64"]),
 ]
 
 
