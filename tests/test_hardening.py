@@ -222,3 +222,62 @@ def test_target_tensor_of_another_dtype_is_refused_by_name(tmp_path, target, dty
   message = one_line(raised.value)
   assert "'layers.1.self_attn.k_proj.weight'" in message, message
   assert f"dtype {str(dtype).removeprefix('torch.')}" in message, message
+
+
+# --- unreadable files and directories: named as such --------------------------------------
+def without_read_override(command: list[str]) -> list[str]:
+  """``command`` run so that file permissions apply: as it is for a normal user; for root,
+  without the capabilities that let root read anything (util-linux ``setpriv``)."""
+  if os.geteuid() != 0:
+    return command
+  setpriv = shutil.which("setpriv")
+  if setpriv is None:
+    pytest.skip("running as root without setpriv: permissions cannot be exercised")
+  return [setpriv, "--bounding-set=-dac_override,-dac_read_search", *command]
+
+
+def run_python(code: str, *args) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                      os.environ.get("PYTHONPATH")])))
+  result = subprocess.run(without_read_override([sys.executable, "-c", code, *map(str, args)]),
+                          capture_output=True, text=True, env=env, timeout=300)
+  if "setpriv" in result.stderr and result.returncode != 0 and "Traceback" not in result.stderr:
+    pytest.skip(f"setpriv cannot drop capabilities here: {result.stderr.strip()}")
+  return result
+
+
+LOAD_AND_CONVERT = """
+import sys
+from wts_jax.spec.qwen3 import load_qwen3
+from wts_jax.convert.cli import main
+try:
+  load_qwen3(sys.argv[1])
+except ValueError as err:
+  print(f"load_qwen3: {err}")
+sys.exit(main([sys.argv[1], sys.argv[2], "--no-progress"]))
+"""
+
+
+@pytest.mark.parametrize("make_unreadable,message", [
+    (lambda d: (d / "model.safetensors").chmod(0), "model.safetensors: cannot read "
+                                                   "(Permission denied)"),
+    (lambda d: d.chmod(0o311), "cannot list the directory (Permission denied)"),
+    (lambda d: d.chmod(0o600), "model.safetensors: cannot read the weights (Permission "
+                               "denied)"),
+], ids=["file", "directory_unlistable", "directory_unsearchable"])
+def test_unreadable_paths_are_named(tmp_path, target, make_unreadable, message):
+  parent = tmp_path / "parent"
+  parent.mkdir()
+  directory = parent / "target"
+  shutil.copytree(target, directory)
+  make_unreadable(directory)
+  try:
+    result = run_python(LOAD_AND_CONVERT, directory, tmp_path / "dst")
+  finally:
+    directory.chmod(0o755)
+    (directory / "model.safetensors").chmod(0o644)
+  lines = result.stdout.splitlines() + result.stderr.splitlines()
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+  assert len(lines) == 2 and all(message in line for line in lines), lines
+  assert lines[1].startswith("wts-convert: error: "), lines
