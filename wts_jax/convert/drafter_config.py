@@ -89,10 +89,32 @@ class DrafterConfig:
     return fields
 
   @classmethod
-  def from_json(cls, fields: dict[str, Any]) -> "DrafterConfig":
-    fields = dict(fields)
-    fields["target_layer_ids"] = tuple(fields["target_layer_ids"])
-    return cls(**fields)
+  def from_json(cls, fields: dict[str, Any], where: str = "wts_config.json") -> "DrafterConfig":
+    """The config ``to_json`` wrote (a converted directory's manifest, ``where``), every
+    field read with its type and range checked: an edited manifest is named, not run."""
+    read = ConfigFields(fields, where, prefix="drafter.")
+    unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(cls)})
+    if unknown:
+      raise read.error(f"drafter holds {unknown[0]!r}, which is not a drafter config field")
+    vocab_size = read.positive_int("vocab_size")
+    markov_rank = read.integer("markov_rank", minimum=0)
+    return cls(
+        vocab_size=vocab_size, hidden_size=read.positive_int("hidden_size"),
+        num_attention_heads=read.positive_int("num_attention_heads"),
+        num_key_value_heads=read.positive_int("num_key_value_heads"),
+        head_dim=read.positive_int("head_dim"),
+        intermediate_size=read.positive_int("intermediate_size"),
+        num_draft_layers=read.positive_int("num_draft_layers"),
+        target_layer_ids=tuple(read.int_list("target_layer_ids", minimum=-1)),
+        num_target_layers=read.positive_int("num_target_layers", None),
+        block_size=read.positive_int("block_size"),
+        mask_token_id=read.integer("mask_token_id", minimum=0, maximum=vocab_size - 1),
+        markov_rank=markov_rank,
+        markov_head_type=(read.choice("markov_head_type", HEAD_TYPES) if markov_rank
+                          else read.choice("markov_head_type", HEAD_TYPES, None)),
+        confidence=read.flag("confidence"),
+        confidence_with_markov=read.flag("confidence_with_markov"),
+        dtype=read.choice("dtype", FLOAT_DTYPES, None))
 
 
 def canonical_dtype(name, where: str, field: str) -> str:
