@@ -193,8 +193,21 @@ def _dtype_name(dtype) -> str:
 
 ZIP_MAGIC = b"PK\x03\x04"     # torch.save's default format is a zip archive
 PICKLE_MAGIC = b"\x80"         # the legacy format starts with a pickle protocol opcode
-_BLOCKED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
-_UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error: ([^\n]*)")
+# What torch's weights-only unpickler refused, as facts worth quoting. Nothing else of
+# its message is passed on: around these facts it advises loading the file anyway
+# (weights_only=False, allowlisting globals), in wordings that change between releases.
+_REFUSED_FACTS = (
+    (re.compile(r"GLOBAL ([\w.]+) was not an allowed global"),
+     "it holds a pickled {} object, which only running its code builds"),
+    (re.compile(r"Unsupported global: GLOBAL ([\w.]+)"),
+     "it holds a pickled {} object, which only running its code builds"),
+    (re.compile(r"unsupported GLOBAL ([\w.]+) whose module [\w.]+ is blocked"),
+     "it calls {}, which no weights file needs"),
+    (re.compile(r"Unsupported operand (\S+)"), "an unsupported pickle opcode {}"),
+    (re.compile(r"TorchScript archive"), "a TorchScript archive: code, not a state dict"),
+    (re.compile(r"legacy \.tar format"),
+     "torch's legacy .tar format, which torch reads only by unpickling it unchecked"),
+)
 
 
 def _check_torch_container(path: Path) -> None:
@@ -219,20 +232,26 @@ def _check_torch_container(path: Path) -> None:
 
 
 def _unpickling_refusal(path: Path, err: Exception) -> ConversionError:
-  """torch's refusal, without its advice to retry with weights_only=False: a checkpoint
-  that needs arbitrary code to load is exactly what must not be loaded."""
+  """torch's refusal to unpickle ``path``, reduced to what it refused (never its advice
+  to retry with weights_only=False: a checkpoint that needs arbitrary code to load is
+  exactly what must not be loaded)."""
   text = str(err)
-  blocked = _BLOCKED_GLOBAL.search(text)
-  if blocked:
-    reason = f"it holds a pickled {blocked[1]} object, which only running its code builds"
-  else:
-    detail = _UNPICKLER_ERROR.search(text)
-    first_line = text.strip().splitlines()[0] if text.strip() else ""
-    reason = f"{type(err).__name__}: {detail[1] if detail else first_line}"
+  reason = f"torch's weights-only unpickler refused it ({type(err).__name__})"
+  for pattern, template in _REFUSED_FACTS:
+    found = pattern.search(text)
+    if found:
+      reason = template.format(*found.groups())
+      break
   return ConversionError(
       f"{path}: refused to unpickle ({reason}); wts-convert reads only plain "
       "{name: tensor} state dicts (torch.load(weights_only=True)) and never runs code "
       "from a checkpoint")
+
+
+def _is_weights_only_refusal(err: Exception) -> bool:
+  """torch refuses some files outside its unpickler (a TorchScript archive, the legacy
+  .tar format) with a RuntimeError: they are refusals, not damage."""
+  return isinstance(err, pickle.UnpicklingError) or "weights_only" in str(err)
 
 
 def _torch_load(torch, path: Path):
@@ -259,9 +278,9 @@ class TorchBinFile(TensorMapping):
       state = _torch_load(torch, path)
     except FileNotFoundError as err:
       raise ConversionError(f"{path}: cannot read ({err})") from None
-    except pickle.UnpicklingError as err:
-      raise _unpickling_refusal(path, err) from None
     except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
+      if _is_weights_only_refusal(err):
+        raise _unpickling_refusal(path, err) from None
       first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
       raise ConversionError(
           f"{path}: damaged PyTorch checkpoint, torch.load cannot read it "
