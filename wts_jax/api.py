@@ -65,7 +65,7 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
   else:
     output = choice.launch(backend.WalkOperands(head, base_logits, first_tokens, hidden,
                                                 mode))
-  output = validation.finish_walk(output, mode)   # status bits from inputs and outputs
+  output = validation.finish_walk(output, mode, base_logits)   # bits from inputs and outputs
   if validation.is_concrete(output.status):
     check(output)
   return output
