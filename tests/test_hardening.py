@@ -281,3 +281,111 @@ def test_unreadable_paths_are_named(tmp_path, target, make_unreadable, message):
   assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
   assert len(lines) == 2 and all(message in line for line in lines), lines
   assert lines[1].startswith("wts-convert: error: "), lines
+
+
+# --- every CLI: a bad argument is one line pointing to --help, exit 2 -----------------------
+def _cli(name: str):
+  import importlib
+  module = {"wts-convert": "wts_jax.convert.cli", "wts-generate": "wts_jax.spec.cli",
+            "wts-demo": "wts_jax.demo", "wts-bench": "wts_jax.bench.cli",
+            "wts-tabletune": "wts_jax.tabletune.cli"}[name]
+  return importlib.import_module(module).main
+
+
+BAD_COMMAND_LINES = [
+    ("wts-convert", "wts-convert", [], "the following arguments are required: SRC, DST"),
+    ("wts-convert", "wts-convert", ["a", "b", "--dtype", "int4"],
+     "argument --dtype: invalid choice: 'int4'"),
+    ("wts-convert", "wts-convert inspect", ["inspect"],
+     "the following arguments are required: SRC"),
+    ("wts-generate", "wts-generate", ["--target", "t"],
+     "the following arguments are required: --drafter"),
+    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
+                                      "--seed", "99999999999999999999999"],
+     "argument --seed: 99999999999999999999999 must be an integer in [0, 4294967295]"),
+    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
+                                      "--seed", "-1"],
+     "argument --seed: -1 must be an integer in [0, 4294967295]"),
+    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
+                                      "--temperature", "nan"],
+     "argument --temperature: nan must be finite and >= 0"),
+    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
+                                      "--max-new-tokens", "0"],
+     "argument --max-new-tokens: 0 must be an integer >= 1"),
+    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
+                                      "--draft-len", "0"],
+     "argument --draft-len: 0 must be an integer >= 1"),
+    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1,x"],
+     "argument --ids: '1,x' is not a comma-separated list of token ids"),
+    ("wts-demo", "wts-demo", ["--batch", "0"],
+     "argument --batch: 0 must be an integer in [1, 65536]"),
+    ("wts-bench", "wts-bench", ["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ("wts-bench", "wts-bench", ["--repeats", "x"], "argument --repeats: invalid int value: 'x'"),
+    ("wts-tabletune", "wts-tabletune", [],
+     "the following arguments are required: command"),
+    ("wts-tabletune", "wts-tabletune profile", ["profile", "--out", "x", "--noise", "a"],
+     "argument --noise: invalid float value: 'a'"),
+]
+
+
+@pytest.mark.parametrize("cli,prog,argv,message", BAD_COMMAND_LINES,
+                         ids=[f"{case[1]} {' '.join(case[2])}" for case in BAD_COMMAND_LINES])
+def test_bad_argument_is_one_line_with_a_pointer_to_help(capsys, cli, prog, argv, message):
+  with pytest.raises(SystemExit) as exited:
+    _cli(cli)(argv)
+  assert exited.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith(f"{prog}: error: {message}"), err
+  assert err.endswith(f" (see {prog} --help)\n"), err
+
+
+@pytest.mark.parametrize("cli,argv,shown", [
+    ("wts-generate", ["--help"], ["--dtype {bfloat16,float32}", "(default: bfloat16)",
+                                  "(default: 64)", "(default: auto)"]),
+    ("wts-convert", ["--help"], ["wts-convert inspect SRC",
+                                 "(default: keep the checkpoint's dtype)"]),
+    ("wts-tabletune", ["profile", "--help"], ["(default: modelled)"]),
+])
+def test_help_shows_the_defaults(capsys, cli, argv, shown):
+  with pytest.raises(SystemExit) as exited:
+    _cli(cli)(argv)
+  assert exited.value.code == 0
+  out = " ".join(capsys.readouterr().out.split())   # argparse wraps lines at the width
+  for text in shown:
+    assert text in out, (text, out)
+
+
+@pytest.fixture(scope="module")
+def target_and_drafter(tmp_path_factory):
+  """A tiny Qwen3 target and its tiny DeepSpec drafter, converted with --full."""
+  from wts_jax.convert.converter import convert
+  root = tmp_path_factory.mktemp("pair")
+  target = write_target(root / "target")
+  config = drafter_config("vanilla")
+  config["torch_dtype"] = "float32"
+  src = write_checkpoint(root / "src", config, drafter_state_dict(config,
+                                                                  dtype=torch.float32))
+  convert(src, root / "drafter", full=True)
+  return target, root / "drafter"
+
+
+def test_generate_beyond_the_targets_positions_is_an_argument_error(capsys,
+                                                                  target_and_drafter):
+  target, drafter = target_and_drafter
+  with pytest.raises(SystemExit) as exited:
+    _cli("wts-generate")(["--target", str(target), "--drafter", str(drafter), "--ids",
+                          "1,2,3", "--max-new-tokens", "1000000000"])
+  assert exited.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "argument --max-new-tokens: 1000000000" in err, err
+  assert "max_position_embeddings=256" in err and "(3 tokens)" in err, err
+
+
+def test_generate_says_which_walk_ran(capsys, target_and_drafter):
+  target, drafter = target_and_drafter
+  code = _cli("wts-generate")(["--target", str(target), "--drafter", str(drafter), "--ids",
+                               "1,2,3", "--max-new-tokens", "4", "--dtype", "float32",
+                               "--no-eos"])
+  err = capsys.readouterr().err
+  assert code == 0, err
+  assert "walk: xla (--walk auto)" in err, err

@@ -10,10 +10,10 @@ exits with 130 or 143.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 
+from wts_jax.command_line import ArgumentParser
 from wts_jax.convert.drafter_config import FLOAT_DTYPES
 from wts_jax.convert.errors import ConversionError
 
@@ -21,12 +21,19 @@ EXIT_REFUSED = 2
 INSPECT_COMMAND = "inspect"
 
 
-def _convert_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+def _convert_parser() -> ArgumentParser:
+  parser = ArgumentParser(
       prog="wts-convert",
-      description="Convert a DeepSpec Qwen3 DSpark/DFlash drafter checkpoint (PyTorch) "
-                  "into an orbax directory that wts_jax.load reads. "
-                  "`wts-convert inspect SRC` reports on a checkpoint without converting.")
+      usage="%(prog)s [-h] SRC DST [--full] [--dtype DTYPE] [--force] [--[no-]progress]\n"
+            "       %(prog)s inspect SRC",
+      description=(
+          "Convert a DeepSpec Qwen3 DSpark/DFlash drafter checkpoint (PyTorch) into an\n"
+          "orbax directory that wts_jax.load reads.\n\n"
+          "  wts-convert SRC DST [--full] ...  convert\n"
+          "  wts-convert inspect SRC           report what SRC holds, what would be\n"
+          "                                    converted and why it would be refused\n\n"
+          "A refusal is one `error:` line (exit 2) and leaves nothing at DST; a signal\n"
+          "removes what was staged (exit 128 + the signal's number)."))
   parser.add_argument("src", metavar="SRC",
                       help="checkpoint directory (config.json + model.safetensors, a "
                            "sharded index, or pytorch_model*.bin) or one weights file")
@@ -46,8 +53,8 @@ def _convert_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _inspect_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+def _inspect_parser() -> ArgumentParser:
+  parser = ArgumentParser(
       prog="wts-convert inspect",
       description="Report a checkpoint's format, head type, rank, shapes and dtype, what "
                   "would be converted, what is ignored, and why it would be refused.")
