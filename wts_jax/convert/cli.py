@@ -4,8 +4,9 @@
   wts-convert inspect SRC
 
 A refused checkpoint prints one ``error:`` line naming the key, file or value, exits
-with status 2 and leaves no DST behind. Ctrl-C or SIGTERM removes what was staged and
-exits with 130 or 143.
+with status 2 and leaves no DST behind. Ctrl-C, SIGTERM, a closed terminal (SIGHUP) or
+any other signal that would end the process removes what was staged and exits with
+128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from wts_jax.command_line import ArgumentParser
 from wts_jax.convert.drafter_config import FLOAT_DTYPES
 from wts_jax.convert.errors import ConversionError
+from wts_jax.convert.interrupts import signal_name
 
 EXIT_REFUSED = 2
 INSPECT_COMMAND = "inspect"
@@ -89,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     signum = getattr(interrupt, "signum", signal.SIGINT)
     wrote = getattr(interrupt, "wrote", None)
     outcome = "nothing was written" if wrote is None else f"after writing {wrote}"
-    print(f"wts-convert: interrupted ({signal.Signals(signum).name}); {outcome}",
-          file=sys.stderr)
+    try:
+      print(f"wts-convert: interrupted ({signal_name(signum)}); {outcome}", file=sys.stderr)
+    except OSError:   # SIGHUP: the terminal that would show it is gone
+      pass
     return 128 + signum   # the shell's status for a process ended by that signal
   print(f"wrote {dst}")
   return 0
