@@ -489,20 +489,22 @@ def _no_config(tmp_path):
   return src
 
 
-def _pickle_with_code(tmp_path):
+def _bin_holding(tmp_path, name: str, value, **save_options):
+  """A .bin checkpoint whose state dict also holds ``value`` under ``name``."""
   src = _checkpoint(tmp_path, layout="bin")
   state = torch.load(src / "pytorch_model.bin", weights_only=True)
-  state["optimizer_hook"] = NotATensor()
-  torch.save(state, src / "pytorch_model.bin")
+  state[name] = value
+  torch.save(state, src / "pytorch_model.bin", **save_options)
   return src
+
+
+def _pickle_with_code(tmp_path):
+  return _bin_holding(tmp_path, "optimizer_hook", NotATensor())
 
 
 def _legacy_pickle_with_code(tmp_path):
-  src = _checkpoint(tmp_path, layout="bin")
-  state = torch.load(src / "pytorch_model.bin", weights_only=True)
-  state["optimizer_hook"] = NotATensor()
-  torch.save(state, src / "pytorch_model.bin", _use_new_zipfile_serialization=False)
-  return src
+  return _bin_holding(tmp_path, "optimizer_hook", NotATensor(),
+                      _use_new_zipfile_serialization=False)
 
 
 def _config_field(name, value):
@@ -512,6 +514,12 @@ def _config_field(name, value):
     return _checkpoint(tmp_path, edit_config=lambda c: c.update({name: value}))
   make.__name__ = f"_{name}_{type(value).__name__}"
   return make
+
+
+def _config_not_an_object(tmp_path):
+  src = _checkpoint(tmp_path)
+  (src / "config.json").write_text("5")
+  return src
 
 
 def _layer_count_bomb(tmp_path):
@@ -535,11 +543,7 @@ class RunsAShell:
 
 
 def _pickle_calling_a_blocked_module(tmp_path):
-  src = _checkpoint(tmp_path, layout="bin")
-  state = torch.load(src / "pytorch_model.bin", weights_only=True)
-  state["hook"] = RunsAShell()
-  torch.save(state, src / "pytorch_model.bin")
-  return src
+  return _bin_holding(tmp_path, "hook", RunsAShell())
 
 
 def _torchscript_archive(tmp_path):
@@ -626,6 +630,7 @@ REFUSALS = [
     (_config_field("hidden_act", "gelu"), [], ["hidden_act='gelu' must be one of"]),
     (_config_field("num_target_layers", 6.0), [],
      ["num_target_layers=6.0 must be a positive integer"]),
+    (_config_not_an_object, [], ["config.json: 5 must be a JSON object, not a number"]),
     (_layer_count_bomb, [], ["num_hidden_layers=10000000", "layers 0-1 (2 layers)"]),
     (_zeroed_matrix, [], ["'markov_head.markov_w2.weight' in model.safetensors is all zeros"]),
     (_int_tensor, ["--full"], ["'fc.weight' in model.safetensors has dtype int64"]),

@@ -292,6 +292,7 @@ def _cli(name: str):
   return importlib.import_module(module).main
 
 
+GENERATE = ["--target", "t", "--drafter", "d", "--ids", "1"]   # checked after the options
 BAD_COMMAND_LINES = [
     ("wts-convert", "wts-convert", [], "the following arguments are required: SRC, DST"),
     ("wts-convert", "wts-convert", ["a", "b", "--dtype", "int4"],
@@ -300,20 +301,15 @@ BAD_COMMAND_LINES = [
      "the following arguments are required: SRC"),
     ("wts-generate", "wts-generate", ["--target", "t"],
      "the following arguments are required: --drafter"),
-    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
-                                      "--seed", "99999999999999999999999"],
+    ("wts-generate", "wts-generate", [*GENERATE, "--seed", "99999999999999999999999"],
      "argument --seed: 99999999999999999999999 must be an integer in [0, 4294967295]"),
-    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
-                                      "--seed", "-1"],
+    ("wts-generate", "wts-generate", [*GENERATE, "--seed", "-1"],
      "argument --seed: -1 must be an integer in [0, 4294967295]"),
-    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
-                                      "--temperature", "nan"],
+    ("wts-generate", "wts-generate", [*GENERATE, "--temperature", "nan"],
      "argument --temperature: nan must be finite and >= 0"),
-    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
-                                      "--max-new-tokens", "0"],
+    ("wts-generate", "wts-generate", [*GENERATE, "--max-new-tokens", "0"],
      "argument --max-new-tokens: 0 must be an integer >= 1"),
-    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1",
-                                      "--draft-len", "0"],
+    ("wts-generate", "wts-generate", [*GENERATE, "--draft-len", "0"],
      "argument --draft-len: 0 must be an integer >= 1"),
     ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1,x"],
      "argument --ids: '1,x' is not a comma-separated list of token ids"),
