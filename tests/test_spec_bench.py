@@ -10,6 +10,7 @@ from wts_jax.spec import bench_e2e
 def test_tiny_run_writes_the_json_and_the_plot(tmp_path):
   out = tmp_path / "e2e.json"
   code = bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "none",
+                         "--method", "pieces",
                          "--prompt-len", "8", "--draft-len", "3", "--repeats", "1",
                          "--chain", "1", "--dtype", "float32", "--acceptance", "0.5",
                          "--out", str(out)])

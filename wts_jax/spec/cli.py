@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
   from wts_jax.convert.errors import ConversionError
   from wts_jax.spec.dspark import load_dspark
-  from wts_jax.spec.loop import generate
+  from wts_jax.spec.loop import GenerateError, generate
   from wts_jax.spec.qwen3 import load_qwen3
   dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
   try:
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     out = generate(target, drafter, prompts, args.max_new_tokens,
                    temperature=args.temperature, key=jax.random.key(args.seed),
                    draft_len=args.draft_len, walk_impl=args.walk, eos_id=eos)
-  except (ValueError, TypeError, ConversionError, OSError) as err:
-    return print_error(err)
+  except (ValueError, TypeError, ConversionError, OSError, GenerateError) as err:
+    return print_error(err)   # a generate status (NaN target, drafter or walk) included
   except MemoryError:
     return print_error("out of host memory loading the checkpoints")
   except RuntimeError as err:   # XLA's RESOURCE_EXHAUSTED: the device is too small
