@@ -385,3 +385,13 @@ def test_generate_says_which_walk_ran(capsys, target_and_drafter):
   err = capsys.readouterr().err
   assert code == 0, err
   assert "walk: xla (--walk auto)" in err, err
+
+
+def test_generate_names_a_mistyped_eos_token_id(tmp_path, capsys, target_and_drafter):
+  target, drafter = target_and_drafter
+  edited = edited_target(tmp_path, target, target_config(eos_token_id="19"))
+  code = _cli("wts-generate")(["--target", str(edited), "--drafter", str(drafter), "--ids",
+                               "1,2,3"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1, err
+  assert "config.json: eos_token_id='19' must be an integer >= 0" in err, err

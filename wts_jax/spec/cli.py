@@ -86,11 +86,14 @@ def _target_config(parser: ArgumentParser, target_dir: Path) -> dict:
   return config
 
 
-def _config_eos(config: dict) -> list[int] | None:
-  eos = config.get("eos_token_id")
-  if eos is None:
-    return None
-  return [eos] if isinstance(eos, int) else list(eos)
+def _config_eos(config: dict, where: str) -> list[int] | None:
+  """config.json's ``eos_token_id``: one token id, a list of them, or absent."""
+  from wts_jax.convert.config_fields import ConfigFields
+  fields = ConfigFields(config, where)
+  if isinstance(config.get("eos_token_id"), list):
+    return fields.int_list("eos_token_id", minimum=0)
+  eos = fields.integer("eos_token_id", None, minimum=0)
+  return None if eos is None else [eos]
 
 
 def _walk_used(drafter, args, batch: int, dtype) -> str:
@@ -133,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"argument --max-new-tokens: {args.max_new_tokens} + the longest prompt "
                  f"({longest} tokens) exceeds the target's max_position_embeddings="
                  f"{positions}")
-  eos = None if args.no_eos else (args.eos_id or _config_eos(config))
+  try:
+    eos = None if args.no_eos else (args.eos_id or _config_eos(config, str(args.target /
+                                                                         "config.json")))
+  except ValueError as err:
+    return print_error(err)
 
   import jax
   import jax.numpy as jnp
