@@ -1,6 +1,7 @@
 """Adversarial inputs at the entry points a new user reaches first: a target or drafter
 checkpoint whose config lies (wrong types, a resource bomb), whose files are sparse,
-zeroed, unreadable or of the wrong dtype, and every CLI given bad arguments.
+zeroed, unreadable or of the wrong dtype, and wts-generate on such checkpoints (every
+CLI's argument errors: tests/test_cli_errors.py).
 
 Each refusal is one line naming the field, file or value (``ValueError`` /
 ``ConversionError`` from the API, ``error:`` and exit 2 from a CLI), raised before
@@ -28,6 +29,7 @@ from convert_fixtures import (HIDDEN, VOCAB, drafter_config, drafter_state_dict,
                               write_target)
 from wts_jax.convert.errors import ConversionError  # noqa: E402
 from wts_jax.convert.formats import open_checkpoint  # noqa: E402
+from wts_jax.spec.cli import main as generate_main  # noqa: E402
 from wts_jax.spec.qwen3 import Qwen3Config, load_qwen3  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -283,74 +285,7 @@ def test_unreadable_paths_are_named(tmp_path, target, make_unreadable, message):
   assert lines[1].startswith("wts-convert: error: "), lines
 
 
-# --- every CLI: a bad argument is one line pointing to --help, exit 2 -----------------------
-def _cli(name: str):
-  import importlib
-  module = {"wts-convert": "wts_jax.convert.cli", "wts-generate": "wts_jax.spec.cli",
-            "wts-demo": "wts_jax.demo", "wts-bench": "wts_jax.bench.cli",
-            "wts-tabletune": "wts_jax.tabletune.cli"}[name]
-  return importlib.import_module(module).main
-
-
-GENERATE = ["--target", "t", "--drafter", "d", "--ids", "1"]   # checked after the options
-BAD_COMMAND_LINES = [
-    ("wts-convert", "wts-convert", [], "the following arguments are required: SRC, DST"),
-    ("wts-convert", "wts-convert", ["a", "b", "--dtype", "int4"],
-     "argument --dtype: invalid choice: 'int4'"),
-    ("wts-convert", "wts-convert inspect", ["inspect"],
-     "the following arguments are required: SRC"),
-    ("wts-generate", "wts-generate", ["--target", "t"],
-     "the following arguments are required: --drafter"),
-    ("wts-generate", "wts-generate", [*GENERATE, "--seed", "99999999999999999999999"],
-     "argument --seed: 99999999999999999999999 must be an integer in [0, 4294967295]"),
-    ("wts-generate", "wts-generate", [*GENERATE, "--seed", "-1"],
-     "argument --seed: -1 must be an integer in [0, 4294967295]"),
-    ("wts-generate", "wts-generate", [*GENERATE, "--temperature", "nan"],
-     "argument --temperature: nan must be finite and >= 0"),
-    ("wts-generate", "wts-generate", [*GENERATE, "--max-new-tokens", "0"],
-     "argument --max-new-tokens: 0 must be an integer >= 1"),
-    ("wts-generate", "wts-generate", [*GENERATE, "--draft-len", "0"],
-     "argument --draft-len: 0 must be an integer >= 1"),
-    ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1,x"],
-     "argument --ids: '1,x' is not a comma-separated list of token ids"),
-    ("wts-demo", "wts-demo", ["--batch", "0"],
-     "argument --batch: 0 must be an integer in [1, 65536]"),
-    ("wts-bench", "wts-bench", ["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    ("wts-bench", "wts-bench", ["--repeats", "x"], "argument --repeats: invalid int value: 'x'"),
-    ("wts-tabletune", "wts-tabletune", [],
-     "the following arguments are required: command"),
-    ("wts-tabletune", "wts-tabletune profile", ["profile", "--out", "x", "--noise", "a"],
-     "argument --noise: invalid float value: 'a'"),
-]
-
-
-@pytest.mark.parametrize("cli,prog,argv,message", BAD_COMMAND_LINES,
-                         ids=[f"{case[1]} {' '.join(case[2])}" for case in BAD_COMMAND_LINES])
-def test_bad_argument_is_one_line_with_a_pointer_to_help(capsys, cli, prog, argv, message):
-  with pytest.raises(SystemExit) as exited:
-    _cli(cli)(argv)
-  assert exited.value.code == 2
-  err = capsys.readouterr().err
-  assert err.count("\n") == 1 and err.startswith(f"{prog}: error: {message}"), err
-  assert err.endswith(f" (see {prog} --help)\n"), err
-
-
-@pytest.mark.parametrize("cli,argv,shown", [
-    ("wts-generate", ["--help"], ["--dtype {bfloat16,float32}", "(default: bfloat16)",
-                                  "(default: 64)", "(default: auto)"]),
-    ("wts-convert", ["--help"], ["wts-convert inspect SRC",
-                                 "(default: keep the checkpoint's dtype)"]),
-    ("wts-tabletune", ["profile", "--help"], ["(default: modelled)"]),
-])
-def test_help_shows_the_defaults(capsys, cli, argv, shown):
-  with pytest.raises(SystemExit) as exited:
-    _cli(cli)(argv)
-  assert exited.value.code == 0
-  out = " ".join(capsys.readouterr().out.split())   # argparse wraps lines at the width
-  for text in shown:
-    assert text in out, (text, out)
-
-
+# --- wts-generate on real checkpoints (its argument errors: tests/test_cli_errors.py) -----
 @pytest.fixture(scope="module")
 def target_and_drafter(tmp_path_factory):
   """A tiny Qwen3 target and its tiny DeepSpec drafter, converted with --full."""
@@ -369,8 +304,8 @@ def test_generate_beyond_the_targets_positions_is_an_argument_error(capsys,
                                                                   target_and_drafter):
   target, drafter = target_and_drafter
   with pytest.raises(SystemExit) as exited:
-    _cli("wts-generate")(["--target", str(target), "--drafter", str(drafter), "--ids",
-                          "1,2,3", "--max-new-tokens", "1000000000"])
+    generate_main(["--target", str(target), "--drafter", str(drafter), "--ids", "1,2,3",
+                   "--max-new-tokens", "1000000000"])
   assert exited.value.code == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "argument --max-new-tokens: 1000000000" in err, err
@@ -379,9 +314,8 @@ def test_generate_beyond_the_targets_positions_is_an_argument_error(capsys,
 
 def test_generate_says_which_walk_ran(capsys, target_and_drafter):
   target, drafter = target_and_drafter
-  code = _cli("wts-generate")(["--target", str(target), "--drafter", str(drafter), "--ids",
-                               "1,2,3", "--max-new-tokens", "4", "--dtype", "float32",
-                               "--no-eos"])
+  code = generate_main(["--target", str(target), "--drafter", str(drafter), "--ids",
+                        "1,2,3", "--max-new-tokens", "4", "--dtype", "float32", "--no-eos"])
   err = capsys.readouterr().err
   assert code == 0, err
   assert "walk: xla (--walk auto)" in err, err
@@ -390,8 +324,8 @@ def test_generate_says_which_walk_ran(capsys, target_and_drafter):
 def test_generate_names_a_mistyped_eos_token_id(tmp_path, capsys, target_and_drafter):
   target, drafter = target_and_drafter
   edited = edited_target(tmp_path, target, target_config(eos_token_id="19"))
-  code = _cli("wts-generate")(["--target", str(edited), "--drafter", str(drafter), "--ids",
-                               "1,2,3"])
+  code = generate_main(["--target", str(edited), "--drafter", str(drafter), "--ids",
+                        "1,2,3"])
   err = capsys.readouterr().err
   assert code == 2 and err.count("\n") == 1, err
   assert "config.json: eos_token_id='19' must be an integer >= 0" in err, err
