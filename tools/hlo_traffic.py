@@ -7,7 +7,8 @@ fusions, copies, library calls and kernels — is the one an H200 would run.
 
 The byte model is per top-level operation of a computation: operand bytes read plus
 result bytes written, with four corrections that follow what the GPU does:
-- a dynamic-slice or gather reads only what it writes (a slice, the taken rows);
+- a dynamic-slice or gather, or a fusion of them, reads only what it writes (the
+  slices, the rows taken);
 - a dynamic-update-slice or scatter fusion works in place: it moves its update only;
 - the decode-attention kernel (a Triton custom call whose two largest operands are a
   layer's ``[B, Kv, S, h]`` keys and values) stops each row at its length: those two
@@ -124,6 +125,9 @@ def traffic(found: dict[str, list[str]], name: str, *, cache_fraction: float = 1
     operands = re.findall(r"%([\w\.\-]+)", rest.split(")", 1)[0])
     called = re.search(r"calls=%([\w\.\-]+)", line)
     called = called.group(1) if called else ""
+    if op == "fusion-start":   # ((operands), results, context): what it writes is results
+      started = re.match(r"\(\((.*?)\), (.*), u32\[\]\)", out)
+      out = started.group(2) if started else out
     shapes[op_name] = out
     if op in _FREE:
       continue
@@ -138,8 +142,8 @@ def traffic(found: dict[str, list[str]], name: str, *, cache_fraction: float = 1
     elif root in ("dynamic-slice", "gather") or op in ("dynamic-slice", "gather"):
       read = written
     elif (" gather(" in inner or " dynamic-slice(" in inner) and "dot(" not in inner:
-      # a table sliced or gathered from (its largest operand) gives only the rows taken
-      read = sum(operand_bytes) - max(operand_bytes) + written
+      # arrays sliced or gathered from give only the slices or rows taken
+      read = written
     elif op == "custom-call" and "triton" in line:
       # the decode-attention kernel: its two largest operands are a layer's keys and
       # values, read up to each row's length
@@ -160,34 +164,42 @@ _NESTED = re.compile(r"(?:body|condition|true_computation|false_computation|to_a
                      r"%([\w\.\-]+)|branch_computations=\{([^}]*)\}")
 
 
-def top_level(found: dict[str, list[str]]) -> list[str]:
+def top_level(found: dict[str, list[str]]) -> dict[str, int]:
   """The entry computation and the control-flow bodies it runs (while bodies and
-  conditions, conditional branches, called computations): the computations whose
-  operations are kernels or library calls, not the insides of a fusion."""
-  names, queue = [], [entry_name(found)]
+  conditions, conditional branches, called computations) — the computations whose
+  operations are kernels or library calls, not the insides of a fusion — each with how
+  many times one run of the program runs it (a while loop's known trip count; 1 when
+  the count is not known)."""
+  times: dict[str, int] = {}
+  queue = [(entry_name(found), 1)]
   while queue:
-    name = queue.pop()
-    if name in names or name not in found:
+    name, count = queue.pop()
+    if name in times or name not in found:
       continue
-    names.append(name)
+    times[name] = count
     for line in found[name]:
       if " fusion(" in line or "fusion-start(" in line or (
           "to_apply=" in line and " call(" not in line):   # a reduction's scalar lambda
         continue
+      trips = re.search(r'known_trip_count":\{"n":"(\d+)"', line)
+      inner = count * (int(trips.group(1)) if trips else 1)
       for single, several in _NESTED.findall(line):
-        queue.extend([single] if single else re.findall(r"%([\w\.\-]+)", several))
-  return names
+        queue.extend((callee, inner) for callee in
+                     ([single] if single else re.findall(r"%([\w\.\-]+)", several)))
+  return times
 
 
 def summary(hlo_text: str, *, cache_fraction: float = 1.0,
             weight_shapes: set[str] = frozenset()) -> dict:
-  """Bytes the program's kernels and library calls move (a loop's body counted once):
+  """Bytes the program's kernels and library calls move (a loop's body as many times as
+  its known trip count):
   in all, by kind of operation, and the bytes
   written by operations that produce an array shaped like a weight (``weight_shapes``,
   HLO shape strings such as ``bf16[9728,2560]``) other than a library call or a kernel:
   a weight copied before use."""
   found = computations(hlo_text)
-  rows = [row for name in top_level(found)
+  rows = [{**row, "read": row["read"] * times, "written": row["written"] * times}
+          for name, times in top_level(found).items()
           for row in traffic(found, name, cache_fraction=cache_fraction)]
   by_kind: dict[str, int] = {}
   for row in rows:
