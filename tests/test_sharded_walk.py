@@ -161,6 +161,20 @@ def test_under_jit(explicit):
                                 np.asarray(ref.tokens))
 
 
+@pytest.mark.parametrize("explicit", [True, False], ids=["explicit_axes", "auto_axes"])
+def test_a_step_without_a_finite_logit_sets_the_status_bit(explicit):
+  """As on one device: a step whose logits are all -Inf is reported, not walked to
+  token 0 with a clean status (asked by a max over the split V, not a gather)."""
+  head, (base, first, hidden) = _case("vanilla", 2, seed=5)
+  bad = base.at[1, 3, :].set(-jnp.inf)
+  mesh, placed, sharded_bad = _on_mesh("tensor2", head, bad, explicit=explicit)
+  where = {} if explicit else {"vocab_axis": "tensor", "mesh": mesh}
+  walk = jax.jit(lambda b: wts_jax.walk(placed, b, first, hidden, **where).status)
+  assert int(walk(sharded_bad)) == wts_jax.output.STATUS_NO_FINITE_LOGIT
+  _, _, sharded_base = _on_mesh("tensor2", head, base, explicit=explicit)
+  assert int(walk(sharded_base)) == 0
+
+
 @pytest.mark.parametrize("mesh_name,split_w1,explicit",
                          [("tensor4", True, True), ("tensor4", False, False),
                           ("data2_tensor4", True, False),

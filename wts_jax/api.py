@@ -67,7 +67,7 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
     output = sharded.sharded_walk(head, base_logits, first_tokens, hidden, where, mode,
                                   return_logits=return_logits,
                                   return_logprobs=return_logprobs, impl=impl, config=config)
-    return _finished(output, mode)
+    return _finished(output, mode, base_logits, vocab_split=True)
   impl = _impl_for_layout(head, impl)
   validation.check_walk_inputs(head, base_logits, first_tokens, hidden)
   mode = validation.make_sampling(temperature, key, base_logits.shape[0])
@@ -85,11 +85,13 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
   else:
     output = choice.launch(backend.WalkOperands(head, base_logits, first_tokens, hidden,
                                                 mode))
-  return _finished(output, mode)
+  return _finished(output, mode, base_logits)
 
 
-def _finished(output: WalkOutput, mode) -> WalkOutput:
-  output = validation.finish_walk(output, mode)   # status bits from inputs and outputs
+def _finished(output: WalkOutput, mode, base_logits, *, vocab_split: bool = False
+              ) -> WalkOutput:
+  # status bits from the inputs and the outputs, whichever implementation ran
+  output = validation.finish_walk(output, mode, base_logits, vocab_split=vocab_split)
   if validation.is_concrete(output.status):
     check(output)
   return output

@@ -20,12 +20,13 @@ is caught) keeps what it measured and lists the points it did not run.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
 import sys
 import time
+
+from wts_jax.command_line import ArgumentParser
 
 QUICK = {"batch": "1,16", "k": "7", "head": "vanilla", "mode": "greedy",
          "l2": "cold,warm", "repeats": 5, "walks_per_repeat": 10}
@@ -40,12 +41,8 @@ QUANTIZED_PLANES = "int8p"
 
 
 class UsageError(Exception):
-  """A bad argument: ``main`` prints ``error: ...`` on one line and exits 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise UsageError(message)
+  """A bad argument found after parsing (argparse's own are one line too, through
+  ``wts_jax.command_line``): ``main`` prints ``error: ...`` on one line and returns 2."""
 
 
 def _ints(text: str, flag: str = "--batch") -> tuple[int, ...]:
@@ -77,10 +74,8 @@ def _once_each(values: list, text: str, flag: str) -> tuple:
   return tuple(values)
 
 
-def build_parser() -> argparse.ArgumentParser:
-  parser = _Parser(
-      prog="wts-bench", description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+  parser = ArgumentParser(prog="wts-bench", description=__doc__.split("\n\n")[0])
   grid = parser.add_argument_group("grid (comma-separated lists)")
   grid.add_argument("--shape", default=None,
                     help="named shapes from wts_jax.shapes (default qwen3_4b; "

@@ -152,6 +152,7 @@ class Runner:
 
   # --- pieces -------------------------------------------------------------------------
   def measure_ceilings(self) -> None:
+    import jax
     from wts_jax.bench import floor
     if self.args.no_ceilings:
       self.results["ceilings"] = {"error": "skipped (--no-ceilings)"}
@@ -162,7 +163,8 @@ class Runner:
                                              sync_latency_us=self.args.sync_us)
       self.results["ceilings"] = {**self.ceilings.as_record(),
                                   "num_sms": floor.device_num_sms(),
-                                  "public_int8_check": floor.public_int8_check(self.ceilings)}
+                                  "public_int8_check": floor.public_int8_check(
+                                      self.ceilings, jax.default_backend())}
       log(f"ceilings: HBM {self.ceilings.hbm_gbps:.0f} GB/s, L2 "
            f"{self.ceilings.l2_gbps:.0f} GB/s, sync {self.ceilings.sync_us:.2f} µs "
            f"({self.ceilings.sync_source})")

@@ -62,14 +62,18 @@ class Qwen3Config:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive int")
+    for name in ("rms_norm_eps", "rope_theta"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+          math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r} must be a real number > 0")
+    if not isinstance(self.tie_word_embeddings, bool):
+      raise ValueError(f"tie_word_embeddings={self.tie_word_embeddings!r} must be a bool")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even (rotary halves)")
-    if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
-      raise ValueError(f"rope_theta={self.rope_theta!r} and rms_norm_eps="
-                       f"{self.rms_norm_eps!r} must be > 0")
 
   @classmethod
   def qwen3_4b(cls) -> "Qwen3Config":
@@ -94,33 +98,62 @@ class Qwen3Config:
 
   @classmethod
   def from_hf(cls, config: dict[str, Any], where: str = "config.json") -> "Qwen3Config":
-    """From a Hugging Face Qwen3 ``config.json`` dict (transformers 4.x or 5.x)."""
+    """From a Hugging Face Qwen3 ``config.json`` dict (transformers 4.x or 5.x).
+
+    Every field is read with its JSON type and range checked (``ConfigFields``), and a
+    field that would change the numbers in a way this model does not implement (RoPE
+    scaling, sliding-window attention, another activation, q/k/v/o biases) is refused:
+    each error is one ``ValueError`` line naming ``where`` and the field.
+    """
+    from wts_jax.convert.config_fields import ConfigFields
+    fields = ConfigFields(config, where)
     missing = [name for name in ("vocab_size", "hidden_size", "intermediate_size",
                                  "num_hidden_layers", "num_attention_heads")
-               if name not in config]
+               if name not in fields]
     if missing:
-      raise ValueError(f"{where}: lacks {missing}, which every Qwen3 config has")
-    rope = config.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", "default")
-    scaling = config.get("rope_scaling")
-    if rope_type != "default" or (scaling and scaling.get("rope_type", "default")
-                                  != "default"):
-      raise ValueError(f"{where}: rope_scaling={scaling or rope!r} is not supported "
-                       "(plain RoPE only)")
-    theta = config.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
-    if config.get("attention_bias", False):
-      raise ValueError(f"{where}: attention_bias={config['attention_bias']!r}; Qwen3 "
-                       "has no q/k/v/o biases")
-    heads = config["num_attention_heads"]
-    return cls(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-               intermediate_size=config["intermediate_size"],
-               num_layers=config["num_hidden_layers"], num_heads=heads,
-               num_kv_heads=config.get("num_key_value_heads", heads),
-               head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-               rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-               rope_theta=float(theta),
-               tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-               max_position_embeddings=int(config.get("max_position_embeddings", 40_960)))
+      raise fields.error(f"lacks {missing}, which every Qwen3 config has")
+    # transformers 5 keeps RoPE under rope_parameters, 4.x under rope_theta/rope_scaling.
+    theta = fields.number("rope_theta", None, above=0)
+    for name in ("rope_parameters", "rope_scaling"):
+      rope = fields.section(name)
+      if rope is None:
+        continue
+      rope_type = rope.text("rope_type", rope.text("type", "default"))
+      if rope_type != "default":
+        raise fields.error(f"{name}.rope_type={rope_type!r} is not supported: wts_jax "
+                           "runs plain RoPE only (rope_scaling / rope_parameters of "
+                           "rope_type 'default')")
+      if theta is None:
+        theta = rope.number("rope_theta", None, above=0)
+    if fields.flag("attention_bias", False):
+      raise fields.error("attention_bias=True is not supported: Qwen3 has no q/k/v/o "
+                         "biases")
+    fields.choice("hidden_act", ("silu",), "silu")
+    if fields.flag("use_sliding_window", False):
+      raise fields.error("use_sliding_window=True is not supported: wts_jax's Qwen3 "
+                         "attends over the whole context")
+    hidden = fields.positive_int("hidden_size")
+    heads = fields.positive_int("num_attention_heads")
+    kv_heads = fields.positive_int("num_key_value_heads", heads)
+    if heads % kv_heads:
+      raise fields.error(f"num_attention_heads={heads} must be a multiple of "
+                         f"num_key_value_heads={kv_heads}")
+    head_dim = fields.positive_int("head_dim", hidden // heads)
+    if head_dim % 2:
+      raise fields.error(f"head_dim={head_dim} must be even (RoPE rotates halves)")
+    values = dict(vocab_size=fields.positive_int("vocab_size"), hidden_size=hidden,
+                  intermediate_size=fields.positive_int("intermediate_size"),
+                  num_layers=fields.positive_int("num_hidden_layers"), num_heads=heads,
+                  num_kv_heads=kv_heads, head_dim=head_dim,
+                  rms_norm_eps=fields.number("rms_norm_eps", 1e-6, above=0),
+                  rope_theta=1_000_000.0 if theta is None else theta,
+                  tie_word_embeddings=fields.flag("tie_word_embeddings", False),
+                  max_position_embeddings=fields.positive_int("max_position_embeddings",
+                                                              40_960))
+    try:
+      return cls(**values)
+    except ValueError as err:   # a default derived from other fields (head_dim)
+      raise fields.error(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- numerics

@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+from wts_jax.command_line import ArgumentParser
 from wts_jax.result_files import check_writable, write_failure, write_json
 from wts_jax.tabletune.cost_model import MODELLED_SHAPES, modelled_cost_fn
 from wts_jax.tabletune.cost_table import CostTable
@@ -229,8 +230,7 @@ def cmd_overhead(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="wts-tabletune", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = ArgumentParser(prog="wts-tabletune", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
 
   p = sub.add_parser("profile", help="measure c(B, K) into a cost table JSON")
