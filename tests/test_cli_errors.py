@@ -12,12 +12,17 @@ import pytest
 def _cli(name: str):
   module = {"wts-convert": "wts_jax.convert.cli", "wts-generate": "wts_jax.spec.cli",
             "wts-demo": "wts_jax.demo", "wts-bench": "wts_jax.bench.cli",
-            "wts-tabletune": "wts_jax.tabletune.cli"}[name]
+            "wts-tabletune": "wts_jax.tabletune.cli",
+            "wts-e2e-bench": "wts_jax.spec.bench_e2e"}[name]
   return importlib.import_module(module).main
 
 
 GENERATE = ["--target", "t", "--drafter", "d", "--ids", "1"]   # checked after the options
 BAD_COMMAND_LINES = [
+    ("wts-e2e-bench", "wts-e2e-bench", ["--batches", "0"],
+     "argument --batches: '0': every value must be >= 1"),
+    ("wts-e2e-bench", "wts-e2e-bench", ["--method", "fast"],
+     "argument --method: invalid choice: 'fast'"),
     ("wts-convert", "wts-convert", [], "the following arguments are required: SRC, DST"),
     ("wts-convert", "wts-convert", ["a", "b", "--dtype", "int4"],
      "argument --dtype: invalid choice: 'int4'"),

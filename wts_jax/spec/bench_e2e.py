@@ -34,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from wts_jax import result_files
+from wts_jax.command_line import ArgumentParser
 from wts_jax.spec import loop, phase_profile, timing
 from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
 from wts_jax.spec.loop import generate
@@ -83,7 +84,7 @@ def _profile(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = ArgumentParser(
       prog="wts-e2e-bench",
       description="Device time of one speculative decode iteration (target verify, "
                   "drafter, walk) at the Qwen3-4B/8B shapes with random weights, and "

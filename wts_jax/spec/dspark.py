@@ -245,7 +245,7 @@ def make_dspark(config: DSparkConfig, *, seed: int = 0, param_dtype=jnp.bfloat16
 def config_from_converted(manifest: dict[str, Any], where: str) -> DSparkConfig:
   """The ``DSparkConfig`` of a ``wts-convert`` directory's manifest."""
   from wts_jax.convert.drafter_config import DrafterConfig
-  drafter = DrafterConfig.from_json(manifest["drafter"])
+  drafter = DrafterConfig.from_json(manifest["drafter"], f"{where}/wts_config.json")
   layers = Qwen3Config.from_hf(manifest["source_config"], where)
   head = None if manifest["head"] is None else HeadConfig(**manifest["head"])
   return DSparkConfig(layers, drafter.target_layer_ids, drafter.block_size,
