@@ -267,6 +267,10 @@ def decoder_layers(config: Qwen3Config, num_layers: int, *, rngs: nnx.Rngs,
   once (one random draw per name keeps the drawing program small), then split."""
   drawn = {name: _init(rngs, (num_layers, *shape), param_dtype, norm=len(shape) == 1)
            for name, shape in layer_weight_shapes(config).items()}
+  # Materialise each draw before it is split: fused into the slices, the generator's
+  # whole computation would be compiled into every layer's slice (minutes of GPU
+  # compilation at the Qwen3-4B shapes).
+  drawn = jax.lax.optimization_barrier(drawn)
   return nnx.List([DecoderLayer({name: weight[i] for name, weight in drawn.items()})
                    for i in range(num_layers)])
 
