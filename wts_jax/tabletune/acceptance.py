@@ -10,8 +10,7 @@ K drafted positions is 1 + sum_{j<K} prod_{i<=j} p_i (the bonus token plus the e
 accepted prefix).
 
 Counts decay by a factor each update (exponential forgetting), so the estimate follows
-shifting traffic. Optionally the counts are split by bins of the confidence head's
-sigma(z_j): the same censoring, per (position, bin), gives a calibration of the head.
+shifting traffic.
 
 Everything is pure jax.numpy on arrays of static shape (usable inside lax.while_loop);
 the same functions take numpy arrays for offline use.
@@ -98,27 +97,6 @@ def expected_tokens(acceptance: jnp.ndarray) -> jnp.ndarray:
   survival = xp.cumprod(acceptance, axis=-1)
   zero = xp.zeros(survival.shape[:-1] + (1,), survival.dtype)
   return 1.0 + xp.concatenate([zero, xp.cumsum(survival, axis=-1)], axis=-1)
-
-
-def confidence_bins(confidence_logits: jnp.ndarray, num_bins: int) -> jnp.ndarray:
-  """Bin index of sigma(z) in ``num_bins`` equal bins of [0, 1] (int32, same shape)."""
-  probability = jax.nn.sigmoid(confidence_logits.astype(jnp.float32))
-  return jnp.clip((probability * num_bins).astype(jnp.int32), 0, num_bins - 1)
-
-
-def update_calibration(counts: AcceptanceCounts, drafted, accepted, confidence_logits,
-                       active=None, *, decay: float | jnp.ndarray = 1.0) -> AcceptanceCounts:
-  """Censored counts per (position, confidence bin): counts are [K, num_bins].
-
-  confidence_logits: [B, >= K] raw confidence-head logits of this block's positions.
-  """
-  max_draft_len, num_bins = counts.reached.shape
-  reached, survived = block_outcomes(drafted, accepted, max_draft_len, active)
-  one_hot = jax.nn.one_hot(
-      confidence_bins(confidence_logits[:, :max_draft_len], num_bins), num_bins)
-  return AcceptanceCounts(
-      decay * counts.survived + jnp.einsum("bk,bkn->kn", survived, one_hot),
-      decay * counts.reached + jnp.einsum("bk,bkn->kn", reached, one_hot))
 
 
 def fit_profile(accepted, drafted, max_draft_len: int, prior: float = 0.5,
