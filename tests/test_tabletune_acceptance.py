@@ -77,3 +77,11 @@ def test_shifted_prior_lifts_unobserved_positions_to_the_observed_level():
   # No evidence: the prior itself.
   np.testing.assert_allclose(acc.shifted_prior(acc.empty_counts((5,)), prior, 4.0), prior,
                              rtol=1e-5)
+
+
+def test_one_block_moves_the_shifted_prior_by_one_blocks_worth():
+  """A single rejected block at position 0 must not drag every position to the floor."""
+  prior = np.full(5, 0.75)
+  counts = acc.update(acc.empty_counts((5,)), 6, jnp.array([0]))
+  shifted = np.asarray(acc.shifted_prior(counts, prior, 12.0))
+  assert np.all(shifted > 0.65) and np.all(shifted < 0.75)

@@ -118,7 +118,8 @@ def test_turns_drafting_off_where_it_loses_and_back_on():
   controller = TableTuneController.from_table(table, regime_profile("hard", K))
   draft_len = replay(controller, trace, table)["draft_len"]
   assert np.mean(draft_len[50:half] == 0) > 0.9
-  assert np.mean(draft_len[half + 60:] > 0) > 0.95
+  # Back on within a probe interval (the loss of a probe over the budget, ~ 80 here).
+  assert np.mean(draft_len[half + 100:] > 0) > 0.95
   # The probes while off cost about the budget: a few per cent of the iterations.
   assert 0 < np.mean(draft_len[50:half] > 0) < 0.1
 
@@ -257,8 +258,8 @@ def test_drift_detection_resets_the_estimate(costs):
 
 
 def test_hysteresis_holds_k(costs):
-  """Nothing accepted: shorter drafts become better, but not by the margin; the K in use
-  stays, and only a runner-up that looks better (no expected loss) is tried."""
+  """Nothing accepted: shorter drafts become better, but not by the margin; with probing
+  off the K in use runs on."""
   sticky = TableTuneController.from_table(costs, regime_profile("chat", K), hysteresis=10.0,
                                           probe_budget=0.0, explore_sd=0.0)
   @jax.jit
@@ -266,10 +267,31 @@ def test_hysteresis_holds_k(costs):
     k, _, state = sticky.choose(state, jnp.ones(8, bool))
     return k, sticky.observe(state, k, jnp.zeros(8, jnp.int32), None, jnp.ones(8, bool))
   state = sticky.init(8)
-  k0 = int(state.draft_len)
+  assert int(state.draft_len) == K
   ks = []
   for _ in range(20):
     k, state = step(state)
     ks.append(int(k))
-  assert int(state.draft_len) == k0 == K
-  assert ks[0] == K and ks[-1] < K
+  assert ks == [K] * 20
+  rate = sticky._rates(state, jnp.ones(8, bool), jnp.float32(8))  # pylint: disable=protected-access
+  assert int(jnp.argmax(rate)) < K  # it would have switched without the margin
+
+
+def test_a_better_runner_up_within_the_margin_is_probed_not_run_throughout(costs):
+  """A runner-up inside the hysteresis margin is probed every hysteresis / probe_budget
+  iterations; the K in use keeps running (and keeps its estimates fresh)."""
+  controller = TableTuneController.from_table(costs, regime_profile("chat", K),
+                                              hysteresis=0.5, probe_budget=0.05,
+                                              explore_sd=0.0)
+  @jax.jit
+  def step(state):
+    k, _, state = controller.choose(state, jnp.ones(8, bool))
+    return k, controller.observe(state, k, jnp.zeros(8, jnp.int32), None, jnp.ones(8, bool))
+  state = controller.init(8)
+  ks = []
+  for _ in range(40):
+    k, state = step(state)
+    ks.append(int(k))
+  held = int(state.draft_len)
+  probes = [k for k in ks if k != held]
+  assert held == K and 2 <= len(probes) <= 6   # every 0.5 / 0.05 = 10 iterations

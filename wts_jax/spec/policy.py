@@ -86,6 +86,17 @@ class DraftPolicy(Protocol):
     ...
 
 
+def check_draft_lens(draft_lens, what: str = "draft_lens") -> tuple[int, ...]:
+  """``draft_lens`` as a tuple of distinct increasing ints >= 0, or a ValueError naming
+  ``what``."""
+  values = tuple(draft_lens)
+  if (not values or any(isinstance(k, bool) or not isinstance(k, (int, np.integer))
+                        for k in values)
+      or min(values) < 0 or list(values) != sorted(set(values))):
+    raise ValueError(f"{what}={values!r} must be distinct increasing ints >= 0")
+  return tuple(int(k) for k in values)
+
+
 def draft_lens_of(policy: Any) -> tuple[int, ...]:
   """The draft lengths the loop compiles a branch for: ``policy.draft_lens``, or
   1..``policy.max_draft_len`` for a policy that gives only that."""
@@ -95,12 +106,7 @@ def draft_lens_of(policy: Any) -> tuple[int, ...]:
     if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
       raise ValueError(f"draft_len.max_draft_len={max_k!r} must be an int >= 1")
     return tuple(range(1, max_k + 1))
-  values = tuple(lens)
-  if (not values or any(isinstance(k, bool) or not isinstance(k, (int, np.integer))
-                        for k in values)
-      or min(values) < 0 or list(values) != sorted(set(values))):
-    raise ValueError(f"draft_len.draft_lens={values!r} must be distinct increasing ints >= 0")
-  return tuple(int(k) for k in values)
+  return check_draft_lens(lens, "draft_len.draft_lens")
 
 
 def max_draft_len(policy: Any) -> int:

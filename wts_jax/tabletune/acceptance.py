@@ -80,14 +80,16 @@ def shifted_prior(counts: AcceptanceCounts, prior, prior_weight) -> jnp.ndarray:
   Positions beyond the drafted length are never observed (censoring); left at a stale
   prior they would keep a pessimistic estimate from ever drafting far enough to be
   corrected. The prior keeps its shape across positions and takes its level from the
-  positions that were observed, each weighted by reached / (reached + prior_weight).
+  positions that were observed: the mean, weighted by reached counts, of each position's
+  estimate (shrunk to the prior, so that one block moves the level by one block's worth)
+  against the prior, on the logit scale.
   """
   prior = jnp.clip(jnp.asarray(prior, jnp.float32), 0.02, 0.98)
-  observed = jnp.clip(counts.survived / jnp.maximum(counts.reached, 1e-6), 0.02, 0.98)
-  weight = counts.reached / (counts.reached + prior_weight)
-  offset = (jnp.sum(weight * (jax.scipy.special.logit(observed)
-                              - jax.scipy.special.logit(prior)), axis=-1, keepdims=True)
-            / jnp.maximum(jnp.sum(weight, axis=-1, keepdims=True), 1e-6))
+  estimate = jnp.clip(conditional_acceptance(counts, prior, prior_weight), 0.02, 0.98)
+  offset = (jnp.sum(counts.reached * (jax.scipy.special.logit(estimate)
+                                      - jax.scipy.special.logit(prior)),
+                    axis=-1, keepdims=True)
+            / jnp.maximum(jnp.sum(counts.reached, axis=-1, keepdims=True), 1e-6))
   return jax.nn.sigmoid(jax.scipy.special.logit(prior) + offset)
 
 

@@ -20,10 +20,10 @@ while K = 0 runs, the acceptance (an iteration without a draft says nothing abou
 So it runs the runner-up K for one iteration whenever the iterations since that K last
 ran, times ``probe_budget``, pass the probe's expected loss (1 - the runner-up's expected
 tokens per second over the current K's): probing costs about ``probe_budget`` of the
-throughput and goes where the choice is close. It also runs the runner-up at once while
-the filter's uncertainty about the two K's cost difference (``explore_sd`` standard
-deviations) exceeds that loss, so a new or stale table is measured where it decides in
-a few iterations. This is how speculation turns back on after K = 0, and how a stale
+throughput and goes where the choice is close. Before that, it runs at once any K whose
+cost the filter is too unsure of to tell from the current K's (its expected loss within
+``explore_sd`` standard deviations of their log-cost difference), so a new or stale table
+is measured where it decides within a few iterations. This is how speculation turns back on after K = 0, and how a stale
 table's costs get measured where they matter.
 
 Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted)
@@ -45,9 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.spec.policy import MeasuredIteration
+from wts_jax.spec.policy import MeasuredIteration, check_draft_lens
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.cost_table import CostTable, bucket_weights, check_draft_lens
+from wts_jax.tabletune.cost_table import CostTable, bucket_weights
 
 NEVER_RUN = 1 << 20   # ``since_run`` of a draft length not run yet
 
@@ -93,10 +93,13 @@ class TableTuneController:
   one level, one for drafting (every K >= 1 against K = 0), per draft length, per
   bucket, a slope in K per bucket, per cell; timing_sd: the spread of one measured
   iteration around its cell's cost; cost_relax: per measured iteration, how far the cost
-  uncertainty relaxes back towards the prior (costs drift: the context grows, the
-  machine changes); explore_sd: a runner-up whose expected loss is within this many
-  standard deviations of the uncertainty of its cost against the current K's is probed
-  at once (a new or stale table is measured where it decides).
+  uncertainty relaxes towards the prior's structure with every spread at most a cell's
+  (costs drift — the context grows, the machine changes — by a few per cent);
+  explore_sd: a K whose expected loss is within this many standard
+  deviations of the uncertainty of its cost against the current K's is run at once (a
+  new or stale table is measured where it decides). The structured spreads are wide (a
+  table from another loop version can be off by a factor and in shape); only the cell's
+  own is the profiler's noise.
   """
 
   batches: jax.Array
@@ -113,11 +116,11 @@ class TableTuneController:
   residual_weight: float = _static(0.05)
   drift_keep: float = _static(0.05)
   probe_budget: float = _static(0.0006)
-  cost_level_sd: float = _static(0.1)
-  cost_drafting_sd: float = _static(0.05)
-  cost_draft_len_sd: float = _static(0.02)
-  cost_batch_sd: float = _static(0.04)
-  cost_slope_sd: float = _static(0.03)
+  cost_level_sd: float = _static(1.0)
+  cost_drafting_sd: float = _static(0.3)
+  cost_draft_len_sd: float = _static(0.1)
+  cost_batch_sd: float = _static(0.3)
+  cost_slope_sd: float = _static(0.3)
   cost_cell_sd: float = _static(0.03)
   timing_sd: float = _static(0.03)
   cost_relax: float = _static(0.0005)
@@ -204,17 +207,23 @@ class TableTuneController:
     best = jnp.argmax(rate)
     switch = (rate[best] > rate[current] * (1.0 + self.hysteresis)) & busy
     index = jnp.where(switch, best, current)
-    # The runner-up, probed once its staleness has paid for the probe's expected loss,
-    # or at once while its cost is too uncertain to tell it from the current K's.
+    # The runner-up, probed once its staleness has paid for the probe's expected loss;
+    # before that, any K whose cost is too uncertain to tell it from the current K's
+    # (only while it is the less known of the two: running the current K measures it).
     others = rate.at[index].set(-jnp.inf)
     runner_up = jnp.argmax(others)
-    loss = jnp.maximum(1.0 - others[runner_up] / jnp.maximum(rate[index], 1e-30), 0.0)
-    # (Only while the runner-up is the less known of the two: running the current K
-    # measures it.)
-    runner_sd, current_sd, difference_sd = self._log_cost_sd(state, rows, runner_up, index)
-    doubtful = (loss < self.explore_sd * difference_sd) & (runner_sd >= current_sd)
-    probe = busy & (((state.since_run[runner_up] + 1.0) * self.probe_budget >= loss)
-                    | doubtful)
+    losses = jnp.maximum(1.0 - others / jnp.maximum(rate[index], 1e-30), 0.0)
+    own_sd, difference_sd = self._log_cost_sds(state, rows, index)
+    margin = self.explore_sd * difference_sd - losses
+    doubtful = (margin > 0) & (own_sd >= own_sd[index]) & (others > -jnp.inf)
+    doubt = jnp.argmax(jnp.where(doubtful, margin, -jnp.inf))
+    # (A runner-up within the hysteresis margin, even one that looks better, counts as
+    # a loss of the margin: probed every hysteresis / probe_budget iterations, not at
+    # every one, so the current K keeps running and keeps its estimates fresh.)
+    due = ((state.since_run[runner_up] + 1.0) * self.probe_budget
+           >= jnp.maximum(losses[runner_up], self.hysteresis))
+    probe = busy & (jnp.any(doubtful) | due)
+    runner_up = jnp.where(jnp.any(doubtful), doubt, runner_up)
     chosen = jnp.where(probe, runner_up, index)
     k = lens[chosen]
     since_run = jnp.where(jnp.arange(len(self.draft_lens)) == chosen, 0,
@@ -288,8 +297,13 @@ class TableTuneController:
 
   # -- costs ----------------------------------------------------------------------------
 
-  def _cost_prior(self) -> jnp.ndarray:
-    """The prior covariance of the cells' log errors (cell = bucket * len(draft_lens) + j)."""
+  def _cost_prior(self, drift: bool = False) -> jnp.ndarray:
+    """The prior covariance of the cells' log errors (cell = bucket * len(draft_lens) + j).
+    ``drift``: the same structure with every spread at most a cell's — what the filter
+    relaxes towards between measurements (costs drift by a few per cent, not by the
+    factor a table from another loop can be off)."""
+    def spread(value):
+      return min(value, self.cost_cell_sd) if drift else value
     buckets, lens = self.seconds.shape[0], len(self.draft_lens)
     bucket = np.repeat(np.arange(buckets), lens)
     column = np.tile(np.arange(lens), buckets)
@@ -298,11 +312,11 @@ class TableTuneController:
     drafting = lens_k > 0
     same_bucket = bucket[:, None] == bucket[None, :]
     same_column = column[:, None] == column[None, :]
-    cov = (self.cost_level_sd ** 2
-           + self.cost_drafting_sd ** 2 * (drafting[:, None] & drafting[None, :])
-           + self.cost_draft_len_sd ** 2 * same_column
-           + same_bucket * (self.cost_batch_sd ** 2
-                            + self.cost_slope_sd ** 2 * slope[:, None] * slope[None, :])
+    cov = (spread(self.cost_level_sd) ** 2
+           + spread(self.cost_drafting_sd) ** 2 * (drafting[:, None] & drafting[None, :])
+           + spread(self.cost_draft_len_sd) ** 2 * same_column
+           + same_bucket * (spread(self.cost_batch_sd) ** 2
+                            + spread(self.cost_slope_sd) ** 2 * slope[:, None] * slope[None, :])
            + self.cost_cell_sd ** 2 * np.eye(buckets * lens))
     return jnp.asarray(cov, jnp.float32)
 
@@ -316,21 +330,21 @@ class TableTuneController:
     weights = jnp.stack([jnp.broadcast_to(w_lower, (lens,)), jnp.broadcast_to(w_upper, (lens,))])
     return cells, weights
 
-  def _log_cost_sd(self, state: ControllerState, rows, first, second) -> jnp.ndarray:
-    """Standard deviations of log(cost of K first), log(cost of K second) and
-    log(cost first / cost second) at ``rows`` (indices into draft_lens) under the cost
-    filter's covariance: [3]."""
+  def _log_cost_sds(self, state: ControllerState, rows, current):
+    """At ``rows``, under the cost filter's covariance: the standard deviation of each
+    draft length's log cost, and of its log cost over the ``current`` one's (index into
+    draft_lens): ([len], [len])."""
     cells, weights = self._cells(jnp.asarray(rows, jnp.float32))
     believed = weights * self.seconds.reshape(-1)[cells] * jnp.exp(state.cost_error[cells])
-    share = believed / jnp.maximum(jnp.sum(believed, axis=0), 1e-9)
-    # d log(cost) / d error: the share of each of the K's two interpolated cells.
-    picked = jnp.concatenate([cells[:, first], cells[:, second]])
-    cov = state.cost_cov[picked[:, None], picked[None, :]]
-    zero = jnp.zeros(2)
-    gradients = jnp.stack([jnp.concatenate([share[:, first], zero]),
-                           jnp.concatenate([zero, share[:, second]]),
-                           jnp.concatenate([share[:, first], -share[:, second]])])
-    return jnp.sqrt(jnp.maximum(jnp.einsum("gi,ij,gj->g", gradients, cov, gradients), 0.0))
+    share = believed / jnp.maximum(jnp.sum(believed, axis=0), 1e-9)   # d log cost / d error
+    cov = state.cost_cov
+    # [2, 2, len]: the covariance of each K's two cells, and with the current K's two.
+    own = cov[cells[:, None, :], cells[None, :, :]]
+    cross = cov[cells[:, None, :], cells[None, :, current][..., None]]
+    own_var = jnp.einsum("il,ijl,jl->l", share, own, share)
+    covariance = jnp.einsum("il,ijl,j->l", share, cross, share[:, current])
+    difference_var = own_var + own_var[current] - 2.0 * covariance
+    return jnp.sqrt(jnp.maximum(own_var, 0.0)), jnp.sqrt(jnp.maximum(difference_var, 0.0))
 
   def _cost(self, state: ControllerState, rows) -> jnp.ndarray:
     """Each draft length's believed cost at ``rows``."""
@@ -350,8 +364,8 @@ class TableTuneController:
     parts = weights * self.seconds.reshape(-1)[cells] * jnp.exp(state.cost_error[cells])
     predicted = jnp.maximum(jnp.sum(parts), 1e-9)
     share = parts / predicted                     # d log(cost) / d error[cell]
-    prior = self._cost_prior()
-    cov = (1.0 - self.cost_relax) * state.cost_cov + self.cost_relax * prior
+    drift = self._cost_prior(drift=True)
+    cov = (1.0 - self.cost_relax) * state.cost_cov + self.cost_relax * drift
     cov_share = cov[:, cells[0]] * share[0] + cov[:, cells[1]] * share[1]
     innovation_var = share[0] * cov_share[cells[0]] + share[1] * cov_share[cells[1]] + (
         self.timing_sd ** 2)

@@ -22,18 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from wts_jax.result_files import write_json
+from wts_jax.spec.policy import check_draft_lens
 
 SCHEMA = "wts_jax.tabletune.cost_table/1"
-
-
-def check_draft_lens(draft_lens, what: str = "draft_lens") -> tuple[int, ...]:
-  """``draft_lens`` as a tuple of distinct increasing ints >= 0, or a ValueError naming it."""
-  values = tuple(draft_lens)
-  if (not values or any(isinstance(k, bool) or not isinstance(k, (int, np.integer))
-                        for k in values)
-      or min(values) < 0 or list(values) != sorted(set(values))):
-    raise ValueError(f"{what}={tuple(draft_lens)!r} must be distinct increasing ints >= 0")
-  return tuple(int(k) for k in values)
 
 
 @dataclasses.dataclass(frozen=True)

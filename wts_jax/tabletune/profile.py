@@ -33,7 +33,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from wts_jax.tabletune.cost_table import CostTable, check_draft_lens
+from wts_jax.spec.policy import check_draft_lens
+from wts_jax.tabletune.cost_table import CostTable
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 128)
 DEFAULT_BUDGET_S = 300.0
