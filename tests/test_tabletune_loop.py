@@ -1,8 +1,8 @@
 """The controller inside the end-to-end decode loop (tiny models, CPU). The loop's own
 tests show that any policy's k and caps keep the output exact; this one shows that the
-controller is such a policy in the real ``lax.while_loop`` (with the confidence head's
-logits) and drafts multi-token blocks. Skipped where the loop (wts_jax.spec.loop) is
-absent. About half a minute: the loop compiles one branch per k."""
+controller is such a policy in the real ``lax.while_loop`` and drafts multi-token blocks.
+Skipped where the loop (wts_jax.spec.loop) is absent. About half a minute: the loop
+compiles one branch per draft length."""
 
 import numpy as np
 import pytest
@@ -31,8 +31,10 @@ def test_controller_drives_generate():
   costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
                         target="qwen3-8b", drafter="dspark", max_draft_len=block,
                         batches=(1, 4, 16), source="modelled")
+  # K >= 1 only: the loop as it stands compiles a branch for 1..max (K = 0 joins the
+  # choices once the loop runs the target alone for it).
   controller = TableTuneController.from_table(costs, regime_profile("code", block),
-                                              confidence_bins=4, cost_at_active_batch=False)
+                                              draft_lens=tuple(range(1, block + 1)))
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, target_config.vocab_size, n).tolist() for n in (3, 6, 4)]
   tuned = loop.generate(target, drafter, prompts, 12, draft_len=controller, walk_impl="xla")
