@@ -81,20 +81,24 @@ def test_greedy_with_the_walk_kernel_stops_at_eos_per_row(models):
 
 @dataclasses.dataclass(frozen=True)
 class CyclingPolicy:
-  """k = 1, 2, 1, … with row 0 capped at one accepted draft: exercises the switch."""
+  """k runs through ``draft_lens`` in turn (0: an iteration without a draft), row 0
+  capped at one accepted draft: exercises the switch, K = 0 and the caps. Not a pytree:
+  the loop compiles it in."""
 
-  max_draft_len: int = 2
+  draft_lens: tuple[int, ...] = (0, 1, 2)
 
   def init(self, batch):
     return jnp.int32(0)
 
-  def choose(self, state, active):
-    k = state % self.max_draft_len + 1
+  def choose(self, state, active, new_request=None, rows=None):
+    assert new_request is not None and new_request.shape == active.shape
+    assert rows is not None and rows.shape == ()
+    k = jnp.asarray(self.draft_lens, jnp.int32)[state % len(self.draft_lens)]
     cap = jnp.full(active.shape, k, jnp.int32).at[0].set(jnp.minimum(k, 1))
     return k, cap, state
 
-  def observe(self, state, k, accepted, confidence, active):
-    assert confidence is not None and confidence.shape[1] == self.max_draft_len
+  def observe(self, state, k, accepted, confidence, active, measured=None):
+    assert confidence is not None and confidence.shape[1] == self.draft_lens[-1]
     return state + 1
 
 
@@ -102,17 +106,28 @@ def test_a_policy_switching_k_and_capping_rows_stays_exact(models):
   target, drafter = models
   out = generate(target, drafter, PROMPTS, 12, draft_len=CyclingPolicy(), walk_impl="xla")
   assert out.rows() == greedy_reference(target, PROMPTS, 12)
+  assert int(out.policy_state) == int(out.iterations)
 
 
-def test_sampling_matches_the_targets_distribution(models):
-  """Chi-square of 3-token continuations against the exact target probabilities."""
+def test_draft_len_zero_is_the_target_alone(models):
+  """K = 0: one target token per row and iteration, no draft accepted, the same tokens."""
+  target, drafter = models
+  out = generate(target, drafter, PROMPTS, 12, draft_len=0, walk_impl="xla")
+  assert out.rows() == greedy_reference(target, PROMPTS, 12)
+  assert int(np.sum(out.accepted)) == 0 and int(out.iterations) == 11
+
+
+@pytest.mark.parametrize("draft_len", [2, CyclingPolicy((0, 2))], ids=["k2", "k0-k2"])
+def test_sampling_matches_the_targets_distribution(models, draft_len):
+  """Chi-square of 3-token continuations against the exact target probabilities (with
+  a fixed K, and with K = 0 iterations between drafting ones)."""
   target, drafter = models
   vocab, new, rows = 6, 3, 6000
   prompt = [1, 2, 3, 4]
   temperature = 1.3
   out = generate(target, drafter, [prompt] * rows, new, temperature=temperature,
-                 key=jax.random.key(7), draft_len=2, walk_impl="xla")
-  assert int(np.sum(out.accepted)) > rows // 4, "too few acceptances to test the rule"
+                 key=jax.random.key(7), draft_len=draft_len, walk_impl="xla")
+  assert int(np.sum(out.accepted)) > rows // 8, "too few acceptances to test the rule"
   samples = np.asarray(out.tokens)
   counts = np.zeros((vocab,) * new)
   np.add.at(counts, tuple(samples.T), 1)

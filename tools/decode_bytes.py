@@ -70,7 +70,8 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
                                                 prompt_len=prompt_len,
                                                 attention_impl="pallas")}
   pieces = {"verify": steps["verify"]["verify"],
-            "autoregressive": steps["autoregressive"]["autoregressive"],
+            # the loop's K = 0 step: the target over one position per row
+            "autoregressive": steps["autoregressive"]["verify"],
             "drafter": steps["verify"]["drafter"]}
   cache_len = attention.padded_cache_len(prompt_len + max(draft_len, 1) + 2)
   out = {}

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call for the end-to-end loop: its GPU tests, then wts-e2e-bench.
+# One device call for the end-to-end loop: its GPU tests, then wts-e2e-bench, then
+# (SECTIONS=tabletune) TableTune's cost table measured through the loop.
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
+#   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
 # Writes logs and JSON under $OUT.
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -25,5 +27,13 @@ fi
 if has bench; then   # one trace back, to read its events' fields
   f=$(find /tmp/e2e_profile -name perfetto_trace.json.gz | head -1)
   [ -n "$f" ] && cp "$f" "$OUT/trace_sample.json.gz"
+fi
+if has tabletune; then
+  stamp tabletune
+  target=${TARGET:-qwen3-4b}
+  timeout ${TABLETUNE_S:-420} python -m wts_jax.tabletune.cli profile --cost loop \
+    --target "$target" --draft-lens ${DRAFT_LENS:-0,1,2,3,5,7} \
+    --batches ${TT_BATCHES:-1,4,16,32,64,128} --budget-s ${TT_BUDGET:-300} \
+    --out "$OUT/h200_${target//-/_}_tabletune_costs.json" 2>&1 | tee "$OUT/tabletune_profile.log"
 fi
 stamp done

@@ -3,11 +3,17 @@
 Prefill and every decode iteration run inside one compiled program; the host only
 launches it and reads the result. One iteration, for all rows at once:
 
-1. the policy chooses k (and a per-row cap);
+1. the policy chooses k (and a per-row cap) among its draft lengths;
 2. the drafter's backbone runs one block per row from its last committed token;
 3. the walk drafts k tokens (``lax.switch`` over one branch per k, so switching k
    never recompiles);
 4. the target verifies ``[last, d_1 … d_k]`` over its KV cache;
+
+k = 0 is an iteration without a draft: no block, no walk, the target runs over ``last``
+alone and commits its own token (what a controller picks where drafting loses). The
+policy is an operand of the compiled loop, not a setting: a controller with new numbers
+(a cost table, a prior) runs in the same executable.
+
 5. each row accepts a prefix plus one target token (``verify``), EOS and the token
    budget cut it, and the new keys/values of the target and of the drafter's context
    are written at the row's old length; the new length leaves rejected entries stale.
@@ -43,7 +49,8 @@ from flax import nnx
 from wts_jax.output import STATUS_NAN_LOGITS, describe_status
 from wts_jax.spec import attention
 from wts_jax.spec.dspark import WALKS, DSparkDrafter
-from wts_jax.spec.policy import DraftPolicy, FixedDraftLength, as_policy
+from wts_jax.spec.policy import (DraftPolicy, as_policy, branch_index, draft_lens_of,
+                                  max_draft_len)
 from wts_jax.spec.qwen3 import Qwen3
 from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
 from wts_jax.walk_config import WalkConfig
@@ -85,7 +92,9 @@ class GenerateOutput:
   """tokens [B, max_new_tokens] int32 (``PAD`` after each row's end); num_tokens [B];
   iterations: decode iterations run (target verify passes); accepted [B]: drafted
   tokens accepted in all; steps [B]: iterations in which the row was still decoding;
-  status: int32, 0 when all went well, else ``STATUS_*`` bits (``check``)."""
+  status: int32, 0 when all went well, else ``STATUS_*`` bits (``check``);
+  policy_state: the draft policy's state after the last iteration (what a controller
+  learnt: ``TableTuneController.with_learned_costs`` starts the next call from it)."""
 
   tokens: jax.Array
   num_tokens: jax.Array
@@ -93,6 +102,7 @@ class GenerateOutput:
   accepted: jax.Array
   steps: jax.Array
   status: jax.Array
+  policy_state: object = ()
 
   def acceptance_length(self) -> np.ndarray:
     """Tokens committed per verify pass, per row (accepted drafts + 1)."""
@@ -120,18 +130,44 @@ class LoopSettings:
   draft_w2: ``"bf16"`` (the head as stored), ``"int8_planes"`` (W2 quantized per row,
   walked as int8 planes) or ``"auto"`` (int8 planes where a walk kernel runs them, else
   as stored); iterations_per_check: decode iterations between two host reads of the
-  loop's condition.
+  loop's condition. draft_lens: the policy's (a branch each; the policy itself is an
+  operand of the compiled loop).
   """
+
+  @property
+  def max_draft_len(self) -> int:
+    return self.draft_lens[-1]
 
   max_new_tokens: int
   temperature: float
-  policy: DraftPolicy
+  draft_lens: tuple[int, ...]
   walk_impl: str
   cache_len: int
   walk_config: WalkConfig | None = None
   attention: str = "xla"
   draft_w2: str = "bf16"
   iterations_per_check: int = 1
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _StaticPolicy:
+  """A policy that is not a pytree, passed whole as static data (hashed by value)."""
+
+  policy: object
+
+
+def _as_operand(policy: DraftPolicy):
+  """The policy as an argument of the compiled loop: itself if it is a pytree (its
+  leaves traced), else wrapped as static data."""
+  if jax.tree_util.tree_leaves(policy) != [policy]:
+    return policy
+  try:
+    hash(policy)
+  except TypeError:
+    raise ValueError(f"draft_len={policy!r:.80} must be a pytree (its arrays are operands "
+                     "of the compiled loop) or hashable (it is compiled in)") from None
+  return _StaticPolicy(policy)
 
 
 def _pad_axis(x: jax.Array, axis: int, extra: int) -> jax.Array:
@@ -154,13 +190,6 @@ def _nonfinite_rows(logits: jax.Array) -> jax.Array:
   return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
 
 
-def draft_lengths(policy: DraftPolicy) -> tuple[int, ...]:
-  """The k the loop compiles a branch for: only k for a fixed length, else 1..max."""
-  if isinstance(policy, FixedDraftLength):
-    return (policy.k,)
-  return tuple(range(1, policy.max_draft_len + 1))
-
-
 def with_walk_head(drafter: DSparkDrafter, s: LoopSettings, batch: int) -> DSparkDrafter:
   """The drafter whose head the loop walks: its W2 as int8 planes when ``draft_w2``
   asks for them (``"auto"``: where the walk's choice for them is a kernel). Called
@@ -168,14 +197,15 @@ def with_walk_head(drafter: DSparkDrafter, s: LoopSettings, batch: int) -> DSpar
   from wts_jax.api import chosen_implementation
   from wts_jax.quantize import quantize_w2
   head = drafter.head
-  if head is None or s.walk_impl in ("none", "xla") or s.draft_w2 == "bf16":
+  if (head is None or s.walk_impl in ("none", "xla") or s.draft_w2 == "bf16"
+      or s.max_draft_len == 0):
     return drafter
   if head.markov_head.markov_w2.weight.dtype == jnp.int8:   # already quantized
     return drafter
   if s.draft_w2 == "int8_planes":
     planes = quantize_w2(head, "int8", state="planes")
   else:
-    base = jax.ShapeDtypeStruct((batch, s.policy.max_draft_len, drafter.config.vocab_size),
+    base = jax.ShapeDtypeStruct((batch, s.max_draft_len, drafter.config.vocab_size),
                                 drafter.dtype)
     try:   # planes only where a kernel walks them ("pallas" refuses, saying why)
       planes = quantize_w2(head, "int8", state="planes")
@@ -190,32 +220,69 @@ def with_walk_head(drafter: DSparkDrafter, s: LoopSettings, batch: int) -> DSpar
   return drafter
 
 
-def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSettings) -> dict:
+def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state: dict,
+              s: LoopSettings) -> dict:
   """One decode iteration on the loop state (see the module docstring)."""
-  policy = s.policy
-  k_max = policy.max_draft_len
+  lens, k_max = s.draft_lens, s.max_draft_len
   layer_ids = drafter.config.target_layer_ids
   active, length, last = state["active"], state["length"], state["last"]
+  batch = length.shape[0]
   key, draft_key, verify_key = jax.random.split(state["key"], 3)
-  k, cap, policy_state = policy.choose(state["policy_state"], active)
-  with jax.named_scope("drafter"):
-    base, hidden = drafter.block(last, length, state["draft_cache"],
-                                 attention_impl=s.attention)
-  drafter_bad = active & _nonfinite_rows(base)
+  # A loop that keeps its rows for the whole request (finished ones ride along) starts
+  # no request mid-run, and computes every row each iteration.
+  k, cap, policy_state = policy.choose(state["policy_state"], active,
+                                       jnp.zeros_like(active), jnp.int32(batch))
   head = drafter.head
   with_confidence = (s.walk_impl != "none" and head is not None
                      and head.config.confidence)
 
-  def branch(steps: int):
+  def block(_):
+    with jax.named_scope("drafter"):
+      return drafter.block(last, length, state["draft_cache"], attention_impl=s.attention)
+
+  if lens[-1] == 0:
+    base = hidden = None
+  elif lens[0] == 0:   # the block only where this iteration drafts
+    shapes = jax.eval_shape(block, None)
+    base, hidden = jax.lax.cond(
+        k > 0, block, lambda _: tuple(jnp.zeros(x.shape, x.dtype) for x in shapes), None)
+  else:
+    base, hidden = block(None)
+
+  def target_pass(tokens):
+    with jax.named_scope("verify"):
+      out = target.forward(tokens, length, state["target_cache"], feature_layers=layer_ids,
+                           attention_impl=s.attention)
+    with jax.named_scope("drafter"):
+      context_keys, context_values = drafter.context_kv(out.features, length)
+    return out, context_keys, context_values
+
+  def padded(steps, draft_tokens, accepted, bonus, out, context_keys, context_values,
+             confidence, drafter_bad, walk_status):
+    extra = k_max - steps
+    return (_pad_axis(draft_tokens, 1, extra), accepted, bonus,
+            _pad_axis(out.keys, 3, extra), _pad_axis(out.values, 3, extra),
+            _pad_axis(context_keys, 3, extra), _pad_axis(context_values, 3, extra),
+            confidence, _nonfinite_rows(out.logits), drafter_bad,
+            walk_status.astype(jnp.int32))
+
+  def no_draft(_):
+    out, context_keys, context_values = target_pass(last[:, None])
+    bonus = _pick(out.logits[:, 0], s.temperature, verify_key)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return padded(0, jnp.zeros((batch, 0), jnp.int32), zeros, bonus, out, context_keys,
+                  context_values, jnp.zeros((batch, k_max), jnp.float32),
+                  jnp.zeros((batch,), bool), jnp.int32(0))
+
+  def drafting(steps: int):
     def run(_):
+      drafter_bad = active & _nonfinite_rows(base[:, :steps])
       with jax.named_scope("walk"):
         draft = drafter.draft(base[:, :steps], hidden[:, :steps], last,
                               temperature=s.temperature, key=draft_key,
                               walk_impl=s.walk_impl, walk_config=s.walk_config)
-      with jax.named_scope("verify"):
-        out = target.forward(jnp.concatenate([last[:, None], draft.tokens], axis=1),
-                             length, state["target_cache"], feature_layers=layer_ids,
-                             attention_impl=s.attention)
+      out, context_keys, context_values = target_pass(
+          jnp.concatenate([last[:, None], draft.tokens], axis=1))
       # A draft from bad logits is not accepted: the row commits the target's own
       # token, which keeps greedy and sampling exact.
       walk_bad = (draft.status & STATUS_NAN_LOGITS) != 0
@@ -225,27 +292,20 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
                                           s.temperature, verify_key, row_cap)
       else:
         accepted, bonus = verify_greedy(draft.tokens, out.logits, row_cap)
-      with jax.named_scope("drafter"):
-        context_keys, context_values = drafter.context_kv(out.features, length)
-      extra = k_max - steps
-      confidence = (jnp.zeros((length.shape[0], k_max), jnp.float32)
-                    if draft.confidence is None
-                    else _pad_axis(draft.confidence.astype(jnp.float32), 1, extra))
-      return (_pad_axis(draft.tokens, 1, extra), accepted, bonus,
-              _pad_axis(out.keys, 3, extra), _pad_axis(out.values, 3, extra),
-              _pad_axis(context_keys, 3, extra), _pad_axis(context_values, 3, extra),
-              confidence, _nonfinite_rows(out.logits), draft.status)
+      confidence = (jnp.zeros((batch, k_max), jnp.float32) if draft.confidence is None
+                    else _pad_axis(draft.confidence.astype(jnp.float32), 1,
+                                   k_max - steps))
+      return padded(steps, draft.tokens, accepted, bonus, out, context_keys,
+                    context_values, confidence, drafter_bad, draft.status)
     return run
 
-  lengths = draft_lengths(policy)
-  branches = [branch(steps) for steps in lengths]
+  branches = [no_draft if steps == 0 else drafting(steps) for steps in lens]
   if len(branches) == 1:
     result = branches[0](None)
   else:
-    index = jnp.clip(k - lengths[0], 0, len(branches) - 1)
-    result = jax.lax.switch(index, branches, None)
+    result = jax.lax.switch(branch_index(lens, k), branches, None)
   (draft_tokens, accepted, bonus, keys, values, ctx_keys, ctx_values, confidence,
-   target_bad, walk_status) = result
+   target_bad, drafter_bad, walk_status) = result
 
   # A row whose target logits are bad commits nothing more and stops.
   target_bad = active & target_bad
@@ -280,9 +340,9 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSetting
   )
 
 
-def prefill(target: Qwen3, drafter: DSparkDrafter, prompt_ids: jax.Array,
-            prompt_lengths: jax.Array, eos_ids: jax.Array, key: jax.Array,
-            s: LoopSettings) -> dict:
+def prefill(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy,
+            prompt_ids: jax.Array, prompt_lengths: jax.Array, eos_ids: jax.Array,
+            key: jax.Array, s: LoopSettings) -> dict:
   """Run the prompts, fill both caches, pick each row's first token: the loop state."""
   batch = prompt_ids.shape[0]
   zeros = jnp.zeros((batch,), jnp.int32)
@@ -297,23 +357,24 @@ def prefill(target: Qwen3, drafter: DSparkDrafter, prompt_ids: jax.Array,
   key, first_key = jax.random.split(key)
   first = _pick(out.logits[:, 0], s.temperature, first_key)
   bad = _nonfinite_rows(out.logits)
-  width = s.max_new_tokens + s.policy.max_draft_len + 1
+  width = s.max_new_tokens + s.max_draft_len + 1
   out_tokens = jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(first)
   active = jnp.full((batch,), s.max_new_tokens > 1) & ~jnp.isin(first, eos_ids) & ~bad
   status = jnp.where(jnp.any(bad), STATUS_TARGET_NONFINITE, 0).astype(jnp.int32)
   return dict(target_cache=target_cache, draft_cache=draft_cache, length=prompt_lengths,
               last=first, out_tokens=out_tokens, generated=jnp.where(bad, 0, 1),
-              active=active, policy_state=s.policy.init(batch), key=key, eos_ids=eos_ids,
+              active=active, policy_state=policy.init(batch), key=key, eos_ids=eos_ids,
               iterations=jnp.int32(0), accepted=zeros, steps=zeros, status=status)
 
 
-def decode(target: Qwen3, drafter: DSparkDrafter, state: dict, s: LoopSettings) -> dict:
+def decode(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state: dict,
+           s: LoopSettings) -> dict:
   """Iterate until every row is done, ``iterations_per_check`` iterations between two
   evaluations of the condition (each is a device-to-host read on a GPU). An iteration
   after the last row finished changes nothing."""
   def some_iterations(st):
     return jax.lax.fori_loop(0, s.iterations_per_check,
-                             lambda _, x: iteration(target, drafter, x, s), st)
+                             lambda _, x: iteration(target, drafter, policy, x, s), st)
   return jax.lax.while_loop(lambda st: jnp.any(st["active"]), some_iterations, state)
 
 
@@ -325,19 +386,22 @@ def compiler_options() -> dict[str, str] | None:
 
 @functools.lru_cache(maxsize=16)
 def _compiled(target_graph, drafter_graph, settings: LoopSettings):
-  def run(target_state, drafter_state, prompt_ids, prompt_lengths, eos_ids, key):
+  def run(target_state, drafter_state, policy, prompt_ids, prompt_lengths, eos_ids, key):
+    if isinstance(policy, _StaticPolicy):
+      policy = policy.policy
     target = nnx.merge(target_graph, target_state)
     drafter = with_walk_head(nnx.merge(drafter_graph, drafter_state), settings,
                              prompt_ids.shape[0])
     with jax.named_scope("prefill"):
-      state = prefill(target, drafter, prompt_ids, prompt_lengths, eos_ids, key, settings)
-    state = decode(target, drafter, state, settings)
+      state = prefill(target, drafter, policy, prompt_ids, prompt_lengths, eos_ids, key,
+                      settings)
+    state = decode(target, drafter, policy, state, settings)
     count = state["generated"]
     tokens = state["out_tokens"][:, :settings.max_new_tokens]
     tokens = jnp.where(jnp.arange(settings.max_new_tokens)[None] < count[:, None], tokens,
                        PAD)
     return GenerateOutput(tokens, count, state["iterations"], state["accepted"],
-                          state["steps"], state["status"])
+                          state["steps"], state["status"], state["policy_state"])
   return jax.jit(run, compiler_options=compiler_options())
 
 
@@ -408,8 +472,8 @@ def check_models(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy) -> 
     raise ValueError(f"drafter fc takes {features} features, but {len(d.target_layer_ids)} "
                      f"target layers of hidden_size={t.hidden_size} give "
                      f"{len(d.target_layer_ids) * t.hidden_size}")
-  if policy.max_draft_len > d.block_size:
-    raise ValueError(f"draft_len={policy.max_draft_len} must be <= the drafter's "
+  if max_draft_len(policy) > d.block_size:
+    raise ValueError(f"draft_len={max_draft_len(policy)} must be <= the drafter's "
                      f"block_size={d.block_size}")
 
 
@@ -463,8 +527,8 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
 
   temperature: 0 for greedy (output = the target's greedy decoding in the same compute
   dtype), > 0 for lossless speculative sampling (needs ``key``). draft_len: tokens
-  drafted per iteration, an int or a ``DraftPolicy`` (default: the drafter's block
-  size). walk_impl: ``"auto"``, ``"pallas"``, ``"xla"`` (``wts_jax.walk``'s ``impl``) or
+  drafted per iteration, an int (0: no drafting, the target alone) or a ``DraftPolicy``
+  (default: the drafter's block size). walk_impl: ``"auto"``, ``"pallas"``, ``"xla"`` (``wts_jax.walk``'s ``impl``) or
   ``"none"`` (no serial head). eos_id: token id(s) that end a row (kept in its output).
   cache_len: KV-cache positions per row (default: the longest prompt + max_new_tokens +
   draft_len). walk_config: the walk kernel's options (``wts_jax.WalkConfig``).
@@ -497,7 +561,8 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   check_models(target, drafter, policy)
   prompt_ids, prompt_lengths = _prompt_array(prompts, target.config.vocab_size)
   eos_ids = _eos_ids(eos_id, target.config.vocab_size)
-  needed = prompt_ids.shape[1] + max_new_tokens + policy.max_draft_len
+  lens = draft_lens_of(policy)
+  needed = prompt_ids.shape[1] + max_new_tokens + lens[-1]
   limit = target.config.max_position_embeddings
   if prompt_ids.shape[1] + max_new_tokens > limit:
     raise ValueError(f"the longest prompt ({prompt_ids.shape[1]} tokens) + max_new_tokens "
@@ -511,16 +576,22 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   elif needed > cache_len:
     raise ValueError(f"cache_len={cache_len} is too small: the longest prompt "
                      f"({prompt_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + "
-                     f"draft_len ({policy.max_draft_len}) need {needed}")
-  settings = LoopSettings(max_new_tokens, float(temperature), policy, walk_impl,
+                     f"draft_len ({lens[-1]}) need {needed}")
+  settings = LoopSettings(max_new_tokens, float(temperature), lens, walk_impl,
                           int(cache_len), walk_config, attention_impl, draft_w2,
                           iterations_per_check)
   target_graph, target_state = nnx.split(target)
   drafter_graph, drafter_state = nnx.split(drafter)
   key = jax.random.key(0) if key is None else key
-  args = (target_state, drafter_state, jnp.asarray(prompt_ids), jnp.asarray(prompt_lengths),
-          jnp.asarray(eos_ids), key)
-  run = _executable((target_graph, drafter_graph, settings, prompt_ids.shape, eos_ids.shape),
+  args = (target_state, drafter_state, _as_operand(policy), jnp.asarray(prompt_ids),
+          jnp.asarray(prompt_lengths), jnp.asarray(eos_ids), key)
+  # The policy's numbers are operands: a policy of the same structure and leaf shapes
+  # (a controller with another table) runs in the same executable.
+  leaves, policy_tree = jax.tree_util.tree_flatten(args[2])
+  policy_key = (policy_tree, tuple((np.shape(x), np.result_type(getattr(x, "dtype", x)))
+                                  for x in leaves))
+  run = _executable((target_graph, drafter_graph, settings, policy_key, prompt_ids.shape,
+                     eos_ids.shape),
                     lambda: _compiled(target_graph, drafter_graph, settings).lower(*args))
   if hlo_text is not None:
     hlo_text.append(run.as_text())

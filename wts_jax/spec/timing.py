@@ -16,8 +16,9 @@ target's forward over ``[last, d_1 … d_k]``, the acceptance rule and the cache
 ``drafter`` the drafter backbone's block plus the context keys/values of the k + 1
 verified positions and their write; ``walk`` drafting k tokens from the block
 (``walk_impl``); ``total`` the loop's own iteration (all of the above, the commit).
-``draft_len = 0`` is plain autoregressive decoding: one target token per row per
-iteration, no drafter (all parts but ``verify``/``total`` are 0).
+``draft_len = 0`` is the loop's iteration without a draft (the branch a draft policy
+takes when drafting loses): the target over one position per row and the drafter's
+context keys/values of it; ``drafter`` and ``walk`` are 0.
 """
 
 from __future__ import annotations
@@ -59,18 +60,18 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
                 prompt_len: int, walk_impl: str = "auto", temperature: float = 0.0,
                 attention_impl: str = "auto", draft_w2: str = "auto") -> dict[str, Piece]:
   """The loop's parts at one point (batch, k, context length) as ``Piece`` s:
-  ``{"autoregressive"}`` for ``draft_len = 0``, else ``PIECES``."""
+  ``{"total", "verify"}`` for ``draft_len = 0``, else ``PIECES``."""
   if draft_len < 0 or draft_len > drafter.config.block_size:
     raise ValueError(f"draft_len={draft_len} must be in [0, block_size="
                      f"{drafter.config.block_size}]")
   if batch < 1 or prompt_len < 1:
     raise ValueError(f"batch={batch} and prompt_len={prompt_len} must be >= 1")
-  steps = max(draft_len, 1)
+  steps = draft_len
   policy = FixedDraftLength(steps)
   loop.check_models(target, drafter, policy)
   from wts_jax.spec import attention
   settings = loop.LoopSettings(max_new_tokens=1 << 30, temperature=temperature,
-                               policy=policy, walk_impl=walk_impl,
+                               draft_lens=(steps,), walk_impl=walk_impl,
                                cache_len=prompt_len + steps + 2,
                                attention=attention.resolve(attention_impl),
                                draft_w2=draft_w2)
@@ -87,17 +88,9 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
   def draft_cache():
     return drafter.empty_cache(batch, settings.cache_len)
 
-  if draft_len == 0:
-    def autoregressive(target_, drafter_, carry):
-      tokens, cache = carry
-      out = target_.forward(tokens[:, None], length, cache, attention_impl=settings.attention)
-      cache = cache.write(out.keys, out.values, length)
-      return jnp.argmax(out.logits[:, 0], axis=-1).astype(jnp.int32), cache
-    return {"autoregressive": Piece(autoregressive, lambda: (last(), target_cache()))}
-
   def whole_iteration(target_, drafter_, state):
-    out = loop.iteration(target_, loop.with_walk_head(drafter_, settings, batch), state,
-                         settings)
+    out = loop.iteration(target_, loop.with_walk_head(drafter_, settings, batch), policy,
+                         state, settings)
     # back to the measured context length and an unfinished batch for the next run
     return {**out, "length": length, "generated": jnp.ones_like(length),
             "active": jnp.ones_like(out["active"])}
@@ -143,11 +136,13 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
     base, hidden = block(drafter, draft_cache())
     return last(), base, hidden
 
-  return {"total": Piece(whole_iteration, loop_state),
-          "verify": Piece(verify, lambda: (jnp.broadcast_to(last()[:, None],
-                                                            (batch, steps + 1)),
-                                           target_cache())),
-          "drafter": Piece(draft_backbone, lambda: (last(), draft_cache())),
+  pieces = {"total": Piece(whole_iteration, loop_state),
+            "verify": Piece(verify, lambda: (jnp.broadcast_to(last()[:, None],
+                                                              (batch, steps + 1)),
+                                             target_cache()))}
+  if draft_len == 0:
+    return pieces
+  return {**pieces, "drafter": Piece(draft_backbone, lambda: (last(), draft_cache())),
           "walk": Piece(walk, walk_inputs)}
 
 
@@ -201,11 +196,8 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
                       prompt_len=prompt_len, walk_impl=walk_impl, temperature=temperature,
                       attention_impl=attention_impl, draft_w2=draft_w2)
   timed = dict(chain=chain, repeats=repeats)
-  if draft_len == 0:
-    seconds = piece_seconds(target, drafter, found["autoregressive"], **timed)
-    return {"total_s": seconds, "verify_s": seconds, "drafter_s": 0.0, "walk_s": 0.0}
-  result = {f"{piece}_s": float("nan") for piece in PIECES}
+  result = {f"{piece}_s": float("nan") if piece in found else 0.0 for piece in PIECES}
   for piece in PIECES:
-    if piece in pieces:
+    if piece in pieces and piece in found:
       result[f"{piece}_s"] = piece_seconds(target, drafter, found[piece], **timed)
   return result
