@@ -109,6 +109,61 @@ def test_a_policy_switching_k_and_capping_rows_stays_exact(models):
   assert int(out.policy_state) == int(out.iterations)
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordingPolicy:
+  """Cycles K = 1, 2, 0 and records, per iteration, the measured time it was handed and
+  the tokens the batch committed (what the fake clock below counts)."""
+
+  draft_lens: tuple[int, ...] = (0, 1, 2)
+  iterations: int = 32
+
+  def init(self, batch):
+    nan = jnp.full((self.iterations,), jnp.nan, jnp.float32)
+    return dict(i=jnp.int32(0), seconds=nan, measured_k=jnp.full((self.iterations,), -1),
+                rows=jnp.zeros((self.iterations,), jnp.int32),
+                chosen=jnp.full((self.iterations,), -1), committed=nan)
+
+  def choose(self, state, active, new_request=None, rows=None):
+    k = jnp.asarray((1, 2, 0), jnp.int32)[state["i"] % 3]
+    return k, jnp.full(active.shape, k, jnp.int32), state
+
+  def observe(self, state, k, accepted, confidence, active, measured=None):
+    assert measured is not None, "the loop handed no measured time"
+    i = state["i"]
+    committed = jnp.sum(jnp.where(active, accepted + 1, 0)).astype(jnp.float32)
+    return dict(i=i + 1, seconds=state["seconds"].at[i].set(measured.seconds),
+                measured_k=state["measured_k"].at[i].set(measured.draft_len),
+                rows=state["rows"].at[i].set(measured.rows),
+                chosen=state["chosen"].at[i].set(k),
+                committed=state["committed"].at[i].set(committed))
+
+
+def test_each_iteration_is_measured_by_the_device_clock_one_iteration_late(models,
+                                                                           monkeypatch):
+  """The loop's clock wiring, with a fake clock that reads 1 ms per token the batch has
+  in its caches: iteration t is handed iteration t - 1's time (its K and rows), which
+  is then 1 ms per token t - 1 committed; the first iteration gets NaN."""
+  from wts_jax.pallas import device_clock
+
+  def fake_stamp(last, length):
+    del last
+    return jnp.stack([jnp.sum(length).astype(jnp.uint32) * jnp.uint32(1_000_000),
+                      jnp.uint32(0)])
+  monkeypatch.setattr(device_clock, "available", lambda: True)
+  monkeypatch.setattr(device_clock, "stamp", fake_stamp)
+  target, drafter = models
+  out = generate(target, drafter, PROMPTS, 12, draft_len=RecordingPolicy(), walk_impl="xla")
+  assert out.rows() == greedy_reference(target, PROMPTS, 12)
+  record = jax.tree.map(np.asarray, out.policy_state)
+  n = int(record["i"])
+  assert n == int(out.iterations) >= 3
+  assert np.isnan(record["seconds"][0])
+  np.testing.assert_allclose(record["seconds"][1:n], record["committed"][:n - 1] * 1e-3,
+                             rtol=1e-6)
+  assert record["measured_k"][1:n].tolist() == record["chosen"][:n - 1].tolist()
+  assert set(record["rows"][1:n].tolist()) == {len(PROMPTS)}
+
+
 def test_draft_len_zero_is_the_target_alone(models):
   """K = 0: one target token per row and iteration, no draft accepted, the same tokens."""
   target, drafter = models

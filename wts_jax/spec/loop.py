@@ -29,6 +29,12 @@ launch, not re-recorded into a CUDA graph each iteration); ``iterations_per_chec
 iterations run between two reads of the loop condition by the host; where a walk kernel
 runs, the drafter's W2 is walked as int8 planes (``draft_w2``).
 
+A policy that reads time (any but a fixed length) gets each iteration's device time
+from the device clock (``wts_jax.pallas.device_clock``: the GPU's global timer, read by
+a one-thread kernel at the start of every iteration, ordered after the previous
+iteration's commit and before this one's work), one iteration late, as
+``MeasuredIteration``; where there is no clock (the CPU) it gets ``None``.
+
 Nothing goes wrong silently: a row whose target logits turn non-finite stops and sets
 ``STATUS_TARGET_NONFINITE``; a drafter whose logits (or walk) go bad sets its bit and
 that row's drafts are not accepted (the target's own token is committed, so the output
@@ -49,8 +55,8 @@ from flax import nnx
 from wts_jax.output import STATUS_NAN_LOGITS, describe_status
 from wts_jax.spec import attention
 from wts_jax.spec.dspark import WALKS, DSparkDrafter
-from wts_jax.spec.policy import (DraftPolicy, as_policy, branch_index, draft_lens_of,
-                                  max_draft_len)
+from wts_jax.spec.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
+                                  branch_index, draft_lens_of, max_draft_len)
 from wts_jax.spec.qwen3 import Qwen3
 from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
 from wts_jax.walk_config import WalkConfig
@@ -131,7 +137,8 @@ class LoopSettings:
   walked as int8 planes) or ``"auto"`` (int8 planes where a walk kernel runs them, else
   as stored); iterations_per_check: decode iterations between two host reads of the
   loop's condition. draft_lens: the policy's (a branch each; the policy itself is an
-  operand of the compiled loop).
+  operand of the compiled loop). timed: stamp every iteration with the device clock
+  and hand the policy the previous iteration's measured time (``clock_state``).
   """
 
   @property
@@ -147,6 +154,7 @@ class LoopSettings:
   attention: str = "xla"
   draft_w2: str = "bf16"
   iterations_per_check: int = 1
+  timed: bool = False
 
 
 @jax.tree_util.register_static
@@ -168,6 +176,27 @@ def _as_operand(policy: DraftPolicy):
     raise ValueError(f"draft_len={policy!r:.80} must be a pytree (its arrays are operands "
                      "of the compiled loop) or hashable (it is compiled in)") from None
   return _StaticPolicy(policy)
+
+
+def clock_state() -> dict:
+  """The loop state's clock entries before the first iteration: no stamp yet."""
+  return dict(stamp=jnp.zeros((2,), jnp.uint32), stamped=jnp.bool_(False),
+              stamp_draft_len=jnp.int32(0))
+
+
+def _measure(state: dict, last: jax.Array, length: jax.Array, k: jax.Array
+             ) -> tuple[MeasuredIteration, jax.Array, jax.Array, dict]:
+  """Stamp this iteration's start, after what the previous iteration produced (its
+  committed tokens and lengths), and order this iteration's work after the stamp:
+  (the previous iteration's measured time, last, length, the next clock entries)."""
+  from wts_jax.pallas import device_clock
+  now = device_clock.stamp(last, length)
+  last, length, now = jax.lax.optimization_barrier((last, length, now))
+  seconds = jnp.where(state["stamped"], device_clock.elapsed_seconds(state["stamp"], now),
+                      jnp.float32(jnp.nan))
+  measured = MeasuredIteration(seconds, state["stamp_draft_len"], jnp.int32(length.shape[0]))
+  return measured, last, length, dict(stamp=now, stamped=jnp.bool_(True),
+                                      stamp_draft_len=k.astype(jnp.int32))
 
 
 def _pad_axis(x: jax.Array, axis: int, extra: int) -> jax.Array:
@@ -232,6 +261,9 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
   # no request mid-run, and computes every row each iteration.
   k, cap, policy_state = policy.choose(state["policy_state"], active,
                                        jnp.zeros_like(active), jnp.int32(batch))
+  measured, clock = None, {name: state[name] for name in clock_state()}
+  if s.timed:
+    measured, last, length, clock = _measure(state, last, length, k)
   head = drafter.head
   with_confidence = (s.walk_impl != "none" and head is not None
                      and head.config.confidence)
@@ -330,13 +362,15 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
       generated=state["generated"] + done.count,
       active=committing & ~done.finished,
       policy_state=policy.observe(policy_state, k, accepted,
-                                  confidence if with_confidence else None, active),
+                                  confidence if with_confidence else None, active,
+                                  measured),
       key=key,
       eos_ids=state["eos_ids"],
       iterations=state["iterations"] + jnp.any(active).astype(jnp.int32),
       accepted=state["accepted"] + accepted,
       steps=state["steps"] + active.astype(jnp.int32),
       status=status.astype(jnp.int32),
+      **clock,
   )
 
 
@@ -364,7 +398,8 @@ def prefill(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy,
   return dict(target_cache=target_cache, draft_cache=draft_cache, length=prompt_lengths,
               last=first, out_tokens=out_tokens, generated=jnp.where(bad, 0, 1),
               active=active, policy_state=policy.init(batch), key=key, eos_ids=eos_ids,
-              iterations=jnp.int32(0), accepted=zeros, steps=zeros, status=status)
+              iterations=jnp.int32(0), accepted=zeros, steps=zeros, status=status,
+              **clock_state())
 
 
 def decode(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state: dict,
@@ -452,6 +487,15 @@ def decode_autoregressive(target: Qwen3, prompts: Sequence[Sequence[int]],
   if hlo_text is not None:
     hlo_text.append(run.as_text())
   return run(*args)
+
+
+def _times_iterations(policy: DraftPolicy) -> bool:
+  """Whether the loop stamps its iterations for ``policy``: where the device has a clock
+  the loop can read, for any policy but a fixed length (which reads no time)."""
+  if isinstance(policy, FixedDraftLength):
+    return False
+  from wts_jax.pallas import device_clock
+  return device_clock.available()
 
 
 def check_models(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy) -> None:
@@ -579,7 +623,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
                      f"draft_len ({lens[-1]}) need {needed}")
   settings = LoopSettings(max_new_tokens, float(temperature), lens, walk_impl,
                           int(cache_len), walk_config, attention_impl, draft_w2,
-                          iterations_per_check)
+                          iterations_per_check, timed=_times_iterations(policy))
   target_graph, target_state = nnx.split(target)
   drafter_graph, drafter_state = nnx.split(drafter)
   key = jax.random.key(0) if key is None else key

@@ -102,7 +102,7 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
                 policy_state=policy.init(batch), key=key,
                 eos_ids=jnp.array([-1], jnp.int32), iterations=jnp.int32(0),
                 accepted=jnp.zeros_like(length), steps=jnp.zeros_like(length),
-                status=jnp.int32(0))
+                status=jnp.int32(0), **loop.clock_state())
 
   def verify(target_, drafter_, carry):
     tokens, cache = carry
