@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from wts_jax.spec import loop
+from wts_jax.spec import autoregressive, generate_output, loop
 from wts_jax.spec.dspark import DSparkConfig, DSparkDrafter, make_dspark
 from wts_jax.spec.loop import generate
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
@@ -250,20 +250,20 @@ def _poisoned(model, layer: int, name: str):
 def test_a_target_that_turns_nan_stops_with_an_error_not_tokens(models):
   target, drafter = models
   bad = _poisoned(target, 1, "down_proj")
-  with pytest.raises(loop.GenerateError, match="target's logits were NaN"):
+  with pytest.raises(generate_output.GenerateError, match="target's logits were NaN"):
     generate(bad, drafter, PROMPTS, 6, draft_len=3, walk_impl="xla")
   out = generate(bad, drafter, PROMPTS, 6, draft_len=3, walk_impl="xla", check=False)
-  assert int(out.status) & loop.STATUS_TARGET_NONFINITE
+  assert int(out.status) & generate_output.STATUS_TARGET_NONFINITE
   assert out.rows() == [[], [], []]     # nothing committed from NaN logits
 
 
 def test_a_drafter_that_turns_nan_is_reported_and_the_output_stays_exact(models):
   target, drafter = models
   bad = _poisoned(drafter, 0, "o_proj")
-  with pytest.raises(loop.GenerateError, match="drafter's logits were NaN"):
+  with pytest.raises(generate_output.GenerateError, match="drafter's logits were NaN"):
     generate(target, bad, PROMPTS, 6, draft_len=3, walk_impl="xla")
   out = generate(target, bad, PROMPTS, 6, draft_len=3, walk_impl="xla", check=False)
-  assert int(out.status) & loop.STATUS_DRAFTER_NONFINITE
+  assert int(out.status) & generate_output.STATUS_DRAFTER_NONFINITE
   assert out.rows() == greedy_reference(target, PROMPTS, 6)
   assert int(np.sum(out.accepted)) == 0
 
@@ -293,5 +293,5 @@ def test_eos_and_length_errors_name_the_value(models):
 
 def test_the_autoregressive_baseline_is_the_targets_greedy_decoding(models):
   target, _ = models
-  tokens = np.asarray(loop.decode_autoregressive(target, PROMPTS, 8))
+  tokens = np.asarray(autoregressive.decode_autoregressive(target, PROMPTS, 8))
   assert [row.tolist() for row in tokens] == greedy_reference(target, PROMPTS, 8)

@@ -43,12 +43,12 @@ def test_controller_drives_generate():
 
   # The table and the prior are operands: another table (and a controller starting from
   # what the last call learnt) runs in the same executable.
-  compiled = len(loop._EXECUTABLES)  # pylint: disable=protected-access
+  compiled = len(loop.EXECUTABLES)
   dearer = TableTuneController.from_table(costs.scaled(1.1, "10 % dearer"), regime_profile("code", block))
   again = loop.generate(target, drafter, prompts, 12, draft_len=dearer, walk_impl="xla")
   learnt = controller.with_learned_costs(tuned.policy_state)
   resumed = loop.generate(target, drafter, prompts, 12, draft_len=learnt, walk_impl="xla")
-  assert len(loop._EXECUTABLES) == compiled  # pylint: disable=protected-access
+  assert len(loop.EXECUTABLES) == compiled
   assert again.rows() == resumed.rows() == plain.rows()
 
 

@@ -2,13 +2,16 @@
 verification, one jitted decode loop (see docs/e2e.md)."""
 
 from wts_jax.spec.dspark import DSparkConfig, DSparkDrafter, load_dspark, make_dspark
-from wts_jax.spec.loop import GenerateOutput, generate
+from wts_jax.spec.autoregressive import decode_autoregressive
+from wts_jax.spec.generate_output import GenerateError, GenerateOutput
+from wts_jax.spec.loop import generate
 from wts_jax.spec.policy import DraftPolicy, FixedDraftLength, as_policy
 from wts_jax.spec.qwen3 import KVCache, Qwen3, Qwen3Config, load_qwen3, make_qwen3
 from wts_jax.spec.timing import iteration_cost
 
 __all__ = [
-    "DSparkConfig", "DSparkDrafter", "DraftPolicy", "FixedDraftLength", "GenerateOutput",
-    "KVCache", "Qwen3", "Qwen3Config", "as_policy", "generate", "iteration_cost",
+    "DSparkConfig", "DSparkDrafter", "DraftPolicy", "FixedDraftLength", "GenerateError",
+    "GenerateOutput",
+    "KVCache", "Qwen3", "Qwen3Config", "as_policy", "decode_autoregressive", "generate", "iteration_cost",
     "load_dspark", "load_qwen3", "make_dspark", "make_qwen3",
 ]

@@ -35,7 +35,7 @@ from flax import nnx
 
 from wts_jax import result_files
 from wts_jax.command_line import ArgumentParser
-from wts_jax.spec import loop, phase_profile, timing
+from wts_jax.spec import autoregressive, loop, phase_profile, timing
 from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
 from wts_jax.spec.loop import generate
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
@@ -213,10 +213,10 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
   decode step from a profile (its steps are scoped "verify")."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
   hlo: list[str] = []
-  loop.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
-  wall, tokens = _timed_calls(lambda: loop.decode_autoregressive(target, prompts,
+  autoregressive.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
+  wall, tokens = _timed_calls(lambda: autoregressive.decode_autoregressive(target, prompts,
                                                                  new_tokens))
-  phases = _profiled(lambda: loop.decode_autoregressive(target, prompts, new_tokens),
+  phases = _profiled(lambda: autoregressive.decode_autoregressive(target, prompts, new_tokens),
                      profile / f"B{batch}_autoregressive", hlo[0])
   if not phases["verify"] > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "

@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
   from wts_jax.convert.errors import ConversionError
   from wts_jax.spec.dspark import load_dspark
-  from wts_jax.spec.loop import GenerateError, generate
+  from wts_jax.spec.generate_output import GenerateError
+  from wts_jax.spec.loop import generate
   from wts_jax.spec.qwen3 import load_qwen3
   dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
   try:

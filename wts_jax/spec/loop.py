@@ -52,80 +52,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wts_jax.output import STATUS_NAN_LOGITS, describe_status
+from wts_jax.output import STATUS_NAN_LOGITS
 from wts_jax.spec import attention
 from wts_jax.spec.dspark import WALKS, DSparkDrafter
+from wts_jax.spec.generate_output import (PAD, STATUS_DRAFTER_NONFINITE,
+                                          STATUS_TARGET_NONFINITE, WALK_BITS, GenerateOutput)
+from wts_jax.spec.inputs import check_models, eos_id_array, prompt_array
 from wts_jax.spec.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
-                                  branch_index, draft_lens_of, max_draft_len)
+                                  branch_index, draft_lens_of)
 from wts_jax.spec.qwen3 import Qwen3
 from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
 from wts_jax.walk_config import WalkConfig
 
-PAD = -1   # fills ``GenerateOutput.tokens`` after each row's end
-
-# Status bits of ``GenerateOutput.status``. The low byte holds the walk's own bits
-# (``wts_jax.output.STATUS_*``, OR-ed over the iterations).
-STATUS_TARGET_NONFINITE = 1 << 8    # a row's target logits were NaN or ±Inf (row stopped)
-STATUS_DRAFTER_NONFINITE = 1 << 9   # a row's drafter logits were NaN or ±Inf (its drafts
-                                    # were not accepted; the output stays exact)
-_WALK_BITS = 0xFF
-_STATUS_TEXT = {
-    STATUS_TARGET_NONFINITE: ("the target's logits were NaN or infinite (check its "
-                              "weights); those rows stopped early"),
-    STATUS_DRAFTER_NONFINITE: ("the drafter's logits were NaN or infinite (check its "
-                               "weights); its drafts were not accepted"),
-}
-DRAFT_W2 = ("auto", "bf16", "int8_planes")
 # The named scopes of an iteration's phases and of the prefill (a profile attributes
 # device time by them); what lies outside them is "other".
 PHASES = ("verify", "drafter", "walk", "prefill")
-
-
-class GenerateError(RuntimeError):
-  """``generate`` finished but a part reported a problem (``GenerateOutput.status``)."""
-
-
-def describe_generate_status(status: int) -> str:
-  parts = [text for bit, text in _STATUS_TEXT.items() if status & bit]
-  if status & _WALK_BITS:
-    parts.append(f"walk: {describe_status(status & _WALK_BITS)}")
-  return "; ".join(parts) if parts else "ok"
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class GenerateOutput:
-  """tokens [B, max_new_tokens] int32 (``PAD`` after each row's end); num_tokens [B];
-  iterations: decode iterations run (target verify passes); accepted [B]: drafted
-  tokens accepted in all; steps [B]: iterations in which the row was still decoding;
-  status: int32, 0 when all went well, else ``STATUS_*`` bits (``check``);
-  policy_state: the draft policy's state after the last iteration (what a controller
-  learnt: ``TableTuneController.with_learned_costs`` starts the next call from it)."""
-
-  tokens: jax.Array
-  num_tokens: jax.Array
-  iterations: jax.Array
-  accepted: jax.Array
-  steps: jax.Array
-  status: jax.Array
-  policy_state: object = ()
-
-  def acceptance_length(self) -> np.ndarray:
-    """Tokens committed per verify pass, per row (accepted drafts + 1)."""
-    steps = np.maximum(np.asarray(self.steps), 1)
-    return (np.asarray(self.accepted) + np.asarray(self.steps)) / steps
-
-  def rows(self) -> list[list[int]]:
-    """Each row's generated tokens as a list."""
-    tokens, counts = np.asarray(self.tokens), np.asarray(self.num_tokens)
-    return [tokens[b, :counts[b]].tolist() for b in range(tokens.shape[0])]
-
-  def check(self) -> "GenerateOutput":
-    """Raise ``GenerateError`` naming what went wrong if ``status`` is not 0."""
-    status = int(np.asarray(self.status))
-    if status:
-      raise GenerateError(f"generate status={status}: {describe_generate_status(status)}")
-    return self
+DRAFT_W2 = ("auto", "bf16", "int8_planes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +149,7 @@ def _pad_axis(x: jax.Array, axis: int, extra: int) -> jax.Array:
   return jnp.pad(x, widths)
 
 
-def _pick(logits: jax.Array, temperature: float, key: jax.Array) -> jax.Array:
+def pick(logits: jax.Array, temperature: float, key: jax.Array) -> jax.Array:
   logits = logits.astype(jnp.float32)
   if temperature > 0:
     return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
@@ -300,7 +242,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
 
   def no_draft(_):
     out, context_keys, context_values = target_pass(last[:, None])
-    bonus = _pick(out.logits[:, 0], s.temperature, verify_key)
+    bonus = pick(out.logits[:, 0], s.temperature, verify_key)
     zeros = jnp.zeros((batch,), jnp.int32)
     return padded(0, jnp.zeros((batch, 0), jnp.int32), zeros, bonus, out, context_keys,
                   context_values, jnp.zeros((batch, k_max), jnp.float32),
@@ -350,7 +292,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
                          state["out_tokens"])
   accepted = jnp.where(committing, accepted, 0)
   status = (state["status"]
-            | jnp.where(jnp.any(active), walk_status & _WALK_BITS, 0).astype(jnp.int32)
+            | jnp.where(jnp.any(active), walk_status & WALK_BITS, 0).astype(jnp.int32)
             | jnp.where(jnp.any(target_bad), STATUS_TARGET_NONFINITE, 0)
             | jnp.where(jnp.any(drafter_bad), STATUS_DRAFTER_NONFINITE, 0))
   return dict(
@@ -389,7 +331,7 @@ def prefill(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy,
   draft_cache = drafter.empty_cache(batch, s.cache_len).write(context_keys, context_values,
                                                               zeros)
   key, first_key = jax.random.split(key)
-  first = _pick(out.logits[:, 0], s.temperature, first_key)
+  first = pick(out.logits[:, 0], s.temperature, first_key)
   bad = _nonfinite_rows(out.logits)
   width = s.max_new_tokens + s.max_draft_len + 1
   out_tokens = jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(first)
@@ -440,55 +382,6 @@ def _compiled(target_graph, drafter_graph, settings: LoopSettings):
   return jax.jit(run, compiler_options=compiler_options())
 
 
-@functools.lru_cache(maxsize=8)
-def _compiled_autoregressive(target_graph, max_new_tokens: int, cache_len: int,
-                             attention_impl: str):
-  def run(target_state, prompt_ids, prompt_lengths):
-    target = nnx.merge(target_graph, target_state)
-    batch = prompt_ids.shape[0]
-    zeros = jnp.zeros((batch,), jnp.int32)
-    with jax.named_scope("prefill"):
-      out = target.forward(prompt_ids, zeros, None,
-                           logit_positions=(prompt_lengths - 1)[:, None],
-                           attention_impl=attention_impl)
-      cache = target.empty_cache(batch, cache_len).write(out.keys, out.values, zeros)
-      first = _pick(out.logits[:, 0], 0.0, None)
-    tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(first)
-
-    def step(i, carry):
-      tokens, cache = carry
-      length = prompt_lengths + i - 1
-      with jax.named_scope("verify"):
-        out = target.forward(jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1),
-                             length, cache,
-                             attention_impl=attention_impl)
-      cache = cache.write(out.keys, out.values, length)
-      return tokens.at[:, i].set(_pick(out.logits[:, 0], 0.0, None)), cache
-    return jax.lax.fori_loop(1, max_new_tokens, step, (tokens, cache))[0]
-  return jax.jit(run, compiler_options=compiler_options())
-
-
-def decode_autoregressive(target: Qwen3, prompts: Sequence[Sequence[int]],
-                          max_new_tokens: int, *, attention_impl: str = "auto",
-                          hlo_text: list | None = None) -> jax.Array:
-  """The target's own greedy decoding, one token per row and step, as one compiled loop
-  (the baseline speculative decoding is measured against): [B, max_new_tokens] ids,
-  no EOS (every row runs the full length). hlo_text: as ``generate``'s."""
-  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
-      max_new_tokens < 1):
-    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
-  prompt_ids, prompt_lengths = _prompt_array(prompts, target.config.vocab_size)
-  graph, state = nnx.split(target)
-  settings = (max_new_tokens, prompt_ids.shape[1] + max_new_tokens,
-              attention.resolve(attention_impl))
-  args = (state, jnp.asarray(prompt_ids), jnp.asarray(prompt_lengths))
-  run = _executable(("autoregressive", graph, *settings, prompt_ids.shape),
-                    lambda: _compiled_autoregressive(graph, *settings).lower(*args))
-  if hlo_text is not None:
-    hlo_text.append(run.as_text())
-  return run(*args)
-
-
 def _times_iterations(policy: DraftPolicy) -> bool:
   """Whether the loop stamps its iterations for ``policy``: where the device has a clock
   the loop can read, for any policy but a fixed length (which reads no time)."""
@@ -496,68 +389,6 @@ def _times_iterations(policy: DraftPolicy) -> bool:
     return False
   from wts_jax.pallas import device_clock
   return device_clock.available()
-
-
-def check_models(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy) -> None:
-  """Refuse a target/drafter/draft-length combination that cannot run together."""
-  t, d = target.config, drafter.config
-  if t.vocab_size != d.vocab_size:
-    raise ValueError(f"drafter vocab_size={d.vocab_size} != target vocab_size="
-                     f"{t.vocab_size}: the drafter must draft the target's vocabulary")
-  bad = [layer for layer in d.target_layer_ids if not -1 <= layer < t.num_layers]
-  if bad:
-    raise ValueError(f"drafter target_layer_ids={list(d.target_layer_ids)} has {bad[0]}, "
-                     f"beyond the target's {t.num_layers} layers (ids in -1..{t.num_layers - 1})")
-  if d.num_target_layers is not None and d.num_target_layers != t.num_layers:
-    raise ValueError(f"drafter num_target_layers={d.num_target_layers} != the target's "
-                     f"num_layers={t.num_layers}: trained for another target")
-  features = drafter.fc.weight.shape[1]
-  if features != len(d.target_layer_ids) * t.hidden_size:
-    raise ValueError(f"drafter fc takes {features} features, but {len(d.target_layer_ids)} "
-                     f"target layers of hidden_size={t.hidden_size} give "
-                     f"{len(d.target_layer_ids) * t.hidden_size}")
-  if max_draft_len(policy) > d.block_size:
-    raise ValueError(f"draft_len={max_draft_len(policy)} must be <= the drafter's "
-                     f"block_size={d.block_size}")
-
-
-def _prompt_array(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-    raise ValueError(f"prompts={prompts!r:.80} must be a non-empty list of token-id lists")
-  rows = []
-  for b, prompt in enumerate(prompts):
-    row = np.asarray(prompt)
-    if row.ndim != 1 or row.size == 0 or not np.issubdtype(row.dtype, np.integer):
-      raise ValueError(f"prompts[{b}] must be a non-empty list of token ids")
-    if row.min() < 0 or row.max() >= vocab_size:
-      raise ValueError(f"prompts[{b}] holds id {int(row.max() if row.max() >= vocab_size else row.min())}"
-                       f", outside [0, vocab_size={vocab_size})")
-    rows.append(row)
-  lengths = np.array([row.size for row in rows], np.int32)
-  array = np.zeros((len(rows), int(lengths.max())), np.int32)
-  for b, row in enumerate(rows):
-    array[b, :row.size] = row
-  return array, lengths
-
-
-def _eos_ids(eos_id, vocab_size: int) -> np.ndarray:
-  """``eos_id`` (an int, a sequence of ints, or None) as an int32 array, -1 for none."""
-  def as_id(value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise ValueError(f"eos_id={eos_id!r} must be a token id (an int) or a list of them")
-    if not 0 <= value < vocab_size:   # such an id would never end a row: a typo, not a wish
-      raise ValueError(f"eos_id {value} is outside [0, vocab_size={vocab_size})")
-    return int(value)
-  if eos_id is None:
-    ids = []
-  elif isinstance(eos_id, (int, np.integer)):
-    ids = [as_id(eos_id)]
-  elif isinstance(eos_id, (Sequence, np.ndarray)) and not isinstance(eos_id, (str, bytes)):
-    ids = [as_id(value) for value in eos_id]
-  else:
-    raise ValueError(f"eos_id={eos_id!r} must be a token id (an int) or a list of them")
-  # At least one entry (-1 matches no token): no EOS and one EOS share a compile.
-  return np.array(ids or [-1], np.int32)
 
 
 def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[int]],
@@ -603,8 +434,8 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   attention_impl = attention.resolve(attention_impl)
   policy = as_policy(drafter.config.block_size if draft_len is None else draft_len)
   check_models(target, drafter, policy)
-  prompt_ids, prompt_lengths = _prompt_array(prompts, target.config.vocab_size)
-  eos_ids = _eos_ids(eos_id, target.config.vocab_size)
+  prompt_ids, prompt_lengths = prompt_array(prompts, target.config.vocab_size)
+  eos_ids = eos_id_array(eos_id, target.config.vocab_size)
   lens = draft_lens_of(policy)
   needed = prompt_ids.shape[1] + max_new_tokens + lens[-1]
   limit = target.config.max_position_embeddings
@@ -634,7 +465,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   leaves, policy_tree = jax.tree_util.tree_flatten(args[2])
   policy_key = (policy_tree, tuple((np.shape(x), np.result_type(getattr(x, "dtype", x)))
                                   for x in leaves))
-  run = _executable((target_graph, drafter_graph, settings, policy_key, prompt_ids.shape,
+  run = executable((target_graph, drafter_graph, settings, policy_key, prompt_ids.shape,
                      eos_ids.shape),
                     lambda: _compiled(target_graph, drafter_graph, settings).lower(*args))
   if hlo_text is not None:
@@ -643,14 +474,14 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   return out.check() if check else out
 
 
-_EXECUTABLES: dict = {}
+EXECUTABLES: dict = {}
 
 
-def _executable(key: tuple, lower):
+def executable(key: tuple, lower):
   """The compiled loop for ``key`` (models, settings, input shapes), compiled ahead of
   time once, so that its HLO can be read without compiling it again."""
-  if key not in _EXECUTABLES:
-    if len(_EXECUTABLES) >= 16:
-      _EXECUTABLES.pop(next(iter(_EXECUTABLES)))
-    _EXECUTABLES[key] = lower().compile()
-  return _EXECUTABLES[key]
+  if key not in EXECUTABLES:
+    if len(EXECUTABLES) >= 16:
+      EXECUTABLES.pop(next(iter(EXECUTABLES)))
+    EXECUTABLES[key] = lower().compile()
+  return EXECUTABLES[key]
