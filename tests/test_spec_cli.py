@@ -77,3 +77,32 @@ def test_a_target_whose_logits_overflow_is_one_error_line(checkpoints, tmp_path,
   assert code == 2 and out.out == "", out
   assert out.err.startswith("error: generate status=") and "target's logits" in out.err
   assert len(out.err.strip().splitlines()) == 1
+
+
+def test_tabletune_chooses_the_draft_length_from_a_cost_table(checkpoints, tmp_path, capsys):
+  """--cost-table: TableTune drives the loop (greedy, so the tokens are those of the
+  target alone, --draft-len 0); a table that is not one is one error line."""
+  from wts_jax.tabletune.cost_model import modelled_cost_fn
+  from wts_jax.tabletune.profile import profile_costs
+  costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
+                        target="qwen3-8b", drafter="dspark", max_draft_len=7,
+                        batches=(1, 4, 16), source="modelled")
+  costs.save(tmp_path / "costs.json")
+  common = ["--target", str(checkpoints / "target"), "--drafter", str(checkpoints / "drafter"),
+            "--ids", "1,2,3", "--ids", "4,5", "--max-new-tokens", "6", "--dtype", "float32",
+            "--walk", "xla", "--no-eos"]
+  assert cli.main(common + ["--draft-len", "0"]) == 0
+  alone = capsys.readouterr()
+  assert cli.main(common + ["--cost-table", str(tmp_path / "costs.json"),
+                            "--acceptance-prior", "code"]) == 0
+  tuned = capsys.readouterr()
+  assert tuned.out == alone.out
+  assert "TableTune: drafting K = " in tuned.err, tuned.err
+  (tmp_path / "bad.json").write_text("[1, 2]")
+  assert cli.main(common + ["--cost-table", str(tmp_path / "bad.json")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and err.startswith("error: --cost-table="), err
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(common + ["--draft-len", "2", "--cost-table", str(tmp_path / "costs.json")])
+  assert exit_info.value.code == 2
+  assert "not allowed with argument" in capsys.readouterr().err

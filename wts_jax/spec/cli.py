@@ -2,13 +2,18 @@
 
   wts-generate --target QWEN3_DIR --drafter CONVERTED_DIR --ids 1,2,3 [--ids 4,5 ...]
                [--text "..."] [--max-new-tokens N] [--temperature T --seed S]
-               [--draft-len K] [--walk auto|pallas|xla|none] [--eos-id ID] [--dtype ...]
+               [--draft-len K | --cost-table COSTS.json [--acceptance-prior chat]]
+               [--walk auto|pallas|xla|none] [--eos-id ID] [--dtype ...]
 
 QWEN3_DIR is a Hugging Face Qwen3 checkpoint directory; CONVERTED_DIR a
 ``wts-convert --full`` output of its DSpark drafter. Prompts are token ids; when
 QWEN3_DIR holds a ``tokenizer.json``, ``--text`` prompts are accepted too and the output
 is printed as text (through the ``tokenizers`` package), else as token ids, one line per
-prompt. A bad argument or checkpoint is one ``error:`` line and exit status 2.
+prompt. ``--draft-len`` fixes the tokens drafted per iteration (0: the target alone);
+``--cost-table`` lets TableTune choose them every iteration (0 included) from a
+``wts-tabletune profile`` table, its costs corrected from the loop's measured iterations
+where the device has a clock. A bad argument or checkpoint is one ``error:`` line and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -56,9 +61,17 @@ def build_parser() -> ArgumentParser:
                            "sampling)")
   parser.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                       help="seed of the sampling key (with --temperature > 0)")
-  parser.add_argument("--draft-len", type=int_in(1), default=None,
-                      help="tokens drafted per iteration (default: the drafter's block "
-                           "size)")
+  drafting = parser.add_mutually_exclusive_group()
+  drafting.add_argument("--draft-len", type=int_in(0), default=None,
+                        help="tokens drafted per iteration, 0 for none (default: the "
+                             "drafter's block size)")
+  drafting.add_argument("--cost-table", type=Path, default=None,
+                        help="a wts-tabletune cost table (JSON): TableTune chooses the "
+                             "draft length every iteration among the table's")
+  parser.add_argument("--acceptance-prior", default="chat",
+                      choices=("chat", "code", "reasoning", "hard", "cliff"),
+                      help="with --cost-table: the acceptance TableTune starts from "
+                           "before it has seen any")
   parser.add_argument("--walk", choices=("auto", "pallas", "xla", "none"), default="auto",
                       help="the serial head's walk: auto (the persistent kernel where it "
                            "runs, else XLA), pallas (the kernel, or an error), xla, or "
@@ -102,11 +115,32 @@ def _walk_used(drafter, args, batch: int, dtype) -> str:
     return "none"
   import jax
   import wts_jax
-  steps = args.draft_len or drafter.config.block_size
+  steps = max(args.draft_len or drafter.config.block_size, 1)
   base = jax.ShapeDtypeStruct((batch, steps, drafter.config.vocab_size), dtype)
   return wts_jax.chosen_implementation(drafter.head, base, args.walk,
                                        temperature=args.temperature,
                                        return_logits=args.temperature > 0)
+
+
+def _controller(path: Path, prior: str, block_size: int):
+  """The TableTune controller of the cost table at ``path`` over the draft lengths the
+  drafter can draft (ValueError naming the table)."""
+  from wts_jax.tabletune.controller import TableTuneController
+  from wts_jax.tabletune.cost_table import CostTable
+  from wts_jax.tabletune.traces import regime_profile
+  try:
+    table = CostTable.load(path)
+  except OSError as err:
+    raise ValueError(f"--cost-table={str(path)!r}: cannot read ({err.strerror or err})"
+                     ) from None
+  except ValueError as err:
+    raise ValueError(f"--cost-table={str(path)!r}: {err}") from None
+  lens = tuple(k for k in table.draft_lens if k <= block_size)
+  if len(lens) < 2:
+    raise ValueError(f"--cost-table={str(path)!r} has draft lengths {list(table.draft_lens)}; "
+                     f"the drafter drafts at most {block_size}: nothing to choose between")
+  return TableTuneController.from_table(table, regime_profile(prior, lens[-1]),
+                                        draft_lens=lens)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,9 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     target = load_qwen3(args.target, dtype=dtype)
     drafter = load_dspark(args.drafter, dtype=dtype)
     walk = _walk_used(drafter, args, len(prompts), dtype)
+    draft_len = args.draft_len
+    if args.cost_table is not None:
+      draft_len = _controller(args.cost_table, args.acceptance_prior,
+                              drafter.config.block_size)
     out = generate(target, drafter, prompts, args.max_new_tokens,
                    temperature=args.temperature, key=jax.random.key(args.seed),
-                   draft_len=args.draft_len, walk_impl=args.walk, eos_id=eos)
+                   draft_len=draft_len, walk_impl=args.walk, eos_id=eos)
   except (ValueError, TypeError, ConversionError, OSError, GenerateError) as err:
     return print_error(err)   # a generate status (NaN target, drafter or walk) included
   except MemoryError:
@@ -171,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
   lengths = out.acceptance_length()
   print(f"{int(out.iterations)} iterations; walk: {walk} (--walk {args.walk}); tokens per "
         "verify pass: " + ", ".join(f"{value:.2f}" for value in lengths), file=sys.stderr)
+  if args.cost_table is not None:
+    state = out.policy_state
+    print(f"TableTune: drafting K = {int(state.draft_len)} at the end, "
+          f"{int(state.probes)} probes, {int(state.timed)} iterations timed",
+          file=sys.stderr)
   return 0
 
 
