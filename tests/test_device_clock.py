@@ -66,6 +66,7 @@ def test_stamps_compile_for_the_h200_after_their_operands():
   calls = [line for line in text.splitlines()
            if "custom-call(" in line and "mosaic_gpu" in line]
   assert len(calls) == 2, calls                     # one timer kernel a stamp
+  assert all("device_clock_stamp" in line for line in calls)
   assert all("u32[2]" in line.split("custom-call(")[0] for line in calls)
   # The second stamp takes the matmul's result (and the flags) as operands.
   second = [line for line in calls if "s8[8]" in line]

@@ -78,6 +78,7 @@ def stamp(*deps) -> jax.Array:
   operands = [_operand(leaf) for leaf in jax.tree.leaves(deps)]
   read = plgpu.kernel(
       _timer_kernel, out_type=jax.ShapeDtypeStruct((STAMP_WORDS,), jnp.uint32),
+      kernel_name="device_clock_stamp",
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane))
   return read(*operands)

@@ -19,12 +19,13 @@ Probes: what the controller believes of a K it does not run goes stale — its c
 while K = 0 runs, the acceptance (an iteration without a draft says nothing about it).
 So it runs the runner-up K for one iteration whenever the iterations since that K last
 ran, times ``probe_budget``, pass the probe's expected loss (1 - the runner-up's expected
-tokens per second over the current K's): probing costs about ``probe_budget`` of the
-throughput and goes where the choice is close. Before that, it runs at once any K whose
-cost the filter is too unsure of to tell from the current K's (its expected loss within
-``explore_sd`` standard deviations of their log-cost difference), so a new or stale table
-is measured where it decides within a few iterations. This is how speculation turns back on after K = 0, and how a stale
-table's costs get measured where they matter.
+tokens per second over the current K's; at least the hysteresis margin): probing costs
+about ``probe_budget`` of the throughput and goes where the choice is close. Before
+that, it runs at once any K whose cost the filter is too unsure of to tell from the
+current K's (its expected loss within ``explore_sd`` standard deviations of their
+log-cost difference), so a new or stale table is measured where it decides within a few
+iterations. This is how drafting turns back on after K = 0 at the same batch, and how a
+stale table's costs get measured where they matter.
 
 Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted)
 drops most of the old acceptance evidence when the traffic changes, so the estimate
