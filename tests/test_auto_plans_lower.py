@@ -17,6 +17,8 @@ from wts_jax.walk_config import WalkConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from lower_for_gpu import lower_walk  # noqa: E402
 
+pytestmark = pytest.mark.mosaic
+
 FORMS = [("vanilla", None), ("vanilla", "int8"), ("vanilla", "int8p"), ("gated", None),
          ("gated", "int8"), ("rnn", None), ("rnn", "int8")]
 

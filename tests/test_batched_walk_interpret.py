@@ -38,6 +38,8 @@ from mosaic_checks import (assert_walk_matches, batched_spec_option, mosaic_and_
                            planner_option)
 from near_tie_inputs import tie_broken_by_lo
 
+pytestmark = pytest.mark.mosaic
+
 H200_SMEM = 227 * 1024
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),

@@ -765,6 +765,7 @@ def test_the_floor_microbenchmarks_read_everything_and_lower_for_cuda():
   assert "wts_barrier_rounds" in lowered
 
 
+@pytest.mark.mosaic
 @pytest.mark.parametrize("global_scratch, dependent_launch, shape",
                          [(True, False, {}), (False, False, {}), (True, True, {}),
                           (True, False, dict(smem_bytes=0, warpgroups=1, blocks=66,
@@ -820,6 +821,7 @@ def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
   assert getattr(mosaic_backend, planner) is original
 
 
+@pytest.mark.mosaic
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
                     reason="the rnn head's one-row plan puts the batch on N (jax >= 0.11)")
 def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_traces():
@@ -858,6 +860,7 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   assert mosaic_backend.auto_ring_preference is original and ring_of(rnn, 1) == (3, 2)
 
 
+@pytest.mark.mosaic
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
                     reason="the rnn head's one-row plan puts the batch on N (jax >= 0.11)")
 def test_bench_variants_shallow_joint_ring_only_while_it_traces():

@@ -23,6 +23,8 @@ from mosaic_checks import (assert_table_unread_elsewhere, assert_walk_matches,
                            lower_with_derived_copy, mosaic_and_xla_walks)
 from near_tie_inputs import tie_broken_by_lo
 
+pytestmark = pytest.mark.mosaic
+
 NEEDS_N = pytest.mark.skipif(
     jax.__version_info__ < (0, 11),
     reason="the table gate puts the batch on N, which jax 0.10's Mosaic GPU cannot lower "

@@ -22,6 +22,8 @@ from wts_jax.inputs import random_inputs
 from wts_jax.pallas import mosaic_plan, mosaic_walk
 from wts_jax.quantize import quantize_w2
 
+pytestmark = pytest.mark.mosaic
+
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),

@@ -74,6 +74,7 @@ def test_walks_with_the_copy_equal_the_heads(temperature):
   assert_walk_matches(kernel, ref)
 
 
+@pytest.mark.mosaic
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
                     reason="jax 0.10's Mosaic GPU interpreter cannot run the batched "
                            "kernel's tiled shared-memory loads")

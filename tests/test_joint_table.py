@@ -25,6 +25,8 @@ from wts_jax.walk_config import MosaicConfig
 from mosaic_checks import (assert_table_unread_elsewhere, assert_walk_matches,
                            lower_with_derived_copy, mosaic_and_xla_walks)
 
+pytestmark = pytest.mark.mosaic
+
 NEEDS_N = pytest.mark.skipif(
     jax.__version_info__ < (0, 11),
     reason="the joint table puts the batch on N, which jax 0.10's Mosaic GPU cannot lower "

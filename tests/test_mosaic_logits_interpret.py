@@ -17,6 +17,8 @@ from wts_jax.inputs import random_inputs
 from wts_jax.reference import logits_of_tokens
 from wts_jax.walk_config import MosaicConfig
 
+pytestmark = pytest.mark.mosaic
+
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
     reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory loads")

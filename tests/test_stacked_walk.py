@@ -22,6 +22,8 @@ from wts_jax.pallas import stacked_walk as sw
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.validation import make_sampling
 
+pytestmark = pytest.mark.mosaic
+
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),

@@ -147,10 +147,10 @@ def test_backend_spellings_lower_exactly_as_walk_config():
 @pytest.mark.parametrize("impl, config", [
     ("triton", wts_jax.TritonConfig(interpret=True)),
     pytest.param("mosaic", wts_jax.MosaicConfig(interpret=True, gemv="registers"),
-                 marks=pytest.mark.skipif(
+                 marks=[pytest.mark.mosaic, pytest.mark.skipif(
                      jax.__version_info__ < (0, 11),
                      reason="jax 0.10's Mosaic GPU interpreter cannot run tiled "
-                            "shared-memory loads")),
+                            "shared-memory loads")]),
 ])
 def test_each_backend_by_name_walks_like_the_reference(impl, config):
   from wts_jax.inputs import random_inputs

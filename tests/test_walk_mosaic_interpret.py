@@ -28,6 +28,8 @@ from wts_jax.device import H200
 from wts_jax.pallas import backend, mosaic_plan, mosaic_walk
 from wts_jax.quantize import quantize_w2
 
+pytestmark = pytest.mark.mosaic
+
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),

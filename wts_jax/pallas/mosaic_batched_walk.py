@@ -100,6 +100,7 @@ from wts_jax.pallas import grid_sync, l2_priority, row_words, z_registers
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
+                                        _store,
                                         _not, _rem, _select, _w2_transforms, _when)
 from wts_jax.pallas.tile_math import make_operand
 from wts_jax.pallas.widen import WIDEN_OPS
@@ -648,8 +649,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     """This block's units of an fp32 [64 rows, units] value as the hi + lo bf16 pair the
     readers' WGMMAs take (``pub_g[step]``)."""
     pair = make_operand(value, exact_in_bf16=False)
-    pub_g.at[step, 0, :, columns][...] = pair.hi
-    pub_g.at[step, 1, :, columns][...] = pair.lo
+    _store(pub_g.at[step, 0, :, columns], pair.hi)
+    _store(pub_g.at[step, 1, :, columns], pair.lo)
 
   def hoisted_columns(step, columns):
     """A split update's hoisted terms of a step, its 64 rows by ``columns``."""
@@ -793,8 +794,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     columns = pl.ds(block * units, units)
     for half, words in enumerate(halves):
       for p in range(3):
-        refs.ppub_g.at[step + 1, half, p, :, columns][...] = (
-            words[:, p * units:(p + 1) * units])
+        part = words[:, p * units:(p + 1) * units]
+        _store(refs.ppub_g.at[step + 1, half, p, :, columns], part)
 
   def gate(step):
     """The gated head's z = σ(hoisted_k + G_e e) ⊙ e (fp32, ``GatedMarkovHead.advance``)
@@ -1258,7 +1259,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       def hand_over():   # warpgroup 1: its bests to the leader, then the next step
         if plan.merge_tiles:   # every element's, unreduced: the leader reduces once
           for tile_ref, part in zip(merge_tiles, carry):
-            tile_ref[...] = part
+            _store(tile_ref, part)
           plgpu.barrier_arrive(refs.merge_bar)
           return jnp.int32(0)   # (its NaNs are in the leader's reduction)
         best_value, best_index, nan_flag = reduced(carry)
@@ -1335,9 +1336,9 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       @pl.when(block == 0)
       def _():
         if n_major:   # [K, 64]: a column-layout vector stores contiguously only
-          refs.tok_g[step, pl.ds(0, batch_width)] = tokens
+          _store(refs.tok_g, tokens, (step, pl.ds(0, batch_width)))
         else:
-          refs.tok_g[:, step] = tokens
+          _store(refs.tok_g, tokens, (slice(None), step))
 
       @pl.when(step + 1 < spec.steps)
       def _():

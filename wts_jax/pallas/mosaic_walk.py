@@ -74,14 +74,33 @@ _ROW_VECTOR = _WGMMA.reduce(1)   # a [64] chunk of logits, one value per W2 row
 _COL_VECTOR = _WGMMA.reduce(0)   # an [r] vector (e, z), broadcast over rows
 _BIG_INDEX = 1 << 30
 _NEG_INF = float("-inf")
-_LOAD_NEEDS_INDEX = (inspect.signature(plgpu.load).parameters["idx"].default
-                     is inspect.Parameter.empty)   # jax 0.10.2
+# jax 0.10.2's ``plgpu.load`` takes the index as a required positional argument; 0.11
+# makes it optional (deprecated) and 0.12 drops it.
+_LOAD_INDEX_PARAMETER = inspect.signature(plgpu.load).parameters.get("idx")
+_LOAD_NEEDS_INDEX = (_LOAD_INDEX_PARAMETER is not None
+                     and _LOAD_INDEX_PARAMETER.default is inspect.Parameter.empty)
 
 
 def _load(ref, layout, **kwargs):
   if _LOAD_NEEDS_INDEX:
     return plgpu.load(ref, (), layout=layout, **kwargs)
   return plgpu.load(ref, layout=layout, **kwargs)
+
+
+# jax 0.12 plans every register-to-memory store for coalescing (global memory) or for no
+# bank conflicts (shared memory), and refuses one it cannot prove; earlier versions store
+# untiled refs as given. ``plgpu.store(optimized=False)`` (jax >= 0.12) is that store.
+_HAS_STORE = hasattr(plgpu, "store")
+
+
+def _store(ref, value, index=...):
+  """``ref[index] = value`` lowered as jax 0.10 and 0.11 lower it, on every version: for
+  a few words a row in global memory, or a tile whose transfer has no conflict-free
+  plan."""
+  if _HAS_STORE:
+    plgpu.store(ref if index is Ellipsis else ref.at[index], value, optimized=False)
+  else:
+    ref[index] = value
 
 
 def _select(condition, when_true, when_false):
