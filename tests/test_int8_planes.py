@@ -139,12 +139,13 @@ def test_only_the_mosaic_kernel_runs_aplanes_head():
   from wts_jax.pallas import backend
   triton = wts_jax.TritonConfig(interpret=True)
   assert "two int8 planes" in backend.refusal_reason("triton", head, 1, triton)
-  registers = wts_jax.MosaicConfig(gemv="registers")
-  assert "runs on the WGMMA GEMV" in backend.refusal_reason("mosaic", head, 1, registers)
-  # "auto" takes the one kernel that runs it.
+  registers = wts_jax.MosaicRowConfig(gemv="registers")
+  assert "runs on the WGMMA GEMV" in backend.refusal_reason("mosaic_row", head, 1,
+                                                           registers)
+  # "auto" takes a Mosaic kernel: the one kernel family that runs it.
   shapes = backend.WalkShapes.of(base, greedy=True)
-  assert backend.choose(head, shapes, "auto", wts_jax.MosaicConfig(), require_gpu=False,
-                        device=H200).impl == "mosaic"
+  assert backend.choose(head, shapes, "auto", None, require_gpu=False,
+                        device=H200).impl.startswith("mosaic_")
 
 
 @pytest.mark.parametrize("batch, greedy, resident, registers", [
@@ -215,9 +216,8 @@ def test_gpu_planes_walk_at_the_qwen3_shape(batch, temperature, residency, num_s
   for seed in range(3):
     base, first, _ = random_inputs(config, batch, 7, jax.random.key(100 + seed))
     key = jax.random.key(seed) if temperature else None
-    walk_config = wts_jax.WalkConfig(backend="mosaic", residency=residency,
-                                     num_stages=num_stages,
-                                     mosaic_register_chunks=registers)
+    walk_config = wts_jax.MosaicRowConfig(residency=residency, ring_stages=num_stages,
+                                          register_chunks=registers)
     out = wts_jax.walk(head, base, first, impl="pallas", config=walk_config,
                        temperature=temperature, key=key)
     ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)

@@ -14,7 +14,7 @@ from wts_jax.spec import loop
 from wts_jax.spec.dspark import DSparkConfig, DSparkDrafter, make_dspark
 from wts_jax.spec.loop import generate
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
-from wts_jax.walk_config import WalkConfig
+from wts_jax.walk_config import TritonConfig
 
 F32 = dict(param_dtype=jnp.float32, dtype=jnp.float32)
 PROMPTS = [[1, 2, 3], [4, 0, 5, 1, 2, 3, 0], [2, 2, 1, 0, 3]]
@@ -67,7 +67,7 @@ def test_greedy_with_the_walk_kernel_stops_at_eos_per_row(models):
   reference = greedy_reference(target, PROMPTS, 12)
   eos = reference[1][4]          # a token row 1 emits mid-way; other rows may emit it too
   out = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="pallas",
-                 walk_config=WalkConfig(interpret=True), eos_id=eos)
+                 walk_config=TritonConfig(interpret=True), eos_id=eos)
   expected = greedy_reference(target, PROMPTS, 12, eos_id=eos)
   assert out.rows() == expected
   # The rows stop at their EOS at different steps (row 1 first), the others running on.

@@ -213,8 +213,17 @@ CASES = {
 EXPECTED_CHANGES: dict[str, str] = {}
 
 
+# The Mosaic options only one kernel takes: a case's fields without ``kernel`` name it.
+ROW_FIELDS = {"gemv", "group", "resident_group", "register_chunks"}
+BATCHED_FIELDS = {"base_stages", "batch_axis", "warpgroups", "producer", "serial_update",
+                  "merge_tiles", "w2_widening", "ring_refill"}
+KERNEL_IMPLS = {"rows": "mosaic_row", "batched": "mosaic_batched", "stacked": "mosaic_stacked"}
+
+
 def spelled(case):
-  """(impl, config) of ``case`` in the API of the tree this script runs in."""
+  """(impl, config) of ``case`` in the API of the tree this script runs in: a tree with
+  ``MosaicConfig`` (one config for the Mosaic kernels, ``kernel`` naming one) or one
+  with a config a kernel."""
   import wts_jax
   impl = case.get("impl", "pallas")
   if case["config"] is None:
@@ -222,14 +231,34 @@ def spelled(case):
   backend, fields = case["config"]
   if backend == "triton":
     return impl, wts_jax.TritonConfig(**fields)
-  return impl, wts_jax.MosaicConfig(**fields)
+  if hasattr(wts_jax, "MosaicConfig"):
+    return impl, wts_jax.MosaicConfig(**fields)
+  # (a field at MosaicConfig's default names no kernel: "auto" chose as without it)
+  fields = {name: value for name, value in fields.items()
+            if (name, value) not in (("gemv", "auto"), ("kernel", "auto"))}
+  kernel = fields.pop("kernel", None)
+  if kernel is None and not fields:   # (the Mosaic kernels' own choice)
+    return "mosaic", None
+  if kernel is None:   # (the row kernel's walks at one row but for the split heads)
+    kernel = ("rows" if fields.keys() & ROW_FIELDS or not fields.keys() & BATCHED_FIELDS
+              and case.get("head_type", "vanilla") == "vanilla" else "batched")
+  config_type = {"rows": wts_jax.MosaicRowConfig, "batched": wts_jax.MosaicBatchedConfig,
+                 "stacked": wts_jax.MosaicStackedConfig}[kernel]
+  return KERNEL_IMPLS[kernel], config_type(**fields)
 
 
 @contextlib.contextmanager
 def as_if_on_a_gpu():
-  """Trace as on an H200: the dispatcher sees a GPU; jax >= 0.11 gets an abstract one."""
-  original = jax.default_backend
+  """Trace as on an H200: the dispatcher sees a GPU and the H200's facts (its tuned
+  table too, where the tree has ``preference``); jax >= 0.11 gets an abstract GPU."""
+  from wts_jax import device
+  original, original_facts = jax.default_backend, device.current
   jax.default_backend = lambda: "gpu"
+  try:
+    import wts_jax.pallas.preference  # noqa: F401
+    device.current = lambda: device.H200
+  except ImportError:   # (a tree without a tuned table of configs: the planners')
+    pass
   try:
     mesh = contextlib.nullcontext()
     if jax.__version_info__ >= (0, 11):
@@ -241,6 +270,7 @@ def as_if_on_a_gpu():
       yield
   finally:
     jax.default_backend = original
+    device.current = original_facts
 
 
 def _walk_function(case):

@@ -150,7 +150,7 @@ def main(argv=None):
         f"{args.head}-{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}x{held}")
     os.makedirs(directory, exist_ok=True)
     spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
-                         spin_limit=wts_jax.MosaicConfig().sync_spin_limit, interpret=False,
+                         spin_limit=wts_jax.MosaicRowConfig().sync_spin_limit, interpret=False,
                          profile_dir=directory, profile_space=PROFILE_SPACE)
     gate = (dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden))
             if gated else {})

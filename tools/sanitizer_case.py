@@ -9,7 +9,9 @@
 
 (A batched case's name + ``-refill-early``: the same walk with each streamed W2 chunk's
 ring slot refilled, or released to the producer, before its epilogue:
-``MosaicConfig.ring_refill="before_epilogue"``.)
+``MosaicBatchedConfig.ring_refill="before_epilogue"``.)
+
+``mosaic``: the Mosaic row kernel (B = 2); ``triton``: the Triton kernel (B = 2);
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
 ``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
@@ -121,22 +123,10 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   # tool ever ran the blocks one at a time the walk would end with a timeout status
   # instead of spinning 4M polls per step (session 9's mosaic run did not finish in
   # ~450 s; the cause is not known).
-  walk_config = wts_jax.WalkConfig(
-      backend="mosaic" if batched else backend, num_programs=4, residency=64,
-      num_stages=2, sync_spin_limit=spin_limit,
-      **({"mosaic_kernel": "batched"} if batched else {}),
-      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
-         if backend == "batched-wg2" or producer or widening or table else {}),
-      **({"mosaic_producer": True, "serial_update": "table"} if table else {}),
-      **({"mosaic_w2_widening": widening} if widening else {}),
-      **({"mosaic_producer": True} if producer else {}),
-      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"}
-         if rnn_two_on_m or planes_on_m else {}),
-      **({"serial_update": "split"} if "-split" in backend else {}),
-      **({"serial_update": "table", "mosaic_batch_axis": "n"} if joint else {}))
-  impl, kernel_config = (early_refill_config(walk_config, widening) if refill_early
-                         else ("pallas", walk_config))
-  walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl=impl,
+  kernel_config = case_config(backend, spin_limit)
+  if refill_early:
+    kernel_config = early_refill_config(kernel_config, widening)
+  walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
                                                  config=kernel_config))
   differ = 0
   for seed in range(seeds):
@@ -156,13 +146,41 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   return 1 if differ else 0
 
 
-def early_refill_config(walk_config, widening):
-  """(impl, config) of a ``-refill-early`` case: ``walk_config``'s Mosaic config with
-  ``ring_refill="before_epilogue"`` (``WalkConfig`` has no such field), or as planned
-  where the kernel widens an int8 W2 (its threads read the ring slots)."""
+def case_config(backend: str, spin_limit: int):
+  """The kernel config of a case (``backend`` without ``-refill-early``): 4 blocks, 64
+  resident rows a block, a 2-slot ring, the bounded barrier."""
+  if backend == "triton":
+    return wts_jax.TritonConfig(num_programs=4, residency=64, num_stages=2,
+                                sync_spin_limit=spin_limit)
+  options = dict(num_blocks=4, residency=64, ring_stages=2, sync_spin_limit=spin_limit)
+  if backend == "mosaic":
+    return wts_jax.MosaicRowConfig(**options)
+  widening = backend.removeprefix("batched-widen-") if "-widen-" in backend else None
+  table = backend == "batched-gated-table"
+  producer = backend.startswith("batched-producer")
+  if backend == "batched-wg2" or producer or widening or table:
+    options.update(warpgroups=2, batch_axis="n")
+  if table:
+    options.update(producer=True, serial_update="table")
   if widening:
-    return "pallas", walk_config
-  return "mosaic", dataclasses.replace(walk_config.mosaic(), ring_refill="before_epilogue")
+    options.update(w2_widening=widening)
+  if producer:
+    options.update(producer=True)
+  if backend in ("batched-rnn-split-m2", "batched-int8p-m2"):
+    options.update(warpgroups=2, batch_axis="m")
+  if "-split" in backend:
+    options.update(serial_update="split")
+  if backend == "batched-rnn-joint-table":
+    options.update(serial_update="table", batch_axis="n")
+  return wts_jax.MosaicBatchedConfig(**options)
+
+
+def early_refill_config(config, widening):
+  """A ``-refill-early`` case's config: ``config`` with ``ring_refill="before_epilogue"``,
+  or as planned where the kernel widens an int8 W2 (its threads read the ring slots)."""
+  if widening:
+    return config
+  return dataclasses.replace(config, ring_refill="before_epilogue")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
   python tools/widen_microbench.py [--out widen_microbench.json] [--rows 151936]
 
 At 33–64 rows the batched walk meets an int8 W2 widened to bf16 before its launch
-(``mosaic_backend._launch_batched``). XLA's convert fusion moves 1 byte in and 2 out
+(``mosaic_batched_backend._launch_batched``). XLA's convert fusion moves 1 byte in and 2 out
 an element; this times it beside Pallas Triton kernels of several block shapes (the
 shipped one, ``wts_jax.pallas.widen``, among them: ``triton_flat8192_w4``) and an
 int8 -> int8 copy of the same array (the bytes read) and a bf16 -> bf16 copy (the bytes

@@ -6,8 +6,7 @@ import jax
 
 from wts_jax import validation
 from wts_jax.output import WalkOutput, check
-from wts_jax.reference import reference_walk
-from wts_jax.walk_config import MosaicConfig, TritonConfig, WalkConfig
+from wts_jax.walk_config import KernelConfig
 
 
 def _backend():
@@ -20,8 +19,7 @@ def _backend():
 def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
          hidden: jax.Array | None = None, *, temperature=0.0, key: jax.Array | None = None,
          return_logits: bool = False, return_logprobs: bool = False,
-         impl: str = "auto",
-         config: TritonConfig | MosaicConfig | WalkConfig | None = None) -> WalkOutput:
+         impl: str = "auto", config: KernelConfig | None = None) -> WalkOutput:
   """Walk the serial head over a block of K draft positions.
 
   Args:
@@ -36,14 +34,15 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
       every implementation.
     return_logits / return_logprobs: also return the corrected logits [B, K, V] /
       the log-probability of each drafted token [B, K].
-    impl: ``"mosaic"`` or ``"triton"`` (a Weights-That-Stay kernel, by name; an error
-      gives its reason when it cannot run the walk), ``"xla"`` (the step-wise
-      reference), ``"auto"`` (the kernel the device's tuned table prefers among those
-      that can run the walk, else XLA) or ``"pallas"`` (as ``"auto"`` but never XLA:
-      an error lists every kernel's reason).
-    config: ``None`` (the tuned defaults), or a ``TritonConfig`` / ``MosaicConfig``
-      with that kernel's options (it names that kernel), or a ``WalkConfig`` (the
-      older all-in-one spelling).
+    impl: a Weights-That-Stay kernel by name — ``"mosaic_row"``, ``"mosaic_batched"``,
+      ``"mosaic_stacked"``, ``"triton"`` (an error gives its reason when it cannot run
+      the walk) — or ``"mosaic"`` (the best Mosaic kernel for the walk), ``"xla"`` (the
+      step-wise reference), ``"auto"`` (the kernel the device's tuned table prefers
+      among those that can run the walk, else XLA) or ``"pallas"`` (as ``"auto"`` but
+      never XLA: an error lists every kernel's reason).
+    config: ``None`` (the tuned defaults), or one kernel's config
+      (``TritonConfig``, ``MosaicRowConfig``, ``MosaicBatchedConfig``,
+      ``MosaicStackedConfig``) with its options: it names that kernel.
 
   Returns a ``WalkOutput``. Called eagerly, a reported problem (NaN logits, a barrier
   timeout) raises ``WalkError``; under ``jit`` it is left in ``WalkOutput.status``.
@@ -58,13 +57,8 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
   shapes = backend.WalkShapes.of(base_logits, mode.greedy, return_logits=return_logits,
                                  return_logprobs=return_logprobs)
   choice = backend.choose(head, shapes, impl, config)
-  if choice.impl == "xla":
-    output = reference_walk(head, base_logits, first_tokens, hidden, mode.score_scale,
-                            mode.noise_on, mode.seed, return_logits=return_logits,
-                            return_logprobs=return_logprobs)
-  else:
-    output = choice.launch(backend.WalkOperands(head, base_logits, first_tokens, hidden,
-                                                mode))
+  output = choice.launch(backend.WalkOperands(head, base_logits, first_tokens, hidden,
+                                              mode))
   output = validation.finish_walk(output, mode)   # status bits from inputs and outputs
   if validation.is_concrete(output.status):
     check(output)
@@ -74,8 +68,9 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
 def chosen_implementation(head, base_logits, impl: str = "auto", config=None, *,
                           temperature=0.0, return_logits: bool = False,
                           return_logprobs: bool = False) -> str:
-  """The implementation ``walk(..., impl=impl, config=config)`` would run: a kernel's
-  name (``"mosaic"``, ``"triton"``) or ``"xla"``."""
+  """The implementation ``walk(..., impl=impl, config=config)`` would run: a backend's
+  name (``"mosaic_row"``, ``"mosaic_batched"``, ``"mosaic_stacked"``, ``"triton"`` or
+  ``"xla"``)."""
   backend = _backend()
   greedy = validation.make_sampling(temperature, jax.random.key(0),
                                     base_logits.shape[0]).greedy

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wts_jax.gate_table import f32_halves, token_terms
-from wts_jax.heads.base import derived_rows, with_derived_copy
+from wts_jax.heads.base import derived_rows, has_derived, with_derived_copy
 
 
 def joint_rows(w1: jax.Array, joint_e: jax.Array) -> jax.Array:
@@ -55,6 +55,11 @@ def with_joint_table(head):
   the other kernels compute ``J_e e`` as before). The table is a function of W1 and
   ``joint_proj``: rebuild it after changing either (``wts_jax.with_fresh_copies``)."""
   return with_derived_copy(head, "rnn", "a joint table", "joint_table", JointTable.of)
+
+
+def has_joint_table(serial) -> bool:
+  """Whether the serial head carries its joint table."""
+  return has_derived(serial, "joint_table")
 
 
 def joint_table_of(serial):

@@ -28,16 +28,12 @@ from wts_jax.walk_config import W2_WIDENINGS
 BATCH_TILE = 64          # WGMMA M: the batch rows of one launch (unused rows are zeros)
 BATCH_ALIGN = 8          # batch rows are padded to whole 8-row TMA tiles of base logits
 Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 8 bank groups
-PLANE_SCALES = ("window", "scalar", "threads")   # BatchedPlan.plane_scales
 DEFAULT_RING_STAGES = 2
 WGMMA_MAX_N = 256
 # The gated head's ring: its four G_e chunks a step stream through it too, and a third
 # slot measured faster than a resident chunk beside two (NOTES v13).
 GATED_RING_STAGES = 3
 DEFAULT_BASE_STAGES = 3
-# The largest base_l2_ahead: at most this many prefetched tiles wait in the L2 per
-# warpgroup, a few MB chip-wide.
-MAX_BASE_L2_AHEAD = 16
 # Where "auto" takes this kernel, (low, high] rows, greedy and sampled (measured at the
 # Qwen3 shape, NOTES v11: the row kernel is faster at one row, this kernel from 4 rows).
 AUTO_BATCHED_RANGE = (1, 64)
@@ -202,13 +198,6 @@ def auto_warp_gather(batch_axis: str, *, int8_state: bool) -> bool:
   return int8_state and batch_axis == "m"
 
 
-def auto_plane_scales(*, int8_state: bool) -> str:
-  """``BatchedPlan.plane_scales`` where it measured faster: int8 planes' s_lo loaded by a
-  thread a row (greedy B 4 / 16 / 32 / 64 −3.5 / −3.9 / −5.5 / −1.3 µs, sampled B 64
-  −12.7, B 16 +0.6: NOTES v26)."""
-  return "threads" if int8_state else "window"
-
-
 def auto_overlap_chunks(batch_axis: str, batch: int, *, greedy: bool, gated: bool,
                         widened_in_kernel: bool) -> int:
   """Chunks a group whose WGMMAs overlap epilogues (``BatchedPlan.overlap_chunks``) where
@@ -283,11 +272,6 @@ class BatchedPlan:
   snake: bool = True
   batch_axis: str = "m"     # "m": [B, r] x [r, 64] a chunk; "n": [64, r] x [r, B]
   warpgroups: int = 1       # warpgroups sharing a block's chunks (each its own share)
-  # A base slot is refilled one position after its reads, once every thread released it
-  # by an mbarrier arrival (else at once, after a warpgroup barrier and proxy fence).
-  # Measured only, off in every plan: its release has no barrier or fence before the
-  # arrival, which is what broke the producer's (NOTES v12).
-  deferred_release: bool = False
   # One more warpgroup that issues every ring and base refill once the consumers release
   # the slot (mbarrier arrivals), so no computing warp issues a copy in the chunk loop.
   producer: bool = False
@@ -316,49 +300,17 @@ class BatchedPlan:
   # barrier. The owners then compute J_s s_k for their units (WGMMAs against their
   # resident J_s rows) and publish it for the next step. z's halves share one WGMMA.
   joint_table: bool = False
-  # Where the batch is on N, z's two halves in one WGMMA a chunk (``pair_on_n``); off only
-  # to measure the two-WGMMA form.
-  pair_in_one_wgmma: bool = True
   # Warp-level copy issue: the step's z rows gathered by the leader's four warps, each
   # its share of the rows with no warpgroup barrier between copies (``plgpu.warp_map``;
   # else one thread issues every row's copy, a warpgroup barrier before each; set by the
-  # planner where it measured faster, ``auto_warp_gather``); and the producer's copies
-  # issued by one warp of its warpgroup, the other three parked at its end (measurement
-  # option, off).
+  # planner where it measured faster, ``auto_warp_gather``).
   warp_gather: bool = False
-  # int8 planes on M: each computing warpgroup loads z's two planes from W1 straight into
-  # its WGMMA A registers (a thread its fragments, by token), so z has no staging, no
-  # swizzled tiles (65 KB at 64 rows, which go to W2) and no round trip through them.
-  # Measurement option, off: the loads' latency took the place of the copies' (greedy
-  # B 64 no faster, sampled slower: NOTES v28).
-  z_registers: bool = False
-  warp_producer: bool = False
-  # Each block's candidate of every row names the W1 row (and int8 planes' scale window)
-  # the next step gathers if it wins: prefetched into L2 while the grid barrier runs
-  # (measurement option, off until measured).
-  prefetch_candidates: bool = False
-  # int8 planes: where each row's s_lo comes from (``PLANE_SCALES``). "window": a bulk
-  # copy a row, beside its planes, of the 32 or 64 scales around it, staged [64, window
-  # + 8] f32 and picked out by each warpgroup. "scalar": scalar loads of the tokens'
-  # scales after the gather (warpgroup-uniform, one after another), into [64] f32.
-  # "threads": one load a row by the leader's threads, each its own row's, issued after
-  # the planes' copies so its latency runs beside theirs, into [64] f32 (interpret mode:
-  # as "scalar"). Without "window" a row's gather is one copy, not two.
-  plane_scales: str = "window"
-  # Greedy walks on M: a chunk's NaN check read from its per-row maxima (NaN wherever a
-  # row holds one) instead of a reduction of its own; off only to measure the reduction.
-  nan_from_top: bool = True
   # Chunks a group whose WGMMAs overlap: within a group each chunk's WGMMA is issued
   # before the previous chunk's epilogue, so the tensor cores run while the warpgroup
   # adds the base logits and folds the scores; the last of a group waits for its own
   # (0 or 1: every chunk waits for its own). Set by the planner where it measured faster
   # (``auto_overlap_chunks``).
   overlap_chunks: int = 0
-  # Two computing warpgroups take turns at the tensor cores: they meet at an mbarrier
-  # after each chunk's WGMMA issue, warpgroup 1 a turn behind, so one's epilogue runs
-  # beside the other's WGMMA instead of both contending for the tensor cores at once.
-  # Measurement option, off until measured.
-  alternate_wgmma: bool = False
   # Two computing warpgroups with the batch on N: warpgroup 1 hands its per-element
   # bests over unreduced ([64, rows] value, index and NaN tiles in shared memory) and the
   # leader reduces over the vocabulary once a step for both, instead of each reducing
@@ -366,24 +318,8 @@ class BatchedPlan:
   # leader merges the two per-row results. A planner option (its tiles are shared memory
   # the plan counts), set where it measured faster (``auto_merge_tiles``).
   merge_tiles: bool = False
-  # The first ``l2_keep_chunks`` of each warpgroup's streamed chunks prefetched into the L2
-  # under an evict_last cache policy before each copy, the others under evict_first, so
-  # that of a W2 larger than the L2 those stay there from one step to the next
-  # (``l2_priority``; the kept lines back to evict_normal when the walk ends).
-  # Measurement option; measured slower, so off (NOTES v23).
-  l2_keep_chunks: int = 0
-  # Each base tile's copy also prefetches into the L2 the tile ``base_l2_ahead`` further
-  # along the warpgroup's stream of base tiles (the first ones at the walk's start), so a
-  # shallow base ring waits on the L2's latency rather than HBM's: the base logits are
-  # read once, from HBM, and a ring of one or two slots leaves a copy a chunk's epilogue
-  # to land: one tensor prefetch a tile (``plgpu.async_prefetch``, the copy's own box; a
-  # bulk prefetch a row measured twice as slow, NOTES v23). Measurement option, off.
-  base_l2_ahead: int = 0
 
   def __post_init__(self):
-    if self.producer and self.deferred_release:
-      raise ValueError("with a producer warpgroup the consumers release slots, never refill "
-                       "them: deferred_release does not apply")
     if self.w2_widening not in W2_WIDENINGS:
       raise ValueError(f"w2_widening={self.w2_widening!r} must be one of {W2_WIDENINGS}")
     if self.w2_row_scale and (self.int8_state
@@ -398,50 +334,27 @@ class BatchedPlan:
     if self.w2_widening == "registers" and self.batch_axis != "n":
       raise ValueError("an int8 W2 widened into registers needs the batch on N (the "
                        "chunk is the WGMMA's A operand)")
-    if self.plane_scales not in PLANE_SCALES:
-      raise ValueError(f"plane_scales={self.plane_scales!r} must be one of {PLANE_SCALES}")
-    if self.plane_scales != "window" and not self.int8_state:
-      raise ValueError(f"plane_scales={self.plane_scales!r} is the int8 planes' option")
-    if not 0 <= self.l2_keep_chunks <= self.streamed_chunks:
-      raise ValueError(f"l2_keep_chunks={self.l2_keep_chunks} must be in [0, "
-                       f"{self.streamed_chunks}] (a warpgroup's streamed chunks)")
-    if not 0 <= self.base_l2_ahead <= MAX_BASE_L2_AHEAD:
-      raise ValueError(f"base_l2_ahead={self.base_l2_ahead} must be in [0, "
-                       f"{MAX_BASE_L2_AHEAD}] (base tiles ahead of the one copied)")
     if self.overlap_chunks > 1 and self.streamed_chunks and self.ring_stages < 2:
       raise ValueError(f"overlap_chunks={self.overlap_chunks} needs a W2 ring of 2 or more "
                        f"slots (ring_stages={self.ring_stages}): a chunk is awaited before "
                        "the one before it releases its slot, so one slot would deadlock")
-    if self.z_registers and not (self.int8_state and self.batch_axis == "m"
-                                 and self.plane_scales != "window"):
-      raise ValueError("z_registers is int8 planes' with the batch on M and their s_lo not "
-                       "in copied windows")
     if self.merge_tiles and (self.warpgroups != 2 or self.batch_axis != "n"):
       raise ValueError("merge_tiles needs two computing warpgroups with the batch on N")
-    if self.alternate_wgmma and self.warpgroups != 2:
-      raise ValueError("alternate_wgmma needs two computing warpgroups")
-    if self.warp_producer and not self.producer:
-      raise ValueError("warp_producer needs a producer warpgroup")
-    if self.deferred_release and self.base_stages < 2:
-      raise ValueError("a deferred base release needs a base ring of 2 or more slots: "
-                       "a slot is refilled one chunk after its reads")
     if self.gate_split and not self.gated:
       raise ValueError("gate_split is the gated head's")
     if self.gate_table and (not self.gated or self.gate_split or self.batch_axis != "n"):
       raise ValueError("gate_table is the gated head's gate, not split, with the batch on N")
-    if self.recurrent and (self.gated or self.int8_state or self.producer
-                           or self.deferred_release):
+    if self.recurrent and (self.gated or self.int8_state or self.producer):
       raise ValueError("the rnn head's batched plan needs a bf16 W2 and no producer")
     if self.joint_table and (not self.recurrent or self.batch_axis != "n"
                              or self.warpgroups != 1):
       raise ValueError("joint_table is the rnn head's, with the batch on N and one "
                        "warpgroup")
-    if self.gated and (self.int8_state or self.deferred_release
-                       or (self.producer and not self.gate_table)
+    if self.gated and (self.int8_state or (self.producer and not self.gate_table)
                        or (self.ring_stages < 1 and self.gate_chunks)):
-      raise ValueError("the gated head's batched plan needs a bf16 W2, no deferred release "
-                       "and, computing its gate from G_e, no producer (a redundant gate "
-                       "streams G_e through a W2 ring of at least one slot)")
+      raise ValueError("the gated head's batched plan needs a bf16 W2 and, computing its "
+                       "gate from G_e, no producer (a redundant gate streams G_e through a "
+                       "W2 ring of at least one slot)")
 
   @property
   def widened_in_kernel(self) -> bool:
@@ -452,12 +365,6 @@ class BatchedPlan:
   def z_itemsize(self) -> int:
     """Bytes of a staged z element: int8 planes, else bf16 (hi + lo pairs included)."""
     return 1 if self.int8_state else 2
-
-  @property
-  def scale_windows(self) -> bool:
-    """int8 planes whose rows' s_lo come in copied windows of scales (a second copy a
-    row, and their staging): ``plane_scales`` "window"."""
-    return self.int8_state and self.plane_scales == "window"
 
   @property
   def scaled(self) -> bool:
@@ -486,7 +393,7 @@ class BatchedPlan:
     by side on the WGMMA's N, so a chunk is one WGMMA that reads its W2 tile from shared
     memory once, not two (at N <= 64 the tile's reads, not the columns, set a WGMMA's
     time). The pair needs both halves' rows in one 64-row tile: 2 · rows <= 64."""
-    if self.batch_axis != "n" or not self.pair_in_one_wgmma:
+    if self.batch_axis != "n":
       return False
     return (self.int8_state or self.token_table
             or (self.split and 2 * self.batch_rows <= BATCH_TILE))
@@ -572,26 +479,13 @@ class BatchedPlan:
             f"{self.batch_axis.upper()}"
             + (f"; {self.warpgroups} warpgroups a block, the counts a warpgroup's"
                if self.warpgroups > 1 else "")
-            + ("; a producer warpgroup issues the refills"
-               + (" (one warp)" if self.warp_producer else "") if self.producer else "")
+            + ("; a producer warpgroup issues the refills" if self.producer else "")
             + ("; z rows gathered by four warps" if self.warp_gather else "")
-            + ("; z loaded into each warpgroup's WGMMA registers" if self.z_registers
+            + ("; each row's s_lo loaded by a thread of its own" if self.int8_state
                else "")
-            + ("; candidates' W1 rows prefetched to L2" if self.prefetch_candidates
-               else "")
-            + (f"; {self.l2_keep_chunks} streamed chunks a warpgroup kept in L2 "
-               "(evict_last)" if self.l2_keep_chunks else "")
-            + (f"; base tiles prefetched to L2 {self.base_l2_ahead} ahead"
-               if self.base_l2_ahead else "")
-            + {"scalar": "; each row's s_lo by a scalar load",
-               "threads": "; each row's s_lo loaded by a thread of its own"}.get(
-                   self.plane_scales, "")
             + (f"; WGMMAs overlap epilogues in groups of {self.overlap_chunks} chunks"
                if self.overlap_chunks > 1 else "")
-            + ("; the warpgroups take turns at the tensor cores" if self.alternate_wgmma
-               else "")
             + ("; warpgroup 1's bests merged unreduced" if self.merge_tiles else "")
-            + ("; base slots refilled a chunk late" if self.deferred_release else "")
             + ("; z as two int8 planes (int8 x int8 WGMMA)" if self.int8_state else "")
             + ("; an int8 W2 widened to bf16, its row scales in the epilogue"
                if self.w2_row_scale else "")
@@ -640,17 +534,14 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
                 scaled: bool, int8_state: bool = False, batch_axis: str = "m",
                 base_rows: int = BATCH_TILE, warpgroups: int = 1,
                 staged_rows: int = BATCH_TILE, z_pair: bool = False,
-                gate_rows: int = 0, state_units: int = 0,
-                plane_scales: str = "window", merge_tile_rows: int = 0,
+                gate_rows: int = 0, state_units: int = 0, merge_tile_rows: int = 0,
                 widen_tiles: int = 0, gate_table: bool = False,
-                joint_table: bool = False, z_registers: bool = False) -> int:
+                joint_table: bool = False) -> int:
   """Shared memory besides the W2 slots: z staging [rows, 2r + pad] bytes and the
   swizzled WGMMA tile [rows, 2r] bytes (``BatchedPlan.staged_rows``: 64 on M, about the
   batch on N), each warpgroup's base ring [stages, base_rows, 64], an int8 W2's per-row
   scales [chunks, 64] f32, the tokens [64] and exchange keys [2, 64]; with int8 planes
-  the scales around each row's s_lo [64, 32 + 8] f32 ([64, 64 + 8] and a warpgroup's
-  [64] s_lo with the batch on N; only each row's s_lo [64] f32 with ``plane_scales``
-  other than "window"); with warpgroups the merge slots [warpgroups, 64] f32 +
+  each row's s_lo [64] f32; with warpgroups the merge slots [warpgroups, 64] f32 +
   i32; z as a hi + lo pair has two tiles; a split update's resident weight rows
   [gate_rows, r] bf16 and its timeout flag and barriers (one more aligned allocation),
   and the rnn head's own units' state [64, state_units] f32; with ``merge_tiles``
@@ -658,23 +549,14 @@ def fixed_bytes(*, chunks: int, rank: int, base_stages: int, base_itemsize: int,
   widened through shared memory, a bf16 chunk tile [64, r] a warpgroup
   (``widen_tiles``); a gate table's staging rows are three times as wide, a joint
   table's six times, and the joint table adds the state [staged rows, r] f32 and the
-  owners' operand tile of it [64, r] bf16; z in registers (``z_registers``) stages
-  nothing."""
-  z_stage = 0 if z_registers else (
-      staged_rows * z_row_bytes(rank, gate_table=gate_table, joint_table=joint_table)
-      + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
+  owners' operand tile of it [64, r] bf16."""
+  z_stage = (staged_rows * z_row_bytes(rank, gate_table=gate_table, joint_table=joint_table)
+             + (2 if z_pair else 1) * _aligned(staged_rows * rank * 2))
   joint_state = (_aligned(staged_rows * rank * 4) + _aligned(BATCH_TILE * rank * 2)
                  if joint_table else 0)
   base = warpgroups * base_stages * base_rows * CHUNK_ROWS * base_itemsize
   scales = chunks * CHUNK_ROWS * 4 if scaled else 0
-  window = 64 if batch_axis == "n" else 32   # mosaic_batched_walk's scale windows
-  if not int8_state:
-    scale_bytes = 0
-  elif plane_scales != "window":   # each row's s_lo only
-    scale_bytes = _aligned(BATCH_TILE * 4)
-  else:
-    scale_bytes = (_aligned(BATCH_TILE * (window + 8) * 4)
-                   + (_aligned(warpgroups * BATCH_TILE * 4) if batch_axis == "n" else 0))
+  scale_bytes = _aligned(BATCH_TILE * 4) if int8_state else 0   # each row's s_lo
   merge = 2 * _aligned(warpgroups * BATCH_TILE * 4) if warpgroups > 1 else 0
   return (_aligned(z_stage) + _aligned(base) + _aligned(scales) + _aligned(BATCH_TILE * 4)
           + _aligned(2 * BATCH_TILE * 4) + scale_bytes + merge
@@ -694,10 +576,8 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                  warpgroups: int = 1, producer: bool = False,
                  gated: bool = False, gate_split: bool = False,
                  gate_table: bool = False, recurrent: bool = False,
-                 joint_table: bool = False,
-                 plane_scales: str = "window", merge_tiles: bool = False,
+                 joint_table: bool = False, merge_tiles: bool = False,
                  overlap_chunks: int = 0, warp_gather: bool = False,
-                 z_registers: bool = False,
                  ring_preference: int = DEFAULT_RING_STAGES) -> BatchedPlan:
   """Shard V over ``num_blocks`` (default one block per SM) and split each block's shared
   memory: z staging, the base rings, scales first, then W2 — per warpgroup as many
@@ -709,7 +589,7 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
   neither count is given (``auto_ring_preference``). ``w2_row_scale``: an int8 W2 that
   comes widened to bf16 (``w2_itemsize`` 2) with its per-row scales
   (``BatchedPlan.w2_row_scale``), or as int8 (``w2_itemsize`` 1) to be widened in the
-  kernel (``w2_widening``). ``z_registers`` stages no z. ``overlap_chunks`` and
+  kernel (``w2_widening``). ``overlap_chunks`` and
   ``warp_gather`` take no shared memory: they are passed through
   (``auto_overlap_chunks``, ``auto_warp_gather``), the overlap dropped where one ring
   slot streams chunks (it would deadlock)."""
@@ -780,11 +660,9 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                       gate_rows=update_units * resident_rows_a_unit(recurrent=recurrent,
                                                                     joint_table=joint_table),
                       state_units=update_units if recurrent and not joint_table else 0,
-                      plane_scales=plane_scales,
                       merge_tile_rows=padded_batch(batch) if merge_tiles else 0,
                       widen_tiles=warpgroups if in_kernel and w2_widening == "smem" else 0,
-                      gate_table=gate_table, joint_table=joint_table,
-                      z_registers=z_registers)
+                      gate_table=gate_table, joint_table=joint_table)
   slots = (smem_per_block - SMEM_RESERVED_BYTES - fixed) // chunk_bytes // warpgroups
   if slots < 1:
     raise ValueError(f"{smem_per_block} bytes of shared memory hold no {chunk_bytes}-byte "
@@ -832,7 +710,5 @@ def plan_batched(*, vocab_size: int, rank: int, batch: int, num_sms: int,
                      batch_axis=batch_axis, warpgroups=warpgroups,
                      producer=producer, gated=gated,
                      gate_split=gate_split, gate_table=gate_table, recurrent=recurrent,
-                     joint_table=joint_table,
-                     plane_scales=plane_scales, merge_tiles=merge_tiles,
-                     overlap_chunks=overlap_chunks, warp_gather=warp_gather,
-                     z_registers=z_registers)
+                     joint_table=joint_table, merge_tiles=merge_tiles,
+                     overlap_chunks=overlap_chunks, warp_gather=warp_gather)

@@ -31,8 +31,7 @@ never run a step ahead (its next step starts on warpgroup 0's next ``za_bar``).
 With a producer (``plan.producer``, one more warpgroup) the computing warpgroups never
 issue a refill: they release each W2 slot (after its WGMMA's wait) and base slot (after
 its loads) by mbarrier arrivals, and the producer refills a slot once released. Without
-one, a warpgroup refills its own slots at once, after a warpgroup barrier
-(``plan.deferred_release``, a chunk late without the barrier, is measured only).
+one, a warpgroup refills its own slots at once, after a warpgroup barrier.
 
 Why the register round trip: a bulk copy writes a row linearly, while the WGMMA reads a
 swizzled tile, and a tensor-map copy cannot write one row of an 8-row swizzle tile. On
@@ -70,13 +69,13 @@ s) as a hi + lo bf16 pair in a global buffer, and meets the others at a second g
 barrier; every block then copies the whole pair into its WGMMA tiles by TMA (the rnn
 owners copy s's halves in likewise, one at a time, and keep their own units' s in fp32).
 
-Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
+Scope (``mosaic_batched_backend.plan`` says why otherwise): the vanilla head (z = e, a W1 row)
 with a bf16 W1 and W2 (z exact in bf16) or an int8 W2 that z meets as two int8 planes,
 the gated head with a bf16 W1, W2 and gate, and the rnn head (split, or from its joint
 table) with a bf16 W1, W2 and joint_proj (no producer for either). Int8 planes
 (``wts_jax.int8_state``): two int8 WGMMAs a chunk, s32 accumulators, D = 256 · d_hi +
-d_lo exact, then (f32(D) · s_lo) · scale2 — each row's s_lo comes in a 128-byte copy
-beside its planes. Up to 64 rows a launch, greedy and sampled; no logits written (the
+d_lo exact, then (f32(D) · s_lo) · scale2 — each row's s_lo loaded by a thread of
+its own after the planes' copies. Up to 64 rows a launch, greedy and sampled; no logits written (the
 backend computes them after the walk when asked). Interpret mode runs one block owning
 every chunk.
 """
@@ -96,22 +95,19 @@ from wts_jax import gate_table, sampling
 from wts_jax.int8_state import LO_STEPS
 from wts_jax.output import (KERNEL_STATUS_BITS, STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                              STATUS_TOKEN_OUT_OF_RANGE)
-from wts_jax.pallas import grid_sync, l2_priority, row_words, z_registers
+from wts_jax.pallas import grid_sync, row_words
 from wts_jax.pallas.mosaic_batched_plan import BATCH_TILE, BatchedPlan, padded_batch
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, chunk_schedule, row_swizzle
 from wts_jax.pallas.mosaic_walk import (_and, _chunk_kind, _div, _interpret_params, _load,
                                         _store,
                                         _not, _rem, _select, _w2_transforms, _when)
 from wts_jax.pallas.tile_math import make_operand
-from wts_jax.pallas.widen import WIDEN_OPS
 from wts_jax.walk_config import RING_REFILLS
 
 _WGMMA = plgpu.Layout.WGMMA
 _PER_ROW = _WGMMA.reduce(1)     # one value per batch row of a [64, n] tile
 _PER_COLUMN = _WGMMA.reduce(0)  # one value per vocab row of a chunk
 _WARPS = 4                      # warps a warpgroup
-SCALE_WINDOW = 32   # scales a bulk copy moves (128 bytes: its smallest unit here)
-SCALE_WINDOW_N = 64   # the batch on N: a window as wide as the [64, 64] layout tile
 _BIG_INDEX = 1 << 30
 _STEP_KEY_WORDS = BATCH_TILE * grid_sync.KEY_ROW_WORDS   # a step's exchange slots
 _NEG_INF = float("-inf")
@@ -123,6 +119,17 @@ CONSUMER_REGISTERS = 232
 
 
 @dataclasses.dataclass(frozen=True)
+class BatchedLab:
+  """What only tools/ set on a batched launch: Mosaic GPU's profiler over the kernel's
+  named regions (``profile_dir``, ``profile_space``), and for the profile a warpgroup
+  barrier (region "skew") before each chunk's WGMMA, which separates the warps' arrival
+  spread from the WGMMA's issue (``probe_skew``)."""
+  profile_dir: str = ""
+  profile_space: int = 0
+  probe_skew: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchedSpec:
   plan: BatchedPlan
   batch: int          # the caller's rows (<= plan.batch_rows)
@@ -131,39 +138,23 @@ class BatchedSpec:
   spin_limit: int
   interpret: bool
   row_offset: int = 0   # the first row's index in the whole walk (its noise streams)
-  profile_dir: str = ""   # Mosaic GPU's profiler over the named regions, when set
-  profile_space: int = 0
-  # Profiling only: a warpgroup barrier (region "skew") before each chunk's WGMMA, so the
-  # profile separates the warps' arrival spread from the WGMMA's issue.
-  probe_skew: bool = False
+  # Measurement and profiling options that only tools/ set (``BatchedLab``).
+  lab: BatchedLab = BatchedLab()
   # The walk's status: "flags", a word a warpgroup, OR-reduced by an XLA op after the
   # launch; "kernel", reduced in the kernel (as ``stacked_walk``'s): before its last
   # step's grid signal each block's leader adds one to a zeroed global counter a status
   # bit its block holds (warpgroup 1's NaN handed over with its bests, a split update's
   # time-out read then), and block 0's leader, past that step's barrier, writes the one
-  # word. No op after the kernel. (The API's choice: ``mosaic_backend._batched_plan``.)
+  # word. No op after the kernel. (The API's choice: ``mosaic_batched_backend.resolve``.)
   status: str = "flags"
-  # A split update's hoisted terms as the hoist gives them, [rows, K, n] (each block
-  # reads its columns of a step with the rows' stride), instead of [K, rows, n]: no
-  # transpose before the launch, and at 64 rows no pad either.
-  hoisted_rows: bool = False
   # When a streamed chunk's W2 ring slot is refilled (or released to the producer):
   # "after_epilogue", once the chunk's logits are folded; "before_epilogue", as soon as
   # its accumulator is read (its WGMMA's reads of the slot are complete then), so the
   # refill's copy runs beside the epilogue — the whole of a 1-slot ring's latency
   # otherwise. Not with an int8 W2 widened in the kernel (its threads read the slot).
   ring_refill: str = "after_epilogue"
-  # An int8 W2 widened before the launch (``plan.w2_row_scale``, not in the kernel): by
-  # "pallas", ``wts_jax.pallas.widen``'s kernel, or "xla", XLA's convert (the same bits).
-  widen_op: str = "pallas"
-  # Each step's gather copies the batch's rows only, not the plan's padded rows (those
-  # keep the prologue's zeros, which no batch row reads); False gathers every planned
-  # row (a measurement option). A joint table's walk always gathers the batch's only.
-  gather_batch_only: bool = True
 
   def __post_init__(self):
-    if self.widen_op not in WIDEN_OPS:
-      raise ValueError(f"widen_op={self.widen_op!r} must be one of {WIDEN_OPS}")
     if self.status not in ("flags", "kernel"):
       raise ValueError(f"status={self.status!r} must be 'flags' or 'kernel'")
     if self.ring_refill not in RING_REFILLS:
@@ -171,9 +162,6 @@ class BatchedSpec:
     if self.ring_refill == "before_epilogue" and self.plan.widened_in_kernel:
       raise ValueError("ring_refill='before_epilogue' needs W2 slots that only WGMMAs "
                        "read (an int8 W2 widened in the kernel is read by its threads)")
-    if self.hoisted_rows and not self.plan.split:
-      raise ValueError("hoisted_rows=True is the split update's layout (the plan has "
-                       "no split gated or rnn update)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +179,8 @@ class BatchedRefs:
   ring_bar: object
   base_bar: object
   base_free_bar: object
-  za_s: object = None            # z's WGMMA tile(s) (none with ``plan.z_registers``)
-  z_bar: object = None           # the staging's copies (likewise)
+  za_s: object = None            # z's WGMMA tile(s)
+  z_bar: object = None           # the staging's copies
   seed_g: object = None
   scale_g: object = None
   noise_g: object = None
@@ -200,14 +188,11 @@ class BatchedRefs:
   w2_scale_s: object = None
   w2_scale_bar: object = None
   w1_scale_g: object = None   # int8 planes: s_lo of each token [V]
-  zscale_s: object = None     # the scales (a window) around each row's s_lo
-  plane_scale_s: object = None   # batch on N: each row's s_lo on its way to N
-  row_scale_s: object = None     # ``plane_scales`` not "window": each row's s_lo [64] f32
+  row_scale_s: object = None     # int8 planes: each row's s_lo [64] f32
   ring_free_bar: object = None   # producer: a W2 ring slot read by its consumer
   za_bar: object = None          # warpgroups: the WGMMA tile of z is staged
   merge_bar: object = None       # warpgroups: warpgroup 1's best per row is stored
   merge_flag_s: object = None    # status in the kernel: warpgroup 1's NaN flag, handed over
-  turn_bar: object = None        # ``alternate_wgmma``: the warpgroups' WGMMA turns
   merge_value_s: object = None
   merge_index_s: object = None
   merge_tile_value_s: object = None   # ``merge_tiles``: warpgroup 1's unreduced bests
@@ -219,9 +204,9 @@ class BatchedRefs:
   z_s: object = None             # z staging
   gate_w_g: object = None        # gated head: gate_proj.weight (G_e its last r columns)
   gate_hoisted_g: object = None  # gated head: hoisted_k, [K, r / 64, 64 rows, 64] f32
-                                 # ([K, 64 rows, r] with a split gate, [64 rows, K, r]
-                                 # with ``hoisted_rows``; [K, 2, rows, r] int16 halves
-                                 # of its fp32 bits with a gate table)
+                                 # ([64 rows, K, r] with a split gate, as the hoist
+                                 # gives them; [K, 2, rows, r] int16 halves of its
+                                 # fp32 bits with a gate table)
   update_w_s: object = None      # split update: this block's rows of G_e (or [J_s, J_e],
                                  # each the rnn head's gate, candidate, output rows)
   update_w_bar: object = None
@@ -253,12 +238,9 @@ def row_launches(spec: BatchedSpec, batch: int) -> list[tuple[slice, BatchedSpec
 
 
 def gathered_z_rows(spec: BatchedSpec) -> int:
-  """The staging rows each step's gather copies: the plan's batch rows (rows past the
-  batch walk along on their own tokens), or with a joint table (or
-  ``spec.gather_batch_only``) the batch's only."""
-  if spec.plan.joint_table or spec.gather_batch_only:
-    return spec.batch
-  return spec.plan.batch_rows
+  """The staging rows each step's gather copies: the batch's only (the plan's padded
+  rows keep the prologue's zeros, which no batch row reads)."""
+  return spec.batch
 
 
 def _base_transforms(itemsize: int):
@@ -282,9 +264,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   leader = wg == 0   # the warpgroup that stages z and runs the exchange
   def slot_base(owner):   # a warpgroup's first W2 slot
     return owner * (res + stages)
-  # (Cache hints are inline PTX: not in interpret mode.)
-  keep_in_l2 = 0 if spec.interpret else plan.l2_keep_chunks
-  base_ahead = 0 if spec.interpret else plan.base_l2_ahead
   multi_block = blocks > 1
   # The keys first: the kernel's first global allocation starts the (zeroed) buffer, so
   # its 64-bit slots are aligned (grid_sync).
@@ -319,7 +298,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   gathered_rows = gathered_z_rows(spec)
   zero_padded_rows = rows < BATCH_TILE or gathered_rows < rows
   z_width = plan.z_row_elements
-  window = SCALE_WINDOW_N if n_major else SCALE_WINDOW
   # The round trip's layout: on M the WGMMA's own (64 rows); on N, where only the batch
   # rows are staged, Mosaic's shared-to-global copy layout, which moves any whole
   # number of swizzle tiles.
@@ -376,14 +354,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
         row_ids < spec.batch, 1, 0)
     return jnp.where(outside.max() > 0, STATUS_TOKEN_OUT_OF_RANGE, 0)
 
-  def take_turns():
-    """``plan.alternate_wgmma``: both computing warpgroups meet here after each chunk's
-    WGMMA issue, warpgroup 1 once more before its chunks and the leader once more after
-    its own, so warpgroup 1 issues chunk k after the leader issued chunk k and each
-    warpgroup's epilogue runs beside the other's WGMMA."""
-    plgpu.barrier_arrive(refs.turn_bar)
-    plgpu.barrier_wait(refs.turn_bar)
-
   def leader_only(body):
     if wgs > 1:
       pl.when(leader)(body)
@@ -435,29 +405,14 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     length, lead = stream_length(owner), lead_of(owner)
     step, within = _div(index, length), _rem(index, length)
     if not gate_chunks:
-      copy_streamed_chunk(streamed_chunk(step, within), res + ring, barrier, owner)
+      copy_chunk(streamed_chunk(step, within), res + ring, barrier, owner)
       return
     hidden_size = refs.gate_w_g.shape[1] - rank
-    _when(within >= lead, lambda: copy_streamed_chunk(
+    _when(within >= lead, lambda: copy_chunk(
         streamed_chunk(step, within - lead), res + ring, barrier, owner))
     _when(within < lead, lambda: plgpu.copy_gmem_to_smem(
         refs.gate_w_g.at[pl.ds(within * CHUNK_ROWS, CHUNK_ROWS), pl.ds(hidden_size, rank)],
         refs.w_s.at[slot_base(owner) + res + ring], barrier))
-
-  def copy_streamed_chunk(c, slot, barrier, owner):
-    """A streamed W2 chunk into its ring slot; with ``plan.l2_keep_chunks`` named to the
-    L2 first under its eviction priority (``l2_priority``)."""
-    if keep_in_l2:
-      chunk_g = refs.w2_g.at[pl.ds(chunk_start(c, owner), CHUNK_ROWS)]
-      kept = c < res + keep_in_l2
-      _when(kept, lambda: l2_priority.prefetch_with_priority(chunk_g, keep=True))
-      _when(_not(kept), lambda: l2_priority.prefetch_with_priority(chunk_g, keep=False))
-    copy_chunk(c, slot, barrier, owner)
-
-  def restore_kept_chunks():
-    """This warpgroup's kept chunks back to the L2's normal eviction priority."""
-    for c in range(res, res + keep_in_l2):
-      l2_priority.restore_normal_priority(refs.w2_g.at[pl.ds(chunk_start(c), CHUNK_ROWS)])
 
   def ring_refill_due(step, j, owner=None):
     owner = wg if owner is None else owner
@@ -471,47 +426,26 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     start = base_start(chunk_at(step, position), owner)
     return refs.base_g.at[:, step, pl.ds(start, CHUNK_ROWS)]
 
-  def copy_base(step, position, owner=None, prefetch_ahead=True):
-    """The base tile of (step, position) into its slot; with ``plan.base_l2_ahead`` the
-    tile that many further along the stream named to the L2 (the stream's first
-    ``base_stages`` copies, issued at the start, leave that to ``prefetch_first_bases``)."""
+  def copy_base(step, position, owner=None):
+    """The base tile of (step, position) into its slot."""
     base_slot = base_slot_of(step, position, owner)
     plgpu.copy_gmem_to_smem(base_tile_g(step, position, owner),
                             refs.base_s.at[base_slot, pl.ds(0, base_copy_rows)],
                             refs.base_bar.at[base_slot])
-    if base_ahead and prefetch_ahead:
-      ahead = step * chunks + position + base_ahead
-      ahead_step, ahead_position = _div(ahead, chunks), _rem(ahead, chunks)
-      _when(ahead_step < spec.steps, lambda: plgpu.async_prefetch(
-          base_tile_g(ahead_step, ahead_position, owner)))
-
-  def prefetch_first_bases():
-    """The stream's tiles [base_stages, base_stages + base_l2_ahead) named to the L2;
-    each later copy names the tile base_l2_ahead past its own."""
-    for tile in range(base_stages, min(base_stages + base_ahead, spec.steps * chunks)):
-      plgpu.async_prefetch(base_tile_g(tile // chunks, tile % chunks))
 
   def gather_z():
     """One bulk copy per row: W1 row ``tok_s[b]`` (int8 planes: the token's two planes,
-    side by side, and with ``plane_scales`` "window" the window of scales holding its
-    s_lo) into staging row b. Rows >= B of a padded batch walk along on their own tokens;
-    rows past ``rows`` stay zero. With ``plan.warp_gather`` warp w issues rows w, w + 4,
-    ... (copies in warp semantics meet no warpgroup barrier); with ``plan.z_registers``
-    no copies. Otherwise each row's s_lo into ``row_scale_s`` as ``plan.plane_scales``
-    says."""
+    side by side) into staging row b. Rows >= B of a padded batch walk along on their
+    own tokens; rows past ``rows`` stay zero. With ``plan.warp_gather`` warp w issues
+    rows w, w + 4, ... (copies in warp semantics meet no warpgroup barrier). int8 planes:
+    then each row's s_lo into ``row_scale_s``, by a thread of its own (interpreted, by
+    scalar loads)."""
     def gather_row(b):
       token = refs.tok_s[b]
       plgpu.copy_gmem_to_smem(refs.w1_g.at[pl.ds(token, 1)],
                               refs.z_s.at[pl.ds(b, 1), pl.ds(0, z_width)], refs.z_bar,
                               oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-      if plan.scale_windows:
-        # Bulk copies move multiples of 128 bytes: a window around s_lo.
-        plgpu.copy_gmem_to_smem(refs.w1_scale_g.at[pl.ds(scale_window(token), window)],
-                                refs.zscale_s.at[b, pl.ds(0, window)], refs.z_bar,
-                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-    if plan.z_registers:
-      pass   # (each warpgroup loads its rows' planes itself: ``z_in_registers``)
-    elif not plan.warp_gather:
+    if not plan.warp_gather:
       for b in range(gathered_rows):
         gather_row(b)
     else:
@@ -519,55 +453,27 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       def _(warp):
         for b in range(gathered_rows):
           _when(warp == b % _WARPS, functools.partial(gather_row, b))
-    if not planes or plan.scale_windows:
+    if not planes:
       return
-    if plan.plane_scales == "threads" and not spec.interpret:
+    if not spec.interpret:
       # After the copies' issue, so the loads' latency runs beside the copies'; stored
       # by their own threads (the staging's barrier orders them before its reads).
       row_words.load_row_words(refs.tok_s, refs.w1_scale_g, refs.row_scale_s, rows)
     else:
       store_row_scales([refs.w1_scale_g[refs.tok_s[b]] for b in range(rows)])
 
-  def prefetch_candidates():
-    """This block's candidates' W1 rows (int8 planes: and their scale windows) into L2,
-    for the gather after the barrier (``plan.prefetch_candidates``)."""
-    grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_g, batch_width,
-                                      row_bytes=z_width * jnp.dtype(refs.w1_g.dtype).itemsize,
-                                      num_rows=vocab)
-    if planes:
-      grid_sync.prefetch_candidate_rows(refs.keys_s, refs.w1_scale_g, batch_width,
-                                        row_bytes=4, num_rows=vocab, window=window)
-
-  def scale_window(token):
-    return jnp.minimum(token - lax.rem(token, window), vocab - window)
-
   def store_row_scales(scales):
-    """``plane_scales`` "scalar" (and "threads" in interpret mode): each row's s_lo
-    (scalar loads of its token's scale, issued after the rows' copies so the latencies
-    overlap), stored for every warpgroup's ``row_plane_scale``."""
+    """Interpreted: each row's s_lo by scalar loads of its token's scale, stored for
+    every warpgroup's ``row_plane_scale``."""
     per_row = None
     for b, scale in enumerate(scales):
       per_row = jnp.where(row_ids == b, scale, 0.0 if per_row is None else per_row)
     refs.row_scale_s[pl.ds(0, batch_width)] = per_row
 
   def row_plane_scale():
-    """Each row's s_lo: its place in the scales copied beside its planes (found from the
-    step's tokens in ``tok_s``). Batch on N: then through shared memory into the column
-    layout (Mosaic has no transposed f32 load), a warpgroup's own slots. With
-    ``plane_scales`` other than "window": as ``gather_z`` stored them."""
-    if not plan.scale_windows:
-      return _load(refs.row_scale_s.at[pl.ds(0, batch_width)], per_batch_row,
-                   optimized=False)
-    tokens = _load(refs.tok_s, _PER_ROW, optimized=False)
-    held = _load(refs.zscale_s.at[:, pl.ds(0, window)], _WGMMA)
-    place = plgpu.broadcasted_iota(jnp.int32, held.shape, 1, layout=_WGMMA)
-    wanted = lax.broadcast_in_dim(tokens - scale_window(tokens), held.shape, (0,))
-    per_row = jnp.where(place == wanted, held, 0.0).sum(axis=1)
-    if not n_major:
-      return per_row
-    refs.plane_scale_s[wg] = per_row
-    plgpu.commit_smem()
-    return _load(refs.plane_scale_s.at[wg, pl.ds(0, rows)], _PER_COLUMN, optimized=False)
+    """Each row's s_lo, as ``gather_z`` stored them."""
+    return _load(refs.row_scale_s.at[pl.ds(0, batch_width)], per_batch_row,
+                 optimized=False)
 
   def split_update(step):
     """The head's update split over the blocks (``plan.split``): a block owning units
@@ -654,9 +560,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
 
   def hoisted_columns(step, columns):
     """A split update's hoisted terms of a step, its 64 rows by ``columns``."""
-    if spec.hoisted_rows:
-      return refs.gate_hoisted_g.at[:, step, columns]
-    return refs.gate_hoisted_g.at[step, :, columns]
+    return refs.gate_hoisted_g.at[:, step, columns]
 
   def gate_slice(step):
     """A split gate's slice: z = σ(hoisted + G_e e) ⊙ e of this block's units (a WGMMA
@@ -760,7 +664,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     update = jax.nn.sigmoid(gate_pre)
     last = jnp.where(first, 0.0, _load(refs.state_s, z_layout, optimized=False))
     state = update * last + (1.0 - update) * jnp.tanh(candidate)
-    refs.state_s[...] = state
+    _store(refs.state_s, state)
     z = make_operand(jnp.tanh(output), exact_in_bf16=False)
     hi_tile, lo_tile = plane_tiles()
     hi_tile[...] = z.hi
@@ -839,9 +743,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           if refs.z_s is not None:
             refs.z_s[:, pl.ds(0, z_width)] = jnp.zeros((plan.staged_rows, z_width),
                                                        refs.z_s.dtype)
-          if plan.scale_windows:
-            refs.zscale_s[...] = jnp.zeros(refs.zscale_s.shape, jnp.float32)
-          elif planes:   # the rows no gather loads a scale for
+          if planes:   # the rows no gather loads a scale for
             refs.row_scale_s[pl.ds(0, batch_width)] = plgpu.layout_cast(
                 jnp.zeros((batch_width,), jnp.float32), per_batch_row)
           if plan.split:   # the rows past the batch that no copy back writes
@@ -862,9 +764,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       for g in range(stages):   # the stream's first entries
         _when(g < stream_total(wg), functools.partial(copy_stream, g))
       for p in range(base_stages):
-        copy_base(0, p, prefetch_ahead=False)
-      if base_ahead:
-        prefetch_first_bases()
+        copy_base(0, p)
       for c in range(res):
         copy_chunk(c, c, refs.res_bar.at[wg])
       if plan.scaled:   # the warpgroup's per-row W2 scales, once: [chunks, 64] f32
@@ -881,7 +781,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       def first_z():
         first_tokens = jnp.clip(given_first, 0, vocab - 1)
         refs.tok_s[pl.ds(0, batch_width)] = first_tokens
-        if planes and plan.plane_scales == "threads":
+        if planes:
           plgpu.commit_smem()   # each row's token stored before its own thread reads it
         gather_z()
       leader_only(first_z)
@@ -925,15 +825,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
     def step_body(step, flags):
       with jax.named_scope("z_wait"):
         def stage_z():
-          if plan.z_registers:   # nothing staged: the tokens and s_lo shown to all
-            if spec.interpret:   # (interpreted, a WGMMA reads no registers: the tiles)
-              for tile_ref, plane in zip(plane_tiles(), z_registers.gather_planes(
-                  refs.tok_s, refs.w1_g, rank=rank, interpret=True)):
-                tile_ref[...] = plane
-            plgpu.commit_smem()
-            if wgs > 1:
-              plgpu.barrier_arrive(refs.za_bar)
-            return
           # (Loaded before the gather is waited for, so the latencies overlap.)
           hoisted = (table_hoisted(step) if plan.gate_table
                      else joint_terms(refs.gate_hoisted_g.at[step]) if plan.joint_table
@@ -969,9 +860,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           pl.when(jnp.logical_not(leader))(lambda: plgpu.barrier_wait(refs.za_bar))
         else:
           stage_z()
-        # Each warpgroup's own A operands, loaded by its threads from the step's tokens.
-        z_in_registers = (z_registers.gather_planes(refs.tok_s, refs.w1_g, rank=rank)
-                          if plan.z_registers and not spec.interpret else None)
         if planes:
           plane_scale = lax.broadcast_in_dim(row_plane_scale(), tile, (batch_axis,))
       if not spec.greedy:
@@ -999,7 +887,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
                   lambda: plgpu.barrier_wait(refs.res_bar.at[wg]))
           if stages:
             _when(_not(resident), lambda: plgpu.barrier_wait(ring_barrier(ring)))
-        if spec.probe_skew:
+        if spec.lab.probe_skew:
           with jax.named_scope("skew"):
             plgpu.commit_smem()
 
@@ -1013,8 +901,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             operands = [(acc_refs[0], refs.za_s
                          if planes or plan.token_table
                          else refs.za_s.at[0])]
-          elif z_in_registers is not None:
-            operands = list(zip(acc_refs, z_in_registers))
           elif planes or plan.z_pair:
             operands = [(acc_refs[plane if planes else 0], refs.za_s.at[plane])
                         for plane in range(2)]
@@ -1028,9 +914,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
               plgpu.wgmma(acc_ref, chunk_ref, z.at[pl.ds(0, n_width)].T)
             else:
               plgpu.wgmma(acc_ref, z, chunk_ref.T)
-        if plan.alternate_wgmma:
-          with jax.named_scope("turn"):
-            take_turns()
 
       def widened(chunk_ref):
         """An int8 chunk as a bf16 WGMMA operand: loaded in the layout whose upcast is
@@ -1126,7 +1009,7 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             top, top_index = scores, vocab_rows
           else:
             top = scores.max(axis=1)
-            if spec.greedy and plan.nan_from_top and not spec.interpret:
+            if spec.greedy and not spec.interpret:
               # The maximum propagates NaN (Mosaic's max.NaN): a row's top is NaN exactly
               # where one of its logits is, so no reduction of its own. (Interpreted, the
               # maximum is XLA CPU's, which skips NaN: the reduction stays.)
@@ -1145,19 +1028,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
             # differed on the H200, most at 64 rows on N).
             plgpu.commit_smem()
             plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
-          elif plan.deferred_release:
-            # This thread's reads of the base slot are done (a release arrival, no wait);
-            # the slot read one position earlier is refilled once every thread has
-            # released it — by now, as a rule, so no warp waits for the slowest here.
-            plgpu.barrier_arrive(refs.base_free_bar.at[base_slot])
-            first = position == 0
-            read_step = _select(first, step - 1, lambda: step)
-            read_position = _select(first, chunks - 1, lambda: position - 1)
-            next_step, next_position = base_after(read_step, read_position)
-            def refill_read_slot():
-              plgpu.barrier_wait(refs.base_free_bar.at[base_slot_of(read_step, read_position)])
-              copy_base(next_step, next_position)
-            _when(_and(read_step >= 0, next_step < spec.steps), refill_read_slot)
           else:
             # Every warp's reads of the base slot before the TMA refills it.
             plgpu.commit_smem()
@@ -1170,9 +1040,8 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       def release_ring_slot(resident, j, ring):
         """A streamed chunk's W2 ring slot refilled with the stream entry ``stages``
         later (every warp past its wait for the chunk's WGMMA: the warpgroup barrier
-        before the call — not with ``plan.deferred_release``, an option measured only,
-        which refills without one), or with a producer released to it by every
-        thread's arrival."""
+        before the call), or with a producer released to it by every thread's
+        arrival."""
         if not stages:
           return
         if plan.producer:
@@ -1218,8 +1087,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           return pl.run_scoped(scope, *accumulators())
         return nest(0, None, carry)
 
-      if plan.alternate_wgmma:   # warpgroup 1 a turn behind (see ``take_turns``)
-        pl.when(jnp.logical_not(leader))(take_turns)
       if plan.overlap_chunks > 1:
         group = plan.overlap_chunks
         carry = lax.fori_loop(
@@ -1229,8 +1096,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           carry = overlapped_chunks(chunks - chunks % group, chunks % group, carry)
       else:
         carry = lax.fori_loop(0, chunks, chunk, carry)
-      if plan.alternate_wgmma:   # the leader's last turn, so both took chunks + 1
-        pl.when(leader)(take_turns)
 
       def reduced(carry):
         """(best value, its index, NaN flag) per batch row of ``carry`` (this
@@ -1316,8 +1181,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
           refs.keys_s[0, pl.ds(0, batch_width)] = high
           refs.keys_s[1, pl.ds(0, batch_width)] = low
           grid_sync.publish_keys(refs.keys_s, step_slots, batch_width)
-          if plan.prefetch_candidates and not spec.interpret:
-            prefetch_candidates()
         if status_in_kernel:   # (released by the step's signal below)
           pl.when(step == spec.steps - 1)(functools.partial(count_status_bits, held))
         with jax.named_scope("grid_sync"):
@@ -1350,13 +1213,6 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
       return jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
 
     flags = lax.fori_loop(0, spec.steps, step_body, first_tokens_flag(given_first))
-    if keep_in_l2:
-      restore_kept_chunks()
-    if plan.deferred_release:
-      # The walk's last base_stages reads (one a slot) were released and never refilled:
-      # their phases observed, so no arrival is pending when the kernel ends.
-      for slot in range(base_stages):
-        plgpu.barrier_wait(refs.base_free_bar.at[wg * base_stages + slot])
     if plan.split:
       flags = flags | update_timeout()
     if not status_in_kernel:
@@ -1387,17 +1243,10 @@ def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   def producer():
     """The copying warpgroup: every refill of the W2 ring and the base ring, each issued
     once its slot is released by the consumer's arrivals (in the order the consumers
-    read them, consumer by consumer), so no computing warp waits on a copy's issue.
-    With ``plan.warp_producer`` one warp does it all and the other three wait at the
-    warp map's end."""
+    read them, consumer by consumer), so no computing warp waits on a copy's issue."""
     if wgs > 1:
       plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-    if plan.warp_producer:
-      @plgpu.warp_map
-      def _(warp):
-        _when(warp == 0, refill_all)
-    else:
-      refill_all()
+    refill_all()
     if not status_in_kernel:
       refs.flag_g[block * threads + wg] = jnp.int32(0)
 
@@ -1549,14 +1398,9 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       # A base slot read by every thread of its warpgroup (one arrival each).
       "base_free_bar": plgpu.Barrier(num_arrivals=1, num_barriers=wgs * plan.base_stages),
       # A row's copies each.
-      "z_bar": plgpu.Barrier(num_arrivals=gathered_z_rows(spec) * (
-          2 if plan.scale_windows else 1), num_barriers=1),
+      "z_bar": plgpu.Barrier(num_arrivals=gathered_z_rows(spec), num_barriers=1),
       "z_s": plgpu.SMEM((plan.staged_rows, plan.z_row_bytes // plan.z_itemsize), w1.dtype),
   }
-  if plan.z_registers:   # (interpreted, the tiles stay: a WGMMA reads no registers there)
-    del scratch["z_bar"], scratch["z_s"]
-    if not spec.interpret:
-      del scratch["za_s"]
   if plan.w2_widening == "smem":
     scratch["widen_s"] = plgpu.SMEM((wgs, CHUNK_ROWS, rank), jnp.bfloat16,
                                     transforms=_w2_transforms(2, rank))
@@ -1564,22 +1408,13 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     scratch["w2_scale_s"] = plgpu.SMEM((plan.chunks, CHUNK_ROWS), jnp.float32)
     scratch["w2_scale_bar"] = plgpu.Barrier(num_arrivals=plan.wg_chunks, num_barriers=wgs)
   if plan.int8_state:
-    if not plan.scale_windows:
-      scratch["row_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
-    else:
-      # Rows padded by 8 scales: the 8 rows a warp reads start on 8 bank groups.
-      scratch["zscale_s"] = plgpu.SMEM(
-          (BATCH_TILE, (SCALE_WINDOW_N if n_major else SCALE_WINDOW) + 8), jnp.float32)
-      if n_major:
-        scratch["plane_scale_s"] = plgpu.SMEM((wgs, BATCH_TILE), jnp.float32)
+    scratch["row_scale_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
   if plan.producer:   # slots released to the producer, by every consumer thread
     scratch["ring_free_bar"] = plgpu.Barrier(num_arrivals=1,
                                              num_barriers=wgs * max(1, plan.ring_stages))
   if wgs > 1:
     scratch["za_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
     scratch["merge_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
-    if plan.alternate_wgmma:
-      scratch["turn_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=1)
     scratch["merge_value_s"] = plgpu.SMEM((BATCH_TILE,), jnp.float32)
     scratch["merge_index_s"] = plgpu.SMEM((BATCH_TILE,), jnp.int32)
     if spec.status == "kernel" and not plan.merge_tiles:
@@ -1602,11 +1437,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
     operands.update(w2_scale_g=w2_scale.astype(jnp.float32))
   if plan.int8_state:
     operands.update(w1_scale_g=w1_scale)
-  def hoisted_by_step(hoisted):
-    """[B, K, n] -> [K, 64 rows, n] f32 (rows past B zero; ``hoisted_rows``: [64 rows,
-    K, n]): a split update's block reads its units' columns of a step."""
-    rows = jnp.pad(hoisted.astype(jnp.float32), ((0, BATCH_TILE - batch), (0, 0), (0, 0)))
-    return rows if spec.hoisted_rows else rows.transpose(1, 0, 2)
+  def hoisted_padded(hoisted):
+    """[B, K, n] -> [64 rows, K, n] f32 (rows past B zero): a split update's block reads
+    its units' columns of a step with the rows' stride."""
+    return jnp.pad(hoisted.astype(jnp.float32), ((0, BATCH_TILE - batch), (0, 0), (0, 0)))
   if plan.gated:
     if plan.gate_table:   # the staged rows' terms as int16 halves: [K, 2, rows, r]
       halves = jnp.stack(gate_table.f32_halves(gate_hoisted), axis=2)   # [B, K, 2, r]
@@ -1614,10 +1448,10 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
           halves, ((0, plan.staged_rows - batch), (0, 0), (0, 0), (0, 0))
       ).transpose(1, 2, 0, 3))
     else:
-      hoisted = hoisted_by_step(gate_hoisted)
+      hoisted = hoisted_padded(gate_hoisted)
       if not plan.gate_split:   # whole [64 rows, 64] tiles a step and G_e chunk
-        hoisted = hoisted.reshape(steps, BATCH_TILE, rank // CHUNK_ROWS,
-                                  CHUNK_ROWS).transpose(0, 2, 1, 3)
+        hoisted = hoisted.transpose(1, 0, 2).reshape(
+            steps, BATCH_TILE, rank // CHUNK_ROWS, CHUNK_ROWS).transpose(0, 2, 1, 3)
       operands.update(gate_w_g=gate_weight, gate_hoisted_g=hoisted)
   if plan.joint_table:   # the staged rows' terms as int16 halves: [K, 2, 3, rows, r]
     halves = jnp.stack(gate_table.f32_halves(joint_hoisted), axis=2)   # [B, K, 2, 3r]
@@ -1632,7 +1466,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                                        transforms=_w2_transforms(2, rank))
     scratch["update_w_bar"] = plgpu.Barrier(num_arrivals=3, num_barriers=1)
   elif plan.recurrent:
-    operands.update(joint_w_g=joint_weight, gate_hoisted_g=hoisted_by_step(joint_hoisted))
+    operands.update(joint_w_g=joint_weight, gate_hoisted_g=hoisted_padded(joint_hoisted))
   if plan.split:   # the split update's global buffers (outputs, discarded) and weights
     outputs["zpub_g"] = jax.ShapeDtypeStruct((steps, 2, BATCH_TILE, rank), jnp.bfloat16)
     scratch["pub_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=1)
@@ -1662,8 +1496,8 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       scratch_types=list(scratch.values()),
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane,
-          **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
-             if spec.profile_dir else {})),
+          **(dict(profile_space=spec.lab.profile_space, profile_dir=spec.lab.profile_dir)
+             if spec.lab.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
   tokens, flags = kernel(*operands.values())[:2]

@@ -301,7 +301,7 @@ def mosaic_gemv(head, config) -> str:
 
 def make_plan(head, config, device, *, batch: int = MAX_BATCH, base_itemsize: int = 2
               ) -> MosaicPlan:
-  """The plan of ``head`` under ``config`` (a ``MosaicConfig``) on ``device`` (its
+  """The plan of ``head`` under ``config`` (a ``MosaicRowConfig``) on ``device`` (its
   ``DeviceFacts``; interpret mode runs one block), its base-logit staging sized for
   ``batch`` rows of ``base_itemsize`` bytes."""
   vocab, rank = head.config.vocab_size, head.config.rank

@@ -34,7 +34,7 @@ of the last blocks overlap earlier rows instead of reading past the end. A dupli
 row yields the same (score, index) pair in both places, so top-1 is unaffected — and no
 padded copy of W2 is ever made.
 
-Scope (``mosaic_backend.plan`` says why otherwise): the vanilla head (``z = e``) and the
+Scope (``mosaic_row_backend.plan`` says why otherwise): the vanilla head (``z = e``) and the
 gated head (``z = σ(hoisted_k + G_e e) ⊙ e``, fp32, register GEMV: G_e stays in shared
 memory, each block computes the gate itself and relays it from row to column layout
 through shared memory), a bf16 or int8 W2 with rank a multiple of 64, up to

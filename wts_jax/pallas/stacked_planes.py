@@ -72,28 +72,13 @@ def _scalar(array):
   return _element(array.registers.flat[0], 0)
 
 
-# ``rotate``'s third value: the k-halves walk (``StackedSpec.k_halves``), where warps w
-# and w + 2 serve the same 8 requests, each half of K (``k_halves_row``).
-K_HALVES = "k_halves"
-
-
-def _request_warp(warp, wg, rotate: bool | str):
+def _request_warp(warp, wg, rotate: bool):
   """The warp of requests (8 rw .. 8 rw + 7 of the warpgroup's 32) that warp ``warp``
   of warpgroup ``wg`` serves: itself, or (``rotate``) rotated by the warpgroup, so the
   first requests of a partly filled block fall on a different warp scheduler in each
-  warpgroup (warp w of every warpgroup issues on scheduler w); or (``K_HALVES``) warp
-  w % 2."""
+  warpgroup (warp w of every warpgroup issues on scheduler w)."""
   from jax._src.lib.mlir.dialects import arith
-  if rotate == K_HALVES:
-    return arith.andi(warp, _const(1))
   return arith.andi(arith.addi(warp, wg), _const(3)) if rotate else warp
-
-
-def _k_half():
-  """The half of K this thread's warp holds in the k-halves walk (warp // 2), i32."""
-  from jax._src.lib.mlir.dialects import arith
-  _, _, warp, _, _ = _thread()
-  return arith.divui(warp, _const(2))
 
 
 def _request(phases: int, rotate: bool = False):
@@ -129,129 +114,45 @@ def _stacked_source(first, wg=None):
   return source
 
 
-def k_halves_row(m: int) -> tuple[int, int, int]:
-  """Row ``m`` of the k-halves operand: (request, plane, half). Warp w = m // 16 holds
-  requests 8 (w % 2) .. + 7, its rows 16w + g and 16w + g + 8 a request's hi and lo
-  planes, half w // 2 of K (``int8_state.k_halves``): a thread's two accumulators are
-  one request's two planes over one half."""
-  warp = m // 16
-  return 8 * (warp % 2) + m % 8, (m // 8) % 2, warp // 2
-
-
-def _k_halves_source(first):
-  """``k_halves_row`` on i32 rows, past the warpgroup's first request: (request, the
-  half-plane 2 · plane + half of ``int8_state.k_halves``'s row)."""
-  from jax._src.lib.mlir.dialects import arith
-
-  def source(row):
-    warp = arith.divui(row, _const(16))
-    request = arith.addi(arith.muli(arith.andi(warp, _const(1)), _const(8)),
-                         arith.remui(row, _const(8)))
-    plane = arith.remui(arith.divui(row, _const(8)), _const(2))
-    return (arith.addi(first, request),
-            arith.addi(arith.muli(plane, _const(2)), arith.divui(warp, _const(2))))
-  return source
-
-
 def _first_request(wg, phases: int):
   from jax._src.lib.mlir.dialects import arith
   return arith.muli(arith.divui(wg, _const(phases)), _const(REQUESTS))
 
 
-# Bytes of one block of 32 requests' staged operand (``stage_z``): 8 loads × 128 threads
-# × 16 bytes.
-STAGE_BYTES = 8 * 128 * 16
-
-
-def stage_z(tok_s, w1_g, z_s, *, rank: int, phases: int, loads):
-  """This warpgroup's share (``loads``, of ``z_registers.fragment_loads``' 8) of its
-  requests' A operand, from a ``fragment_ordered`` W1 into ``z_s`` (one
-  ``STAGE_BYTES`` block a block of requests): the warpgroups serving the same
-  requests each load a share once, so the L2 serves each row to a block once instead of
-  once a warpgroup. GPU only; visible to the others after a barrier."""
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3)
-  def stage(_, tok, w1, z):
-    from jax._src.lib.mlir.dialects import arith
-    from wts_jax.pallas.row_words import thread_and_addresses
-    _, wg, *_ = _thread()
-    thread, (z_at,), (w1_at,) = thread_and_addresses((z,), (w1,))
-    in_wg = arith.remui(thread, _const(128))
-    first = _first_request(wg, phases)
-    block_at = arith.addi(z_at, arith.muli(arith.divui(wg, _const(phases)),
-                                           _const(STAGE_BYTES)))
-    z_registers.stage_fragments(tok, w1_at, block_at, in_wg, (2 * REQUESTS, rank),
-                                _stacked_source(first), rank, tuple(loads))
-
-  stage(tok_s, w1_g, z_s)
-
-
 def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
-           fragment_order: bool = False, z_s=None, rotate: bool | str = False):
+           fragment_order: bool = False, rotate: bool = False):
   """(A, s_lo) of this warpgroup's 32 requests (tokens ``tok_s``, in range, their stores
   visible): A [64, r] int8 stacked planes of W1 (``w1_g`` [V, 2r]: hi then lo;
   ``fragment_order``: ``int8_state.fragment_ordered``), s_lo the requests' plane scale.
   GPU: A in ``WGMMA_LAYOUT_8BIT`` registers, s_lo a per-thread array. Interpreted:
-  A [64, r] and s_lo [32]. ``z_s`` (GPU, fragment order): A read back from
-  ``stage_z``'s shared memory, every share staged and shown (a barrier). ``rotate``
-  (GPU, not with ``z_s``): the warps' requests as ``_request_warp`` rotates them.
-  ``rotate=K_HALVES``: the k-halves operand (``k_halves_row``; requests 16-31 none),
-  on the GPU the compressed [64, r/2] of a 2:4-sparse WGMMA from
-  ``int8_state.k_halves_fragment_ordered`` W1 (``fragment_order``), interpreted the
-  [64, r] it stands for: each row's plane with the other half's positions zero."""
-  halves = rotate == K_HALVES
+  A [64, r] and s_lo [32]. ``rotate`` (GPU): the warps' requests as ``_request_warp``
+  rotates them."""
   if interpret:
     first = (wg // phases) * REQUESTS
     tokens = [tok_s[first + b] for b in range(REQUESTS)]
     rows = jnp.concatenate([w1_g[pl.ds(token, 1), :] for token in tokens], axis=0)
     planes = (rows[:, :rank], rows[:, rank:])
-    if halves:
-      in_half = [(jnp.arange(rank) % 4) // 2 == half for half in range(2)]
-      stacked = jnp.stack([jnp.where(in_half[half], planes[plane][request], 0)
-                           for request, plane, half in
-                           map(k_halves_row, range(2 * REQUESTS))])
-    else:
-      stacked = jnp.stack([planes[plane][request] for request, plane in
-                           map(z_registers.stacked_row, range(2 * REQUESTS))])
+    stacked = jnp.stack([planes[plane][request] for request, plane in
+                         map(z_registers.stacked_row, range(2 * REQUESTS))])
     return stacked, jnp.stack([s_lo_g[token] for token in tokens])
 
-  if halves and (z_s is not None or not fragment_order):
-    raise ValueError("the k-halves operand reads a k_halves_fragment_ordered W1 itself")
-  a_type = plgpu.ShapeDtypeStruct((2 * REQUESTS, rank // 2 if halves else rank), jnp.int8,
+  a_type = plgpu.ShapeDtypeStruct((2 * REQUESTS, rank), jnp.int8,
                                   layout=plgpu.Layout.WGMMA_8BIT)
   s_type = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
 
-  staged = z_s is not None
-  if staged and not fragment_order:
-    raise ValueError("a staged z reads W1 in fragment order")
-  if staged and rotate:
-    raise ValueError("a staged z is shared by the warpgroups: their warps not rotated")
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * (4 if staged else 3),
-                     return_type=(a_type, s_type))
-  def load(_, tok, w1, s_lo, *z):
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3, return_type=(a_type, s_type))
+  def load(_, tok, w1, s_lo):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm, memref
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     i64 = ir.IntegerType.get_signless(64)
     index = ir.IndexType.get()
-    thread, wg_, *_ = _thread()
+    _, wg_, *_ = _thread()
     shape = (2 * REQUESTS, rank)
-    if staged:
-      z_at = llvm.ptrtoint(_i32(), mgpu_utils.memref_ptr(z[0]))
-      block_at = arith.addi(z_at, arith.muli(arith.divui(wg_, _const(phases)),
-                                             _const(STAGE_BYTES)))
-      a = z_registers.fragments_from_stage(block_at, arith.remui(thread, _const(128)),
-                                           shape)
-    elif halves:
-      a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
-                                 (2 * REQUESTS, rank // 2),
-                                 _k_halves_source(_first_request(wg_, phases)), rank // 2,
-                                 fragment_order, row_bytes=2 * rank)
-    else:
-      a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
-                                 shape, _stacked_source(_first_request(wg_, phases),
-                                                        wg_ if rotate else None),
-                                 rank, fragment_order)
+    a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
+                               shape, _stacked_source(_first_request(wg_, phases),
+                                                      wg_ if rotate else None),
+                               rank, fragment_order)
     request, _ = _request(phases, rotate)
     token = memref.load(tok, [arith.index_cast(index, request)])
     address = arith.addi(llvm.ptrtoint(i64, mgpu_utils.memref_ptr(s_lo)),
@@ -260,166 +161,7 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
                             "=f,l", has_side_effects=False)
     return a, _per_thread(scale, jnp.float32)
 
-  return load(tok_s, w1_g, s_lo_g, *(() if z_s is None else (z_s,)))
-
-
-# --- the k-halves tile: a 2:4-sparse WGMMA chain and the halves joined ---------------------
-# The k-halves walk (B <= 16): the operand's 64 rows are 16 requests' two planes over
-# each half of K (``k_halves_row``), a tile's products four sparse ``m64n64k64`` WGMMAs
-# whose metadata names positions 0 and 1 of every group of four K positions for warps
-# 0-1 (0x4 a group) and 2 and 3 for warps 2-3 (0xE): one constant a warp, so which
-# threads of a group of four hold it does not matter (``tools/wgmma_sparse_layout_probe.cu``
-# checked the reading against the host's products). Half the MACs of the stacked chain,
-# whose rows 32-63 are dead at B <= 16. A request's two halves meet in shared memory.
-
-K_HALVES_META = (0x44444444, 0xEEEEEEEE)
-# The halves' exchange: a warpgroup's two buffers (a tile's and the next's) of 128
-# threads' 8 words, as two 16-byte vectors each (``k_halves_join``).
-K_HALVES_EXCHANGE_BYTES = 2 * 128 * 32
-# Named barriers of the warp pairs (w, w + 2) that exchange: past Mosaic's 0 (the block)
-# and 1-4 (the warpgroups).
-_PAIR_BARRIER_BASE = 5
-
-
-def k_halves_product(a, tile_s, *, tile_transforms, issue: bool = True):
-  """GPU: the tile's stacked accumulators over this warpgroup's k-halves operand ``a``
-  ([64, r/2] compressed, ``gather``) and the W2 tile ``tile_s`` ([64, r] int8 in shared
-  memory, (8, 128) tiles, 128-byte swizzle): the four sparse WGMMAs issued, committed
-  and waited for. A [64, 64] int32 WGMMA-layout array: a thread's rows g and g + 8 are
-  its request's hi and lo planes' sums over its warp's half of K (``k_halves_join``
-  adds the halves). ``issue`` False (timing only): no WGMMA, zeros."""
-  rank = tile_s.shape[-1]
-  out = plgpu.ShapeDtypeStruct((2 * REQUESTS, TILE), jnp.int32, layout=plgpu.Layout.WGMMA)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT,
-                                plgpu.RefType(transforms=tile_transforms)),
-                     return_type=out)
-  def product(_, a, tile):
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, llvm, vector
-    from jax.experimental.mosaic.gpu import fragmented_array as fa
-    from wts_jax.pallas.row_words import thread_and_addresses
-    i32, i64 = _i32(), ir.IntegerType.get_signless(64)
-    _, (tile_at,), _ = thread_and_addresses((tile,))
-    _, _, warp, _, _ = _thread()
-    meta = arith.select(arith.cmpi(arith.CmpIPredicate.ult, warp, _const(2)),
-                        _const(K_HALVES_META[0]), _const(K_HALVES_META[1] - (1 << 32)))
-    acc = [_const(0)] * 32
-    if issue:
-      # The operand's registers ready before the fence (LLVM may sink pure work past it).
-      a = fa.optimization_barrier(a)
-      llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "wgmma.fence.sync.aligned;", "",
-                      has_side_effects=True)
-      acc_type = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 32) + ")>")
-      d_list = ", ".join(f"${i}" for i in range(32))
-      tile_64 = arith.extui(i64, tile_at)
-      for i in range(rank // 64):   # K' 64 bytes an instruction: 64 · i into the tile
-        # (8-row groups 2048 bytes apart in N; 128-byte K columns 1024 bytes apart)
-        at = arith.addi(tile_64, arith.constant(i64, (i // 2) * 1024 + (i % 2) * 64))
-        desc = arith.ori(arith.shrui(arith.andi(at, arith.constant(i64, 0x3FFFF)),
-                                     arith.constant(i64, 4)),
-                         arith.constant(i64, (1 << 16) | ((2048 >> 4) << 32) | (1 << 62)))
-        a_regs = [llvm.extractelement(vector.bitcast(ir.VectorType.get((1,), i32), r),
-                                      arith.constant(i32, 0))
-                  for r in a[:, 32 * i: 32 * (i + 1)].registers.flat]
-        struct = llvm.inline_asm(
-            acc_type, [*acc, *a_regs, desc, meta],
-            "{ .reg .pred p; setp.ne.b32 p, " + ("0" if i == 0 else "1") + ", 0;\n"
-            "wgmma.mma_async.sp.sync.aligned.m64n64k64.s32.s8.s8 {" + d_list + "}, "
-            "{$64, $65, $66, $67}, $68, $69, 0, p; }",
-            ",".join(["=r"] * 32 + [str(k) for k in range(32)] + ["r"] * 4 + ["l", "r"]),
-            has_side_effects=True)
-        acc = [llvm.extractvalue(i32, struct, [k]) for k in range(32)]
-      llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "wgmma.commit_group.sync.aligned;",
-                      "", has_side_effects=True)
-      struct = llvm.inline_asm(acc_type, acc, "wgmma.wait_group.sync.aligned 0;",
-                               ",".join(["=r"] * 32 + [str(k) for k in range(32)]),
-                               has_side_effects=True)
-      acc = [llvm.extractvalue(i32, struct, [k]) for k in range(32)]
-    # (PTX's D registers 4j + e: row g, column 8j + 2t + e; 4j + 2 + e: row g + 8)
-    return _pairs_array([[(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]) for h in range(2)]
-                         for j in range(TILE // 8)], TILE)
-
-  return product(a, tile_s)
-
-
-def _pairs_array(pairs, width: int):
-  """A [64, ``width``] int32 WGMMA-layout array from ``pairs[j][h]``: the thread's two
-  elements (i32 values) of column pair j in row g (h 0) and g + 8 (h 1)."""
-  import numpy as np
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import vector
-  from jax.experimental.mosaic.gpu import fragmented_array as fa
-  pair_type = ir.VectorType.get((2,), _i32())
-  layout = fa.WGMMA_LAYOUT
-  registers = np.empty(layout.registers_shape((2 * REQUESTS, width)), dtype=object)
-  for reg in np.ndindex(registers.shape):
-    first, second = pairs[reg[1]][reg[4]]
-    registers[reg] = vector.insert(second, vector.broadcast(pair_type, first),
-                                   dynamic_position=[], static_position=[1])
-  return fa.FragmentedArray(_registers=registers, _layout=layout, _is_signed=True)
-
-
-def k_halves_join(acc, exchange_s, parity):
-  """GPU: ``k_halves_product``'s accumulators → each thread's exact
-  ``D = 256 d_hi + d_lo`` over its half of K, the half of the columns its partner warp
-  (w ^ 2) folds handed over through ``exchange_s`` (``K_HALVES_EXCHANGE_BYTES`` a
-  warpgroup; buffer ``parity``, 0 or 1, alternating tile by tile, so a buffer is written
-  again only past the next tile's barrier) and the other half received and added.
-  Returns a [64, 32] int32 WGMMA-layout array for ``fold_tile(..., rotate=K_HALVES)``:
-  the hi rows zero, the lo rows D at the thread's four column pairs (warps 0-1 the
-  tile's columns 0-31, warps 2-3 columns 32-63)."""
-  out = plgpu.ShapeDtypeStruct((2 * REQUESTS, TILE // 2), jnp.int32,
-                               layout=plgpu.Layout.WGMMA)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(),
-                                plgpu.Layout.WGMMA.reduce(1)),
-                     return_type=out)
-  def join(_, acc, exchange, parity_rows):
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, llvm
-    from wts_jax.pallas.row_words import thread_and_addresses
-    i32 = _i32()
-    thread, (exchange_at,), _ = thread_and_addresses((exchange,))
-    _, wg, warp, _, _ = _thread()
-    half = arith.divui(warp, _const(2))
-    regs = acc.registers
-
-    def element(j, h, e):
-      return _element(regs[0, j, 0, 0, h, 0, 0, 0, 0], e)
-    d = [[arith.addi(arith.muli(element(j, 0, e), _const(LO_STEPS)), element(j, 1, e))
-          for e in range(2)] for j in range(TILE // 8)]
-    kept = [d[j][e] for j in range(4) for e in range(2)]
-    given = [d[j][e] for j in range(4, 8) for e in range(2)]
-    lower = arith.cmpi(arith.CmpIPredicate.eq, half, _const(0))
-    kept, given = ([arith.select(lower, x, y) for x, y in zip(kept, given)],
-                   [arith.select(lower, y, x) for x, y in zip(kept, given)])
-    in_wg = arith.remui(thread, _const(128))
-    buffer_at = arith.addi(exchange_at, arith.addi(
-        arith.muli(wg, _const(K_HALVES_EXCHANGE_BYTES)),
-        arith.muli(_scalar(parity_rows), _const(K_HALVES_EXCHANGE_BYTES // 2))))
-    barrier = arith.addi(_const(_PAIR_BARRIER_BASE),
-                         arith.addi(arith.muli(wg, _const(2)), arith.andi(warp, _const(1))))
-    words = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * 8) + ")>")
-    # ([buffer + 16 (vector · 128 + thread)]: a warp's 16-byte stores contiguous)
-    received = llvm.inline_asm(
-        words, [*given, buffer_at, in_wg, barrier],
-        "{ .reg .b32 mine, theirs;\n"
-        "shl.b32 mine, $17, 4; add.u32 mine, mine, $16;\n"
-        "xor.b32 theirs, $17, 64; shl.b32 theirs, theirs, 4; add.u32 theirs, theirs, $16;\n"
-        "st.shared.v4.b32 [mine], {$8, $9, $10, $11};\n"
-        "st.shared.v4.b32 [mine+2048], {$12, $13, $14, $15};\n"
-        "bar.sync $18, 64;\n"
-        "ld.shared.v4.b32 {$0, $1, $2, $3}, [theirs];\n"
-        "ld.shared.v4.b32 {$4, $5, $6, $7}, [theirs+2048]; }",
-        ",".join(["=r"] * 8 + ["r"] * 11), has_side_effects=True)
-    joined = [arith.addi(x, llvm.extractvalue(i32, received, [k]))
-              for k, x in enumerate(kept)]
-    zero = _const(0)
-    return _pairs_array([[(zero, zero), (joined[2 * j], joined[2 * j + 1])]
-                         for j in range(4)], TILE // 2)
-
-  return join(acc, exchange_s, row_array(parity))
+  return load(tok_s, w1_g, s_lo_g)
 
 
 # --- a tile's base logits -----------------------------------------------------------------
@@ -477,13 +219,6 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
 BASE_SLOT_BYTES = 8 * 128 * 4
 
 
-def base_slot_bytes(warps: int = 4) -> int:
-  """A slot's bytes when it holds the words of ``warps`` request warps only
-  (``StackedPlan.base_warps``): word k of compact thread c = 32 · (request warp) + lane
-  at (k · 32 · warps + c) · 4."""
-  return BASE_SLOT_BYTES * warps // 4
-
-
 def _base_address(base, start, step, *, steps: int, width: int, batch: int, phases: int,
                   rotate: bool = False, columns_a_thread: int = 2):
   """(this thread's first base word's global address, its request is live): its
@@ -504,20 +239,12 @@ def _base_address(base, start, step, *, steps: int, width: int, batch: int, phas
   return at, live
 
 
-def _base_slot_word(staged, slot, slots: int, warps: int = 4, rotate: bool = False):
+def _base_slot_word(staged, slot, slots: int):
   """This thread's first word in its warpgroup's ``slot`` (an i32 value) of the base
-  slots ``staged`` (``copy_base``'s layout), as a shared-memory address. With ``warps``
-  < 4 (``base_slot_bytes``) a thread of request warp w >= ``warps`` (past the batch:
-  it copies nothing) reads request warp w % ``warps``'s words."""
+  slots ``staged`` (``copy_base``'s layout), as a shared-memory address."""
   from jax._src.lib.mlir.dialects import arith
-  thread, slot_at = _slot_address(staged, slot, slots, base_slot_bytes(warps))
-  _, wg, warp, *_ = _thread()
-  if warps == 4:
-    return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
-  compact = arith.addi(
-      arith.muli(arith.remui(_request_warp(warp, wg, rotate), _const(warps)), _const(32)),
-      arith.remui(thread, _const(32)))
-  return arith.addi(slot_at, arith.muli(compact, _const(4)))
+  thread, slot_at = _slot_address(staged, slot, slots, BASE_SLOT_BYTES)
+  return arith.addi(slot_at, arith.muli(arith.remui(thread, _const(128)), _const(4)))
 
 
 def _base_slot_chunk(staged, slot, slots: int):
@@ -541,19 +268,15 @@ def _slot_address(staged, slot, slots: int, slot_bytes: int):
 
 
 def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int,
-              batch: int, phases: int, slots: int, rotate: bool | str = False,
-              warps: int = 4, thread_rows: bool = False):
+              batch: int, phases: int, slots: int, rotate: bool = False,
+              thread_rows: bool = False):
   """``load_base``'s words by ``cp.async`` into this warpgroup's ``slot`` of ``base_s``
   (rows past the batch zero), one commit group: the words never pass through the
   registers, so no WGMMA's register fence waits for them (``fold_tile`` waits for the
   group and reads them back). Returns the slot as a row array (the fold's ``base``).
-  ``warps`` < 4: the slots hold the first ``warps`` request warps' words only; the
-  threads of the others copy nothing. ``rotate=K_HALVES``: a thread copies the 4 words
-  of its half of the columns (``_k_half``: words 4h .. 4h + 3 of its request) into its
-  slot's words 0-3. ``thread_rows`` (an ``int8_state.thread_rows_ordered`` W2, ``warps`` 4): a
-  thread's 16 columns are 16 consecutive rows, copied by two 16-byte copies into the
-  slot's chunks (c · 128 + t) · 16, c = 0, 1."""
-  halves = rotate == K_HALVES
+  ``thread_rows`` (an ``int8_state.thread_rows_ordered`` W2): a thread's 16 columns are
+  16 consecutive rows, copied by two 16-byte copies into the slot's chunks
+  (c · 128 + t) · 16, c = 0, 1."""
   start = tile_start(block, tile, tiles=tiles, vocab=vocab)
   steps, width = base_g.shape[1], base_g.shape[2]
   slots_at = row_array(slot)
@@ -574,25 +297,12 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
                       "cp.async.cg.shared.global [$0+2048], [$1+16], 16, $2;\n"
                       "cp.async.commit_group;", "r,l,r", has_side_effects=True)
       return
-    dst = _base_slot_word(staged, _scalar(slot_rows), slots, warps, rotate)
+    dst = _base_slot_word(staged, _scalar(slot_rows), slots)
     size = arith.select(live, _const(4), _const(0))   # (0 bytes read: zeros written)
-    if halves:
-      at = arith.addi(at, arith.extui(ir.IntegerType.get_signless(64),
-                                      arith.muli(_k_half(), _const(64))))
-    held = warps < 4   # (a thread of a request warp the slots do not hold copies
-    # nothing: a 0-byte copy would write zeros over another's words)
-    copies = "".join(f"{'@p ' if held else ''}cp.async.ca.shared.global "
-                     f"[$0+{128 * warps * k}], [$1+{16 * k}], 4, $2;\n"
-                     for k in range(4 if halves else 8))
-    operands, constraints, body = [dst, at, size], "r,l,r", copies + "cp.async.commit_group;"
-    if held:
-      _, wg, warp, *_ = _thread()
-      operands.append(arith.extui(_i32(), arith.cmpi(
-          arith.CmpIPredicate.ult, _request_warp(warp, wg, rotate), _const(warps))))
-      constraints += ",r"
-      body = "{ .reg .pred p; setp.ne.u32 p, $3, 0;\n" + body + " }"
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), operands, body, constraints,
-                    has_side_effects=True)
+    copies = "".join(f"cp.async.ca.shared.global [$0+{128 * 4 * k}], [$1+{16 * k}], 4, $2;\n"
+                     for k in range(8))
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [dst, at, size],
+                    copies + "cp.async.commit_group;", "r,l,r", has_side_effects=True)
 
   copy(base_g, base_s, row_array(start), row_array(step), slots_at)
   return slots_at
@@ -829,17 +539,18 @@ def initial_best(interpret: bool):
 
 
 def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
-              nan_in_value: bool = False, sampled=None, column_pairs: int | None = None,
+              sampled=None, column_pairs: int | None = None,
               base_s=None, slots: int = 0, copies_pending: int = 1, tma_slots: bool = False,
-              rotate: bool | str = False, live_rows: int | None = None, phases: int = 1,
-              pairs: tuple[int, int] = (0, TILE // 8), base_warps: int = 4,
-              thread_rows: bool = False, vector_reads: bool = False):
+              rotate: bool = False, live_rows: int | None = None, phases: int = 1,
+              pairs: tuple[int, int] = (0, TILE // 8), thread_rows: bool = False,
+              vector_reads: bool = False):
   """The tile's logits, ((f32(256 d_hi + d_lo) · s_lo) · scale2) + base (the order of
   ``wts_jax.int8_state``), folded into ``best`` (score, vocab row, NaN seen; ties to the
   lower row). ``acc`` [64, 64] int32 stacked accumulators, ``scales_s`` the tile's 64
-  W2 row scales in shared memory, ``start`` its first vocab row. ``nan_in_value`` (GPU):
-  the score itself kept by a NaN-propagating maximum, its row by the column's constant
-  (the tile's first row added once), and returned again as the NaN witness.
+  W2 row scales in shared memory, ``start`` its first vocab row. GPU: the score itself
+  kept by a NaN-propagating maximum, its row by the column's constant (the tile's first
+  row added once), and returned again as the NaN witness (a NaN then wins the exchange,
+  flagged).
   ``sampled`` (``sampling_state``'s): the score is ``logit · scale`` plus, where the
   request's noise is on, its Gumbel noise at the row (``reference.select_tokens``).
   ``column_pairs`` (GPU, timing only): fold only the first that many of a thread's 8
@@ -850,26 +561,17 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
   ``_request_warp`` has them. ``live_rows`` (GPU): a warp whose requests are all at or
   past it (the batch; ``phases`` as ``_request``'s) folds nothing, its best kept.
   ``pairs`` (GPU): (first, count) of the thread's 8 column pairs this call folds, ``acc``
-  then holding only their 8 · count columns (a tile's WGMMA split in two: the first half
-  folded while the second's runs; halves in order keep a request's rows ascending).
-  ``base_warps``: the async slots' request warps (``copy_base``'s ``warps``).
-  ``rotate=K_HALVES``: on the GPU ``acc`` is ``k_halves_join``'s (D in the lo rows,
-  ``pairs`` (0, 4): warps 0-1 fold the tile's columns 0-31, warps 2-3 columns 32-63,
-  their base words ``copy_base``'s); interpreted, the stacked accumulators of the
-  dense operand ``gather`` stands for, whose two halves of K are added here.
-  ``thread_rows``: the tile's W2 is ``int8_state.thread_rows_ordered`` (accumulator column
+  then holding only their 8 · count columns (``StackedLab.timing_ablation``
+  "narrow_mma"). ``thread_rows``: the tile's W2 is ``int8_state.thread_rows_ordered`` (accumulator column
   8j + 2t + e is the tile's row 16t + 2j + e), its base words ``copy_base``'s with
   ``thread_rows`` or a TMA copy's (GPU), read as two 16-byte loads with TMA slots or
   ``vector_reads`` (else eight 4-byte ones)."""
   if (tma_slots or vector_reads) and thread_rows and pairs != (0, TILE // 8):
     raise ValueError("the base words' 16-byte reads take a whole tile (pairs (0, 8))")
-  halves = rotate == K_HALVES
   if interpret and thread_rows:   # (column 8j + 2t + e back to row 16t + 2j + e)
     acc = acc.reshape(-1, 8, 4, 2).transpose(0, 2, 1, 3).reshape(acc.shape)
   if interpret:
     d = acc.reshape(4, 2, 8, TILE)
-    if halves:   # (rows 32-63: the first 16 requests' second half of K)
-      d = jnp.concatenate([d[:2] + d[2:], jnp.zeros_like(d[2:])])
     joined = (d[:, 0] * LO_STEPS + d[:, 1]).reshape(REQUESTS, TILE)
     logits = (joined.astype(jnp.float32) * s_lo[:, None]) * scales_s[...][None, :] + base
     rows = start + jnp.arange(TILE, dtype=jnp.int32)
@@ -957,9 +659,9 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
             f"xor.b32 a, ${count}, {16 * k}; ld.shared.b32 ${k - first_pair}, [a];\n"
             for k in read) + "}"
       else:
-        word_at = _base_slot_word(rest[0], _scalar(base), slots, base_warps, rotate)
+        word_at = _base_slot_word(rest[0], _scalar(base), slots)
         reads = f"cp.async.wait_group {copies_pending};\n" + "".join(
-            f"ld.shared.b32 ${k - first_pair}, [${count}+{128 * base_warps * k}];\n"
+            f"ld.shared.b32 ${k - first_pair}, [${count}+{128 * 4 * k}];\n"
             for k in read)
       words_type = ir.Type.parse("!llvm.struct<(" + ", ".join(["i32"] * count) + ")>")
       words = llvm.inline_asm(words_type, [word_at], reads,
@@ -977,8 +679,6 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
     # (the thread's first column's row in the tile, and its pairs' step)
     pair = arith.muli(t, _const(16 if thread_rows else 2))
     pair_step = 2 if thread_rows else 8
-    if halves:   # (the warp's half of the tile's columns)
-      pair = arith.addi(pair, arith.muli(_k_half(), _const(TILE // 2)))
     first = arith.addi(_scalar(start_rows), pair)
     # A thread meets its request's rows in ascending order through the step (tiles in
     # ascending order, columns ascending in each; a clamped last tile only repeats rows
@@ -1002,18 +702,11 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
           logit = arith.addf(arith.mulf(logit, score_scale),
                              arith.select(noise_on, noise, arith.constant(f32, 0.0)))
         better = arith.cmpf(arith.CmpFPredicate.OGT, logit, value)
-        if nan_in_value:
-          column_won = arith.select(better, _const(pair_step * j + e), column_won)
-          value = arith.maximumf(value, logit)   # (NaN-propagating)
-          continue
-        value = arith.select(better, logit, value)
-        index = arith.select(better, arith.addi(first, _const(pair_step * j + e)), index)
-        top = arith.maximumf(top, logit)   # (NaN-propagating: the step's NaN check)
-    if nan_in_value:
-      won = arith.cmpi(arith.CmpIPredicate.sge, column_won, _const(0))
-      index = arith.select(won, arith.addi(first, column_won), index)
-      top = value
-    return value, index, top
+        column_won = arith.select(better, _const(pair_step * j + e), column_won)
+        value = arith.maximumf(value, logit)   # (NaN-propagating)
+    won = arith.cmpi(arith.CmpIPredicate.sge, column_won, _const(0))
+    index = arith.select(won, arith.addi(first, column_won), index)
+    return value, index, value
 
   return fold(acc, base, s_lo, scales_s, best, starts, *extra)
 
@@ -1026,12 +719,11 @@ def _element(register, e: int):
 # --- the step's bests: each request's over its four lanes, to shared memory -------------
 
 def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool,
-                rotate: bool | str = False):
+                rotate: bool = False):
   """This warpgroup's best per request into row ``wg`` of ``value_s`` / ``index_s`` /
   ``nan_s`` ([4, 32] in shared memory): GPU, the four lanes of a request reduced by
   shuffles (ties to the lower row) and stored by lane t = 0 (``rotate``: the warps'
-  requests as ``_request_warp`` has them; ``K_HALVES``: warp w's at 8 w + g, so request
-  r's two halves of the columns at r and r + 16, which ``publish_bests`` merges)."""
+  requests as ``_request_warp`` has them)."""
   if interpret:
     for ref, part in zip((value_s, index_s, nan_s), best):
       ref[wg] = part
@@ -1048,7 +740,7 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool,
     # (the request's slot, warpgroup · 32 + request warp · 8 + g, in bytes; as
     # thread & ~3 unrotated)
     _, wg_, warp, g, _ = _thread()
-    slot_warp = warp if rotate == K_HALVES else _request_warp(warp, wg_, rotate)
+    slot_warp = _request_warp(warp, wg_, rotate)
     slot = arith.addi(arith.muli(wg_, _const(REQUESTS)),
                       arith.addi(arith.muli(slot_warp, _const(8)), g))
     slot_at = arith.muli(slot, _const(4))
@@ -1077,18 +769,15 @@ def store_bests(best, value_s, index_s, nan_s, *, wg, interpret: bool,
 
 # --- the block's best per request, into the grid's keys ----------------------------------
 
-def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int,
-                     slot_bytes: int | None = None, k_halves: bool = False) -> str:
+def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int) -> str:
   """PTX of ``publish_bests`` (operands $0-$3: the bests' values, indices, NaN flags and
   the flag word, in shared memory; ``thread`` and ``slots`` the thread's index and the
   global slots): predicate p (thread < ``rows``), the request's best over its
   ``phases`` warpgroups in v, i (its NaN in n), its key ``red.max``ed at [g], and a NaN
-  seen into the flag word. ``k_halves``: each warpgroup's request r has a second best,
-  its other half of the columns, at r + 16 (``store_bests``)."""
+  seen into the flag word."""
   from wts_jax.pallas import grid_sync
-  slot_bytes = slot_bytes or 4 * grid_sync.KEY_ROW_WORDS
-  offsets = [4 * REQUESTS * k + 4 * (REQUESTS // 2) * h
-             for k in range(phases) for h in range(2 if k_halves else 1)]
+  slot_bytes = 4 * grid_sync.KEY_ROW_WORDS
+  offsets = [4 * REQUESTS * k for k in range(phases)]
   entries = "".join(
       f"add.u32 sa, base, {offset};\n"
       "add.u32 x, sa, $0; @p ld.shared.f32 v2, [x];\n"
@@ -1113,40 +802,26 @@ def _publish_key_ptx(*, thread: str, slots: str, rows: int, phases: int,
       "setp.ne.and.u32 q, n, 0, p; mov.b32 x, 1; @q st.shared.b32 [$3], x;\n")
 
 
-def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases: int,
-                  prefetch_g=None, k_halves: bool = False):
+def publish_bests(value_s, index_s, nan_s, flag_s, slots_g, *, rows: int, phases: int):
   """Thread t < ``rows`` of the calling warpgroup: request t's best over the ``phases``
   warpgroups that served it (rows ``(t / 32) · phases + k`` of the [4, 32] bests), as a
   64-bit exchange key ``red.max``ed into its slot of ``slots_g`` (``grid_sync``'s keys:
-  8 words a slot); a NaN seen sets ``flag_s[0]``. ``prefetch_g`` (a [V, w] table, e.g.
-  W1's planes): the candidate's row of it prefetched into the L2 — the grid's winner is
-  some block's candidate, so its row is on its way while the grid syncs."""
-  prefetch = prefetch_g is not None
-  if prefetch:
-    vocab, row_bytes = prefetch_g.shape[0], prefetch_g.shape[1] * prefetch_g.dtype.itemsize
-    lines = "".join(f"@p prefetch.global.L2 [pa+{offset}];\n"
-                    for offset in range(0, row_bytes, 128))
-    prefetch_ptx = (f"min.s32 ci, i, {vocab - 1}; max.s32 ci, ci, 0;\n"
-                    f"mul.wide.u32 pa, ci, {row_bytes}; add.u64 pa, pa, $6;\n" + lines)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * (6 if prefetch else 5))
-  def publish(_, values, indices, nans, flag, slots, *table):
+  8 words a slot); a NaN seen sets ``flag_s[0]``."""
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 5)
+  def publish(_, values, indices, nans, flag, slots):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import llvm
     from wts_jax.pallas.row_words import thread_and_addresses
-    thread, shared, (slots_at, *table_at) = thread_and_addresses(
-        (values, indices, nans, flag), (slots, *table))
+    thread, shared, (slots_at,) = thread_and_addresses((values, indices, nans, flag),
+                                                       (slots,))
     llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [*shared, slots_at, thread, *table_at],
+        ir.Type.parse("!llvm.void"), [*shared, slots_at, thread],
         "{ .reg .pred p, q, r, s; .reg .f32 v, v2; .reg .b32 i, i2, n, n2, x, sa, base,"
         " hi, lo, bits, ci; .reg .b64 key, g, off, pa;\n"
-        + _publish_key_ptx(thread="$5", slots="$4", rows=rows, phases=phases,
-                           k_halves=k_halves)
-        + (prefetch_ptx if prefetch else "") + "}",
-        "r,r,r,r,l,r" + (",l" if prefetch else ""), has_side_effects=True)
+        + _publish_key_ptx(thread="$5", slots="$4", rows=rows, phases=phases) + "}",
+        "r,r,r,r,l,r", has_side_effects=True)
 
-  publish(value_s, index_s, nan_s, flag_s, slots_g,
-          *((prefetch_g,) if prefetch else ()))
+  publish(value_s, index_s, nan_s, flag_s, slots_g)
 
 
 def tokens_from_keys(slots_g, tok_s, tok_g, step, *, rows: int, vocab: int):
@@ -1226,80 +901,3 @@ def first_tokens(first_g, tok_s, flags_s, *, rows: int, vocab: int, status: int,
         "r,r,l,r", has_side_effects=True)
 
   load(first_g, tok_s, flags_s)
-
-
-def exchange_pairs(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, step, *,
-                   rows: int, phases: int, blocks: int, vocab: int, spin_limit: int,
-                   slot_bytes: int = 32, warp_polls: bool = False):
-  """The whole exchange in one pass, thread t < ``rows`` of the calling warpgroup:
-  request t's best over its warpgroups (as ``publish_bests``) ``red.max``ed into the
-  key of its pair in ``pairs_g`` (this step's: 32 bytes a request, the 64-bit key then a
-  64-bit count, zero at launch), then a releasing ``red.add`` of 1 to the count; then the
-  pair polled — key and count in one 16-byte load — until every block has counted (at
-  most ``spin_limit`` polls: then ``flag_s[2]`` = 1). The winner's row, clamped into
-  [0, V), goes to ``tok_s[t]`` and, in block 0, to ``tok_g[t, step]``. A NaN seen sets
-  ``flag_s[0]``. One round trip fewer than a grid counter then a read of the keys: the
-  count that says the key is final comes with the key. ``slot_bytes``: a request's pair
-  every 32 bytes, or 128 (a line of its own); ``warp_polls``: only the first warp polls,
-  lane l requests l and l + 32 (fewer pollers than requests)."""
-  label = "${:uid}"   # (LLVM's number of this asm instance: its labels are its own)
-
-  def token(key, thread, valid):
-    """Request ``thread``'s winner from its polled ``key`` (2^32 - 1 - the key's low word,
-    clamped into [0, V)) to ``tok_s`` and the tokens' output, where ``valid``."""
-    return (f"mov.b64 {{lo, hi}}, {key}; not.b32 i, lo;\n"
-            f"min.s32 i, i, {vocab - 1}; max.s32 i, i, 0;\n"
-            f"shl.b32 x, {thread}, 2; add.u32 sa, x, $4; @{valid} st.shared.b32 [sa], i;\n"
-            + _token_out_ptx(steps=tok_g.shape[1], out="$6", thread=thread, step="$8",
-                             valid=valid))
-  # Not every block in yet: poll again, at most ``spin_limit`` times (then the flag).
-  spin = ("add.u32 spins, spins, 1;\n"
-          f"setp.lt.u32 q, spins, {spin_limit};\n"
-          f"@q bra POLL{label};\n"
-          "mov.b32 x, 1; st.shared.b32 [$3+8], x;\n"
-          f"POLLED{label}:\n")
-  if warp_polls:
-    poll = (
-        "setp.lt.u32 w, $7, 32;\n"
-        f"@!w bra DONE{label};\n"
-        f"setp.lt.u32 p1, $7, {rows}; add.u32 t2, $7, 32; setp.lt.u32 p2, t2, {rows};\n"
-        f"mul.wide.u32 off, t2, {slot_bytes}; add.u64 g2, $5, off;\n"
-        f"mov.b64 count, {blocks}; mov.b64 count2, {blocks};\n"
-        f"POLL{label}:\n"
-        "@p1 ld.relaxed.gpu.global.v2.u64 {key, count}, [g];\n"
-        "@p2 ld.relaxed.gpu.global.v2.u64 {key2, count2}, [g2];\n"
-        f"setp.ge.u64 d1, count, {blocks}; setp.ge.u64 d2, count2, {blocks};\n"
-        "and.pred d1, d1, d2;\n"
-        f"@d1 bra POLLED{label};\n"
-        + spin + token("key", "$7", "p1") + token("key2", "t2", "p2") +
-        f"DONE{label}:\n")
-  else:
-    poll = (
-        f"@!p bra POLLED{label};\n"
-        f"POLL{label}:\n"
-        "ld.relaxed.gpu.global.v2.u64 {key, count}, [g];\n"
-        f"setp.ge.u64 q, count, {blocks};\n"
-        f"@q bra POLLED{label};\n"
-        + spin + token("key", "$7", "p"))
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 7 + (plgpu.Layout.WGMMA.reduce(1),))
-  def exchange(_, values, indices, nans, flag, pairs, tokens, token_out, step_rows):
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import llvm
-    from wts_jax.pallas.row_words import thread_and_addresses
-    thread, shared, (pairs_at, out_at) = thread_and_addresses(
-        (values, indices, nans, flag, tokens), (pairs, token_out))
-    llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [*shared, pairs_at, out_at, thread,
-                                      _scalar(step_rows)],
-        "{ .reg .pred p, q, r, s, w, p1, p2, d1, d2; .reg .f32 v, v2; .reg .b32 i, i2, n,"
-        " n2, x, sa, base, hi, lo, bits, spins, ctaid, t2;"
-        " .reg .b64 key, g, off, count, one, key2, count2, g2;\n"
-        + _publish_key_ptx(thread="$7", slots="$5", rows=rows, phases=phases,
-                           slot_bytes=slot_bytes) +
-        "mov.b64 one, 1;\n"
-        "@p red.release.gpu.global.add.u64 [g+8], one;\n"
-        "mov.b32 spins, 0;\n" + poll + "}",
-        "r,r,r,r,r,l,l,r,r", has_side_effects=True)
-
-  exchange(value_s, index_s, nan_s, flag_s, pairs_g, tok_s, tok_g, row_array(step))

@@ -42,7 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from wts_jax.int8_state import k_halves_fragment_ordered, thread_rows_ordered
+from wts_jax.int8_state import thread_rows_ordered
 from wts_jax.output import (KERNEL_STATUS_BITS, STATUS_NAN_LOGITS, STATUS_SYNC_TIMEOUT,
                             STATUS_TOKEN_OUT_OF_RANGE)
 from wts_jax.pallas import grid_sync
@@ -51,13 +51,9 @@ from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES, chun
 from wts_jax.pallas.mosaic_walk import _interpret_params, _w2_transforms
 
 WARPGROUPS = 4
-# ``StackedSpec.timing_ablation="narrow_mma"``: a tile's W2 rows its WGMMA still reads.
+# ``StackedLab.timing_ablation="narrow_mma"``: a tile's W2 rows its WGMMA still reads.
 NARROW_MMA_ROWS = 16
 MAX_BATCH = 2 * sp.REQUESTS
-# ``StackedPlan.k_halves``: the rows whose planes over two halves of K fill the 64.
-K_HALVES_MAX_BATCH = sp.REQUESTS // 2
-# A step's exchange slots: 32 bytes a request, or a 128-byte line (``"warp_pairs"``).
-_LINE_WORDS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +68,6 @@ class StackedPlan:
   request_blocks: int         # blocks of 32 requests: 1 (B <= 32) or 2
   resident: tuple[int, ...]   # a phase's resident tiles
   ring_stages: int
-  # Who loads z's fragments: "own": every warpgroup its own (the same rows read from the
-  # L2 once a warpgroup); "shared": the warpgroups serving the same requests each load
-  # a share into shared memory (``stacked_planes.STAGE_BYTES`` a block of requests),
-  # meet at a barrier and read all of it back (W1 in fragment order, GPU only;
-  # measured no faster: NOTES v31).
-  z_loads: str = "own"
   # The base logits: 0, loaded into registers a tile ahead (a WGMMA's register fence
   # then waits for them); 2 or 3, copied by ``cp.async`` into that many slots a
   # warpgroup (``stacked_planes.BASE_SLOT_BYTES`` each), ``base_slots - 1`` tiles
@@ -90,25 +80,8 @@ class StackedPlan:
   # overwrites: their reads precede their WGMMA's register fence). V a multiple of 8
   # (the TMA's row stride).
   base_copies: str = "threads"
-  # The request warps a warpgroup's async slot holds words for: 4, or at B <= 24 the
-  # live ones only (``stacked_planes.base_slot_bytes``), which leaves room for more
-  # resident tiles; the threads of the others copy nothing and their warps must not
-  # fold (``StackedSpec.skip_idle_warps``). No faster at B 1 or 16 (NOTES v34): 4.
-  base_warps: int = 4
-  # B <= 16: each tile's products as four 2:4-sparse WGMMAs on the k-halves operand
-  # (``stacked_planes.k_halves_product``: 16 requests' planes over each half of K on the 64
-  # rows, half the MACs), a request's halves joined through shared memory
-  # (``stacked_planes.K_HALVES_EXCHANGE_BYTES`` a warpgroup). GPU reads W1 as
-  # ``int8_state.k_halves_fragment_ordered``.
-  k_halves: bool = False
 
   def __post_init__(self):
-    if self.k_halves and (self.request_blocks != 1 or self.z_loads != "own"
-                          or self.base_warps != 4 or self.base_copies != "threads"):
-      raise ValueError("k_halves: one block of requests (B <= 16), each warpgroup's own z, "
-                       "base copies by the threads into slots of every request warp")
-    if self.z_loads not in ("own", "shared"):
-      raise ValueError(f"z_loads={self.z_loads!r} must be 'own' or 'shared'")
     if self.base_slots not in (0, 2, 3, 4):
       raise ValueError(f"base_slots={self.base_slots} must be 0, 2, 3 or 4")
     if self.base_copies not in ("threads", "tma"):
@@ -116,10 +89,6 @@ class StackedPlan:
     if self.base_copies == "tma" and (not self.base_slots or self.vocab_size % 8):
       raise ValueError(f"base_copies='tma' needs base slots (base_slots={self.base_slots}) "
                        f"and V a multiple of 8 (vocab_size={self.vocab_size})")
-    if not 1 <= self.base_warps <= 4 or (self.base_warps < 4 and (
-        self.base_copies != "threads" or not self.base_slots or self.request_blocks != 1)):
-      raise ValueError(f"base_warps={self.base_warps}: 1 to 4, below 4 only for async "
-                       "base copies into slots (base_copies='threads') at B <= 32")
     if self.request_blocks not in (1, 2):
       raise ValueError(f"request_blocks={self.request_blocks} must be 1 or 2")
     if len(self.resident) != self.phases:
@@ -170,11 +139,8 @@ class StackedPlan:
     return (f"stacked int8-planes walk: {self.num_blocks} blocks × {self.tiles} tiles of 64 "
             f"rows, {self.phases} phases, resident {list(self.resident)}, "
             f"{self.ring_stages}-slot rings"
-            + (", z staged in shared memory" if self.z_loads == "shared" else "")
             + (f", base logits by {'TMA' if self.base_copies == 'tma' else 'async'} "
-               f"copies into {self.base_slots} slots" if self.base_slots else "")
-            + (f" of {self.base_warps} request warps" if self.base_warps < 4 else "")
-            + (", K halves on 2:4-sparse WGMMAs" if self.k_halves else ""))
+               f"copies into {self.base_slots} slots" if self.base_slots else ""))
 
 
 def tile_bytes(rank: int) -> int:
@@ -183,7 +149,7 @@ def tile_bytes(rank: int) -> int:
 
 def fixed_smem_bytes(tiles: int, z_stage_bytes: int = 0) -> int:
   """Shared memory besides W2: the block's row scales, the warpgroups' bests, the
-  tokens and the flags, and a staged z's bytes (each allocation on its own 1 KB)."""
+  tokens and the flags, and the base slots' bytes (each allocation on its own 1 KB)."""
   def aligned(n):
     return -(-n // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
   return (aligned(tiles * sp.TILE * 4) + 3 * aligned(WARPGROUPS * sp.REQUESTS * 4)
@@ -192,19 +158,15 @@ def fixed_smem_bytes(tiles: int, z_stage_bytes: int = 0) -> int:
 
 def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  smem_per_block: int, ring_stages: int | None = None,
-                 resident: int | None = None, z_loads: str = "own",
-                 base_slots: int = 0, base_copies: str = "threads",
-                 base_warps: int = 4, k_halves: bool = False) -> StackedPlan:
+                 resident: int | None = None, base_slots: int = 0,
+                 base_copies: str = "threads") -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
   (by default one at B <= 32; above, where two warpgroups share a phase's ring, two, or
   one with the base logits by TMA: measured, NOTES v32),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
-  at most what fits. ``z_loads``, ``base_slots``, ``base_copies``, ``base_warps``,
-  ``k_halves``: ``StackedPlan``'s."""
+  at most what fits. ``base_slots``, ``base_copies``: ``StackedPlan``'s."""
   if not 1 <= batch <= MAX_BATCH:
     raise ValueError(f"batch={batch}: the stacked walk takes 1 to {MAX_BATCH} rows")
-  if k_halves and batch > K_HALVES_MAX_BATCH:
-    raise ValueError(f"k_halves: at most {K_HALVES_MAX_BATCH} rows (batch={batch})")
   if rank % 32 or vocab_size % 2 or vocab_size < sp.TILE:
     raise ValueError(f"rank={rank}, vocab_size={vocab_size}: the stacked walk needs r a "
                      "multiple of 32 and an even V of at least 64")
@@ -214,9 +176,7 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
   default_stages = 1 if request_blocks == 1 or base_copies == "tma" else 2
   stages = default_stages if ring_stages is None else ring_stages
   counts = [len(range(p, tiles, phases)) for p in range(phases)]
-  stage = ((request_blocks * sp.STAGE_BYTES if z_loads == "shared" else 0)
-           + WARPGROUPS * base_slots * sp.base_slot_bytes(base_warps)
-           + (WARPGROUPS * sp.K_HALVES_EXCHANGE_BYTES if k_halves else 0))
+  stage = WARPGROUPS * base_slots * sp.BASE_SLOT_BYTES
   room = ((smem_per_block - SMEM_RESERVED_BYTES - fixed_smem_bytes(tiles, stage))
           // tile_bytes(rank))
   fit = room - stages * phases
@@ -234,8 +194,43 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
     share[p] += 1
   return StackedPlan(vocab_size=vocab_size, rank=rank, num_blocks=num_blocks, tiles=tiles,
                      request_blocks=request_blocks, resident=tuple(share),
-                     ring_stages=stages, z_loads=z_loads, base_slots=base_slots,
-                     base_copies=base_copies, base_warps=base_warps, k_halves=k_halves)
+                     ring_stages=stages, base_slots=base_slots, base_copies=base_copies)
+
+
+@dataclasses.dataclass(frozen=True)
+class StackedLab:
+  """What only tools/ set on a stacked launch (``tools/stacked_probe.py``).
+
+  profile_dir, profile_space: Mosaic GPU's profiler over the kernel's named regions.
+  timing_ablation (timing only; the tokens are wrong): "fold", a tile's fold cut to its
+    first column pair; "base", no base logits loaded (with base slots: none copied, the
+    fold reads the slots as they are); "mma", no WGMMA issued (the accumulators stay
+    zero); "narrow_mma" (GPU), each tile's WGMMA on its first ``NARROW_MMA_ROWS`` rows
+    only and only their logits folded: the same chain of WGMMAs a tile on the same
+    gathered z, a quarter of the tensor cores' work. What a walk would gain were that
+    work free.
+  prefetch_base: each step's base logits (the block's columns of every request)
+    prefetched into the L2 a step ahead by the last warpgroup
+    (``stacked_planes.prefetch_base``; faster alone at B 16, slower at B 64:
+    ``docs/decisions.md``).
+  base_vector_reads: with ``w2_order="thread_rows"`` and the threads' async base copies,
+    the fold reads a thread's 32 bytes of base logits as two 16-byte loads, not eight
+    4-byte ones (TMA slots always read them so). Not measured.
+  dependent_launch (GPU, jax >= 0.11): the kernel starts with ``griddepcontrol.wait``,
+    so XLA launches it as a programmatic dependent launch (its blocks placed while the
+    op before it ends, waiting there before reading any operand). Not measured.
+  """
+  profile_dir: str = ""
+  profile_space: int = 0
+  timing_ablation: str = ""
+  prefetch_base: bool = False
+  base_vector_reads: bool = False
+  dependent_launch: bool = False
+
+  def __post_init__(self):
+    if self.timing_ablation not in ("", "fold", "base", "mma", "narrow_mma"):
+      raise ValueError(f"timing_ablation={self.timing_ablation!r} must be one of '', "
+                       "'fold', 'base', 'mma', 'narrow_mma'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,61 +246,14 @@ class StackedSpec:
   # ``row_offset``: this launch's first row in the walk (the noise's row index).
   greedy: bool = True
   row_offset: int = 0
-  profile_dir: str = ""     # Mosaic GPU's profiler: the kernel's named regions
-  profile_space: int = 0
-  # Pallas's automatic warpgroup barriers around branches and shared-memory accesses;
-  # False: none (every cross-thread hand-over here is an mbarrier or ``commit_smem``),
-  # measured no faster (NOTES v29), so kept.
-  auto_barriers: bool = True
-  # "counter": the keys, then a grid counter, then the keys read back (``grid_sync``);
-  # "pairs": each request's key and count polled in one load (``exchange_pairs``),
-  # measured slower (NOTES v29); "warp_pairs": the same with each request's pair on a
-  # 128-byte line of its own, polled by the first warp only (the public kernel's form;
-  # measured no faster: NOTES v31).
-  exchange: str = "counter"
-  # The NaN check: "value": the running best itself kept by a NaN-propagating maximum
-  # (a NaN then wins the exchange, flagged); "witness": a NaN-propagating maximum
-  # carried beside the best (a register and two instructions a logit more, measured
-  # slower: NOTES v30).
-  nan_check: str = "value"
-  # A shared ring's slot (B > 32): "released": refilled by the issuer once both
-  # warpgroups have released it (it waits for the other); "deferred": refilled at the
-  # issuer's next streamed tile, when the other has most likely released it long since
-  # (measured no faster: NOTES v30).
-  refill: str = "released"
-  # Who refills a shared ring's slots: "first": the phase's first warpgroup, every
-  # slot; "dealt": even slots the first, odd ones the second (each slot's free barrier
-  # still waited by one warpgroup), so the copies' issue is split between the two.
-  ring_issuers: str = "first"
-  # Each block's candidate's W1 row prefetched into the L2 as its key is published, so
-  # the winner's row is on its way during the grid sync (measured no faster: NOTES v31).
-  prefetch_candidates: bool = False
-  # Each step's base logits (the block's columns of every request) prefetched into the
-  # L2 a step ahead, by the last warpgroup (``stacked_planes.prefetch_base``; faster
-  # alone at B 16, slower at B 64, where a step's base logits crowd W2 out of the L2:
-  # NOTES v31).
-  prefetch_base: bool = False
   # W1's planes as given ("rows") or ``int8_state.fragment_ordered`` ("fragments": a
   # thread's share of a row by 16-byte loads; GPU only; ``W1Planes.fragments``).
   w1_order: str = "rows"
   # W2 as given ("rows") or ``int8_state.thread_rows_ordered`` ("thread_rows", V a
   # multiple of 64, the base logits in slots on the GPU): a thread's 16 columns of a tile
   # are 16 consecutive rows, so its base logits are two 16-byte copies, not eight of 4
-  # bytes (by TMA: one copy a tile as before, the fold's reads two 16-byte loads; not
-  # yet measured, NOTES v35).
+  # bytes (by TMA: one copy a tile as before, the fold's reads two 16-byte loads).
   w2_order: str = "rows"
-  # With ``w2_order="thread_rows"`` and the threads' async base copies: the fold reads a
-  # thread's 32 bytes of base logits as two 16-byte loads, not eight 4-byte ones (TMA
-  # slots always read them so). Unmeasured: off.
-  base_vector_reads: bool = False
-  # Timing only (``tools/stacked_probe.py``; the tokens are wrong): "fold", a tile's
-  # fold cut to its first column pair; "base", no base logits loaded (with base slots:
-  # none copied, the fold reads the slots as they are); "mma", no WGMMA issued (the
-  # accumulators stay zero); "narrow_mma" (GPU), each tile's WGMMA on its first
-  # ``NARROW_MMA_ROWS`` rows only and only their logits folded: the same chain of
-  # WGMMAs a tile on the same gathered z (its loads still waited for), a quarter of the
-  # tensor cores' work. What a walk would gain were that work free.
-  timing_ablation: str = ""
   # GPU only. ``rotate_warps``: warp w of warpgroup g serves the requests of warp
   # (w + g) % 4 of a block of 32 (``stacked_planes._request_warp``), so a partly filled
   # block's live requests fall on every warp scheduler, not the first ones of each
@@ -313,30 +261,19 @@ class StackedSpec:
   # nothing.
   rotate_warps: bool = False
   skip_idle_warps: bool = False
-  # GPU, jax >= 0.11: the kernel starts with ``griddepcontrol.wait``, so XLA launches it
-  # as a programmatic dependent launch: its blocks are placed while the op before it
-  # ends and wait there before reading any operand (on jax 0.10 the wait is a no-op).
-  dependent_launch: bool = False
   # The walk's status: "flags", a word a warpgroup, OR-reduced by an XLA op after the
   # launch; "kernel", reduced in the kernel: before its last step's grid signal each
   # block adds one to a zeroed global counter a status bit it holds
   # (``output.KERNEL_STATUS_BITS``), and block 0, past that step's barrier, ORs the
-  # counters' bits into its own status and writes the one word. No op after the kernel. (A block's own time-out in the
-  # last step's wait is block 0's to report only: the tokens are block 0's.)
+  # counters' bits into its own status and writes the one word. No op after the kernel.
+  # (A block's own time-out in the last step's wait is block 0's to report only: the
+  # tokens are block 0's.)
   status: str = "flags"
-  # GPU only. Each tile's WGMMA in ``mma_parts`` (1, 2 or 4) of its rows, each its own
-  # commit group and accumulator (32 accumulator registers a thread in all, as one):
-  # each part's logits are folded while the later parts' products run on the tensor
-  # cores. Slower than whole tiles at every B measured (NOTES v34): off.
-  mma_parts: int = 1
+  # Measurement and profiling options that only tools/ set.
+  lab: StackedLab = StackedLab()
 
   def __post_init__(self):
-    for name, allowed in (("exchange", ("counter", "pairs", "warp_pairs")),
-                          ("timing_ablation", ("", "fold", "base", "mma", "narrow_mma")),
-                          ("nan_check", ("witness", "value")),
-                          ("refill", ("released", "deferred")),
-                          ("ring_issuers", ("first", "dealt")),
-                          ("w1_order", ("rows", "fragments", "k_halves")),
+    for name, allowed in (("w1_order", ("rows", "fragments")),
                           ("w2_order", ("rows", "thread_rows")),
                           ("status", ("flags", "kernel"))):
       value = getattr(self, name)
@@ -344,52 +281,17 @@ class StackedSpec:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}")
     if self.interpret and self.w1_order != "rows":
       raise ValueError(f"w1_order={self.w1_order!r}: the interpreted gather reads W1's rows")
-    if not self.interpret and (self.w1_order == "k_halves") != self.plan.k_halves:
-      raise ValueError(f"w1_order={self.w1_order!r} with k_halves={self.plan.k_halves}: "
-                       "the k-halves walk reads W1 as k_halves_fragment_ordered, only it")
     if self.w2_order == "thread_rows" and (
-        self.plan.vocab_size % sp.TILE or self.plan.k_halves or (not self.interpret and (
-            not self.plan.base_slots or self.plan.base_warps != 4
-            or (self.plan.base_copies == "tma" and self.mma_parts > 1)))):
+        self.plan.vocab_size % sp.TILE or (not self.interpret and not self.plan.base_slots)):
       raise ValueError("w2_order='thread_rows': V a multiple of 64 (V="
-                       f"{self.plan.vocab_size}), dense tiles, and on the GPU the base "
-                       "logits in slots of every request warp (by TMA: whole tiles, "
-                       "mma_parts=1)")
-    if self.base_vector_reads and (self.w2_order != "thread_rows" or self.mma_parts > 1):
-      raise ValueError("base_vector_reads: W2 in its threads' rows, whole tiles")
-    if self.plan.k_halves and not self.interpret and not self.plan.base_slots:
-      raise ValueError("k_halves on the GPU: base logits in slots (base_slots), whose "
-                       "words a warp's half of the columns reads")
-    if self.plan.k_halves and (self.rotate_warps or self.exchange != "counter"
-                               or self.mma_parts > 1 or self.timing_ablation == "narrow_mma"):
-      raise ValueError("k_halves: its warps' requests are its own (no rotate_warps), the "
-                       "counter exchange, whole tiles (mma_parts=1), no narrow_mma")
-    if self.mma_parts not in (1, 2, 4):
-      raise ValueError(f"mma_parts={self.mma_parts!r} must be 1, 2 or 4")
-    if self.interpret and self.timing_ablation == "narrow_mma":
+                       f"{self.plan.vocab_size}) and on the GPU the base logits in slots")
+    if self.lab.base_vector_reads and self.w2_order != "thread_rows":
+      raise ValueError("base_vector_reads: W2 in its threads' rows")
+    if self.interpret and self.lab.timing_ablation == "narrow_mma":
       raise ValueError("timing_ablation='narrow_mma': GPU only")
-    if self.timing_ablation == "narrow_mma" and self.mma_parts > 1:
-      raise ValueError("timing_ablation='narrow_mma' takes each tile's WGMMA whole "
-                       f"(mma_parts={self.mma_parts})")
-    if self.interpret and self.mma_parts > 1:
-      raise ValueError("mma_parts > 1: GPU only (the interpreted fold takes the whole tile)")
     if self.interpret and (self.rotate_warps or self.skip_idle_warps):
       raise ValueError("rotate_warps, skip_idle_warps: GPU only (the interpreted walk "
                        "has no warps)")
-    if self.rotate_warps and self.plan.z_loads == "shared":
-      raise ValueError("rotate_warps: a staged z (z_loads='shared') is one operand for "
-                       "all warpgroups")
-    live_warps = -(-min(self.batch, sp.REQUESTS) // 8)
-    if self.plan.base_warps < 4 and (not self.skip_idle_warps
-                                     or self.plan.base_warps < live_warps):
-      raise ValueError(f"base_warps={self.plan.base_warps}: the slots must hold every "
-                       f"live request warp ({live_warps} at B {self.batch}) and the "
-                       "others must skip their fold (skip_idle_warps)")
-    if self.status == "kernel" and self.exchange != "counter":
-      raise ValueError(f"status='kernel' counts the blocks' status bits beside the "
-                       f"counter exchange's barrier, not exchange={self.exchange!r}")
-    if self.plan.z_loads == "shared" and self.w1_order != "fragments":
-      raise ValueError("z_loads='shared' stages W1 in fragment order (w1_order='fragments')")
 
 
 def w2_operand(spec: StackedSpec, operands: dict):
@@ -403,14 +305,7 @@ def w2_operand(spec: StackedSpec, operands: dict):
 
 def w1_planes_operand(spec: StackedSpec, operands: dict):
   """W1's planes in the order ``spec`` reads them, from ``head_operands.serial_operands``
-  (the head carries the rows and the fragment order; the k-halves order is made here
-  when the operands lack it: a copy of W1's planes)."""
-  if spec.w1_order == "k_halves":
-    if "w1_k_halves" in operands:
-      return operands["w1_k_halves"]
-    planes = operands["w1_planes"]
-    return k_halves_fragment_ordered(planes.reshape(planes.shape[0] // 2, -1)).reshape(
-        planes.shape)
+  (the head carries the rows and the fragment order)."""
   return operands["w1_fragments" if spec.w1_order == "fragments" else "w1_planes"]
 
 
@@ -422,9 +317,8 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
     rows = min(MAX_BATCH, spec.batch - first)
     plan = plan_stacked(vocab_size=spec.plan.vocab_size, rank=spec.plan.rank, batch=rows,
                         num_blocks=spec.plan.num_blocks, smem_per_block=spec.smem_per_block,
-                        ring_stages=spec.ring_stages, z_loads=spec.plan.z_loads,
-                        base_slots=spec.plan.base_slots,
-                        base_copies=spec.plan.base_copies, k_halves=spec.plan.k_halves)
+                        ring_stages=spec.ring_stages, base_slots=spec.plan.base_slots,
+                        base_copies=spec.plan.base_copies)
     parts.append((slice(first, first + rows),
                   dataclasses.replace(spec, plan=plan, batch=rows,
                                       row_offset=spec.row_offset + first)))
@@ -432,18 +326,13 @@ def row_launches(spec: StackedSpec) -> list[tuple[slice, StackedSpec]]:
 
 
 def _kernel(*refs, spec: StackedSpec):
-  if spec.dependent_launch and not spec.interpret:
+  lab = spec.lab
+  if lab.dependent_launch and not spec.interpret:
     plgpu.griddepcontrol_wait()   # (before any operand is read)
   inputs = 6 if spec.greedy else 9   # (a sampled walk: score scales, noise, seed)
   w2_g, w2_scale_g, base_g, w1_g, s_lo_g, first_g, *sampling_g = refs[:inputs]
   (tok_g, status_g, w_s, scale_s, tok_s, best_value_s, best_index_s, best_nan_s, nan_s,
    res_bar, ring_bar, free_bar, scale_bar, step_bar, tok_bar, *extra_scratch) = refs[inputs:]
-  halves_on_gpu = spec.plan.k_halves and not spec.interpret
-  exchange_s = extra_scratch[-1] if halves_on_gpu else None   # (the last scratch)
-  extra_scratch = extra_scratch[:-1] if halves_on_gpu else extra_scratch
-  staged = spec.plan.z_loads == "shared"
-  z_s, z_bar = extra_scratch[:2] if staged else (None, None)
-  extra_scratch = extra_scratch[2:] if staged else extra_scratch
   base_slots = 0 if spec.interpret else spec.plan.base_slots
   by_tma = bool(base_slots) and spec.plan.base_copies == "tma"
   copies_ahead = max(1, base_slots - 1)   # tiles ahead a tile's base logits are fetched
@@ -451,10 +340,9 @@ def _kernel(*refs, spec: StackedSpec):
   base_bar = extra_scratch[1] if by_tma else None
   interpreted = extra_scratch[1 + by_tma:] if base_slots else extra_scratch
   plan, steps, batch = spec.plan, spec.steps, spec.batch
-  # (the warps' requests: rotated, or the k-halves walk's, ``stacked_planes.K_HALVES``)
-  rotate = sp.K_HALVES if plan.k_halves else spec.rotate_warps
-  no_base = spec.timing_ablation == "base"   # (timing only: no base logits fetched)
-  narrow = spec.timing_ablation == "narrow_mma"   # (timing only: a quarter of the WGMMA)
+  rotate = spec.rotate_warps   # (the warps' requests rotated)
+  no_base = lab.timing_ablation == "base"   # (timing only: no base logits fetched)
+  narrow = lab.timing_ablation == "narrow_mma"   # (timing only: a quarter of the WGMMA)
   partly_filled = batch < plan.request_blocks * sp.REQUESTS   # (rows past the batch)
   # (the fold skips a warp past the batch where the batch leaves one)
   live_rows = batch if spec.skip_idle_warps and partly_filled else None
@@ -463,8 +351,7 @@ def _kernel(*refs, spec: StackedSpec):
   block = lax.axis_index("blocks")
   wg = lax.axis_index("wg")
   leader = wg == 0
-  warp_pairs = spec.exchange == "warp_pairs"
-  step_words = MAX_BATCH * (_LINE_WORDS if warp_pairs else grid_sync.KEY_ROW_WORDS)
+  step_words = MAX_BATCH * grid_sync.KEY_ROW_WORDS
   # The keys first: the first global allocation starts the zeroed buffer, so its
   # 64-bit slots are aligned (grid_sync).
   keys_g = (None if interpret else
@@ -485,7 +372,6 @@ def _kernel(*refs, spec: StackedSpec):
     res, streamed, base_slot = plan.resident[p], plan.streamed(p), plan.slot_base(p)
     issuer = wg == p   # the phase's warpgroup of request block 0 issues its copies
     shared_ring = plan.request_blocks > 1
-    deferred = shared_ring and spec.refill == "deferred"
 
     count = len(order)
 
@@ -518,7 +404,7 @@ def _kernel(*refs, spec: StackedSpec):
         copy_entry(entry)
 
     # The base logits' L2 prefetch (``prefetch_base``): by the last warpgroup.
-    prefetches = spec.prefetch_base and not interpret and p == phases - 1
+    prefetches = lab.prefetch_base and not interpret and p == phases - 1
 
     def prefetch(step, due=None):
       mine = wg == WARPGROUPS - 1
@@ -549,7 +435,7 @@ def _kernel(*refs, spec: StackedSpec):
         if base_slots:
           return sp.copy_base(base_g, base_s, lax.rem(ordinal, base_slots), step, block,
                               tile, tiles=tiles, vocab=vocab, batch=batch, phases=phases,
-                              slots=base_slots, rotate=rotate, warps=plan.base_warps,
+                              slots=base_slots, rotate=rotate,
                               thread_rows=spec.w2_order == "thread_rows")
         return sp.load_base(base_g, step, block, tile, tiles=tiles, vocab=vocab,
                             batch=batch, phases=phases, wg=wg, interpret=interpret,
@@ -566,17 +452,9 @@ def _kernel(*refs, spec: StackedSpec):
       if prefetches:
         prefetch(step + 1, step + 1 < steps)
       with jax.named_scope("gather"):
-        if staged:   # (the phase is this warpgroup's share of the 8 loads)
-          sp.stage_z(tok_s, w1_g, z_s, rank=rank, phases=phases,
-                     loads=range(p, 8, phases))
-          request_block = lax.div(wg, phases)
-          plgpu.barrier_arrive(z_bar.at[request_block])
-          plgpu.barrier_wait(z_bar.at[request_block])
         a, s_lo = sp.gather(tok_s, w1_g, s_lo_g, rank=rank, phases=phases, wg=wg,
                             interpret=interpret,
-                            fragment_order=spec.w1_order in ("fragments", "k_halves"),
-                            z_s=z_s,
-                            rotate=rotate)
+                            fragment_order=spec.w1_order == "fragments", rotate=rotate)
       if interpret:   # (interpreted, a WGMMA reads no registers: the tile)
         interpreted[0][wg] = a
         a = interpreted[0].at[wg]
@@ -623,88 +501,50 @@ def _kernel(*refs, spec: StackedSpec):
         def fold(acc, best, pending, pairs=(0, sp.TILE // 8)):
           with jax.named_scope("fold"):
             return sp.fold_tile(acc, pending, s_lo, scale_s.at[tile], best, start(tile),
-                                interpret=interpret, nan_in_value=spec.nan_check == "value",
-                                column_pairs=1 if spec.timing_ablation == "fold" else None,
+                                interpret=interpret,
+                                column_pairs=1 if lab.timing_ablation == "fold" else None,
                                 base_s=base_s, slots=base_slots,
                                 copies_pending=copies_ahead, tma_slots=by_tma,
                                 rotate=rotate, live_rows=live_rows, phases=phases,
-                                sampled=sampled, pairs=pairs, base_warps=plan.base_warps,
+                                sampled=sampled, pairs=pairs,
                                 thread_rows=spec.w2_order == "thread_rows",
-                                vector_reads=spec.base_vector_reads)
+                                vector_reads=lab.base_vector_reads)
 
-        def product(*acc_refs):
-          parts = len(acc_refs)
-          width, part_pairs = sp.TILE // parts, sp.TILE // 8 // parts
-          if spec.timing_ablation != "mma":
+        def product(acc_ref):
+          if lab.timing_ablation != "mma":
             with jax.named_scope("mma"):
-              for h, acc_ref in enumerate(acc_refs):
-                tile_rows = (w_s.at[w_index, pl.ds(0, NARROW_MMA_ROWS)] if narrow else
-                             w_s.at[w_index] if parts == 1 else
-                             w_s.at[w_index, pl.ds(h * width, width)])
-                plgpu.wgmma(acc_ref, a, tile_rows.T)
+              tile_rows = (w_s.at[w_index, pl.ds(0, NARROW_MMA_ROWS)] if narrow else
+                           w_s.at[w_index])
+              plgpu.wgmma(acc_ref, a, tile_rows.T)
           # The next tile's (the next step's first after the last), or with async
           # copies the one ``copies_ahead`` on (by TMA: once the WGMMA is done).
           upcoming = None if by_tma else base_of(step * count + position + copies_ahead)
-          if parts == 1:
-            with jax.named_scope("mma_wait"):
-              return plgpu.wgmma_accumulator_load(acc_refs[0]), upcoming, None
-          # Each part but the last folded while the later parts' WGMMAs run.
-          base_now, part_best = tile_base(pending), best
-          for h in range(parts - 1):
-            with jax.named_scope("mma_wait"):
-              part = plgpu.wgmma_accumulator_load(acc_refs[h], wait_n=parts - 1 - h)
-            part_best = fold(part, part_best, base_now, pairs=(h * part_pairs, part_pairs))
           with jax.named_scope("mma_wait"):
-            return (plgpu.wgmma_accumulator_load(acc_refs[-1]), upcoming,
-                    (part_best, base_now))
-        parts = spec.mma_parts
-        if halves_on_gpu:   # the next tile's base copies first: the product waits inside
-          upcoming = None if by_tma else base_of(step * count + position + copies_ahead)
-          with jax.named_scope("mma"):
-            acc = sp.k_halves_product(a, w_s.at[w_index],
-                                      tile_transforms=_w2_transforms(1, rank),
-                                      issue=spec.timing_ablation != "mma")
-          with jax.named_scope("halves"):
-            acc = sp.k_halves_join(acc, exchange_s, lax.rem(step * count + position, 2))
-          folded_parts = None
-        else:
-          acc, upcoming, folded_parts = pl.run_scoped(
-              product, *[plgpu.ACC((2 * sp.REQUESTS, NARROW_MMA_ROWS if narrow
-                                    else sp.TILE // parts), jnp.int32)] * parts)
+            return plgpu.wgmma_accumulator_load(acc_ref), upcoming
+        acc, upcoming = pl.run_scoped(
+            product, plgpu.ACC((2 * sp.REQUESTS, NARROW_MMA_ROWS if narrow else sp.TILE),
+                               jnp.int32))
         if by_tma:
           base_of(step * count + position + copies_ahead)
         if streamed:   # the slot read (its WGMMA waited for): refill it
           total = steps * streamed
           refill_due = jnp.logical_and(is_streamed, entry + stages < total)
-          # Deferred (a shared ring): this tile refills the slot of the entry before.
-          refilled = entry - 1 if deferred else entry
           refill_now = jnp.logical_and(
-              is_streamed, jnp.logical_and(refilled >= 0, refilled + stages < total))
+              is_streamed, jnp.logical_and(entry >= 0, entry + stages < total))
 
           def refill():
             if shared_ring:
               with jax.named_scope("free_wait"):
-                plgpu.barrier_wait(free_bar.at[p * stages + ring_slot(refilled)])
-            copy_entry(refilled + stages)
+                plgpu.barrier_wait(free_bar.at[p * stages + ring_slot(entry)])
+            copy_entry(entry + stages)
           if shared_ring:   # (only where a refill follows: no arrival left unobserved)
             pl.when(refill_due)(functools.partial(
                 plgpu.barrier_arrive, free_bar.at[p * stages + slot]))
           with jax.named_scope("refill"):
-            if shared_ring and spec.ring_issuers == "dealt":
-              owner = jnp.where(ring_slot(refilled) % 2 == 0, p, p + phases)
-              refills_here = wg == owner
-            else:
-              refills_here = issuer
-            pl.when(jnp.logical_and(refills_here, refill_now))(refill)
-        if parts > 1:   # (the tile's base waited for before the first part)
-          best, pending = folded_parts
-          last = sp.TILE // 8 // parts
-          best = fold(acc, best, pending, pairs=(sp.TILE // 8 - last, last))
-        else:
-          pending = tile_base(pending)
-          best = fold(acc, best, pending,
-                      **(dict(pairs=(0, NARROW_MMA_ROWS // 8)) if narrow else
-                         dict(pairs=(0, sp.TILE // 16)) if halves_on_gpu else {}))
+            pl.when(jnp.logical_and(issuer, refill_now))(refill)
+        pending = tile_base(pending)
+        best = fold(acc, best, pending,
+                    **(dict(pairs=(0, NARROW_MMA_ROWS // 8)) if narrow else {}))
         return best, pending if by_tma else upcoming
 
       best, pending = lax.fori_loop(0, count, tile_body,
@@ -774,29 +614,17 @@ def _kernel(*refs, spec: StackedSpec):
       tok_g[:, step] = tokens[:batch]
     else:
       step_slots = keys_g.at[pl.ds(step * step_words, step_words)]
-      if spec.exchange != "counter":
-        with jax.named_scope("pairs"):
-          sp.exchange_pairs(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
-                            tok_s, tok_g, step, rows=batch, phases=phases,
-                            blocks=plan.num_blocks, vocab=vocab,
-                            spin_limit=spec.spin_limit,
-                            slot_bytes=4 * (_LINE_WORDS if warp_pairs
-                                            else grid_sync.KEY_ROW_WORDS),
-                            warp_polls=warp_pairs)
-      else:
-        with jax.named_scope("publish"):
-          sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
-                           rows=batch, phases=phases,
-                           prefetch_g=w1_g if spec.prefetch_candidates else None,
-                           k_halves=plan.k_halves)
-        if status_in_kernel:   # (released by the step's signal below)
-          pl.when(step == steps - 1)(functools.partial(count_status_bits, flags))
-        with jax.named_scope("grid_sync"):
-          timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
-                                                spin_limit=spec.spin_limit)
-        flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
-        with jax.named_scope("tokens"):
-          sp.tokens_from_keys(step_slots, tok_s, tok_g, step, rows=batch, vocab=vocab)
+      with jax.named_scope("publish"):
+        sp.publish_bests(best_value_s, best_index_s, best_nan_s, nan_s, step_slots,
+                         rows=batch, phases=phases)
+      if status_in_kernel:   # (released by the step's signal below)
+        pl.when(step == steps - 1)(functools.partial(count_status_bits, flags))
+      with jax.named_scope("grid_sync"):
+        timed_out = grid_sync.signal_and_poll(sem, plan.num_blocks, step,
+                                              spin_limit=spec.spin_limit)
+      flags = flags | jnp.where(timed_out > 0, STATUS_SYNC_TIMEOUT, 0)
+      with jax.named_scope("tokens"):
+        sp.tokens_from_keys(step_slots, tok_s, tok_g, step, rows=batch, vocab=vocab)
     with jax.named_scope("tokens"):
       plgpu.commit_smem()
       pl.when(step + 1 < steps)(functools.partial(plgpu.barrier_arrive, tok_bar))
@@ -888,22 +716,16 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       plgpu.Barrier(num_arrivals=WARPGROUPS, num_barriers=1),
       plgpu.Barrier(num_arrivals=1, num_barriers=1),
   ]
-  if plan.z_loads == "shared":
-    scratch += [plgpu.SMEM((plan.request_blocks * sp.STAGE_BYTES,), jnp.int8),
-                plgpu.Barrier(num_arrivals=plan.phases, num_barriers=plan.request_blocks)]
   if plan.base_slots and not spec.interpret and plan.base_copies == "tma":
     scratch += [plgpu.SMEM((WARPGROUPS * plan.base_slots, sp.REQUESTS, sp.TILE),
                            jnp.bfloat16, transforms=sp.TMA_BASE_TRANSFORMS),
                 plgpu.Barrier(num_arrivals=1, num_barriers=WARPGROUPS * plan.base_slots)]
   elif plan.base_slots and not spec.interpret:
-    scratch.append(plgpu.SMEM((WARPGROUPS * plan.base_slots
-                               * sp.base_slot_bytes(plan.base_warps),),
+    scratch.append(plgpu.SMEM((WARPGROUPS * plan.base_slots * sp.BASE_SLOT_BYTES,),
                               jnp.int8))
   if spec.interpret:
     scratch.append(plgpu.SMEM((WARPGROUPS, 2 * sp.REQUESTS, rank), jnp.int8,
                               transforms=_w2_transforms(1, rank)))
-  if plan.k_halves and not spec.interpret:   # (the kernel takes it as the last)
-    scratch.append(plgpu.SMEM((WARPGROUPS * sp.K_HALVES_EXCHANGE_BYTES,), jnp.int8))
   kernel = plgpu.kernel(
       functools.partial(_kernel, spec=spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
@@ -914,9 +736,8 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Lane,
-          unsafe_no_auto_barriers=not spec.auto_barriers,
-          **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
-             if spec.profile_dir else {})),
+          **(dict(profile_space=spec.lab.profile_space, profile_dir=spec.lab.profile_dir)
+             if spec.lab.profile_dir else {})),
       interpret=_interpret_params() if spec.interpret else None,
   )
   tokens, status = kernel(w2, w2_scale.astype(jnp.float32), base_logits, w1,

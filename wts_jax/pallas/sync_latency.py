@@ -15,11 +15,11 @@ import jax.numpy as jnp
 
 
 def _walks_per_second(head, base, firsts, config) -> float:
-  import wts_jax
+  from wts_jax.api import walk
 
   @jax.jit
   def chain(head, base, firsts):
-    return [wts_jax.walk(head, base, first, impl="pallas", config=config).tokens
+    return [walk(head, base, first, impl="pallas", config=config).tokens
             for first in firsts]
 
   jax.block_until_ready(chain(head, base, firsts))
@@ -33,14 +33,14 @@ def _walks_per_second(head, base, firsts, config) -> float:
 
 def measure_sync_latency_us(walks: int = 50) -> float:
   """µs per grid exchange (GPU only), from the kernel itself at K=9 vs K=1."""
-  import wts_jax
-  from wts_jax.heads import HeadConfig
   from wts_jax import device
+  from wts_jax.heads import HeadConfig, make_head
+  from wts_jax.walk_config import MosaicRowConfig
 
   programs = device.current().num_sms
   config = HeadConfig(vocab_size=programs * 64, rank=256, hidden_size=256)
-  head = wts_jax.make_head(config, seed=0)
-  kernel_config = wts_jax.WalkConfig(tile_rows=64, residency="none")
+  head = make_head(config, seed=0)
+  kernel_config = MosaicRowConfig(residency="none")
   firsts = [jnp.full((1,), i, jnp.int32) for i in range(walks)]
   times = {}
   for steps in (1, 9):

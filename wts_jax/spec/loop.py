@@ -31,7 +31,7 @@ from wts_jax.spec.dspark import WALKS, DSparkDrafter
 from wts_jax.spec.policy import DraftPolicy, FixedDraftLength, as_policy
 from wts_jax.spec.qwen3 import Qwen3
 from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
-from wts_jax.walk_config import WalkConfig
+from wts_jax.walk_config import KernelConfig
 
 PAD = -1   # fills ``GenerateOutput.tokens`` after each row's end
 
@@ -69,7 +69,7 @@ class LoopSettings:
   policy: DraftPolicy
   walk_impl: str
   cache_len: int
-  walk_config: WalkConfig | None = None
+  walk_config: KernelConfig | None = None
 
 
 def _pad_axis(x: jax.Array, axis: int, extra: int) -> jax.Array:
@@ -251,7 +251,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
              max_new_tokens: int, *, temperature: float = 0.0, key: jax.Array | None = None,
              draft_len: int | DraftPolicy | None = None, walk_impl: str = "auto",
              eos_id: int | Sequence[int] | None = None, cache_len: int | None = None,
-             walk_config: WalkConfig | None = None) -> GenerateOutput:
+             walk_config: KernelConfig | None = None) -> GenerateOutput:
   """Speculative decoding of a batch of prompts (token-id lists of any lengths).
 
   temperature: 0 for greedy (output = the target's greedy decoding), > 0 for lossless
@@ -260,7 +260,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   ``"pallas"``, ``"xla"`` (``wts_jax.walk``'s ``impl``) or ``"none"`` (no serial head).
   eos_id: token id(s) that end a row (kept in its output). cache_len: KV-cache
   positions per row (default: the longest prompt + max_new_tokens + draft_len).
-  walk_config: the walk kernel's options (``wts_jax.WalkConfig``).
+  walk_config: the walk kernel's options (one kernel's config, ``wts_jax.walk``'s).
   Every argument is checked before any work; a bad one raises ``ValueError``.
   """
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
