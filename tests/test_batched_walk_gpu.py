@@ -444,7 +444,7 @@ def test_gated_and_rnn_with_the_vanilla_heads_deeper_ring(
   before resident chunks) where it changes their plans at the Qwen3-4B shape: the gated
   head's default since v36 at 64 rows, bench_variants' wts-ring-deep for the rnn head;
   fresh inputs at each point."""
-  from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
+  from wts_jax.pallas.batched.auto import AUTO_RING_PREFERENCE
   monkeypatch.setattr(mosaic_batched_backend, "auto_ring_preference",
                       lambda **_: AUTO_RING_PREFERENCE)
   head = {"tabled": tabled_head, "rnn": rnn_head}[head_name]

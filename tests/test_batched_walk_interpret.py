@@ -1,4 +1,4 @@
-"""The batched Mosaic kernel (``mosaic_batched_walk``: the batch on the WGMMA's M) on the
+"""The batched Mosaic kernel (``pallas/batched``: the batch on the WGMMA's M) on the
 CPU: its plan, its CUDA lowering at the real shape (132 blocks, B up to 64 a launch and
 two launches past it), and its walk in Mosaic GPU interpret mode against the XLA walk —
 exact tokens greedy, the same tokens sampled with the same key.
@@ -29,8 +29,10 @@ from wts_jax import output, validation
 from wts_jax.device import H200 as H200_FACTS
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import backend, mosaic_batched_backend, mosaic_batched_plan, preference
-from wts_jax.pallas.mosaic_batched_plan import AUTO_WIDEN_IN_REGISTERS_MAX, auto_w2_widening
+from wts_jax.pallas import backend, mosaic_batched_backend, preference
+from wts_jax.pallas.batched import auto as batched_auto
+from wts_jax.pallas.batched import plan as batched_plan
+from wts_jax.pallas.batched.auto import AUTO_WIDEN_IN_REGISTERS_MAX, auto_w2_widening
 from wts_jax.quantize import quantize_w2
 from wts_jax.walk_config import MosaicBatchedConfig, MosaicRowConfig
 
@@ -258,7 +260,7 @@ PLANES_CASES = [(1000, 128, 16, 4, "none", 0.7), (776, 64, 70, 3, 64, 1.0),
 def test_int8_planes_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature,
                                       batch_axis):
   head = quantize_w2(_head(vocab, rank), "int8", state="planes")
-  if batch_axis == "n" and rank < mosaic_batched_plan.PLANES_ON_N_MIN_RANK:
+  if batch_axis == "n" and rank < batched_plan.PLANES_ON_N_MIN_RANK:
     with pytest.raises(ValueError, match=f"rank={rank}"):
       _assert_matches_xla(head, batch, steps, residency, temperature, seed=5,
                           batch_axis=batch_axis)
@@ -592,7 +594,7 @@ def test_mixed_temperatures_per_row():
 def test_gated_plan_keeps_a_ring():
   """The gated head's G_e streams through the W2 ring: a ring even where every W2 chunk
   would fit, and 64 staged rows (its gate is a WGMMA with the batch on M) on either axis."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   small = plan(vocab_size=4096, rank=64, batch=16, num_sms=132, smem_per_block=H200_SMEM,
                gated=True)
   assert small.ring_stages >= 1 and small.gate_chunks == 1
@@ -606,33 +608,33 @@ def test_gated_plan_keeps_a_ring():
   split = plan(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
                gated=True, gate_split=True)
   assert (split.update_units, split.gate_chunks) == (8, 0) and split.smem_bytes <= H200_SMEM
-  assert [mosaic_batched_plan.split_update_units(rank, blocks) for rank, blocks in
+  assert [batched_plan.split_update_units(rank, blocks) for rank, blocks in
           [(256, 132), (64, 4), (128, 1), (192, 5), (64, 132)]] == [8, 16, 128, 48, 8]
   with pytest.raises(ValueError, match="gate_split is the gated head's"):
     dataclasses.replace(split, gated=False)
 
 
 def test_plan_at_the_qwen3_shape():
-  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=64,
-                                          num_sms=132, smem_per_block=H200_SMEM)
+  plan = batched_plan.plan_batched(vocab_size=151936, rank=256, batch=64,
+                                   num_sms=132, smem_per_block=H200_SMEM)
   assert (plan.chunks, plan.resident_chunks, plan.ring_stages, plan.base_stages) == (
       18, 2, 2, 3)
   assert plan.smem_bytes <= H200_SMEM and plan.batch_rows == 64
-  assert mosaic_batched_plan.plan_batched(
+  assert batched_plan.plan_batched(
       vocab_size=151936, rank=256, batch=5, num_sms=132,
       smem_per_block=H200_SMEM).batch_rows == 8
   # All resident when it fits (a small vocabulary), whatever the ring default.
-  small = mosaic_batched_plan.plan_batched(vocab_size=4096, rank=64, batch=16, num_sms=132,
-                                           smem_per_block=H200_SMEM)
+  small = batched_plan.plan_batched(vocab_size=4096, rank=64, batch=16, num_sms=132,
+                                    smem_per_block=H200_SMEM)
   assert (small.resident_chunks, small.ring_stages) == (small.chunks, 0)
 
 
 def test_planner_choices():
   """Staged rows of z on N (whole swizzle tiles a warp moves), the producer opt-in and
   exclusive of the deferred release, and a base ring of any size."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
-  assert [mosaic_batched_plan.staged_rows_on_n(rows, rank, size) for rows, rank, size in
+  assert [batched_plan.staged_rows_on_n(rows, rank, size) for rows, rank, size in
           [(8, 256, 2), (16, 256, 1), (8, 256, 1), (8, 64, 2), (40, 128, 2), (64, 64, 1)]
           ] == [8, 16, 16, 32, 48, 64]
   on_n = plan(batch=16, batch_axis="n", **args)
@@ -650,7 +652,7 @@ def test_ring_preference_and_stated_residency():
   """``ring_preference`` deepens the ring before any chunk stays resident (never past
   the W2 slots or the streamed chunks); stated resident chunks keep their slots and the
   ring takes what is left, one slot at least; a preference below one is refused."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM)
   default = plan(**args)
   deep = plan(**args, ring_preference=4)
@@ -666,7 +668,7 @@ def test_ring_preference_and_stated_residency():
 def test_pair_on_n_where_both_halves_fit_one_tile():
   """z's two halves share one WGMMA with the batch on N: the int8 planes at any batch,
   a split update's hi + lo pair while both halves' rows fit 64; never on M."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   int8 = dict(w2_itemsize=1, int8_state=True)
   planes_b8 = plan(batch=8, batch_axis="n", **int8, **args)
@@ -697,7 +699,7 @@ def test_plan_refusals(kwargs, match):
   args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132,
               smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match=match):
-    mosaic_batched_plan.plan_batched(**{**args, **kwargs})
+    batched_plan.plan_batched(**{**args, **kwargs})
 
 
 def test_backend_routes_and_refuses():
@@ -993,12 +995,12 @@ def test_nan_on_m_reported(temperature):
 def test_merge_tiles_plan_counts_its_tiles():
   """The three [64, rows] tiles come out of the W2 slots' shared memory; the option
   needs two computing warpgroups with the batch on N."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, batch=32, num_sms=132, smem_per_block=H200_SMEM,
               batch_axis="n", w2_itemsize=1, int8_state=True, warpgroups=2)
   without, with_tiles = plan(**args), plan(**args, merge_tiles=True)
   assert with_tiles.merge_tiles and not without.merge_tiles
-  fixed = functools.partial(mosaic_batched_plan.fixed_bytes, chunks=18, rank=256,
+  fixed = functools.partial(batched_plan.fixed_bytes, chunks=18, rank=256,
                             base_stages=3, base_itemsize=2, scaled=True, int8_state=True,
                             batch_axis="n", base_rows=32, warpgroups=2, staged_rows=32)
   assert fixed(merge_tile_rows=32) - fixed() == 3 * 64 * 32 * 4
@@ -1252,11 +1254,11 @@ def test_planners_ring_before_residency_for_the_gated_head_not_the_rnn_head():
   the rnn head's joint table take ring slots before resident chunks (the split gate at 64
   rows with one warpgroup, Qwen3-4B: 3 slots, none resident), the rnn head's split update
   and a redundant gate the default two (NOTES v36, v40)."""
-  assert (mosaic_batched_plan.auto_ring_preference()
-          == mosaic_batched_plan.auto_ring_preference(recurrent=True, joint_table=True)
-          == mosaic_batched_plan.AUTO_RING_PREFERENCE > mosaic_batched_plan.DEFAULT_RING_STAGES
-          == mosaic_batched_plan.auto_ring_preference(recurrent=True)
-          == mosaic_batched_plan.auto_ring_preference(redundant_gate=True))
+  assert (batched_auto.auto_ring_preference()
+          == batched_auto.auto_ring_preference(recurrent=True, joint_table=True)
+          == batched_auto.AUTO_RING_PREFERENCE > batched_plan.DEFAULT_RING_STAGES
+          == batched_auto.auto_ring_preference(recurrent=True)
+          == batched_auto.auto_ring_preference(redundant_gate=True))
   head = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
   plan = mosaic_batched_backend.plan(head, backend.WalkShapes(batch=64, steps=7),
                              MosaicBatchedConfig(warpgroups=1), H200_FACTS).plan
@@ -1345,7 +1347,7 @@ def test_ring_refill_before_epilogue_tokens_equal_xla(head_type, vocab, rank, ba
 
 
 def test_ring_refill_refused_where_threads_read_the_slots():
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  from wts_jax.pallas.batched.spec import BatchedSpec
   head, shapes = quantize_w2(_head(1024, 64), "int8"), backend.WalkShapes(batch=16, steps=3)
   smem = MosaicBatchedConfig(batch_axis="m", w2_widening="smem")
   spec = mosaic_batched_backend.plan(head, shapes, smem, H200_FACTS)
@@ -1483,10 +1485,10 @@ def test_gather_of_the_batch_rows_only_keeps_the_tokens(monkeypatch, head_type, 
     head = quantize_w2(head, "int8", state="planes")
   if update == "table":
     head = wts_jax.with_gate_table(head)
-  from wts_jax.pallas import mosaic_batched_walk
+  from wts_jax.pallas.batched import context
   seen = []
-  gathered = mosaic_batched_walk.gathered_z_rows
-  monkeypatch.setattr(mosaic_batched_walk, "gathered_z_rows",
+  gathered = context.gathered_z_rows
+  monkeypatch.setattr(context, "gathered_z_rows",
                       lambda spec: seen.append(gathered(spec)) or seen[-1])
   for temperature in (0.0, 0.8):
     _assert_matches_xla(head, batch, 3, "auto", temperature, seed=40 + batch,

@@ -112,7 +112,7 @@ def test_full_grid_defaults_state_the_method():
 def test_command_buffer_settings_reach_the_chains():
   """--command-buffers: fusions and library calls but not custom calls (the default),
   none at all, or XLA's own default (no option set)."""
-  from wts_jax.bench.runner import chain_compiler_options
+  from wts_jax.bench.support import chain_compiler_options
   from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
   assert chain_compiler_options("no-custom-calls") == KERNEL_COMPILER_OPTIONS
   assert chain_compiler_options("off") == {"xla_gpu_enable_command_buffer": ""}

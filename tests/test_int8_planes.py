@@ -19,7 +19,9 @@ from wts_jax import int8_state
 from wts_jax.device import H200
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import mosaic_plan, mosaic_walk
+from wts_jax.pallas import mosaic_plan
+from wts_jax.pallas.row.launch import row_walk
+from wts_jax.pallas.row.spec import RowSpec
 from wts_jax.quantize import quantize_w2
 
 pytestmark = pytest.mark.mosaic
@@ -161,16 +163,16 @@ def test_planes_walk_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, resident,
                                  int8_state=True, resident_chunks=resident,
                                  register_chunks=registers)
   assert plan.streamed_chunks == plan.chunks - plan.resident_chunks - registers
-  spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=7, greedy=greedy,
-                                spin_limit=1 << 22, interpret=False)
+  spec = RowSpec(plan=plan, batch=batch, steps=7, greedy=greedy,
+                 spin_limit=1 << 22, interpret=False)
   shape = jax.ShapeDtypeStruct
   sampled = {} if greedy else dict(seed=shape((2,), jnp.uint32),
                                    score_scale=shape((batch,), jnp.float32),
                                    noise_on=shape((batch,), jnp.int32))
 
   def launch(w2, base, w1, first, w2_scale, w1_scale, **kwargs):
-    return mosaic_walk.mosaic_walk(spec, w2, base, w1, first, w2_scale=w2_scale,
-                                   w1_scale=w1_scale, **kwargs)
+    return row_walk(spec, w2, base, w1, first, w2_scale=w2_scale,
+                    w1_scale=w1_scale, **kwargs)
   lowered = jax.jit(launch).trace(
       shape((151936, 256), jnp.int8), shape((batch, 7, 151936), jnp.bfloat16),
       shape((2 * 151936, 256), jnp.int8), shape((batch,), jnp.int32),

@@ -18,8 +18,10 @@ import wts_jax
 from mosaic_checks import assert_mosaic_matches_xla, planes_head
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
-from wts_jax.pallas import stacked_planes as sp
-from wts_jax.pallas import stacked_walk as sw
+from wts_jax.pallas.stacked.launch import stacked_walk
+from wts_jax.pallas.stacked.operands import BASE_SLOT_BYTES
+from wts_jax.pallas.stacked.plan import StackedPlan, WARPGROUPS, fixed_smem_bytes, plan_stacked, tile_bytes
+from wts_jax.pallas.stacked.spec import StackedLab, StackedSpec, w1_planes_operand, w2_operand
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.validation import make_sampling
 
@@ -32,27 +34,27 @@ NEEDS_INTERPRETER = pytest.mark.skipif(
 ON_GPU = bool(os.environ.get("WTS_GPU_TESTS"))
 
 
-LAB_FIELDS = {field.name for field in dataclasses.fields(sw.StackedLab)}
+LAB_FIELDS = {field.name for field in dataclasses.fields(StackedLab)}
 
 
 def _spec(plan, batch, steps, **options):
   """A ``StackedSpec`` with ``options``, those of ``StackedLab`` in its lab overlay."""
   lab = {name: options.pop(name) for name in list(options) if name in LAB_FIELDS}
-  return sw.StackedSpec(plan, batch, steps, lab=sw.StackedLab(**lab), **options)
+  return StackedSpec(plan, batch, steps, lab=StackedLab(**lab), **options)
 
 
 def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, temperature=0.0,
           key=None, **plan_options):
-  plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                         batch=base.shape[0], num_blocks=num_blocks,
-                         smem_per_block=H200_SMEM, **plan_options)
+  plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                      batch=base.shape[0], num_blocks=num_blocks,
+                      smem_per_block=H200_SMEM, **plan_options)
   mode = make_sampling(temperature, key, base.shape[0])
   spec = _spec(plan, base.shape[0], base.shape[1], interpret=interpret,
                greedy=mode.greedy, **(spec_options or {}))
   ops = serial_operands(head, None)
   sampling = None if mode.greedy else (mode.score_scale, mode.noise_on, mode.seed)
-  tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a, sampling=sampling))(
-      sw.w2_operand(spec, ops), base, sw.w1_planes_operand(spec, ops), first, ops["w2_scale"],
+  tokens, status = jax.jit(lambda *a: stacked_walk(spec, *a, sampling=sampling))(
+      w2_operand(spec, ops), base, w1_planes_operand(spec, ops), first, ops["w2_scale"],
       ops["w1_plane_scale"])
   return np.asarray(tokens), int(status), plan
 
@@ -119,15 +121,15 @@ def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two(extra):
   # (a shared ring of two slots above 32 rows; of one with the base logits by TMA)
   for batch, phases, stages in ((16, 4, 1),
                                 (64, 2, 1 if extra.get("base_copies") == "tma" else 2)):
-    plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                           smem_per_block=H200_SMEM, **extra)
+    plan = plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                        smem_per_block=H200_SMEM, **extra)
     assert plan.tiles == 18 and plan.phases == phases and plan.ring_stages == stages
     assert sum(len(plan.phase_tiles(p)) for p in range(phases)) == 18
     # Shared memory full: one more tile would not fit beside the fixed parts (with the
     # base slots).
-    staged = sw.WARPGROUPS * plan.base_slots * sp.BASE_SLOT_BYTES
-    used = plan.slots * sw.tile_bytes(256) + sw.fixed_smem_bytes(18, staged) + 3072
-    assert used <= H200_SMEM < used + sw.tile_bytes(256)
+    staged = WARPGROUPS * plan.base_slots * BASE_SLOT_BYTES
+    used = plan.slots * tile_bytes(256) + fixed_smem_bytes(18, staged) + 3072
+    assert used <= H200_SMEM < used + tile_bytes(256)
     for p in range(phases):
       order = plan.order(p)
       assert sorted(t for t, _, _ in order) == plan.phase_tiles(p)
@@ -138,27 +140,27 @@ def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two(extra):
 
 def test_the_plan_names_what_it_cannot_do():
   with pytest.raises(ValueError, match="batch=65"):
-    sw.plan_stacked(vocab_size=1000, rank=256, batch=65, num_blocks=1,
-                    smem_per_block=H200_SMEM)
+    plan_stacked(vocab_size=1000, rank=256, batch=65, num_blocks=1,
+                 smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="vocab_size=1001"):
-    sw.plan_stacked(vocab_size=1001, rank=256, batch=4, num_blocks=1,
-                    smem_per_block=H200_SMEM)
+    plan_stacked(vocab_size=1001, rank=256, batch=4, num_blocks=1,
+                 smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="resident=40"):
-    sw.plan_stacked(vocab_size=151936, rank=256, batch=4, num_blocks=132,
-                    smem_per_block=H200_SMEM, resident=40)
-  plan = sw.plan_stacked(vocab_size=1000, rank=256, batch=4, num_blocks=1,
-                         smem_per_block=H200_SMEM)
+    plan_stacked(vocab_size=151936, rank=256, batch=4, num_blocks=132,
+                 smem_per_block=H200_SMEM, resident=40)
+  plan = plan_stacked(vocab_size=1000, rank=256, batch=4, num_blocks=1,
+                      smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="w1_order='k_halves'"):
-    sw.StackedSpec(plan, 4, 2, w1_order="k_halves")
+    StackedSpec(plan, 4, 2, w1_order="k_halves")
   with pytest.raises(ValueError, match="'narrow_mma': GPU only"):
     _spec(plan, 4, 2, interpret=True, timing_ablation="narrow_mma")
   with pytest.raises(ValueError, match="timing_ablation='slow'"):
-    sw.StackedLab(timing_ablation="slow")
+    StackedLab(timing_ablation="slow")
   with pytest.raises(ValueError, match="status='summed'"):
-    sw.StackedSpec(plan, 4, 2, status="summed")
+    StackedSpec(plan, 4, 2, status="summed")
   with pytest.raises(ValueError, match="ring_stages=0"):
-    sw.StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
-                   resident=(1, 1, 1, 1), ring_stages=0)
+    StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
+                resident=(1, 1, 1, 1), ring_stages=0)
 
 
 # --- the kernel, lowered for CUDA (no GPU needed) ------------------------------------------
@@ -182,7 +184,7 @@ LOWERED_OPTIONS = [dict(), dict(w1_order="fragments"), dict(greedy=False),
                         plan=dict(base_slots=2))]
 
 
-def _lowered_for_cuda(spec: sw.StackedSpec) -> str:
+def _lowered_for_cuda(spec: StackedSpec) -> str:
   """The walk of ``spec`` at the Qwen3-4B shape lowered for CUDA (no GPU needed): the
   StableHLO text, the kernel's Mosaic module in it."""
   import sys
@@ -198,7 +200,7 @@ def _lowered_for_cuda(spec: sw.StackedSpec) -> str:
       jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
       jax.ShapeDtypeStruct((2,), jnp.uint32))
   with cuda_target():
-    return jax.jit(lambda *a: sw.stacked_walk(spec, *a[:6], sampling=a[6])).trace(
+    return jax.jit(lambda *a: stacked_walk(spec, *a[:6], sampling=a[6])).trace(
         *args, sampling).lower(lowering_platforms=("cuda",)).as_text()
 
 
@@ -214,8 +216,8 @@ def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
   """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape,
   the lab overlay's (``StackedLab``) too; a dependent launch waits first, and only it."""
   options = dict(options)
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                         smem_per_block=H200_SMEM, **options.pop("plan", {}))
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                      smem_per_block=H200_SMEM, **options.pop("plan", {}))
   spec = _spec(plan, batch, 7, **options)
   text = _lowered_for_cuda(spec)
   assert "mosaic_gpu" in text
@@ -294,14 +296,14 @@ def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
   stacked = wts_jax.MosaicStackedConfig(interpret=True)
   sampled = mosaic_stacked_backend.plan(head, backend.WalkShapes.of(base, greedy=False),
                                         stacked, wts_jax.device.H200)
-  assert isinstance(sampled, sw.StackedSpec) and not sampled.greedy
+  assert isinstance(sampled, StackedSpec) and not sampled.greedy
   bf16_head = wts_jax.make_head(config, seed=0)
   refusal = mosaic_stacked_backend.plan(bf16_head, backend.WalkShapes.of(base, greedy=True),
                                         stacked, wts_jax.device.H200)
   assert isinstance(refusal, backend.Refusal) and "int8 planes" in refusal.reason
   spec = mosaic_stacked_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
                                      stacked, wts_jax.device.H200)
-  assert isinstance(spec, sw.StackedSpec) and spec.plan.num_blocks == 1
+  assert isinstance(spec, StackedSpec) and spec.plan.num_blocks == 1
 
 
 def test_auto_takes_the_stacked_kernel_for_a_greedy_int8_planes_walk():
@@ -309,7 +311,7 @@ def test_auto_takes_the_stacked_kernel_for_a_greedy_int8_planes_walk():
   greedy int8-planes walk from ``STACKED_MIN_BATCH`` (one) row, its planner's choices;
   the batched kernel when sampled (the row kernel at one sampled row)."""
   from wts_jax.pallas import backend, preference
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  from wts_jax.pallas.batched.spec import BatchedSpec
   head, config = planes_head(151936)
   assert preference.STACKED_MIN_BATCH == 1
 
@@ -319,17 +321,17 @@ def test_auto_takes_the_stacked_kernel_for_a_greedy_int8_planes_walk():
                           require_gpu=False, device=wts_jax.device.H200).plan
   for batch in (1, 2, 5, 16, 40, 64, 70):
     chosen = spec(batch)
-    assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
+    assert isinstance(chosen, StackedSpec) and chosen.batch == batch
     assert chosen.plan.num_blocks == 132
     # The base logits by async copies, by TMA above 32 rows; W1 in the threads' load
     # order; the warps rotated, those past the batch idle (``docs/decisions.md``).
     assert chosen.plan.base_slots == 2 and chosen.w1_order == "fragments"
     assert chosen.plan.base_copies == ("tma" if batch > 32 else "threads")
     assert chosen.rotate_warps and chosen.skip_idle_warps
-    assert chosen.lab == sw.StackedLab()
+    assert chosen.lab == StackedLab()
   assert isinstance(spec(16, greedy=False), BatchedSpec)
   # One sampled row: the row kernel.
-  assert not isinstance(spec(1, greedy=False), (sw.StackedSpec, BatchedSpec))
+  assert not isinstance(spec(1, greedy=False), (StackedSpec, BatchedSpec))
 
 
 @NEEDS_INTERPRETER
@@ -461,23 +463,23 @@ def test_thread_rows_order_gives_each_thread_sixteen_consecutive_rows():
       columns = [8 * j + 2 * t + e for j in range(8) for e in range(2)]
       np.testing.assert_array_equal(ordered[tile * 64 + np.array(columns)],
                                     tile * 64 + 16 * t + np.arange(16))
-  plan = sw.plan_stacked(vocab_size=1000, rank=32, batch=5, num_blocks=1,
-                         smem_per_block=H200_SMEM)
+  plan = plan_stacked(vocab_size=1000, rank=32, batch=5, num_blocks=1,
+                      smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="thread_rows"):
-    sw.StackedSpec(plan, 5, 3, interpret=True, w2_order="thread_rows")   # (V % 64)
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                         smem_per_block=H200_SMEM)
+    StackedSpec(plan, 5, 3, interpret=True, w2_order="thread_rows")   # (V % 64)
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                      smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="thread_rows"):
-    sw.StackedSpec(plan, 16, 7, w2_order="thread_rows")   # (no base slots on the GPU)
+    StackedSpec(plan, 16, 7, w2_order="thread_rows")   # (no base slots on the GPU)
 
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 def test_thread_rows_walk_lowers_for_cuda(greedy):
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                         smem_per_block=H200_SMEM, base_slots=2)
-  spec = sw.StackedSpec(plan, 16, 7, w1_order="fragments", w2_order="thread_rows",
-                        rotate_warps=True, skip_idle_warps=True, status="kernel",
-                        greedy=greedy)
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                      smem_per_block=H200_SMEM, base_slots=2)
+  spec = StackedSpec(plan, 16, 7, w1_order="fragments", w2_order="thread_rows",
+                     rotate_warps=True, skip_idle_warps=True, status="kernel",
+                     greedy=greedy)
   text = _lowered_for_cuda(spec)
   assert "mosaic_gpu" in text
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
@@ -493,8 +495,8 @@ def test_thread_rows_with_tma_slots_or_vector_reads_lowers_for_cuda(batch, optio
   """W2 in its threads' rows with the base logits by TMA (the slot's swizzled chunks read
   as two 16-byte loads) or the async slots read so (``base_vector_reads``)."""
   options = dict(options)
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                         smem_per_block=H200_SMEM, **options.pop("plan"))
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                      smem_per_block=H200_SMEM, **options.pop("plan"))
   spec = _spec(plan, batch, 7, w1_order="fragments", w2_order="thread_rows",
                rotate_warps=True, skip_idle_warps=True, status="kernel", **options)
   text = _lowered_for_cuda(spec)

@@ -239,7 +239,8 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   is set here, so both cases run on either. A greedy int8-planes walk is the stacked
   kernel's from one row: there the batched kernel's plan is asked for by name."""
   monkeypatch.setattr(mosaic_batched_backend, "BATCH_ON_N_LOWERS", n_lowers)
-  from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE, DEFAULT_BASE_STAGES
+  from wts_jax.pallas.batched.auto import AUTO_RING_PREFERENCE
+  from wts_jax.pallas.batched.plan import DEFAULT_BASE_STAGES
   head = _head()
   if w2 == "int8p":
     head = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"), head)
@@ -248,7 +249,7 @@ def test_mosaic_planner_picks_kernel_axis_and_warpgroups(batch, w2, greedy, want
   config = MosaicBatchedConfig() if stacked and want != "stacked" else None
   spec = _mosaic_plan(head, shapes, config)
   if want == "stacked":
-    from wts_jax.pallas.stacked_walk import StackedSpec
+    from wts_jax.pallas.stacked.spec import StackedSpec
     assert isinstance(spec, StackedSpec) and spec.batch == batch
     return
   if want == "rows":

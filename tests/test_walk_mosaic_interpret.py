@@ -25,7 +25,9 @@ from wts_jax import sampling
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.device import H200
-from wts_jax.pallas import backend, mosaic_plan, mosaic_walk
+from wts_jax.pallas import backend, mosaic_plan
+from wts_jax.pallas.row.launch import row_walk
+from wts_jax.pallas.row.spec import RowSpec
 from wts_jax.quantize import quantize_w2
 
 pytestmark = pytest.mark.mosaic
@@ -138,8 +140,8 @@ def test_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
 
 
 def _assert_lowers_at_the_qwen3_shape(plan, batch, greedy, steps=7):
-  spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=steps, greedy=greedy,
-                                spin_limit=1 << 22, interpret=False)
+  spec = RowSpec(plan=plan, batch=batch, steps=steps, greedy=greedy,
+                 spin_limit=1 << 22, interpret=False)
   shape = jax.ShapeDtypeStruct
   quantized = plan.w2_itemsize == 1
   args = [shape((151936, 256), jnp.int8 if quantized else jnp.bfloat16),
@@ -150,7 +152,7 @@ def _assert_lowers_at_the_qwen3_shape(plan, batch, greedy, steps=7):
   args.append(shape((151936,), jnp.float32) if quantized else None)
   if plan.gated:   # gate_proj.weight [r, d + r] (Qwen3-4B: d = 2560), hoisted [B, K, r]
     args += [shape((256, 2560 + 256), jnp.bfloat16), shape((batch, steps, 256), jnp.float32)]
-  lowered = jax.jit(lambda *a: mosaic_walk.mosaic_walk(spec, *a)).trace(*args).lower(
+  lowered = jax.jit(lambda *a: row_walk(spec, *a)).trace(*args).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
 

@@ -165,7 +165,7 @@ def _stacked_status(prepare, status: str):
 def _stacked_spec_patch(prepare, **changes):
   """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec`` fields
   ``changes`` set."""
-  return _plan_patch(prepare, "mosaic_stacked_backend", "stacked_walk", "StackedSpec",
+  return _plan_patch(prepare, "mosaic_stacked_backend", "stacked.spec", "StackedSpec",
                      **changes)
 
 
@@ -197,7 +197,7 @@ def _without_joint_table(prepare):
 def _batched_spec_patch(prepare, where=None, **changes):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields
   ``changes`` set (where ``where(spec)``, if given, holds)."""
-  return _plan_patch(prepare, "mosaic_batched_backend", "mosaic_batched_walk", "BatchedSpec",
+  return _plan_patch(prepare, "mosaic_batched_backend", "batched.spec", "BatchedSpec",
                      where=where, **changes)
 
 
@@ -281,7 +281,7 @@ def _shallow_joint_ring(prepare):
   head's joint table the split update's (``DEFAULT_RING_STAGES``: the preference before
   the joint table's deeper ring, ``docs/decisions.md``)."""
   def shallow(preference):
-    from wts_jax.pallas.mosaic_batched_plan import DEFAULT_RING_STAGES
+    from wts_jax.pallas.batched.plan import DEFAULT_RING_STAGES
     return lambda **kw: (DEFAULT_RING_STAGES if kw.get("joint_table")
                          else preference(**kw))
   return _traced_with(prepare, "auto_ring_preference", shallow)
@@ -292,7 +292,7 @@ def _deep_ring(prepare):
   head's for every head (``AUTO_RING_PREFERENCE`` slots before any chunk stays resident;
   the rnn head takes ``DEFAULT_RING_STAGES``)."""
   def deep(_):
-    from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
+    from wts_jax.pallas.batched.auto import AUTO_RING_PREFERENCE
     return lambda **_: AUTO_RING_PREFERENCE
   return _traced_with(prepare, "auto_ring_preference", deep)
 

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=".")
   args = parser.parse_args(argv)
   import wts_jax
-  from wts_jax.bench.runner import make_bench_head
+  from wts_jax.bench.support import make_bench_head
   from wts_jax.heads import HeadConfig
   from wts_jax.inputs import random_inputs
   residency = (args.residency if args.residency in ("auto", "full", "none")

@@ -46,7 +46,9 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
   import jax.numpy as jnp
   from jax._src.lib.mlir.dialects import llvm
   from lower_for_gpu import cuda_target
-  from wts_jax.pallas import stacked_walk as sw
+  from wts_jax.pallas.stacked.launch import stacked_walk
+  from wts_jax.pallas.stacked.plan import plan_stacked
+  from wts_jax.pallas.stacked.spec import StackedLab, StackedSpec
 
   seen: dict[tuple[str, str], int] = {}
   original = llvm.inline_asm
@@ -60,10 +62,10 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
   try:
     for batch, options in builds:
       options = dict(options)
-      plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
-                             smem_per_block=232448, **options.pop("plan", {}))
-      spec = sw.StackedSpec(plan, batch, 7, lab=sw.StackedLab(**options.pop("lab", {})),
-                            **options)
+      plan = plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
+                          smem_per_block=232448, **options.pop("plan", {}))
+      spec = StackedSpec(plan, batch, 7, lab=StackedLab(**options.pop("lab", {})),
+                         **options)
       shapes = (((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16),
                 ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32),
                 ((vocab,), jnp.float32), ((vocab,), jnp.float32))
@@ -72,7 +74,7 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
           jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
           jax.ShapeDtypeStruct((2,), jnp.uint32))
       with cuda_target():
-        jax.jit(lambda *a, spec=spec: sw.stacked_walk(spec, *a[:6], sampling=a[6] or None)
+        jax.jit(lambda *a, spec=spec: stacked_walk(spec, *a[:6], sampling=a[6] or None)
                 ).trace(*args, sampling).lower(lowering_platforms=("cuda",))
   finally:
     llvm.inline_asm = original

@@ -275,7 +275,7 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
     raise ValueError(f"{variant.name}: {spec.reason}")
   spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
                                                             **variant.plan_options))
-  from wts_jax.pallas.mosaic_batched_walk import BatchedLab
+  from wts_jax.pallas.batched.spec import BatchedLab
   spec = dataclasses.replace(spec, lab=BatchedLab(
       profile_dir=profile_dir, probe_skew=variant.probe_skew,
       profile_space=variant.profile_space if profile_dir else 0))

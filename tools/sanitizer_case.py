@@ -57,7 +57,9 @@ from wts_jax.inputs import random_inputs
 def stacked(batch: int, seeds: int, spin_limit: int) -> int:
   sys.path.insert(0, os.path.dirname(__file__))
   from stacked_probe import PLAN_LETTERS, plan_and_spec_options, walk_operands
-  from wts_jax.pallas import stacked_walk as sw
+  from wts_jax.pallas.stacked.launch import stacked_walk
+  from wts_jax.pallas.stacked.plan import plan_stacked
+  from wts_jax.pallas.stacked.spec import StackedSpec
   from wts_jax.pallas.head_operands import serial_operands
   from wts_jax.quantize import quantize_w2
   plan_options, spec_options = plan_and_spec_options(os.environ.get("STACKED_OPTIONS", ""))
@@ -66,12 +68,12 @@ def stacked(batch: int, seeds: int, spin_limit: int) -> int:
   config = HeadConfig(vocab_size=vocab, rank=64, hidden_size=64, head_type="vanilla")
   head = quantize_w2(wts_jax.make_head(config, seed=1), "int8", state="planes")
   plan_names = {name for name, _ in PLAN_LETTERS.values()}   # (its residency is fixed)
-  plan = sw.plan_stacked(vocab_size=vocab, rank=64, batch=batch, num_blocks=2,
-                         smem_per_block=227 * 1024, resident=1,
-                         **{k: v for k, v in plan_options.items() if k in plan_names})
-  spec = sw.StackedSpec(plan, batch, 4, spin_limit=spin_limit, **spec_options)
+  plan = plan_stacked(vocab_size=vocab, rank=64, batch=batch, num_blocks=2,
+                      smem_per_block=227 * 1024, resident=1,
+                      **{k: v for k, v in plan_options.items() if k in plan_names})
+  spec = StackedSpec(plan, batch, 4, spin_limit=spin_limit, **spec_options)
   print(plan.describe(), spec)
-  walk = jax.jit(lambda *a: sw.stacked_walk(spec, *a))
+  walk = jax.jit(lambda *a: stacked_walk(spec, *a))
   cpu = jax.devices("cpu")[0]
   differ = 0
   for seed in range(seeds):

@@ -36,7 +36,9 @@ import profile_batched as pb  # noqa: E402
 
 import wts_jax  # noqa: E402
 from wts_jax.inputs import random_inputs  # noqa: E402
-from wts_jax.pallas import stacked_walk as sw  # noqa: E402
+from wts_jax.pallas.stacked.launch import stacked_walk
+from wts_jax.pallas.stacked.plan import WARPGROUPS, plan_stacked, tile_bytes
+from wts_jax.pallas.stacked.spec import StackedLab, StackedSpec, w1_planes_operand, w2_operand
 from wts_jax.pallas.head_operands import serial_operands  # noqa: E402
 
 STEPS = 7
@@ -80,14 +82,14 @@ def plan_and_spec_options(text: str) -> tuple[dict, dict]:
   spec_options = {k: options.pop(k) for k in SPEC_OPTIONS if k in options}
   lab = {k: options.pop(k) for k in LAB_OPTIONS if k in options}
   if lab:
-    spec_options["lab"] = sw.StackedLab(**lab)
+    spec_options["lab"] = StackedLab(**lab)
   return options, spec_options
 
 
 def walk_operands(spec, operands, base, first):
   """``stacked_walk``'s operands after the spec: W1's planes in the order it asks for
   (the head carries both)."""
-  return (sw.w2_operand(spec, operands), base, sw.w1_planes_operand(spec, operands), first,
+  return (w2_operand(spec, operands), base, w1_planes_operand(spec, operands), first,
           operands["w2_scale"], operands["w1_plane_scale"])
 
 
@@ -98,31 +100,31 @@ def special_run(kind, batch, head, operands, base, first, device, out, tries: in
   memory from W2's tiles: as much as the compiled kernel says it exceeds."""
   directory = os.path.join(out, f"{kind}-{batch}")
   os.makedirs(directory, exist_ok=True)
-  reserve = pb.PROFILE_SPACE * 2 * 4 * sw.WARPGROUPS + 1024 if kind == "profile" else 0
+  reserve = pb.PROFILE_SPACE * 2 * 4 * WARPGROUPS + 1024 if kind == "profile" else 0
   def prepared(spec):
     return walk_operands(spec, operands, base, first)
   flags = (dict(MOSAIC_GPU_DUMP_TO=directory, MOSAIC_GPU_DUMP_PTXAS="1",
                 MOSAIC_GPU_DUMP_SASS="1") if kind == "dump" else {})
 
   def attempt(reserve):
-    plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                           batch=batch, num_blocks=device.num_sms,
-                           smem_per_block=device.smem_per_block - reserve,
-                           **(plan_options or {}))
+    plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                        batch=batch, num_blocks=device.num_sms,
+                        smem_per_block=device.smem_per_block - reserve,
+                        **(plan_options or {}))
     spec_options_here = dict(spec_options or {})
     if kind == "profile":
       spec_options_here["lab"] = dataclasses.replace(
-          spec_options_here.get("lab", sw.StackedLab()), profile_dir=directory,
+          spec_options_here.get("lab", StackedLab()), profile_dir=directory,
           profile_space=pb.PROFILE_SPACE)
-    spec = sw.StackedSpec(plan, batch, STEPS, **spec_options_here)
-    jax.block_until_ready(jax.jit(lambda *a: sw.stacked_walk(spec, *a))(*prepared(spec)))
+    spec = StackedSpec(plan, batch, STEPS, **spec_options_here)
+    jax.block_until_ready(jax.jit(lambda *a: stacked_walk(spec, *a))(*prepared(spec)))
     return plan
 
   os.environ.update(flags)
   try:
     # (A tile more than the excess: a plan drops whole tiles.)
     plan = pb.reserving_excess(attempt, reserve, tries=tries,
-                               margin=sw.tile_bytes(head.config.rank))
+                               margin=tile_bytes(head.config.rank))
   finally:
     for name in flags:
       os.environ.pop(name, None)
@@ -172,14 +174,14 @@ def main():
       record = {"variant": name}
       try:
         options, spec_options = plan_and_spec_options(variant)
-        plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                               batch=batch, num_blocks=device.num_sms,
-                               smem_per_block=device.smem_per_block, **options)
-        spec = sw.StackedSpec(plan, batch, STEPS, **spec_options)
+        plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                            batch=batch, num_blocks=device.num_sms,
+                            smem_per_block=device.smem_per_block, **options)
+        spec = StackedSpec(plan, batch, STEPS, **spec_options)
         record["plan"] = plan.describe()
 
         def walk(w2, base, planes, first, w2_scale, s_lo, spec=spec):
-          return sw.stacked_walk(spec, w2, base, planes, first, w2_scale, s_lo)
+          return stacked_walk(spec, w2, base, planes, first, w2_scale, s_lo)
         call = walk_operands(spec, operands, base, first)
         run = jax.jit(walk).lower(*call).compile()
         tokens, status = run(*call)

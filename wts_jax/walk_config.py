@@ -116,7 +116,7 @@ class TritonConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MosaicRowConfig:
-  """The Mosaic row kernel's options (``impl="mosaic_row"``, ``mosaic_walk``: 64 W2 rows
+  """The Mosaic row kernel's options (``impl="mosaic_row"``, ``pallas/row``: 64 W2 rows
   on the WGMMA's M, up to 4 batch rows on N); None: the planner's choice.
 
   residency: how many of each block's 64-row W2 chunks stay in shared memory

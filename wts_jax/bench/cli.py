@@ -27,20 +27,14 @@ import signal
 import sys
 import time
 
+from wts_jax.bench.options import DTYPES, QUANTIZED, QUANTIZED_PLANES, UsageError
+
 QUICK = {"batch": "1,16", "k": "7", "head": "vanilla", "mode": "greedy",
          "l2": "cold,warm", "repeats": 5, "walks_per_repeat": 10}
 QUICK_CPU = {**QUICK, "batch": "1,4", "k": "4", "repeats": 3, "walks_per_repeat": 3}
 # N = R = 10 (timing.DEFAULT_WALKS, DEFAULT_REPEATS): 100 walks per figure.
 FULL = {"batch": None, "k": None, "head": "vanilla,gated,rnn", "mode": "greedy,sample",
         "l2": "cold,warm", "repeats": 10, "walks_per_repeat": 10}
-DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
-QUANTIZED = ("int8", "fp8")   # a bf16 head with W2 quantized per row (wts_jax.quantize)
-# int8 W2 meeting z as two int8 planes (quantize_w2(..., state="planes"): int8 tensor cores)
-QUANTIZED_PLANES = "int8p"
-
-
-class UsageError(Exception):
-  """A bad argument: ``main`` prints ``error: ...`` on one line and exits 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -347,7 +341,8 @@ def _main(argv: list[str] | None) -> int:
     return 0
   grid = _resolve(args)
   _check_outputs(args)
-  from wts_jax.bench.runner import Interrupted, Runner, log, stop_on_signals
+  from wts_jax.bench.runner import Runner
+  from wts_jax.bench.support import Interrupted, log, stop_on_signals
   from wts_jax.bench.timing import MIN_WALKS_PER_FIGURE
   if grid["repeats"] * grid["walks"] < MIN_WALKS_PER_FIGURE and not args.quick:
     log(f"warning: N*R = {grid['walks'] * grid['repeats']} < {MIN_WALKS_PER_FIGURE} "

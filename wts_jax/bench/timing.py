@@ -541,7 +541,7 @@ def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False, *,
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from wts_jax import device
   from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES
-  from wts_jax.pallas.stacked_walk import WARPGROUPS
+  from wts_jax.pallas.stacked.plan import WARPGROUPS
   facts = device.current()
   warpgroups, blocks = warpgroups or WARPGROUPS, blocks or facts.num_sms
   most = (facts.smem_per_block - SMEM_RESERVED_BYTES) // SMEM_ALIGNMENT * SMEM_ALIGNMENT

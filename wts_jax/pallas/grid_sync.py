@@ -44,7 +44,7 @@ In interpret mode (CPU) programs run one after another, so the walk runs with a 
 program; the barrier then has nothing to wait for and is compiled out (``num_programs ==
 1``), while the slot store → reduce path is the same code.
 
-== The Mosaic GPU kernel (``signal_and_poll``; ``mosaic_walk``) ==
+== The Mosaic GPU kernel (``signal_and_poll``; the Mosaic kernels) ==
 
 One semaphore for the whole walk (``pl.get_global``: zero at launch) and two exchange
 slot rows, used by parity: step ``k`` writes ``xv/xi[k % 2, b, block]``.

@@ -22,14 +22,15 @@ from wts_jax.joint_table import has_joint_table
 from wts_jax.pallas import mosaic_launch, widen
 from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.mosaic_batched_plan import (AUTO_JOINT_TABLE_MAX_ROWS, BATCH_TILE,
-                                                GATE_TABLE_MAX_ROWS, JOINT_TABLE_MAX_ROWS,
-                                                auto_base_stages, auto_batch_axis,
-                                                auto_merge_tiles, auto_overlap_chunks,
-                                                auto_producer, auto_ring_preference,
-                                                auto_ring_refill, auto_w2_widening,
-                                                auto_warp_gather, auto_warpgroups,
-                                                plan_batched, warpgroup_chunks)
+from wts_jax.pallas.batched.auto import (AUTO_JOINT_TABLE_MAX_ROWS, auto_base_stages,
+                                         auto_batch_axis, auto_merge_tiles,
+                                         auto_overlap_chunks, auto_producer,
+                                         auto_ring_preference, auto_ring_refill,
+                                         auto_w2_widening, auto_warp_gather,
+                                         auto_warpgroups)
+from wts_jax.pallas.batched.plan import (BATCH_TILE, GATE_TABLE_MAX_ROWS,
+                                         JOINT_TABLE_MAX_ROWS, plan_batched,
+                                         warpgroup_chunks)
 from wts_jax.pallas.mosaic_launch import BATCH_ON_N_LOWERS
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, launch_facts
 from wts_jax.walk_config import MosaicBatchedConfig, resident_units
@@ -298,7 +299,7 @@ def resolve(head, shapes: WalkShapes, config: MosaicBatchedConfig,
 def plan(head, shapes: WalkShapes, config: MosaicBatchedConfig, device: DeviceFacts):
   """The kernel build of this walk (a ``BatchedSpec``, in a ``WithLogits`` when logits
   or log-probabilities are asked for), or why the batched kernel cannot run it."""
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  from wts_jax.pallas.batched.spec import BatchedSpec
   reason = refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
@@ -332,7 +333,8 @@ def _launch_batched(spec, head, base_logits, first_tokens, hidden, score_scale, 
                     seed):
   """The batched kernel, one launch per 64 rows (the rows of a walk are independent)."""
   from wts_jax.output import WalkOutput
-  from wts_jax.pallas.mosaic_batched_walk import batched_walk, row_launches
+  from wts_jax.pallas.batched.launch import batched_walk
+  from wts_jax.pallas.batched.spec import row_launches
   first, status = mosaic_launch.first_tokens(head, first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]

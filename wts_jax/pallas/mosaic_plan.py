@@ -1,4 +1,4 @@
-"""The plan of a Mosaic GPU walk (``mosaic_walk.py``): how each block's W2 shard is cut
+"""The plan of a Mosaic GPU walk (``row/kernel.py``): how each block's W2 shard is cut
 into 64-row chunks, which stay resident in shared memory and which stream through the TMA
 ring, what else the shared memory holds, and the order of a step's chunks. Pure Python on
 static shapes: the budget checks happen here, before anything is lowered or launched."""

@@ -1,8 +1,8 @@
 """The Mosaic row kernel's backend (``impl="mosaic_row"``): from a head and validated
-inputs to one launch of ``mosaic_walk`` (64 W2 rows on the WGMMA's M, up to 4 batch rows
-on N).
+inputs to one launch of the row kernel (``pallas/row``: 64 W2 rows on the WGMMA's M, up
+to 4 batch rows on N).
 
-``plan`` refuses what the kernel cannot run (its scope: ``mosaic_walk``'s docstring) and
+``plan`` refuses what the kernel cannot run (its scope: ``row/kernel.py``'s docstring) and
 makes the shared-memory plan (``mosaic_plan``); ``launch`` launches exactly it, then
 computes the confidence logits from the drafted tokens.
 """
@@ -51,9 +51,9 @@ def refusal(head, shapes: WalkShapes, config: MosaicRowConfig) -> str | None:
 
 
 def plan(head, shapes: WalkShapes, config: MosaicRowConfig, device: DeviceFacts):
-  """The kernel build of this walk (a ``MosaicSpec``, in a ``WithLogits`` when logits or
+  """The kernel build of this walk (a ``RowSpec``, in a ``WithLogits`` when logits or
   log-probabilities are asked for), or why the row kernel cannot run it."""
-  from wts_jax.pallas.mosaic_walk import MosaicSpec
+  from wts_jax.pallas.row.spec import RowSpec
   reason = refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
@@ -62,7 +62,7 @@ def plan(head, shapes: WalkShapes, config: MosaicRowConfig, device: DeviceFacts)
                             base_itemsize=shapes.base_itemsize)
   except ValueError as err:
     return Refusal(str(err))
-  spec = MosaicSpec(plan=mosaic_plan, batch=shapes.batch, steps=shapes.steps,
+  spec = RowSpec(plan=mosaic_plan, batch=shapes.batch, steps=shapes.steps,
                     greedy=shapes.greedy, spin_limit=config.sync_spin_limit,
                     interpret=config.interpret)
   return mosaic_launch.with_logits(spec, shapes)
@@ -81,7 +81,7 @@ def _launch_spec(spec, operands: WalkOperands):
 @functools.partial(jax.jit, static_argnames=("spec",))
 def _launch(spec, head, base_logits, first_tokens, hidden, score_scale, noise_on, seed):
   from wts_jax.output import WalkOutput
-  from wts_jax.pallas.mosaic_walk import mosaic_walk
+  from wts_jax.pallas.row.launch import row_walk
   first, status = mosaic_launch.first_tokens(head, first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   w1 = operands["w1"]
@@ -90,7 +90,7 @@ def _launch(spec, head, base_logits, first_tokens, hidden, score_scale, noise_on
   z_source = dict(w1=w1)
   if spec.plan.int8_state:   # the z tile holds W1's interleaved int8 planes
     z_source = dict(w1=operands["w1_planes"], w1_scale=operands["w1_plane_scale"])
-  tokens, kernel_status = mosaic_walk(spec, operands["w2"], base_logits,
+  tokens, kernel_status = row_walk(spec, operands["w2"], base_logits,
                                       first_tokens=first, seed=seed,
                                       score_scale=score_scale, noise_on=noise_on,
                                       w2_scale=operands.get("w2_scale"),

@@ -43,7 +43,8 @@ def refusal(head, shapes: WalkShapes, config: MosaicStackedConfig) -> str | None
 def plan(head, shapes: WalkShapes, config: MosaicStackedConfig, device: DeviceFacts):
   """The kernel build of this walk (a ``StackedSpec``, in a ``WithLogits`` when logits or
   log-probabilities are asked for), or why the stacked kernel cannot run it."""
-  from wts_jax.pallas.stacked_walk import MAX_BATCH, StackedSpec, plan_stacked
+  from wts_jax.pallas.stacked.plan import MAX_BATCH, plan_stacked
+  from wts_jax.pallas.stacked.spec import StackedSpec
   reason = refusal(head, shapes, config)
   if reason is not None:
     return Refusal(reason)
@@ -92,8 +93,8 @@ def _launch_stacked(spec, head, base_logits, first_tokens, hidden, score_scale, 
                     seed):
   """The stacked kernel, one launch per 64 rows."""
   from wts_jax.output import WalkOutput
-  from wts_jax.pallas.stacked_walk import (row_launches, stacked_walk, w1_planes_operand,
-                                           w2_operand)
+  from wts_jax.pallas.stacked.launch import stacked_walk
+  from wts_jax.pallas.stacked.spec import row_launches, w1_planes_operand, w2_operand
   first, status = mosaic_launch.first_tokens(head, first_tokens, spec.plan.vocab_size)
   operands = serial_operands(head, hidden)
   tokens = []

@@ -116,7 +116,7 @@ def fallback_order(head, shapes) -> tuple[str, ...]:
   a greedy int8-planes walk, else the batched kernel), greedy and sampled, and for the
   gated and rnn heads from one row to 64 (the batched kernel, their update split over
   the blocks or from their table; an int8 W2 widened to bf16); past 64 rows Triton."""
-  from wts_jax.pallas.mosaic_batched_plan import AUTO_BATCHED_RANGE
+  from wts_jax.pallas.batched.auto import AUTO_BATCHED_RANGE
   from wts_jax.pallas.mosaic_plan import AUTO_MAX_BATCH
   low, high = AUTO_BATCHED_RANGE
   head_type = head.config.head_type
