@@ -169,3 +169,47 @@ def write_checkpoint(directory: Path, config: dict, state: dict[str, torch.Tenso
     torch.save({"step": 3}, directory / TRAINING_FILES[0])
     (directory / TRAINING_FILES[1]).write_text("learning_rate = 1e-4\n")
   return directory
+
+
+def target_config(**changes) -> dict:
+  """A Hugging Face Qwen3ForCausalLM ``config.json`` at the tiny sizes (the target the
+  tiny drafter was trained for: ``TARGET_LAYERS`` layers)."""
+  config = {
+      "architectures": ["Qwen3ForCausalLM"], "attention_bias": False,
+      "attention_dropout": 0.0, "dtype": "float32", "eos_token_id": VOCAB - 2,
+      "head_dim": HEAD_DIM, "hidden_act": "silu", "hidden_size": HIDDEN,
+      "intermediate_size": INTERMEDIATE, "max_position_embeddings": 256,
+      "model_type": "qwen3", "num_attention_heads": HEADS,
+      "num_hidden_layers": TARGET_LAYERS, "num_key_value_heads": KV_HEADS,
+      "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 10000.0,
+                                                "rope_type": "default"},
+      "sliding_window": None, "tie_word_embeddings": False, "use_sliding_window": False,
+      "vocab_size": VOCAB,
+  }
+  config.update(changes)
+  return config
+
+
+def target_state_dict(num_layers: int = TARGET_LAYERS, seed: int = 0,
+                      dtype=torch.float32) -> dict[str, torch.Tensor]:
+  """Every tensor of a tiny Qwen3ForCausalLM checkpoint, under the released names
+  (``model.layers.N.self_attn.q_proj.weight``, …), with random values."""
+  torch.manual_seed(seed)
+  shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,),
+            "lm_head.weight": (VOCAB, HIDDEN)}
+  for layer in range(num_layers):
+    for key, shape in backbone_keys().items():
+      if key.startswith("layers.0."):
+        shapes[f"model.layers.{layer}.{key.removeprefix('layers.0.')}"] = shape
+  return {key: (torch.randn(shape) * 0.5).to(dtype) for key, shape in shapes.items()}
+
+
+def write_target(directory: Path, config: dict | None = None,
+                 state: dict[str, torch.Tensor] | None = None) -> Path:
+  """A tiny Qwen3 target checkpoint directory (config.json + model.safetensors)."""
+  directory.mkdir(parents=True, exist_ok=True)
+  (directory / "config.json").write_text(json.dumps(
+      target_config() if config is None else config, indent=2))
+  save_file(target_state_dict() if state is None else state,
+            str(directory / "model.safetensors"), metadata={"format": "pt"})
+  return directory

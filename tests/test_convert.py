@@ -489,19 +489,68 @@ def _no_config(tmp_path):
   return src
 
 
-def _pickle_with_code(tmp_path):
+def _bin_holding(tmp_path, name: str, value, **save_options):
+  """A .bin checkpoint whose state dict also holds ``value`` under ``name``."""
   src = _checkpoint(tmp_path, layout="bin")
   state = torch.load(src / "pytorch_model.bin", weights_only=True)
-  state["optimizer_hook"] = NotATensor()
-  torch.save(state, src / "pytorch_model.bin")
+  state[name] = value
+  torch.save(state, src / "pytorch_model.bin", **save_options)
   return src
 
 
+def _pickle_with_code(tmp_path):
+  return _bin_holding(tmp_path, "optimizer_hook", NotATensor())
+
+
 def _legacy_pickle_with_code(tmp_path):
+  return _bin_holding(tmp_path, "optimizer_hook", NotATensor(),
+                      _use_new_zipfile_serialization=False)
+
+
+def _config_field(name, value):
+  """A config whose field ``name`` holds ``value`` (a wrong type, or a setting the drafter's
+  layers cannot run: load_dspark reads the same fields)."""
+  def make(tmp_path):
+    return _checkpoint(tmp_path, edit_config=lambda c: c.update({name: value}))
+  make.__name__ = f"_{name}_{type(value).__name__}"
+  return make
+
+
+def _config_not_an_object(tmp_path):
+  src = _checkpoint(tmp_path)
+  (src / "config.json").write_text("5")
+  return src
+
+
+def _layer_count_bomb(tmp_path):
+  return _checkpoint(tmp_path, edit_config=lambda c: c.update(num_hidden_layers=10_000_000))
+
+
+def _zeroed_matrix(tmp_path):
+  return _checkpoint(tmp_path, edit_state=lambda s: s["markov_head.markov_w2.weight"].zero_())
+
+
+def _int_tensor(tmp_path):
+  return _checkpoint(tmp_path, edit_state=lambda s: s.update(
+      {"fc.weight": s["fc.weight"].to(torch.int64)}))
+
+
+class RunsAShell:
+  """A pickle that would run a shell command when unpickled without weights_only."""
+
+  def __reduce__(self):
+    return (os.system, ("echo unpickled",))
+
+
+def _pickle_calling_a_blocked_module(tmp_path):
+  return _bin_holding(tmp_path, "hook", RunsAShell())
+
+
+def _torchscript_archive(tmp_path):
   src = _checkpoint(tmp_path, layout="bin")
-  state = torch.load(src / "pytorch_model.bin", weights_only=True)
-  state["optimizer_hook"] = NotATensor()
-  torch.save(state, src / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+  with warnings.catch_warnings():   # torch.jit is deprecated; the files it wrote are not
+    warnings.simplefilter("ignore", DeprecationWarning)
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), src / "pytorch_model.bin")
   return src
 
 
@@ -561,11 +610,30 @@ REFUSALS = [
                              "NotATensor object", "never runs code"]),
     (_legacy_pickle_with_code, [], ["pytorch_model.bin: refused to unpickle (it holds a "
                                     "pickled ", "NotATensor object"]),
+    (_pickle_calling_a_blocked_module, [], ["pytorch_model.bin: refused to unpickle (it "
+                                            "calls posix.system", "never runs code"]),
+    (_torchscript_archive, [], ["pytorch_model.bin: refused to unpickle (a TorchScript "
+                                "archive", "never runs code"]),
     (_truncated_bin, [], ["pytorch_model.bin: truncated or corrupt .bin file"]),
     (_empty_bin, [], ["pytorch_model.bin: empty file (0 bytes)"]),
     (_not_a_torch_file, [], ["pytorch_model.bin: not a PyTorch checkpoint"]),
     (_non_finite_backbone, ["--full"], ["'lm_head.weight' in model.safetensors holds 1 "
                                         "non-finite values"]),
+    (_config_field("rope_scaling", "abc"), [],
+     ["config.json: rope_scaling='abc' must be a JSON object or null"]),
+    (_config_field("rope_scaling", {"rope_type": "yarn", "factor": 4.0}), [],
+     ["rope_scaling.rope_type='yarn' is not supported"]),
+    (_config_field("rope_theta", "abc"), [], ["rope_theta='abc' must be a finite number > 0"]),
+    (_config_field("block_size", "7"), [], ["block_size='7' must be a positive integer"]),
+    (_config_field("enable_confidence_head", "false"), [],
+     ["enable_confidence_head='false' must be true or false"]),
+    (_config_field("hidden_act", "gelu"), [], ["hidden_act='gelu' must be one of"]),
+    (_config_field("num_target_layers", 6.0), [],
+     ["num_target_layers=6.0 must be a positive integer"]),
+    (_config_not_an_object, [], ["config.json: 5 must be a JSON object, not a number"]),
+    (_layer_count_bomb, [], ["num_hidden_layers=10000000", "layers 0-1 (2 layers)"]),
+    (_zeroed_matrix, [], ["'markov_head.markov_w2.weight' in model.safetensors is all zeros"]),
+    (_int_tensor, ["--full"], ["'fc.weight' in model.safetensors has dtype int64"]),
 ]
 
 
@@ -583,8 +651,11 @@ def test_refusal_names_the_culprit_and_writes_nothing(tmp_path, capsys, make_che
 
   err = capsys.readouterr().err
   assert err.startswith("wts-convert: error: ") and err.count("\n") == 1, err
-  # A security refusal must not pass on torch's advice to load the pickle anyway.
-  assert "weights_only=False" not in err and "\x1b" not in err, err
+  # A security refusal must not pass on torch's advice to load the pickle anyway, in any
+  # of its wordings ("weights_only=False", "`weights_only` set to `False`", "if you
+  # trust the source"): the only weights_only named is wts-convert's own.
+  assert "weights_only" not in err.replace("torch.load(weights_only=True)", ""), err
+  assert "trust" not in err and "\x1b" not in err, err
   for message in messages:
     assert message in err, (message, err)
   assert not (tmp_path / "dst").exists()

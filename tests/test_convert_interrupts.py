@@ -56,7 +56,9 @@ def src(tmp_path):
 # "manifest": after every item is staged, before the manifest (a signal raises at once);
 # "save": inside an orbax save, where a signal is held until the save has finished.
 CHILD = textwrap.dedent("""
-    import pathlib, sys, time
+    import os, pathlib, signal, sys, time
+    if os.environ.get("IGNORE_SIGHUP"):   # as nohup starts it
+      signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from wts_jax.convert import converter
     marker, where = pathlib.Path(sys.argv[1]), sys.argv[2]
     real_save, real_write_json = converter.save_arrays, converter.write_json
@@ -79,11 +81,12 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def start_child(tmp_path, where: str, *args) -> tuple[subprocess.Popen, Path]:
+def start_child(tmp_path, where: str, *args, **env_changes) -> tuple[subprocess.Popen, Path]:
   marker = tmp_path / f"reached-{where}"
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                      os.environ.get("PYTHONPATH")])))
+                                                      os.environ.get("PYTHONPATH")])),
+             **env_changes)
   child = subprocess.Popen([sys.executable, "-c", CHILD, str(marker), where,
                             *map(str, args)], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
@@ -116,6 +119,85 @@ def test_signal_removes_the_staging_directory(tmp_path, src, signum, where):
   assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("signum,where", [(signal.SIGHUP, "manifest"),
+                                          (signal.SIGHUP, "save"),
+                                          (signal.SIGQUIT, "manifest"),
+                                          (signal.SIGUSR1, "save"),
+                                          (signal.SIGALRM, "manifest"),
+                                          (signal.SIGRTMIN + 3, "manifest")],
+                         ids=["SIGHUP-manifest", "SIGHUP-save", "SIGQUIT-manifest",
+                              "SIGUSR1-save", "SIGALRM-manifest", "SIGRTMIN+3-manifest"])
+def test_every_catchable_signal_removes_the_staging_directory(tmp_path, src, signum, where):
+  """A closed terminal (SIGHUP) and every other signal that would end the process clean
+  up as Ctrl-C does."""
+  dst = tmp_path / "dst"
+  child, _ = start_child(tmp_path, where, src, dst, "--full")
+  child.send_signal(signum)
+  stdout, stderr = child.communicate(timeout=120)
+  name = staging_signal_name(signum)
+  assert child.returncode == 128 + signum, stderr
+  assert stderr == f"wts-convert: interrupted ({name}); nothing was written\n", stderr
+  assert not dst.exists() and leftovers(tmp_path) == []
+
+
+def staging_signal_name(signum: int) -> str:
+  from wts_jax.convert.interrupts import signal_name
+  return signal_name(signum)
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_cannot_cut_the_write_or_the_clean_up_short(tmp_path, src, second):
+  """Two signals 0.2 s apart inside an orbax save: the first is held until the save has
+  finished, the second is ignored — acting on it would remove the staging directory
+  while orbax's writer threads still write into it (what left 117–803 MB staging
+  folders and an orbax traceback). Nothing is left, no traceback."""
+  dst = tmp_path / "dst"
+  child, _ = start_child(tmp_path, "save", src, dst, "--full")
+  sent = time.monotonic()
+  child.send_signal(signal.SIGTERM)
+  time.sleep(0.2)
+  child.send_signal(second)
+  stdout, stderr = child.communicate(timeout=120)
+  assert time.monotonic() - sent > 2   # the save (which first sleeps 3 s) was let finish
+  assert child.returncode == 128 + signal.SIGTERM, stderr
+  assert stderr == "wts-convert: interrupted (SIGTERM); nothing was written\n", stderr
+  assert not dst.exists() and leftovers(tmp_path) == []
+
+
+def test_a_signal_during_the_clean_up_lets_it_finish(tmp_path, src, monkeypatch, capsys):
+  """SIGTERM stops the conversion; another SIGTERM lands inside the clean-up's removal:
+  the removal finishes and the exit reports the first."""
+  from wts_jax.convert import converter
+  dst = tmp_path / "dst"
+  real_rmtree = staging.shutil.rmtree
+  removals = []
+
+  def rmtree_signalled(path, *args, **kwargs):
+    removals.append(path)
+    os.kill(os.getpid(), signal.SIGTERM)
+    real_rmtree(path, *args, **kwargs)
+
+  def write_json_then_stop(path, content):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(converter, "write_json", write_json_then_stop)
+  monkeypatch.setattr(staging.shutil, "rmtree", rmtree_signalled)
+  assert run_cli(src, dst, "--full") == 128 + signal.SIGTERM
+  assert capsys.readouterr().err == ("wts-convert: interrupted (SIGTERM); nothing was "
+                                     "written\n")
+  assert removals and not dst.exists() and leftovers(tmp_path) == []
+
+
+def test_an_ignored_sighup_stays_ignored(tmp_path, src):
+  """Under nohup SIGHUP is ignored, and the conversion must not take that back."""
+  dst = tmp_path / "dst"
+  child, _ = start_child(tmp_path, "save", src, dst, IGNORE_SIGHUP="1")
+  child.send_signal(signal.SIGHUP)
+  stdout, stderr = child.communicate(timeout=120)
+  assert child.returncode == 0, stderr
+  assert stored_dtype(dst) == "bfloat16" and leftovers(tmp_path) == []
+
+
 def test_kill_9_leftovers_are_removed_by_the_next_run(tmp_path, src):
   dst = tmp_path / "dst"
   child, _ = start_child(tmp_path, "manifest", src, dst)
@@ -130,6 +212,8 @@ def test_kill_9_leftovers_are_removed_by_the_next_run(tmp_path, src):
 
 
 def test_only_dead_processes_leftovers_are_removed(tmp_path, src):
+  """Every dead process's staging in the destination's folder, whatever output it was
+  for; never a live one's, nor another host's."""
   dst = tmp_path / "dst"
   dead = tmp_path / staging.staging_name(dst, dead_pid())
   legacy = tmp_path / f".dst.wts-convert-{dead_pid()}"   # named before hosts were recorded
@@ -142,7 +226,8 @@ def test_only_dead_processes_leftovers_are_removed(tmp_path, src):
       (directory / "head").mkdir(parents=True)
       (directory / "head" / "data").write_bytes(b"x" * 100)
     assert run_cli(src, dst) == 0
-    assert leftovers(tmp_path) == sorted([other_host.name, other_dst.name, live.name])
+    # A dead process's staging for another output in the same folder goes too.
+    assert leftovers(tmp_path) == sorted([other_host.name, live.name])
   finally:
     sleeper.kill()
     sleeper.wait()

@@ -143,6 +143,10 @@ def _head_type_edited(dst):
   edit_manifest(dst, lambda manifest: manifest["head"].update(head_type="lstm"))
 
 
+def _head_flag_edited(dst):
+  edit_manifest(dst, lambda manifest: manifest["head"].update(confidence="false"))
+
+
 def _dtype_edited(dst):
   edit_manifest(dst, lambda manifest: manifest.update(dtype="int8"))
 
@@ -193,6 +197,7 @@ DAMAGES = [
                                f"[{VOCAB}, {RANK // 2}]"]),
     (_head_type_edited, [f"{MANIFEST}: head", "head_type='lstm' must be one of"]),
     (_dtype_edited, [f"{MANIFEST}: dtype='int8' is not one of"]),
+    (_head_flag_edited, [f"{MANIFEST}: head", "confidence='false' must be a bool"]),
     (_nan_without_checksums, ["'markov_head.markov_w2.weight' holds 1 non-finite values"]),
     (_array_missing_from_item, [f"/head: lacks 'markov_head.markov_w2.weight', which "
                                 f"{MANIFEST} lists"]),
@@ -219,6 +224,27 @@ def test_damage_is_one_checkpoint_error_naming_the_file(tmp_path, capfd, convert
       assert expected in message, (expected, message)
   err = capfd.readouterr().err
   assert not any(noise in err for noise in NOISE), err
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("block_size", "7", "drafter.block_size='7' must be a positive integer"),
+    ("target_layer_ids", [1, "3"], "drafter.target_layer_ids=[1, '3'] must be a non-empty "
+                                   "list of integers >= -1"),
+    ("confidence", 1, "drafter.confidence=1 must be true or false"),
+    ("mask_token_id", VOCAB, f"drafter.mask_token_id={VOCAB} must be an integer in [0, "
+                             f"{VOCAB - 1}]"),
+    ("markov_head_type", "lstm", "drafter.markov_head_type='lstm' must be one of"),
+    ("layers", 2, "drafter holds 'layers', which is not a drafter config field"),
+])
+def test_edited_drafter_config_is_named(tmp_path, converted, field, value, message):
+  dst = tmp_path / "dst"
+  shutil.copytree(converted, dst)
+  edit_manifest(dst, lambda manifest: manifest["drafter"].update({field: value}))
+  with pytest.raises(wts_jax.CheckpointError) as raised:
+    wts_jax.load_drafter(dst)
+  text = str(raised.value)
+  assert "\n" not in text and f"{MANIFEST}: {message}" in text, text
+  assert "the manifest was edited or damaged" in text, text
 
 
 def test_undamaged_directory_still_loads(converted):

@@ -10,6 +10,7 @@ from wts_jax.spec import bench_e2e
 def test_tiny_run_writes_the_json_and_the_plot(tmp_path):
   out = tmp_path / "e2e.json"
   code = bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "none",
+                         "--method", "pieces",
                          "--prompt-len", "8", "--draft-len", "3", "--repeats", "1",
                          "--chain", "1", "--dtype", "float32", "--acceptance", "0.5",
                          "--out", str(out)])
@@ -79,3 +80,25 @@ def test_duplicate_batches_refused(capsys):
     bench_e2e.main(["--batches", "1,1"])
   assert exit_info.value.code == 2 and "'1,1' names a value more than once" in (
       capsys.readouterr().err)
+
+
+def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
+  """--method generate on the CPU, the profile's split stubbed (a CPU records no GPU
+  kernel): the records carry per-iteration phases, wall-clock rates and the greedy
+  output's agreement with the target's own decode (exact in float32)."""
+  split = {"verify": 8e-3, "drafter": 2e-3, "walk": 1e-3, "prefill": 5e-3, "other": 1e-3,
+           "unattributed": 0.0}
+  monkeypatch.setattr(bench_e2e.phase_profile, "phase_seconds",
+                      lambda folder, hlo: dict(split))
+  out = tmp_path / "e2e.json"
+  assert bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "xla",
+                         "--prompt-len", "8", "--draft-len", "3", "--new-tokens", "6",
+                         "--dtype", "float32", "--profile", str(tmp_path / "profile"),
+                         "--out", str(out)]) == 0
+  [row] = json.loads(out.read_text())["results"]
+  iterations = row["generate_iterations"]
+  assert row["verify_s"] == pytest.approx(8e-3 / iterations)
+  assert row["total_s"] == pytest.approx(12e-3 / iterations)
+  assert row["autoregressive_s"] == pytest.approx(8e-3 / 5)
+  assert row["greedy_agreement_with_autoregressive"] == 1.0
+  assert row["generate_tokens"] == 12 and row["generate_tokens_per_s"] > 0

@@ -59,3 +59,22 @@ def test_errors_exit_2(checkpoints, tmp_path, capsys):
     cli.main(["--target", str(tmp_path), "--drafter", str(tmp_path), "--ids", "1,x"])
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and "'1,x'" in err, err
+
+
+def test_a_target_whose_logits_overflow_is_one_error_line(checkpoints, tmp_path, capsys):
+  """Finite on disk, infinite at run time (3e38 in one layer's MLP): exit 2, no tokens."""
+  import shutil
+  from safetensors.torch import load_file, save_file
+  target = tmp_path / "target"
+  shutil.copytree(checkpoints / "target", target)
+  state = load_file(target / "model.safetensors")
+  for name in ("up_proj", "down_proj"):
+    state[f"model.layers.0.mlp.{name}.weight"][:] = 3e38
+  save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+  code = cli.main(["--target", str(target), "--drafter", str(checkpoints / "drafter"),
+                   "--ids", "1,2,3", "--max-new-tokens", "4", "--dtype", "float32",
+                   "--walk", "xla", "--no-eos"])
+  out = capsys.readouterr()
+  assert code == 2 and out.out == "", out
+  assert out.err.startswith("error: generate status=") and "target's logits" in out.err
+  assert len(out.err.strip().splitlines()) == 1

@@ -25,7 +25,7 @@ def models():
   """A 6-token vocabulary, so a random drafter still gets some drafts accepted. The
   drafter stores bf16 and has rank 16, as the walk kernel needs (interpret mode here)."""
   target_config = Qwen3Config.tiny(vocab_size=6, num_layers=3)
-  target = make_qwen3(target_config, seed=1, **F32)
+  target = make_qwen3(target_config, seed=2, **F32)
   drafter = make_dspark(DSparkConfig.tiny(target_config, head_type="gated", block_size=4,
                                           target_layer_ids=(-1, 1), rank=16),
                         seed=2, param_dtype=jnp.bfloat16, dtype=jnp.float32)
@@ -65,31 +65,40 @@ def test_greedy_with_the_walk_kernel_stops_at_eos_per_row(models):
   """The persistent walk kernel's own code (Pallas interpret mode) inside the loop."""
   target, drafter = models
   reference = greedy_reference(target, PROMPTS, 12)
-  eos = reference[1][4]          # a token row 1 emits mid-way; other rows may emit it too
+  # A token row 1 first emits mid-way, which makes the rows stop at different steps.
+  candidates = [token for token in reference[1][2:10]
+                if 2 <= reference[1].index(token) < 10
+                and len({len(row) for row in greedy_reference(target, PROMPTS, 12,
+                                                              eos_id=token)}) > 1]
+  assert candidates, "no token of row 1 ends the rows at different steps"
+  eos = candidates[0]
   out = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="pallas",
                  walk_config=TritonConfig(interpret=True), eos_id=eos)
   expected = greedy_reference(target, PROMPTS, 12, eos_id=eos)
   assert out.rows() == expected
-  # The rows stop at their EOS at different steps (row 1 first), the others running on.
-  assert len(expected[1]) == 5 and len({len(row) for row in expected}) == len(expected)
+  assert expected[1][-1] == eos and len(expected[1]) < 12
 
 
 @dataclasses.dataclass(frozen=True)
 class CyclingPolicy:
-  """k = 1, 2, 1, … with row 0 capped at one accepted draft: exercises the switch."""
+  """k runs through ``draft_lens`` in turn (0: an iteration without a draft), row 0
+  capped at one accepted draft: exercises the switch, K = 0 and the caps. Not a pytree:
+  the loop compiles it in."""
 
-  max_draft_len: int = 2
+  draft_lens: tuple[int, ...] = (0, 1, 2)
 
   def init(self, batch):
     return jnp.int32(0)
 
-  def choose(self, state, active):
-    k = state % self.max_draft_len + 1
+  def choose(self, state, active, new_request=None, rows=None):
+    assert new_request is not None and new_request.shape == active.shape
+    assert rows is not None and rows.shape == ()
+    k = jnp.asarray(self.draft_lens, jnp.int32)[state % len(self.draft_lens)]
     cap = jnp.full(active.shape, k, jnp.int32).at[0].set(jnp.minimum(k, 1))
     return k, cap, state
 
-  def observe(self, state, k, accepted, confidence, active):
-    assert confidence is not None and confidence.shape[1] == self.max_draft_len
+  def observe(self, state, k, accepted, confidence, active, measured=None):
+    assert confidence is not None and confidence.shape[1] == self.draft_lens[-1]
     return state + 1
 
 
@@ -97,17 +106,83 @@ def test_a_policy_switching_k_and_capping_rows_stays_exact(models):
   target, drafter = models
   out = generate(target, drafter, PROMPTS, 12, draft_len=CyclingPolicy(), walk_impl="xla")
   assert out.rows() == greedy_reference(target, PROMPTS, 12)
+  assert int(out.policy_state) == int(out.iterations)
 
 
-def test_sampling_matches_the_targets_distribution(models):
-  """Chi-square of 3-token continuations against the exact target probabilities."""
+@dataclasses.dataclass(frozen=True)
+class RecordingPolicy:
+  """Cycles K = 1, 2, 0 and records, per iteration, the measured time it was handed and
+  the tokens the batch committed (what the fake clock below counts)."""
+
+  draft_lens: tuple[int, ...] = (0, 1, 2)
+  iterations: int = 32
+
+  def init(self, batch):
+    nan = jnp.full((self.iterations,), jnp.nan, jnp.float32)
+    return dict(i=jnp.int32(0), seconds=nan, measured_k=jnp.full((self.iterations,), -1),
+                rows=jnp.zeros((self.iterations,), jnp.int32),
+                chosen=jnp.full((self.iterations,), -1), committed=nan)
+
+  def choose(self, state, active, new_request=None, rows=None):
+    k = jnp.asarray((1, 2, 0), jnp.int32)[state["i"] % 3]
+    return k, jnp.full(active.shape, k, jnp.int32), state
+
+  def observe(self, state, k, accepted, confidence, active, measured=None):
+    assert measured is not None, "the loop handed no measured time"
+    i = state["i"]
+    committed = jnp.sum(jnp.where(active, accepted + 1, 0)).astype(jnp.float32)
+    return dict(i=i + 1, seconds=state["seconds"].at[i].set(measured.seconds),
+                measured_k=state["measured_k"].at[i].set(measured.draft_len),
+                rows=state["rows"].at[i].set(measured.rows),
+                chosen=state["chosen"].at[i].set(k),
+                committed=state["committed"].at[i].set(committed))
+
+
+def test_each_iteration_is_measured_by_the_device_clock_one_iteration_late(models,
+                                                                           monkeypatch):
+  """The loop's clock wiring, with a fake clock that reads 1 ms per token the batch has
+  in its caches: iteration t is handed iteration t - 1's time (its K and rows), which
+  is then 1 ms per token t - 1 committed; the first iteration gets NaN."""
+  from wts_jax.pallas import device_clock
+
+  def fake_stamp(last, length):
+    del last
+    return jnp.stack([jnp.sum(length).astype(jnp.uint32) * jnp.uint32(1_000_000),
+                      jnp.uint32(0)])
+  monkeypatch.setattr(device_clock, "available", lambda: True)
+  monkeypatch.setattr(device_clock, "stamp", fake_stamp)
+  target, drafter = models
+  out = generate(target, drafter, PROMPTS, 12, draft_len=RecordingPolicy(), walk_impl="xla")
+  assert out.rows() == greedy_reference(target, PROMPTS, 12)
+  record = jax.tree.map(np.asarray, out.policy_state)
+  n = int(record["i"])
+  assert n == int(out.iterations) >= 3
+  assert np.isnan(record["seconds"][0])
+  np.testing.assert_allclose(record["seconds"][1:n], record["committed"][:n - 1] * 1e-3,
+                             rtol=1e-6)
+  assert record["measured_k"][1:n].tolist() == record["chosen"][:n - 1].tolist()
+  assert set(record["rows"][1:n].tolist()) == {len(PROMPTS)}
+
+
+def test_draft_len_zero_is_the_target_alone(models):
+  """K = 0: one target token per row and iteration, no draft accepted, the same tokens."""
+  target, drafter = models
+  out = generate(target, drafter, PROMPTS, 12, draft_len=0, walk_impl="xla")
+  assert out.rows() == greedy_reference(target, PROMPTS, 12)
+  assert int(np.sum(out.accepted)) == 0 and int(out.iterations) == 11
+
+
+@pytest.mark.parametrize("draft_len", [2, CyclingPolicy((0, 2))], ids=["k2", "k0-k2"])
+def test_sampling_matches_the_targets_distribution(models, draft_len):
+  """Chi-square of 3-token continuations against the exact target probabilities (with
+  a fixed K, and with K = 0 iterations between drafting ones)."""
   target, drafter = models
   vocab, new, rows = 6, 3, 6000
   prompt = [1, 2, 3, 4]
   temperature = 1.3
   out = generate(target, drafter, [prompt] * rows, new, temperature=temperature,
-                 key=jax.random.key(7), draft_len=2, walk_impl="xla")
-  assert int(np.sum(out.accepted)) > rows // 4, "too few acceptances to test the rule"
+                 key=jax.random.key(7), draft_len=draft_len, walk_impl="xla")
+  assert int(np.sum(out.accepted)) > rows // 8, "too few acceptances to test the rule"
   samples = np.asarray(out.tokens)
   counts = np.zeros((vocab,) * new)
   np.add.at(counts, tuple(samples.T), 1)
@@ -162,3 +237,61 @@ def test_bad_input_is_refused_before_any_work(models, monkeypatch):
     generate(target, drafter, PROMPTS, 3, temperature=0.5)
   with pytest.raises(ValueError, match="walk_impl='fast'"):
     generate(target, drafter, PROMPTS, 3, walk_impl="fast")
+
+
+def _poisoned(model, layer: int, name: str):
+  """A copy of ``model`` with one weight entry of layer ``layer`` set to NaN."""
+  copy = nnx.clone(model)
+  weight = getattr(copy.layers[layer], name)
+  weight.set_value(weight.get_value().at[0, 0].set(jnp.nan))
+  return copy
+
+
+def test_a_target_that_turns_nan_stops_with_an_error_not_tokens(models):
+  target, drafter = models
+  bad = _poisoned(target, 1, "down_proj")
+  with pytest.raises(loop.GenerateError, match="target's logits were NaN"):
+    generate(bad, drafter, PROMPTS, 6, draft_len=3, walk_impl="xla")
+  out = generate(bad, drafter, PROMPTS, 6, draft_len=3, walk_impl="xla", check=False)
+  assert int(out.status) & loop.STATUS_TARGET_NONFINITE
+  assert out.rows() == [[], [], []]     # nothing committed from NaN logits
+
+
+def test_a_drafter_that_turns_nan_is_reported_and_the_output_stays_exact(models):
+  target, drafter = models
+  bad = _poisoned(drafter, 0, "o_proj")
+  with pytest.raises(loop.GenerateError, match="drafter's logits were NaN"):
+    generate(target, bad, PROMPTS, 6, draft_len=3, walk_impl="xla")
+  out = generate(target, bad, PROMPTS, 6, draft_len=3, walk_impl="xla", check=False)
+  assert int(out.status) & loop.STATUS_DRAFTER_NONFINITE
+  assert out.rows() == greedy_reference(target, PROMPTS, 6)
+  assert int(np.sum(out.accepted)) == 0
+
+
+def test_several_iterations_per_host_check_give_the_same_output(models):
+  target, drafter = models
+  one = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="xla")
+  three = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="xla",
+                   iterations_per_check=3)
+  assert three.rows() == one.rows()
+  assert int(three.iterations) == int(one.iterations) and int(three.status) == 0
+
+
+def test_eos_and_length_errors_name_the_value(models):
+  target, drafter = models
+  for eos in ("19", b"3", 2.0, True, [1, "2"]):
+    with pytest.raises(ValueError, match="eos_id=.* must be a token id"):
+      generate(target, drafter, PROMPTS, 3, eos_id=eos)
+  limit = target.config.max_position_embeddings
+  with pytest.raises(ValueError, match=f"max_position_embeddings={limit}"):
+    generate(target, drafter, PROMPTS, limit)
+  for name, value in (("draft_w2", "int4"), ("iterations_per_check", 0),
+                      ("attention_impl", "flash")):
+    with pytest.raises(ValueError, match=f"{name}="):
+      generate(target, drafter, PROMPTS, 3, **{name: value})
+
+
+def test_the_autoregressive_baseline_is_the_targets_greedy_decoding(models):
+  target, _ = models
+  tokens = np.asarray(loop.decode_autoregressive(target, PROMPTS, 8))
+  assert [row.tolist() for row in tokens] == greedy_reference(target, PROMPTS, 8)

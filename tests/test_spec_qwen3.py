@@ -78,10 +78,14 @@ def test_verify_over_a_cache_matches_a_full_forward_per_row(tmp_path):
 
 def test_cache_write_puts_each_row_at_its_start():
   cache = KVCache.empty(2, 2, 8, 1, 2, jnp.float32)
-  new = jnp.ones((2, 2, 3, 1, 2))
+  assert cache.max_len >= 8 and len(cache.keys) == 2
+  new = jnp.ones((2, 2, 1, 3, 2))                     # [L, B, Kv, T, h]
   written = cache.write(new, 2 * new, jnp.array([1, 4]))
-  occupied = np.asarray(written.keys[0, :, :, 0, 0])
-  assert occupied.tolist() == [[0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 0]]
+  for layer in range(2):
+    occupied = np.asarray(written.keys[layer][:, 0, :, 0])
+    assert occupied[:, :8].tolist() == [[0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 0]]
+    assert not occupied[:, 8:].any()
+    assert np.asarray(written.values[layer]).max() == 2
 
 
 def test_bad_checkpoints_are_refused_by_name(tmp_path):

@@ -63,15 +63,6 @@ def test_forgetting_follows_a_shift():
   assert float(p[0]) < 0.05
 
 
-def test_calibration_counts_by_confidence_bin():
-  counts = acc.empty_counts((2, 4))
-  confidence = jnp.array([[3.0, -3.0], [-3.0, 3.0]])  # sigma bins: 3, 0 / 0, 3
-  # Row 0 accepts both positions; row 1 is rejected at position 0 (never reaches 1).
-  counts = acc.update_calibration(counts, 2, jnp.array([2, 0]), confidence)
-  np.testing.assert_array_equal(counts.reached, [[1, 0, 0, 1], [1, 0, 0, 0]])
-  np.testing.assert_array_equal(counts.survived, [[0, 0, 0, 1], [1, 0, 0, 0]])
-
-
 def test_shifted_prior_lifts_unobserved_positions_to_the_observed_level():
   # Only 3 positions drafted, all at a high level; the prior says low everywhere.
   prior = np.array([0.6, 0.55, 0.5, 0.45, 0.4])
@@ -86,3 +77,11 @@ def test_shifted_prior_lifts_unobserved_positions_to_the_observed_level():
   # No evidence: the prior itself.
   np.testing.assert_allclose(acc.shifted_prior(acc.empty_counts((5,)), prior, 4.0), prior,
                              rtol=1e-5)
+
+
+def test_one_block_moves_the_shifted_prior_by_one_blocks_worth():
+  """A single rejected block at position 0 must not drag every position to the floor."""
+  prior = np.full(5, 0.75)
+  counts = acc.update(acc.empty_counts((5,)), 6, jnp.array([0]))
+  shifted = np.asarray(acc.shifted_prior(counts, prior, 12.0))
+  assert np.all(shifted > 0.65) and np.all(shifted < 0.75)

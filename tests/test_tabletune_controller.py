@@ -1,17 +1,21 @@
-"""The TableTune controller: the DraftPolicy contract, jit inside while_loop, shifts."""
+"""The TableTune controller: the DraftPolicy contract, its static/array split, K = 0 and
+probing, live cost correction, labels, per-slot resets, shifts."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wts_jax.spec.policy import DraftPolicy, as_policy
+from wts_jax.spec.policy import DraftPolicy, MeasuredIteration, as_policy
 from wts_jax.tabletune.controller import TableTuneController
 from wts_jax.tabletune.cost_model import modelled_cost_fn
+from wts_jax.tabletune.cost_table import CostTable
 from wts_jax.tabletune.profile import profile_costs
 from wts_jax.tabletune.simulate import replay
 from wts_jax.tabletune.table import best_draft_len
-from wts_jax.tabletune.traces import Phase, make_trace, regime_profile
+from wts_jax.tabletune.traces import Phase, make_trace, measured_profile, regime_profile
 
 K = 7
 
@@ -23,42 +27,188 @@ def costs():
                        source="modelled")
 
 
-def test_is_a_draft_policy(costs):
+def verify_bound_costs(draft_lens=tuple(range(K + 1))) -> CostTable:
+  """A loop whose verification dominates at large B: drafting costs 0.6 ms a token a
+  row past B = 16, so that not drafting wins there when acceptance is low."""
+  batches = (1, 16, 64, 128)
+  seconds = [[0.010 + 1e-3 * (k > 0) + 0.6e-3 * k * max(b - 16, 0) / 16 for k in draft_lens]
+             for b in batches]
+  return CostTable("x", "t", "d", batches, tuple(draft_lens),
+                   tuple(map(tuple, seconds)), {"source": "test"})
+
+
+def test_is_a_draft_policy_with_static_and_array_parts(costs):
   controller = TableTuneController.from_table(costs, regime_profile("chat", K))
   assert isinstance(controller, DraftPolicy) and as_policy(controller) is controller
-  assert controller.max_draft_len == K
-  hash(controller)  # a static argument of jit
+  assert controller.draft_lens == tuple(range(K + 1)) and controller.max_draft_len == K
+  leaves, treedef = jax.tree.flatten(controller)
+  assert [leaf.shape for leaf in leaves] == [(5,), (5, K + 1), (K,)]
+  hash(treedef)  # the static part keys the compiled loop
   with pytest.raises(ValueError, match="decay"):
     TableTuneController.from_table(costs, regime_profile("chat", K), decay=0.0)
   with pytest.raises(ValueError, match="prior_acceptance"):
     TableTuneController.from_table(costs, regime_profile("chat", 3))
+  with pytest.raises(ValueError, match="not in the table's draft_lens"):
+    TableTuneController.from_table(costs.restricted((0, 1, 2, 3, 5, 7)),
+                                   regime_profile("chat", K), draft_lens=(0, 4, 7))
 
 
-@pytest.mark.parametrize("options", [{}, {"confidence_bins": 4, "row_stop_survival": 0.3},
-                                     {"cost_at_active_batch": False}])
-def test_jittable_inside_while_loop(costs, options):
-  controller = TableTuneController.from_table(costs, regime_profile("chat", K), **options)
+def test_new_numbers_never_recompile(costs):
+  """The cost table, the prior and the learnt costs are operands; the draft lengths and
+  options are the compiled program's."""
+  calls = []
+
+  @jax.jit
+  def first_choice(controller):
+    calls.append(1)
+    k, _, _ = controller.choose(controller.init(8), jnp.ones(8, bool))
+    return k
+
+  controller = TableTuneController.from_table(costs, regime_profile("chat", K))
+  first_choice(controller)
+  cheaper = dataclasses.replace(controller, seconds=controller.seconds * 0.5,
+                                prior=controller.prior * 0.9)
+  first_choice(cheaper)
+  first_choice(TableTuneController.from_table(costs.with_noise(0.05, 1),
+                                              regime_profile("code", K)))
+  assert len(calls) == 1
+  first_choice(dataclasses.replace(controller, hysteresis=0.05))
+  assert len(calls) == 2
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_jittable_inside_while_loop(costs, measured):
+  controller = TableTuneController.from_table(costs, regime_profile("chat", K))
   batch = 6
   active = jnp.array([True] * 5 + [False])
 
   @jax.jit
-  def run(key):
+  def run(controller, key):
     def body(carry):
       i, state, key, ks = carry
-      key, sub = jax.random.split(key)
-      k, cap, state = controller.choose(state, active)
+      key, sub, new_key = jax.random.split(key, 3)
+      new_request = jax.random.bernoulli(new_key, 0.1, (batch,)) & active
+      k, cap, state = controller.choose(state, active, new_request, jnp.int32(batch))
       accepted = jnp.minimum(jax.random.randint(sub, (batch,), 0, K + 1), cap)
-      confidence = jax.random.normal(sub, (batch, K))
-      state = controller.observe(state, k, accepted, confidence, active)
+      timing = (MeasuredIteration(jnp.float32(0.01), k, jnp.int32(batch)) if measured
+                else None)
+      state = controller.observe(state, k, accepted, None, active, timing)
       return i + 1, state, key, ks.at[i].set(k)
     init = (0, controller.init(batch), key, jnp.zeros(20, jnp.int32))
     return jax.lax.while_loop(lambda c: c[0] < 20, body, init)
 
-  _, state, _, ks = run(jax.random.PRNGKey(0))
-  assert np.all((np.asarray(ks) >= 1) & (np.asarray(ks) <= K))
+  _, state, _, ks = run(controller, jax.random.PRNGKey(0))
+  assert np.all((np.asarray(ks) >= 0) & (np.asarray(ks) <= K))
   assert jax.tree.map(jnp.shape, state) == jax.tree.map(jnp.shape, controller.init(batch))
-  # observe also takes confidence=None (a drafter without a confidence head)
-  controller.observe(state, jnp.int32(3), jnp.zeros(batch, jnp.int32), None, active)
+  assert int(state.timed) == (20 if measured else 0)
+
+
+def test_turns_drafting_off_where_it_loses_and_back_on():
+  """Low acceptance at 128 rows: K = 0 wins and is chosen; chat-like traffic at the same
+  batch: drafting wins again, found by the probes (an iteration without a draft says
+  nothing about acceptance)."""
+  table = verify_bound_costs()
+  rows, half = 128, 300
+  trace = make_trace("off-on", "", [Phase(half, rows, {"hard": 1}),
+                                    Phase(half, rows, {"chat": 1})],
+                     batch=rows, max_draft_len=K, profiled_regime="hard", seed=4)
+  hard = measured_profile(dataclasses.replace(trace, active=trace.active & (
+      np.arange(2 * half) < half)[:, None]))
+  assert int(best_draft_len(table, hard, rows)) == 0
+  controller = TableTuneController.from_table(table, regime_profile("hard", K))
+  draft_len = replay(controller, trace, table)["draft_len"]
+  assert np.mean(draft_len[50:half] == 0) > 0.9
+  # Back on within a probe interval (the loss of a probe over the budget, ~ 80 here).
+  assert np.mean(draft_len[half + 100:] > 0) > 0.95
+  # The probes while off cost about the budget: a few per cent of the iterations.
+  assert 0 < np.mean(draft_len[50:half] > 0) < 0.1
+
+
+def test_live_cost_correction_converges_to_the_measured_costs(costs):
+  """A table 8 % off (drafting dearer, K = 0 cheaper) and 3 % noisy: measured iterations
+  at the true costs pull the table the controller uses to them, cell by cell, with
+  ~2 % timing noise, and the cells never measured move with the ones that were."""
+  stale = costs.with_noise(0.03, seed=2).scaled(
+      np.where(np.asarray(costs.draft_lens) > 0, 1.08, 0.95), "test: 8 % off")
+  controller = TableTuneController.from_table(stale, regime_profile("chat", K))
+  rng = np.random.default_rng(0)
+  observe = jax.jit(controller.observe)
+  state = controller.init(4)
+  active = jnp.ones(4, bool)
+  measured_k = [0, 2, 5, 7]
+  for i in range(2000):
+    batch = int(costs.batches[i % len(costs.batches)])
+    k = measured_k[(i // len(costs.batches)) % len(measured_k)]
+    seconds = float(costs.cost(batch, k)) * float(np.exp(0.02 * rng.standard_normal()))
+    state = observe(state, jnp.int32(0), jnp.zeros(4, jnp.int32), None, active,
+                    MeasuredIteration(jnp.float32(seconds), jnp.int32(k), jnp.int32(batch)))
+  believed = np.asarray(controller.corrected_seconds(state)) / costs.array()
+  np.testing.assert_allclose(believed[:, measured_k], 1.0, atol=0.015)
+  # Never measured: K = 1, 3, 4, 6 — the shared error (8 % on drafting) is learnt from
+  # the others; what is left is their own profiling noise.
+  unmeasured = [1, 3, 4, 6]
+  before = np.abs(np.log(stale.array() / costs.array()))[:, unmeasured]
+  after = np.abs(np.log(believed))[:, unmeasured]
+  assert after.mean() < 0.5 * before.mean() and after.mean() < 0.035
+  assert int(state.timed) == 2000
+  # The learnt table carries over to a new run without a new compile.
+  learned = controller.with_learned_costs(state)
+  assert jax.tree.structure(learned) == jax.tree.structure(controller)
+  # Unmeasured iterations (NaN) and a K the controller does not know change nothing.
+  for bad in (MeasuredIteration(jnp.float32(jnp.nan), jnp.int32(2), jnp.int32(4)),
+              MeasuredIteration(jnp.float32(0.01), jnp.int32(9), jnp.int32(4))):
+    after = observe(state, jnp.int32(0), jnp.zeros(4, jnp.int32), None, active, bad)
+    np.testing.assert_array_equal(after.cost_error, state.cost_error)
+
+
+def test_a_table_with_its_costs_wrong_recovers_the_throughput(costs):
+  """Simulated end to end: a table whose drafting costs are 10 % off steers the static
+  choice wrong (not drafting); the controller reading measured iteration times gets
+  within 1 % of the controller given the true table."""
+  table = verify_bound_costs()
+  stale = table.scaled(np.where(np.asarray(table.draft_lens) > 0, 1.10, 1.0), "test")
+  trace = make_trace("s", "", [Phase(400, 64, {"hard": 1})], batch=64,
+                     max_draft_len=K, profiled_regime="hard", seed=5)
+  prior = measured_profile(trace)
+  assert int(best_draft_len(stale, prior, 64)) != int(best_draft_len(table, prior, 64))
+  fresh = replay(TableTuneController.from_table(table, prior), trace, table)
+  corrected = replay(TableTuneController.from_table(stale, prior), trace, table)
+  assert corrected["tokens_per_s"] > 0.99 * fresh["tokens_per_s"]
+
+
+def test_chooses_only_the_tables_draft_lengths(costs):
+  """A table measured at K = 0, 1, 2, 3, 5, 7 offers those six (never 4 or 6)."""
+  table = costs.restricted((0, 1, 2, 3, 5, 7))
+  controller = TableTuneController.from_table(table, regime_profile("chat", K))
+  assert controller.draft_lens == (0, 1, 2, 3, 5, 7)
+  trace = make_trace("mix", "", [Phase(150, 32, {"chat": 1}), Phase(150, 4, {"code": 1}),
+                                 Phase(150, 64, {"reasoning": 1})],
+                     batch=64, max_draft_len=K, profiled_regime="chat", seed=6)
+  chosen = set(np.unique(replay(controller, trace, table)["draft_len"]).tolist())
+  assert chosen <= {0, 1, 2, 3, 5, 7} and len(chosen) > 1
+  no_zero = TableTuneController.from_table(table, regime_profile("chat", K),
+                                           draft_lens=(1, 3, 7))
+  chosen = set(np.unique(replay(no_zero, trace, table)["draft_len"]).tolist())
+  assert chosen <= {1, 3, 7}
+
+
+def test_a_new_request_starts_its_slot_afresh(costs):
+  controller = TableTuneController.from_table(costs, regime_profile("reasoning", K))
+  active = jnp.ones(4, bool)
+  state = controller.init(4)
+  observe, choose = jax.jit(controller.observe), jax.jit(controller.choose)
+  for _ in range(30):  # row 0 accepts everything, the others nothing
+    state = observe(state, jnp.int32(K), jnp.array([K, 0, 0, 0], jnp.int32), None, active)
+  rows = np.asarray(controller._row_acceptance(state))  # pylint: disable=protected-access
+  assert rows[0, 0] > 0.7 and rows[1, 0] < 0.2
+  _, _, kept = choose(state, active, jnp.zeros(4, bool))
+  _, _, fresh = choose(state, active, jnp.array([True, False, False, False]))
+  batch = np.asarray(controller._batch_acceptance(state))  # pylint: disable=protected-access
+  kept_rows = np.asarray(controller._row_acceptance(kept))  # pylint: disable=protected-access
+  fresh_rows = np.asarray(controller._row_acceptance(fresh))  # pylint: disable=protected-access
+  assert kept_rows[0, 0] > 0.7
+  np.testing.assert_allclose(fresh_rows[0], batch, rtol=1e-6)
+  np.testing.assert_allclose(fresh_rows[1:], rows[1:], rtol=1e-6)
 
 
 def test_converges_after_a_shift(costs):
@@ -80,7 +230,6 @@ def test_converges_after_a_shift(costs):
   settle = 40
   assert np.mean(np.abs(draft_len[settle:half] - chat_k) <= 1) > 0.9
   assert np.mean(np.abs(draft_len[half + settle:] - code_k) <= 1) > 0.9
-  # Per-row estimates may sit one below the pooled table (rows differ); it must move.
   assert np.median(draft_len[half + settle:]) > np.median(draft_len[settle:half])
 
 
@@ -96,6 +245,10 @@ def test_drift_detection_resets_the_estimate(costs):
   for _ in range(100):
     state = observe(state, jnp.int32(K), blocks(regime_profile("code", K)), None, active)
   assert int(state.drifts) == 0
+  # Iterations without a draft say nothing: no alarm, no forgetting.
+  for _ in range(50):
+    state = observe(state, jnp.int32(0), jnp.zeros(16, jnp.int32), None, active)
+  assert int(state.drifts) == 0
   for _ in range(15):
     state = observe(state, jnp.int32(K), blocks(regime_profile("reasoning", K)), None, active)
   assert int(state.drifts) >= 1
@@ -105,13 +258,40 @@ def test_drift_detection_resets_the_estimate(costs):
 
 
 def test_hysteresis_holds_k(costs):
-  sticky = TableTuneController.from_table(costs, regime_profile("chat", K), hysteresis=10.0)
+  """Nothing accepted: shorter drafts become better, but not by the margin; with probing
+  off the K in use runs on."""
+  sticky = TableTuneController.from_table(costs, regime_profile("chat", K), hysteresis=10.0,
+                                          probe_budget=0.0, explore_sd=0.0)
   @jax.jit
   def step(state):
     k, _, state = sticky.choose(state, jnp.ones(8, bool))
     return k, sticky.observe(state, k, jnp.zeros(8, jnp.int32), None, jnp.ones(8, bool))
   state = sticky.init(8)
-  k0 = int(state.draft_len)
+  assert int(state.draft_len) == K
+  ks = []
   for _ in range(20):
     k, state = step(state)
-  assert int(k) == k0
+    ks.append(int(k))
+  assert ks == [K] * 20
+  rate = sticky._rates(state, jnp.ones(8, bool), jnp.float32(8))  # pylint: disable=protected-access
+  assert int(jnp.argmax(rate)) < K  # it would have switched without the margin
+
+
+def test_a_better_runner_up_within_the_margin_is_probed_not_run_throughout(costs):
+  """A runner-up inside the hysteresis margin is probed every hysteresis / probe_budget
+  iterations; the K in use keeps running (and keeps its estimates fresh)."""
+  controller = TableTuneController.from_table(costs, regime_profile("chat", K),
+                                              hysteresis=0.5, probe_budget=0.05,
+                                              explore_sd=0.0)
+  @jax.jit
+  def step(state):
+    k, _, state = controller.choose(state, jnp.ones(8, bool))
+    return k, controller.observe(state, k, jnp.zeros(8, jnp.int32), None, jnp.ones(8, bool))
+  state = controller.init(8)
+  ks = []
+  for _ in range(40):
+    k, state = step(state)
+    ks.append(int(k))
+  held = int(state.draft_len)
+  probes = [k for k in ks if k != held]
+  assert held == K and 2 <= len(probes) <= 6   # every 0.5 / 0.05 = 10 iterations

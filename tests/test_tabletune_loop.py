@@ -1,8 +1,8 @@
 """The controller inside the end-to-end decode loop (tiny models, CPU). The loop's own
 tests show that any policy's k and caps keep the output exact; this one shows that the
-controller is such a policy in the real ``lax.while_loop`` (with the confidence head's
-logits) and drafts multi-token blocks. Skipped where the loop (wts_jax.spec.loop) is
-absent. About half a minute: the loop compiles one branch per k."""
+controller is such a policy in the real ``lax.while_loop`` and drafts multi-token blocks.
+Skipped where the loop (wts_jax.spec.loop) is absent. About half a minute: the loop
+compiles one branch per draft length."""
 
 import numpy as np
 import pytest
@@ -31,10 +31,43 @@ def test_controller_drives_generate():
   costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
                         target="qwen3-8b", drafter="dspark", max_draft_len=block,
                         batches=(1, 4, 16), source="modelled")
-  controller = TableTuneController.from_table(costs, regime_profile("code", block),
-                                              confidence_bins=4, cost_at_active_batch=False)
+  # K = 0 among the choices (the table's draft lengths are 0..block).
+  controller = TableTuneController.from_table(costs, regime_profile("code", block))
+  assert controller.draft_lens[0] == 0
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, target_config.vocab_size, n).tolist() for n in (3, 6, 4)]
+  plain = loop.generate(target, drafter, prompts, 12, draft_len=0, walk_impl="xla")
   tuned = loop.generate(target, drafter, prompts, 12, draft_len=controller, walk_impl="xla")
-  assert [len(row) for row in tuned.rows()] == [12] * len(prompts)
+  assert tuned.rows() == plain.rows()
   assert int(np.sum(tuned.accepted)) > 0 and int(tuned.iterations) < 12
+
+  # The table and the prior are operands: another table (and a controller starting from
+  # what the last call learnt) runs in the same executable.
+  compiled = len(loop._EXECUTABLES)  # pylint: disable=protected-access
+  dearer = TableTuneController.from_table(costs.scaled(1.1, "10 % dearer"), regime_profile("code", block))
+  again = loop.generate(target, drafter, prompts, 12, draft_len=dearer, walk_impl="xla")
+  learnt = controller.with_learned_costs(tuned.policy_state)
+  resumed = loop.generate(target, drafter, prompts, 12, draft_len=learnt, walk_impl="xla")
+  assert len(loop._EXECUTABLES) == compiled  # pylint: disable=protected-access
+  assert again.rows() == resumed.rows() == plain.rows()
+
+
+def test_a_controller_that_expects_no_acceptance_probes_its_way_back_to_drafting():
+  """A prior of zero acceptance makes every K >= 1 a loss, so the controller starts at
+  K = 0 (the target alone); this drafter's blocks do pass, and only its budgeted probes
+  can see it: they run, drafts get accepted, and the tokens stay the target's own."""
+  target_config = qwen3.Qwen3Config.tiny(vocab_size=6, num_layers=2)
+  drafter_config = dspark.DSparkConfig.tiny(target_config, block_size=3,
+                                            target_layer_ids=(0, 1))
+  target = qwen3.make_qwen3(target_config, seed=0, param_dtype=jnp.float32, dtype=jnp.float32)
+  drafter = dspark.make_dspark(drafter_config, seed=1, param_dtype=jnp.float32,
+                               dtype=jnp.float32)
+  costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
+                        target="qwen3-8b", drafter="dspark", max_draft_len=3,
+                        batches=(1, 4, 16), source="modelled")
+  controller = TableTuneController.from_table(costs, np.zeros(3))
+  prompts = [[1, 2, 3]] * 2
+  out = loop.generate(target, drafter, prompts, 16, draft_len=controller, walk_impl="xla")
+  plain = loop.generate(target, drafter, prompts, 16, draft_len=0, walk_impl="xla")
+  assert out.rows() == plain.rows()
+  assert int(out.policy_state.probes) >= 1 and int(np.sum(out.accepted)) > 0

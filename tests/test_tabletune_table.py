@@ -87,34 +87,44 @@ def test_table_monotone_in_cost_and_batch(modelled):
   assert rates.shape == (8,) and rates.argmax() == best_draft_len(modelled, profile, 16)
 
 
-def test_refined_moves_the_table_towards_live_measurements(modelled):
-  measured = 1.2 * float(modelled.cost(24, 3))  # the live iteration is 20 % dearer
-  table = modelled
-  table = table.refined(24, 3, measured, weight=0.5)
-  assert float(table.cost(24, 3)) == pytest.approx(1.1 * float(modelled.cost(24, 3)))
-  for _ in range(29):
-    table = table.refined(24, 3, measured)
-  assert float(table.cost(24, 3)) == pytest.approx(measured, rel=0.001)
-  assert float(table.cost(200, 3)) != float(table.refined(200, 3, 1.0).cost(200, 3))
-  np.testing.assert_array_equal(table.array()[:, [0, 1, 2, 4]], modelled.array()[:, [0, 1, 2, 4]])
-  assert table.provenance["refinements"] == 30
-  with pytest.raises(ValueError, match="draft_len"):
-    modelled.refined(4, 9, 1e-3)
-
-
-def test_profiler_interpolates_unmeasured_draft_lengths():
+def test_profiler_labels_the_draft_lengths_it_measured():
   asked = []
   def cost(batch, draft_len):
     asked.append(draft_len)
     return 1e-3 * batch * (1 + draft_len ** 2)
   table = profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=4,
                         batches=(1, 2), draft_lens=(0, 2, 4))
-  assert sorted(set(asked)) == [0, 2, 4]
-  np.testing.assert_allclose(table.array()[0], [1e-3, 3e-3, 5e-3, 11e-3, 17e-3])
-  assert table.provenance["interpolated_draft_lens"] == [1, 3]
-  with pytest.raises(ValueError, match="both ends"):
+  assert sorted(set(asked)) == [0, 2, 4] and table.draft_lens == (0, 2, 4)
+  np.testing.assert_allclose(table.array()[0], [1e-3, 5e-3, 17e-3])
+  # Between labels the cost is linear in K; a K outside them is refused.
+  assert table.cost(1, 3) == pytest.approx(11e-3)
+  with pytest.raises(ValueError, match="draft_len=5"):
+    table.cost(1, 5)
+  with pytest.raises(ValueError, match="draft_lens"):
     profile_costs(cost, device_kind="x", target="t", drafter="d", max_draft_len=4,
                   draft_lens=(0, 2))
+
+
+def test_labels_are_honoured_and_a_mismatch_refused(tmp_path):
+  """A table measured at K = 0, 1, 2, 3, 5, 7 is not K = 0..5 (issue 54, item 4)."""
+  lens = [0, 1, 2, 3, 5, 7]
+  flat_in_k = [[0.010 + 0.0001 * k for k in lens], [0.012 + 0.0001 * k for k in lens]]
+  data = {"schema": "wts_jax.tabletune.cost_table/1", "device_kind": "x", "target": "t",
+          "drafter": "d", "batches": [1, 4], "draft_lens": lens, "seconds": flat_in_k}
+  table = CostTable.from_json(data)
+  assert table.draft_lens == tuple(lens) and table.max_draft_len == 7
+  # High acceptance, flat costs: the longest draft wins, labelled 7.
+  assert int(best_draft_len(table, profile_from_rate(0.95, 7), 1)) == 7
+  assert table.column(5) == 4 and table.cost(1, 5) == pytest.approx(0.0105)
+  for bad, message in [({**data, "draft_lens": list(range(8))}, "labels 8 columns"),
+                       ({**data, "draft_lens": [0, 1, 2, 3, 7, 5]}, "increasing"),
+                       ({k: v for k, v in data.items() if k != "draft_lens"},
+                        "no 'draft_lens'")]:
+    with pytest.raises(ValueError, match=message):
+      CostTable.from_json(bad)
+  with pytest.raises(ValueError, match="not in the table's draft_lens"):
+    table.restricted((0, 4))
+  assert table.restricted((0, 7)).array().tolist() == [[0.010, 0.0107], [0.012, 0.0127]]
 
 
 def test_remeasure_contested_averages_only_the_deciding_points(modelled):
@@ -172,3 +182,5 @@ def test_merge_cost_tables_joins_disjoint_buckets_and_refuses_overlaps(modelled,
     tool.merge([low, low], ["a", "b"])
   with pytest.raises(ValueError, match="is for"):
     tool.merge([low, dataclasses.replace(high, target="other")], ["a", "b"])
+  with pytest.raises(ValueError, match="is for"):
+    tool.merge([low, high.restricted((0, 1, 2, 3, 5, 7))], ["a", "b"])

@@ -229,8 +229,9 @@ def test_ties_lowest_index_and_all_minus_inf():
   w2[...] = w2[...].at[tied[:2]].set(w2[...][999])
   out = _run(head, base.at[:, :, tied].set(jnp.asarray(60.0, base.dtype)), first)
   np.testing.assert_array_equal(np.asarray(out.tokens), 11)
-  out = _run(head, jnp.full_like(base, -jnp.inf), first)
+  out = jax.jit(lambda b: _run(head, b, first))(jnp.full_like(base, -jnp.inf))
   np.testing.assert_array_equal(np.asarray(out.tokens), 0)
+  assert int(out.status) == wts_jax.output.STATUS_NO_FINITE_LOGIT
   out = _run(head, base.at[:, :, 999].set(1e4), first)
   np.testing.assert_array_equal(np.asarray(out.tokens), 999)
 

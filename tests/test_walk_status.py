@@ -87,7 +87,8 @@ def _all_minus_inf_step(base, first, hidden):
 STATUS_CASES = [
     (_nan_hidden, output.STATUS_NAN_CONFIDENCE, "NaN in the confidence logits"),
     (_inf_base_logit, output.STATUS_BAD_LOGPROBS, "a log-probability is NaN or \\+Inf"),
-    (_all_minus_inf_step, output.STATUS_BAD_LOGPROBS, "a log-probability is NaN or \\+Inf"),
+    (_all_minus_inf_step, output.STATUS_BAD_LOGPROBS | output.STATUS_NO_FINITE_LOGIT,
+     "a log-probability is NaN or \\+Inf"),
 ]
 
 
@@ -102,6 +103,34 @@ def test_non_finite_outputs_set_a_status_bit(case, damage, bit, message):
   assert int(jitted.status) == bit, int(jitted.status)
   assert int(jax.jit(lambda b, f, x: walk_xla(head, b, f, x, return_logprobs=True))(
       *inputs).status) == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("where", ["everywhere", "one_step"])
+def test_a_step_without_a_finite_logit_sets_a_status_bit(case, where, temperature):
+  """Every logit of a step -inf: no token can be chosen, and the walk says so instead of
+  returning token 0 with a clean status (with or without log-probabilities asked)."""
+  head, base, first, hidden = case
+  bad = (jnp.full_like(base, -jnp.inf) if where == "everywhere"
+         else base.at[1, 2, :].set(-jnp.inf))
+  key = jax.random.key(0) if temperature else None
+  with pytest.raises(wts_jax.WalkError, match="status=64: a step's logits were all -Inf"):
+    walk_xla(head, bad, first, hidden, temperature=temperature, key=key)
+  walk = jax.jit(lambda b: walk_xla(head, b, first, hidden, temperature=temperature,
+                                    key=key))
+  assert int(walk(bad).status) == output.STATUS_NO_FINITE_LOGIT
+  assert int(walk(base.at[1, 2, :7].set(-jnp.inf)).status) == 0   # some left: fine
+
+
+@pytest.mark.parametrize("temperature", ["1.0", None, object()])
+def test_temperature_of_another_type_is_one_clear_error(case, temperature):
+  head, base, first, hidden = case
+  with pytest.raises(TypeError) as raised:
+    walk_xla(head, base, first, hidden, temperature=temperature, key=jax.random.key(0))
+  message = str(raised.value)
+  assert message.startswith(f"temperature={temperature!r} must be a number or a [B] "
+                            "array of floats"), message
+  assert "\n" not in message
 
 
 def test_weights_with_nan_set_the_confidence_bit(case):

@@ -18,6 +18,7 @@ import numpy_oracle
 import wts_jax
 from wts_jax import sampling
 from wts_jax.inputs import random_inputs
+from wts_jax.output import STATUS_NO_FINITE_LOGIT
 from wts_jax.peers import deepspec_torch
 from wts_jax.shapes import SHAPES
 
@@ -143,9 +144,11 @@ class WalkSuite:
 
   def test_padding_never_selected(self):
     head, (base, first, hidden) = self.make_case("small_v517", "vanilla", 2, 3)
-    # Every real logit is -inf: the first index must win, never a padding slot.
-    out = self.run(head, jnp.full_like(base, -jnp.inf), first, hidden)
+    # Every real logit is -inf: the first index must win, never a padding slot; the walk
+    # reports that no token could be chosen (jitted, it returns what it chose).
+    out = jax.jit(lambda b: self.run(head, b, first, hidden))(jnp.full_like(base, -jnp.inf))
     np.testing.assert_array_equal(np.asarray(out.tokens), 0)
+    assert int(out.status) == STATUS_NO_FINITE_LOGIT
     # The maximum sits on the last real index.
     vocab = head.config.vocab_size
     out = self.run(head, base.at[:, :, vocab - 1].set(1e4), first, hidden)

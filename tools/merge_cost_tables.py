@@ -4,8 +4,8 @@ skipped).
 
   python tools/merge_cost_tables.py --table a.json --table b.json --out merged.json
 
-The tables must agree on device kind, target, drafter and max draft length, and no bucket
-may be in two of them. The provenance keeps each part's own.
+The tables must agree on device kind, target, drafter and draft lengths (their column
+labels), and no bucket may be in two of them. The provenance keeps each part's own.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from wts_jax.tabletune.cost_table import CostTable
 def merge(tables: list[CostTable], paths: list[str]) -> CostTable:
   first = tables[0]
   for path, table in zip(paths, tables):
-    key = (table.device_kind, table.target, table.drafter, table.max_draft_len)
-    if key != (first.device_kind, first.target, first.drafter, first.max_draft_len):
+    key = (table.device_kind, table.target, table.drafter, table.draft_lens)
+    if key != (first.device_kind, first.target, first.drafter, first.draft_lens):
       raise ValueError(f"--table={path!r} is for {key!r}, the first for "
-                       f"{(first.device_kind, first.target, first.drafter, first.max_draft_len)!r}")
+                       f"{(first.device_kind, first.target, first.drafter, first.draft_lens)!r}")
   rows = {}
   for path, table in zip(paths, tables):
     for batch, row in zip(table.batches, table.seconds):
@@ -30,7 +30,8 @@ def merge(tables: list[CostTable], paths: list[str]) -> CostTable:
         raise ValueError(f"batch {batch} of --table={path!r} is in an earlier table too")
       rows[batch] = row
   return CostTable(device_kind=first.device_kind, target=first.target, drafter=first.drafter,
-                   batches=tuple(sorted(rows)), seconds=tuple(rows[b] for b in sorted(rows)),
+                   batches=tuple(sorted(rows)), draft_lens=first.draft_lens,
+                   seconds=tuple(rows[b] for b in sorted(rows)),
                    provenance={"source": "merged",
                                "parts": [{"path": path, "batches": list(table.batches),
                                           **table.provenance}

@@ -1,8 +1,9 @@
 """wts_jax: Weights That Stay — the serial head of parallel drafters as one persistent kernel.
 
-Public surface: ``walk`` and its ``WalkOutput``, the heads, the kernels' configs
-(``TritonConfig``, ``MosaicRowConfig``, ``MosaicBatchedConfig``, ``MosaicStackedConfig``),
-``load``.
+Public surface: ``walk`` and its ``WalkOutput``, the heads (and ``head_from_arrays``, a
+head over an engine's arrays), the kernels' configs (``TritonConfig``, ``MosaicRowConfig``,
+``MosaicBatchedConfig``, ``MosaicStackedConfig``), ``load``. A head split along the
+vocabulary over several devices is walked split (``wts_jax.sharded``; docs/sharded.md).
 """
 
 from wts_jax.api import chosen_implementation, walk
@@ -13,6 +14,7 @@ from wts_jax.joint_table import with_joint_table
 from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
 from wts_jax.heads import (DraftHead, GatedMarkovHead, HeadConfig, RecurrentHead,
                            VanillaMarkovHead, make_head, with_joint_hidden)
+from wts_jax.heads.engine import head_from_arrays
 from wts_jax.loading import DrafterWeights, from_torch_state_dict, load, load_drafter
 from wts_jax.output import WalkError, WalkOutput, check
 from wts_jax.quantize import quantize_w2
@@ -29,5 +31,5 @@ __all__ = [
     "DraftHead", "GatedMarkovHead", "HeadConfig", "RecurrentHead", "VanillaMarkovHead",
     "MosaicBatchedConfig", "MosaicRowConfig", "MosaicStackedConfig", "TritonConfig",
     "WalkError", "WalkOutput", "chosen_implementation", "check",
-    "make_head", "walk",
+    "head_from_arrays", "make_head", "walk",
 ]

@@ -7,8 +7,6 @@ take seconds on a CPU); the drafted tokens and the time per walk go to stdout.
 
 from __future__ import annotations
 
-import argparse
-import math
 import sys
 import time
 
@@ -17,6 +15,7 @@ import numpy as np
 
 import wts_jax
 from wts_jax import sampling
+from wts_jax.command_line import ArgumentParser, int_in, number_in
 from wts_jax.heads import HeadConfig
 from wts_jax.heads.config import HEAD_TYPES
 from wts_jax.inputs import random_inputs
@@ -24,44 +23,21 @@ from wts_jax.inputs import random_inputs
 SHOWN_ROWS = 4
 
 
-def _int_at_least(low: int, high: int | None = None):
-  def parse(text: str) -> int:
-    try:
-      value = int(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < low or (high is not None and value > high):
-      bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-      raise argparse.ArgumentTypeError(f"{value} must be an integer {bound}")
-    return value
-  return parse
-
-
-def _temperature(text: str) -> float:
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-  if not math.isfinite(value) or value < 0:
-    raise argparse.ArgumentTypeError(f"{value} must be finite and >= 0 (0 = greedy)")
-  return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="wts-demo", description=__doc__.splitlines()[0])
+def build_parser() -> ArgumentParser:
+  parser = ArgumentParser(prog="wts-demo", description=__doc__.splitlines()[0])
   parser.add_argument("--head", default="vanilla", choices=HEAD_TYPES,
                       help="serial head type (default: %(default)s)")
-  parser.add_argument("--batch", type=_int_at_least(1, sampling.MAX_ROWS), default=1,
+  parser.add_argument("--batch", type=int_in(1, sampling.MAX_ROWS), default=1,
                       help="rows B walked together (default: %(default)s)")
-  parser.add_argument("--steps", type=_int_at_least(1, sampling.MAX_STEPS), default=7,
+  parser.add_argument("--steps", type=int_in(1, sampling.MAX_STEPS), default=7,
                       help="draft positions K per walk (default: %(default)s)")
-  parser.add_argument("--temperature", type=_temperature, default=0.0,
+  parser.add_argument("--temperature", type=number_in(0), default=0.0,
                       help="0 for greedy; > 0 samples by Gumbel-max (default: %(default)s)")
   parser.add_argument("--impl", default="auto", choices=["auto", "pallas", "xla"],
                       help="pallas: the persistent kernel (needs a GPU); xla: the "
                            "step-wise walk; auto: pallas where it runs, else xla "
                            "(default: %(default)s)")
-  parser.add_argument("--walks", type=_int_at_least(1), default=20,
+  parser.add_argument("--walks", type=int_in(1), default=20,
                       help="jitted walks timed after the first (compiling) one "
                            "(default: %(default)s)")
   return parser

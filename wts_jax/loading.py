@@ -209,11 +209,9 @@ def load_drafter(path: str | Path, *, dtype=None) -> DrafterWeights:
     if is_backbone_item(item):
       backbone = {**(backbone or {}), **_restore(directory, item, shapes, manifest, dtype)}
   try:
-    config = DrafterConfig.from_json(manifest["drafter"])
-  except (KeyError, TypeError, ValueError) as err:
-    raise CheckpointError(f"{directory / MANIFEST_FILE}: drafter is not a drafter config "
-                          f"({type(err).__name__}: {err}); the manifest was edited or "
-                          "damaged") from None
+    config = DrafterConfig.from_json(manifest["drafter"], str(directory / MANIFEST_FILE))
+  except ConversionError as err:
+    raise CheckpointError(f"{err}; the manifest was edited or damaged") from None
   return DrafterWeights(config, head, backbone)
 
 

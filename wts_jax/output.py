@@ -17,6 +17,7 @@ STATUS_BAD_LOGPROBS = 16       # a log-probability was NaN or +Inf (a +Inf logit
                                # whose logits were all -Inf)
 STATUS_INVALID_TEMPERATURE = 32  # a traced temperature was negative or not finite (that
                                  # row was walked greedily)
+STATUS_NO_FINITE_LOGIT = 64    # a step's logits were all -Inf: no token can be chosen
 
 # The bits a walk kernel itself can set (a kernel that reduces its status in the kernel
 # keeps a counter for each).
@@ -34,6 +35,9 @@ _STATUS_TEXT = {
     STATUS_INVALID_TEMPERATURE: ("a temperature was negative or not finite (passed traced, "
                                  "so not refused at the call); those rows were walked "
                                  "greedily"),
+    STATUS_NO_FINITE_LOGIT: ("a step's logits were all -Inf (every token masked out of "
+                             "base_logits): no token can be chosen, the tokens there are "
+                             "not drafts"),
 }
 
 

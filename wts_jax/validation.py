@@ -17,7 +17,8 @@ import numpy as np
 from wts_jax import sampling
 from wts_jax.heads.base import SerialHead
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.output import STATUS_INVALID_TEMPERATURE, WalkOutput, output_status
+from wts_jax.output import (STATUS_INVALID_TEMPERATURE, STATUS_NO_FINITE_LOGIT, WalkOutput,
+                            output_status)
 
 
 def is_concrete(value) -> bool:
@@ -57,7 +58,10 @@ def _check_floating(name: str, array) -> None:
     raise TypeError(f"{name}.dtype={array.dtype} must be a floating dtype")
 
 
-def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden) -> None:
+def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden, *,
+                      vocab_shards: int = 1) -> None:
+  """``vocab_shards``: base_logits holds one device's 1/vocab_shards of the vocabulary
+  (a sharded walk inside ``shard_map``)."""
   config = head.config
   _check_array("base_logits", base_logits)
   _check_array("first_tokens", first_tokens)
@@ -68,9 +72,11 @@ def check_walk_inputs(head: DraftHead, base_logits, first_tokens, hidden) -> Non
                      f"{getattr(base_logits, 'shape', None)}")
   _check_floating("base_logits", base_logits)
   batch, steps, vocab = base_logits.shape
-  if vocab != config.vocab_size:
-    raise ValueError(f"base_logits vocabulary {vocab} != head vocab_size "
-                     f"{config.vocab_size}")
+  if vocab * vocab_shards != config.vocab_size:
+    raise ValueError(f"base_logits vocabulary {vocab}"
+                     f"{f' × {vocab_shards} devices' if vocab_shards > 1 else ''} != head "
+                     f"vocab_size {config.vocab_size}")
+  vocab = config.vocab_size
   if steps < 1:
     raise ValueError(f"walk length K={steps} must be >= 1")
   if batch < 1:
@@ -122,6 +128,11 @@ def make_sampling(temperature, key, batch: int) -> Sampling:
   if key is not None:
     check_key(key)
   status = None
+  if isinstance(temperature, (str, bytes)) or not (
+      isinstance(temperature, (int, float, np.integer, np.floating, list, tuple))
+      or hasattr(temperature, "dtype")):
+    raise TypeError(f"temperature={temperature!r} must be a number or a [B] array of "
+                    "floats (0 = greedy)")
   if isinstance(temperature, (int, float, np.integer, np.floating)) and not isinstance(
       temperature, bool):
     temperature = float(temperature)
@@ -155,11 +166,29 @@ def make_sampling(temperature, key, batch: int) -> Sampling:
                   noise_on=noise_on, seed=sampling.seed_words(key), status=status)
 
 
-def finish_walk(output: WalkOutput, mode: Sampling) -> WalkOutput:
-  """``output`` with every status bit set that the inputs (``mode.status``) and the
-  outputs themselves (NaN confidence, NaN or +Inf log-probabilities) call for, whichever
-  implementation produced it; ``walk`` applies it to every output."""
+def finish_walk(output: WalkOutput, mode: Sampling, base_logits=None, *,
+                vocab_split: bool = False) -> WalkOutput:
+  """``output`` with every status bit set that the inputs (``mode.status``,
+  ``base_logits``) and the outputs themselves (NaN confidence, NaN or +Inf
+  log-probabilities) call for, whichever implementation produced it; ``walk`` applies
+  it to every output.
+
+  A step whose logits are all -Inf has no token to choose, yet every implementation
+  returns one (the first index): the chosen token's base logit is then -Inf, which no
+  token of a step with a finite logit can have (the head's term is finite or NaN), so
+  a [B, K] gather tells, without another pass over the [B, K, V] logits. Base logits
+  split over devices along V (``vocab_split``) are asked by a max over V instead: each
+  device reduces its columns and only [B, K] values cross, where a gather by global
+  column would have to move the logits.
+  """
   status = output.status | output_status(output.confidence, output.logprobs)
   if mode.status is not None:
     status = status | mode.status
+  if base_logits is not None:
+    if vocab_split:
+      none_finite = jnp.max(base_logits, axis=-1) == -jnp.inf
+    else:
+      none_finite = jnp.take_along_axis(base_logits, output.tokens[..., None].astype(
+          jnp.int32), axis=-1, mode="clip") == -jnp.inf
+    status = status | jnp.where(jnp.any(none_finite), STATUS_NO_FINITE_LOGIT, 0)
   return dataclasses.replace(output, status=status.astype(jnp.int32))

@@ -20,7 +20,6 @@ is caught) keeps what it measured and lists the points it did not run.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -28,6 +27,7 @@ import sys
 import time
 
 from wts_jax.bench.options import DTYPES, QUANTIZED, QUANTIZED_PLANES, UsageError
+from wts_jax.command_line import ArgumentParser
 
 QUICK = {"batch": "1,16", "k": "7", "head": "vanilla", "mode": "greedy",
          "l2": "cold,warm", "repeats": 5, "walks_per_repeat": 10}
@@ -35,11 +35,6 @@ QUICK_CPU = {**QUICK, "batch": "1,4", "k": "4", "repeats": 3, "walks_per_repeat"
 # N = R = 10 (timing.DEFAULT_WALKS, DEFAULT_REPEATS): 100 walks per figure.
 FULL = {"batch": None, "k": None, "head": "vanilla,gated,rnn", "mode": "greedy,sample",
         "l2": "cold,warm", "repeats": 10, "walks_per_repeat": 10}
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise UsageError(message)
 
 
 def _ints(text: str, flag: str = "--batch") -> tuple[int, ...]:
@@ -71,10 +66,8 @@ def _once_each(values: list, text: str, flag: str) -> tuple:
   return tuple(values)
 
 
-def build_parser() -> argparse.ArgumentParser:
-  parser = _Parser(
-      prog="wts-bench", description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+  parser = ArgumentParser(prog="wts-bench", description=__doc__.split("\n\n")[0])
   grid = parser.add_argument_group("grid (comma-separated lists)")
   grid.add_argument("--shape", default=None,
                     help="named shapes from wts_jax.shapes (default qwen3_4b; "

@@ -16,6 +16,19 @@ BW_hbm plus the base logits) is what any walk that re-reads W2 from HBM each ste
 Beside it, ``plan_floor_us`` is the same model with the resident fraction of the plan the
 kernel will actually run (``kernel_plan``: the backend ``impl="pallas"`` chooses and its
 plan, read from the same planners): what that plan's bytes cost at the ceilings.
+
+A walk split along V over ``devices`` GPUs (``wts_jax.sharded``; ``walk_floor(...,
+devices=n)``) is the same model on one device's share — W2, its row scales and the base
+logits divided by ``n``, the resident fraction that of W2 / n, the rest (hidden states,
+small weights, outputs) whole on every device — plus the cross-device exchange of every
+step:
+
+  floor_n = floor(one device's bytes) + K * t_exchange
+
+``t_exchange`` (``Ceilings.exchange_us``) is measured on a multi-GPU device by the
+in-kernel exchange probe (``measure_exchange_us``: the probe's time per step, K large
+minus K small); where it is not measured (one device) it is 0, which keeps the floor a
+lower bound.
 """
 
 from __future__ import annotations
@@ -41,10 +54,14 @@ class Ceilings:
   sync_us: float
   sync_source: str           # "measured" or "design-doc"
   details: dict = dataclasses.field(default_factory=dict)
+  # One step's cross-device exchange (a sharded walk), and where the figure comes from.
+  exchange_us: float = 0.0
+  exchange_source: str = "not measured (one device): 0, a lower bound"
 
   def as_record(self) -> dict:
     return {"hbm_gbps": self.hbm_gbps, "l2_gbps": self.l2_gbps, "sync_us": self.sync_us,
-            "sync_source": self.sync_source, **self.details}
+            "sync_source": self.sync_source, "exchange_us": self.exchange_us,
+            "exchange_source": self.exchange_source, **self.details}
 
 
 # --- ceilings --------------------------------------------------------------------------
@@ -184,8 +201,43 @@ def measure_ceilings(*, hbm_bytes: int, l2_bytes: int,
   if micro.get("barrier_us", float("inf")) < sync_us:
     details["kernel_exchange_us"] = sync_us
     sync_us, source = micro["barrier_us"], "barrier microbenchmark"
+  exchange = {}
+  if jax.default_backend() == "gpu" and jax.local_device_count() >= 2:
+    try:
+      exchange = {"exchange_us": measure_exchange_us(),
+                  "exchange_source": f"exchange probe on {jax.local_device_count()} GPUs"}
+    except Exception as err:  # noqa: BLE001 - the floor stays a lower bound without it
+      details["exchange_error"] = f"{type(err).__name__}: {err}"[:300]
   return Ceilings(hbm_gbps=hbm_gbps, l2_gbps=l2_gbps, sync_us=sync_us, sync_source=source,
-                  details=details)
+                  details=details, **exchange)
+
+
+def measure_exchange_us(*, steps: tuple[int, int] = (8, 64), repeats: int = 5) -> float:
+  """One step of the in-kernel cross-device exchange on every local GPU
+  (``sharded.device_exchange_mgpu``'s probe, one block a GPU's SM), µs: the probe's time
+  at ``steps[1]`` steps minus at ``steps[0]``, over the difference (what a launch costs
+  cancels)."""
+  import functools
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from wts_jax.sharded.device_exchange_mgpu import ROWS, exchange_probe
+  devices = jax.local_devices()
+  mesh = jax.make_mesh((len(devices),), ("tensor",), devices=devices)
+  blocks = device_num_sms()
+  probe = jax.jit(jax.shard_map(functools.partial(exchange_probe, axis_name="tensor"),
+                                mesh=mesh, in_specs=(P("tensor"), P("tensor"), P()),
+                                out_specs=(P(), P("tensor")), check_vma=False))
+  times = []
+  for count in steps:
+    shape = (len(devices) * count, blocks, ROWS)
+    scores = jax.device_put(jax.random.normal(jax.random.key(0), shape, jnp.float32),
+                            NamedSharding(mesh, P("tensor")))
+    indices = jax.device_put(jnp.zeros(shape, jnp.int32), NamedSharding(mesh, P("tensor")))
+    first = jax.device_put(jnp.zeros((ROWS,), jnp.int32), NamedSharding(mesh, P()))
+    _, timeouts = probe(scores, indices, first)
+    if int(jnp.max(timeouts)):
+      raise RuntimeError("the exchange probe's poll timed out")
+    times.append(median_time(probe, scores, indices, first, repeats=repeats))
+  return (times[1] - times[0]) / (steps[1] - steps[0]) * 1e6
 
 
 # --- the floor -------------------------------------------------------------------------
@@ -274,9 +326,13 @@ def public_int8_floor(ceilings: "Ceilings", batch: int, *, steps: int = 7,
                     resident_fraction=default_resident_fraction(w2, num_sms=132))
 
 
-def public_int8_check(ceilings: "Ceilings") -> dict:
+def public_int8_check(ceilings: "Ceilings", platform: str = "gpu") -> dict:
   """The floor at these ceilings against the public int8 kernel's measured walks, B ->
-  {"floor_us", "measured_us", "below"}: a floor above a real kernel's time is wrong."""
+  {"floor_us", "measured_us", "below"}: a floor above a real kernel's time is wrong.
+  Empty off the GPU (``platform``, JAX's backend name): those walks were measured on an
+  H200, and a CPU's ceilings set against them would only say the CPU is slower."""
+  if platform not in ("gpu", "cuda"):
+    return {}
   check = {}
   for batch, measured in PUBLIC_INT8_US.items():
     floor_us = public_int8_floor(ceilings, batch)["floor_us"]
@@ -287,14 +343,20 @@ def public_int8_check(ceilings: "Ceilings") -> dict:
 
 def walk_floor(nbytes: WalkBytes, steps: int, ceilings: Ceilings, *,
                resident_fraction: float | None = None,
-               plan: dict | None = None) -> dict:
+               plan: dict | None = None, devices: int = 1) -> dict:
   """The floor of one walk (µs) and its terms; with ``plan`` (``kernel_plan``'s) also
-  ``plan_floor_us``, the floor at that plan's resident fraction."""
+  ``plan_floor_us``, the floor at that plan's resident fraction. ``devices`` > 1: the
+  walk split along V over that many GPUs (the module docstring), with its exchange term
+  ``floor_exchange_us``."""
+  if devices > 1:
+    nbytes = dataclasses.replace(nbytes, w2=nbytes.w2 // devices,
+                                 base_logits=nbytes.base_logits // devices)
   if resident_fraction is None:
     resident_fraction = default_resident_fraction(nbytes.w2)
   once = nbytes.w2 + nbytes.base_logits + nbytes.read_once + nbytes.outputs
   hbm_us = once / (ceilings.hbm_gbps * 1e3)
-  sync_us = steps * ceilings.sync_us
+  exchange_us = steps * ceilings.exchange_us if devices > 1 else 0.0
+  sync_us = steps * ceilings.sync_us + exchange_us
 
   def l2_us(fraction):
     return (steps - 1) * (1.0 - fraction) * nbytes.w2 / (ceilings.l2_gbps * 1e3)
@@ -302,7 +364,8 @@ def walk_floor(nbytes: WalkBytes, steps: int, ceilings: Ceilings, *,
   stepwise_us = (steps * nbytes.w2 + nbytes.base_logits) / (ceilings.hbm_gbps * 1e3)
   floor = {"floor_us": hbm_us + l2_us(resident_fraction) + sync_us,
            "floor_hbm_us": hbm_us, "floor_l2_us": l2_us(resident_fraction),
-           "floor_sync_us": sync_us, "stepwise_floor_us": stepwise_us,
+           "floor_sync_us": sync_us, "floor_exchange_us": exchange_us,
+           "devices": devices, "stepwise_floor_us": stepwise_us,
            "resident_fraction": resident_fraction, "bytes_once": once,
            "bytes_nonresident_per_step": (1.0 - resident_fraction) * nbytes.w2}
   if plan is not None:

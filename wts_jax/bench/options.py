@@ -10,4 +10,5 @@ QUANTIZED_PLANES = "int8p"
 
 
 class UsageError(Exception):
-  """A bad argument: ``main`` prints ``error: ...`` on one line and exits 2."""
+  """A bad argument found after parsing (argparse's own are one line too, through
+  ``wts_jax.command_line``): ``main`` prints ``error: ...`` on one line and returns 2."""

@@ -29,7 +29,7 @@ Adding a path takes a few lines::
 
 from __future__ import annotations
 
-from wts_jax.bench import jax_paths, torch_paths
+from wts_jax.bench import jax_paths, sharded_paths, torch_paths
 from wts_jax.bench.registry import (PATHS, BenchMode, Path, Prepared, SkipPath,
                                     get_path, jax_prepared, register_path,
                                     unregister_path)
@@ -51,5 +51,14 @@ register_path("torch-graph", torch_paths.available_torch_graph,
               framework="torch")
 register_path("wts", jax_paths.available_wts, jax_paths.prepare_wts,
               description="the persistent Weights-That-Stay kernel (walk(impl='pallas'))")
+
+register_path("sharded-stepwise", sharded_paths.available_sharded,
+              sharded_paths.prepare_sharded_stepwise,
+              description="the XLA walk split along V over every GPU of the host, one "
+                          "all_gather of the step's candidates a step")
+register_path("sharded-step-kernel", sharded_paths.available_sharded,
+              sharded_paths.prepare_sharded_step_kernel,
+              description="split along V over every GPU, one Pallas step kernel a step "
+                          "on each, the exchange between launches")
 
 DEFAULT_PATHS = ("xla", "pallas-stepwise", "torch-eager", "torch-graph", "wts")

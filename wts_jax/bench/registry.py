@@ -65,6 +65,9 @@ class Prepared:
   margin: float | None = None                      # tokens compared with a tie margin
   notes: dict = dataclasses.field(default_factory=dict)
   keepalive: Any = None                            # buffers the run() closure needs
+  # Puts one of the harness's own arrays (the first tokens, the flush buffer) where the
+  # walk runs: a path on several devices replicates them on its mesh; None: as they are.
+  place: Callable[[Any], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,7 @@ class Runner:
     self.ceilings = None
     self.compiler = None
     self.flush_impl = None
+    self.placed_flush: dict = {}   # the flush buffer on a path's mesh, by device count
     self.results = {
         **versions(),
         "chain_compiler_options": chain_compiler_options(args.command_buffers),
@@ -68,6 +69,7 @@ class Runner:
 
   # --- pieces -------------------------------------------------------------------------
   def measure_ceilings(self) -> None:
+    import jax
     from wts_jax.bench import floor
     if self.args.no_ceilings:
       self.results["ceilings"] = {"error": "skipped (--no-ceilings)"}
@@ -78,7 +80,8 @@ class Runner:
                                              sync_latency_us=self.args.sync_us)
       self.results["ceilings"] = {**self.ceilings.as_record(),
                                   "num_sms": floor.device_num_sms(),
-                                  "public_int8_check": floor.public_int8_check(self.ceilings)}
+                                  "public_int8_check": floor.public_int8_check(
+                                      self.ceilings, jax.default_backend())}
       log(f"ceilings: HBM {self.ceilings.hbm_gbps:.0f} GB/s, L2 "
            f"{self.ceilings.l2_gbps:.0f} GB/s, sync {self.ceilings.sync_us:.2f} µs "
            f"({self.ceilings.sync_source})")
@@ -350,8 +353,8 @@ class Runner:
                       "reference_s": 0.0, "check_s": 0.0, "timing_s": 0.0}}
     if self.ceilings is not None:
       try:
-        nbytes = floor.walk_bytes(head, base_logits, hidden,
-                                  return_logits=self.args.return_logits)
+        nbytes = plan["walk_bytes"] = floor.walk_bytes(
+            head, base_logits, hidden, return_logits=self.args.return_logits)
         kernel_plan = floor.kernel_plan(head, base_logits,
                                         return_logits=self.args.return_logits)
         plan["floor"] = floor.walk_floor(nbytes, point["k"], self.ceilings,
@@ -372,10 +375,14 @@ class Runner:
           path_plan["prepared"] = prepared
           path_plan["extra"]["notes"] = prepared.notes
           if prepared.framework == "jax":
+            flush = path_plan["flush"] = self.placed(prepared, flush_jax)
             path_plan["chains"] = self.compiler.chains(
-                prepared.walk_fn, prepared.operands, prepared.first_tokens, flush_jax,
+                prepared.walk_fn, prepared.operands, prepared.first_tokens, flush,
                 n_walks=n_walks, l2s=l2s, traced_tokens=prepared.traced_tokens,
                 carry_form=prepared.chain_carry)
+            if prepared.place is not None:
+              path_plan["flush_only"] = self.compiler.flush_only(
+                  prepared.first_tokens, flush, n_walks=n_walks, l2s=l2s)
         except SkipPath as err:
           path_plan["check"] = f"skipped: {err}"
         except Exception as err:  # noqa: BLE001
@@ -385,14 +392,24 @@ class Runner:
                                                   n_walks=n_walks, l2s=l2s)
     plan["futures"] = [*plan["references"].values(), *plan["flush_only"].values(),
                        *(future for path_plan in plan["paths"].values()
-                         for future in path_plan.get("chains", {}).values())]
+                         for name in ("chains", "flush_only")
+                         for future in path_plan.get(name, {}).values())]
     plan["times"]["lower_s"] = self.clock() - started
     return plan
+
+  def placed(self, prepared, flush_jax):
+    """The flush buffer where ``prepared``'s walk runs (one copy for each placement)."""
+    if prepared.place is None:
+      return flush_jax
+    key = prepared.notes.get("devices")
+    if key not in self.placed_flush:
+      self.placed_flush[key] = prepared.place(flush_jax)
+    return self.placed_flush[key]
 
   def time_point(self, plan, paths, flush_jax, flush_torch) -> None:
     """Phase 2 of a point, nothing compiling: per mode the reference, then each path
     (torch paths prepared now) checked and timed, one at a time."""
-    from wts_jax.bench import paths as paths_module
+    from wts_jax.bench import floor
     point, times, floor_terms = plan["point"], plan["times"], plan["floor"]
     head, bf16_head = plan["head"], plan["bf16_head"]
     base_logits, first_tokens, hidden = plan["inputs"]
@@ -427,6 +444,14 @@ class Runner:
         else:
           path_plan = plan["paths"].get((mode.name, path.name)) or self.prepare_late(
               path, head, base_logits, first_tokens, hidden, mode)
+        devices = path_plan["extra"].get("notes", {}).get("devices", 1)
+        if devices > 1 and "walk_bytes" in plan and self.ceilings is not None:
+          # A walk split over several GPUs has its own floor (one GPU's share, plus the
+          # cross-device exchange).
+          sharded_floor = floor.walk_floor(plan["walk_bytes"], point["k"], self.ceilings,
+                                           devices=devices)
+          base_record.update(floor_us=sharded_floor["floor_us"], floor=sharded_floor,
+                             stepwise_floor_us=sharded_floor["stepwise_floor_us"])
         for l2 in self.grid["l2"]:
           check_stop()
           record = {**base_record, "l2": l2, "check": path_plan.get("check"),
@@ -439,8 +464,8 @@ class Runner:
           self.records.append(record)
           log(progress_line(record))
         log(f"  ({self.clock() - started:.1f} s)")
-        path_plan.pop("prepared", None)
-        path_plan.pop("chains", None)
+        for name in ("prepared", "chains", "flush_only", "flush"):
+          path_plan.pop(name, None)
       self.write()
     times["total_s"] = times["compile_s"] + self.clock() - start
     self.point_times.append(times)
@@ -473,6 +498,9 @@ class Runner:
     """Check the path's tokens for this L2 state, then time it if they pass."""
     from wts_jax.bench import timing
     prepared = plan["prepared"]
+    if prepared.place is not None:   # the path's own arrays, where its walk runs
+      first_tokens, flush_jax = prepared.first_tokens, plan["flush"]
+      flush_only = plan["flush_only"]
     phase = self.clock()
     chain = None
     try:

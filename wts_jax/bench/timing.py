@@ -364,7 +364,7 @@ class ChainCompiler:
     for l2 in l2s:
       cold = None if self.flush_impl != "static" else is_cold(l2)
       key = (tuple(first_tokens.shape), str(first_tokens.dtype), tuple(flush.shape),
-             n_walks, self.flush_impl, cold)
+             str(getattr(flush, "sharding", "")), n_walks, self.flush_impl, cold)
       with self._lock:
         if key not in self._flush_only:
           self._flush_only[key] = self._chains(None, (), first_tokens, flush, n_walks,

@@ -4,29 +4,38 @@
   wts-convert inspect SRC
 
 A refused checkpoint prints one ``error:`` line naming the key, file or value, exits
-with status 2 and leaves no DST behind. Ctrl-C or SIGTERM removes what was staged and
-exits with 130 or 143.
+with status 2 and leaves no DST behind. Ctrl-C, SIGTERM, a closed terminal (SIGHUP) or
+any other signal that would end the process removes what was staged and exits with
+128 + the signal's number.
 """
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 
+from wts_jax.command_line import ArgumentParser
 from wts_jax.convert.drafter_config import FLOAT_DTYPES
 from wts_jax.convert.errors import ConversionError
+from wts_jax.convert.interrupts import signal_name
 
 EXIT_REFUSED = 2
 INSPECT_COMMAND = "inspect"
 
 
-def _convert_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+def _convert_parser() -> ArgumentParser:
+  parser = ArgumentParser(
       prog="wts-convert",
-      description="Convert a DeepSpec Qwen3 DSpark/DFlash drafter checkpoint (PyTorch) "
-                  "into an orbax directory that wts_jax.load reads. "
-                  "`wts-convert inspect SRC` reports on a checkpoint without converting.")
+      usage="%(prog)s [-h] SRC DST [--full] [--dtype DTYPE] [--force] [--[no-]progress]\n"
+            "       %(prog)s inspect SRC",
+      description=(
+          "Convert a DeepSpec Qwen3 DSpark/DFlash drafter checkpoint (PyTorch) into an\n"
+          "orbax directory that wts_jax.load reads.\n\n"
+          "  wts-convert SRC DST [--full] ...  convert\n"
+          "  wts-convert inspect SRC           report what SRC holds, what would be\n"
+          "                                    converted and why it would be refused\n\n"
+          "A refusal is one `error:` line (exit 2) and leaves nothing at DST; a signal\n"
+          "removes what was staged (exit 128 + the signal's number)."))
   parser.add_argument("src", metavar="SRC",
                       help="checkpoint directory (config.json + model.safetensors, a "
                            "sharded index, or pytorch_model*.bin) or one weights file")
@@ -46,8 +55,8 @@ def _convert_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _inspect_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+def _inspect_parser() -> ArgumentParser:
+  parser = ArgumentParser(
       prog="wts-convert inspect",
       description="Report a checkpoint's format, head type, rank, shapes and dtype, what "
                   "would be converted, what is ignored, and why it would be refused.")
@@ -82,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     signum = getattr(interrupt, "signum", signal.SIGINT)
     wrote = getattr(interrupt, "wrote", None)
     outcome = "nothing was written" if wrote is None else f"after writing {wrote}"
-    print(f"wts-convert: interrupted ({signal.Signals(signum).name}); {outcome}",
-          file=sys.stderr)
+    try:
+      print(f"wts-convert: interrupted ({signal_name(signum)}); {outcome}", file=sys.stderr)
+    except OSError:   # SIGHUP: the terminal that would show it is gone
+      pass
     return 128 + signum   # the shell's status for a process ended by that signal
   print(f"wrote {dst}")
   return 0

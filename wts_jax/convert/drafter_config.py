@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from wts_jax.convert.config_fields import ConfigFields
 from wts_jax.convert.errors import ConversionError
 from wts_jax.heads.config import HEAD_TYPES, HeadConfig
 
@@ -88,28 +89,32 @@ class DrafterConfig:
     return fields
 
   @classmethod
-  def from_json(cls, fields: dict[str, Any]) -> "DrafterConfig":
-    fields = dict(fields)
-    fields["target_layer_ids"] = tuple(fields["target_layer_ids"])
-    return cls(**fields)
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive_int(config: dict, name: str, where: str) -> int:
-  value = config[name]
-  if not _is_int(value) or value <= 0:
-    raise ConversionError(f"{where}: {name}={value!r} must be a positive integer")
-  return value
-
-
-def _flag(config: dict, name: str, where: str) -> bool:
-  value = config[name]
-  if not isinstance(value, bool):
-    raise ConversionError(f"{where}: {name}={value!r} must be true or false")
-  return value
+  def from_json(cls, fields: dict[str, Any], where: str = "wts_config.json") -> "DrafterConfig":
+    """The config ``to_json`` wrote (a converted directory's manifest, ``where``), every
+    field read with its type and range checked: an edited manifest is named, not run."""
+    read = ConfigFields(fields, where, prefix="drafter.")
+    unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(cls)})
+    if unknown:
+      raise read.error(f"drafter holds {unknown[0]!r}, which is not a drafter config field")
+    vocab_size = read.positive_int("vocab_size")
+    markov_rank = read.integer("markov_rank", minimum=0)
+    return cls(
+        vocab_size=vocab_size, hidden_size=read.positive_int("hidden_size"),
+        num_attention_heads=read.positive_int("num_attention_heads"),
+        num_key_value_heads=read.positive_int("num_key_value_heads"),
+        head_dim=read.positive_int("head_dim"),
+        intermediate_size=read.positive_int("intermediate_size"),
+        num_draft_layers=read.positive_int("num_draft_layers"),
+        target_layer_ids=tuple(read.int_list("target_layer_ids", minimum=-1)),
+        num_target_layers=read.positive_int("num_target_layers", None),
+        block_size=read.positive_int("block_size"),
+        mask_token_id=read.integer("mask_token_id", minimum=0, maximum=vocab_size - 1),
+        markov_rank=markov_rank,
+        markov_head_type=(read.choice("markov_head_type", HEAD_TYPES) if markov_rank
+                          else read.choice("markov_head_type", HEAD_TYPES, None)),
+        confidence=read.flag("confidence"),
+        confidence_with_markov=read.flag("confidence_with_markov"),
+        dtype=read.choice("dtype", FLOAT_DTYPES, None))
 
 
 def canonical_dtype(name, where: str, field: str) -> str:
@@ -153,102 +158,67 @@ def refuse_unsupported_format(config: dict, where: str) -> None:
 
 
 def parse_config(config: dict, where: str = "config.json") -> DrafterConfig:
-  """A ``DrafterConfig`` from a DeepSpec ``config.json`` dict; ``where`` names it in errors."""
-  if not isinstance(config, dict):
-    raise ConversionError(f"{where}: expected a JSON object, got {type(config).__name__}")
+  """A ``DrafterConfig`` from a DeepSpec ``config.json`` dict; ``where`` names it in errors.
+
+  The draft layers' fields are read by the Qwen3 target's own reader
+  (``Qwen3Config.from_hf``), so every config this accepts, ``load_dspark`` runs.
+  """
+  fields = ConfigFields(config, where)
   refuse_unsupported_format(config, where)
   missing = [name for name in REQUIRED_FIELDS if name not in config]
   if missing:
     raise ConversionError(
         f"{where}: lacks {', '.join(repr(name) for name in missing)}, which every DeepSpec "
         f"{DEEPSPEC_ARCHITECTURE} config has")
+  if fields.flag("tie_word_embeddings", False):
+    raise fields.error("tie_word_embeddings=True; DeepSpec drafters save embed_tokens and "
+                       "lm_head separately (tie_word_embeddings=false)")
+  from wts_jax.spec.qwen3 import Qwen3Config   # the draft layers are Qwen3 layers
+  layers = Qwen3Config.from_hf(config, where)
+  block_size = fields.positive_int("block_size")
 
-  sizes = {name: _positive_int(config, name, where) for name in (
-      "vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
-      "intermediate_size", "num_hidden_layers", "block_size")}
-  head_dim = config.get("head_dim")
-  if head_dim is None:
-    head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
-  elif not _is_int(head_dim) or head_dim <= 0:
-    raise ConversionError(f"{where}: head_dim={head_dim!r} must be a positive integer")
-  if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
-    raise ConversionError(
-        f"{where}: num_attention_heads={sizes['num_attention_heads']} is not a multiple "
-        f"of num_key_value_heads={sizes['num_key_value_heads']}")
-  if config.get("tie_word_embeddings", False) is not False:
-    raise ConversionError(
-        f"{where}: tie_word_embeddings={config['tie_word_embeddings']!r}; DeepSpec "
-        "drafters save embed_tokens and lm_head separately (tie_word_embeddings=false)")
-  if config.get("attention_bias", False) is not False:
-    raise ConversionError(
-        f"{where}: attention_bias={config['attention_bias']!r}; Qwen3 drafters have no "
-        "q/k/v/o biases")
-
-  num_target_layers = config.get("num_target_layers")
-  if num_target_layers is not None and (not _is_int(num_target_layers)
-                                        or num_target_layers <= 0):
-    raise ConversionError(
-        f"{where}: num_target_layers={num_target_layers!r} must be a positive integer")
-  layer_ids = config["target_layer_ids"]
-  if (not isinstance(layer_ids, list) or not layer_ids
-      or not all(_is_int(layer) for layer in layer_ids)):
-    raise ConversionError(
-        f"{where}: target_layer_ids={layer_ids!r} must be a non-empty list of integers")
+  num_target_layers = fields.positive_int("num_target_layers", None)
+  layer_ids = fields.int_list("target_layer_ids")
   for previous, layer in zip(layer_ids, layer_ids[1:]):
     if layer <= previous:
-      raise ConversionError(
-          f"{where}: target_layer_ids={layer_ids!r} must be strictly increasing")
+      raise fields.error(f"target_layer_ids={layer_ids!r} must be strictly increasing")
   last_layer = None if num_target_layers is None else num_target_layers - 1
   for layer in layer_ids:
     if layer < -1 or (last_layer is not None and layer > last_layer):
-      raise ConversionError(
-          f"{where}: target_layer_ids entry {layer} is outside {{-1}} ∪ [0, "
+      raise fields.error(
+          f"target_layer_ids entry {layer} is outside {{-1}} ∪ [0, "
           f"{last_layer if last_layer is not None else '…'}] (-1 = the embedding output)")
 
-  mask_token_id = config["mask_token_id"]
-  if not _is_int(mask_token_id) or not 0 <= mask_token_id < sizes["vocab_size"]:
-    raise ConversionError(
-        f"{where}: mask_token_id={mask_token_id!r} must be an id in [0, "
-        f"vocab_size={sizes['vocab_size']})")
-
-  markov_rank = config["markov_rank"]
-  if not _is_int(markov_rank) or markov_rank < 0:
-    raise ConversionError(f"{where}: markov_rank={markov_rank!r} must be an integer >= 0")
+  mask_token_id = fields.integer("mask_token_id", minimum=0, maximum=layers.vocab_size - 1)
+  markov_rank = fields.integer("markov_rank", minimum=0)
   head_type = None
   if markov_rank > 0:
-    if "markov_head_type" not in config:
-      raise ConversionError(
-          f"{where}: markov_rank={markov_rank} but no markov_head_type (one of "
-          f"{HEAD_TYPES}) is given")
-    head_type = config["markov_head_type"]
-    if head_type not in HEAD_TYPES:
-      raise ConversionError(
-          f"{where}: markov_head_type={head_type!r} must be one of {HEAD_TYPES}")
+    if "markov_head_type" not in fields:
+      raise fields.error(f"markov_rank={markov_rank} but no markov_head_type (one of "
+                         f"{HEAD_TYPES}) is given")
+    head_type = fields.choice("markov_head_type", HEAD_TYPES)
 
-  confidence = _flag(config, "enable_confidence_head", where)
+  confidence = fields.flag("enable_confidence_head")
   with_markov = False
   if confidence:
-    if "confidence_head_with_markov" not in config:
-      raise ConversionError(
-          f"{where}: enable_confidence_head=true but confidence_head_with_markov is not "
-          "given")
-    with_markov = _flag(config, "confidence_head_with_markov", where)
+    if "confidence_head_with_markov" not in fields:
+      raise fields.error("enable_confidence_head=true but confidence_head_with_markov is "
+                         "not given")
+    with_markov = fields.flag("confidence_head_with_markov")
     if with_markov and markov_rank == 0:
-      raise ConversionError(
-          f"{where}: confidence_head_with_markov=true needs a Markov head, but "
-          "markov_rank=0")
+      raise fields.error("confidence_head_with_markov=true needs a Markov head, but "
+                         "markov_rank=0")
 
-  dtype_field = "dtype" if config.get("dtype") is not None else "torch_dtype"
+  dtype_field = "dtype" if "dtype" in fields else "torch_dtype"
   dtype = config.get(dtype_field)
   if dtype is not None:
     dtype = canonical_dtype(dtype, where, dtype_field)
 
   return DrafterConfig(
-      vocab_size=sizes["vocab_size"], hidden_size=sizes["hidden_size"],
-      num_attention_heads=sizes["num_attention_heads"],
-      num_key_value_heads=sizes["num_key_value_heads"], head_dim=head_dim,
-      intermediate_size=sizes["intermediate_size"],
-      num_draft_layers=sizes["num_hidden_layers"], target_layer_ids=tuple(layer_ids),
-      num_target_layers=num_target_layers, block_size=sizes["block_size"],
+      vocab_size=layers.vocab_size, hidden_size=layers.hidden_size,
+      num_attention_heads=layers.num_heads, num_key_value_heads=layers.num_kv_heads,
+      head_dim=layers.head_dim, intermediate_size=layers.intermediate_size,
+      num_draft_layers=layers.num_layers, target_layer_ids=tuple(layer_ids),
+      num_target_layers=num_target_layers, block_size=block_size,
       mask_token_id=mask_token_id, markov_rank=markov_rank, markov_head_type=head_type,
       confidence=confidence, confidence_with_markov=with_markov, dtype=dtype)

@@ -2,10 +2,13 @@
 
 ``open_checkpoint(src)`` detects the format of a checkpoint directory or file, reads
 ``config.json`` and every tensor's header (name, shape, dtype) without reading the
-data, and checks the files' integrity: a truncated or corrupt safetensors file, an
-index naming a missing shard, or a shard disagreeing with its index is refused here,
-before anything is converted. ``CheckpointSource.read`` then streams one tensor at a
-time, in row chunks, straight into the output dtype.
+data, and checks the files' integrity: a truncated or corrupt safetensors file, a
+sparse file (whose header promises data its disk blocks do not hold), an index naming
+a missing shard, a shard disagreeing with its index, or a config whose
+``num_hidden_layers`` disagrees with the ``layers.N`` tensors present is refused here,
+before anything is allocated for it. ``CheckpointSource.read`` then streams one tensor
+at a time, in row chunks, straight into the output dtype, and refuses a tensor that is
+not floating point, holds NaN/Inf, or is a weight matrix of zeros.
 
 ``.bin`` files are read only through ``torch.load(weights_only=True)`` (no arbitrary
 pickles) and only they need torch; safetensors files are read with numpy (bf16 through
@@ -17,8 +20,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pickle
 import re
+import stat
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +35,7 @@ import numpy as np
 
 from wts_jax.convert.errors import ConversionError
 from wts_jax.convert.keys import normalize_key
+from wts_jax.convert.progress import format_bytes
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -187,8 +193,21 @@ def _dtype_name(dtype) -> str:
 
 ZIP_MAGIC = b"PK\x03\x04"     # torch.save's default format is a zip archive
 PICKLE_MAGIC = b"\x80"         # the legacy format starts with a pickle protocol opcode
-_BLOCKED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
-_UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error: ([^\n]*)")
+# What torch's weights-only unpickler refused, as facts worth quoting. Nothing else of
+# its message is passed on: around these facts it advises loading the file anyway
+# (weights_only=False, allowlisting globals), in wordings that change between releases.
+_REFUSED_FACTS = (
+    (re.compile(r"GLOBAL ([\w.]+) was not an allowed global"),
+     "it holds a pickled {} object, which only running its code builds"),
+    (re.compile(r"Unsupported global: GLOBAL ([\w.]+)"),
+     "it holds a pickled {} object, which only running its code builds"),
+    (re.compile(r"unsupported GLOBAL ([\w.]+) whose module [\w.]+ is blocked"),
+     "it calls {}, which no weights file needs"),
+    (re.compile(r"Unsupported operand (\S+)"), "an unsupported pickle opcode {}"),
+    (re.compile(r"TorchScript archive"), "a TorchScript archive: code, not a state dict"),
+    (re.compile(r"legacy \.tar format"),
+     "torch's legacy .tar format, which torch reads only by unpickling it unchecked"),
+)
 
 
 def _check_torch_container(path: Path) -> None:
@@ -213,20 +232,26 @@ def _check_torch_container(path: Path) -> None:
 
 
 def _unpickling_refusal(path: Path, err: Exception) -> ConversionError:
-  """torch's refusal, without its advice to retry with weights_only=False: a checkpoint
-  that needs arbitrary code to load is exactly what must not be loaded."""
+  """torch's refusal to unpickle ``path``, reduced to what it refused (never its advice
+  to retry with weights_only=False: a checkpoint that needs arbitrary code to load is
+  exactly what must not be loaded)."""
   text = str(err)
-  blocked = _BLOCKED_GLOBAL.search(text)
-  if blocked:
-    reason = f"it holds a pickled {blocked[1]} object, which only running its code builds"
-  else:
-    detail = _UNPICKLER_ERROR.search(text)
-    first_line = text.strip().splitlines()[0] if text.strip() else ""
-    reason = f"{type(err).__name__}: {detail[1] if detail else first_line}"
+  reason = f"torch's weights-only unpickler refused it ({type(err).__name__})"
+  for pattern, template in _REFUSED_FACTS:
+    found = pattern.search(text)
+    if found:
+      reason = template.format(*found.groups())
+      break
   return ConversionError(
       f"{path}: refused to unpickle ({reason}); wts-convert reads only plain "
       "{name: tensor} state dicts (torch.load(weights_only=True)) and never runs code "
       "from a checkpoint")
+
+
+def _is_weights_only_refusal(err: Exception) -> bool:
+  """torch refuses some files outside its unpickler (a TorchScript archive, the legacy
+  .tar format) with a RuntimeError: they are refusals, not damage."""
+  return isinstance(err, pickle.UnpicklingError) or "weights_only" in str(err)
 
 
 def _torch_load(torch, path: Path):
@@ -253,9 +278,9 @@ class TorchBinFile(TensorMapping):
       state = _torch_load(torch, path)
     except FileNotFoundError as err:
       raise ConversionError(f"{path}: cannot read ({err})") from None
-    except pickle.UnpicklingError as err:
-      raise _unpickling_refusal(path, err) from None
     except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
+      if _is_weights_only_refusal(err):
+        raise _unpickling_refusal(path, err) from None
       first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
       raise ConversionError(
           f"{path}: damaged PyTorch checkpoint, torch.load cannot read it "
@@ -271,7 +296,33 @@ class TorchBinFile(TensorMapping):
     super().__init__(state, path.name)
 
 
+# A file whose length exceeds twice what its disk blocks hold (plus this slack) is sparse:
+# its holes read as zeros. Real weights compress by far less than 2x on filesystems that
+# compress (their blocks count the compressed size), and holes are never written data.
+SPARSE_SLACK_BYTES = 1 << 20
+
+
+def _check_readable_and_stored(path: Path) -> None:
+  """Refuse a file that cannot be opened, or whose bytes are mostly holes, before a
+  library reads it (safetensors reports an unreadable file as "No such file", and a
+  sparse file's holes would load as an all-zero model as large as its header says)."""
+  try:
+    with path.open("rb") as file:
+      file.read(1)
+      stat = os.fstat(file.fileno())
+  except OSError as err:
+    raise ConversionError(f"{path}: cannot read ({err.strerror or err})") from None
+  stored = stat.st_blocks * 512
+  # st_blocks is 0 where a filesystem does not report it: no evidence either way.
+  if stat.st_blocks and stat.st_size > 2 * stored + SPARSE_SLACK_BYTES:
+    raise ConversionError(
+        f"{path}: {format_bytes(stat.st_size)} long but only {format_bytes(stored)} of it "
+        "is stored on disk: a sparse file, whose holes would load as zeros (an "
+        "interrupted or fake download?); refused before reading it")
+
+
 def _open_file(path: Path) -> TensorFile:
+  _check_readable_and_stored(path)
   if path.suffix == ".safetensors":
     return SafetensorsFile(path)
   if path.suffix in TORCH_SUFFIXES:
@@ -279,6 +330,21 @@ def _open_file(path: Path) -> TensorFile:
   raise ConversionError(
       f"{path}: unrecognised checkpoint file (expected .safetensors, "
       f"{', '.join(TORCH_SUFFIXES)} or an .index.json)")
+
+
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+
+
+def _index_ranges(indices: list[int], shown: int = 4) -> str:
+  """``[0, 1, 2, 4, 5]`` → ``"0-2, 4-5"`` (the first ``shown`` runs)."""
+  runs: list[list[int]] = []
+  for index in indices:
+    if runs and index == runs[-1][1] + 1:
+      runs[-1][1] = index
+    else:
+      runs.append([index, index])
+  text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs[:shown])
+  return text + (", …" if len(runs) > shown else "")
 
 
 class CheckpointSource:
@@ -308,6 +374,23 @@ class CheckpointSource:
               f"{location}: {earlier.where()} and {tensor.where()} are the same key "
               "once wrapper prefixes (_orig_mod., module., model.) are stripped")
         self.tensors[tensor.key] = tensor
+    self._check_layer_count()
+
+  def _check_layer_count(self) -> None:
+    """The config's ``num_hidden_layers`` against the ``layers.N`` tensors present, before
+    anyone builds a key table from it: a config claiming millions of layers must not
+    cost millions of table entries to refuse."""
+    layers = self.config.get("num_hidden_layers") if isinstance(self.config, dict) else None
+    if isinstance(layers, bool) or not isinstance(layers, int):
+      return   # the config's reader names a missing or mistyped field
+    present = sorted({int(match[1]) for match in map(_LAYER_INDEX.match, self.tensors)
+                      if match})
+    if not present:
+      return   # the head alone (a state dict of the serial head): no layers to count
+    if len(present) != layers or present[0] != 0 or present[-1] != layers - 1:
+      raise ConversionError(
+          f"{self.config_file}: num_hidden_layers={layers}, but {self.location} holds "
+          f"layers {_index_ranges(present)} ({len(present)} layers)")
 
   def __enter__(self) -> "CheckpointSource":
     return self
@@ -329,12 +412,17 @@ class CheckpointSource:
     """
     tensor = self.tensors[key]
     file = self._files[tensor.file]
+    if tensor.dtype not in NUMPY_DTYPES:
+      raise ConversionError(
+          f"{tensor.where()} has dtype {tensor.dtype}, not one of {sorted(NUMPY_DTYPES)}: "
+          "not a floating-point weight of a bf16/fp16/fp32 checkpoint")
     source_dtype = NUMPY_DTYPES[tensor.dtype]
     out = np.empty(tensor.shape, NUMPY_DTYPES[out_dtype])
     rows = tensor.shape[0] if tensor.shape else 1
     row_bytes = source_dtype.itemsize * math.prod(tensor.shape[1:])
     rows_per_chunk = max(1, CHUNK_BYTES // max(row_bytes, 1))
     non_finite = 0
+    all_zero = True
     for start in range(0, rows, rows_per_chunk):
       stop = min(rows, start + rows_per_chunk)
       if tensor.shape:
@@ -344,12 +432,17 @@ class CheckpointSource:
         chunk = file.read_all(tensor.stored_key)
         out[...] = chunk
       non_finite += int(chunk.size - np.count_nonzero(np.isfinite(chunk)))
+      all_zero = all_zero and not chunk.any()
       if on_bytes is not None:
         on_bytes(chunk.size * source_dtype.itemsize)
     if non_finite:
       raise ConversionError(
           f"{tensor.where()} holds {non_finite} non-finite values (NaN/Inf): the file "
           "is damaged or the training diverged")
+    if all_zero and len(tensor.shape) >= 2 and out.size:
+      raise ConversionError(
+          f"{tensor.where()} is all zeros: no trained weight matrix is; the file was "
+          "zero-filled (preallocated and never written, or sparse)")
     return out
 
 
@@ -404,11 +497,31 @@ def _check_shard_agrees(index_path: Path, file: TensorFile, indexed_keys: set[st
         f"{file.name} holds {not_indexed[0]!r}, which {index_path.name} does not map to it")
 
 
+def _listing(directory: Path) -> list[Path]:
+  try:
+    return sorted(directory.iterdir())
+  except OSError as err:
+    raise ConversionError(
+        f"{directory}: cannot list the directory ({err.strerror or err})") from None
+
+
+def _kind(path: Path, what: str) -> int | None:
+  """``path``'s file type (``stat.S_IFMT``), None when it does not exist; refuses a path
+  that cannot be looked at (a parent without search permission)."""
+  try:
+    return stat.S_IFMT(path.stat().st_mode)
+  except (FileNotFoundError, NotADirectoryError):
+    return None
+  except OSError as err:
+    raise ConversionError(f"{path}: cannot read {what} ({err.strerror or err})") from None
+
+
 def _weights_in(directory: Path) -> Path:
+  listing = _listing(directory)
   for name in WEIGHT_FILES:
-    if (directory / name).is_file():
+    if _kind(directory / name, "the weights") == stat.S_IFREG:
       return directory / name
-  found = sorted(path.name for path in directory.iterdir())
+  found = [path.name for path in listing]
   raise ConversionError(
       f"{directory}: no {', '.join(WEIGHT_FILES)} found (the directory holds "
       f"{found if found else 'nothing'}); pass a weights file to convert another name")
@@ -421,12 +534,13 @@ def open_checkpoint(src: str | Path) -> CheckpointSource:
   ``src`` is a file).
   """
   path = Path(src)
-  if not path.exists():
+  kind = _kind(path, "the checkpoint")
+  if kind is None:
     raise ConversionError(f"{path}: no such checkpoint file or directory")
-  weights = _weights_in(path) if path.is_dir() else path
+  weights = _weights_in(path) if kind == stat.S_IFDIR else path
   directory = weights.parent
   config_path = directory / CONFIG_FILE
-  if not config_path.is_file():
+  if _kind(config_path, "the config") != stat.S_IFREG:
     raise ConversionError(
         f"{config_path}: missing; the drafter's config.json must sit next to its weights")
   config = _read_json(config_path, "the config")
@@ -448,7 +562,7 @@ def open_checkpoint(src: str | Path) -> CheckpointSource:
       description = "safetensors" if weights.suffix == ".safetensors" else "pytorch .bin"
 
     ignored = []
-    for entry in sorted(directory.iterdir()):
+    for entry in _listing(directory):
       if entry.name in used:
         continue
       reason = _ignore_reason(entry.name, entry)

@@ -1,18 +1,20 @@
 """Writing a converted directory atomically: stage next to DST, swap it in at the end.
 
 Everything is written into a hidden sibling of ``DST``, ``.DST.wts-convert-PID@HOST``
-(same filesystem, so the final rename is atomic); on any error, Ctrl-C or SIGTERM the
-staging directory is removed and ``DST`` is untouched. An existing ``DST`` is replaced
-only with ``force``, and only when it is an earlier wts-convert output or an empty
-directory — ``--force`` never deletes a directory the converter did not write.
+(same filesystem, so the final rename is atomic); on any error or signal that would end
+the process (``interrupts`` turns each into an exception, held during writes and the
+clean-up) the staging directory is removed and ``DST`` is untouched. An existing
+``DST`` is replaced only with ``force``, and only when it is an earlier wts-convert
+output or an empty directory — ``--force`` never deletes a directory the converter did
+not write.
 
 The ``--force`` swap exchanges the staging directory and ``DST`` in one
 ``renameat2(RENAME_EXCHANGE)`` where the kernel offers it (Linux), so ``DST`` always
 holds either the old or the new output; elsewhere the old ``DST`` is first renamed to
 ``.DST.wts-convert-old-PID@HOST`` and a run killed between the two renames leaves it
 there. A process killed outright (``kill -9``) cannot clean up after itself: the next
-run for the same ``DST`` removes the staging directories of processes of this host
-that are no longer alive, and puts back an old output whose swap was cut short.
+conversion into the same folder removes the staging directories of processes of this
+host that are no longer alive, and puts back an old output whose swap was cut short.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ def staging_name(dst: Path, pid: int, *, old: bool = False) -> str:
   return f".{dst.name}.{STAGING_TAG}-{'old-' if old else ''}{pid}@{_host()}"
 
 
-def _leftover_pattern(dst: Path) -> re.Pattern:
-  # Names without "@HOST" were written by wts_jax before hosts were recorded.
-  return re.compile(rf"\.{re.escape(dst.name)}\.{STAGING_TAG}-(?P<old>old-)?"
-                    rf"(?P<pid>\d+)(@(?P<host>.+))?")
+# ".NAME.wts-convert-[old-]PID@HOST"; names without "@HOST" were written by wts_jax
+# before hosts were recorded.
+_LEFTOVER = re.compile(rf"\.(?P<name>.+)\.{STAGING_TAG}-(?P<old>old-)?(?P<pid>\d+)"
+                       rf"(@(?P<host>.+))?")
 
 
 def process_alive(pid: int) -> bool:
@@ -61,28 +63,33 @@ def process_alive(pid: int) -> bool:
 
 
 def remove_dead_leftovers(dst: Path) -> list[str]:
-  """Remove what killed conversions to ``dst`` left next to it; returns what was done.
+  """Remove what killed conversions left in ``dst``'s folder; returns what was done.
 
-  Only directories named for ``dst`` by this module, of processes of this host that are
-  no longer alive, are touched (another host's process cannot be checked, and a live
-  conversion's staging is its own). A swap cut short between its two renames left the
-  old output under the ``old-`` name and no ``dst``: it is renamed back.
+  Only directories named by this module, of processes of this host that are no longer
+  alive, are touched — whatever output they were for (another host's process cannot be
+  checked, and a live conversion's staging is its own). A swap cut short between its
+  two renames left the old output under the ``old-`` name and no output: it is renamed
+  back.
   """
-  dst = Path(dst).absolute()
-  if not dst.parent.is_dir():
+  parent = Path(dst).absolute().parent
+  if not parent.is_dir():
     return []
-  pattern = _leftover_pattern(dst)
   done = []
-  for entry in sorted(dst.parent.iterdir()):
-    match = pattern.fullmatch(entry.name)
+  try:
+    entries = sorted(parent.iterdir())
+  except OSError:
+    return []   # an unreadable folder: the conversion's own errors say so
+  for entry in entries:
+    match = _LEFTOVER.fullmatch(entry.name)
     if match is None or (match["host"] not in (None, _host())):
       continue
     pid = int(match["pid"])
     if pid == os.getpid() or process_alive(pid) or not entry.is_dir() or entry.is_symlink():
       continue
-    if match["old"] and not (dst.exists() or dst.is_symlink()):
-      os.rename(entry, dst)
-      done.append(f"restored {dst} from {entry.name} (a replaced output whose swap was "
+    output = parent / match["name"]
+    if match["old"] and not (output.exists() or output.is_symlink()):
+      os.rename(entry, output)
+      done.append(f"restored {output} from {entry.name} (a replaced output whose swap was "
                   "interrupted)")
     else:
       shutil.rmtree(entry, ignore_errors=True)

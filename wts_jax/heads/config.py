@@ -33,8 +33,11 @@ class HeadConfig:
       raise ValueError(f"head_type={self.head_type!r} must be one of {HEAD_TYPES}")
     for name in ("vocab_size", "rank", "hidden_size"):
       value = getattr(self, name)
-      if not isinstance(value, int) or value <= 0:
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive int")
+    for name in ("confidence", "confidence_with_markov"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
 
   @property
   def needs_hidden(self) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import tempfile
 import json
 import math
 import sys
@@ -33,8 +34,10 @@ import numpy as np
 from flax import nnx
 
 from wts_jax import result_files
-from wts_jax.spec import timing
+from wts_jax.command_line import ArgumentParser
+from wts_jax.spec import loop, phase_profile, timing
 from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
+from wts_jax.spec.loop import generate
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
 
 MODELS = {
@@ -80,7 +83,7 @@ def _profile(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = ArgumentParser(
       prog="wts-e2e-bench",
       description="Device time of one speculative decode iteration (target verify, "
                   "drafter, walk) at the Qwen3-4B/8B shapes with random weights, and "
@@ -101,6 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--chain", type=int, default=8,
                       help="iterations chained in one timed executable")
+  parser.add_argument("--method", choices=("generate", "pieces"), default="generate",
+                      help="generate: whole generate calls (wall clock) and, from a "
+                           "profile of one, each phase's device time per iteration; "
+                           "pieces: each phase chained alone (timing.iteration_cost)")
+  parser.add_argument("--new-tokens", type=int, default=64,
+                      help="tokens generated per row by each measured generate call")
+  parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                      help="where the profiles go (default: a temporary folder)")
+  parser.add_argument("--agreement", action="store_true",
+                      help="also report how often the int8-planes walk's tokens agree "
+                           "with the bf16 walk's at each point")
   parser.add_argument("--time-budget", type=float, default=420.0,
                       help="seconds; measurements past it are skipped (and recorded so)")
   parser.add_argument("--out", type=Path, default=Path("e2e.json"))
@@ -129,6 +143,121 @@ def model_configs(name: str, head_type: str) -> tuple[Qwen3Config, DSparkConfig]
   return target_config, drafter_preset(target_config, head_type=head_type)
 
 
+HBM_BYTES_PER_S = 4.8e12   # the H200's HBM bandwidth: the rooflines' denominator
+
+
+def weight_bytes(model, *, gathered_table: bool) -> int:
+  """Bytes of the weights a forward reads once: all of ``model``'s parameters but its
+  serial head (the walk's) and, when ``gathered_table``, the embedding table (a forward
+  gathers a few of its rows)."""
+  def size(tree):
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
+  total = size(nnx.state(model))
+  if getattr(model, "head", None) is not None:
+    total -= size(nnx.state(model.head))
+  if gathered_table:
+    total -= model.embed_tokens.weight.nbytes
+  return int(total)
+
+
+def kv_bytes(config: Qwen3Config, batch: int, length: int, dtype) -> int:
+  """Bytes of ``batch`` rows' cached keys and values over ``length`` positions."""
+  return (2 * config.num_layers * batch * length * config.num_kv_heads * config.head_dim
+          * jnp.dtype(dtype).itemsize)
+
+
+def walk_agreement(target, drafter, *, batch: int, draft_len: int, prompt_len: int) -> float:
+  """Fraction of drafted tokens on which the walk with W2 as int8 planes agrees with the
+  walk of the stored (bf16) W2, greedy, on the drafter's own block at this point."""
+  last, base, hidden = timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
+                                          prompt_len=prompt_len)["walk"].carry()
+  graph, state = nnx.split(drafter)
+
+  def draft(state, w2):
+    settings = loop.LoopSettings(max_new_tokens=1, temperature=0.0,
+                                 draft_lens=(draft_len,), walk_impl="auto",
+                                 cache_len=1, draft_w2=w2)
+    d = loop.with_walk_head(nnx.merge(graph, state), settings, batch)
+    return d.draft(base[:, :draft_len], hidden[:, :draft_len], last, temperature=0.0,
+                   key=None, walk_impl="auto").tokens
+  tokens = {w2: np.asarray(jax.jit(draft, static_argnums=1)(state, w2))
+            for w2 in ("int8_planes", "bf16")}
+  return float(np.mean(tokens["int8_planes"] == tokens["bf16"]))
+
+
+def _prompts(vocab: int, batch: int, prompt_len: int) -> list[list[int]]:
+  return [[(b * 7 + i) % vocab for i in range(prompt_len)] for b in range(batch)]
+
+
+def _timed_calls(call, *, repeats: int = 3) -> tuple[float, object]:
+  """(median wall seconds, last result) of ``repeats`` calls after a compiling one."""
+  result = jax.block_until_ready(call())
+  seconds = []
+  for _ in range(repeats):
+    began = time.perf_counter()
+    result = jax.block_until_ready(call())
+    seconds.append(time.perf_counter() - began)
+  return float(np.median(seconds)), result
+
+
+def _profiled(call, folder: Path, hlo: str) -> dict[str, float]:
+  """Device seconds by phase of one ``call`` under the profiler."""
+  with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+    jax.block_until_ready(call())
+  return phase_profile.phase_seconds(folder, hlo)
+
+
+def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
+                         profile: Path) -> dict:
+  """The target's own greedy decode: wall-clock tokens/s, and the device time of one
+  decode step from a profile (its steps are scoped "verify")."""
+  prompts = _prompts(target.config.vocab_size, batch, prompt_len)
+  hlo: list[str] = []
+  loop.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
+  wall, tokens = _timed_calls(lambda: loop.decode_autoregressive(target, prompts,
+                                                                 new_tokens))
+  phases = _profiled(lambda: loop.decode_autoregressive(target, prompts, new_tokens),
+                     profile / f"B{batch}_autoregressive", hlo[0])
+  if not phases["verify"] > 0:
+    raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
+                     "use --method pieces)")
+  return dict(autoregressive_s=phases["verify"] / max(new_tokens - 1, 1),
+              autoregressive_wall_s=wall,
+              autoregressive_tokens_per_s=batch * new_tokens / wall), np.asarray(tokens)
+
+
+def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
+                   walk: str, new_tokens: int, profile: Path,
+                   reference: np.ndarray | None = None) -> dict:
+  """Whole ``generate`` calls with this walk: wall-clock tokens/s (median of three after
+  a compiling call, at the acceptance the random weights give) and, from one profiled
+  call, the device time of an iteration and of its phases. ``reference``: the target's
+  own greedy tokens, against which the output's agreement is reported (the same compute
+  dtype, but other shapes of the same products: bf16 near-ties can round apart)."""
+  prompts = _prompts(target.config.vocab_size, batch, prompt_len)
+  kwargs = dict(draft_len=draft_len, walk_impl=walk)
+  hlo: list[str] = []
+  generate(target, drafter, prompts, new_tokens, hlo_text=hlo, **kwargs)
+  wall, out = _timed_calls(lambda: generate(target, drafter, prompts, new_tokens, **kwargs))
+  phases = _profiled(lambda: generate(target, drafter, prompts, new_tokens, **kwargs),
+                     profile / f"B{batch}_{walk}", hlo[0])
+  if not sum(phases.values()) > 0:
+    raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
+                     "use --method pieces)")
+  iterations = max(int(out.iterations), 1)
+  per = {f"{phase}_s": phases[phase] / iterations
+         for phase in ("verify", "drafter", "walk", "other", "unattributed")}
+  agreement = {}
+  if reference is not None:
+    agreement["greedy_agreement_with_autoregressive"] = float(
+        np.mean(np.asarray(out.tokens) == reference))
+  return dict(total_s=sum(per.values()), **per, prefill_s=phases["prefill"], **agreement,
+              generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
+              generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
+              generate_iterations=iterations,
+              generate_acceptance_length=float(np.mean(out.acceptance_length())))
+
+
 def run(args) -> dict:
   began = time.perf_counter()
   dtype = DTYPES[args.dtype]
@@ -147,52 +276,84 @@ def run(args) -> dict:
   for model, (target_config, drafter_config) in configs.items():
     target = make_qwen3(target_config, seed=0, param_dtype=dtype, dtype=dtype)
     drafter = make_dspark(drafter_config, seed=1, param_dtype=dtype, dtype=dtype)
-    weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(target)))
+    target_weights = weight_bytes(target, gathered_table=not target_config.tie_word_embeddings)
+    drafter_weights = weight_bytes(drafter, gathered_table=True)
     for batch in args.batches:
       c = target_config
-      # what a verify pass must read at least: the weights and the rows' cached K/V
-      cache_bytes = (2 * c.num_layers * batch * args.prompt_len * c.num_kv_heads
-                     * c.head_dim * jnp.dtype(dtype).itemsize)
+      roofline = {   # bytes ÷ HBM bandwidth: weights once, the rows' K/V at prompt_len
+          "verify": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
+                    / HBM_BYTES_PER_S,
+          "autoregressive": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
+                            / HBM_BYTES_PER_S,
+          "drafter": (drafter_weights + kv_bytes(drafter_config.layers, batch,
+                                                 args.prompt_len, dtype)) / HBM_BYTES_PER_S}
       common = dict(batch=batch, prompt_len=args.prompt_len, repeats=args.repeats,
                     chain=args.chain)
       if over_budget():
         records.append(dict(model=model, batch=batch, skipped="time budget"))
         continue
-      ar = timing.iteration_cost(target, drafter, draft_len=0, **common)["total_s"]
+      profile = Path(args.profile or tempfile.mkdtemp(prefix="wts-e2e-profile-"))
+      reference = None
+      if args.method == "generate":
+        baseline, reference = autoregressive_point(
+            target, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+            profile=profile)
+      else:
+        # the target alone (the loop's K = 0 iteration also feeds the drafter's cache)
+        baseline = {"autoregressive_s": timing.iteration_cost(
+            target, drafter, draft_len=0, pieces=("verify",), **common)["verify_s"]}
+        baseline["autoregressive_tokens_per_s"] = batch / baseline["autoregressive_s"]
+      ar = baseline["autoregressive_s"]
       _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} autoregressive "
-           f"{ar * 1e3:.3f} ms")
+           f"{ar * 1e3:.3f} ms (roofline {roofline['autoregressive'] * 1e3:.3f})")
       shared: dict[str, float] = {}
+      point = []
       for walk in args.walks:
         record = dict(model=model, batch=batch, walk=walk, draft_len=steps,
-                      prompt_len=args.prompt_len, autoregressive_s=ar,
-                      target_weight_bytes=int(weight_bytes),
-                      kv_cache_bytes=int(cache_bytes))
+                      prompt_len=args.prompt_len, method=args.method, **baseline,
+                      target_weight_bytes=target_weights, drafter_weight_bytes=drafter_weights,
+                      kv_cache_bytes=int(kv_bytes(c, batch, args.prompt_len, dtype)),
+                      **{f"{phase}_roofline_s": value for phase, value in roofline.items()})
         if over_budget():
           records.append({**record, "skipped": "time budget"})
           continue
-        pieces = ("total", "walk") if shared else timing.PIECES
         try:
-          cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
-                                       pieces=pieces, **common)
+          if args.method == "generate":
+            cost = generate_point(target, drafter, batch=batch, draft_len=steps,
+                                  prompt_len=args.prompt_len, walk=walk,
+                                  new_tokens=args.new_tokens, profile=profile,
+                                  reference=reference)
+          else:
+            pieces = ("total", "walk") if shared else timing.PIECES
+            cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
+                                         pieces=pieces, **common)
+            if not shared:
+              shared = {"verify_s": cost["verify_s"], "drafter_s": cost["drafter_s"]}
+            cost.update(shared)
+            cost["other_s"] = (cost["total_s"] - cost["verify_s"] - cost["drafter_s"]
+                               - cost["walk_s"])
         except Exception as err:   # a walk this device cannot run: recorded, not fatal
           records.append({**record, "error": f"{type(err).__name__}: {err}"})
           _log(f"  {model} B={batch} walk={walk}: {type(err).__name__}: {err}")
           continue
-        if not shared:
-          shared = {"verify_s": cost["verify_s"], "drafter_s": cost["drafter_s"]}
-        cost.update(shared)
         modelled = batch * per_iteration / cost["total_s"]
         record.update(cost)
         record.update(
-            other_s=cost["total_s"] - cost["verify_s"] - cost["drafter_s"] - cost["walk_s"],
             modelled_tokens_per_iteration=per_iteration,
             modelled_tokens_per_s=modelled,
-            autoregressive_tokens_per_s=batch / ar,
             modelled_speedup_vs_autoregressive=modelled / (batch / ar))
         records.append(record)
+        point.append(record)
         _log(f"[{time.perf_counter() - began:6.1f}s] {model} B={batch} walk={walk}: "
              f"total {cost['total_s'] * 1e3:.3f} ms (verify {cost['verify_s'] * 1e3:.3f}, "
-             f"drafter {cost['drafter_s'] * 1e3:.3f}, walk {cost['walk_s'] * 1e3:.3f})")
+             f"drafter {cost['drafter_s'] * 1e3:.3f}, walk {cost['walk_s'] * 1e3:.3f}, "
+             f"other {cost['other_s'] * 1e3:.3f})")
+      add_walk_in_loop(point)
+      if args.agreement and any(r["walk"] in ("auto", "pallas") for r in point):
+        agreement = walk_agreement(target, drafter, batch=batch, draft_len=steps,
+                                   prompt_len=args.prompt_len)
+        for r in point:
+          r["int8_planes_vs_bf16_token_agreement"] = agreement
     del target, drafter
     gc.collect()
 
@@ -205,6 +366,17 @@ def run(args) -> dict:
       head_type=args.head_type,
       weights="random (throughput is modelled, see modelled_note)",
       method=timing.METHOD,
+      roofline_note=(f"*_roofline_s = bytes the phase must read (weights once, the rows' "
+                     f"K/V at prompt_len) / {HBM_BYTES_PER_S / 1e12:.1f} TB/s"),
+      walk_in_loop_note=("walk_in_loop_s = total_s - total_s(walk=none) + walk_s(none): "
+                         "what the walk adds to the measured iteration; walk_s is the walk "
+                         "chained alone"),
+      generate_note=("method=generate: total_s and its phases are device time per "
+                     "iteration of a profiled generate call (kernels summed by the phase "
+                     "of their HLO operation; prefill apart); generate_*: wall clock of "
+                     "whole generate calls at the acceptance the random weights give "
+                     "(generate_acceptance_length); autoregressive_s: one step of the "
+                     "target's own decode loop, profiled likewise"),
       acceptance_profile=list(args.acceptance),
       modelled_note=(
           "MODELLED, not measured: tokens/s = B * L / total_s with L = 1 + sum_j "
@@ -213,6 +385,16 @@ def run(args) -> dict:
       persistent_walk_gain=walk_gains(records),
       results=records,
       elapsed_s=time.perf_counter() - began)
+
+
+def add_walk_in_loop(point: list[dict]) -> None:
+  """Each record of one (model, B) gains ``walk_in_loop_s`` when the "none" walk (no
+  serial head) was measured beside it."""
+  none = next((r for r in point if r["walk"] == "none"), None)
+  if none is None:
+    return
+  for r in point:
+    r["walk_in_loop_s"] = r["total_s"] - none["total_s"] + none["walk_s"]
 
 
 def walk_gains(records: list[dict]) -> list[dict]:
@@ -304,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
       report = _read_report(args.replot)
       result_files.check_writable(plot_path, "--plot")
       return _plot_or_say_why(report, plot_path)
-    for name in ("prompt_len", "draft_len", "repeats", "chain"):
+    for name in ("prompt_len", "draft_len", "repeats", "chain", "new_tokens"):
       if getattr(args, name) < 1:
         raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if not (math.isfinite(args.time_budget) and args.time_budget > 0):

@@ -33,10 +33,10 @@ from flax import nnx
 
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.spec.qwen3 import (DecoderLayers, Embedding, KVCache, Qwen3Config, Weight,
-                                assemble, attend, check_keys, expected_keys, finish_layer,
-                                linear, precision, project_qkv, rms_norm,
-                                rotary)
+from wts_jax.spec import attention
+from wts_jax.spec.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
+                                check_keys, decoder_layers, expected_keys, finish_layer,
+                                linear, output_logits, project_qkv, rms_norm, rotary)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).
@@ -132,11 +132,13 @@ def backbone_keys(config: DSparkConfig) -> dict[str, tuple[int, ...]]:
 @dataclasses.dataclass(frozen=True)
 class Draft:
   """One iteration's draft: tokens [B, k]; q_logits [B, k, V] fp32 (the logits the
-  tokens were drawn from, None for greedy); confidence [B, k] raw logits or None."""
+  tokens were drawn from, None for greedy); confidence [B, k] raw logits or None;
+  status: the walk's status word (``wts_jax.WalkOutput.status``; 0 without a walk)."""
 
   tokens: jax.Array
   q_logits: jax.Array | None
   confidence: jax.Array | None
+  status: jax.Array
 
 
 class DSparkDrafter(nnx.Module):
@@ -154,7 +156,7 @@ class DSparkDrafter(nnx.Module):
     self.fc = Weight((jax.random.normal(rngs.params(), (c.hidden_size, features))
                       * features ** -0.5).astype(param_dtype))
     self.hidden_norm = Weight(jnp.ones((c.hidden_size,), param_dtype))
-    self.layers = DecoderLayers(c, c.num_layers, rngs=rngs, param_dtype=param_dtype)
+    self.layers = decoder_layers(c, c.num_layers, rngs=rngs, param_dtype=param_dtype)
     self.norm = Weight(jnp.ones((c.hidden_size,), param_dtype))
     self.lm_head = Weight((jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size))
                            * c.hidden_size ** -0.5).astype(param_dtype))
@@ -167,30 +169,30 @@ class DSparkDrafter(nnx.Module):
                          self.dtype)
 
   def context_kv(self, features: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Keys and values [N, B, T, Kv, h] of target features [B, T, n·d] at ``start + t``."""
+    """Keys and values [N, B, Kv, T, h] of target features [B, T, n·d] at ``start + t``."""
     c = self.config.layers
     batch, steps, _ = features.shape
     context = rms_norm(linear(features.astype(self.dtype), self.fc.weight[...]),
                        self.hidden_norm.weight[...], c.rms_norm_eps)
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
+    keys, values = [], []
+    for layer in self.layers:
+      w = layer.weights()
+      k = linear(context, w["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+      v = linear(context, w["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+      k = rotary(rms_norm(k, w["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
+      keys.append(k.transpose(0, 2, 1, 3))
+      values.append(v.transpose(0, 2, 1, 3))
+    return jnp.stack(keys), jnp.stack(values)
 
-    def one_layer(layer):
-      k = linear(context, layer["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-      v = linear(context, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-      return rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions,
-                    c.rope_theta), v
-
-    weights = self.layers.stacked()
-    return jax.lax.map(one_layer, {name: weights[name]
-                                   for name in ("k_proj", "v_proj", "k_norm")})
-
-  def block(self, last_tokens: jax.Array, start: jax.Array,
-            context: KVCache) -> tuple[jax.Array, jax.Array]:
+  def block(self, last_tokens: jax.Array, start: jax.Array, context: KVCache, *,
+            attention_impl: str = "xla") -> tuple[jax.Array, jax.Array]:
     """The backbone over one block: (base logits [B, bs, V], hidden [B, bs, d]), both in
-    the compute dtype.
+    the compute dtype (as DeepSpec's lm_head returns them: a bf16 run hands the walk
+    half the bytes; the walk adds its bias and selects in fp32).
 
     ``last_tokens`` [B] sits at position ``start[b]``; ``context`` holds the context
-    keys of positions ``[0, start[b])``.
+    keys of positions ``[0, start[b])``. attention_impl: ``wts_jax.spec.attention``'s.
     """
     cfg = self.config
     c = cfg.layers
@@ -199,24 +201,15 @@ class DSparkDrafter(nnx.Module):
     block_ids = block_ids.at[:, 0].set(last_tokens.astype(jnp.int32))
     h = jnp.take(self.embed_tokens.weight[...], block_ids, axis=0).astype(self.dtype)
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
-    context_mask = jnp.arange(context.max_len)[None, None, :] < start[:, None, None]
-    block_mask = jnp.ones((1, steps, steps), bool)
-
-    def one_layer(h, xs):
-      layer, index = xs
-      q, k, v = project_qkv(h, layer, c, positions)
-      attended = attend(q, [context.keys[index], k], [context.values[index], v],
-                        [context_mask, block_mask])
-      return finish_layer(h, attended, layer, c), None
-
-    h, _ = jax.lax.scan(one_layer, h, (self.layers.stacked(), jnp.arange(c.num_layers)))
+    for index, layer in enumerate(self.layers):
+      weights = layer.weights()
+      q, k, v = project_qkv(h, weights, c, positions)
+      attended = attention.attend(q, k, v, causal=False, cache_keys=context.keys[index],
+                                  cache_values=context.values[index], cache_len=start,
+                                  impl=attention_impl)
+      h = finish_layer(h, attended, weights, c)
     hidden = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
-    base = jnp.einsum("bkd,vd->bkv", hidden, self.lm_head.weight[...].astype(hidden.dtype),
-                      preferred_element_type=jnp.float32,
-                      precision=precision(hidden.dtype))
-    # In the compute dtype, as DeepSpec's lm_head returns them: a bf16 run hands the walk
-    # half the bytes; the walk adds its bias and selects in fp32.
-    return base.astype(self.dtype), hidden
+    return output_logits(hidden, self.lm_head.weight[...]), hidden
 
   def draft(self, base: jax.Array, hidden: jax.Array, last_tokens: jax.Array, *,
             temperature: float, key: jax.Array | None, walk_impl: str = "auto",
@@ -233,13 +226,13 @@ class DSparkDrafter(nnx.Module):
       if sampling:   # in fp32: verification's q must be the very distribution drawn from
         base = base.astype(jnp.float32)
         tokens = jax.random.categorical(key, base / temperature, axis=-1).astype(jnp.int32)
-        return Draft(tokens, base, None)
-      return Draft(jnp.argmax(base, axis=-1).astype(jnp.int32), None, None)
+        return Draft(tokens, base, None, jnp.int32(0))
+      return Draft(jnp.argmax(base, axis=-1).astype(jnp.int32), None, None, jnp.int32(0))
     hidden = hidden if self.head.config.needs_hidden else None
     out = walk(self.head, base, last_tokens, hidden, temperature=temperature,
                key=key if sampling else None, return_logits=sampling, impl=walk_impl,
                config=walk_config)
-    return Draft(out.tokens, out.logits, out.confidence)
+    return Draft(out.tokens, out.logits, out.confidence, out.status)
 
 
 def make_dspark(config: DSparkConfig, *, seed: int = 0, param_dtype=jnp.bfloat16,
@@ -252,7 +245,7 @@ def make_dspark(config: DSparkConfig, *, seed: int = 0, param_dtype=jnp.bfloat16
 def config_from_converted(manifest: dict[str, Any], where: str) -> DSparkConfig:
   """The ``DSparkConfig`` of a ``wts-convert`` directory's manifest."""
   from wts_jax.convert.drafter_config import DrafterConfig
-  drafter = DrafterConfig.from_json(manifest["drafter"])
+  drafter = DrafterConfig.from_json(manifest["drafter"], f"{where}/wts_config.json")
   layers = Qwen3Config.from_hf(manifest["source_config"], where)
   head = None if manifest["head"] is None else HeadConfig(**manifest["head"])
   return DSparkConfig(layers, drafter.target_layer_ids, drafter.block_size,
@@ -284,8 +277,7 @@ def load_dspark(path: str | Path, *, dtype=jnp.bfloat16, param_dtype=None) -> DS
   drafter = assemble(
       lambda: DSparkDrafter(backbone_only, rngs=nnx.Rngs(0), param_dtype=param_dtype,
                             dtype=dtype),
-      expected, lambda key: weights.backbone[key], str(directory),
-      config.layers.num_layers)
+      expected, lambda key: weights.backbone[key], str(directory))
   drafter.config = config
   drafter.head = nnx.data(weights.head)
   return drafter

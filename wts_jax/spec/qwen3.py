@@ -8,10 +8,12 @@ the decode loop writes them with ``KVCache.write`` once it knows what was commit
 and a rejected draft token's entry is simply overwritten later (``start`` masks it).
 
 Weights keep the Hugging Face layout (Linear ``[out, in]``), so the checkpoint loads
-without transposes; the layers' weights are stacked on a leading layer axis and the
-forward scans over them, which keeps the compiled program (and its compile time) one
-layer long. ``hidden_size`` and ``num_heads * head_dim`` may differ (Qwen3-4B: 2560
-and 4096).
+without transposes. Each layer is a module of its own and the forward is a Python loop
+over them: every matmul reads its weight where it lies. (A ``lax.scan`` over weights
+stacked on a layer axis slices each layer's weights into a fresh buffer before its
+matmuls read them, three times the bytes a decode step must move; ``docs/decisions.md``,
+"Per-layer weights".) ``hidden_size`` and ``num_heads * head_dim`` may differ
+(Qwen3-4B: 2560 and 4096).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from wts_jax.spec import attention
+from wts_jax.spec.attention import precision
 
 QWEN3_VOCAB = 151_936
 
@@ -57,14 +62,18 @@ class Qwen3Config:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive int")
+    for name in ("rms_norm_eps", "rope_theta"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+          math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r} must be a real number > 0")
+    if not isinstance(self.tie_word_embeddings, bool):
+      raise ValueError(f"tie_word_embeddings={self.tie_word_embeddings!r} must be a bool")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even (rotary halves)")
-    if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
-      raise ValueError(f"rope_theta={self.rope_theta!r} and rms_norm_eps="
-                       f"{self.rms_norm_eps!r} must be > 0")
 
   @classmethod
   def qwen3_4b(cls) -> "Qwen3Config":
@@ -89,33 +98,62 @@ class Qwen3Config:
 
   @classmethod
   def from_hf(cls, config: dict[str, Any], where: str = "config.json") -> "Qwen3Config":
-    """From a Hugging Face Qwen3 ``config.json`` dict (transformers 4.x or 5.x)."""
+    """From a Hugging Face Qwen3 ``config.json`` dict (transformers 4.x or 5.x).
+
+    Every field is read with its JSON type and range checked (``ConfigFields``), and a
+    field that would change the numbers in a way this model does not implement (RoPE
+    scaling, sliding-window attention, another activation, q/k/v/o biases) is refused:
+    each error is one ``ValueError`` line naming ``where`` and the field.
+    """
+    from wts_jax.convert.config_fields import ConfigFields
+    fields = ConfigFields(config, where)
     missing = [name for name in ("vocab_size", "hidden_size", "intermediate_size",
                                  "num_hidden_layers", "num_attention_heads")
-               if name not in config]
+               if name not in fields]
     if missing:
-      raise ValueError(f"{where}: lacks {missing}, which every Qwen3 config has")
-    rope = config.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", "default")
-    scaling = config.get("rope_scaling")
-    if rope_type != "default" or (scaling and scaling.get("rope_type", "default")
-                                  != "default"):
-      raise ValueError(f"{where}: rope_scaling={scaling or rope!r} is not supported "
-                       "(plain RoPE only)")
-    theta = config.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
-    if config.get("attention_bias", False):
-      raise ValueError(f"{where}: attention_bias={config['attention_bias']!r}; Qwen3 "
-                       "has no q/k/v/o biases")
-    heads = config["num_attention_heads"]
-    return cls(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-               intermediate_size=config["intermediate_size"],
-               num_layers=config["num_hidden_layers"], num_heads=heads,
-               num_kv_heads=config.get("num_key_value_heads", heads),
-               head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-               rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-               rope_theta=float(theta),
-               tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-               max_position_embeddings=int(config.get("max_position_embeddings", 40_960)))
+      raise fields.error(f"lacks {missing}, which every Qwen3 config has")
+    # transformers 5 keeps RoPE under rope_parameters, 4.x under rope_theta/rope_scaling.
+    theta = fields.number("rope_theta", None, above=0)
+    for name in ("rope_parameters", "rope_scaling"):
+      rope = fields.section(name)
+      if rope is None:
+        continue
+      rope_type = rope.text("rope_type", rope.text("type", "default"))
+      if rope_type != "default":
+        raise fields.error(f"{name}.rope_type={rope_type!r} is not supported: wts_jax "
+                           "runs plain RoPE only (rope_scaling / rope_parameters of "
+                           "rope_type 'default')")
+      if theta is None:
+        theta = rope.number("rope_theta", None, above=0)
+    if fields.flag("attention_bias", False):
+      raise fields.error("attention_bias=True is not supported: Qwen3 has no q/k/v/o "
+                         "biases")
+    fields.choice("hidden_act", ("silu",), "silu")
+    if fields.flag("use_sliding_window", False):
+      raise fields.error("use_sliding_window=True is not supported: wts_jax's Qwen3 "
+                         "attends over the whole context")
+    hidden = fields.positive_int("hidden_size")
+    heads = fields.positive_int("num_attention_heads")
+    kv_heads = fields.positive_int("num_key_value_heads", heads)
+    if heads % kv_heads:
+      raise fields.error(f"num_attention_heads={heads} must be a multiple of "
+                         f"num_key_value_heads={kv_heads}")
+    head_dim = fields.positive_int("head_dim", hidden // heads)
+    if head_dim % 2:
+      raise fields.error(f"head_dim={head_dim} must be even (RoPE rotates halves)")
+    values = dict(vocab_size=fields.positive_int("vocab_size"), hidden_size=hidden,
+                  intermediate_size=fields.positive_int("intermediate_size"),
+                  num_layers=fields.positive_int("num_hidden_layers"), num_heads=heads,
+                  num_kv_heads=kv_heads, head_dim=head_dim,
+                  rms_norm_eps=fields.number("rms_norm_eps", 1e-6, above=0),
+                  rope_theta=1_000_000.0 if theta is None else theta,
+                  tie_word_embeddings=fields.flag("tie_word_embeddings", False),
+                  max_position_embeddings=fields.positive_int("max_position_embeddings",
+                                                              40_960))
+    try:
+      return cls(**values)
+    except ValueError as err:   # a default derived from other fields (head_dim)
+      raise fields.error(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- numerics
@@ -125,13 +163,6 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   return (weight.astype(jnp.float32) * normed).astype(x.dtype)
-
-
-def precision(dtype) -> jax.lax.Precision:
-  """Full fp32 products for fp32 runs (exactness checks); bf16 runs need no request, and
-  asking HIGHEST of bf16 operands could make a backend upcast them."""
-  return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
-          else jax.lax.Precision.DEFAULT)
 
 
 def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
@@ -154,38 +185,6 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return out.astype(x.dtype)
 
 
-def attend(q: jax.Array, keys: list[jax.Array], values: list[jax.Array],
-           masks: list[jax.Array]) -> jax.Array:
-  """Grouped-query attention over several key/value parts with one softmax.
-
-  q: [B, T, H, h]; each part: keys/values [B, S_i, Kv, h] and a boolean mask
-  broadcastable to [B, T, S_i] (True = visible). Returns [B, T, H·h]. Parts avoid
-  concatenating the cache with the new keys (a copy of the whole cache).
-  """
-  batch, steps, heads, head_dim = q.shape
-  kv_heads = keys[0].shape[2]
-  grouped = q.reshape(batch, steps, kv_heads, heads // kv_heads, head_dim)
-  scale = head_dim ** -0.5
-  scores = []
-  for key, mask in zip(keys, masks):
-    part = jnp.einsum("btkgh,bskh->bkgts", grouped, key.astype(grouped.dtype),
-                      preferred_element_type=jnp.float32,
-                      precision=precision(grouped.dtype)) * scale
-    scores.append(jnp.where(mask[:, None, None], part, -jnp.inf))
-  weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
-  out = jnp.zeros((batch, kv_heads, heads // kv_heads, steps, head_dim), jnp.float32)
-  offset = 0
-  for value in values:
-    width = value.shape[1]
-    # the weights take the cache's dtype: casting the cache instead would copy it
-    out = out + jnp.einsum("bkgts,bskh->bkgth",
-                           weights[..., offset:offset + width].astype(value.dtype), value,
-                           preferred_element_type=jnp.float32,
-                           precision=precision(value.dtype))
-    offset += width
-  return out.transpose(0, 3, 1, 2, 4).reshape(batch, steps, heads * head_dim).astype(q.dtype)
-
-
 def mlp(x: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
   """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
   return linear(jax.nn.silu(linear(x, layer["gate_proj"])) * linear(x, layer["up_proj"]),
@@ -194,7 +193,8 @@ def mlp(x: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
 
 def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
                 positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """A layer's queries [B, T, H, h], keys and values [B, T, Kv, h] (normed, rotated)."""
+  """A layer's queries [B, T, H, h], keys and values [B, Kv, T, h] (normed, rotated;
+  the keys and values in the cache's layout)."""
   batch, steps, _ = h.shape
   x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
   q = linear(x, layer["q_proj"]).reshape(batch, steps, c.num_heads, c.head_dim)
@@ -202,7 +202,7 @@ def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
   v = linear(x, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
   q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
   k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
-  return q, k, v
+  return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
 def finish_layer(h: jax.Array, attended: jax.Array, layer: dict[str, jax.Array],
@@ -240,23 +240,39 @@ def layer_weight_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
           "gate_proj": (inter, d), "up_proj": (inter, d), "down_proj": (d, inter)}
 
 
-def _init(rngs: nnx.Rngs, shape, dtype) -> jax.Array:
-  if len(shape) == 2:   # a [L, dim] norm weight: around one, so tests exercise it
+def _init(rngs: nnx.Rngs, shape, dtype, *, norm: bool | None = None) -> jax.Array:
+  """Random weights: a norm weight (1-D, or ``norm``) around one, so tests exercise it;
+  a matrix with rows of unit scale."""
+  if norm if norm is not None else len(shape) == 1:
     return (1.0 + 0.1 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
   scale = shape[-1] ** -0.5
   return (jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype)
 
 
-class DecoderLayers(nnx.Module):
-  """``num_layers`` Qwen3 decoder layers' weights, stacked on a leading layer axis."""
+class DecoderLayer(nnx.Module):
+  """One Qwen3 decoder layer's weights, by ``LAYER_WEIGHTS`` name."""
 
-  def __init__(self, config: Qwen3Config, num_layers: int, *, rngs: nnx.Rngs,
-               param_dtype=jnp.bfloat16):
-    for name, shape in layer_weight_shapes(config).items():
-      setattr(self, name, nnx.Param(_init(rngs, (num_layers, *shape), param_dtype)))
+  def __init__(self, weights: dict[str, jax.Array]):
+    for name in LAYER_WEIGHTS:
+      setattr(self, name, nnx.Param(weights[name]))
 
-  def stacked(self) -> dict[str, jax.Array]:
+  def weights(self) -> dict[str, jax.Array]:
     return {name: getattr(self, name)[...] for name in LAYER_WEIGHTS}
+
+
+def decoder_layers(config: Qwen3Config, num_layers: int, *, rngs: nnx.Rngs,
+                   param_dtype=jnp.bfloat16) -> nnx.List:
+  """``num_layers`` random layers; attribute path ``layers.<i>.<name>``, as the
+  checkpoint's ``layers.<i>.<...>.weight`` keys. Each weight is drawn for all layers at
+  once (one random draw per name keeps the drawing program small), then split."""
+  drawn = {name: _init(rngs, (num_layers, *shape), param_dtype, norm=len(shape) == 1)
+           for name, shape in layer_weight_shapes(config).items()}
+  # Materialise each draw before it is split: fused into the slices, the generator's
+  # whole computation would be compiled into every layer's slice (minutes of GPU
+  # compilation at the Qwen3-4B shapes).
+  drawn = jax.lax.optimization_barrier(drawn)
+  return nnx.List([DecoderLayer({name: weight[i] for name, weight in drawn.items()})
+                   for i in range(num_layers)])
 
 
 class Embedding(nnx.Module):
@@ -275,40 +291,45 @@ class Weight(nnx.Module):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  """Keys and values of every layer: [L, B, S, Kv, h], post-RoPE, in the compute dtype.
+  """Keys and values, one array a layer: ``keys[l]`` [B, Kv, S, h], post-RoPE, in the
+  compute dtype (``wts_jax.spec.attention``'s layout).
 
   A row's valid entries are positions ``[0, length)``, with ``length`` kept by the
-  caller; what lies beyond is never read (``start`` masks it).
+  caller; what lies beyond is never read. ``S`` is rounded up so that the decode
+  kernel can split it (``attention.padded_cache_len``).
   """
 
-  keys: jax.Array
-  values: jax.Array
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
 
   @property
   def max_len(self) -> int:
-    return self.keys.shape[2]
+    return self.keys[0].shape[2]
 
   @classmethod
   def empty(cls, num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
             dtype) -> "KVCache":
-    shape = (num_layers, batch, max_len, kv_heads, head_dim)
-    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    shape = (batch, kv_heads, attention.padded_cache_len(max_len), head_dim)
+    return cls(tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+               tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)))
 
   def write(self, new_keys: jax.Array, new_values: jax.Array, start: jax.Array) -> "KVCache":
-    """Store ``new_*`` [L, B, T, Kv, h] at positions ``start[b] + t`` of each row."""
+    """Store ``new_*`` [L, B, Kv, T, h] at positions ``start[b] + t`` of each row, in
+    place when the cache is a donated or loop-carried buffer."""
     def row(cache_row, new_row, at):
       return jax.lax.dynamic_update_slice(cache_row, new_row.astype(cache_row.dtype),
-                                          (0, at, 0, 0))
-    put = jax.vmap(row, in_axes=(1, 1, 0), out_axes=1)
-    return KVCache(put(self.keys, new_keys, start), put(self.values, new_values, start))
+                                          (0, at, 0))
+    put = jax.vmap(row)
+    return KVCache(tuple(put(old, new, start) for old, new in zip(self.keys, new_keys)),
+                   tuple(put(old, new, start) for old, new in zip(self.values, new_values)))
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ForwardOutput:
-  """logits [B, T', V] fp32 (T' = T, or the chosen positions); keys/values [L, B, T, Kv, h]
-  of the new tokens; features [B, T, n·d] (the requested layers' outputs, concatenated)
-  or None."""
+  """logits [B, T', V] in the compute dtype (T' = T, or the chosen positions);
+  keys/values [L, B, Kv, T, h] of the new tokens; features [B, T, n·d] (the requested
+  layers' outputs, concatenated) or None."""
 
   logits: jax.Array
   keys: jax.Array
@@ -316,9 +337,17 @@ class ForwardOutput:
   features: jax.Array | None
 
 
+def output_logits(h: jax.Array, weight: jax.Array) -> jax.Array:
+  """``h Wᵀ`` over the vocabulary, accumulated in fp32 and returned in ``h``'s dtype: a
+  bf16 run writes (and its argmax reads) half the bytes of fp32 logits."""
+  logits = jnp.einsum("btd,vd->btv", h, weight.astype(h.dtype),
+                      preferred_element_type=jnp.float32, precision=precision(h.dtype))
+  return logits.astype(h.dtype)
+
+
 class Qwen3(nnx.Module):
   """Qwen3 dense decoder. Attribute paths are the Hugging Face keys without ``model.``
-  (the stacked ``layers.<name>`` hold every ``layers.N.<...>.weight``)."""
+  (``layers.<i>.<name>`` holds ``layers.<i>.<...>.weight``)."""
 
   def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16,
                dtype=jnp.bfloat16):
@@ -326,8 +355,8 @@ class Qwen3(nnx.Module):
     self.dtype = dtype
     self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, rngs=rngs,
                                   param_dtype=param_dtype)
-    self.layers = DecoderLayers(config, config.num_layers, rngs=rngs,
-                                param_dtype=param_dtype)
+    self.layers = decoder_layers(config, config.num_layers, rngs=rngs,
+                                 param_dtype=param_dtype)
     self.norm = Weight(jnp.ones((config.hidden_size,), param_dtype))
     self.lm_head = (None if config.tie_word_embeddings else Weight(_init(
         rngs, (config.vocab_size, config.hidden_size), param_dtype)))
@@ -343,57 +372,39 @@ class Qwen3(nnx.Module):
 
   def forward(self, tokens: jax.Array, start: jax.Array, cache: KVCache | None, *,
               feature_layers: tuple[int, ...] = (),
-              logit_positions: jax.Array | None = None) -> ForwardOutput:
+              logit_positions: jax.Array | None = None,
+              attention_impl: str = "xla") -> ForwardOutput:
     """Run ``tokens`` [B, T] at positions ``start[b] + t`` over the cache.
 
     feature_layers: layer ids whose outputs to return concatenated (-1 = the
     embedding output), the drafter's ``target_layer_ids``. logit_positions: [B, n]
     indices into T for which to compute logits (None: all T; prefill wants one).
+    attention_impl: ``wts_jax.spec.attention``'s implementation.
     """
     c = self.config
-    batch, steps = tokens.shape
+    steps = tokens.shape[1]
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
     h = jnp.take(self.embed_tokens.weight[...], tokens, axis=0).astype(self.dtype)
-    causal = jnp.tril(jnp.ones((steps, steps), bool))[None]
-    cached = None
-    if cache is not None:
-      cached_mask = (jnp.arange(cache.max_len)[None, None, :] < start[:, None, None])
-      cached = (cache.keys, cache.values, cached_mask)
-    slots = {layer: i for i, layer in enumerate(feature_layers)}
-    slot_of_layer = jnp.array([slots.get(layer, -1) for layer in range(c.num_layers)],
-                              jnp.int32)
-    features = jnp.zeros((max(len(feature_layers), 1), batch, steps, c.hidden_size),
-                         self.dtype)
-    if -1 in slots:
-      features = features.at[slots[-1]].set(h)
-
-    def one_layer(carry, xs):
-      h, features = carry
-      layer, index = xs
-      q, k, v = project_qkv(h, layer, c, positions)
-      keys, values, masks = [k], [v], [causal]
-      if cached is not None:
-        keys.insert(0, cached[0][index])
-        values.insert(0, cached[1][index])
-        masks.insert(0, cached[2])
-      h = finish_layer(h, attend(q, keys, values, masks), layer, c)
-      slot = slot_of_layer[index]
-      features = jax.lax.cond(slot >= 0, lambda f: f.at[slot].set(h), lambda f: f,
-                              features)
-      return (h, features), (k, v)
-
-    (h, features), (new_keys, new_values) = jax.lax.scan(
-        one_layer, (h, features), (self.layers.stacked(), jnp.arange(c.num_layers)))
+    features = {-1: h}
+    new_keys, new_values = [], []
+    for index, layer in enumerate(self.layers):
+      weights = layer.weights()
+      q, k, v = project_qkv(h, weights, c, positions)
+      cached = {} if cache is None else dict(
+          cache_keys=cache.keys[index], cache_values=cache.values[index], cache_len=start)
+      attended = attention.attend(q, k, v, causal=True, impl=attention_impl, **cached)
+      h = finish_layer(h, attended, weights, c)
+      features[index] = h
+      new_keys.append(k)
+      new_values.append(v)
     if logit_positions is not None:
       h = jnp.take_along_axis(h, logit_positions[..., None], axis=1)
     h = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
-    logits = jnp.einsum("btd,vd->btv", h, self.output_weight().astype(h.dtype),
-                        preferred_element_type=jnp.float32,
-                        precision=precision(h.dtype))
+    logits = output_logits(h, self.output_weight())
     out_features = None
     if feature_layers:
-      out_features = jnp.moveaxis(features, 0, 2).reshape(batch, steps, -1)
-    return ForwardOutput(logits, new_keys, new_values, out_features)
+      out_features = jnp.concatenate([features[layer] for layer in feature_layers], axis=-1)
+    return ForwardOutput(logits, jnp.stack(new_keys), jnp.stack(new_values), out_features)
 
 
 def make_qwen3(config: Qwen3Config, *, seed: int = 0, param_dtype=jnp.bfloat16,
@@ -429,20 +440,16 @@ def expected_keys(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
   return keys
 
 
-def assemble(module_factory, expected: dict[str, tuple[int, ...]], read, where: str,
-             num_layers: int):
+def assemble(module_factory, expected: dict[str, tuple[int, ...]], read, where: str):
   """Build a module from checkpoint tensors through the strict key table.
 
   ``read(key)`` returns a numpy array; ``expected`` the table (key → shape). Every
   expected key is read and its shape checked (``check_keys`` refuses unexpected keys
-  first); layer keys land in the stacked ``layers.<name>`` weights at their layer
-  index, and a module weight that no key fills is an error.
+  first); a layer key lands in ``layers.<i>.<name>``, and a module weight that no key
+  fills is an error.
   """
   abstract = nnx.eval_shape(module_factory)
   graphdef, state = nnx.split(abstract)
-  flat = {".".join(str(p) for p in path): leaf
-          for path, leaf in nnx.to_flat_state(state)}
-  stacks: dict[str, np.ndarray] = {}
   arrays: dict[str, Any] = {}
   for key, shape in expected.items():
     value = read(key)
@@ -450,26 +457,16 @@ def assemble(module_factory, expected: dict[str, tuple[int, ...]], read, where: 
       raise ValueError(f"{where}: {key!r} has shape {list(value.shape)}, the config "
                        f"implies {list(shape)}")
     target = layer_key_target(key)
-    if target is None:
-      arrays[key] = value
-    else:
-      name, index = target
-      path = f"layers.{name}"
-      if path not in stacks:
-        stacks[path] = np.empty((num_layers, *shape), value.dtype)
-      stacks[path][index] = value
-  arrays.update(stacks)
-  for path, leaf in flat.items():
-    if path not in arrays:
-      raise ValueError(f"{where}: nothing loads {path!r}")
-    arrays[path] = jnp.asarray(arrays[path], leaf.get_value().dtype)
-  nested = {}
-  for path, value in arrays.items():
+    arrays[key if target is None else f"layers.{target[1]}.{target[0]}"] = value
+  nested: dict = {}
+  for path, leaf in nnx.to_flat_state(state):
+    name = ".".join(str(part) for part in path)
+    if name not in arrays:
+      raise ValueError(f"{where}: nothing loads {name!r}")
     node = nested
-    *parents, leaf = path.split(".")
-    for part in parents:
+    for part in path[:-1]:
       node = node.setdefault(part, {})
-    node[leaf] = value
+    node[path[-1]] = jnp.asarray(arrays[name], leaf.get_value().dtype)
   nnx.replace_by_pure_dict(state, nested)
   return nnx.merge(graphdef, state)
 
@@ -509,8 +506,7 @@ def load_qwen3(path: str | Path, *, dtype=jnp.bfloat16, param_dtype=None) -> Qwe
       raise ValueError(f"param_dtype={param_dtype!r} must be one of {sorted(NUMPY_DTYPES)}")
     return assemble(
         lambda: Qwen3(config, rngs=nnx.Rngs(0), param_dtype=param_dtype, dtype=dtype),
-        expected, lambda key: source.read(key, out_dtype), source.location,
-        config.num_layers)
+        expected, lambda key: source.read(key, out_dtype), source.location)
 
 
 def num_params(config: Qwen3Config) -> int:

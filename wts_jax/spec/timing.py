@@ -1,25 +1,29 @@
-"""``iteration_cost``: the device time of one decode iteration and of its parts.
+"""The decode loop's parts as steps, and ``iteration_cost``: their device time.
 
 Method (stated in every ``wts-e2e-bench`` JSON as ``METHOD``): each measured piece is a
-function ``carry -> carry``; one jitted executable runs it ``chain`` times back to back
-in a ``lax.fori_loop`` whose carry threads each run's output into the next run's input
-(so the compiler can neither hoist nor drop a run), and the wall time of that
-executable, after a warm-up call and with ``block_until_ready``, divided by ``chain``,
-is one sample; the figure is the median of ``repeats`` samples. Chaining inside one
-executable leaves out the host's per-launch work, as the decode loop (one
-``lax.while_loop``) does. The caches hold ``prompt_len`` positions per row and every
-run starts from that length again, so the figure belongs to that context length.
+function ``carry -> carry``; one jitted executable (compiled as the decode loop is, with
+``loop.compiler_options()``) runs it ``chain`` times back to back in a
+``lax.fori_loop`` whose carry threads each run's output into the next run's input (so
+the compiler can neither hoist nor drop a run), and the wall time of that executable,
+after a warm-up call and with ``block_until_ready``, divided by ``chain``, is one
+sample; the figure is the median of ``repeats`` samples. Chaining inside one executable
+leaves out the host's per-launch work, as the decode loop (one ``lax.while_loop``)
+does. The caches hold ``prompt_len`` positions per row and every run starts from that
+length again, so the figure belongs to that context length.
 
-Pieces: ``verify`` the target's forward over ``[last, d_1 … d_k]`` plus the acceptance
-rule; ``drafter`` the drafter backbone's block plus the context keys/values of the
-k + 1 verified positions; ``walk`` drafting k tokens from the block
-(``walk_impl``); ``total`` the loop's own iteration (all of the above, the commit and
-the cache writes). ``draft_len = 0`` is plain autoregressive decoding: one target token
-per row per iteration, no drafter (all parts but ``verify``/``total`` are 0).
+Pieces (``PIECES``; each is the code the loop runs, ``loop_pieces``): ``verify`` the
+target's forward over ``[last, d_1 … d_k]``, the acceptance rule and the cache write;
+``drafter`` the drafter backbone's block plus the context keys/values of the k + 1
+verified positions and their write; ``walk`` drafting k tokens from the block
+(``walk_impl``); ``total`` the loop's own iteration (all of the above, the commit).
+``draft_len = 0`` is the loop's iteration without a draft (the branch a draft policy
+takes when drafting loses): the target over one position per row and the drafter's
+context keys/values of it; ``drafter`` and ``walk`` are 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from typing import Callable
@@ -39,6 +43,108 @@ PIECES = ("total", "verify", "drafter", "walk")
 METHOD = __doc__.split("Method (stated in every ``wts-e2e-bench`` JSON as ``METHOD``): ",
                        1)[1].strip()
 
+# step(target, drafter, carry) -> carry
+Step = Callable[[Qwen3, DSparkDrafter, object], object]
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+  """A part of the loop as a step and a factory of its first carry (fresh operands for
+  every measurement: a measured call consumes, donates, its own)."""
+
+  step: Step
+  carry: Callable[[], object]
+
+
+def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len: int,
+                prompt_len: int, walk_impl: str = "auto", temperature: float = 0.0,
+                attention_impl: str = "auto", draft_w2: str = "auto") -> dict[str, Piece]:
+  """The loop's parts at one point (batch, k, context length) as ``Piece`` s:
+  ``{"total", "verify"}`` for ``draft_len = 0``, else ``PIECES``."""
+  if draft_len < 0 or draft_len > drafter.config.block_size:
+    raise ValueError(f"draft_len={draft_len} must be in [0, block_size="
+                     f"{drafter.config.block_size}]")
+  if batch < 1 or prompt_len < 1:
+    raise ValueError(f"batch={batch} and prompt_len={prompt_len} must be >= 1")
+  steps = draft_len
+  policy = FixedDraftLength(steps)
+  loop.check_models(target, drafter, policy)
+  from wts_jax.spec import attention
+  settings = loop.LoopSettings(max_new_tokens=1 << 30, temperature=temperature,
+                               draft_lens=(steps,), walk_impl=walk_impl,
+                               cache_len=prompt_len + steps + 2,
+                               attention=attention.resolve(attention_impl),
+                               draft_w2=draft_w2)
+  layer_ids = drafter.config.target_layer_ids
+  length = jnp.full((batch,), prompt_len, jnp.int32)
+  key = jax.random.key(0)
+
+  def last():
+    return jnp.arange(batch, dtype=jnp.int32) % target.config.vocab_size
+
+  def target_cache():
+    return target.empty_cache(batch, settings.cache_len)
+
+  def draft_cache():
+    return drafter.empty_cache(batch, settings.cache_len)
+
+  def whole_iteration(target_, drafter_, state):
+    out = loop.iteration(target_, loop.with_walk_head(drafter_, settings, batch), policy,
+                         state, settings)
+    # back to the measured context length and an unfinished batch for the next run
+    return {**out, "length": length, "generated": jnp.ones_like(length),
+            "active": jnp.ones_like(out["active"])}
+
+  def loop_state():
+    return dict(target_cache=target_cache(), draft_cache=draft_cache(), length=length + 0,
+                last=last(), out_tokens=jnp.zeros((batch, steps + 2), jnp.int32),
+                generated=jnp.ones_like(length), active=jnp.ones((batch,), bool),
+                policy_state=policy.init(batch), key=key,
+                eos_ids=jnp.array([-1], jnp.int32), iterations=jnp.int32(0),
+                accepted=jnp.zeros_like(length), steps=jnp.zeros_like(length),
+                status=jnp.int32(0), **loop.clock_state())
+
+  def verify(target_, drafter_, carry):
+    tokens, cache = carry
+    out = target_.forward(tokens, length, cache, feature_layers=layer_ids,
+                          attention_impl=settings.attention)
+    _, bonus = verify_greedy(tokens[:, 1:], out.logits, jnp.full((batch,), steps))
+    return tokens.at[:, 0].set(bonus), cache.write(out.keys, out.values, length)
+
+  def draft_backbone(target_, drafter_, carry):
+    tokens, cache = carry
+    base, _ = drafter_.block(tokens, length, cache, attention_impl=settings.attention)
+    features = jnp.zeros((batch, steps + 1, len(layer_ids) * target.config.hidden_size),
+                         drafter_.dtype)
+    keys, values = drafter_.context_kv(features, length)
+    bump = jnp.argmax(base[:, 0], axis=-1).astype(jnp.int32)
+    return bump, cache.write(keys, values, length)
+
+  def walk(target_, drafter_, carry):
+    tokens, base, hidden = carry
+    drafter_ = loop.with_walk_head(drafter_, settings, batch)
+    # Tie the base logits to the carried tokens (never true) so that a walk which does
+    # not read the first tokens ("none") cannot be hoisted out of the chain.
+    block = jnp.where(tokens[:, None, None] < 0, 0.0, base[:, :steps]).astype(base.dtype)
+    draft = drafter_.draft(block, hidden[:, :steps], tokens, temperature=temperature,
+                           key=key, walk_impl=walk_impl)
+    return draft.tokens[:, -1], base, hidden
+
+  def walk_inputs():
+    block = jax.jit(lambda d, c: d.block(last(), length, c,
+                                         attention_impl=settings.attention))
+    base, hidden = block(drafter, draft_cache())
+    return last(), base, hidden
+
+  pieces = {"total": Piece(whole_iteration, loop_state),
+            "verify": Piece(verify, lambda: (jnp.broadcast_to(last()[:, None],
+                                                              (batch, steps + 1)),
+                                             target_cache()))}
+  if draft_len == 0:
+    return pieces
+  return {**pieces, "drafter": Piece(draft_backbone, lambda: (last(), draft_cache())),
+          "walk": Piece(walk, walk_inputs)}
+
 
 def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int) -> float:
   """Median seconds of one ``step(weights, carry) -> carry``, run ``chain`` times a sample.
@@ -47,7 +153,7 @@ def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int)
   writes a cache updates it in place instead of copying it at every call.
   """
   run = jax.jit(lambda w, c: jax.lax.fori_loop(0, chain, lambda _, x: step(w, x), c),
-                donate_argnums=1)
+                donate_argnums=1, compiler_options=loop.compiler_options())
   with warnings.catch_warnings():
     # the CPU cannot donate; the figures there are only a check
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -60,109 +166,38 @@ def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int)
   return float(np.median(samples))
 
 
+def piece_seconds(target: Qwen3, drafter: DSparkDrafter, piece: Piece, *, chain: int,
+                  repeats: int) -> float:
+  """``chained_seconds`` of a ``Piece`` with the models' weights as operands."""
+  (target_graph, target_state), (drafter_graph, drafter_state) = (nnx.split(target),
+                                                                  nnx.split(drafter))
+
+  def step(weights, carry):
+    return piece.step(nnx.merge(target_graph, weights[0]),
+                      nnx.merge(drafter_graph, weights[1]), carry)
+  # Large operands ride in the carry: closed over, they would become constants baked
+  # into the executable.
+  return chained_seconds(step, (target_state, drafter_state), piece.carry(), chain=chain,
+                         repeats=repeats)
+
+
 def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len: int,
                    prompt_len: int, walk_impl: str = "auto", repeats: int = 5,
                    chain: int = 8, temperature: float = 0.0,
-                   pieces: tuple[str, ...] = PIECES) -> dict[str, float]:
+                   pieces: tuple[str, ...] = PIECES, attention_impl: str = "auto",
+                   draft_w2: str = "auto") -> dict[str, float]:
   """Device seconds of one decode iteration: ``{"total_s", "verify_s", "drafter_s",
   "walk_s"}`` (see the module docstring for the method). ``pieces`` chooses what to
   measure (each costs a compile); the others come back as NaN."""
   unknown = set(pieces) - set(PIECES)
   if unknown:
     raise ValueError(f"pieces={pieces!r} has {sorted(unknown)}; choose from {PIECES}")
-  if draft_len < 0 or draft_len > drafter.config.block_size:
-    raise ValueError(f"draft_len={draft_len} must be in [0, block_size="
-                     f"{drafter.config.block_size}]")
-  if batch < 1 or prompt_len < 1:
-    raise ValueError(f"batch={batch} and prompt_len={prompt_len} must be >= 1")
-  steps = max(draft_len, 1)
-  policy = FixedDraftLength(steps)
-  loop.check_models(target, drafter, policy)
-  cache_len = prompt_len + steps + 2
-  (target_graph, target_state), (drafter_graph, drafter_state) = (nnx.split(target),
-                                                                  nnx.split(drafter))
-  layer_ids = drafter.config.target_layer_ids
-  length = jnp.full((batch,), prompt_len, jnp.int32)
-  key = jax.random.key(0)
-
-  # Fresh operands for every measurement: a measured call consumes (donates) its own.
-  def last():
-    return jnp.arange(batch, dtype=jnp.int32) % target.config.vocab_size
-
-  def target_cache():
-    return target.empty_cache(batch, cache_len)
-
-  def draft_cache():
-    return drafter.empty_cache(batch, cache_len)
-
-  def time_step(fn, carry) -> float:
-    def step(weights, carry):
-      target_ = nnx.merge(target_graph, weights[0])
-      drafter_ = nnx.merge(drafter_graph, weights[1])
-      return fn(target_, drafter_, carry)
-    return chained_seconds(step, (target_state, drafter_state), carry, chain=chain,
-                           repeats=repeats)
-
-  if draft_len == 0:
-    def autoregressive(target_, drafter_, carry):
-      tokens, cache = carry
-      out = target_.forward(tokens[:, None], length, cache)
-      cache = cache.write(out.keys, out.values, length)
-      return jnp.argmax(out.logits[:, 0], axis=-1).astype(jnp.int32), cache
-    seconds = time_step(autoregressive, (last(), target_cache()))
-    return {"total_s": seconds, "verify_s": seconds, "drafter_s": 0.0, "walk_s": 0.0}
-
-  settings = loop.LoopSettings(max_new_tokens=1 << 30, temperature=temperature, policy=policy,
-                            walk_impl=walk_impl, cache_len=cache_len)
-
-  def whole_iteration(target_, drafter_, state):
-    out = loop.iteration(target_, drafter_, state, settings)
-    # back to the measured context length and an unfinished batch for the next run
-    return {**out, "length": length, "generated": jnp.ones_like(length),
-            "active": jnp.ones_like(out["active"])}
-
-  state = dict(target_cache=target_cache(), draft_cache=draft_cache(), length=length + 0,
-               last=last(), out_tokens=jnp.zeros((batch, steps + 2), jnp.int32),
-               generated=jnp.ones_like(length), active=jnp.ones((batch,), bool),
-               policy_state=policy.init(batch), key=key,
-               eos_ids=jnp.array([-1], jnp.int32), iterations=jnp.int32(0),
-               accepted=jnp.zeros_like(length), steps=jnp.zeros_like(length))
-
-  # Large operands ride in the carry: closed over, they would become constants baked
-  # into the executable.
-  def verify(target_, drafter_, carry):
-    tokens, cache = carry
-    out = target_.forward(tokens, length, cache, feature_layers=layer_ids)
-    _, bonus = verify_greedy(tokens[:, 1:], out.logits, jnp.full((batch,), steps))
-    return tokens.at[:, 0].set(bonus), cache
-
-  def draft_backbone(target_, drafter_, carry):
-    tokens, cache = carry
-    base, _ = drafter_.block(tokens, length, cache)
-    features = jnp.zeros((batch, steps + 1, len(layer_ids) * target.config.hidden_size),
-                         drafter_.dtype)
-    keys, values = drafter_.context_kv(features, length)
-    bump = jnp.argmax(base[:, 0], axis=-1).astype(jnp.int32)
-    return bump, cache.write(keys, values, length)
-
-  def walk(target_, drafter_, carry):
-    tokens, base, hidden = carry
-    # Tie the base logits to the carried tokens (never true) so that a walk which does
-    # not read the first tokens ("none") cannot be hoisted out of the chain.
-    block = jnp.where(tokens[:, None, None] < 0, 0.0, base[:, :steps])
-    draft = drafter_.draft(block, hidden[:, :steps], tokens, temperature=temperature,
-                           key=key, walk_impl=walk_impl)
-    return draft.tokens[:, -1], base, hidden
-
-  result = {f"{piece}_s": float("nan") for piece in PIECES}
-  if "total" in pieces:
-    result["total_s"] = time_step(whole_iteration, state)
-  if "verify" in pieces:
-    verify_tokens = jnp.broadcast_to(last()[:, None], (batch, steps + 1))
-    result["verify_s"] = time_step(verify, (verify_tokens, target_cache()))
-  if "drafter" in pieces:
-    result["drafter_s"] = time_step(draft_backbone, (last(), draft_cache()))
-  if "walk" in pieces:
-    base, hidden = jax.jit(lambda d, c: d.block(last(), length, c))(drafter, draft_cache())
-    result["walk_s"] = time_step(walk, (last(), base, hidden))
+  found = loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
+                      prompt_len=prompt_len, walk_impl=walk_impl, temperature=temperature,
+                      attention_impl=attention_impl, draft_w2=draft_w2)
+  timed = dict(chain=chain, repeats=repeats)
+  result = {f"{piece}_s": float("nan") if piece in found else 0.0 for piece in PIECES}
+  for piece in PIECES:
+    if piece in pieces and piece in found:
+      result[f"{piece}_s"] = piece_seconds(target, drafter, found[piece], **timed)
   return result

@@ -10,8 +10,7 @@ K drafted positions is 1 + sum_{j<K} prod_{i<=j} p_i (the bonus token plus the e
 accepted prefix).
 
 Counts decay by a factor each update (exponential forgetting), so the estimate follows
-shifting traffic. Optionally the counts are split by bins of the confidence head's
-sigma(z_j): the same censoring, per (position, bin), gives a calibration of the head.
+shifting traffic.
 
 Everything is pure jax.numpy on arrays of static shape (usable inside lax.while_loop);
 the same functions take numpy arrays for offline use.
@@ -81,14 +80,16 @@ def shifted_prior(counts: AcceptanceCounts, prior, prior_weight) -> jnp.ndarray:
   Positions beyond the drafted length are never observed (censoring); left at a stale
   prior they would keep a pessimistic estimate from ever drafting far enough to be
   corrected. The prior keeps its shape across positions and takes its level from the
-  positions that were observed, each weighted by reached / (reached + prior_weight).
+  positions that were observed: the mean, weighted by reached counts, of each position's
+  estimate (shrunk to the prior, so that one block moves the level by one block's worth)
+  against the prior, on the logit scale.
   """
   prior = jnp.clip(jnp.asarray(prior, jnp.float32), 0.02, 0.98)
-  observed = jnp.clip(counts.survived / jnp.maximum(counts.reached, 1e-6), 0.02, 0.98)
-  weight = counts.reached / (counts.reached + prior_weight)
-  offset = (jnp.sum(weight * (jax.scipy.special.logit(observed)
-                              - jax.scipy.special.logit(prior)), axis=-1, keepdims=True)
-            / jnp.maximum(jnp.sum(weight, axis=-1, keepdims=True), 1e-6))
+  estimate = jnp.clip(conditional_acceptance(counts, prior, prior_weight), 0.02, 0.98)
+  offset = (jnp.sum(counts.reached * (jax.scipy.special.logit(estimate)
+                                      - jax.scipy.special.logit(prior)),
+                    axis=-1, keepdims=True)
+            / jnp.maximum(jnp.sum(counts.reached, axis=-1, keepdims=True), 1e-6))
   return jax.nn.sigmoid(jax.scipy.special.logit(prior) + offset)
 
 
@@ -98,27 +99,6 @@ def expected_tokens(acceptance: jnp.ndarray) -> jnp.ndarray:
   survival = xp.cumprod(acceptance, axis=-1)
   zero = xp.zeros(survival.shape[:-1] + (1,), survival.dtype)
   return 1.0 + xp.concatenate([zero, xp.cumsum(survival, axis=-1)], axis=-1)
-
-
-def confidence_bins(confidence_logits: jnp.ndarray, num_bins: int) -> jnp.ndarray:
-  """Bin index of sigma(z) in ``num_bins`` equal bins of [0, 1] (int32, same shape)."""
-  probability = jax.nn.sigmoid(confidence_logits.astype(jnp.float32))
-  return jnp.clip((probability * num_bins).astype(jnp.int32), 0, num_bins - 1)
-
-
-def update_calibration(counts: AcceptanceCounts, drafted, accepted, confidence_logits,
-                       active=None, *, decay: float | jnp.ndarray = 1.0) -> AcceptanceCounts:
-  """Censored counts per (position, confidence bin): counts are [K, num_bins].
-
-  confidence_logits: [B, >= K] raw confidence-head logits of this block's positions.
-  """
-  max_draft_len, num_bins = counts.reached.shape
-  reached, survived = block_outcomes(drafted, accepted, max_draft_len, active)
-  one_hot = jax.nn.one_hot(
-      confidence_bins(confidence_logits[:, :max_draft_len], num_bins), num_bins)
-  return AcceptanceCounts(
-      decay * counts.survived + jnp.einsum("bk,bkn->kn", survived, one_hot),
-      decay * counts.reached + jnp.einsum("bk,bkn->kn", reached, one_hot))
 
 
 def fit_profile(accepted, drafted, max_draft_len: int, prior: float = 0.5,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.cost_table import CostTable, interpolate_rows
+from wts_jax.tabletune.cost_table import CostTable, interpolate_draft_len, interpolate_rows
 from wts_jax.tabletune.table import best_draft_len
 
 
@@ -31,47 +31,65 @@ def _first_stop(stop_here: jnp.ndarray, k) -> jnp.ndarray:
   return jnp.where(jnp.any(stop_here, axis=-1), first + 1, k).astype(jnp.int32)
 
 
-@dataclasses.dataclass(frozen=True)
-class StaticTablePolicy:
-  """K*(B_active) looked up in a table built offline for one acceptance profile."""
-
-  draft_len_by_batch: tuple[int, ...]  # index: active rows (0..max batch)
-
-  @classmethod
-  def build(cls, table: CostTable, acceptance, max_batch: int) -> StaticTablePolicy:
-    best = best_draft_len(table, acceptance, np.arange(1, max_batch + 1), min_draft_len=1)
-    return cls(tuple(int(k) for k in np.concatenate([best[:1], best])))
-
-  @property
-  def max_draft_len(self) -> int:
-    return max(self.draft_len_by_batch)
+class _Stateless:
+  """A policy that learns nothing from the iterations it runs."""
 
   def init(self, batch):
     del batch
     return ()
 
-  def choose(self, state, active):
+  def observe(self, state, k, accepted, confidence, active, measured=None):
+    del k, accepted, confidence, active, measured
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticTablePolicy(_Stateless):
+  """K*(B_active) looked up in a table built offline for one acceptance profile (K = 0
+  included where the table measured it)."""
+
+  draft_len_by_batch: tuple[int, ...]  # index: active rows (0..max batch)
+
+  @classmethod
+  def build(cls, table: CostTable, acceptance, max_batch: int) -> StaticTablePolicy:
+    best = best_draft_len(table, acceptance, np.arange(1, max_batch + 1))
+    return cls(tuple(int(k) for k in np.concatenate([best[:1], best])))
+
+  @property
+  def draft_lens(self) -> tuple[int, ...]:
+    return tuple(sorted(set(self.draft_len_by_batch)))
+
+  @property
+  def max_draft_len(self) -> int:
+    return max(self.draft_len_by_batch)
+
+  def choose(self, state, active, new_request=None, rows=None):
+    del new_request, rows
     k = jnp.asarray(self.draft_len_by_batch, jnp.int32)[jnp.sum(active)]
     return k, jnp.full(active.shape, k, jnp.int32), state
-
-  def observe(self, state, k, accepted, confidence, active):
-    del k, accepted, confidence, active
-    return state
 
 
 @dataclasses.dataclass(frozen=True)
 class SGLangAdaptivePolicy:
   """SGLang-style adaptive speculation: an EMA of the accepted length picks the draft
   step count among pre-built tiers (one captured graph each): the smallest tier that
-  covers the EMA plus one token of headroom."""
+  covers the EMA plus one token of headroom. It always drafts (no tier of 0 steps)."""
 
   tiers: tuple[int, ...]
   ema_weight: float = 0.2
 
   @classmethod
-  def for_block(cls, max_draft_len: int, count: int = 4, **options) -> SGLangAdaptivePolicy:
-    tiers = sorted({int(round(t)) for t in np.linspace(1, max_draft_len, count)})
+  def for_draft_lens(cls, draft_lens, count: int = 4, **options) -> SGLangAdaptivePolicy:
+    """Up to ``count`` tiers spread over the draft lengths >= 1 (the nearest labels to
+    evenly spaced step counts)."""
+    lens = np.asarray([k for k in draft_lens if k >= 1])
+    targets = np.linspace(lens[0], lens[-1], count)
+    tiers = sorted({int(lens[np.argmin(np.abs(lens - t))]) for t in targets})
     return cls(tuple(tiers), **options)
+
+  @property
+  def draft_lens(self) -> tuple[int, ...]:
+    return self.tiers
 
   @property
   def max_draft_len(self) -> int:
@@ -81,14 +99,15 @@ class SGLangAdaptivePolicy:
     del batch
     return jnp.float32(self.max_draft_len)  # optimistic start: the largest tier
 
-  def choose(self, ema, active):
+  def choose(self, ema, active, new_request=None, rows=None):
+    del new_request, rows
     tiers = jnp.asarray(self.tiers, jnp.int32)
     covering = tiers >= ema + 1.0
     k = jnp.where(jnp.any(covering), tiers[jnp.argmax(covering)], tiers[-1])
     return k, jnp.full(active.shape, k, jnp.int32), ema
 
-  def observe(self, ema, k, accepted, confidence, active):
-    del k, confidence
+  def observe(self, ema, k, accepted, confidence, active, measured=None):
+    del k, confidence, measured
     mean = jnp.sum(jnp.where(active, accepted, 0)) / jnp.maximum(jnp.sum(active), 1)
     return (1.0 - self.ema_weight) * ema + self.ema_weight * mean
 
@@ -106,9 +125,11 @@ class VLLMAdaptiveVerifyPolicy:
   estimates); slots are admitted best first up to the token budget that maximises
   expected tokens per second under the cost model profiled at startup, c(B, N / B) for
   N admitted slots. Our loop verifies B x (K + 1) positions, so the iteration drafts the
-  longest admitted row and caps the others."""
+  shortest of the table's draft lengths that holds the longest admitted row, and caps
+  the others. At least one slot a row is admitted: it always drafts."""
 
   batches: tuple[int, ...]
+  draft_lens: tuple[int, ...]
   seconds: tuple[tuple[float, ...], ...]
   prior: float = 0.7
   prior_weight: float = 2.0
@@ -118,18 +139,24 @@ class VLLMAdaptiveVerifyPolicy:
 
   @classmethod
   def from_table(cls, table: CostTable, **options) -> VLLMAdaptiveVerifyPolicy:
-    return cls(tuple(table.batches), tuple(map(tuple, table.seconds)), **options)
+    return cls(tuple(table.batches), tuple(table.draft_lens), tuple(map(tuple, table.seconds)),
+               **options)
 
   @property
   def max_draft_len(self) -> int:
-    return len(self.seconds[0]) - 1
+    return self.draft_lens[-1]
 
   def init(self, batch):
     k = self.max_draft_len
     return VerifyBudgetState(acc.empty_counts((k,)), acc.empty_counts((batch, k)),
                              jnp.full((batch,), k, jnp.int32))
 
-  def choose(self, state, active):
+  def choose(self, state, active, new_request=None, rows=None):
+    del rows
+    if new_request is not None:  # per request: a new one starts from the batch estimate
+      keep = jnp.where(new_request, 0.0, 1.0)[:, None]
+      state = state._replace(row_counts=acc.AcceptanceCounts(
+          keep * state.row_counts.survived, keep * state.row_counts.reached))
     max_k = self.max_draft_len
     batch_p = acc.conditional_acceptance(state.counts, self.prior, self.prior_weight)
     row_p = acc.conditional_acceptance(state.row_counts, batch_p[None], self.row_prior_weight)
@@ -141,19 +168,18 @@ class VLLMAdaptiveVerifyPolicy:
                                 jnp.asarray(self.seconds, jnp.float32), n_active)
     # The profiled model read as a function of verified tokens: c(B, N / B), linear in K.
     per_row = jnp.clip(admitted / n_active, 0.0, max_k)
-    lower = jnp.floor(per_row).astype(jnp.int32)
-    upper = jnp.minimum(lower + 1, max_k)
-    cost = cost_row[lower] + (per_row - lower) * (cost_row[upper] - cost_row[lower])
+    cost = interpolate_draft_len(jnp.asarray(self.draft_lens, jnp.float32), cost_row, per_row)
     gain = (n_active + jnp.cumsum(jnp.maximum(order, 0.0))) / cost
     gain = jnp.where(order >= 0, gain, -jnp.inf)
     threshold = order[jnp.argmax(gain)]
     caps = jnp.sum(survival >= threshold, axis=-1).astype(jnp.int32)
     caps = jnp.where(active, jnp.maximum(caps, 1), 0)
-    k = jnp.max(caps)
+    lens = jnp.asarray(self.draft_lens, jnp.int32)
+    k = lens[jnp.clip(jnp.searchsorted(lens, jnp.max(caps)), 0, len(self.draft_lens) - 1)]
     return k, caps, state._replace(caps=caps)
 
-  def observe(self, state, k, accepted, confidence, active):
-    del confidence
+  def observe(self, state, k, accepted, confidence, active, measured=None):
+    del confidence, measured
     drafted = jnp.minimum(state.caps, k)
     counts = acc.update(state.counts, drafted, accepted, active, decay=self.decay)
     reached, survived = acc.block_outcomes(drafted, accepted, self.max_draft_len, active)
@@ -163,22 +189,19 @@ class VLLMAdaptiveVerifyPolicy:
     return state._replace(counts=counts, row_counts=row_counts)
 
 
-class _StopInWalk:
+class _StopInWalk(_Stateless):
   """A stateless rule that drafts up to ``max_draft_len`` and stops rows in the walk."""
 
   max_draft_len: int
 
-  def init(self, batch):
-    del batch
-    return ()
+  @property
+  def draft_lens(self) -> tuple[int, ...]:
+    return tuple(range(1, self.max_draft_len + 1))
 
-  def choose(self, state, active):
+  def choose(self, state, active, new_request=None, rows=None):
+    del new_request, rows
     k = jnp.int32(self.max_draft_len)
     return k, jnp.full(active.shape, k, jnp.int32), state
-
-  def observe(self, state, k, accepted, confidence, active):
-    del k, accepted, confidence, active
-    return state
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,205 +2,383 @@
 
 Each iteration it estimates the per-position acceptance of the traffic from the accepted
 lengths it has seen (censored, exponentially forgotten; positions it has not drafted
-lately take the prior's shape at the observed positions' level; per row, shrunk towards
-the batch's estimate; optionally sharpened by the confidence head), turns it into the
-expected tokens of every K, divides by the profiled cost c(B_active, K) (static arrays)
-and drafts the K with the highest expected tokens per second, switching only when the
-gain passes a hysteresis margin. A two-sided Page-Hinkley test on the accepted length
-(observed minus predicted) detects a shift in the traffic and then drops most of the old
-evidence, so the estimate re-converges in a few iterations instead of a forgetting
-window.
+lately take the prior's shape at the observed positions' level; per request, shrunk
+towards the batch's estimate), turns it into the expected tokens of every draft length
+K, divides by the cost c(B, K) it currently believes, and drafts the K with the highest
+expected tokens per second, switching only when the gain passes a hysteresis margin.
+K = 0 (no draft) is a choice like any other.
 
-All methods are pure jax.numpy on a state of static-shape arrays, so the policy runs
-inside the jitted decode loop (``lax.while_loop``) and never recompiles.
+Costs: the profiled table is where the controller starts, not what it believes forever.
+Every measured iteration (seconds at its K and rows) corrects the table it uses: a
+Kalman filter on the log of each cell's error, with a prior that ties the cells together
+(one level for the whole table, one for every drafting K against K = 0, one per draft
+length, one per bucket, a slope in K per bucket, and the cell's own), so a measurement
+at one (B, K) also moves the cells it says something about.
+
+Probes: what the controller believes of a K it does not run goes stale — its cost, and
+while K = 0 runs, the acceptance (an iteration without a draft says nothing about it).
+So it runs the runner-up K for one iteration whenever the iterations since that K last
+ran, times ``probe_budget``, pass the probe's expected loss (1 - the runner-up's expected
+tokens per second over the current K's): probing costs about ``probe_budget`` of the
+throughput and goes where the choice is close. Before that, it runs at once any K whose
+cost the filter is too unsure of to tell from the current K's (its expected loss within
+``explore_sd`` standard deviations of their log-cost difference), so a new or stale table
+is measured where it decides within a few iterations. This is how speculation turns back on after K = 0, and how a stale
+table's costs get measured where they matter.
+
+Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted)
+drops most of the old acceptance evidence when the traffic changes, so the estimate
+re-converges in a few iterations instead of a forgetting window.
+
+The controller is a pytree: the cost table (``batches``, ``seconds``) and the prior are
+its leaves, operands of the compiled loop (new numbers never recompile); the draft
+lengths and the options are static. All methods are pure jax.numpy on static shapes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wts_jax.spec.policy import MeasuredIteration, check_draft_lens
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.cost_table import CostTable, interpolate_rows
+from wts_jax.tabletune.cost_table import CostTable, bucket_weights
+
+NEVER_RUN = 1 << 20   # ``since_run`` of a draft length not run yet
 
 
 class ControllerState(NamedTuple):
   counts: acc.AcceptanceCounts       # [K]: the batch's censored counts
   row_counts: acc.AcceptanceCounts   # [B, K]: each row's (its request's) counts
-  calibration: acc.AcceptanceCounts  # [K, bins]: acceptance per confidence bin
-  draft_len: jnp.ndarray             # int32: the K in use
+  draft_len: jnp.ndarray             # int32: the K in use (a probe does not change it)
   drift_up: jnp.ndarray              # f32: Page-Hinkley sums (standard errors)
   drift_down: jnp.ndarray
   residual_var: jnp.ndarray          # f32: EMA of the squared residual (tokens^2)
   drifts: jnp.ndarray                # int32: shifts detected so far
+  since_run: jnp.ndarray             # [len(draft_lens)] int32: iterations since each K ran
+  probes: jnp.ndarray                # int32: probe iterations so far
+  cost_error: jnp.ndarray            # [cells] f32: log(true / table) of each cell, mean
+  cost_cov: jnp.ndarray              # [cells, cells] f32: its covariance
+  timed: jnp.ndarray                 # int32: measured iterations folded in
 
 
-@dataclasses.dataclass(frozen=True)
+def _static(default):
+  return dataclasses.field(default=default, metadata={"static": True})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class TableTuneController:
-  """Chooses K per iteration from a cost table and the live acceptance estimate.
+  """Chooses K per iteration from a cost table, live measured costs and the live
+  acceptance estimate.
 
-  batches/seconds: the profiled cost table (``from_table`` fills them);
-  prior_acceptance: the per-position acceptance assumed before any evidence (e.g. the
-  profile the static table was built for), worth ``prior_weight`` blocks;
-  decay/row_decay: per-iteration forgetting of the batch's and each row's counts;
-  row_prior_weight: how many blocks of the batch estimate a row's estimate starts from;
-  confidence_bins: > 0 calibrates the confidence head per (position, bin) and adds, for
-  the drafted positions a row never reached (after its first rejection), the calibrated
-  acceptance of its confidence as ``confidence_weight`` of a block of soft evidence;
-  hysteresis: the relative throughput gain needed to switch K;
+  Arrays (``from_table`` fills them): batches [buckets] and seconds [buckets,
+  len(draft_lens)], the profiled cost table; prior [max K], the per-position acceptance
+  assumed before any evidence (e.g. the profile the table was built for), worth
+  ``prior_weight`` blocks.
+
+  Options (static): draft_lens, the K it chooses among (0: no draft);
+  decay/row_decay: forgetting of the batch's and each request's counts per iteration
+  that drafted; row_prior_weight: how many blocks of the batch estimate a request's
+  estimate starts from; hysteresis: the relative throughput gain needed to switch K;
   drift_delta/drift_threshold: Page-Hinkley tolerance and alarm level, in standard
   errors of the iteration's mean accepted length (an EMA of the squared residual,
-  weight ``residual_weight``, scales it: rows and blocks vary more than the
-  per-position model says); drift_keep: the share of the counts kept when a shift is detected;
-  row_stop_survival: > 0 caps each row at the first position whose predicted survival
-  falls below it (only useful where verifying fewer tokens costs less);
-  min_draft_len: the smallest K it may choose (the loop drafts at least 1);
-  cost_at_active_batch: price an iteration at the number of active rows (an engine that
-  batches only live requests) or, when False, at the full batch (a static-shape loop such
-  as ``wts_jax.spec.generate``, where finished rows still take their slot).
+  weight ``residual_weight``, scales it); drift_keep: the share of the counts kept when a
+  shift is detected; probe_budget: the share of throughput spent probing the runner-up
+  K (module docstring); cost_*_sd: the prior spread (log scale) of the table's error —
+  one level, one for drafting (every K >= 1 against K = 0), per draft length, per
+  bucket, a slope in K per bucket, per cell; timing_sd: the spread of one measured
+  iteration around its cell's cost; cost_relax: per measured iteration, how far the cost
+  uncertainty relaxes towards the prior's structure with every spread at most a cell's
+  (costs drift — the context grows, the machine changes — by a few per cent);
+  explore_sd: a K whose expected loss is within this many standard
+  deviations of the uncertainty of its cost against the current K's is run at once (a
+  new or stale table is measured where it decides). The structured spreads are wide (a
+  table from another loop version can be off by a factor and in shape); only the cell's
+  own is the profiler's noise.
   """
 
-  batches: tuple[int, ...]
-  seconds: tuple[tuple[float, ...], ...]
-  prior_acceptance: tuple[float, ...]
-  prior_weight: float = 4.0
-  decay: float = 0.97
-  row_decay: float = 0.85
-  row_prior_weight: float = 3.0
-  confidence_bins: int = 0
-  confidence_weight: float = 0.5
-  hysteresis: float = 0.01
-  drift_delta: float = 0.5
-  drift_threshold: float = 8.0
-  residual_weight: float = 0.05
-  drift_keep: float = 0.05
-  row_stop_survival: float = 0.0
-  min_draft_len: int = 1
-  cost_at_active_batch: bool = True
+  batches: jax.Array
+  seconds: jax.Array
+  prior: jax.Array
+  draft_lens: tuple[int, ...] = _static((0, 1, 2, 3, 4, 5, 6, 7))
+  prior_weight: float = _static(12.0)
+  decay: float = _static(0.985)
+  row_decay: float = _static(0.85)
+  row_prior_weight: float = _static(3.0)
+  hysteresis: float = _static(0.02)
+  drift_delta: float = _static(0.5)
+  drift_threshold: float = _static(8.0)
+  residual_weight: float = _static(0.05)
+  drift_keep: float = _static(0.05)
+  probe_budget: float = _static(0.0006)
+  cost_level_sd: float = _static(1.0)
+  cost_drafting_sd: float = _static(0.3)
+  cost_draft_len_sd: float = _static(0.1)
+  cost_batch_sd: float = _static(0.3)
+  cost_slope_sd: float = _static(0.3)
+  cost_cell_sd: float = _static(0.03)
+  timing_sd: float = _static(0.03)
+  cost_relax: float = _static(0.0005)
+  explore_sd: float = _static(0.5)
 
   def __post_init__(self):
-    max_k = len(self.seconds[0]) - 1
-    if len(self.prior_acceptance) < max_k:
-      raise ValueError(f"prior_acceptance has {len(self.prior_acceptance)} positions; "
-                       f"the cost table needs {max_k}")
+    # Only the static fields: inside a transformation the arrays are tracers.
+    lens = check_draft_lens(self.draft_lens)
+    if len(lens) < 2 or lens[-1] < 1:
+      raise ValueError(f"draft_lens={self.draft_lens!r} must hold >= 2 draft lengths, one "
+                       f">= 1")
     for name in ("decay", "row_decay", "drift_keep"):
       value = getattr(self, name)
       if not 0.0 < value <= 1.0:
         raise ValueError(f"{name}={value!r} must be in (0, 1]")
-    if not 1 <= self.min_draft_len <= max_k:
-      raise ValueError(f"min_draft_len={self.min_draft_len!r} must be in [1, {max_k}]")
-    if self.confidence_bins < 0:
-      raise ValueError(f"confidence_bins={self.confidence_bins!r} must be >= 0")
+    if not 0.0 <= self.cost_relax < 1.0:
+      raise ValueError(f"cost_relax={self.cost_relax!r} must be in [0, 1)")
+    for name in ("prior_weight", "row_prior_weight", "timing_sd"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+    for name in ("hysteresis", "probe_budget", "cost_level_sd", "cost_drafting_sd",
+                 "cost_draft_len_sd", "cost_batch_sd", "cost_slope_sd", "cost_cell_sd",
+                 "explore_sd"):
+      value = getattr(self, name)
+      if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
 
   @classmethod
-  def from_table(cls, table: CostTable, prior_acceptance, **options) -> TableTuneController:
-    prior = tuple(float(p) for p in np.asarray(prior_acceptance)[:table.max_draft_len])
-    return cls(batches=tuple(table.batches), seconds=tuple(map(tuple, table.seconds)),
-               prior_acceptance=prior, **options)
+  def from_table(cls, table: CostTable, prior_acceptance, *, draft_lens=None,
+                 **options) -> TableTuneController:
+    """The controller for ``table``: it chooses among ``draft_lens`` (default: the
+    table's own; each must be one the table measured)."""
+    draft_lens = table.draft_lens if draft_lens is None else check_draft_lens(draft_lens)
+    restricted = table.restricted(draft_lens)
+    prior = np.asarray(prior_acceptance, np.float64).reshape(-1)
+    if prior.size < draft_lens[-1]:
+      raise ValueError(f"prior_acceptance has {prior.size} positions; draft_lens="
+                       f"{draft_lens} need {draft_lens[-1]}")
+    prior = prior[:draft_lens[-1]]
+    if not np.all((prior >= 0) & (prior <= 1)):
+      raise ValueError(f"prior_acceptance={prior.tolist()} must be in [0, 1]")
+    return cls(batches=jnp.asarray(restricted.batches, jnp.float32),
+               seconds=jnp.asarray(restricted.array(), jnp.float32),
+               prior=jnp.asarray(prior, jnp.float32), draft_lens=draft_lens, **options)
 
   @property
   def max_draft_len(self) -> int:
-    return len(self.seconds[0]) - 1
+    return self.draft_lens[-1]
+
+  def corrected_seconds(self, state: ControllerState) -> jax.Array:
+    """The cost table the controller now believes: [buckets, len(draft_lens)] seconds."""
+    return self.seconds * jnp.exp(state.cost_error.reshape(self.seconds.shape))
+
+  def with_learned_costs(self, state: ControllerState) -> TableTuneController:
+    """The same controller (the same compiled loop) starting from the costs it learnt."""
+    return dataclasses.replace(self, seconds=self.corrected_seconds(state))
 
   # -- the DraftPolicy methods --------------------------------------------------------
 
   def init(self, batch: int) -> ControllerState:
     k = self.max_draft_len
-    prior = jnp.asarray(self.prior_acceptance[:k], jnp.float32)
-    start = self._best(acc.expected_tokens(prior)[None].repeat(batch, 0),
-                       jnp.ones((batch,), bool))
     zero = jnp.float32(0)
-    return ControllerState(
+    cells = self.seconds.shape[0] * len(self.draft_lens)
+    state = ControllerState(
         counts=acc.empty_counts((k,)), row_counts=acc.empty_counts((batch, k)),
-        calibration=acc.empty_counts((k, max(self.confidence_bins, 1))),
-        draft_len=start, drift_up=zero, drift_down=zero, residual_var=jnp.float32(1.0),
-        drifts=jnp.int32(0))
+        draft_len=jnp.int32(self.draft_lens[-1]), drift_up=zero, drift_down=zero,
+        residual_var=jnp.float32(1.0), drifts=jnp.int32(0),
+        since_run=jnp.full((len(self.draft_lens),), NEVER_RUN, jnp.int32),
+        probes=jnp.int32(0), cost_error=jnp.zeros((cells,), jnp.float32),
+        cost_cov=self._cost_prior(), timed=jnp.int32(0))
+    rate = self._rates(state, jnp.ones((batch,), bool), jnp.float32(batch))
+    return state._replace(draft_len=self._lens()[jnp.argmax(rate)])
 
-  def choose(self, state: ControllerState, active: jnp.ndarray):
-    row_tokens = acc.expected_tokens(self._row_acceptance(state))
-    best = self._best(row_tokens, active)
-    rate = self._rates(row_tokens, active)
-    current = state.draft_len
-    switch = rate[best] > rate[current] * (1.0 + self.hysteresis)
-    draft_len = jnp.where(switch, best, current).astype(jnp.int32)
-    cap = jnp.full(active.shape, draft_len, jnp.int32)
-    if self.row_stop_survival > 0:
-      survival = jnp.cumprod(self._row_acceptance(state), axis=-1)
-      cap = jnp.minimum(cap, jnp.sum(jnp.cumprod(survival >= self.row_stop_survival, -1), -1)
-                        .astype(jnp.int32))
-    return draft_len, cap, state._replace(draft_len=draft_len)
+  def choose(self, state: ControllerState, active, new_request=None, rows=None):
+    if new_request is not None:
+      keep = jnp.where(new_request, 0.0, 1.0)[:, None]
+      state = state._replace(row_counts=acc.AcceptanceCounts(
+          keep * state.row_counts.survived, keep * state.row_counts.reached))
+    rows = jnp.sum(active) if rows is None else rows
+    rate = self._rates(state, active, jnp.asarray(rows, jnp.float32))
+    lens = self._lens()
+    busy = jnp.any(active)
+    current = jnp.argmax(lens == state.draft_len)
+    best = jnp.argmax(rate)
+    switch = (rate[best] > rate[current] * (1.0 + self.hysteresis)) & busy
+    index = jnp.where(switch, best, current)
+    # The runner-up, probed once its staleness has paid for the probe's expected loss;
+    # before that, any K whose cost is too uncertain to tell it from the current K's
+    # (only while it is the less known of the two: running the current K measures it).
+    others = rate.at[index].set(-jnp.inf)
+    runner_up = jnp.argmax(others)
+    losses = jnp.maximum(1.0 - others / jnp.maximum(rate[index], 1e-30), 0.0)
+    own_sd, difference_sd = self._log_cost_sds(state, rows, index)
+    margin = self.explore_sd * difference_sd - losses
+    doubtful = (margin > 0) & (own_sd >= own_sd[index]) & (others > -jnp.inf)
+    doubt = jnp.argmax(jnp.where(doubtful, margin, -jnp.inf))
+    # (A runner-up within the hysteresis margin, even one that looks better, counts as
+    # a loss of the margin: probed every hysteresis / probe_budget iterations, not at
+    # every one, so the current K keeps running and keeps its estimates fresh.)
+    due = ((state.since_run[runner_up] + 1.0) * self.probe_budget
+           >= jnp.maximum(losses[runner_up], self.hysteresis))
+    probe = busy & (jnp.any(doubtful) | due)
+    runner_up = jnp.where(jnp.any(doubtful), doubt, runner_up)
+    chosen = jnp.where(probe, runner_up, index)
+    k = lens[chosen]
+    since_run = jnp.where(jnp.arange(len(self.draft_lens)) == chosen, 0,
+                          jnp.minimum(state.since_run + 1, NEVER_RUN))
+    return k, jnp.full(active.shape, k, jnp.int32), state._replace(
+        draft_len=lens[index], probes=state.probes + probe.astype(jnp.int32),
+        since_run=since_run)
 
-  def observe(self, state: ControllerState, k, accepted, confidence, active):
+  def observe(self, state: ControllerState, k, accepted, confidence, active,
+              measured: MeasuredIteration | None = None):
+    del confidence  # the confidence head adds nothing here (docs/decisions.md)
     k = jnp.asarray(k, jnp.int32)
     accepted = jnp.asarray(accepted, jnp.int32)
     max_k = self.max_draft_len
-    batch_prior = self._batch_acceptance(state)
-    predicted = acc.expected_tokens(batch_prior)[jnp.clip(k, 0, max_k)] - 1.0
+    drafted = k > 0
+    batch_p = self._batch_acceptance(state)
+    predicted = acc.expected_tokens(batch_p)[jnp.clip(k, 0, max_k)] - 1.0
     # Page-Hinkley on the mean accepted length against the estimate's prediction, in
     # units of its recent spread so that one threshold serves every batch and regime.
+    # An iteration without a draft has no residual.
     n_active = jnp.maximum(jnp.sum(active), 1)
     residual = jnp.sum(jnp.where(active, accepted, 0)) / n_active - predicted
     standardized = residual / jnp.sqrt(state.residual_var + 1e-3)
     drift_up = jnp.maximum(0.0, state.drift_up + standardized - self.drift_delta)
     drift_down = jnp.maximum(0.0, state.drift_down - standardized - self.drift_delta)
-    drift = (drift_up > self.drift_threshold) | (drift_down > self.drift_threshold)
+    drift = drafted & ((drift_up > self.drift_threshold) | (drift_down > self.drift_threshold))
     keep = jnp.where(drift, self.drift_keep, 1.0)
-
-    counts = acc.update(state.counts, k, accepted, active, decay=self.decay * keep)
+    decay = jnp.where(drafted, self.decay, 1.0) * keep
+    counts = acc.update(state.counts, k, accepted, active, decay=decay)
     reached, survived = acc.block_outcomes(k, accepted, max_k, active)
-    calibration = state.calibration
-    if self.confidence_bins and confidence is not None:
-      calibration = acc.update_calibration(calibration, k, accepted, confidence, active,
-                                           decay=self.decay * keep)
-      # Drafted positions after the first rejection were never verified; the head's
-      # calibrated confidence there is the only evidence about them.
-      probability = acc.conditional_acceptance(calibration, batch_prior[:, None],
-                                               self.prior_weight)
-      bins = acc.confidence_bins(confidence[:, :max_k], self.confidence_bins)
-      calibrated = jnp.take_along_axis(probability.T, bins, axis=0)
-      unreached = ((jnp.arange(max_k) < k) & active[:, None]).astype(jnp.float32) - reached
-      survived = survived + self.confidence_weight * unreached * calibrated
-      reached = reached + self.confidence_weight * unreached
-    # A row that is not active has finished its request: its slot starts afresh.
-    row_decay = jnp.where(active, self.row_decay * keep, 0.0)[:, None]
+    # A row's counts belong to its request: they decay while it drafts, and a new request
+    # (``choose``'s new_request) starts them afresh.
+    row_decay = jnp.where(active & drafted, self.row_decay * keep, 1.0)[:, None]
     row_counts = acc.AcceptanceCounts(row_decay * state.row_counts.survived + survived,
                                       row_decay * state.row_counts.reached + reached)
-    return state._replace(
-        counts=counts, row_counts=row_counts, calibration=calibration,
-        drift_up=jnp.where(drift, 0.0, drift_up), drift_down=jnp.where(drift, 0.0, drift_down),
-        residual_var=(1.0 - self.residual_weight) * state.residual_var
-        + self.residual_weight * jnp.minimum(residual ** 2, 4.0 * state.residual_var + 1.0),
+    residual_var = ((1.0 - self.residual_weight) * state.residual_var
+                    + self.residual_weight
+                    * jnp.minimum(residual ** 2, 4.0 * state.residual_var + 1.0))
+    def tracked(new, old):  # an iteration without a draft leaves the test as it was
+      return jnp.where(drafted, new, old)
+    state = state._replace(
+        counts=counts, row_counts=row_counts,
+        drift_up=jnp.where(drift, 0.0, tracked(drift_up, state.drift_up)),
+        drift_down=jnp.where(drift, 0.0, tracked(drift_down, state.drift_down)),
+        residual_var=tracked(residual_var, state.residual_var),
         drifts=state.drifts + drift.astype(jnp.int32))
+    if measured is not None:
+      state = self._fold_in_cost(state, measured)
+    return state
 
-  # -- helpers --------------------------------------------------------------------------
+  # -- acceptance -----------------------------------------------------------------------
+
+  def _lens(self) -> jnp.ndarray:
+    return jnp.asarray(self.draft_lens, jnp.int32)
 
   def _batch_acceptance(self, state: ControllerState) -> jnp.ndarray:
-    prior = acc.shifted_prior(state.counts, self.prior_acceptance[:self.max_draft_len],
-                              self.prior_weight)
+    prior = acc.shifted_prior(state.counts, self.prior, self.prior_weight)
     return acc.conditional_acceptance(state.counts, prior, self.prior_weight)
 
   def _row_acceptance(self, state: ControllerState) -> jnp.ndarray:
     return acc.conditional_acceptance(state.row_counts, self._batch_acceptance(state)[None],
                                       self.row_prior_weight)
 
-  def _rates(self, row_tokens: jnp.ndarray, active: jnp.ndarray) -> jnp.ndarray:
-    """Expected tokens per second of every K (index = K) for the active rows."""
+  def _rates(self, state: ControllerState, active, rows) -> jnp.ndarray:
+    """Expected tokens per second of each draft length for the active rows at an
+    iteration over ``rows`` rows."""
+    lens = np.asarray(self.draft_lens)
+    row_tokens = acc.expected_tokens(self._row_acceptance(state))[:, lens]
     tokens = jnp.sum(jnp.where(active[:, None], row_tokens, 0.0), axis=0)
-    priced_rows = (jnp.maximum(jnp.sum(active), 1) if self.cost_at_active_batch
-                   else active.shape[0])
-    cost = interpolate_rows(jnp.asarray(self.batches, jnp.float32),
-                            jnp.asarray(self.seconds, jnp.float32),
-                            jnp.asarray(priced_rows, jnp.float32))
-    return tokens / cost
+    return tokens / self._cost(state, rows)
 
-  def _best(self, row_tokens: jnp.ndarray, active: jnp.ndarray) -> jnp.ndarray:
-    rate = self._rates(row_tokens, active)
-    allowed = jnp.arange(self.max_draft_len + 1) >= self.min_draft_len
-    return jnp.argmax(jnp.where(allowed, rate, -jnp.inf)).astype(jnp.int32)
+  # -- costs ----------------------------------------------------------------------------
+
+  def _cost_prior(self, drift: bool = False) -> jnp.ndarray:
+    """The prior covariance of the cells' log errors (cell = bucket * len(draft_lens) + j).
+    ``drift``: the same structure with every spread at most a cell's — what the filter
+    relaxes towards between measurements (costs drift by a few per cent, not by the
+    factor a table from another loop can be off)."""
+    def spread(value):
+      return min(value, self.cost_cell_sd) if drift else value
+    buckets, lens = self.seconds.shape[0], len(self.draft_lens)
+    bucket = np.repeat(np.arange(buckets), lens)
+    column = np.tile(np.arange(lens), buckets)
+    lens_k = np.tile(np.asarray(self.draft_lens, np.float64), buckets)
+    slope = lens_k / self.draft_lens[-1]
+    drafting = lens_k > 0
+    same_bucket = bucket[:, None] == bucket[None, :]
+    same_column = column[:, None] == column[None, :]
+    cov = (spread(self.cost_level_sd) ** 2
+           + spread(self.cost_drafting_sd) ** 2 * (drafting[:, None] & drafting[None, :])
+           + spread(self.cost_draft_len_sd) ** 2 * same_column
+           + same_bucket * (spread(self.cost_batch_sd) ** 2
+                            + spread(self.cost_slope_sd) ** 2 * slope[:, None] * slope[None, :])
+           + self.cost_cell_sd ** 2 * np.eye(buckets * lens))
+    return jnp.asarray(cov, jnp.float32)
+
+  def _cells(self, rows):
+    """The two cells per draft length that the cost at ``rows`` interpolates, and their
+    weights: ([2, len], [2, len])."""
+    lower, w_lower, w_upper = bucket_weights(self.batches, rows)
+    lens = len(self.draft_lens)
+    columns = jnp.arange(lens)
+    cells = jnp.stack([lower * lens + columns, (lower + 1) * lens + columns])
+    weights = jnp.stack([jnp.broadcast_to(w_lower, (lens,)), jnp.broadcast_to(w_upper, (lens,))])
+    return cells, weights
+
+  def _log_cost_sds(self, state: ControllerState, rows, current):
+    """At ``rows``, under the cost filter's covariance: the standard deviation of each
+    draft length's log cost, and of its log cost over the ``current`` one's (index into
+    draft_lens): ([len], [len])."""
+    cells, weights = self._cells(jnp.asarray(rows, jnp.float32))
+    believed = weights * self.seconds.reshape(-1)[cells] * jnp.exp(state.cost_error[cells])
+    share = believed / jnp.maximum(jnp.sum(believed, axis=0), 1e-9)   # d log cost / d error
+    cov = state.cost_cov
+    # [2, 2, len]: the covariance of each K's two cells, and with the current K's two.
+    own = cov[cells[:, None, :], cells[None, :, :]]
+    cross = cov[cells[:, None, :], cells[None, :, current][..., None]]
+    own_var = jnp.einsum("il,ijl,jl->l", share, own, share)
+    covariance = jnp.einsum("il,ijl,j->l", share, cross, share[:, current])
+    difference_var = own_var + own_var[current] - 2.0 * covariance
+    return jnp.sqrt(jnp.maximum(own_var, 0.0)), jnp.sqrt(jnp.maximum(difference_var, 0.0))
+
+  def _cost(self, state: ControllerState, rows) -> jnp.ndarray:
+    """Each draft length's believed cost at ``rows``."""
+    cells, weights = self._cells(rows)
+    believed = self.seconds.reshape(-1)[cells] * jnp.exp(state.cost_error[cells])
+    return jnp.maximum(jnp.sum(weights * believed, axis=0), 1e-9)
+
+  def _fold_in_cost(self, state: ControllerState, measured: MeasuredIteration):
+    """One Kalman update of the cells' log errors with a measured iteration."""
+    seconds = jnp.asarray(measured.seconds, jnp.float32)
+    k = jnp.asarray(measured.draft_len, jnp.int32)
+    lens = self._lens()
+    column = jnp.clip(jnp.searchsorted(lens, k), 0, len(self.draft_lens) - 1)
+    valid = jnp.isfinite(seconds) & (seconds > 0) & (lens[column] == k)
+    cells, weights = self._cells(jnp.asarray(measured.rows, jnp.float32))
+    cells, weights = cells[:, column], weights[:, column]
+    parts = weights * self.seconds.reshape(-1)[cells] * jnp.exp(state.cost_error[cells])
+    predicted = jnp.maximum(jnp.sum(parts), 1e-9)
+    share = parts / predicted                     # d log(cost) / d error[cell]
+    drift = self._cost_prior(drift=True)
+    cov = (1.0 - self.cost_relax) * state.cost_cov + self.cost_relax * drift
+    cov_share = cov[:, cells[0]] * share[0] + cov[:, cells[1]] * share[1]
+    innovation_var = share[0] * cov_share[cells[0]] + share[1] * cov_share[cells[1]] + (
+        self.timing_sd ** 2)
+    spread = jnp.sqrt(innovation_var)
+    # A measurement far off (a stall, a host hiccup) moves the table by at most 3 spreads.
+    innovation = jnp.clip(jnp.log(jnp.where(valid, seconds, 1.0)) - jnp.log(predicted),
+                          -3.0 * spread, 3.0 * spread)
+    gain = cov_share / innovation_var
+    error = state.cost_error + gain * innovation
+    cov = cov - gain[:, None] * cov_share[None, :]
+    return state._replace(cost_error=jnp.where(valid, error, state.cost_error),
+                          cost_cov=jnp.where(valid, cov, state.cost_cov),
+                          timed=state.timed + valid.astype(jnp.int32))
 
 
-jax.tree_util.register_static(TableTuneController)
+jax.tree_util.register_dataclass(TableTuneController)

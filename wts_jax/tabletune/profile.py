@@ -1,16 +1,17 @@
 """The profiler: c(B, K) of a device + model pair within a time budget.
 
 It calls any ``cost(batch, draft_len) -> seconds`` (the real loop's
-``wts_jax.spec.timing.iteration_cost`` through ``loop_cost_fn``, or a model) for every
-draft length K = 0..max at a list of batch buckets, bucket by bucket in an order that
+``wts_jax.spec.timing.iteration_cost`` through ``loop_cost_fn``, or a model) for each
+draft length of ``draft_lens`` (default K = 0..max) at a list of batch buckets, bucket
+by bucket in an order that
 keeps the table usable if the budget runs out: the two ends first, then the midpoints
 of the widest gaps (in log B). Before each bucket it projects the bucket's time from
 the ones already measured and stops when it would overrun the budget; the table then
 holds the measured buckets and ``CostTable.cost`` interpolates between them.
 
-``draft_lens`` may name a subset of K to measure; the others are interpolated linearly
-in K (an iteration's verified tokens, walk steps and drafter positions all grow
-linearly in K; the roofline's bend makes it approximate), and the provenance says which.
+``draft_lens`` may name a subset of K to measure: the table then holds those columns,
+labelled (``CostTable.cost`` is linear in K between labels; a controller chooses among
+the labels).
 
 Budget arithmetic: a point costs one compile of the iteration (t_c) plus its timed runs
 (with ``iteration_cost``: a warm-up and 5 samples of 8 chained iterations, ~ 50 t_it).
@@ -32,6 +33,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from wts_jax.spec.policy import check_draft_lens
 from wts_jax.tabletune.cost_table import CostTable
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 128)
@@ -66,19 +68,19 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
                   draft_lens: tuple[int, ...] | None = None,
                   clock: Callable[[], float] = time.perf_counter,
                   log: Callable[[str], None] | None = None) -> CostTable:
-  """Measures ``cost(B, K)`` for K = 0..max_draft_len at the buckets that fit the budget."""
+  """Measures ``cost(B, K)`` for K in ``draft_lens`` (default 0..max_draft_len) at the
+  buckets that fit the budget."""
   if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
     raise ValueError(f"max_draft_len={max_draft_len!r} must be an int >= 1")
   if len(set(batches)) < 2 or min(batches) < 1:
     raise ValueError(f"batches={batches!r} must hold >= 2 distinct ints >= 1")
   if not budget_s > 0:
     raise ValueError(f"budget_s={budget_s!r} must be > 0")
-  all_lens = list(range(max_draft_len + 1))
-  measured_lens = sorted(set(all_lens if draft_lens is None else draft_lens))
-  if not set(measured_lens) <= set(all_lens) or measured_lens[0] != 0 or (
-      measured_lens[-1] != max_draft_len):
-    raise ValueError(f"draft_lens={draft_lens!r} must be within 0..{max_draft_len} and hold "
-                     f"both ends")
+  all_lens = tuple(range(max_draft_len + 1))
+  measured_lens = all_lens if draft_lens is None else check_draft_lens(draft_lens)
+  if len(measured_lens) < 2 or measured_lens[-1] != max_draft_len:
+    raise ValueError(f"draft_lens={draft_lens!r} must hold >= 2 draft lengths in "
+                     f"0..{max_draft_len}, {max_draft_len} among them")
   start = clock()
   measured: dict[int, list[float]] = {}
   bucket_seconds: list[float] = []
@@ -98,7 +100,6 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
         raise ValueError(f"cost(batch={batch}, draft_len={draft_len})={seconds!r} must be > 0")
       row.append(seconds)
     bucket_seconds.append(clock() - bucket_start)
-    row = np.interp(all_lens, measured_lens, row).tolist()
     measured[batch] = row
     if log:
       log(f"B={batch}: " + " ".join(f"{s * 1e3:.3f}" for s in row) + " ms "
@@ -112,10 +113,10 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
       "budget_s": budget_s,
       "requested_batches": sorted(batches),
       "skipped_batches": sorted(skipped),
-      "interpolated_draft_lens": sorted(set(all_lens) - set(measured_lens)),
   }
   return CostTable(device_kind=device_kind, target=target, drafter=drafter,
-                   batches=tuple(order), seconds=tuple(tuple(measured[b]) for b in order),
+                   batches=tuple(order), draft_lens=measured_lens,
+                   seconds=tuple(tuple(measured[b]) for b in order),
                    provenance=provenance)
 
 
@@ -123,14 +124,16 @@ def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
                         margin: float = 0.03,
                         rounds: int = 3, budget_s: float = DEFAULT_BUDGET_S,
                         point_seconds: float = 0.0,
-                        clock: Callable[[], float] = time.perf_counter) -> CostTable:
+                        clock: Callable[[], float] = time.perf_counter,
+                        log: Callable[[str], None] | None = None) -> CostTable:
   """Measures again the points that decide K*, and averages: for each bucket and each
   acceptance profile, the best K and the runner-up when their tokens/s are within
   ``margin`` of each other. Measurement noise matters only there (a flat top), so that
-  is where the budget goes. Interpolated draft lengths are left alone. No point starts
+  is where the budget goes. Columns an older profile interpolated (its provenance's
+  ``interpolated_draft_lens``) are left alone. No point starts
   that would end past ``budget_s`` by the longest point so far (``point_seconds``, e.g.
   the first pass's mean, stands in before the first). ``profiles``
-  None: p_j = rate · 0.97^j for each of ``CONTEST_RATES``."""
+  None: p_j = rate · 0.97^j for each of ``CONTEST_RATES``. ``log`` gets a line a point."""
   from wts_jax.tabletune.table import profile_from_rate, tokens_per_second  # pylint: disable=import-outside-toplevel
   if profiles is None:
     profiles = [profile_from_rate(rate, table.max_draft_len, 0.97) for rate in CONTEST_RATES]
@@ -148,20 +151,25 @@ def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
         rates = tokens_per_second(current, profile, batch)
         best, second = np.argsort(rates)[::-1][:2]
         if rates[second] >= rates[best] * (1.0 - margin):
-          contested |= {(i, int(k)) for k in (best, second) if int(k) not in interpolated}
+          contested |= {(i, int(j)) for j in (best, second)
+                        if table.draft_lens[j] not in interpolated}
     if not contested:
       break
-    for i, k in sorted(contested):
+    for i, j in sorted(contested):
       # Stop before a point that would overrun the budget, its time projected as the
       # longest point so far (``point_seconds`` before the first).
       if clock() - start + (longest if remeasured else point_seconds) > budget_s:
         break
       point_start = clock()
-      seconds[i, k] = (seconds[i, k] * counts[i, k] + float(cost(current.batches[i], k))) / (
-          counts[i, k] + 1)
+      measured = float(cost(current.batches[i], table.draft_lens[j]))
+      seconds[i, j] = (seconds[i, j] * counts[i, j] + measured) / (counts[i, j] + 1)
       longest = max(longest, clock() - point_start)
-      counts[i, k] += 1
+      counts[i, j] += 1
       remeasured += 1
+      if log:
+        log(f"again B={current.batches[i]} K={table.draft_lens[j]}: {measured * 1e3:.3f} ms, "
+            f"mean of {int(counts[i, j])} {seconds[i, j] * 1e3:.3f} ms "
+            f"({clock() - start:.1f} s of {budget_s:.0f})")
   provenance = {**table.provenance, "remeasured_points": remeasured,
                 "remeasure_margin": margin,
                 "remeasure_seconds": round(clock() - start, 3)}

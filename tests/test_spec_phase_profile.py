@@ -1,0 +1,43 @@
+"""Attributing a profile's GPU kernels to the loop's phases (a synthetic trace: the CPU
+records no GPU kernels) through the HLO's op_name metadata."""
+
+import gzip
+import json
+
+import pytest
+
+from wts_jax.spec import phase_profile
+
+HLO = """
+%fusion.1 = bf16[8,2560]{1,0} fusion(%p0), kind=kLoop, metadata={op_name="jit(run)/while/body/verify/dot_general"}
+  ROOT %gemm.2 = f32[8,9728]{1,0} custom-call(%a, %b), metadata={op_name="jit(run)/while/body/drafter/dot_general" source_file="x.py"}
+%pallas_call.3 = s32[1,7]{1,0} custom-call(%c), metadata={op_name="jit(run)/while/body/walk/pallas_call"}
+%scatter.4 = bf16[1,8,768,128]{3,2,1,0} fusion(%d), metadata={op_name="jit(run)/while/body/scatter"}
+"""
+
+
+def _trace(tmp_path, events):
+  run = tmp_path / "plugins" / "profile" / "run"
+  run.mkdir(parents=True)
+  meta = [{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}}]
+  with gzip.open(run / "perfetto_trace.json.gz", "wt") as f:
+    json.dump({"traceEvents": meta + events}, f)
+  return tmp_path
+
+
+def test_kernels_are_summed_by_the_phase_of_their_hlo_operation(tmp_path):
+  events = [{"ph": "X", "pid": 7, "dur": 100.0, "name": "k1", "args": {"hlo_op": "fusion.1"}},
+            {"ph": "X", "pid": 7, "dur": 50.0, "name": "sm90_gemm", "args": {"hlo_op": "gemm.2"}},
+            {"ph": "X", "pid": 7, "dur": 20.0, "name": "walk", "args": {"hlo_op": "pallas_call.3"}},
+            {"ph": "X", "pid": 7, "dur": 5.0, "name": "s", "args": {"hlo_op": "scatter.4"}},
+            {"ph": "X", "pid": 7, "dur": 3.0, "name": "memcpy", "args": {}},
+            {"ph": "X", "pid": 1, "dur": 999.0, "name": "host", "args": {"hlo_op": "fusion.1"}}]
+  seconds = phase_profile.phase_seconds(_trace(tmp_path, events), HLO)
+  assert seconds == pytest.approx({"verify": 100e-6, "drafter": 50e-6, "walk": 20e-6,
+                                   "prefill": 0.0, "other": 5e-6, "unattributed": 3e-6})
+
+
+def test_a_directory_without_a_trace_is_named(tmp_path):
+  with pytest.raises(ValueError, match="no perfetto_trace"):
+    phase_profile.phase_seconds(tmp_path, HLO)

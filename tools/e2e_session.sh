@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call for the end-to-end loop: its GPU tests, then wts-e2e-bench, then
+# (SECTIONS=tabletune) TableTune's cost table measured through the loop.
+#   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
+#   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
+# Writes logs and JSON under $OUT.
+set -u
+export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SECTIONS=${SECTIONS:-tests,bench}
+has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+if has tests; then
+  stamp tests
+  timeout ${TESTS_S:-240} python -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_spec_gpu.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -25 | tee "$OUT/e2e_gpu_tests.log"
+fi
+if has bench; then
+  stamp bench
+  timeout ${BENCH_S:-420} python -m wts_jax.spec.bench_e2e --models ${MODELS:-qwen3_4b} \
+    --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
+    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} --profile /tmp/e2e_profile \
+    ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \
+    --out "$OUT/e2e.json" 2>&1 | grep -v Warning | tee "$OUT/e2e.log"
+fi
+if has bench; then   # one trace back, to read its events' fields
+  f=$(find /tmp/e2e_profile -name perfetto_trace.json.gz | head -1)
+  [ -n "$f" ] && cp "$f" "$OUT/trace_sample.json.gz"
+fi
+if has tabletune; then
+  stamp tabletune
+  target=${TARGET:-qwen3-4b}
+  timeout ${TABLETUNE_S:-420} python -m wts_jax.tabletune.cli profile --cost loop \
+    --target "$target" --draft-lens ${DRAFT_LENS:-0,1,2,3,5,7} \
+    --batches ${TT_BATCHES:-1,4,16,32,64,128} --budget-s ${TT_BUDGET:-300} \
+    --out "$OUT/h200_${target//-/_}_tabletune_costs.json" 2>&1 | tee "$OUT/tabletune_profile.log"
+fi
+stamp done

@@ -1,0 +1,71 @@
+"""Device time of a real ``generate`` call, split by the loop's phases, from a profile.
+
+``generate``'s iteration names its phases (``loop.PHASES``: verify, drafter, walk) with
+``jax.named_scope``, so every HLO operation's ``op_name`` carries its phase. A profile
+(``jax.profiler.trace`` with a Perfetto trace) records each GPU kernel with the HLO
+operation it ran; summing their durations by the phase of that operation gives the
+device time of each phase inside the loop itself, "other" for the rest (the commit,
+cache writes outside the phases, the loop's own bookkeeping).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+from wts_jax.spec.loop import PHASES
+
+_OP_NAME = re.compile(r"^\s*(?:ROOT )?%?([\w\.\-]+) = .*?metadata=\{[^}]*op_name=\"([^\"]*)\"")
+
+
+def op_phases(hlo_text: str) -> dict[str, str]:
+  """Each HLO instruction's phase (``PHASES`` or "other"), by instruction name."""
+  phases = {}
+  for line in hlo_text.splitlines():
+    match = _OP_NAME.match(line)
+    if match:
+      phases[match.group(1)] = phase_of(match.group(2))
+  return phases
+
+
+def phase_of(op_name: str) -> str:
+  for phase in PHASES:
+    if f"/{phase}/" in op_name or op_name.endswith(f"/{phase}"):
+      return phase
+  return "other"
+
+
+def _trace_events(trace_dir: Path) -> list[dict]:
+  files = sorted(Path(trace_dir).rglob("perfetto_trace.json.gz"))
+  if not files:
+    raise ValueError(f"{trace_dir}: no perfetto_trace.json.gz (profile with "
+                     "jax.profiler.trace(dir, create_perfetto_trace=True))")
+  with gzip.open(files[-1], "rt") as f:
+    data = json.load(f)
+  return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def device_kernels(events: list[dict]) -> list[dict]:
+  """The complete events of the GPU's processes (named ``/device:GPU:…``)."""
+  gpu = {e.get("pid") for e in events
+         if e.get("ph") == "M" and e.get("name") == "process_name"
+         and "GPU" in str(e.get("args", {}).get("name", ""))}
+  return [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu]
+
+
+def phase_seconds(trace_dir: Path, hlo_text: str) -> dict[str, float]:
+  """``{phase: device seconds}`` (and ``"other"``, ``"unattributed"`` for kernels whose
+  HLO operation the trace does not name) over every kernel of the profile."""
+  phases = op_phases(hlo_text)
+  totals = {phase: 0.0 for phase in (*PHASES, "other", "unattributed")}
+  for event in device_kernels(_trace_events(trace_dir)):
+    args = event.get("args", {})
+    op = args.get("hlo_op") or args.get("name")
+    phase = phases.get(op) if op else None
+    if phase is None:
+      scoped = [phase_of(str(v)) for v in args.values() if isinstance(v, str)]
+      phase = next((p for p in scoped if p != "other"), "unattributed")
+    totals[phase] += float(event.get("dur", 0.0)) * 1e-6
+  return totals
