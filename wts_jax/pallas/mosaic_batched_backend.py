@@ -20,7 +20,7 @@ from wts_jax.device import DeviceFacts
 from wts_jax.gate_table import has_gate_table
 from wts_jax.joint_table import has_joint_table
 from wts_jax.pallas import mosaic_launch, widen
-from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
+from wts_jax.pallas.protocol import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.batched.auto import (AUTO_JOINT_TABLE_MAX_ROWS, auto_base_stages,
                                          auto_batch_axis, auto_merge_tiles,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from wts_jax.device import DeviceFacts
 from wts_jax.pallas import mosaic_launch
-from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
+from wts_jax.pallas.protocol import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.pallas.mosaic_plan import MAX_BATCH, make_plan
 from wts_jax.walk_config import MosaicRowConfig

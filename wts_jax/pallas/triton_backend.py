@@ -19,7 +19,7 @@ from wts_jax.heads.draft_head import DraftHead
 from wts_jax.output import WalkOutput
 from wts_jax.pallas import triton_walk
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
+from wts_jax.pallas.protocol import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.plan import WalkPlan, plan_walk
 from wts_jax.pallas.shard_step import KernelSpec
 from wts_jax.walk_config import TritonConfig

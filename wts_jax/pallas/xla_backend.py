@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from wts_jax.pallas.backend import WalkOperands
+from wts_jax.pallas.protocol import WalkOperands
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,3 +145,9 @@ class BatchedWalk(ZStaging, Rings, Chunks, Epilogue, Exchange, WalkContext):
 
 def _batched_kernel(*refs, spec: BatchedSpec, names: tuple[str, ...]):
   BatchedWalk(BatchedRefs(**dict(zip(names, refs))), spec).run()
+
+
+def body(spec: BatchedSpec, names: tuple[str, ...]):
+  """The kernel body ``plgpu.kernel`` launches for ``spec``: its refs arrive in the order
+  of ``names`` (operands, outputs, scratch). The launch keeps the body function's name."""
+  return functools.partial(_batched_kernel, spec=spec, names=names)

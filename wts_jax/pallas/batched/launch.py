@@ -1,10 +1,8 @@
 """The batched kernel's launch: its operands checked and laid out (the base logits in
 whole tiles, the head's hoisted terms in the rows' order the kernel reads), its shared
-memory, global buffers and outputs, then ``plgpu.kernel`` over ``kernel._batched_kernel``."""
+memory, global buffers and outputs, then ``plgpu.kernel`` over ``kernel.body``."""
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +11,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import gate_table
 from wts_jax.pallas import mosaic_gpu_helpers as gpu
-from wts_jax.pallas.batched.kernel import _batched_kernel
+from wts_jax.pallas.batched import kernel as kernel_body
 from wts_jax.pallas.batched.plan import BATCH_TILE
 from wts_jax.pallas.batched.spec import BatchedSpec, gathered_z_rows
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS
@@ -78,8 +76,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
                     scale_g=per_row(score_scale, jnp.float32),
                     noise_g=per_row(noise_on, jnp.int32))
   kernel = plgpu.kernel(
-      functools.partial(_batched_kernel, spec=spec,
-                        names=(*operands, *outputs, *scratch)),
+      kernel_body.body(spec, names=(*operands, *outputs, *scratch)),
       out_type=tuple(outputs.values()),
       grid=(plan.num_blocks,), grid_names=("blocks",),
       **(dict(num_threads=threads, thread_name="wg") if threads > 1 else {}),

@@ -488,3 +488,9 @@ class RowWalk:
 
 def _walk_kernel(*refs, spec: RowSpec, names: tuple[str, ...]):
   RowWalk(KernelRefs(**dict(zip(names, refs))), spec).run()
+
+
+def body(spec: RowSpec, names: tuple[str, ...]):
+  """The kernel body ``plgpu.kernel`` launches for ``spec``: its refs arrive in the order
+  of ``names`` (operands, outputs, scratch). The launch keeps the body function's name."""
+  return functools.partial(_walk_kernel, spec=spec, names=names)

@@ -1,9 +1,7 @@
 """The row kernel's launch: its shared memory, global buffers and outputs by name, then
-``plgpu.kernel`` over ``kernel._walk_kernel``."""
+``plgpu.kernel`` over ``kernel.body``."""
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +10,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax.pallas import mosaic_gpu_helpers as gpu
 from wts_jax.pallas.mosaic_plan import CHUNK_ROWS, Z_TILE_ROWS
-from wts_jax.pallas.row.kernel import _walk_kernel
+from wts_jax.pallas.row import kernel as kernel_body
 from wts_jax.pallas.row.spec import RowSpec
 
 
@@ -89,8 +87,7 @@ def row_walk(spec: RowSpec, w2, base_logits, w1, first_tokens, seed=None,
   if plan.gated:
     operands.update(gate_w_g=gate_weight, gate_hoisted_g=gate_hoisted.astype(jnp.float32))
   kernel = plgpu.kernel(
-      functools.partial(_walk_kernel, spec=spec,
-                        names=(*operands, *outputs, *scratch)),
+      kernel_body.body(spec, names=(*operands, *outputs, *scratch)),
       out_type=tuple(outputs.values()),
       grid=(plan.num_blocks,), grid_names=("blocks",),
       scratch_types=list(scratch.values()),

@@ -211,3 +211,9 @@ def _interpreted_winners(value_s, index_s, nan_s, flag_s, *, phases: int, batch:
   live = jnp.arange(blocks * REQUESTS) < batch
   flag_s[0] = jnp.maximum(flag_s[0], jnp.where(live, nan, 0).max())
   return jnp.pad(index, (0, MAX_BATCH - index.shape[0]))
+
+
+def body(spec: StackedSpec):
+  """The kernel body ``plgpu.kernel`` launches for ``spec``. The launch keeps the body
+  function's name."""
+  return functools.partial(_kernel, spec=spec)

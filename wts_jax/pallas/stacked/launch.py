@@ -3,15 +3,13 @@ barriers in the order ``kernel.StackedWalk`` unpacks them, then ``plgpu.kernel``
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax.pallas import mosaic_gpu_helpers as gpu
-from wts_jax.pallas.stacked.kernel import _kernel
+from wts_jax.pallas.stacked import kernel as kernel_body
 from wts_jax.pallas.stacked.operands import BASE_SLOT_BYTES, TMA_BASE_TRANSFORMS
 from wts_jax.pallas.stacked.plan import MAX_BATCH, WARPGROUPS
 from wts_jax.pallas.stacked.spec import StackedSpec
@@ -78,7 +76,7 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
     scratch.append(plgpu.SMEM((WARPGROUPS, 2 * REQUESTS, rank), jnp.int8,
                               transforms=gpu.w2_transforms(1, rank)))
   kernel = plgpu.kernel(
-      functools.partial(_kernel, spec=spec),
+      kernel_body.body(spec),
       out_type=(jax.ShapeDtypeStruct((batch, steps), jnp.int32),
                 jax.ShapeDtypeStruct((1,) if spec.status == "kernel"
                                      else (plan.num_blocks * WARPGROUPS,), jnp.int32)),
