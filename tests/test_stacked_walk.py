@@ -1,4 +1,4 @@
-"""The stacked int8-planes walk (``wts_jax.pallas.stacked_walk``): its plan on any JAX;
+"""The stacked int8-planes walk (``wts_jax.pallas.stacked``): its plan on any JAX;
 every option's CUDA lowering, and its inline PTX assembled where ptxas is; its kernel in
 Mosaic GPU interpret mode (jax >= 0.11) against the XLA reference walk — both request
 layouts (one block of 32 requests over four phases, two over two with shared rings), V

@@ -1,4 +1,4 @@
-"""The stacked int8-planes walk (``wts_jax.pallas.stacked_walk``) against the XLA walk
+"""The stacked int8-planes walk (``wts_jax.pallas.stacked``) against the XLA walk
 and the batched kernel's plan, at the Qwen3-4B shape: tokens checked, then each walk's
 device time after an L2 flush (``profile_batched.time_walks``), in one device call.
 

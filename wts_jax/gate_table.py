@@ -70,7 +70,7 @@ def gate_rows(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
 class GateTable(nnx.Module):
   """A gated head's ``gate_rows`` [V, 3r] (``with_gate_table``), and G_h [r, d] as its own
   contiguous array, so a walk's hoist reads it without first slicing it out of
-  ``gate_proj.weight`` (an op of ≈ 2 µs on the H200 every walk)."""
+  ``gate_proj.weight`` (an op of its own every walk)."""
 
   def __init__(self, rows: jax.Array, hidden_weight: jax.Array):
     self.rows = nnx.Variable(rows)

@@ -31,7 +31,7 @@ _MIX_MUL_1 = 0x21F0AAAD
 _MIX_MUL_2 = 0x735A2D97
 
 # How far a Mosaic GPU kernel's noise may be from XLA's (the module docstring): 2^-20,
-# absolute, as measured on the H200 (NOTES v21).
+# absolute (docs/decisions.md, "Kernel choices measured on the H200").
 KERNEL_NOISE_TOLERANCE = 2.0 ** -20
 
 # Steps and rows are packed into one 32-bit counter: step in the low 16 bits.
@@ -85,7 +85,7 @@ def uniform_from_stream(stream: jax.Array, vocab_index: jax.Array) -> jax.Array:
 # log_positive: x = 2^k (1 + f) with 1 + f in [sqrt(1/2), sqrt(2)) (FreeBSD e_logf.c's
 # reduction), then log(1 + f) = f - f^2 / 2 + f^3 P(f) with P a degree-7 polynomial fitted
 # for relative error (5.8e-9 in float64): no divide (the GPU's divide left a warpgroup
-# drawing noise latency-bound, NOTES v21), under an ulp in float32 on every uniform and
+# drawing noise latency-bound), under an ulp in float32 on every uniform and
 # its exponential. ln 2 in two parts so k · ln2_hi is exact.
 _LN2_HI = 6.9313812256e-01
 _LN2_LO = 9.0580006145e-06

@@ -160,8 +160,8 @@ class MosaicRowConfig:
 @dataclasses.dataclass(frozen=True)
 class MosaicBatchedConfig:
   """The Mosaic batched kernel's options (``impl="mosaic_batched"``,
-  ``mosaic_batched_walk``: up to 64 batch rows a launch on the WGMMA's M or N, every
-  head); None or "auto": the planner's choice (``mosaic_batched_plan``'s ``auto_*``).
+  ``pallas/batched``: up to 64 batch rows a launch on the WGMMA's M or N, every
+  head); None or "auto": the planner's choice (``batched/auto``'s ``auto_*``).
 
   residency, num_blocks, interpret, sync_spin_limit, ring_stages, snake: as for
     ``MosaicRowConfig`` (the counts a warpgroup's).

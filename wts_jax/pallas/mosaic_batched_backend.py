@@ -1,9 +1,9 @@
 """The Mosaic batched kernel's backend (``impl="mosaic_batched"``): from a head and
-validated inputs to the launches of ``mosaic_batched_walk`` (up to 64 batch rows a
+validated inputs to the launches of ``pallas/batched`` (up to 64 batch rows a
 launch, on the WGMMA's M or N; the vanilla, gated and rnn heads).
 
 ``resolve`` fills every choice a ``MosaicBatchedConfig`` leaves to the planner (the
-``auto_*`` rules of ``mosaic_batched_plan``, measured on the H200): what a tuned table
+``auto_*`` rules of ``batched/auto``, measured on the H200): what a tuned table
 writes out as data. ``plan`` refuses what the kernel cannot run and plans the resolved
 config; ``launch`` launches exactly it, one launch per 64 rows.
 """

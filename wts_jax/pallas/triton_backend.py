@@ -25,8 +25,8 @@ from wts_jax.pallas.shard_step import KernelSpec
 from wts_jax.walk_config import TritonConfig
 
 SUPPORTED_W2_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8))
-# An fp8 W2 runs in interpret mode but disagreed with its reference on the H200 (NOTES
-# v2): the kernel refuses it and "auto" uses XLA.
+# An fp8 W2 runs in interpret mode but disagreed with its reference on the H200: the
+# kernel refuses it and "auto" uses XLA.
 UNVERIFIED_W2_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)
 MAX_RANK = 256
 MAX_BATCH = 128

@@ -12,8 +12,8 @@ base logits of every chunk stream through a second ring (at B = 64 a step's base
 logits are 147 KB a block: no longer a whole step ahead).
 ``warpgroups`` > 1 splits a block's chunks between that many warpgroups, each with its
 own resident chunks, rings and accumulators, so one's WGMMA, waits and refills overlap
-the other's epilogue (a block's chunk loop is a chain of latencies, not of throughput:
-NOTES v11); the counts of a plan (resident, ring and base slots) are a warpgroup's.
+the other's epilogue (a block's chunk loop is a chain of latencies, not of throughput);
+the counts of a plan (resident, ring and base slots) are a warpgroup's.
 Pure Python on static shapes: the budget checks happen here.
 """
 
@@ -31,19 +31,19 @@ Z_ROW_PAD_BYTES = 16     # z staging rows padded so the 8 rows a warp reads hit 
 DEFAULT_RING_STAGES = 2
 WGMMA_MAX_N = 256
 # The gated head's ring: its four G_e chunks a step stream through it too, and a third
-# slot measured faster than a resident chunk beside two (NOTES v13).
+# slot measured faster than a resident chunk beside two.
 GATED_RING_STAGES = 3
 DEFAULT_BASE_STAGES = 3
 # The gated head's gate from its table: the batch on N, up to 32 rows a launch ("auto"
 # too: at 32 rows, its staging leaving one W2 ring slot a warpgroup, it still measured
-# faster than the split gate, greedy and sampled, bf16 and int8: NOTES v27).
+# faster than the split gate, greedy and sampled, bf16 and int8).
 GATE_TABLE_MAX_ROWS = 32
 # The rnn head's joint table: its staging (3 KB a row), the state (1 KB a row) and the
 # owners' operand tile leave no W2 slot past 16 rows.
 JOINT_TABLE_MAX_ROWS = 16
 # int8 planes with the batch on N stage z's rows (r bytes a plane) into a tile swizzled at
 # min(128, r) bytes: at r = 64 Mosaic finds no bank-conflict-free copy layout for that
-# staging and does not lower the kernel (NOTES v25), so such walks go on M.
+# staging and does not lower the kernel, so such walks go on M.
 PLANES_ON_N_MIN_RANK = 128
 
 

@@ -7,7 +7,7 @@ us the shared memory and the TMA engine directly:
 - block ``p`` (one per SM) owns ``chunks`` 64-row chunks of W2; the first
   ``resident_chunks`` are copied into shared memory once, in the prologue, and stay
   there for all K steps (the default plan keeps 2 beside a 2-slot ring unless everything
-  fits: the fastest split measured at the Qwen3 shape, NOTES v6); a step computes them
+  fits: the fastest split measured at the Qwen3 shape); a step computes them
   between its streamed chunks, so the ring keeps streaming meanwhile;
 - the other chunks are streamed through a ring of ``ring_stages`` shared-memory slots by
   TMA. W2 does not depend on the drafted tokens, so the ring runs ahead across step
@@ -230,7 +230,7 @@ class RowWalk:
     copy_chunk, res = self.copies.chunk, self.res
     with jax.named_scope("prologue"):
       # Base logits by TMA, a step ahead: a register load per chunk issued a few chunks
-      # ahead stalled every third chunk by ~1 µs behind the W2 stream (profile, NOTES v4).
+      # ahead stalled every third chunk behind the W2 stream (a profile showed it).
       self.copies.base(0, 0)
       if self.quantized:   # the block's per-row scales, once: [chunks, 64] f32
         for c in range(plan.chunks):
@@ -394,7 +394,7 @@ class RowWalk:
 
   def rolled_chunks(self, at: _Step, best, nan_lanes):
     """One chunk a group, no chunk in registers: the step's chunks as one loop (one code
-    copy, not one a chunk: unrolled copies spill registers, NOTES v10)."""
+    copy, not one a chunk: unrolled copies spill registers)."""
     refs, res, stages, step = self.refs, self.res, self.stages, at.step
     order = [(kind, members[0]) for kind, members in chunk_schedule(res, self.streamed, 1)]
 

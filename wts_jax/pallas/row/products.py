@@ -25,8 +25,8 @@ def chunk_scores(spec: RowSpec, logits, rows, stream, score_scale, noise_on):
 
 def register_products(weights, z_rows):
   """W·z_b of a chunk as an fp32 GEMV in registers: ``b -> [64]`` (row layout).
-  (An int8 chunk converted through bf16 — Mosaic's prmt path — measured 2.7× slower
-  than int8 -> fp32 directly: NOTES v6.)"""
+  (An int8 chunk converted through bf16 — Mosaic's prmt path — measured slower than
+  int8 -> fp32 directly.)"""
   w = weights.astype(jnp.float32)
   return lambda b: (w * z_rows[b]).sum(axis=1)
 
@@ -37,7 +37,7 @@ def wgmma_products(operands, z_s, columns, plane_scales=None):
   fp32 accumulation) against ``z_s``, whose 8-row tile b holds W1 rows around token b;
   ``columns[b]`` is the column of token b's own row. All the group's WGMMAs are issued
   before the one wait, so their latencies overlap (a single m64n8 WGMMA is 16 dependent
-  k-steps: latency-bound, NOTES v5). The column is picked by a masked sum along the row
+  k-steps: latency-bound). The column is picked by a masked sum along the row
   (exact: the other terms are zeros). Per chunk ``b -> [64]`` (row layout).
 
   With ``plane_scales`` (int8 W2, z as two int8 planes: ``wts_jax.int8_state``) the

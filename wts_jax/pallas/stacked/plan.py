@@ -122,7 +122,7 @@ def plan_stacked(*, vocab_size: int, rank: int, batch: int, num_blocks: int,
                  base_copies: str = "threads") -> StackedPlan:
   """The most resident tiles shared memory holds beside ``ring_stages`` slots a phase
   (by default one at B <= 32; above, where two warpgroups share a phase's ring, two, or
-  one with the base logits by TMA: measured, NOTES v32),
+  one with the base logits by TMA: measured fastest),
   dealt to the phases with the most tiles first. ``resident``: the block's total,
   at most what fits. ``base_slots``, ``base_copies``: ``StackedPlan``'s."""
   if not 1 <= batch <= MAX_BATCH:
