@@ -35,22 +35,7 @@ import numpy as np
 
 from wts_jax.convert.errors import ConversionError
 from wts_jax.convert.progress import format_bytes
-
-# Wrappers that torch.compile, DDP/FSDP and HF-style models put in front of the names.
-WRAPPER_PREFIXES = ("_orig_mod.", "module.", "model.")
-
-
-def normalize_key(key: str) -> str:
-  """``key`` without the wrapper prefixes (``_orig_mod.``, ``module.``, ``model.``)."""
-  stripped = True
-  while stripped:
-    stripped = False
-    for prefix in WRAPPER_PREFIXES:
-      if key.startswith(prefix):
-        key = key[len(prefix):]
-        stripped = True
-  return key
-
+from wts_jax.convert.stored_names import normalize_key
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
