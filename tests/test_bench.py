@@ -661,15 +661,15 @@ def test_the_floor_reads_the_kernels_real_plan():
   head = jax.eval_shape(lambda: wts_jax.make_head(config))
   base = jax.ShapeDtypeStruct((1, 7, config.vocab_size), jnp.bfloat16)
   plan = floor.kernel_plan(head, base)
-  assert plan["impl"] == "mosaic" and "2 chunks resident" in plan["plan"]
+  assert plan["impl"] == "mosaic_row" and "2 chunks resident" in plan["plan"]
   assert plan["resident_fraction"] == pytest.approx(2 * 132 * 64 / config.vocab_size)
-  assert floor.kernel_plan(head, base, greedy=False)["impl"] == "mosaic"
+  assert floor.kernel_plan(head, base, greedy=False)["impl"] == "mosaic_row"
   batch16 = jax.ShapeDtypeStruct((16, 7, config.vocab_size), jnp.bfloat16)
-  assert floor.kernel_plan(head, batch16, greedy=False)["impl"] == "mosaic"
+  assert floor.kernel_plan(head, batch16, greedy=False)["impl"] == "mosaic_batched"
   batch128 = jax.ShapeDtypeStruct((128, 7, config.vocab_size), jnp.bfloat16)
   assert floor.kernel_plan(head, batch128)["impl"] == "triton"
   batched = floor.kernel_plan(head, batch16)
-  assert batched["impl"] == "mosaic" and "batch rows on the WGMMA" in batched["plan"]
+  assert batched["impl"] == "mosaic_batched" and "batch rows on the WGMMA" in batched["plan"]
   ceilings = floor.Ceilings(hbm_gbps=4000.0, l2_gbps=8000.0, sync_us=2.0,
                             sync_source="given")
   nbytes = floor.WalkBytes(w2=77_791_232, base_logits=2_127_104, read_once=0, outputs=28)
@@ -680,7 +680,7 @@ def test_the_floor_reads_the_kernels_real_plan():
   from wts_jax.quantize import quantize_w2
   planes = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"), head)
   stacked = floor.kernel_plan(planes, batch16)
-  assert stacked["impl"] == "mosaic" and "stacked" in stacked["plan"]
+  assert stacked["impl"] == "mosaic_stacked" and "stacked" in stacked["plan"]
   assert 0 < stacked["resident_fraction"] < 1
 
 
