@@ -120,3 +120,11 @@ def interpret_params():
   """Mosaic GPU's interpret mode (CPU), through its one private entry point."""
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
   return InterpretGPUParams()
+
+
+def compiler_params(profile_space: int = 0, profile_dir: str | None = None):
+  """Every kernel's compiler parameters: lane semantics, and Mosaic's on-device profiler
+  where a lab overlay names a directory for its traces."""
+  profile = (dict(profile_space=profile_space, profile_dir=profile_dir) if profile_dir
+             else {})
+  return plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, **profile)

@@ -70,12 +70,17 @@ def with_logits(spec, shapes):
 
 
 def launch_with_logits(launch, spec, operands):
-  """``launch(spec, operands)``, then the logits and log-probabilities of its tokens
-  where ``spec`` is a ``WithLogits``."""
+  """``launch(spec, head, base_logits, first_tokens, hidden, score_scale, noise_on,
+  seed)`` of a Mosaic backend with ``operands`` (a ``WalkOperands``), then the logits and
+  log-probabilities of its tokens where ``spec`` is a ``WithLogits``."""
+  def run(spec):
+    mode = operands.mode
+    return launch(spec, operands.head, operands.base_logits, operands.first_tokens,
+                  operands.hidden, mode.score_scale, mode.noise_on, mode.seed)
   if not isinstance(spec, WithLogits):
-    return launch(spec, operands)
+    return run(spec)
   from wts_jax.reference import logits_of_tokens
-  output = launch(spec.inner, operands)
+  output = run(spec.inner)
   logits, logprobs = logits_of_tokens(
       operands.head, operands.base_logits, operands.first_tokens, output.tokens,
       operands.hidden, operands.mode.score_scale, return_logits=spec.logits,

@@ -69,13 +69,7 @@ def plan(head, shapes: WalkShapes, config: MosaicRowConfig, device: DeviceFacts)
 
 
 def launch(spec, operands: WalkOperands):
-  return mosaic_launch.launch_with_logits(_launch_spec, spec, operands)
-
-
-def _launch_spec(spec, operands: WalkOperands):
-  mode = operands.mode
-  return _launch(spec, operands.head, operands.base_logits, operands.first_tokens,
-                 operands.hidden, mode.score_scale, mode.noise_on, mode.seed)
+  return mosaic_launch.launch_with_logits(_launch, spec, operands)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))

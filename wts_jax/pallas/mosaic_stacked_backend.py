@@ -79,13 +79,7 @@ def plan(head, shapes: WalkShapes, config: MosaicStackedConfig, device: DeviceFa
 
 
 def launch(spec, operands: WalkOperands):
-  return mosaic_launch.launch_with_logits(_launch_spec, spec, operands)
-
-
-def _launch_spec(spec, operands: WalkOperands):
-  mode = operands.mode
-  return _launch_stacked(spec, operands.head, operands.base_logits, operands.first_tokens,
-                         operands.hidden, mode.score_scale, mode.noise_on, mode.seed)
+  return mosaic_launch.launch_with_logits(_launch_stacked, spec, operands)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))

@@ -81,10 +81,7 @@ def batched_walk(spec: BatchedSpec, w2, base_logits, w1, first_tokens, seed=None
       grid=(plan.num_blocks,), grid_names=("blocks",),
       **(dict(num_threads=threads, thread_name="wg") if threads > 1 else {}),
       scratch_types=list(scratch.values()),
-      compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane,
-          **(dict(profile_space=spec.lab.profile_space, profile_dir=spec.lab.profile_dir)
-             if spec.lab.profile_dir else {})),
+      compiler_params=gpu.compiler_params(spec.lab.profile_space, spec.lab.profile_dir),
       interpret=gpu.interpret_params() if spec.interpret else None,
   )
   tokens, flags = kernel(*operands.values())[:2]

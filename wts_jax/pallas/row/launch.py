@@ -91,10 +91,7 @@ def row_walk(spec: RowSpec, w2, base_logits, w1, first_tokens, seed=None,
       out_type=tuple(outputs.values()),
       grid=(plan.num_blocks,), grid_names=("blocks",),
       scratch_types=list(scratch.values()),
-      compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane,
-          **(dict(profile_space=spec.profile_space, profile_dir=spec.profile_dir)
-             if spec.profile_dir else {})),
+      compiler_params=gpu.compiler_params(spec.profile_space, spec.profile_dir),
       interpret=gpu.interpret_params() if spec.interpret else None,
   )
   tokens, flags, _, _ = kernel(*operands.values())

@@ -83,10 +83,7 @@ def stacked_walk(spec: StackedSpec, w2, base_logits, w1, first_tokens, w2_scale,
       grid=(plan.num_blocks,), grid_names=("blocks",),
       num_threads=WARPGROUPS, thread_name="wg",
       scratch_types=scratch,
-      compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Lane,
-          **(dict(profile_space=spec.lab.profile_space, profile_dir=spec.lab.profile_dir)
-             if spec.lab.profile_dir else {})),
+      compiler_params=gpu.compiler_params(spec.lab.profile_space, spec.lab.profile_dir),
       interpret=gpu.interpret_params() if spec.interpret else None,
   )
   tokens, status = kernel(w2, w2_scale.astype(jnp.float32), base_logits, w1,
