@@ -1,8 +1,8 @@
 """The package's shape, read from its source (no JAX, seconds): no file over 600 lines or
 function over 200 in ``wts_jax/``, no version label ("v38", "NOTES v30") in its comments
 or docstrings (a decision and its figure go to docs/decisions.md), no import circle among
-its modules (imports inside functions count: they close a circle all the same), and a
-README of at most 250 lines."""
+its modules (imports inside functions count: they close a circle all the same), no
+private name (``_x``) used across modules, and a README of at most 250 lines."""
 
 from __future__ import annotations
 
@@ -164,6 +164,44 @@ def test_the_circle_check_finds_a_lazy_circle():
              "wts_jax/b.py": "def f():\n  from wts_jax.a import x\n",
              "wts_jax/c.py": "import wts_jax.a\n"}
   assert circles(import_graph(sources)) == [["wts_jax.a", "wts_jax.b"]]
+
+
+def private_uses(sources: dict[str, str]) -> list[str]:
+  """Where a module reaches another of the package's modules' private names (``_x``):
+  imported by name, or read off a module it imported."""
+  modules = dict(_module_name(path) for path in sources)
+  found = []
+  for path, text in sources.items():
+    tree = ast.parse(text)
+    bound = set()   # local names of the package's modules
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("wts_jax"):
+        for alias in node.names:
+          if alias.name.startswith("_") and not alias.name.startswith("__"):
+            found.append(f"{path}:{node.lineno} imports {node.module}.{alias.name}")
+          if f"{node.module}.{alias.name}" in modules:
+            bound.add(alias.asname or alias.name)
+      elif isinstance(node, ast.Import):
+        bound.update(alias.asname for alias in node.names
+                     if alias.asname and alias.name in modules)
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id in bound and node.attr.startswith("_")
+          and not node.attr.startswith("__")):
+        found.append(f"{path}:{node.lineno} reads {node.value.id}.{node.attr}")
+  return found
+
+
+def test_no_private_name_crosses_a_module():
+  assert private_uses(SOURCES) == []
+
+
+def test_the_private_check_sees_imports_and_attributes():
+  sources = {"wts_jax/__init__.py": "", "wts_jax/a.py": "def _x(): pass\n",
+             "wts_jax/b.py": "from wts_jax.a import _x\n",
+             "wts_jax/c.py": "from wts_jax import a\na._x()\nself._y = 1\n"}
+  assert private_uses(sources) == ["wts_jax/b.py:1 imports wts_jax.a._x",
+                                   "wts_jax/c.py:2 reads a._x"]
 
 
 @pytest.mark.parametrize("name", ["README.md"])

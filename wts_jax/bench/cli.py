@@ -4,9 +4,9 @@ Examples::
 
   wts-bench --quick                                   # a small grid, a few minutes
   wts-bench --shape qwen3_4b --batch 1,4,16,64 --k 4,7,16 --head vanilla,gated,rnn \\
-      --mode greedy,sample --l2 cold,warm --out bench/results/h200.json \\
-      --plot bench/results/h200.png
-  wts-bench --render bench/results/h200.json > BENCHMARKS.md
+      --mode greedy,sample --l2 cold,warm --out bench/results/walk/grid.json \\
+      --plot bench/results/walk/grid.png
+  wts-bench --render bench/results/walk/grid.json > grid.md   # markdown tables
   wts-bench --merge a.json b.json --out all.json --plot all.png   # runs split by head
   bash tools/bench_grid.sh vanilla $OUT     # one head's full grid in one device call
 

@@ -58,8 +58,8 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
         request = arith.addi(arith.muli(arith.divui(row, constant(16)), constant(8)),
                              arith.remui(row, constant(8)))
         return request, arith.remui(arith.divui(row, constant(8)), constant(2))
-      return _fragments(tok, w1_at, shape, source, rank, fragment_order)
-    return tuple(_fragments(tok, w1_at, shape,
+      return fragments(tok, w1_at, shape, source, rank, fragment_order)
+    return tuple(fragments(tok, w1_at, shape,
                             lambda row, plane=plane: (row, constant(plane)), rank,
                             fragment_order)
                  for plane in range(2))
@@ -67,7 +67,7 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
   return gather(tok_ref, w1_ref)
 
 
-def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False,
+def fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False,
                row_bytes: int | None = None):
   """A ``WGMMA_LAYOUT_8BIT`` array whose register at (row, k) holds the 4 bytes
   ``w1[tok[request], plane * r + k : + 4]`` for (request, plane) = ``source(row)``
@@ -144,7 +144,7 @@ def _four_places(reg):
 
 
 def fragment_loads(tok, w1_at, shape, source, rank: int, row_bytes: int | None = None):
-  """This thread's 16-byte loads of a ``fragment_ordered`` W1 (see ``_fragments``), in a
+  """This thread's 16-byte loads of a ``fragment_ordered`` W1 (see ``fragments``), in a
   fixed order: [(load number, the four register indices it fills, its global
   address)]."""
   import numpy as np

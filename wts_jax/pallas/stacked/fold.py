@@ -71,7 +71,7 @@ def sampling_state(scale_g, noise_g, seed_g, step, *, rows: int, row_offset: int
 def _mix32(x):
   """``sampling.mix32`` on an i32 value (wrapping, logical shifts)."""
   from jax._src.lib.mlir.dialects import arith
-  for shift, multiplier in ((16, sampling._MIX_MUL_1), (15, sampling._MIX_MUL_2)):
+  for shift, multiplier in ((16, sampling.MIX_MUL_1), (15, sampling.MIX_MUL_2)):
     x = arith.muli(arith.xori(x, arith.shrui(x, const(shift))), const(multiplier))
   return arith.xori(x, arith.shrui(x, const(15)))
 
@@ -85,11 +85,11 @@ def _log_positive(x):
   def real(value):
     return arith.constant(f32, value)
   bits = arith.addi(arith.bitcast(i32(), x),
-                    const(sampling._ONE_BITS - sampling._SQRT_HALF_BITS))
+                    const(sampling.ONE_BITS - sampling.SQRT_HALF_BITS))
   k = arith.subi(arith.shrui(bits, const(23)), const(0x7F))
-  mantissa = arith.addi(arith.andi(bits, const(0x007FFFFF)), const(sampling._SQRT_HALF_BITS))
+  mantissa = arith.addi(arith.andi(bits, const(0x007FFFFF)), const(sampling.SQRT_HALF_BITS))
   f = arith.subf(arith.bitcast(f32, mantissa), real(1.0))
-  coefficients = sampling._LOG1P_CUBIC_COEFFICIENTS
+  coefficients = sampling.LOG1P_CUBIC_COEFFICIENTS
   p = real(coefficients[-1])
   for coefficient in reversed(coefficients[:-1]):
     p = arith.addf(arith.mulf(p, f), real(coefficient))
@@ -97,8 +97,8 @@ def _log_positive(x):
   rest = arith.subf(arith.mulf(arith.mulf(f_squared, f), p),
                     arith.mulf(real(0.5), f_squared))
   dk = arith.sitofp(f32, k)
-  return arith.addf(arith.mulf(dk, real(sampling._LN2_HI)),
-                    arith.addf(f, arith.addf(rest, arith.mulf(dk, real(sampling._LN2_LO)))))
+  return arith.addf(arith.mulf(dk, real(sampling.LN2_HI)),
+                    arith.addf(f, arith.addf(rest, arith.mulf(dk, real(sampling.LN2_LO)))))
 
 
 def _gumbel(vocab_index, stream):

@@ -45,7 +45,7 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
     index = ir.IndexType.get()
     _, wg_, *_ = thread_ids()
     shape = (2 * REQUESTS, rank)
-    a = z_registers._fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
+    a = z_registers.fragments(tok, llvm.ptrtoint(i64, mgpu_utils.memref_ptr(w1)),
                                shape, stacked_source(first_request(wg_, phases),
                                                       wg_ if rotate else None),
                                rank, fragment_order)
