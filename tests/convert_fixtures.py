@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import save_file  # noqa: E402
 
 from wts_jax.peers.deepspec_torch import DeepSpecHead
 

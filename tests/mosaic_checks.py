@@ -64,38 +64,37 @@ def assert_table_unread_elsewhere(head, tabled):
     np.testing.assert_array_equal(np.asarray(out.tokens), want)
 
 
+INTERPRETED_KERNELS = {"rows": "MosaicRowConfig", "batched": "MosaicBatchedConfig",
+                       "stacked": "MosaicStackedConfig"}
+
+
+def interpreted_config(head, shapes, kernel="auto", **options):
+  """An interpret-mode config (one block) of the Mosaic ``kernel`` ("rows", "batched",
+  "stacked"), or for "auto" of the first Mosaic kernel in the planners' order, the
+  stacked kernel left out (its walks have their own tests), that plans this walk."""
+  from wts_jax.device import H200
+  from wts_jax.pallas import backend, preference
+  options = dict(interpret=True, **options)
+  if kernel != "auto":
+    return getattr(wts_jax, INTERPRETED_KERNELS[kernel])(**options)
+  for name in preference.mosaic_order(head, shapes):
+    if name == "mosaic_stacked":
+      continue
+    config = backend.REGISTRY[name].config_type(**options)
+    if not isinstance(backend.plan_one(name, head, shapes, config, H200), backend.Refusal):
+      return config
+  raise AssertionError(f"no Mosaic kernel runs this walk in interpret mode ({shapes})")
+
+
 def assert_mosaic_matches_xla(head, base, first, hidden, residency, temperature,
                               kernel="auto"):
-  """The Mosaic walk (interpret mode, one block) against the XLA walk of the same head."""
+  """The Mosaic walk (interpret mode, one block) against the XLA walk of the same head:
+  ``kernel``'s (``interpreted_config``)."""
+  from wts_jax.pallas import backend
   key = jax.random.key(3) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              mosaic_kernel=kernel)
-  assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="pallas",
+  shapes = backend.WalkShapes.of(base, not temperature)
+  options = {} if kernel == "stacked" else dict(residency=residency)
+  config = interpreted_config(head, shapes, kernel, **options)
+  assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="mosaic",
                                             config=config, temperature=temperature,
                                             key=key))
-
-
-def planner_option(monkeypatch, **option):
-  """The batched planner with ``option`` set in every plan; returns the plans it made."""
-  from wts_jax.pallas import mosaic_backend
-  planned, plans = mosaic_backend.plan_batched, []
-
-  def with_option(**kwargs):
-    plans.append(planned(**{**kwargs, **option}))
-    return plans[-1]
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
-  return plans
-
-
-def batched_spec_option(monkeypatch, **fields):
-  """The API's batched kernel spec (``mosaic_backend._batched_plan``) with ``fields`` set
-  wherever it makes one."""
-  import dataclasses
-  from wts_jax.pallas import mosaic_backend
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
-  planned = mosaic_backend._batched_plan
-
-  def with_fields(*args, **kwargs):
-    spec = planned(*args, **kwargs)
-    return dataclasses.replace(spec, **fields) if isinstance(spec, BatchedSpec) else spec
-  monkeypatch.setattr(mosaic_backend, "_batched_plan", with_fields)

@@ -36,11 +36,10 @@ from wts_jax.device import H200
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS
-from wts_jax.pallas import backend, mosaic_backend
+from wts_jax.pallas import backend, mosaic_batched_backend
 from wts_jax.quantize import quantize_w2
-from wts_jax.walk_config import MosaicConfig
+from wts_jax.walk_config import MosaicBatchedConfig, MosaicRowConfig, MosaicStackedConfig
 
-from mosaic_checks import batched_spec_option, planner_option
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,7 +47,7 @@ pytestmark = [
                        reason="needs an NVIDIA GPU and WTS_GPU_TESTS=1"),
 ]
 
-BATCHED = MosaicConfig(kernel="batched")
+BATCHED = MosaicBatchedConfig()
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +77,7 @@ def test_tokens_equal_reference(head, batch, temperature):
 
 @pytest.mark.parametrize("residency", ["none", 64, "auto"])
 def test_splits(head, residency):
-  _check(head, 24, 0.0, 7, config=MosaicConfig(kernel="batched", residency=residency))
+  _check(head, 24, 0.0, 7, config=MosaicBatchedConfig(residency=residency))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +102,7 @@ def test_auto_int8_planes_at_rank_64(batch, temperature):
   base, first, hidden = random_inputs(config, batch, 7, jax.random.key(batch))
   key = jax.random.key(batch + 100) if temperature else None
   shapes = backend.WalkShapes(batch=batch, steps=7, greedy=not temperature)
-  assert backend.choose(planes, shapes).impl == "mosaic"
+  assert backend.choose(planes, shapes).impl.startswith("mosaic_")
   out = wts_jax.walk(planes, base, first, hidden, temperature=temperature, key=key)
   ref = wts_jax.walk(planes, base, first, hidden, impl="xla", temperature=temperature,
                      key=key)
@@ -115,7 +114,7 @@ def test_auto_takes_batched_kernel(head):
   """On this GPU ``impl="auto"`` runs a 16-row vanilla walk on the batched Mosaic
   kernel (the tuned table), and the walk it runs gives the reference's tokens."""
   choice = backend.choose(head, backend.WalkShapes(batch=16, steps=7, greedy=True))
-  assert choice.impl == "mosaic" and hasattr(choice.plan.plan, "batch_axis")
+  assert choice.impl == "mosaic_batched" and hasattr(choice.plan.plan, "batch_axis")
   base, first, hidden = random_inputs(head.config, 16, 7, jax.random.key(0))
   out = wts_jax.walk(head, base, first, hidden)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla")
@@ -138,7 +137,7 @@ def test_nan_on_m_reported_at_64_rows(request, head_fixture, temperature):
   last, or a middle one sets the status; none does not."""
   head = request.getfixturevalue(head_fixture)
   base, first, hidden = random_inputs(head.config, 64, 7, jax.random.key(6))
-  config = MosaicConfig(kernel="batched", batch_axis="m")
+  config = MosaicBatchedConfig(batch_axis="m")
   key = jax.random.key(7) if temperature else None
   walk = jax.jit(lambda b: wts_jax.walk(head, b, first, hidden, impl="mosaic", config=config,
                                         temperature=temperature, key=key))
@@ -162,7 +161,7 @@ def test_vocabulary_tail_rows_on_either_axis(axis, planes, num_blocks):
   head = wts_jax.make_head(config, seed=1)
   if planes:
     head = quantize_w2(head, "int8", state="planes")
-  mosaic = MosaicConfig(kernel="batched", batch_axis=axis, num_blocks=num_blocks)
+  mosaic = MosaicBatchedConfig(batch_axis=axis, num_blocks=num_blocks)
   base, first, hidden = random_inputs(config, 40, 1, jax.random.key(2))
   walk = jax.jit(lambda b: wts_jax.walk(head, b, first, hidden, impl="mosaic",
                                         config=mosaic).tokens)
@@ -192,7 +191,7 @@ def test_repeats_identical(head):
 @pytest.mark.parametrize("batch", [5, 16, 64, 70])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_batch_on_n_tokens_equal_reference(head, batch, temperature):
-  config = MosaicConfig(kernel="batched", batch_axis="n")
+  config = MosaicBatchedConfig(batch_axis="n")
   for seed in (31, 32):
     _check(head, batch, temperature, seed, config=config)
 
@@ -201,14 +200,14 @@ def test_batch_on_n_tokens_equal_reference(head, batch, temperature):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_batch_on_n_int8_planes_tokens_equal_reference(planes_head, batch, temperature):
   _check(planes_head, batch, temperature, 33,
-         config=MosaicConfig(kernel="batched", batch_axis="n"))
+         config=MosaicBatchedConfig(batch_axis="n"))
 
 
 @pytest.mark.parametrize("axis", ["m", "n"])
 @pytest.mark.parametrize("batch", [5, 16, 64])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_two_warpgroups_tokens_equal_reference(head, planes_head, axis, batch, temperature):
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=2)
+  config = MosaicBatchedConfig(batch_axis=axis, warpgroups=2)
   _check(head, batch, temperature, 41, config=config)
   _check(planes_head, batch, temperature, 42, config=config)
 
@@ -220,8 +219,7 @@ def test_producer_tokens_equal_reference(head, planes_head, axis, warpgroups, ba
                                          temperature):
   """A producer warpgroup issuing every refill, beside one or two computing warpgroups,
   and the same split with the computing warpgroups refilling."""
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
-                        producer=True)
+  config = MosaicBatchedConfig(batch_axis=axis, warpgroups=warpgroups, producer=True)
   _check(head, batch, temperature, 51, config=config)
   _check(planes_head, batch, temperature, 52, config=config)
   if warpgroups == 2:
@@ -229,65 +227,17 @@ def test_producer_tokens_equal_reference(head, planes_head, axis, warpgroups, ba
            config=dataclasses.replace(config, producer=False))
 
 
-@pytest.mark.parametrize("axis,warpgroups,producer,batch", [("n", 1, False, 16),
-                                                             ("n", 2, True, 16),
-                                                             ("m", 2, True, 64),
-                                                             ("m", 1, False, 70)])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_l2_hints_tokens_equal_reference(monkeypatch, head, planes_head, axis, warpgroups,
-                                         producer, batch, temperature):
-  """The L2 hints (inline PTX, compiled out in interpret mode, so only checked here):
-  streamed chunks kept under evict_last and base tiles prefetched ahead change no
-  token."""
-  from wts_jax.pallas import mosaic_backend
-  planned = mosaic_backend.plan_batched
-
-  hinted = []
-
-  def with_hints(**kwargs):
-    plan = planned(**kwargs)
-    hinted.append(dataclasses.replace(plan, l2_keep_chunks=min(4, plan.streamed_chunks),
-                                      base_l2_ahead=4))
-    return hinted[-1]
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_hints)
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
-                        producer=producer)
-  _check(head, batch, temperature, 61, config=config)
-  _check(planes_head, batch, temperature, 62, config=config)
-  assert hinted and all(plan.base_l2_ahead == 4 for plan in hinted)
-
-
 @pytest.mark.parametrize("axis,warpgroups,producer,batch", [("n", 2, True, 5),
                                                              ("n", 2, True, 16),
                                                              ("m", 2, True, 64),
                                                              ("m", 1, False, 70)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-@pytest.mark.parametrize("where", ["threads", "window"])
-def test_plane_scales_tokens_equal_reference(monkeypatch, planes_head, axis, warpgroups,
-                                             producer, batch, temperature, where):
+def test_plane_scales_tokens_equal_reference(planes_head, axis, warpgroups, producer, batch,
+                                             temperature):
   """int8 planes' s_lo loaded by a thread a row (inline PTX; interpret mode runs scalar
-  loads instead, so only checked here) or copied in a window of scales beside its
-  planes: the reference's tokens."""
-  plans = planner_option(monkeypatch, plane_scales=where)
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
-                        producer=producer)
+  loads instead, so only checked here): the reference's tokens."""
+  config = MosaicBatchedConfig(batch_axis=axis, warpgroups=warpgroups, producer=producer)
   _check(planes_head, batch, temperature, 63, config=config)
-  assert plans and all(plan.plane_scales == where for plan in plans)
-
-
-@pytest.mark.parametrize("warpgroups,producer,batch", [(2, True, 64), (2, False, 40),
-                                                       (1, False, 70)])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_z_registers_tokens_equal_reference(monkeypatch, planes_head, warpgroups, producer,
-                                            batch, temperature):
-  """int8 planes on M with z loaded by each warpgroup straight into its WGMMA registers
-  (``BatchedPlan.z_registers``; interpret mode runs Pallas loads into a tile instead, so
-  the register fragments are only checked here): the reference's tokens."""
-  plans = planner_option(monkeypatch, z_registers=True)
-  config = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=warpgroups,
-                        producer=producer)
-  _check(planes_head, batch, temperature, 67, config=config)
-  assert plans and all(plan.z_registers for plan in plans)
 
 
 @pytest.fixture(scope="module")
@@ -302,8 +252,8 @@ def gated_head():
 def test_gated_tokens_equal_reference(gated_head, axis, warpgroups, batch, temperature):
   """The gated head on the batched kernel, its gate redundant: G_e streamed by the leader,
   the gate's WGMMA, z as a hi + lo bf16 pair."""
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
-                        serial_update="redundant")
+  config = MosaicBatchedConfig(batch_axis=axis, warpgroups=warpgroups,
+                               serial_update="redundant")
   _check(gated_head, batch, temperature, 61, config=config)
 
 
@@ -312,8 +262,8 @@ def rnn_head():
   return wts_jax.make_head(HeadConfig.qwen3_4b("rnn", confidence=True), seed=5)
 
 
-SPLIT_GATE = MosaicConfig(kernel="batched", serial_update="split")
-REDUNDANT_GATE = MosaicConfig(kernel="batched", serial_update="redundant")
+SPLIT_GATE = MosaicBatchedConfig(serial_update="split")
+REDUNDANT_GATE = MosaicBatchedConfig(serial_update="redundant")
 
 
 @pytest.mark.parametrize("axis,warpgroups,batch", [
@@ -323,8 +273,8 @@ def test_split_gate_tokens_equal_reference(gated_head, axis, warpgroups, batch,
                                            temperature):
   """The gated head's gate split over the 132 blocks (8 units each in 32 of them, z
   through global memory and a second grid barrier a step)."""
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
-                        serial_update="split")
+  config = MosaicBatchedConfig(batch_axis=axis, warpgroups=warpgroups,
+                               serial_update="split")
   _check(gated_head, batch, temperature, 74, config=config)
 
 
@@ -342,10 +292,10 @@ def test_gate_table_tokens_equal_reference(tabled_head, batch, warpgroups, produ
   """The gated head's gate from its table (one gathered row a token, z formed
   elementwise by the leader): the planner's plan, two warpgroups with a producer; past
   32 rows (the batch on M) "auto" splits the gate instead."""
-  config = MosaicConfig(kernel="batched", warpgroups=warpgroups, producer=producer,
-                        serial_update="auto")
+  config = MosaicBatchedConfig(warpgroups=warpgroups, producer=producer,
+                               serial_update="auto")
   shapes = backend.WalkShapes(batch=batch, steps=7, greedy=not temperature)
-  assert mosaic_backend.gate_table_walk(tabled_head, shapes, config) == (batch <= 32)
+  assert mosaic_batched_backend.gate_table_walk(tabled_head, shapes, config) == (batch <= 32)
   _check(tabled_head, batch, temperature, 81, config=config)
 
 
@@ -354,7 +304,7 @@ def test_gate_table_tokens_equal_reference(tabled_head, batch, warpgroups, produ
 def test_gate_table_asked_for_at_32_rows(tabled_head, warpgroups, temperature):
   """``serial_update="table"`` past the planner's range: 32 rows on N (with two
   warpgroups its staging leaves one ring slot a warpgroup), fresh inputs."""
-  config = MosaicConfig(kernel="batched", warpgroups=warpgroups, serial_update="table")
+  config = MosaicBatchedConfig(warpgroups=warpgroups, serial_update="table")
   for seed in (83, 84, 32):
     _check(tabled_head, 32, temperature, seed, config=config)
 
@@ -363,7 +313,7 @@ def test_gate_table_asked_for_at_32_rows(tabled_head, warpgroups, temperature):
 def test_gate_table_int8_w2_tokens_equal_reference(tabled_head, temperature):
   """The table gate beside an int8 W2 widened in registers (the planner's, at 16 rows)."""
   quantized = quantize_w2(tabled_head, "int8")   # (the table kept: W1 and G_e are)
-  _check(quantized, 16, temperature, 82, config=MosaicConfig(kernel="batched"))
+  _check(quantized, 16, temperature, 82, config=MosaicBatchedConfig())
 
 
 @pytest.mark.parametrize("axis,batch", [("m", 5), ("m", 16), ("m", 64), ("m", 70),
@@ -372,7 +322,7 @@ def test_gate_table_int8_w2_tokens_equal_reference(tabled_head, temperature):
 def test_split_rnn_tokens_equal_reference(rnn_head, axis, batch, temperature):
   """The rnn head on the persistent batched kernel, its update split over the blocks (8
   units each in 32 of them; state and z through global memory, a second barrier)."""
-  config = MosaicConfig(kernel="batched", batch_axis=axis, serial_update="split")
+  config = MosaicBatchedConfig(batch_axis=axis, serial_update="split")
   _check(rnn_head, batch, temperature, 75, config=config)
 
 
@@ -382,10 +332,10 @@ def test_rnn_with_its_contiguous_j_h_equals_reference(rnn_head, batch, temperatu
   """The API's rnn walk (``auto``) of the head with J_h beside ``joint_proj``
   (``wts_jax.with_joint_hidden``, as wts-bench walks it), int8 W2 at B 16."""
   head = quantize_w2(rnn_head, "int8") if batch == 16 else rnn_head
-  _check(wts_jax.with_joint_hidden(head), batch, temperature, 76, config=MosaicConfig())
+  _check(wts_jax.with_joint_hidden(head), batch, temperature, 76, config=None)
 
 
-JOINT_TABLE = MosaicConfig(serial_update="table")
+JOINT_TABLE = MosaicBatchedConfig(serial_update="table")
 
 
 @pytest.fixture(scope="module")
@@ -402,29 +352,9 @@ def test_rnn_joint_table_tokens_equal_reference(joint_rnn_head, batch, temperatu
   barrier — the reference's tokens (bf16, and an int8 W2 widened for the WGMMA)."""
   head = quantize_w2(joint_rnn_head, "int8") if w2 == "int8" else joint_rnn_head
   shapes = backend.WalkShapes(batch=batch, steps=7, greedy=temperature == 0.0)
-  spec = mosaic_backend.plan(head, shapes, JOINT_TABLE, H200)
+  spec = mosaic_batched_backend.plan(head, shapes, JOINT_TABLE, H200)
   assert spec.plan.joint_table and not spec.plan.split
   _check(head, batch, temperature, 120 + batch, config=JOINT_TABLE)
-
-
-@pytest.mark.parametrize("head_name,w2,batch,axis,update", [
-    ("vanilla", "bf16", 1, None, "auto"), ("vanilla", "bf16", 5, "n", "auto"),
-    ("vanilla", "bf16", 61, "m", "auto"), ("vanilla", "int8p", 5, None, "auto"),
-    ("tabled", "bf16", 1, None, "auto"), ("tabled", "bf16", 4, None, "auto"),
-    ("tabled", "int8", 4, None, "auto"), ("gated", "bf16", 13, "m", "split")])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_gather_of_every_planned_row_equals_reference(monkeypatch, head, tabled_head,
-                                                      gated_head, head_name, w2, batch,
-                                                      axis, update, temperature):
-  """``BatchedSpec.gather_batch_only`` off (bench path wts-gather-padded-rows; the default
-  gathers the batch's rows only): each step copies the padded rows too; fresh inputs at
-  the plans it changes (padded rows on N and M, the gate table's wide rows)."""
-  batched_spec_option(monkeypatch, gather_batch_only=False)
-  model = {"vanilla": head, "tabled": tabled_head, "gated": gated_head}[head_name]
-  if w2 != "bf16":
-    model = quantize_w2(model, "int8", state="planes" if w2 == "int8p" else "float")
-  config = MosaicConfig(kernel="batched", batch_axis=axis, serial_update=update)
-  _check(model, batch, temperature, 140 + batch, config=config)
 
 
 @pytest.mark.parametrize("head_type,axis,batch", [
@@ -436,7 +366,7 @@ def test_int8_w2_widened_tokens_equal_reference(head, gated_head, rnn_head, head
   """An int8 W2 (quantized without planes) widened to bf16 on the batched kernel, its
   row scales in the epilogue (kernel="batched"; the planner's other choices)."""
   base_head = {"vanilla": head, "gated": gated_head, "rnn": rnn_head}[head_type]
-  config = MosaicConfig(kernel="batched", batch_axis=axis)
+  config = MosaicBatchedConfig(batch_axis=axis)
   _check(quantize_w2(base_head, "int8"), batch, temperature, 80 + batch, config=config)
 
 
@@ -450,7 +380,7 @@ def test_int8_w2_widened_in_the_kernel_tokens_equal_reference(
   """An int8 W2 streamed as int8 and widened in the kernel (into the WGMMA's A operand,
   or through a bf16 tile in shared memory), the batch on N, at the real shape."""
   base_head = {"vanilla": head, "gated": gated_head, "rnn": rnn_head}[head_type]
-  config = MosaicConfig(kernel="batched", w2_widening=widening, warpgroups=warpgroups)
+  config = MosaicBatchedConfig(w2_widening=widening, warpgroups=warpgroups)
   _check(quantize_w2(base_head, "int8"), batch, temperature, 90 + batch, config=config)
 
 
@@ -465,10 +395,10 @@ def test_int8_w2_auto_widens_in_registers(head, gated_head, rnn_head, head_type,
   quantized = quantize_w2({"vanilla": head, "gated": gated_head, "rnn": rnn_head}[head_type],
                           "int8")
   shapes = backend.WalkShapes(batch=batch, steps=7, greedy=not temperature)
-  spec = backend.choose(quantized, shapes, "mosaic", MosaicConfig()).plan
+  spec = backend.choose(quantized, shapes, "mosaic").plan
   in_registers = head_type != "rnn" or not temperature or batch <= 4
   assert spec.plan.w2_widening == ("registers" if in_registers else "xla")
-  _check(quantized, batch, temperature, 110 + batch, config=MosaicConfig())
+  _check(quantized, batch, temperature, 110 + batch, config=None)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -478,29 +408,13 @@ def test_auto_runs_gated_and_rnn_on_the_split_kernel(gated_head, rnn_head, tempe
   for head, batch, seed in ((gated_head, 1, 74), (gated_head, 4, 76), (gated_head, 64, 77),
                             (rnn_head, 1, 75), (rnn_head, 4, 78), (rnn_head, 64, 79)):
     base, first, hidden = random_inputs(head.config, batch, 7, jax.random.key(seed))
-    assert wts_jax.chosen_implementation(head, base, temperature=temperature) == "mosaic"
+    assert (wts_jax.chosen_implementation(head, base, temperature=temperature)
+            == "mosaic_batched")
     key = jax.random.key(seed + 100) if temperature else None
     out = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key)
     ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
                        key=key)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-
-
-@pytest.mark.parametrize("head_name,w2,batch", [
-    ("tabled", "bf16", 64), ("tabled", "int8", 64), ("rnn", "bf16", 64), ("rnn", "int8", 16),
-    ("rnn", "bf16", 5)])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_split_update_with_hoisted_terms_by_step_equals_reference(
-    monkeypatch, tabled_head, rnn_head, head_name, w2, batch, temperature):
-  """The API's split updates (the gated head past 32 rows, the rnn head) reading their
-  hoisted terms transposed to [K, rows, n] (``BatchedSpec.hoisted_rows`` off; the API
-  reads them as [rows, K, n]), fresh inputs."""
-  batched_spec_option(monkeypatch, hoisted_rows=False)
-  head = {"tabled": tabled_head, "rnn": rnn_head}[head_name]
-  if w2 == "int8":
-    head = quantize_w2(head, "int8")
-  for seed in (93, 94):
-    _check(head, batch, temperature, seed + batch, config=MosaicConfig())
 
 
 @pytest.mark.parametrize("head_name,w2,batch,temperature", [
@@ -530,14 +444,14 @@ def test_gated_and_rnn_with_the_vanilla_heads_deeper_ring(
   before resident chunks) where it changes their plans at the Qwen3-4B shape: the gated
   head's default since v36 at 64 rows, bench_variants' wts-ring-deep for the rnn head;
   fresh inputs at each point."""
-  from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
-  monkeypatch.setattr(mosaic_backend, "auto_ring_preference",
+  from wts_jax.pallas.batched.auto import AUTO_RING_PREFERENCE
+  monkeypatch.setattr(mosaic_batched_backend, "auto_ring_preference",
                       lambda **_: AUTO_RING_PREFERENCE)
   head = {"tabled": tabled_head, "rnn": rnn_head}[head_name]
   if w2 == "int8":
     head = quantize_w2(head, "int8")
   for seed in (91, 92):
-    _check(head, batch, temperature, seed + batch, config=MosaicConfig())
+    _check(head, batch, temperature, seed + batch, config=None)
 
 
 @pytest.mark.parametrize("kernel,batch", [("rows", 1), ("batched", 16), ("batched", 64)])
@@ -548,7 +462,8 @@ def test_logits_and_logprobs_from_the_tokens(head, kernel, batch):
   kwargs = dict(temperature=0.8, key=jax.random.key(82), return_logits=True,
                 return_logprobs=True)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic",
-                     config=MosaicConfig(kernel=kernel), **kwargs)
+                     config={"rows": MosaicRowConfig, "batched": MosaicBatchedConfig}[kernel](),
+                     **kwargs)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", **kwargs)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits), rtol=1e-5,
@@ -560,12 +475,12 @@ def test_logits_and_logprobs_from_the_tokens(head, kernel, batch):
 # A top-2 gap at fp32 rounding of logits of a few units (an ulp at 4 is 4.8e-7); the
 # gated head's z as hi + lo bf16 is exact to 2^-17 of each element.
 FP32_TIE_MARGIN = 1e-5
-PRODUCER_N2 = MosaicConfig(kernel="batched", batch_axis="n", warpgroups=2, producer=True)
-PRODUCER_M2 = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2, producer=True)
-AUTO = MosaicConfig()
-TABLE_GATE = MosaicConfig(kernel="batched", serial_update="table")
-STACKED = MosaicConfig(kernel="stacked")
-RING_REFILL_EARLY = MosaicConfig(ring_refill="before_epilogue")
+PRODUCER_N2 = MosaicBatchedConfig(batch_axis="n", warpgroups=2, producer=True)
+PRODUCER_M2 = MosaicBatchedConfig(batch_axis="m", warpgroups=2, producer=True)
+AUTO = None   # (the Mosaic kernels' own choice)
+TABLE_GATE = MosaicBatchedConfig(serial_update="table")
+STACKED = MosaicStackedConfig()
+RING_REFILL_EARLY = MosaicBatchedConfig(ring_refill="before_epilogue")
 
 
 @pytest.mark.parametrize("w2,kernel_config,head_type,temperature,batch", [
@@ -650,13 +565,12 @@ def test_stress_1000_fresh_walks_equal_reference(w2, kernel_config, head_type, t
     ("gated_head", "m", 1, 64, 0.0), ("rnn_head", "m", 1, 16, 0.8)])
 def test_status_in_the_kernel_keeps_tokens_and_reports(request, head_fixture, axis,
                                                        warpgroups, batch, temperature):
-  """``MosaicConfig(status="kernel")``: the 132 blocks' status bits counted before the
+  """``MosaicBatchedConfig(status="kernel")``: the 132 blocks' status bits counted before the
   last step's signal, block 0's word out of the kernel — the reference's tokens, a clean
   status; a NaN in the second warpgroup's chunks or a first token out of range reported
   (the gated head's and the rnn head's updates split over the blocks)."""
   head = request.getfixturevalue(head_fixture)
-  config = MosaicConfig(kernel="batched", batch_axis=axis, warpgroups=warpgroups,
-                        status="kernel")
+  config = MosaicBatchedConfig(batch_axis=axis, warpgroups=warpgroups, status="kernel")
   _check(head, batch, temperature, 83, config=config)
   base, first, hidden = random_inputs(head.config, batch, 7, jax.random.key(84))
   key = jax.random.key(85) if temperature else None

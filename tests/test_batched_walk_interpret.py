@@ -1,4 +1,4 @@
-"""The batched Mosaic kernel (``mosaic_batched_walk``: the batch on the WGMMA's M) on the
+"""The batched Mosaic kernel (``pallas/batched``: the batch on the WGMMA's M) on the
 CPU: its plan, its CUDA lowering at the real shape (132 blocks, B up to 64 a launch and
 two launches past it), and its walk in Mosaic GPU interpret mode against the XLA walk —
 exact tokens greedy, the same tokens sampled with the same key.
@@ -29,14 +29,17 @@ from wts_jax import output, validation
 from wts_jax.device import H200 as H200_FACTS
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import backend, mosaic_backend, mosaic_batched_plan
-from wts_jax.pallas.mosaic_batched_plan import AUTO_WIDEN_IN_REGISTERS_MAX, auto_w2_widening
+from wts_jax.pallas import backend, mosaic_batched_backend, preference
+from wts_jax.pallas.batched import auto as batched_auto
+from wts_jax.pallas.batched import plan as batched_plan
+from wts_jax.pallas.batched.auto import AUTO_WIDEN_IN_REGISTERS_MAX, auto_w2_widening
 from wts_jax.quantize import quantize_w2
-from wts_jax.walk_config import MosaicConfig, WalkConfig
+from wts_jax.walk_config import MosaicBatchedConfig, MosaicRowConfig
 
-from mosaic_checks import (assert_walk_matches, batched_spec_option, mosaic_and_xla_walks,
-                           planner_option)
+from mosaic_checks import assert_walk_matches, mosaic_and_xla_walks
 from near_tie_inputs import tie_broken_by_lo
+
+pytestmark = pytest.mark.mosaic
 
 H200_SMEM = 227 * 1024
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -74,10 +77,10 @@ def _assert_matches_xla(head, batch, steps, residency, temperature, seed, batch_
   tokens (greedy), the same tokens with the same key (sampled), confidence close."""
   base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
   key = jax.random.key(seed + 10) if temperature else None
-  config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
-                        batch_axis=batch_axis, warpgroups=warpgroups, producer=producer,
-                        serial_update=serial_update, merge_tiles=merge_tiles,
-                        w2_widening=w2_widening)
+  config = MosaicBatchedConfig(interpret=True, residency=residency, batch_axis=batch_axis,
+                               warpgroups=warpgroups, producer=producer,
+                               serial_update=serial_update, merge_tiles=merge_tiles,
+                               w2_widening=w2_widening)
   assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="mosaic",
                                             config=config, temperature=temperature,
                                             key=key))
@@ -123,70 +126,20 @@ def test_two_warpgroups_int8_planes_tokens_equal_xla(axis):
   _assert_matches_xla(head, 16, 3, "none", 0.7, seed=7, batch_axis=axis, warpgroups=2)
 
 
-@NEEDS_INTERPRETER
-def test_deferred_release_tokens_equal_xla():
-  """The deferred base release (a measurement option of the plan, off by default): a
-  ring of 2 base slots, streamed chunks, sampled, on N."""
-  head = _head(1000, 128)
-  base, first, _ = random_inputs(head.config, 13, 4, jax.random.key(9))
-  key = jax.random.key(19)
-  mode = validation.make_sampling(0.7, key, 13)
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
-                        warpgroups=1, base_stages=2)
-  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, False), config, H200_FACTS)
-  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
-                                                            deferred_release=True))
-  out = mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, None, mode))
-  ref = wts_jax.walk(head, base, first, impl="xla", temperature=0.7, key=key)
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("head_type", ["int8p", "rnn"])
-def test_pair_in_two_wgmmas_tokens_equal_xla(head_type):
-  """The two-WGMMA form of z's halves with the batch on N (a measurement option of the
-  plan; the default puts them side by side in one WGMMA): int8 planes with 8 rows staged
-  16, and the rnn head's split update."""
-  if head_type == "int8p":
-    head = quantize_w2(_head(1000, 128), "int8", state="planes")
-  else:
-    head = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
-                                        head_type="rnn"), seed=3)
-  base, first, hidden = random_inputs(head.config, 8, 3, jax.random.key(21))
-  mode = validation.make_sampling(0.0, None, 8)
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
-                        warpgroups=1, serial_update="split" if head_type == "rnn" else "auto")
-  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, True), config, H200_FACTS)
-  assert spec.plan.pair_on_n
-  spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
-                                                            pair_in_one_wgmma=False))
-  out = mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, hidden, mode))
-  ref = wts_jax.walk(head, base, first, hidden, impl="xla")
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-
-
 def _mosaic_launches(text: str) -> int:
   """How many Mosaic GPU kernels a lowered walk launches (its custom calls; the name
   appears in other places of the text too)."""
   return len(re.findall(r"custom_call @mosaic_gpu\w*\(", text))
 
 
-def _measurement_options_on(monkeypatch):
-  """Every batched plan with the copy options that are off in the planner's plans on:
-  the z rows gathered by four warps, a producer's copies by one warp, the candidates'
-  W1 rows prefetched into L2, two streamed chunks a warpgroup kept there and the base
-  tiles prefetched into it three ahead (inline PTX: compiled out in interpret mode), int8
-  planes' s_lo by scalar loads."""
-  planned = mosaic_backend.plan_batched
+def _warp_gather_on(monkeypatch):
+  """Every batched plan with the z rows gathered by four warps (the planner's choice for
+  int8 planes on M only)."""
+  planned = mosaic_batched_backend.plan_batched
 
   def with_options(**kwargs):
-    plan = planned(**{**kwargs,
-                      "plane_scales": "scalar" if kwargs.get("int8_state") else "window"})
-    return dataclasses.replace(plan, warp_gather=True, warp_producer=plan.producer,
-                               prefetch_candidates=True,
-                               l2_keep_chunks=min(2, plan.streamed_chunks),
-                               base_l2_ahead=3)
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_options)
+    return dataclasses.replace(planned(**kwargs), warp_gather=True)
+  monkeypatch.setattr(mosaic_batched_backend, "plan_batched", with_options)
 
 
 # Two computing warpgroups and a producer on N (int8 planes, B not a multiple of 8,
@@ -202,21 +155,12 @@ WARP_COPY_CASES = [(1000, 128, 13, 3, "none", 0.7, "n", 2, True, True),
 def test_warp_level_copies_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
                                             residency, temperature, axis, warpgroups,
                                             producer, int8):
-  _measurement_options_on(monkeypatch)
+  _warp_gather_on(monkeypatch)
   head = _head(vocab, rank, confidence=not int8)
   if int8:
     head = quantize_w2(head, "int8", state="planes")
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=23, batch_axis=axis,
                       warpgroups=warpgroups, producer=producer)
-
-
-def _plane_scales(monkeypatch, where):
-  planned = mosaic_backend.plan_batched
-
-  def with_option(**kwargs):
-    return planned(**{**kwargs,
-                      "plane_scales": where if kwargs.get("int8_state") else "window"})
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
 
 
 # int8 planes: on N with two warpgroups and a producer (sampled, B not a multiple of 8),
@@ -229,76 +173,13 @@ SCALAR_SCALE_CASES = [(1000, 128, 13, 3, "none", 0.7, "n", 2, True),
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,axis,warpgroups,"
                          "producer", SCALAR_SCALE_CASES)
-@pytest.mark.parametrize("where", ["window", "scalar", "threads"])
-def test_row_plane_scales_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps,
-                                           residency, temperature, axis, warpgroups,
-                                           producer, where):
-  """Each row's s_lo from a copied window of scales (the planner's default before
-  "threads"), by scalar loads, or by a thread a row (whose PTX interpret mode replaces
-  with the scalar loads): the reference's tokens."""
-  _plane_scales(monkeypatch, where)
+def test_row_plane_scales_tokens_equal_xla(vocab, rank, batch, steps, residency,
+                                           temperature, axis, warpgroups, producer):
+  """Each row's s_lo by a thread a row (whose PTX interpret mode replaces with scalar
+  loads): the reference's tokens."""
   head = quantize_w2(_head(vocab, rank), "int8", state="planes")
   _assert_matches_xla(head, batch, steps, residency, temperature, seed=29, batch_axis=axis,
                       warpgroups=warpgroups, producer=producer)
-
-
-def test_row_plane_scales_free_the_scale_windows():
-  """Without the [64, window + 8] f32 scale windows a block holds more W2: int8 planes
-  at B 16 on N with one warpgroup, two more resident chunks (10 of 18)."""
-  plan = mosaic_batched_plan.plan_batched
-  args = dict(vocab_size=151936, rank=256, batch=16, num_sms=132, smem_per_block=H200_SMEM,
-              batch_axis="n", w2_itemsize=1, int8_state=True)
-  windows = plan(**args)
-  for where in ("scalar", "threads"):
-    rows_own = plan(**args, plane_scales=where)
-    assert rows_own.plane_scales == where
-    assert (windows.resident_chunks, rows_own.resident_chunks) == (8, 10)
-    with pytest.raises(ValueError, match="the int8 planes' option"):
-      plan(**{**args, "w2_itemsize": 2, "int8_state": False}, plane_scales=where)
-  with pytest.raises(ValueError, match="plane_scales='rows'"):
-    plan(**args, plane_scales="rows")
-
-
-# int8 planes on M with z loaded into each warpgroup's registers: two warpgroups with a
-# producer (greedy, rows past the batch), two sampled with their own refills, one past 64
-# rows; r = 64 and 128.
-Z_REGISTERS_CASES = [(1000, 128, 13, 3, "none", 0.0, 2, True),
-                     (776, 64, 20, 3, 64, 0.7, 2, False),
-                     (520, 64, 70, 2, "auto", 0.0, 1, False)]
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature,warpgroups,producer",
-                         Z_REGISTERS_CASES)
-def test_z_registers_tokens_equal_xla(monkeypatch, vocab, rank, batch, steps, residency,
-                                      temperature, warpgroups, producer):
-  """``BatchedPlan.z_registers``: the reference's tokens. Interpreted, the rows come by
-  Pallas loads and the WGMMA reads them from a tile (interpret mode runs no inline
-  Mosaic code and no WGMMA from registers): this checks the plan, the tokens' and
-  s_lo's hand-over and the gather's rows, not the register fragments (the GPU tests
-  and ``tools/registers_operand_probe.py`` do)."""
-  planner_option(monkeypatch, z_registers=True)
-  head = quantize_w2(_head(vocab, rank), "int8", state="planes")
-  _assert_matches_xla(head, batch, steps, residency, temperature, seed=37, batch_axis="m",
-                      warpgroups=warpgroups, producer=producer)
-
-
-def test_z_registers_free_the_staging():
-  """Without z's staging and tiles (65 KB at 64 rows) a block holds more W2: int8 planes
-  at B 64 on M, two warpgroups, 2 resident chunks a warpgroup beside a 4-slot ring
-  instead of none; and only int8 planes on M with per-row s_lo take the option."""
-  plan = mosaic_batched_plan.plan_batched
-  args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
-              batch_axis="m", w2_itemsize=1, int8_state=True, warpgroups=2, producer=True,
-              plane_scales="threads", base_stages=1, ring_preference=4)
-  staged, loaded = plan(**args), plan(**args, z_registers=True)
-  assert (staged.resident_chunks, staged.ring_stages) == (0, 4)
-  assert (loaded.resident_chunks, loaded.ring_stages) == (2, 4) and loaded.z_registers
-  assert "registers" in loaded.describe()
-  for wrong in (dict(batch_axis="n", batch=16), dict(plane_scales="window"),
-                dict(w2_itemsize=2, int8_state=False, plane_scales="window")):
-    with pytest.raises(ValueError, match="z_registers"):
-      plan(**{**args, **wrong}, z_registers=True)
 
 
 @NEEDS_INTERPRETER
@@ -311,8 +192,8 @@ def test_vocabulary_tail_base_tile(axis):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
   head = wts_jax.make_head(HeadConfig(vocab_size=712, rank=64, hidden_size=64), seed=1)
   base, first, hidden = random_inputs(head.config, 9, 1, jax.random.key(2))
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis,
-                        warpgroups=1)
+  config = MosaicBatchedConfig(interpret=True, residency="none", batch_axis=axis,
+                               warpgroups=1)
   walk = jax.jit(lambda b: wts_jax.walk(head, b, first, hidden, impl="mosaic",
                                         config=config).tokens)
   for column in (650, 704, 711):
@@ -326,33 +207,23 @@ def test_int8_planes_at_rank_64_lower_for_cuda(temperature):
   did not (no conflict-free copy for the z staging)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
-  text = lower_walk("vanilla", 8, 4, quantize="int8p", rank=64, temperature=temperature,
-                    config=WalkConfig(num_programs=132))
+  text = lower_walk("vanilla", 8, 4, quantize="int8p", rank=64, temperature=temperature)
   assert "mosaic_gpu" in text
 
 
 @pytest.mark.parametrize("batch,axis,quantize", [(16, "n", "int8p"), (64, "m", None)])
 def test_warp_level_copies_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, axis,
                                                              quantize):
-  """The warp-level copies, the candidates' prefetch and the streamed chunks' L2
-  priorities lower at the real shape (two computing warpgroups and a producer)."""
+  """The warp-level copies lower at the real shape (two computing warpgroups and a
+  producer)."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  _measurement_options_on(monkeypatch)
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=2, mosaic_producer=True)
+  _warp_gather_on(monkeypatch)
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis, warpgroups=2, producer=True)
   text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
   assert "mosaic_gpu" in text
-  if jax.__version_info__ >= (0, 11):   # (jax 0.10 serializes the kernel's module)
-    assert "cp.async.bulk.prefetch.L2.global [" in text
-    for ptx in ("createpolicy.fractional.L2::evict_last",
-                "createpolicy.fractional.L2::evict_first",
-                "cp.async.bulk.prefetch.L2.global.L2::cache_hint",
-                "applypriority.global.L2::evict_normal",
-                "cp.async.bulk.prefetch.tensor"):   # (the base tiles' own boxes)
-      assert ptx in text, ptx
 
 
 # A producer warpgroup issuing the refills: beside two computing warpgroups on N
@@ -389,7 +260,7 @@ PLANES_CASES = [(1000, 128, 16, 4, "none", 0.7), (776, 64, 70, 3, 64, 1.0),
 def test_int8_planes_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature,
                                       batch_axis):
   head = quantize_w2(_head(vocab, rank), "int8", state="planes")
-  if batch_axis == "n" and rank < mosaic_batched_plan.PLANES_ON_N_MIN_RANK:
+  if batch_axis == "n" and rank < batched_plan.PLANES_ON_N_MIN_RANK:
     with pytest.raises(ValueError, match=f"rank={rank}"):
       _assert_matches_xla(head, batch, steps, residency, temperature, seed=5,
                           batch_axis=batch_axis)
@@ -487,7 +358,7 @@ def test_int8_w2_widened_tokens_equal_xla(head_type, vocab, rank, batch, steps, 
   head = quantize_w2(wts_jax.make_head(config, seed=vocab + rank + 7), "int8")
   choice = backend.choose(head, backend.WalkShapes.of(
       jnp.zeros((batch, steps, vocab), jnp.bfloat16), not temperature), "mosaic",
-      MosaicConfig(interpret=True, kernel="batched", batch_axis=axis), require_gpu=False)
+      MosaicBatchedConfig(interpret=True, batch_axis=axis), require_gpu=False)
   plan = choice.plan.plan
   assert plan.w2_row_scale and plan.w2_itemsize == 2
   assert "row scales in the epilogue" in plan.describe()
@@ -498,24 +369,26 @@ def test_int8_w2_widened_tokens_equal_xla(head_type, vocab, rank, batch, steps, 
 
 def test_int8_w2_widened_is_what_auto_runs():
   """An int8 W2 of the gated and rnn heads (z not as planes) goes to the batched kernel
-  widened to bf16 under kernel="auto" too, and the backends' fallback preference takes
+  widened to bf16 under impl="mosaic" too, and the backends' fallback preference takes
   it up to 64 rows, as the H200 table does at the Qwen3 shape (measured faster than the
-  Triton kernel at every B, NOTES v20; the table's own entries: test_walk_backends)."""
+  Triton kernel at every B; the table's own entries: test_walk_backends)."""
   for head_type in ("gated", "rnn"):
     config = HeadConfig(vocab_size=1000, rank=64, hidden_size=64, head_type=head_type)
     head = quantize_w2(wts_jax.make_head(config, seed=3), "int8")
     shapes = backend.WalkShapes.of(jnp.zeros((8, 3, 1000), jnp.bfloat16), True)
-    spec = mosaic_backend.plan(head, shapes, MosaicConfig(interpret=True, num_blocks=1),
-                               H200_FACTS)
+    spec = mosaic_batched_backend.plan(head, shapes,
+                                       MosaicBatchedConfig(interpret=True, num_blocks=1),
+                                       H200_FACTS)
     assert spec.plan.w2_row_scale and spec.plan.scaled
     assert spec.plan.w2_widening == "xla"   # (interpret mode: "registers" is the GPU's)
     one_row = backend.WalkShapes.of(jnp.zeros((1, 3, 1000), jnp.bfloat16), True)
-    assert mosaic_backend.uses_batched_kernel(head, one_row, MosaicConfig(interpret=True))
+    assert preference.mosaic_order(head, one_row)[0] == "mosaic_batched"
     for batch in (1, 4, 16, 64):   # (V = 1000: the planners' preference, as the table's)
       for greedy in (True, False):
         walk_shapes = backend.WalkShapes.of(jnp.zeros((batch, 3, 1000), jnp.bfloat16),
                                             greedy)
-        assert backend.preference(head, walk_shapes, "NVIDIA H200")[0] == "mosaic"
+        assert preference.preference(head, walk_shapes, "NVIDIA H200")[0][0] == (
+            "mosaic_batched")
 
 
 # The int8 W2 streamed as int8 and widened in the kernel (through the warpgroup's bf16
@@ -544,9 +417,9 @@ def test_int8_w2_widened_in_the_kernel_tokens_equal_xla(head_type, vocab, rank, 
   head = quantize_w2(wts_jax.make_head(config, seed=vocab + rank + 9), "int8")
   plan = backend.choose(head, backend.WalkShapes.of(
       jnp.zeros((batch, steps, vocab), jnp.bfloat16), not temperature), "mosaic",
-      MosaicConfig(interpret=True, kernel="batched", num_blocks=1, w2_widening="smem",
-                   warpgroups=warpgroups, residency=residency, serial_update=update,
-                   batch_axis=axis), require_gpu=False).plan.plan
+      MosaicBatchedConfig(interpret=True, num_blocks=1, w2_widening="smem",
+                          warpgroups=warpgroups, residency=residency, serial_update=update,
+                          batch_axis=axis), require_gpu=False).plan.plan
   assert (plan.w2_widening, plan.w2_itemsize, plan.batch_axis) == ("smem", 1, axis)
   assert "widened in the kernel, through smem" in plan.describe()
   for seed in (17, 18):
@@ -560,13 +433,13 @@ def test_int8_w2_widened_in_the_kernel_plans_and_refusals(n_lowers, monkeypatch)
   way counts its bf16 tiles; the batch must be on N, the gated head's gate split, and the
   registers way runs on the GPU only. (Planning only: whether jax lowers the batch on N
   is set here, so both cases run on either jax.)"""
-  monkeypatch.setattr(mosaic_backend, "BATCH_ON_N_LOWERS", n_lowers)
+  monkeypatch.setattr(mosaic_batched_backend, "BATCH_ON_N_LOWERS", n_lowers)
   head = jax.eval_shape(lambda: quantize_w2(wts_jax.make_head(HeadConfig.qwen3_4b("gated")),
                                             "int8"))
   shapes = backend.WalkShapes(batch=16, steps=7)
   def plan(**options):
-    return mosaic_backend.plan(head, shapes, MosaicConfig(kernel="batched", **options),
-                               H200_FACTS)
+    return mosaic_batched_backend.plan(head, shapes, MosaicBatchedConfig(**options),
+                                       H200_FACTS)
   if not n_lowers:
     assert "needs the batch on N (the chunk is the WGMMA's A operand) and jax >= 0.11" in (
         plan(w2_widening="registers").reason)
@@ -580,18 +453,19 @@ def test_int8_w2_widened_in_the_kernel_plans_and_refusals(n_lowers, monkeypatch)
   assert "needs the batch on N" in plan(w2_widening="registers", batch_axis="m").reason
   assert plan(w2_widening="smem", batch_axis="m").plan.batch_axis == "m"
   assert "gate split" in plan(w2_widening="smem", serial_update="redundant").reason
-  interpreted = mosaic_backend.plan(head, shapes, MosaicConfig(
-      kernel="batched", interpret=True, num_blocks=1, w2_widening="registers"), H200_FACTS)
+  interpreted = mosaic_batched_backend.plan(
+      head, shapes, MosaicBatchedConfig(interpret=True, num_blocks=1,
+                                        w2_widening="registers"), H200_FACTS)
   assert "runs on the GPU only" in interpreted.reason
   # A bf16 W2 has nothing to widen: the option does not change its plan.
   bf16 = jax.eval_shape(lambda: wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
-  assert (mosaic_backend.plan(bf16, shapes, MosaicConfig(kernel="batched",
-                                                          w2_widening="registers"),
-                              H200_FACTS).plan
-          == mosaic_backend.plan(bf16, shapes, MosaicConfig(kernel="batched"),
-                                 H200_FACTS).plan)
+  assert (mosaic_batched_backend.plan(bf16, shapes,
+                                     MosaicBatchedConfig(w2_widening="registers"),
+                                     H200_FACTS).plan
+          == mosaic_batched_backend.plan(bf16, shapes, MosaicBatchedConfig(),
+                                         H200_FACTS).plan)
   with pytest.raises(ValueError, match="w2_widening='vram' must be one of"):
-    MosaicConfig(w2_widening="vram")
+    MosaicBatchedConfig(w2_widening="vram")
 
 
 @pytest.mark.parametrize("lowers", [True, False], ids=["jax-0.11", "jax-0.10"])
@@ -600,12 +474,13 @@ def test_int8_w2_auto_widening_follows_the_measurement(lowers, monkeypatch):
   batch on N; two warpgroups but for the rnn head; the rnn head's sampled walk to 4
   rows), a bf16 copy past them, with the batch on M, with the gate computed by every
   block and on jax 0.10 (NOTES v21). Whether jax lowers the batch on N is set here."""
-  monkeypatch.setattr(mosaic_backend, "BATCH_ON_N_LOWERS", lowers)
+  monkeypatch.setattr(mosaic_batched_backend, "BATCH_ON_N_LOWERS", lowers)
   def plan(head_type, batch, greedy=True, **options):
     head = jax.eval_shape(lambda: quantize_w2(
         wts_jax.make_head(HeadConfig.qwen3_4b(head_type)), "int8"))
-    return mosaic_backend.plan(head, backend.WalkShapes(batch=batch, steps=7, greedy=greedy),
-                               MosaicConfig(kernel="batched", **options), H200_FACTS)
+    return mosaic_batched_backend.plan(
+        head, backend.WalkShapes(batch=batch, steps=7, greedy=greedy),
+        MosaicBatchedConfig(**options), H200_FACTS)
   for head_type in ("vanilla", "gated", "rnn"):
     for batch in (1, 5, 16):
       chosen = plan(head_type, batch).plan
@@ -634,9 +509,9 @@ def test_int8_w2_auto_widening_follows_the_measurement(lowers, monkeypatch):
   vanilla = jax.eval_shape(lambda: quantize_w2(
       wts_jax.make_head(HeadConfig.qwen3_4b("vanilla")), "int8"))
   for greedy in (True, False):
-    assert mosaic_backend.uses_batched_kernel(
-        vanilla, backend.WalkShapes(batch=1, steps=7, greedy=greedy),
-        MosaicConfig()) == (lowers and greedy)
+    first = preference.mosaic_order(vanilla, backend.WalkShapes(batch=1, steps=7,
+                                                                greedy=greedy))[0]
+    assert (first == "mosaic_batched") == (lowers and greedy)
   for batch in (1, 16, 17, 64):
     expected = "registers" if batch <= AUTO_WIDEN_IN_REGISTERS_MAX else "xla"
     assert auto_w2_widening(batch, batch_axis=None, gate_split=True,
@@ -660,7 +535,7 @@ def test_int8_w2_widened_in_the_kernel_lowers_for_cuda_at_the_qwen3_shape(
   if jax.__version_info__ < (0, 11) and (widening == "registers" or batch <= 32):
     pytest.skip("the batch on N (registers, or the planner's axis to 32 rows) lowers on "
                 "jax >= 0.11")
-  config = MosaicConfig(num_blocks=132, kernel="batched", w2_widening=widening)
+  config = MosaicBatchedConfig(num_blocks=132, w2_widening=widening)
   text = lower_walk(head_type, batch, 7, temperature=temperature, quantize="int8",
                     config=config)
   assert "mosaic_gpu" in text
@@ -676,9 +551,8 @@ def test_int8_w2_widened_lowers_for_cuda_at_the_qwen3_shape(head_type, batch, te
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis,
-                      serial_update="auto" if head_type == "vanilla" else "split")
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis,
+                               serial_update="auto" if head_type == "vanilla" else "split")
   text = lower_walk(head_type, batch, 7, temperature=temperature, quantize="int8",
                     config=config)
   assert "mosaic_gpu" in text
@@ -694,8 +568,8 @@ def test_gated_z_lo_half_decides_a_near_tie(axis, update):
   head = _gated_head(1000, 128)
   base, first, hidden = random_inputs(head.config, 8, 2, jax.random.key(21))
   base, expected = tie_broken_by_lo(head, base, first, hidden)
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis,
-                        serial_update=update)
+  config = MosaicBatchedConfig(interpret=True, residency="none", batch_axis=axis,
+                               serial_update=update)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla")
   np.testing.assert_array_equal(np.asarray(ref.tokens)[:, 0], expected)
@@ -709,7 +583,7 @@ def test_mixed_temperatures_per_row():
   base, first, hidden = random_inputs(head.config, 12, 3, jax.random.key(4))
   temperature = np.where(np.arange(12) % 3 == 0, 0.0, 0.9).astype(np.float32)
   key = jax.random.key(8)
-  config = MosaicConfig(interpret=True, kernel="batched")
+  config = MosaicBatchedConfig(interpret=True)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla", temperature=temperature,
@@ -720,7 +594,7 @@ def test_mixed_temperatures_per_row():
 def test_gated_plan_keeps_a_ring():
   """The gated head's G_e streams through the W2 ring: a ring even where every W2 chunk
   would fit, and 64 staged rows (its gate is a WGMMA with the batch on M) on either axis."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   small = plan(vocab_size=4096, rank=64, batch=16, num_sms=132, smem_per_block=H200_SMEM,
                gated=True)
   assert small.ring_stages >= 1 and small.gate_chunks == 1
@@ -734,53 +608,51 @@ def test_gated_plan_keeps_a_ring():
   split = plan(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM,
                gated=True, gate_split=True)
   assert (split.update_units, split.gate_chunks) == (8, 0) and split.smem_bytes <= H200_SMEM
-  assert [mosaic_batched_plan.split_update_units(rank, blocks) for rank, blocks in
+  assert [batched_plan.split_update_units(rank, blocks) for rank, blocks in
           [(256, 132), (64, 4), (128, 1), (192, 5), (64, 132)]] == [8, 16, 128, 48, 8]
   with pytest.raises(ValueError, match="gate_split is the gated head's"):
     dataclasses.replace(split, gated=False)
 
 
 def test_plan_at_the_qwen3_shape():
-  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=64,
-                                          num_sms=132, smem_per_block=H200_SMEM)
+  plan = batched_plan.plan_batched(vocab_size=151936, rank=256, batch=64,
+                                   num_sms=132, smem_per_block=H200_SMEM)
   assert (plan.chunks, plan.resident_chunks, plan.ring_stages, plan.base_stages) == (
       18, 2, 2, 3)
   assert plan.smem_bytes <= H200_SMEM and plan.batch_rows == 64
-  assert mosaic_batched_plan.plan_batched(
+  assert batched_plan.plan_batched(
       vocab_size=151936, rank=256, batch=5, num_sms=132,
       smem_per_block=H200_SMEM).batch_rows == 8
   # All resident when it fits (a small vocabulary), whatever the ring default.
-  small = mosaic_batched_plan.plan_batched(vocab_size=4096, rank=64, batch=16, num_sms=132,
-                                           smem_per_block=H200_SMEM)
+  small = batched_plan.plan_batched(vocab_size=4096, rank=64, batch=16, num_sms=132,
+                                    smem_per_block=H200_SMEM)
   assert (small.resident_chunks, small.ring_stages) == (small.chunks, 0)
 
 
 def test_planner_choices():
   """Staged rows of z on N (whole swizzle tiles a warp moves), the producer opt-in and
   exclusive of the deferred release, and a base ring of any size."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
-  assert [mosaic_batched_plan.staged_rows_on_n(rows, rank, size) for rows, rank, size in
+  assert [batched_plan.staged_rows_on_n(rows, rank, size) for rows, rank, size in
           [(8, 256, 2), (16, 256, 1), (8, 256, 1), (8, 64, 2), (40, 128, 2), (64, 64, 1)]
           ] == [8, 16, 16, 32, 48, 64]
   on_n = plan(batch=16, batch_axis="n", **args)
-  assert on_n.staged_rows == 16 and not on_n.deferred_release and not on_n.producer
+  assert on_n.staged_rows == 16 and not on_n.producer
   assert plan(batch=16, batch_axis="m", **args).staged_rows == 64
   # Staging 16 rows, not 64, leaves room for two more resident bf16 chunks.
   assert on_n.resident_chunks == plan(batch=16, batch_axis="m", **args).resident_chunks + 2
   with_producer = plan(batch=16, batch_axis="n", warpgroups=2, producer=True,
                        w2_itemsize=1, int8_state=True, **args)
-  assert with_producer.producer and not with_producer.deferred_release
+  assert with_producer.producer
   assert plan(batch=16, base_stages=4, **args).base_stages == 4   # 4 does not divide 18
-  with pytest.raises(ValueError, match="deferred_release does not apply"):
-    dataclasses.replace(with_producer, deferred_release=True)
 
 
 def test_ring_preference_and_stated_residency():
   """``ring_preference`` deepens the ring before any chunk stays resident (never past
   the W2 slots or the streamed chunks); stated resident chunks keep their slots and the
   ring takes what is left, one slot at least; a preference below one is refused."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132, smem_per_block=H200_SMEM)
   default = plan(**args)
   deep = plan(**args, ring_preference=4)
@@ -796,7 +668,7 @@ def test_ring_preference_and_stated_residency():
 def test_pair_on_n_where_both_halves_fit_one_tile():
   """z's two halves share one WGMMA with the batch on N: the int8 planes at any batch,
   a split update's hi + lo pair while both halves' rows fit 64; never on M."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   int8 = dict(w2_itemsize=1, int8_state=True)
   planes_b8 = plan(batch=8, batch_axis="n", **int8, **args)
@@ -808,7 +680,6 @@ def test_pair_on_n_where_both_halves_fit_one_tile():
   assert not plan(batch=40, batch_axis="n", recurrent=True, **args).pair_on_n
   assert not plan(batch=16, batch_axis="n", gated=True, **args).pair_on_n   # redundant gate
   assert not plan(batch=16, batch_axis="n", **args).pair_on_n   # a bf16 z: one half
-  assert not dataclasses.replace(planes_b8, pair_in_one_wgmma=False).pair_on_n
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -828,7 +699,7 @@ def test_plan_refusals(kwargs, match):
   args = dict(vocab_size=151936, rank=256, batch=64, num_sms=132,
               smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match=match):
-    mosaic_batched_plan.plan_batched(**{**args, **kwargs})
+    batched_plan.plan_batched(**{**args, **kwargs})
 
 
 def test_backend_routes_and_refuses():
@@ -837,27 +708,26 @@ def test_backend_routes_and_refuses():
   # Past 4 rows "auto" takes the batched kernel; "rows" refuses with the reason.
   with pytest.raises(ValueError, match="row kernel runs up to 4 rows"):
     wts_jax.walk(head, base, first, impl="mosaic",
-                 config=MosaicConfig(interpret=True, kernel="rows"))
+                 config=MosaicRowConfig(interpret=True))
   rnn = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=64, hidden_size=64,
                                      head_type="rnn"), seed=0)
   rbase, rfirst, rhidden = random_inputs(rnn.config, 8, 3, jax.random.key(0))
   # The rnn head: the batched kernel only ("auto" from one row), its update split.
   with pytest.raises(ValueError, match="row kernel runs the vanilla and gated heads"):
     wts_jax.walk(rnn, rbase[:1], rfirst[:1], rhidden[:1], impl="mosaic",
-                 config=MosaicConfig(interpret=True, kernel="rows"))
+                 config=MosaicRowConfig(interpret=True))
   with pytest.raises(ValueError, match="rnn head with its update split over the blocks"):
     wts_jax.walk(rnn, rbase, rfirst, rhidden, impl="mosaic",
-                 config=MosaicConfig(interpret=True, kernel="batched",
-                                     serial_update="redundant"))
+                 config=MosaicBatchedConfig(interpret=True, serial_update="redundant"))
   gated = _gated_head(1000, 64)
   with pytest.raises(ValueError, match="needs a bf16 or int8 W2"):
     wts_jax.walk(quantize_w2(gated, "fp8"), rbase, rfirst, rhidden, impl="mosaic",
-                 config=MosaicConfig(interpret=True, kernel="batched"))
+                 config=MosaicBatchedConfig(interpret=True))
   with pytest.raises(ValueError, match="gated head runs without a producer"):
     wts_jax.walk(gated, rbase, rfirst, rhidden, impl="mosaic",
-                 config=MosaicConfig(interpret=True, kernel="batched", producer=True))
-  with pytest.raises(ValueError, match="kernel='wide' must be one of"):
-    MosaicConfig(kernel="wide")
+                 config=MosaicBatchedConfig(interpret=True, producer=True))
+  with pytest.raises(ValueError, match="impl='mosaic_wide' must be one of"):
+    wts_jax.walk(head, base, first, impl="mosaic_wide")
 
 
 @pytest.mark.parametrize("batch,temperature,axis,warpgroups", [
@@ -868,8 +738,7 @@ def test_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warpgroups
   (B = 96: two launches), with the batch on the WGMMA's M or N, one or two warpgroups."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis, warpgroups=warpgroups)
   if axis == "n" and jax.__version_info__ < (0, 11):
     with pytest.raises(ValueError, match="batch_axis='n' needs jax >= 0.11"):
       lower_walk("vanilla", batch, 7, temperature=temperature, config=config)
@@ -885,8 +754,7 @@ def test_int8_planes_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis
                                                         warpgroups):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis, warpgroups=warpgroups)
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11 (refused on 0.10: tested above)")
   text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize="int8p",
@@ -905,7 +773,7 @@ def test_base_logits_not_padded_on_n(quantize):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
 
   def base_pads(axis):
-    config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis=axis)
+    config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis)
     text = lower_walk("vanilla", 5, 7, quantize=quantize, config=config)
     assert "mosaic_gpu" in text
     return [line for line in text.splitlines()
@@ -928,9 +796,8 @@ def test_gated_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, warp
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups,
-                      serial_update="split" if update == "rnn" else update)
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis, warpgroups=warpgroups,
+                               serial_update="split" if update == "rnn" else update)
   text = lower_walk("rnn" if update == "rnn" else "gated", batch, 7,
                     temperature=temperature, config=config)
   assert _mosaic_launches(text) == -(-batch // 64)
@@ -945,8 +812,8 @@ def test_split_update_lowers_at_the_smaller_ranks(head_type, rank, batch, temper
   own units) lowers too, on the planner's axis."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
-  config = WalkConfig(num_programs=132, backend="mosaic",
-                      mosaic_batch_axis=None if jax.__version_info__ >= (0, 11) else "m")
+  config = MosaicBatchedConfig(num_blocks=132,
+                               batch_axis=None if jax.__version_info__ >= (0, 11) else "m")
   text = lower_walk(head_type, batch, 7, temperature=temperature, config=config, rank=rank)
   assert "mosaic_gpu" in text
 
@@ -960,8 +827,7 @@ def test_producer_lowers_for_cuda_at_the_qwen3_shape(batch, temperature, axis, q
   from lower_for_gpu import lower_walk
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=2, mosaic_producer=True)
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis, warpgroups=2, producer=True)
   text = lower_walk("vanilla", batch, 7, temperature=temperature, quantize=quantize,
                     config=config)
   assert "mosaic_gpu" in text
@@ -980,13 +846,13 @@ def test_lowers_for_cuda_with_a_vocab_not_a_multiple_of_64(temperature):
   head = jax.eval_shape(lambda: wts_jax.make_head(config, seed=1))
   base = jax.ShapeDtypeStruct((5, 4, 712), jnp.bfloat16)
   first = jax.ShapeDtypeStruct((5,), jnp.int32)
-  spec = mosaic_backend.plan(
+  spec = mosaic_batched_backend.plan(
       head, backend.WalkShapes(batch=5, steps=4, greedy=temperature == 0.0),
-      MosaicConfig(kernel="batched", num_blocks=4, residency=64, ring_stages=2),
+      MosaicBatchedConfig(num_blocks=4, residency=64, ring_stages=2),
       H200_FACTS)
   mode = validation.make_sampling(temperature, jax.random.key(0) if temperature else None, 5)
   with cuda_target():
-    text = jax.jit(lambda h, b, f: mosaic_backend.launch(
+    text = jax.jit(lambda h, b, f: mosaic_batched_backend.launch(
         spec, backend.WalkOperands(h, b, f, None, mode))).trace(head, base, first).lower(
             lowering_platforms=("cuda",)).as_text()
   assert "red.relaxed.gpu.global.max.u64" in text
@@ -1003,16 +869,13 @@ def _head_of_type(head_type, vocab, rank):
   return quantize_w2(head, "int8", state="planes") if head_type == "int8p" else head
 
 
-def _overlap_options_on(monkeypatch, group=3, alternate=False):
-  """Plans with WGMMAs overlapping epilogues in groups of ``group`` chunks, and (with
-  ``alternate``, where a plan has two computing warpgroups) turns at the tensor cores."""
-  planned = mosaic_backend.plan_batched
+def _overlap_options_on(monkeypatch, group=3):
+  """Plans with WGMMAs overlapping epilogues in groups of ``group`` chunks."""
+  planned = mosaic_batched_backend.plan_batched
 
   def with_option(**kwargs):
-    plan = planned(**kwargs)
-    return dataclasses.replace(plan, overlap_chunks=group,
-                               alternate_wgmma=alternate and plan.warpgroups == 2)
-  monkeypatch.setattr(mosaic_backend, "plan_batched", with_option)
+    return dataclasses.replace(planned(**kwargs), overlap_chunks=group)
+  monkeypatch.setattr(mosaic_batched_backend, "plan_batched", with_option)
 
 
 # Each chunk's WGMMA issued before the previous chunk's epilogue, in groups (a
@@ -1052,61 +915,11 @@ def test_overlap_chunks_lower_for_cuda_at_the_qwen3_shape(monkeypatch, batch, ax
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
   _overlap_options_on(monkeypatch)
-  config = WalkConfig(num_programs=132, backend="mosaic", mosaic_kernel="batched",
-                      mosaic_batch_axis=axis, mosaic_warpgroups=warpgroups)
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis=axis, warpgroups=warpgroups)
   text = lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
   assert "mosaic_gpu" in text
   if jax.__version_info__ >= (0, 11):   # (jax 0.10 serializes the kernel's module)
     assert "wgmma.wait_group.sync.aligned 1" in text
-
-
-# Two computing warpgroups taking turns at the tensor cores (a measurement option, off
-# in the planner's plans): int8 planes on N beside a producer (sampled), bf16 on M past
-# 64 rows, the split gate on N; with and without overlapping chunks.
-ALTERNATE_CASES = [("int8p", 1000, 128, 13, 3, 0.7, "n", True, 0),
-                   ("vanilla", 776, 64, 70, 3, 0.0, "m", None, 3),
-                   ("gated", 1000, 128, 13, 3, 0.0, "n", None, 0)]
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,axis,producer,group",
-                         ALTERNATE_CASES)
-def test_alternate_wgmma_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch,
-                                          steps, temperature, axis, producer, group):
-  _overlap_options_on(monkeypatch, group, alternate=True)
-  _assert_matches_xla(_head_of_type(head_type, vocab, rank), batch, steps, "none", temperature, seed=37, batch_axis=axis,
-                      warpgroups=2, producer=producer,
-                      serial_update="split" if head_type == "gated" else "auto")
-
-
-def test_alternate_wgmma_needs_two_warpgroups():
-  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=16,
-                                          num_sms=132, smem_per_block=H200_SMEM,
-                                          batch_axis="n")
-  with pytest.raises(ValueError, match="alternate_wgmma needs two computing warpgroups"):
-    dataclasses.replace(plan, alternate_wgmma=True)
-
-
-def test_l2_keep_chunks_within_the_streamed_chunks():
-  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=16,
-                                          num_sms=132, smem_per_block=H200_SMEM,
-                                          batch_axis="n")
-  kept = dataclasses.replace(plan, l2_keep_chunks=plan.streamed_chunks)
-  assert f"{plan.streamed_chunks} streamed chunks a warpgroup kept in L2" in kept.describe()
-  for bad in (-1, plan.streamed_chunks + 1):
-    with pytest.raises(ValueError, match=f"l2_keep_chunks={bad} must be in"):
-      dataclasses.replace(plan, l2_keep_chunks=bad)
-
-
-def test_base_l2_ahead_within_its_bound():
-  plan = mosaic_batched_plan.plan_batched(vocab_size=151936, rank=256, batch=64,
-                                          num_sms=132, smem_per_block=H200_SMEM)
-  ahead = dataclasses.replace(plan, base_l2_ahead=mosaic_batched_plan.MAX_BASE_L2_AHEAD)
-  assert (f"base tiles prefetched to L2 {mosaic_batched_plan.MAX_BASE_L2_AHEAD} ahead"
-          in ahead.describe())
-  for bad in (-1, mosaic_batched_plan.MAX_BASE_L2_AHEAD + 1):
-    with pytest.raises(ValueError, match=f"base_l2_ahead={bad} must be in"):
-      dataclasses.replace(plan, base_l2_ahead=bad)
 
 
 @NEEDS_INTERPRETER
@@ -1118,8 +931,7 @@ def test_out_of_range_first_tokens_reported_by_the_kernel(axis, batch):
   head = _head(776, 64)
   base, first, _ = random_inputs(head.config, batch, 3, jax.random.key(41))
   first = first.at[2].set(-3).at[batch - 1].set(776 + 5)
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none",
-                        batch_axis=axis)
+  config = MosaicBatchedConfig(interpret=True, residency="none", batch_axis=axis)
   # (Under jit: concrete out-of-range ids are refused eagerly, traced ones flagged.)
   out = jax.jit(lambda f: wts_jax.walk(head, base, f, impl="mosaic", config=config))(first)
   ref = jax.jit(lambda f: wts_jax.walk(head, base, f, impl="xla"))(first)
@@ -1152,9 +964,9 @@ def test_merge_tiles_report_warpgroup_ones_nan():
   hands its bests over unreduced (its NaN tile joins the leader's reduction)."""
   head = _head(776, 64)
   base, first, _ = random_inputs(head.config, 8, 2, jax.random.key(47))
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="n",
-                        warpgroups=2, merge_tiles=True)
-  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, True), config, H200_FACTS)
+  config = MosaicBatchedConfig(interpret=True, residency="none", batch_axis="n",
+                               warpgroups=2, merge_tiles=True)
+  spec = mosaic_batched_backend.plan(head, backend.WalkShapes.of(base, True), config, H200_FACTS)
   assert spec.plan.merge_tiles
   walk = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config))
   for column in (5, 770):   # a chunk of each warpgroup (chunks split into halves or turns)
@@ -1170,7 +982,7 @@ def test_nan_on_m_reported(temperature):
   the batch (their scale 0, their base padded) never do."""
   head = _head(776, 64)
   base, first, _ = random_inputs(head.config, 5, 2, jax.random.key(53))
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis="m")
+  config = MosaicBatchedConfig(interpret=True, residency="none", batch_axis="m")
   key = jax.random.key(54) if temperature else None
   walk = jax.jit(lambda b: wts_jax.walk(head, b, first, impl="mosaic", config=config,
                                         temperature=temperature, key=key))
@@ -1183,19 +995,26 @@ def test_nan_on_m_reported(temperature):
 def test_merge_tiles_plan_counts_its_tiles():
   """The three [64, rows] tiles come out of the W2 slots' shared memory; the option
   needs two computing warpgroups with the batch on N."""
-  plan = mosaic_batched_plan.plan_batched
+  plan = batched_plan.plan_batched
   args = dict(vocab_size=151936, rank=256, batch=32, num_sms=132, smem_per_block=H200_SMEM,
               batch_axis="n", w2_itemsize=1, int8_state=True, warpgroups=2)
   without, with_tiles = plan(**args), plan(**args, merge_tiles=True)
   assert with_tiles.merge_tiles and not without.merge_tiles
-  fixed = functools.partial(mosaic_batched_plan.fixed_bytes, chunks=18, rank=256,
+  fixed = functools.partial(batched_plan.fixed_bytes, chunks=18, rank=256,
                             base_stages=3, base_itemsize=2, scaled=True, int8_state=True,
                             batch_axis="n", base_rows=32, warpgroups=2, staged_rows=32)
   assert fixed(merge_tile_rows=32) - fixed() == 3 * 64 * 32 * 4
-  # 24 KB more of fixed shared memory: one 16 KB W2 slot fewer a warpgroup.
+  # 24 KB more of fixed shared memory: at the H200's budget it fits beside the same slots;
+  # where it does not, one 16 KB W2 slot fewer a warpgroup.
+  tiles = 3 * 64 * 32 * 4
+  assert (with_tiles.resident_chunks, with_tiles.ring_stages) == (
+      without.resident_chunks, without.ring_stages)
+  assert with_tiles.smem_bytes == without.smem_bytes + tiles <= H200_SMEM
+  tight = {**args, "smem_per_block": without.smem_bytes + tiles - 1}
+  without, with_tiles = plan(**tight), plan(**tight, merge_tiles=True)
   assert (with_tiles.resident_chunks, without.resident_chunks) == (
       without.resident_chunks - 1, without.resident_chunks)
-  assert with_tiles.smem_bytes <= H200_SMEM
+  assert with_tiles.smem_bytes <= tight["smem_per_block"]
   with pytest.raises(ValueError, match="merge_tiles needs two computing warpgroups"):
     plan(**{**args, "warpgroups": 1}, merge_tiles=True)
 
@@ -1206,8 +1025,8 @@ def test_merge_tiles_lower_for_cuda_at_the_qwen3_shape(batch, quantize):
   from lower_for_gpu import lower_walk
   if jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis="n", warpgroups=2,
-                        producer=quantize == "int8p", merge_tiles=True)
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis="n", warpgroups=2,
+                               producer=quantize == "int8p", merge_tiles=True)
   assert "mosaic_gpu" in lower_walk("vanilla", batch, 7, quantize=quantize, config=config)
 
 
@@ -1229,8 +1048,6 @@ def test_profile_tool_reserves_what_the_compiled_kernel_exceeds(monkeypatch):
   assert variant.profile_space == 600 and variant.ring_refill == "before_epilogue"
   assert profile_batched.parse_variant("rnn:64:sample:a+x+e").ring_refill == "after_epilogue"
   assert profile_batched.parse_variant("rnn:64:sample:a+x").ring_refill is None
-  assert profile_batched.parse_variant("rnnT:4:greedy:a+B").gather_batch_only is False
-  assert profile_batched.parse_variant("rnnT:4:greedy:a").gather_batch_only is None
   assert profile_batched.build_with_profile_space(variant, None, "dir") == "built"
   assert reserves[0] == 600 * 2 * 4 * 3 + 1024
   assert reserves[1] - reserves[0] == 260536 - 232448 + 1024
@@ -1314,8 +1131,6 @@ def test_profile_tool_variants_name_what_they_set():
                                                              None, False)
   assert profile_batched.parse_variant("bf16:5:greedy:a").batch_axis is None
   assert profile_batched.parse_variant("bf16:5:greedy:a+F").first_op
-  assert profile_batched.parse_variant("bf16:64:greedy:a+f4").plan_options == {
-      "base_l2_ahead": 4}
   autos = profile_batched.expand_variants("auto:int8p,bf16:4:greedy:N")
   assert len(autos) == 2 * len(profile_batched.AUTO_BATCHES) + 1
   assert all(profile_batched.parse_variant(v).batch_axis is None for v in autos[:-1])
@@ -1381,8 +1196,8 @@ def test_status_in_the_kernel_keeps_tokens_and_reports(warpgroups, axis, tempera
   key = jax.random.key(13) if temperature else None
 
   def walk(base, first, status):
-    config = MosaicConfig(interpret=True, kernel="batched", residency="none",
-                          batch_axis=axis, warpgroups=warpgroups, status=status)
+    config = MosaicBatchedConfig(interpret=True, residency="none", batch_axis=axis,
+                                 warpgroups=warpgroups, status=status)
     return wts_jax.walk(head, base, first, None, impl="mosaic", config=config,
                         temperature=temperature, key=key)
   flags, kernel = walk(base, first, "flags"), walk(base, first, "kernel")
@@ -1407,9 +1222,9 @@ def test_status_in_the_kernel_lowers_for_cuda(head_type, batch, temperature, axi
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   texts = {status: lower_walk(head_type, batch, 7, temperature=temperature,
-                              config=MosaicConfig(num_blocks=132, kernel="batched",
-                                                  batch_axis=axis, warpgroups=warpgroups,
-                                                  status=status))
+                              config=MosaicBatchedConfig(num_blocks=132, batch_axis=axis,
+                                                         warpgroups=warpgroups,
+                                                         status=status))
            for status in ("flags", "kernel")}
   assert _mosaic_launches(texts["kernel"]) == 1
   after = {status: text.split("mosaic_gpu")[-1].count("stablehlo.reduce")
@@ -1417,14 +1232,11 @@ def test_status_in_the_kernel_lowers_for_cuda(head_type, batch, temperature, axi
   assert after["kernel"] == after["flags"] - 1, after   # (the status's reduce gone)
 
 
-def test_status_in_the_kernel_refused_by_the_row_kernel():
-  head = _head(520, 64)
-  base, first, _ = random_inputs(head.config, 1, 3, jax.random.key(1))
-  with pytest.raises(ValueError, match="status='kernel'"):
-    wts_jax.walk(head, base, first, None, impl="mosaic",
-                 config=MosaicConfig(interpret=True, kernel="rows", status="kernel"))
+def test_status_forms_named():
+  with pytest.raises(TypeError, match="status"):
+    MosaicRowConfig(interpret=True, status="kernel")   # (the row kernel reduces after)
   with pytest.raises(ValueError, match="status='bad'"):
-    MosaicConfig(status="bad")
+    MosaicBatchedConfig(status="bad")
 
 
 @pytest.mark.parametrize("w2,status", [("bf16", "kernel"), ("int8", "kernel"),
@@ -1437,10 +1249,10 @@ def test_planners_status_where_each_measured_faster(w2, status):
   if w2 != "bf16":
     head = quantize_w2(head, "int8", **({"state": "planes"} if w2 == "planes" else {}))
   shapes = backend.WalkShapes(batch=16, steps=7, greedy=False)
-  for config, want in ((MosaicConfig(kernel="batched"), status),
-                       (MosaicConfig(kernel="batched", status="flags"), "flags"),
-                       (MosaicConfig(kernel="batched", status="kernel"), "kernel")):
-    spec = mosaic_backend.plan(head, shapes, config, H200_FACTS)
+  for config, want in ((MosaicBatchedConfig(), status),
+                       (MosaicBatchedConfig(status="flags"), "flags"),
+                       (MosaicBatchedConfig(status="kernel"), "kernel")):
+    spec = mosaic_batched_backend.plan(head, shapes, config, H200_FACTS)
     assert spec.plan.int8_state == (w2 == "planes") and spec.status == want
 
 
@@ -1449,19 +1261,19 @@ def test_planners_ring_before_residency_for_the_gated_head_not_the_rnn_head():
   the rnn head's joint table take ring slots before resident chunks (the split gate at 64
   rows with one warpgroup, Qwen3-4B: 3 slots, none resident), the rnn head's split update
   and a redundant gate the default two (NOTES v36, v40)."""
-  assert (mosaic_batched_plan.auto_ring_preference()
-          == mosaic_batched_plan.auto_ring_preference(recurrent=True, joint_table=True)
-          == mosaic_batched_plan.AUTO_RING_PREFERENCE > mosaic_batched_plan.DEFAULT_RING_STAGES
-          == mosaic_batched_plan.auto_ring_preference(recurrent=True)
-          == mosaic_batched_plan.auto_ring_preference(redundant_gate=True))
+  assert (batched_auto.auto_ring_preference()
+          == batched_auto.auto_ring_preference(recurrent=True, joint_table=True)
+          == batched_auto.AUTO_RING_PREFERENCE > batched_plan.DEFAULT_RING_STAGES
+          == batched_auto.auto_ring_preference(recurrent=True)
+          == batched_auto.auto_ring_preference(redundant_gate=True))
   head = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
-  plan = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=7),
-                             MosaicConfig(warpgroups=1), H200_FACTS).plan
+  plan = mosaic_batched_backend.plan(head, backend.WalkShapes(batch=64, steps=7),
+                             MosaicBatchedConfig(warpgroups=1), H200_FACTS).plan
   assert plan.gated and (plan.resident_chunks, plan.ring_stages) == (0, 3)
 
 
-# A split update's hoisted terms read as [rows, K, n] (``BatchedSpec.hoisted_rows``): the
-# rnn head and the split gate, M and N, greedy and sampled, 64 rows (no pad) and fewer.
+# A split update's hoisted terms read as the hoist gives them, [rows, K, n]: the rnn head
+# and the split gate, M and N, greedy and sampled, 64 rows (no pad) and fewer.
 HOISTED_ROWS_CASES = [("rnn", 1000, 64, 13, 4, 0.7, "m"), ("rnn", 776, 64, 64, 3, 0.0, "m"),
                       ("gated", 1000, 128, 64, 3, 0.0, "m"), ("gated", 520, 64, 13, 4, 0.7, "n")]
 
@@ -1469,13 +1281,11 @@ HOISTED_ROWS_CASES = [("rnn", 1000, 64, 13, 4, 0.7, "m"), ("rnn", 776, 64, 64, 3
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("head_type,vocab,rank,batch,steps,temperature,axis",
                          HOISTED_ROWS_CASES)
-@pytest.mark.parametrize("hoisted_rows", [True, False])
-def test_hoisted_layouts_tokens_equal_xla(monkeypatch, head_type, vocab, rank, batch, steps,
-                                          temperature, axis, hoisted_rows):
-  """A split update's hoisted terms as [rows, K, n] (the API's) and as [K, rows, n]."""
+def test_hoisted_layouts_tokens_equal_xla(head_type, vocab, rank, batch, steps,
+                                          temperature, axis):
+  """A split update's hoisted terms as [rows, K, n]: the reference's tokens."""
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
-  batched_spec_option(monkeypatch, hoisted_rows=hoisted_rows)
   if head_type == "gated":
     head = _gated_head(vocab, rank, confidence=True)
   else:
@@ -1487,30 +1297,17 @@ def test_hoisted_layouts_tokens_equal_xla(monkeypatch, head_type, vocab, rank, b
 
 
 @pytest.mark.parametrize("head_type", ["rnn", "gated"])
-def test_hoisted_rows_lower_for_cuda_without_a_transpose(monkeypatch, head_type):
+def test_hoisted_rows_lower_for_cuda_without_a_transpose(head_type):
   """At 64 rows (Qwen3-4B shape, the split update on M) the API's walk passes the hoisted
   terms to the kernel as the hoist gives them: no transpose between the hoist and the
-  launch (the [K, rows, n] layout has one)."""
+  launch."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
-  config = MosaicConfig(num_blocks=132, kernel="batched", batch_axis="m", warpgroups=1,
-                        serial_update="split")
+  config = MosaicBatchedConfig(num_blocks=132, batch_axis="m", warpgroups=1,
+                               serial_update="split")
   text = lower_walk(head_type, 64, 7, config=config)
-  batched_spec_option(monkeypatch, hoisted_rows=False)
-  by_step = lower_walk(head_type, 64, 7, config=config).split("mosaic_gpu")[0]
   assert _mosaic_launches(text) == 1
-  assert "stablehlo.transpose" in by_step
   assert "stablehlo.transpose" not in text.split("mosaic_gpu")[0]
-
-
-def test_hoisted_rows_refused_without_a_split_update():
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
-  head = _head(1024, 64)
-  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=16, steps=3),
-                             MosaicConfig(kernel="batched"), H200_FACTS)
-  with pytest.raises(ValueError, match="hoisted_rows=True is the split update's"):
-    BatchedSpec(plan=spec.plan, batch=16, steps=3, greedy=True, spin_limit=0,
-                interpret=False, hoisted_rows=True)
 
 
 # (head, V, r, B, K, temperature, batch axis, warpgroups, producer, ring slots): the
@@ -1529,7 +1326,7 @@ def test_ring_refill_before_epilogue_tokens_equal_xla(head_type, vocab, rank, ba
                                                       temperature, axis, warpgroups,
                                                       producer, ring_stages):
   """Each streamed chunk's ring slot refilled (or released to the producer) as soon as
-  its accumulator is read (``MosaicConfig(ring_refill="before_epilogue")``): the same
+  its accumulator is read (``MosaicBatchedConfig(ring_refill="before_epilogue")``): the same
   tokens as the XLA walk, fresh inputs."""
   if axis == "n" and jax.__version_info__ < (0, 11):
     pytest.skip("batch_axis='n' needs jax >= 0.11")
@@ -1539,14 +1336,15 @@ def test_ring_refill_before_epilogue_tokens_equal_xla(head_type, vocab, rank, ba
     head = wts_jax.make_head(HeadConfig(vocab_size=vocab, rank=rank, hidden_size=64,
                                         head_type=head_type, confidence=True),
                              seed=vocab + rank + 7)
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none", batch_axis=axis,
-                        warpgroups=warpgroups, producer=producer, ring_stages=ring_stages,
-                        serial_update="auto" if head_type == "vanilla" else "split",
-                        ring_refill="before_epilogue")
+  config = MosaicBatchedConfig(interpret=True, residency="none", batch_axis=axis,
+                               warpgroups=warpgroups, producer=producer,
+                               ring_stages=ring_stages,
+                               serial_update="auto" if head_type == "vanilla" else "split",
+                               ring_refill="before_epilogue")
   for seed in (31, 32):
     base, first, hidden = random_inputs(head.config, batch, steps, jax.random.key(seed))
     key = jax.random.key(seed + 10) if temperature else None
-    spec = mosaic_backend.plan(head, backend.WalkShapes(batch=batch, steps=steps,
+    spec = mosaic_batched_backend.plan(head, backend.WalkShapes(batch=batch, steps=steps,
                                                         greedy=not temperature),
                                config, H200_FACTS)
     assert spec.ring_refill == "before_epilogue" and spec.plan.ring_stages >= 1
@@ -1556,12 +1354,12 @@ def test_ring_refill_before_epilogue_tokens_equal_xla(head_type, vocab, rank, ba
 
 
 def test_ring_refill_refused_where_threads_read_the_slots():
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  from wts_jax.pallas.batched.spec import BatchedSpec
   head, shapes = quantize_w2(_head(1024, 64), "int8"), backend.WalkShapes(batch=16, steps=3)
-  smem = MosaicConfig(kernel="batched", batch_axis="m", w2_widening="smem")
-  spec = mosaic_backend.plan(head, shapes, smem, H200_FACTS)
+  smem = MosaicBatchedConfig(batch_axis="m", w2_widening="smem")
+  spec = mosaic_batched_backend.plan(head, shapes, smem, H200_FACTS)
   assert spec.plan.widened_in_kernel and spec.ring_refill == "after_epilogue"
-  refusal = mosaic_backend.plan(head, shapes,
+  refusal = mosaic_batched_backend.plan(head, shapes,
                                 dataclasses.replace(smem, ring_refill="before_epilogue"),
                                 H200_FACTS)
   assert isinstance(refusal, backend.Refusal)
@@ -1572,7 +1370,7 @@ def test_ring_refill_refused_where_threads_read_the_slots():
     BatchedSpec(plan=spec.plan, batch=16, steps=3, greedy=True, spin_limit=0,
                 interpret=False, ring_refill="early")
   with pytest.raises(ValueError, match="ring_refill='early' must be one of"):
-    MosaicConfig(ring_refill="early")
+    MosaicBatchedConfig(ring_refill="early")
 
 
 @pytest.mark.parametrize("head_type,batch,temperature", [
@@ -1584,8 +1382,8 @@ def test_ring_refill_before_epilogue_lowers_for_cuda(head_type, batch, temperatu
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
   from lower_for_gpu import lower_walk
   text = lower_walk(head_type, batch, 7, temperature=temperature,
-                    config=MosaicConfig(num_blocks=132, kernel="batched",
-                                        ring_refill="before_epilogue"))
+                    config=MosaicBatchedConfig(num_blocks=132,
+                                               ring_refill="before_epilogue"))
   assert _mosaic_launches(text) == 1
 
 
@@ -1597,11 +1395,11 @@ def test_planner_refills_early_only_a_one_slot_ring(ring_stages, widening, expec
   warpgroup's ring has one slot, after it with more slots or where the kernel widens an
   int8 W2 (its threads read the slots); an explicit "before_epilogue" there is refused."""
   head = _head(1024, 64)
-  config = MosaicConfig(kernel="batched", ring_stages=ring_stages, residency="none")
+  config = MosaicBatchedConfig(ring_stages=ring_stages, residency="none")
   if widening:
     head = quantize_w2(head, "int8")
     config = dataclasses.replace(config, batch_axis="m", w2_widening=widening)
-  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=16, steps=3), config,
+  spec = mosaic_batched_backend.plan(head, backend.WalkShapes(batch=16, steps=3), config,
                              H200_FACTS)
   assert spec.plan.ring_stages == ring_stages
   assert spec.ring_refill == expected
@@ -1609,8 +1407,8 @@ def test_planner_refills_early_only_a_one_slot_ring(ring_stages, widening, expec
 
 def test_planner_refills_after_the_epilogue_without_a_ring():
   """A W2 all resident (no ring slot) keeps the planner's "after_epilogue"."""
-  spec = mosaic_backend.plan(_head(1024, 64), backend.WalkShapes(batch=16, steps=3),
-                             MosaicConfig(kernel="batched"), H200_FACTS)
+  spec = mosaic_batched_backend.plan(_head(1024, 64), backend.WalkShapes(batch=16, steps=3),
+                             MosaicBatchedConfig(), H200_FACTS)
   assert spec.plan.ring_stages == 0 and spec.ring_refill == "after_epilogue"
 
 
@@ -1621,16 +1419,13 @@ def test_sanitizer_case_refill_early_sets_the_batched_plans_refill():
   import sanitizer_case
   shapes = backend.WalkShapes(batch=16, steps=3)
   head = _head(1024, 64)
-  walk_config = WalkConfig(backend="mosaic", mosaic_kernel="batched")
-  impl, config = sanitizer_case.early_refill_config(walk_config, None)
-  assert impl == "mosaic"
-  assert mosaic_backend.plan(head, shapes, config,
-                             H200_FACTS).ring_refill == "before_epilogue"
-  smem = dataclasses.replace(walk_config, mosaic_batch_axis="m", mosaic_w2_widening="smem")
-  impl, config = sanitizer_case.early_refill_config(smem, "smem")
-  assert (impl, config) == ("pallas", smem)
-  assert mosaic_backend.plan(quantize_w2(head, "int8"), shapes, config.mosaic(),
-                             H200_FACTS).ring_refill == "after_epilogue"
+  config = sanitizer_case.early_refill_config(MosaicBatchedConfig(), None)
+  assert mosaic_batched_backend.plan(head, shapes, config,
+                                     H200_FACTS).ring_refill == "before_epilogue"
+  smem = MosaicBatchedConfig(batch_axis="m", w2_widening="smem")
+  assert sanitizer_case.early_refill_config(smem, "smem") == smem
+  assert mosaic_batched_backend.plan(quantize_w2(head, "int8"), shapes, smem,
+                                     H200_FACTS).ring_refill == "after_epilogue"
 
 
 @pytest.mark.parametrize("head_type,dtype,expected", [("vanilla", "bf16", 1), ("rnn", "int8", 1),
@@ -1646,10 +1441,10 @@ def test_planner_base_ring_on_m_with_two_warpgroups(head_type, dtype, expected):
                                       head_type=head_type), seed=3)
   if dtype == "int8":
     head = quantize_w2(head, "int8")
-  config = MosaicConfig(kernel="batched", batch_axis="m", warpgroups=2,
-                        serial_update="auto" if head_type == "vanilla" else "split",
-                        w2_widening="xla" if dtype == "int8" else "auto")
-  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=3, greedy=False),
+  config = MosaicBatchedConfig(batch_axis="m", warpgroups=2,
+                               serial_update="auto" if head_type == "vanilla" else "split",
+                               w2_widening="xla" if dtype == "int8" else "auto")
+  spec = mosaic_batched_backend.plan(head, backend.WalkShapes(batch=64, steps=3, greedy=False),
                              config, H200_FACTS)
   assert spec.plan.warpgroups == 2 and spec.plan.batch_axis == "m"
   assert spec.plan.base_stages == expected
@@ -1667,8 +1462,8 @@ def test_planner_warpgroups_of_the_gated_and_rnn_heads_on_m(head_type, dtype, gr
                                       head_type=head_type), seed=4)
   if dtype == "int8":
     head = quantize_w2(head, "int8")
-  spec = mosaic_backend.plan(head, backend.WalkShapes(batch=64, steps=3, greedy=greedy),
-                             MosaicConfig(kernel="batched", serial_update="split"),
+  spec = mosaic_batched_backend.plan(head, backend.WalkShapes(batch=64, steps=3, greedy=greedy),
+                             MosaicBatchedConfig(serial_update="split"),
                              H200_FACTS)
   assert spec.plan.batch_axis == "m"
   assert spec.plan.warpgroups == expected
@@ -1684,25 +1479,22 @@ GATHER_BATCH_CASES = [("vanilla", "bf16", 5, "n", "auto"), ("vanilla", "bf16", 6
 
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("head_type,w2,batch,axis,update", GATHER_BATCH_CASES)
-@pytest.mark.parametrize("batch_only", [True, False])
 def test_gather_of_the_batch_rows_only_keeps_the_tokens(monkeypatch, head_type, w2, batch,
-                                                        axis, update, batch_only):
-  """``BatchedSpec.gather_batch_only`` (the default; the joint table's walk always): each
-  step copies the batch's rows only, the padded rows keep the prologue's zeros; off (a
-  measurement option), every planned row — the reference's tokens, greedy and sampled."""
+                                                        axis, update):
+  """Each step copies the batch's rows only, the padded rows keep the prologue's zeros:
+  the reference's tokens, greedy and sampled."""
   head = wts_jax.make_head(HeadConfig(vocab_size=520, rank=64, hidden_size=64,
                                       head_type=head_type, confidence=True), seed=batch)
   if w2 == "int8p":
     head = quantize_w2(head, "int8", state="planes")
   if update == "table":
     head = wts_jax.with_gate_table(head)
-  batched_spec_option(monkeypatch, gather_batch_only=batch_only)
-  from wts_jax.pallas import mosaic_batched_walk
+  from wts_jax.pallas.batched import context
   seen = []
-  gathered = mosaic_batched_walk.gathered_z_rows
-  monkeypatch.setattr(mosaic_batched_walk, "gathered_z_rows",
+  gathered = context.gathered_z_rows
+  monkeypatch.setattr(context, "gathered_z_rows",
                       lambda spec: seen.append(gathered(spec)) or seen[-1])
   for temperature in (0.0, 0.8):
     _assert_matches_xla(head, batch, 3, "auto", temperature, seed=40 + batch,
                         batch_axis=axis, serial_update=update)
-  assert seen and (set(seen) == {batch} if batch_only else min(seen) > batch)
+  assert seen and set(seen) == {batch}

@@ -112,7 +112,7 @@ def test_full_grid_defaults_state_the_method():
 def test_command_buffer_settings_reach_the_chains():
   """--command-buffers: fusions and library calls but not custom calls (the default),
   none at all, or XLA's own default (no option set)."""
-  from wts_jax.bench.runner import chain_compiler_options
+  from wts_jax.bench.support import chain_compiler_options
   from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
   assert chain_compiler_options("no-custom-calls") == KERNEL_COMPILER_OPTIONS
   assert chain_compiler_options("off") == {"xla_gpu_enable_command_buffer": ""}
@@ -661,15 +661,15 @@ def test_the_floor_reads_the_kernels_real_plan():
   head = jax.eval_shape(lambda: wts_jax.make_head(config))
   base = jax.ShapeDtypeStruct((1, 7, config.vocab_size), jnp.bfloat16)
   plan = floor.kernel_plan(head, base)
-  assert plan["impl"] == "mosaic" and "2 chunks resident" in plan["plan"]
+  assert plan["impl"] == "mosaic_row" and "2 chunks resident" in plan["plan"]
   assert plan["resident_fraction"] == pytest.approx(2 * 132 * 64 / config.vocab_size)
-  assert floor.kernel_plan(head, base, greedy=False)["impl"] == "mosaic"
+  assert floor.kernel_plan(head, base, greedy=False)["impl"] == "mosaic_row"
   batch16 = jax.ShapeDtypeStruct((16, 7, config.vocab_size), jnp.bfloat16)
-  assert floor.kernel_plan(head, batch16, greedy=False)["impl"] == "mosaic"
+  assert floor.kernel_plan(head, batch16, greedy=False)["impl"] == "mosaic_batched"
   batch128 = jax.ShapeDtypeStruct((128, 7, config.vocab_size), jnp.bfloat16)
   assert floor.kernel_plan(head, batch128)["impl"] == "triton"
   batched = floor.kernel_plan(head, batch16)
-  assert batched["impl"] == "mosaic" and "batch rows on the WGMMA" in batched["plan"]
+  assert batched["impl"] == "mosaic_batched" and "batch rows on the WGMMA" in batched["plan"]
   ceilings = floor.Ceilings(hbm_gbps=4000.0, l2_gbps=8000.0, sync_us=2.0,
                             sync_source="given")
   nbytes = floor.WalkBytes(w2=77_791_232, base_logits=2_127_104, read_once=0, outputs=28)
@@ -680,7 +680,7 @@ def test_the_floor_reads_the_kernels_real_plan():
   from wts_jax.quantize import quantize_w2
   planes = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes"), head)
   stacked = floor.kernel_plan(planes, batch16)
-  assert stacked["impl"] == "mosaic" and "stacked" in stacked["plan"]
+  assert stacked["impl"] == "mosaic_stacked" and "stacked" in stacked["plan"]
   assert 0 < stacked["resident_fraction"] < 1
 
 
@@ -765,6 +765,7 @@ def test_the_floor_microbenchmarks_read_everything_and_lower_for_cuda():
   assert "wts_barrier_rounds" in lowered
 
 
+@pytest.mark.mosaic
 @pytest.mark.parametrize("global_scratch, dependent_launch, shape",
                          [(True, False, {}), (False, False, {}), (True, True, {}),
                           (True, False, dict(smem_bytes=0, warpgroups=1, blocks=66,
@@ -791,35 +792,37 @@ def test_the_launch_shape_sanity_kernel_lowers_for_cuda(global_scratch, dependen
   assert ("reduce" in text.split("mosaic_gpu")[-1]) == shape.get("reduce", True)
 
 
-@pytest.mark.parametrize("planner,patch,default,patched", [
-    ("_stacked_plan", "_stacked_status", "kernel", "flags"),
-    ("_batched_plan", "_batched_status", "kernel", "flags")])
+@pytest.mark.parametrize("kernel,patch,default,patched", [
+    ("stacked", "_stacked_status", "kernel", "flags"),
+    ("batched", "_batched_status", "kernel", "flags")])
 def test_bench_variants_patch_a_kernel_spec_only_while_their_walk_traces(
-    planner, patch, default, patched):
+    kernel, patch, default, patched):
   """``tools/bench_variants.py``'s ``wts-stacked-status-flags`` and
   ``wts-batched-status-flags``: the API's stacked / batched plan (whose status defaults
-  are "kernel": NOTES v34, v36) patched while that path's walk traces, then restored."""
+  are "kernel") patched while that path's walk traces, then restored."""
+  import importlib
   from wts_jax import device
-  from wts_jax.pallas import mosaic_backend
   from wts_jax.pallas.backend import WalkShapes
   from wts_jax.quantize import quantize_w2
-  from wts_jax.walk_config import MosaicConfig
+  from wts_jax.walk_config import MosaicBatchedConfig, MosaicStackedConfig
   bench_variants = _bench_variants_module()
   config = dataclasses.replace(SHAPES["small_v1000"].head_config("vanilla",
                                                                 confidence=False), rank=64)
   head = wts_jax.make_head(config)
-  if planner == "_stacked_plan":
+  if kernel == "stacked":
     head = quantize_w2(head, "int8", state="planes")
-  kernel = MosaicConfig(kernel="stacked" if planner == "_stacked_plan" else "batched")
-  original = getattr(mosaic_backend, planner)
-  plans = {"walk": lambda: getattr(mosaic_backend, planner)(
-      head, WalkShapes(batch=16, steps=7), kernel, device.H200)}
+  backend = importlib.import_module(f"wts_jax.pallas.mosaic_{kernel}_backend")
+  options = {"stacked": MosaicStackedConfig, "batched": MosaicBatchedConfig}[kernel]()
+  original = backend.plan
+  plans = {"walk": lambda: backend.plan(head, WalkShapes(batch=16, steps=7), options,
+                                        device.H200)}
   before, seen, after = _spec_fields_while_tracing(
       lambda prepare: getattr(bench_variants, patch)(prepare, "flags"), "status", plans)
   assert before == after == {"walk": default} and seen == [{"walk": patched}]
-  assert getattr(mosaic_backend, planner) is original
+  assert backend.plan is original
 
 
+@pytest.mark.mosaic
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
                     reason="the rnn head's one-row plan puts the batch on N (jax >= 0.11)")
 def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_traces():
@@ -831,18 +834,18 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
   from wts_jax import device
   from wts_jax.bench.registry import jax_prepared
   from wts_jax.heads import HeadConfig
-  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas import mosaic_batched_backend
   from wts_jax.pallas.backend import WalkShapes
   from wts_jax.quantize import quantize_w2
-  from wts_jax.walk_config import MosaicConfig
+  from wts_jax.walk_config import MosaicBatchedConfig
   bench_variants = _bench_variants_module()
 
-  def ring_of(head, batch, config=MosaicConfig()):
-    plan = mosaic_backend.plan(head, WalkShapes(batch=batch, steps=7), config,
-                               device.H200).plan
+  def ring_of(head, batch, config=MosaicBatchedConfig()):
+    plan = mosaic_batched_backend.plan(head, WalkShapes(batch=batch, steps=7), config,
+                                       device.H200).plan
     return plan.resident_chunks, plan.ring_stages
   gated = wts_jax.with_gate_table(wts_jax.make_head(HeadConfig.qwen3_4b("gated")))
-  assert ring_of(gated, 64, MosaicConfig(warpgroups=1)) == (0, 3)
+  assert ring_of(gated, 64, MosaicBatchedConfig(warpgroups=1)) == (0, 3)
   rnn = quantize_w2(wts_jax.make_head(HeadConfig.qwen3_4b("rnn")), "int8")
   assert ring_of(rnn, 1) == (3, 2)
   seen = []
@@ -852,12 +855,14 @@ def test_bench_variants_deep_ring_deepens_the_rnn_heads_ring_only_while_it_trace
       seen.append(ring_of(rnn, 1))
       return {"tokens": first[:, None]}
     return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
-  original = mosaic_backend.auto_ring_preference
+  original = mosaic_batched_backend.auto_ring_preference
   bench_variants._deep_ring(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
   assert seen == [(1, 4)]
-  assert mosaic_backend.auto_ring_preference is original and ring_of(rnn, 1) == (3, 2)
+  assert (mosaic_batched_backend.auto_ring_preference is original
+          and ring_of(rnn, 1) == (3, 2))
 
 
+@pytest.mark.mosaic
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
                     reason="the rnn head's one-row plan puts the batch on N (jax >= 0.11)")
 def test_bench_variants_shallow_joint_ring_only_while_it_traces():
@@ -867,10 +872,10 @@ def test_bench_variants_shallow_joint_ring_only_while_it_traces():
   from wts_jax import device
   from wts_jax.bench.registry import jax_prepared
   from wts_jax.heads import HeadConfig
-  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas import mosaic_batched_backend
   from wts_jax.pallas.backend import WalkShapes
   from wts_jax.quantize import quantize_w2
-  from wts_jax.walk_config import MosaicConfig
+  from wts_jax.walk_config import MosaicBatchedConfig
   bench_variants = _bench_variants_module()
   rings = []
 
@@ -878,8 +883,8 @@ def test_bench_variants_shallow_joint_ring_only_while_it_traces():
     def planned():
       head = quantize_w2(wts_jax.with_joint_table(
           wts_jax.make_head(HeadConfig.qwen3_4b("rnn"))), "int8")
-      plan = mosaic_backend.plan(head, WalkShapes(batch=1, steps=7), MosaicConfig(),
-                                 device.H200).plan
+      plan = mosaic_batched_backend.plan(head, WalkShapes(batch=1, steps=7),
+                                         MosaicBatchedConfig(), device.H200).plan
       assert plan.joint_table
       rings.append((plan.resident_chunks, plan.ring_stages))
       return jnp.zeros(())
@@ -893,10 +898,11 @@ def test_bench_variants_shallow_joint_ring_only_while_it_traces():
       seen.append(ring_of_joint_head())
       return {"tokens": first[:, None]}
     return jax_prepared(walk_fn, (), jnp.zeros((2,), jnp.int32))
-  original = mosaic_backend.auto_ring_preference
+  original = mosaic_batched_backend.auto_ring_preference
   bench_variants._shallow_joint_ring(prepare)().walk_fn((), jnp.zeros((2,), jnp.int32))
   assert seen == [(6, 2)]
-  assert mosaic_backend.auto_ring_preference is original and ring_of_joint_head() == (4, 4)
+  assert (mosaic_batched_backend.auto_ring_preference is original
+          and ring_of_joint_head() == (4, 4))
 
 
 def _spec_fields_while_tracing(patch, field, plans):
@@ -927,27 +933,10 @@ def _bench_variants_module():
 
 def _batched_plan_of(head, config):
   from wts_jax import device
-  from wts_jax.pallas import mosaic_backend
+  from wts_jax.pallas import mosaic_batched_backend
   from wts_jax.pallas.backend import WalkShapes
-  return lambda: mosaic_backend.plan(head, WalkShapes(batch=16, steps=3), config, device.H200)
-
-
-def test_bench_variants_hoisted_by_step_patch_only_split_updates():
-  """``tools/bench_variants.py``'s ``wts-hoisted-by-step``: ``BatchedSpec.hoisted_rows``
-  cleared while the path's walk traces where the plan splits the update (the rnn head),
-  the vanilla head's plan as planned."""
-  from wts_jax.heads import HeadConfig
-  from wts_jax.walk_config import MosaicConfig
-  bench_variants = _bench_variants_module()
-  plans = {head_type: _batched_plan_of(
-      wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
-                                   head_type=head_type)), MosaicConfig(kernel="batched"))
-           for head_type in ("rnn", "vanilla")}
-  before, seen, after = _spec_fields_while_tracing(
-      lambda prepare: bench_variants._split_update_patch(prepare, hoisted_rows=False),
-      "hoisted_rows", plans)
-  assert before == after == {"rnn": True, "vanilla": False}
-  assert seen == [{"rnn": False, "vanilla": False}]
+  return lambda: mosaic_batched_backend.plan(head, WalkShapes(batch=16, steps=3), config,
+                                             device.H200)
 
 
 def test_bench_variants_ring_refill_early_patch_skips_kernel_widening():
@@ -956,14 +945,14 @@ def test_bench_variants_ring_refill_early_patch_skips_kernel_widening():
   read the slots)."""
   from wts_jax.heads import HeadConfig
   from wts_jax.quantize import quantize_w2
-  from wts_jax.walk_config import MosaicConfig
+  from wts_jax.walk_config import MosaicBatchedConfig
   bench_variants = _bench_variants_module()
   head = wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
                                       head_type="vanilla"))
-  plans = {"bf16": _batched_plan_of(head, MosaicConfig(kernel="batched", residency="none",
-                                                       ring_stages=2)),
-           "int8-smem": _batched_plan_of(quantize_w2(head, "int8"), MosaicConfig(
-               kernel="batched", batch_axis="m", w2_widening="smem"))}
+  plans = {"bf16": _batched_plan_of(head, MosaicBatchedConfig(residency="none",
+                                                              ring_stages=2)),
+           "int8-smem": _batched_plan_of(quantize_w2(head, "int8"), MosaicBatchedConfig(
+               batch_axis="m", w2_widening="smem"))}
   before, seen, after = _spec_fields_while_tracing(bench_variants._early_ring_refill,
                                                    "ring_refill", plans)
   assert before == after == {"bf16": "after_epilogue", "int8-smem": "after_epilogue"}
@@ -974,12 +963,12 @@ def test_bench_variants_ring_refill_late_patch_sets_every_batched_plan():
   """``wts-ring-refill-late``: ``BatchedSpec.ring_refill`` "after_epilogue" while the
   path's walk traces, a 1-slot ring's (the planner's "before_epilogue") included."""
   from wts_jax.heads import HeadConfig
-  from wts_jax.walk_config import MosaicConfig
+  from wts_jax.walk_config import MosaicBatchedConfig
   bench_variants = _bench_variants_module()
   head = wts_jax.make_head(HeadConfig(vocab_size=1024, rank=64, hidden_size=64,
                                       head_type="vanilla"))
-  plans = {slots: _batched_plan_of(head, MosaicConfig(kernel="batched", residency="none",
-                                                     ring_stages=stages))
+  plans = {slots: _batched_plan_of(head, MosaicBatchedConfig(residency="none",
+                                                             ring_stages=stages))
            for slots, stages in (("one-slot", 1), ("two-slot", 2))}
   before, seen, after = _spec_fields_while_tracing(bench_variants._late_ring_refill,
                                                    "ring_refill", plans)

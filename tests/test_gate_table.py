@@ -16,12 +16,14 @@ from wts_jax import gate_table
 from wts_jax.device import H200 as H200_FACTS
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import backend, mosaic_backend
-from wts_jax.walk_config import MosaicConfig, TritonConfig
+from wts_jax.pallas import backend, mosaic_batched_backend
+from wts_jax.walk_config import MosaicBatchedConfig, TritonConfig
 
 from mosaic_checks import (assert_table_unread_elsewhere, assert_walk_matches,
                            lower_with_derived_copy, mosaic_and_xla_walks)
 from near_tie_inputs import tie_broken_by_lo
+
+pytestmark = pytest.mark.mosaic
 
 NEEDS_N = pytest.mark.skipif(
     jax.__version_info__ < (0, 11),
@@ -106,10 +108,10 @@ TABLE_CASES = [(520, 64, 5, 3, "auto", 0.0, None, None),
 def test_table_gate_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature,
                                      warpgroups, producer):
   head = wts_jax.with_gate_table(_gated(vocab, rank))
-  config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
-                        warpgroups=warpgroups, producer=producer, serial_update="table")
+  config = MosaicBatchedConfig(interpret=True, residency=residency, warpgroups=warpgroups,
+                               producer=producer, serial_update="table")
   shapes = backend.WalkShapes(batch=batch, steps=steps, greedy=not temperature)
-  plan = mosaic_backend.plan(head, shapes, config, H200_FACTS).plan
+  plan = mosaic_batched_backend.plan(head, shapes, config, H200_FACTS).plan
   assert plan.gate_table and plan.pair_on_n and plan.gate_chunks == 0
   assert_walk_matches(*_walks(head, batch, steps, temperature, 15, config))
 
@@ -121,7 +123,7 @@ def test_table_gate_reads_the_table():
   head = wts_jax.with_gate_table(_gated(1000, 128))
   rows = head.markov_head.gate_table.rows
   rows[...] = rows[...].at[:, 128:].set(0)
-  config = MosaicConfig(interpret=True, kernel="batched", serial_update="table")
+  config = MosaicBatchedConfig(interpret=True, serial_update="table")
   out, ref = _walks(head, 13, 4, 0.0, 16, config)
   assert (np.asarray(out.tokens) != np.asarray(ref.tokens)).any()
 
@@ -133,37 +135,33 @@ def test_table_gate_keeps_z_lo_half_at_a_near_tie():
   head = wts_jax.with_gate_table(_gated(1000, 128, confidence=False))
   base, first, hidden = random_inputs(head.config, 8, 2, jax.random.key(21))
   base, expected = tie_broken_by_lo(head, base, first, hidden)
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none",
-                        serial_update="table")
+  config = MosaicBatchedConfig(interpret=True, residency="none", serial_update="table")
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config)
   np.testing.assert_array_equal(np.asarray(out.tokens)[:, 0], expected)
 
 
 def test_auto_takes_the_table_where_the_batch_goes_on_n():
   head = wts_jax.with_gate_table(_gated(1000, 128))
-  config = MosaicConfig(kernel="batched")
+  config = MosaicBatchedConfig()
   def tabled(batch):
-    return mosaic_backend.gate_table_walk(head, backend.WalkShapes(batch=batch, steps=4,
+    return mosaic_batched_backend.gate_table_walk(head, backend.WalkShapes(batch=batch, steps=4,
                                                                    greedy=True), config)
-  on_n = mosaic_backend.BATCH_ON_N_LOWERS
+  on_n = mosaic_batched_backend.BATCH_ON_N_LOWERS
   assert tabled(1) == on_n and tabled(32) == on_n and not tabled(33) and not tabled(64)
-  assert not mosaic_backend.gate_table_walk(_gated(1000, 128),
+  assert not mosaic_batched_backend.gate_table_walk(_gated(1000, 128),
                                             backend.WalkShapes(batch=4, steps=4,
                                                                greedy=True), config)
 
 
 @pytest.mark.parametrize("what,config,match", [
-    ("vanilla", MosaicConfig(kernel="batched", serial_update="table"),
+    ("vanilla", MosaicBatchedConfig(serial_update="table"),
      "needs a gated head with its gate table"),
-    ("untabled", MosaicConfig(kernel="batched", serial_update="table"),
+    ("untabled", MosaicBatchedConfig(serial_update="table"),
      "needs a gated head with its gate table"),
-    ("tabled", MosaicConfig(kernel="batched", serial_update="table", batch_axis="m"),
+    ("tabled", MosaicBatchedConfig(serial_update="table", batch_axis="m"),
      "needs the batch on N"),
-    ("tabled-33", MosaicConfig(kernel="batched", serial_update="table"),
-     "runs up to 32 rows" if mosaic_backend.BATCH_ON_N_LOWERS else "needs the batch on N"),
-    ("tabled", MosaicConfig(kernel="rows", serial_update="table"),
-     "runs on the batched kernel" if mosaic_backend.BATCH_ON_N_LOWERS
-     else "needs the batch on N"),
+    ("tabled-33", MosaicBatchedConfig(serial_update="table"),
+     "runs up to 32 rows" if mosaic_batched_backend.BATCH_ON_N_LOWERS else "needs the batch on N"),
 ])
 def test_table_refusals_name_the_reason(what, config, match):
   vanilla = wts_jax.make_head(HeadConfig(vocab_size=1000, rank=128, hidden_size=64,
@@ -173,24 +171,22 @@ def test_table_refusals_name_the_reason(what, config, match):
           "tabled-33": wts_jax.with_gate_table(_gated())}[what]
   shapes = backend.WalkShapes(batch=33 if what == "tabled-33" else 4, steps=4, greedy=True)
   config = dataclasses.replace(config, interpret=True, num_blocks=1)
-  spec = mosaic_backend.plan(head, shapes, config, H200_FACTS)
+  spec = mosaic_batched_backend.plan(head, shapes, config, H200_FACTS)
   assert isinstance(spec, backend.Refusal) and match in spec.reason
 
 
-def test_triton_refuses_the_table():
-  head = wts_jax.with_gate_table(_gated())
-  config = TritonConfig(interpret=True, num_programs=1, serial_update="table")
-  from wts_jax.pallas import triton_backend
-  spec = triton_backend.plan(head, backend.WalkShapes(batch=4, steps=4, greedy=True),
-                             config, H200_FACTS)
-  assert isinstance(spec, backend.Refusal) and "batched Mosaic" in spec.reason
+def test_the_table_is_the_batched_kernels_option():
+  """Only the batched kernel takes ``serial_update="table"``: the Triton kernel's config
+  names it a bad value."""
+  with pytest.raises(ValueError, match="serial_update='table' must be one of"):
+    TritonConfig(serial_update="table")
 
 
 @NEEDS_N
 @pytest.mark.parametrize("batch,temperature", [(1, 0.0), (16, 0.8)])
 def test_table_gate_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, temperature):
   text = lower_with_derived_copy(monkeypatch, wts_jax.with_gate_table, "gated", batch,
-                                 temperature, MosaicConfig())
+                                 temperature, MosaicBatchedConfig())
   assert "mosaic_gpu" in text
 
 

@@ -19,8 +19,12 @@ from wts_jax import int8_state
 from wts_jax.device import H200
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import mosaic_plan, mosaic_walk
+from wts_jax.pallas import mosaic_plan
+from wts_jax.pallas.row.launch import row_walk
+from wts_jax.pallas.row.spec import RowSpec
 from wts_jax.quantize import quantize_w2
+
+pytestmark = pytest.mark.mosaic
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -137,12 +141,13 @@ def test_only_the_mosaic_kernel_runs_aplanes_head():
   from wts_jax.pallas import backend
   triton = wts_jax.TritonConfig(interpret=True)
   assert "two int8 planes" in backend.refusal_reason("triton", head, 1, triton)
-  registers = wts_jax.MosaicConfig(gemv="registers")
-  assert "runs on the WGMMA GEMV" in backend.refusal_reason("mosaic", head, 1, registers)
-  # "auto" takes the one kernel that runs it.
+  registers = wts_jax.MosaicRowConfig(gemv="registers")
+  assert "runs on the WGMMA GEMV" in backend.refusal_reason("mosaic_row", head, 1,
+                                                           registers)
+  # "auto" takes a Mosaic kernel: the one kernel family that runs it.
   shapes = backend.WalkShapes.of(base, greedy=True)
-  assert backend.choose(head, shapes, "auto", wts_jax.MosaicConfig(), require_gpu=False,
-                        device=H200).impl == "mosaic"
+  assert backend.choose(head, shapes, "auto", None, require_gpu=False,
+                        device=H200).impl.startswith("mosaic_")
 
 
 @pytest.mark.parametrize("batch, greedy, resident, registers", [
@@ -158,16 +163,16 @@ def test_planes_walk_lowers_for_cuda_at_the_qwen3_shape(batch, greedy, resident,
                                  int8_state=True, resident_chunks=resident,
                                  register_chunks=registers)
   assert plan.streamed_chunks == plan.chunks - plan.resident_chunks - registers
-  spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=7, greedy=greedy,
-                                spin_limit=1 << 22, interpret=False)
+  spec = RowSpec(plan=plan, batch=batch, steps=7, greedy=greedy,
+                 spin_limit=1 << 22, interpret=False)
   shape = jax.ShapeDtypeStruct
   sampled = {} if greedy else dict(seed=shape((2,), jnp.uint32),
                                    score_scale=shape((batch,), jnp.float32),
                                    noise_on=shape((batch,), jnp.int32))
 
   def launch(w2, base, w1, first, w2_scale, w1_scale, **kwargs):
-    return mosaic_walk.mosaic_walk(spec, w2, base, w1, first, w2_scale=w2_scale,
-                                   w1_scale=w1_scale, **kwargs)
+    return row_walk(spec, w2, base, w1, first, w2_scale=w2_scale,
+                    w1_scale=w1_scale, **kwargs)
   lowered = jax.jit(launch).trace(
       shape((151936, 256), jnp.int8), shape((batch, 7, 151936), jnp.bfloat16),
       shape((2 * 151936, 256), jnp.int8), shape((batch,), jnp.int32),
@@ -213,9 +218,8 @@ def test_gpu_planes_walk_at_the_qwen3_shape(batch, temperature, residency, num_s
   for seed in range(3):
     base, first, _ = random_inputs(config, batch, 7, jax.random.key(100 + seed))
     key = jax.random.key(seed) if temperature else None
-    walk_config = wts_jax.WalkConfig(backend="mosaic", residency=residency,
-                                     num_stages=num_stages,
-                                     mosaic_register_chunks=registers)
+    walk_config = wts_jax.MosaicRowConfig(residency=residency, ring_stages=num_stages,
+                                          register_chunks=registers)
     out = wts_jax.walk(head, base, first, impl="pallas", config=walk_config,
                        temperature=temperature, key=key)
     ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)

@@ -14,7 +14,7 @@ import pytest
 import wts_jax
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.walk_config import MosaicConfig
+from wts_jax.walk_config import MosaicBatchedConfig
 
 from mosaic_checks import assert_walk_matches, mosaic_and_xla_walks
 
@@ -74,14 +74,15 @@ def test_walks_with_the_copy_equal_the_heads(temperature):
   assert_walk_matches(kernel, ref)
 
 
+@pytest.mark.mosaic
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
                     reason="jax 0.10's Mosaic GPU interpreter cannot run the batched "
                            "kernel's tiled shared-memory loads")
 def test_batched_mosaic_walk_with_the_copy_equals_xla():
   head = wts_jax.with_joint_hidden(_rnn(vocab=1000, hidden=64, seed=5))
   base, first, hidden = random_inputs(head.config, 13, 4, jax.random.key(14))
-  config = MosaicConfig(interpret=True, kernel="batched", residency="none",
-                        serial_update="split", batch_axis="m", warpgroups=1)
+  config = MosaicBatchedConfig(interpret=True, residency="none", serial_update="split",
+                               batch_axis="m", warpgroups=1)
   assert_walk_matches(*mosaic_and_xla_walks(head, base, first, hidden, impl="mosaic",
                                             config=config, temperature=0.7,
                                             key=jax.random.key(15)))

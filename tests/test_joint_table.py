@@ -19,11 +19,13 @@ from wts_jax import gate_table, joint_table
 from wts_jax.device import H200
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
-from wts_jax.pallas import backend, mosaic_backend
-from wts_jax.walk_config import MosaicConfig
+from wts_jax.pallas import backend, mosaic_batched_backend
+from wts_jax.walk_config import MosaicBatchedConfig
 
 from mosaic_checks import (assert_table_unread_elsewhere, assert_walk_matches,
                            lower_with_derived_copy, mosaic_and_xla_walks)
+
+pytestmark = pytest.mark.mosaic
 
 NEEDS_N = pytest.mark.skipif(
     jax.__version_info__ < (0, 11),
@@ -97,10 +99,9 @@ JOINT_CASES = [(1000, 64, 5, 4, "auto", 0.0), (1000, 64, 16, 5, "none", 0.8),
 @pytest.mark.parametrize("vocab,rank,batch,steps,residency,temperature", JOINT_CASES)
 def test_joint_table_tokens_equal_xla(vocab, rank, batch, steps, residency, temperature):
   head = wts_jax.with_joint_table(_rnn(vocab, rank))
-  config = MosaicConfig(interpret=True, kernel="batched", residency=residency,
-                        serial_update="table")
+  config = MosaicBatchedConfig(interpret=True, residency=residency, serial_update="table")
   shapes = backend.WalkShapes(batch=batch, steps=steps, greedy=not temperature)
-  plan = mosaic_backend.plan(head, shapes, config, H200).plan
+  plan = mosaic_batched_backend.plan(head, shapes, config, H200).plan
   assert plan.joint_table and not plan.split and plan.pair_on_n
   assert_walk_matches(*_walks(head, batch, steps, temperature, 31, config))
 
@@ -114,14 +115,14 @@ def test_kernel_reads_the_table():
   head = wts_jax.with_joint_table(_rnn(1000, 64))
   rows = head.markov_head.joint_table.rows
   rows[...] = rows[...].at[:, :192].set(0)
-  config = MosaicConfig(interpret=True, kernel="batched", serial_update="table")
+  config = MosaicBatchedConfig(interpret=True, serial_update="table")
   out, ref = _walks(head, 13, 4, 0.0, 16, config)
   assert (np.asarray(out.tokens) != np.asarray(ref.tokens)).any()
 
 
-def _choice(head, batch, config=MosaicConfig(), greedy=True):
-  return mosaic_backend.plan(head, backend.WalkShapes(batch=batch, steps=4, greedy=greedy),
-                             config, H200)
+def _choice(head, batch, config=MosaicBatchedConfig(), greedy=True):
+  return mosaic_batched_backend.plan(
+      head, backend.WalkShapes(batch=batch, steps=4, greedy=greedy), config, H200)
 
 
 @NEEDS_N
@@ -133,17 +134,17 @@ def test_auto_takes_the_table_up_to_its_rows():
     assert plan.joint_table and plan.batch_axis == "n" and plan.warpgroups == 1, batch
   for batch in (5, 16):
     assert not _choice(head, batch).plan.joint_table, batch
-    assert _choice(head, batch, MosaicConfig(serial_update="table")).plan.joint_table
+    assert _choice(head, batch, MosaicBatchedConfig(serial_update="table")).plan.joint_table
   past = _choice(head, 17).plan
   assert past.recurrent and past.split and not past.joint_table
   assert not _choice(_rnn(1000, 64), 5).plan.joint_table   # (no table: the split update)
-  assert not _choice(head, 5, MosaicConfig(serial_update="split")).plan.joint_table
+  assert not _choice(head, 5, MosaicBatchedConfig(serial_update="split")).plan.joint_table
 
 
 @pytest.mark.parametrize("config,batch,reason", [
-    (MosaicConfig(serial_update="table"), 17, "up to 16 rows"),
-    (MosaicConfig(serial_update="table", warpgroups=2), 8, "one warpgroup"),
-    (MosaicConfig(serial_update="table", batch_axis="m"), 8, "batch on N")])
+    (MosaicBatchedConfig(serial_update="table"), 17, "up to 16 rows"),
+    (MosaicBatchedConfig(serial_update="table", warpgroups=2), 8, "one warpgroup"),
+    (MosaicBatchedConfig(serial_update="table", batch_axis="m"), 8, "batch on N")])
 def test_table_refused_by_name(config, batch, reason):
   head = wts_jax.with_joint_table(_rnn(1000, 64))
   spec = _choice(head, batch, config)
@@ -151,7 +152,7 @@ def test_table_refused_by_name(config, batch, reason):
 
 
 def test_table_asked_of_a_head_without_one_is_refused():
-  spec = _choice(_rnn(1000, 64), 5, MosaicConfig(serial_update="table"))
+  spec = _choice(_rnn(1000, 64), 5, MosaicBatchedConfig(serial_update="table"))
   assert isinstance(spec, backend.Refusal)
   assert "wts_jax.with_joint_table(head)" in spec.reason
 
@@ -167,7 +168,7 @@ def test_other_walks_of_a_tabled_head_are_unchanged():
 @pytest.mark.parametrize("batch,temperature", [(1, 0.0), (4, 0.8), (16, 0.8)])
 def test_joint_table_lowers_for_cuda_at_the_qwen3_shape(monkeypatch, batch, temperature):
   text = lower_with_derived_copy(monkeypatch, wts_jax.with_joint_table, "rnn", batch,
-                                 temperature, MosaicConfig(serial_update="table"))
+                                 temperature, MosaicBatchedConfig(serial_update="table"))
   assert "mosaic_gpu" in text
 
 

@@ -15,7 +15,9 @@ from wts_jax import validation
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.reference import logits_of_tokens
-from wts_jax.walk_config import MosaicConfig
+from wts_jax.walk_config import MosaicBatchedConfig, MosaicRowConfig
+
+pytestmark = pytest.mark.mosaic
 
 NEEDS_INTERPRETER = pytest.mark.skipif(
     tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11),
@@ -64,7 +66,8 @@ def test_mosaic_kernels_return_logits_and_logprobs(head_type, batch, kernel, tem
   (base, first, hidden, key), ref = _reference(head, batch, 3, temperature, 2)
   out = wts_jax.walk(head, base, first, hidden, impl="mosaic", temperature=temperature,
                      key=key, return_logits=True, return_logprobs=True,
-                     config=MosaicConfig(interpret=True, kernel=kernel))
+                     config={"rows": MosaicRowConfig,
+                             "batched": MosaicBatchedConfig}[kernel](interpret=True))
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits), rtol=1e-6,
                              atol=1e-5)

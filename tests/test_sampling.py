@@ -85,6 +85,7 @@ def test_log_is_exact_in_its_exponent_at_every_binade():
   assert float(jax.jit(sampling.log_positive)(jnp.float32(1.0))) == 0.0
 
 
+@pytest.mark.mosaic
 @pytest.mark.skipif(jax.__version_info__ < (0, 11),
                     reason="jax 0.10's Mosaic GPU interpreter cannot run tiled shared-memory "
                            "loads")

@@ -47,7 +47,7 @@ def _mosaic_noise(u):
   """As the batched kernel draws it: [64, 128] tiles in the WGMMA register layout, read
   from and written to global memory, a block a tile."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  from wts_jax.pallas.mosaic_walk import _load
+  from wts_jax.pallas.mosaic_gpu_helpers import load as _load
   tiles = u.reshape(-1, 64, 128)
 
   def body(u_g, out_g):

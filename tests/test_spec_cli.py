@@ -3,8 +3,9 @@ DeepSpec drafter converted with wts-convert --full, and a tokenizer.json."""
 
 
 import pytest
-import torch
-import transformers
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from convert_fixtures import (HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS,

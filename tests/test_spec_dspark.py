@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 from convert_fixtures import drafter_config, drafter_state_dict, write_checkpoint
 import wts_jax

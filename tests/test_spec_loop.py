@@ -14,7 +14,7 @@ from wts_jax.spec import autoregressive, generate_output, loop
 from wts_jax.spec.dspark import DSparkConfig, DSparkDrafter, make_dspark
 from wts_jax.spec.loop import generate
 from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
-from wts_jax.walk_config import WalkConfig
+from wts_jax.walk_config import TritonConfig
 
 F32 = dict(param_dtype=jnp.float32, dtype=jnp.float32)
 PROMPTS = [[1, 2, 3], [4, 0, 5, 1, 2, 3, 0], [2, 2, 1, 0, 3]]
@@ -73,7 +73,7 @@ def test_greedy_with_the_walk_kernel_stops_at_eos_per_row(models):
   assert candidates, "no token of row 1 ends the rows at different steps"
   eos = candidates[0]
   out = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="pallas",
-                 walk_config=WalkConfig(interpret=True), eos_id=eos)
+                 walk_config=TritonConfig(interpret=True), eos_id=eos)
   expected = greedy_reference(target, PROMPTS, 12, eos_id=eos)
   assert out.rows() == expected
   assert expected[1][-1] == eos and len(expected[1]) < 12

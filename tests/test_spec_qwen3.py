@@ -9,8 +9,8 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file
 
 from wts_jax.spec.qwen3 import KVCache, Qwen3Config, load_qwen3

@@ -1,10 +1,11 @@
-"""The stacked int8-planes walk (``wts_jax.pallas.stacked_walk``): its plan on any JAX;
+"""The stacked int8-planes walk (``wts_jax.pallas.stacked``): its plan on any JAX;
 every option's CUDA lowering, and its inline PTX assembled where ptxas is; its kernel in
 Mosaic GPU interpret mode (jax >= 0.11) against the XLA reference walk — both request
 layouts (one block of 32 requests over four phases, two over two with shared rings), V
 not a multiple of 64, greedy and sampled (the same key), a NaN reported; on the GPU
 (``-m gpu``) at the Qwen3-4B shape, B 5 to 64."""
 
+import dataclasses
 import os
 import shutil
 
@@ -17,10 +18,14 @@ import wts_jax
 from mosaic_checks import assert_mosaic_matches_xla, planes_head
 from wts_jax.inputs import random_inputs
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE
-from wts_jax.pallas import stacked_planes as sp
-from wts_jax.pallas import stacked_walk as sw
+from wts_jax.pallas.stacked.launch import stacked_walk
+from wts_jax.pallas.stacked.operands import BASE_SLOT_BYTES
+from wts_jax.pallas.stacked.plan import StackedPlan, WARPGROUPS, fixed_smem_bytes, plan_stacked, tile_bytes
+from wts_jax.pallas.stacked.spec import StackedLab, StackedSpec, w1_planes_operand, w2_operand
 from wts_jax.pallas.head_operands import serial_operands
 from wts_jax.validation import make_sampling
+
+pytestmark = pytest.mark.mosaic
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -29,18 +34,27 @@ NEEDS_INTERPRETER = pytest.mark.skipif(
 ON_GPU = bool(os.environ.get("WTS_GPU_TESTS"))
 
 
+LAB_FIELDS = {field.name for field in dataclasses.fields(StackedLab)}
+
+
+def _spec(plan, batch, steps, **options):
+  """A ``StackedSpec`` with ``options``, those of ``StackedLab`` in its lab overlay."""
+  lab = {name: options.pop(name) for name in list(options) if name in LAB_FIELDS}
+  return StackedSpec(plan, batch, steps, lab=StackedLab(**lab), **options)
+
+
 def _walk(head, base, first, *, num_blocks, interpret, spec_options=None, temperature=0.0,
           key=None, **plan_options):
-  plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                         batch=base.shape[0], num_blocks=num_blocks,
-                         smem_per_block=H200_SMEM, **plan_options)
+  plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                      batch=base.shape[0], num_blocks=num_blocks,
+                      smem_per_block=H200_SMEM, **plan_options)
   mode = make_sampling(temperature, key, base.shape[0])
-  spec = sw.StackedSpec(plan, base.shape[0], base.shape[1], interpret=interpret,
-                        greedy=mode.greedy, **(spec_options or {}))
+  spec = _spec(plan, base.shape[0], base.shape[1], interpret=interpret,
+               greedy=mode.greedy, **(spec_options or {}))
   ops = serial_operands(head, None)
   sampling = None if mode.greedy else (mode.score_scale, mode.noise_on, mode.seed)
-  tokens, status = jax.jit(lambda *a: sw.stacked_walk(spec, *a, sampling=sampling))(
-      sw.w2_operand(spec, ops), base, sw.w1_planes_operand(spec, ops), first, ops["w2_scale"],
+  tokens, status = jax.jit(lambda *a: stacked_walk(spec, *a, sampling=sampling))(
+      w2_operand(spec, ops), base, w1_planes_operand(spec, ops), first, ops["w2_scale"],
       ops["w1_plane_scale"])
   return np.asarray(tokens), int(status), plan
 
@@ -61,7 +75,7 @@ def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
   """``W1Planes.fragments`` is ``int8_state.fragment_ordered`` of the head's planes (each
   row's bytes moved, none lost), and the API's GPU plan reads it; interpreted, rows."""
   from wts_jax.int8_state import fragment_ordered
-  from wts_jax.pallas import backend, mosaic_backend
+  from wts_jax.pallas import backend, mosaic_stacked_backend
   head, config = planes_head(1000)
   ops = serial_operands(head, None)
   planes, fragments = np.asarray(ops["w1_planes"]), np.asarray(ops["w1_fragments"])
@@ -76,9 +90,10 @@ def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
                                 planes.reshape(1000, -1)[:, 4:8])
   base = jax.ShapeDtypeStruct((16, 7, 1000), jnp.bfloat16)
   shapes = backend.WalkShapes.of(base, greedy=True)
-  gpu = mosaic_backend.plan(head, shapes, wts_jax.MosaicConfig(), wts_jax.device.H200)
-  interpreted = mosaic_backend.plan(head, shapes, wts_jax.MosaicConfig(
-      kernel="stacked", interpret=True), wts_jax.device.H200)
+  stacked, interpret = wts_jax.MosaicStackedConfig(), wts_jax.MosaicStackedConfig(
+      interpret=True)
+  gpu = mosaic_stacked_backend.plan(head, shapes, stacked, wts_jax.device.H200)
+  interpreted = mosaic_stacked_backend.plan(head, shapes, interpret, wts_jax.device.H200)
   assert gpu.w1_order == "fragments" and interpreted.w1_order == "rows"
   # W2 in its threads' rows: held by a head whose V is a multiple of 64, read by the
   # GPU plan wherever it has base slots (async copies at B <= 32, TMA above).
@@ -90,33 +105,31 @@ def test_the_head_carries_w1_in_fragment_order_and_the_api_reads_it():
                                 np.asarray(thread_rows_ordered(w2.weight[...])))
   for batch, order in ((16, "thread_rows"), (32, "thread_rows"), (64, "thread_rows")):
     base = jax.ShapeDtypeStruct((batch, 7, 1024), jnp.bfloat16)
-    plan = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
-                               wts_jax.MosaicConfig(), wts_jax.device.H200)
+    plan = mosaic_stacked_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
+                                       stacked, wts_jax.device.H200)
     assert plan.w2_order == order, batch
-  interpreted = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
-                                    wts_jax.MosaicConfig(kernel="stacked", interpret=True),
-                                    wts_jax.device.H200)
+  interpreted = mosaic_stacked_backend.plan(
+      head, backend.WalkShapes.of(base, greedy=True), interpret, wts_jax.device.H200)
   assert interpreted.w2_order == "rows"   # (no base slots in interpret mode)
 
 
 # --- the plan ---------------------------------------------------------------------------
-@pytest.mark.parametrize("extra", [{}, dict(base_slots=2), dict(z_loads="shared"),
+@pytest.mark.parametrize("extra", [{}, dict(base_slots=2),
                                    dict(base_slots=2, base_copies="tma")],
-                         ids=["defaults", "async-base", "staged-z", "tma-base"])
+                         ids=["defaults", "async-base", "tma-base"])
 def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two(extra):
   # (a shared ring of two slots above 32 rows; of one with the base logits by TMA)
   for batch, phases, stages in ((16, 4, 1),
                                 (64, 2, 1 if extra.get("base_copies") == "tma" else 2)):
-    plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                           smem_per_block=H200_SMEM, **extra)
+    plan = plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                        smem_per_block=H200_SMEM, **extra)
     assert plan.tiles == 18 and plan.phases == phases and plan.ring_stages == stages
     assert sum(len(plan.phase_tiles(p)) for p in range(phases)) == 18
     # Shared memory full: one more tile would not fit beside the fixed parts (with the
-    # base slots or the staged z).
-    staged = (sw.WARPGROUPS * plan.base_slots * sp.BASE_SLOT_BYTES
-              + (plan.request_blocks * sp.STAGE_BYTES if plan.z_loads == "shared" else 0))
-    used = plan.slots * sw.tile_bytes(256) + sw.fixed_smem_bytes(18, staged) + 3072
-    assert used <= H200_SMEM < used + sw.tile_bytes(256)
+    # base slots).
+    staged = WARPGROUPS * plan.base_slots * BASE_SLOT_BYTES
+    used = plan.slots * tile_bytes(256) + fixed_smem_bytes(18, staged) + 3072
+    assert used <= H200_SMEM < used + tile_bytes(256)
     for p in range(phases):
       order = plan.order(p)
       assert sorted(t for t, _, _ in order) == plan.phase_tiles(p)
@@ -125,63 +138,33 @@ def test_the_plan_deals_the_qwen3_tiles_to_four_phases_or_two(extra):
         assert order[0][1], "a phase's first tile is streamed (it arrives in the exchange)"
 
 
-def test_async_slots_of_the_live_warps_leave_room_for_a_tile_more():
-  """At B 16 the async base slots of the two live request warps (``base_warps=2``) take
-  half the bytes, and the plan keeps one more tile resident; the spec refuses slots
-  that miss a live warp or warps that would fold unheld words."""
-  full, live = (sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                                smem_per_block=H200_SMEM, base_slots=2, base_warps=warps)
-                for warps in (4, 2))
-  assert sum(live.resident) == sum(full.resident) + 1
-  assert sp.base_slot_bytes(2) * 2 == sp.BASE_SLOT_BYTES
-  assert "of 2 request warps" in live.describe()
-  sw.StackedSpec(live, 16, 7, skip_idle_warps=True, rotate_warps=True)
-  with pytest.raises(ValueError, match="every live request warp"):
-    sw.StackedSpec(live, 17, 7, skip_idle_warps=True)
-  with pytest.raises(ValueError, match="skip their fold"):
-    sw.StackedSpec(live, 16, 7)
-  with pytest.raises(ValueError, match="base_warps=2: 1 to 4"):
-    sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                    smem_per_block=H200_SMEM, base_slots=2, base_copies="tma", base_warps=2)
-
-
 def test_the_plan_names_what_it_cannot_do():
   with pytest.raises(ValueError, match="batch=65"):
-    sw.plan_stacked(vocab_size=1000, rank=256, batch=65, num_blocks=1,
-                    smem_per_block=H200_SMEM)
+    plan_stacked(vocab_size=1000, rank=256, batch=65, num_blocks=1,
+                 smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="vocab_size=1001"):
-    sw.plan_stacked(vocab_size=1001, rank=256, batch=4, num_blocks=1,
-                    smem_per_block=H200_SMEM)
+    plan_stacked(vocab_size=1001, rank=256, batch=4, num_blocks=1,
+                 smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="resident=40"):
-    sw.plan_stacked(vocab_size=151936, rank=256, batch=4, num_blocks=132,
-                    smem_per_block=H200_SMEM, resident=40)
-  plan = sw.plan_stacked(vocab_size=1000, rank=256, batch=4, num_blocks=1,
-                         smem_per_block=H200_SMEM)
-  with pytest.raises(ValueError, match="exchange='grid'"):
-    sw.StackedSpec(plan, 4, 2, exchange="grid")
-  with pytest.raises(ValueError, match="mma_parts > 1: GPU only"):
-    sw.StackedSpec(plan, 4, 2, mma_parts=2, interpret=True)
+    plan_stacked(vocab_size=151936, rank=256, batch=4, num_blocks=132,
+                 smem_per_block=H200_SMEM, resident=40)
+  plan = plan_stacked(vocab_size=1000, rank=256, batch=4, num_blocks=1,
+                      smem_per_block=H200_SMEM)
+  with pytest.raises(ValueError, match="w1_order='k_halves'"):
+    StackedSpec(plan, 4, 2, w1_order="k_halves")
   with pytest.raises(ValueError, match="'narrow_mma': GPU only"):
-    sw.StackedSpec(plan, 4, 2, interpret=True, timing_ablation="narrow_mma")
-  with pytest.raises(ValueError, match="takes each tile's WGMMA whole"):
-    sw.StackedSpec(plan, 4, 2, timing_ablation="narrow_mma", mma_parts=2)
-  with pytest.raises(ValueError, match="mma_parts=3"):
-    sw.StackedSpec(plan, 4, 2, mma_parts=3)
-  with pytest.raises(ValueError, match="status='kernel' counts"):
-    sw.StackedSpec(plan, 4, 2, status="kernel", exchange="pairs")
+    _spec(plan, 4, 2, interpret=True, timing_ablation="narrow_mma")
+  with pytest.raises(ValueError, match="timing_ablation='slow'"):
+    StackedLab(timing_ablation="slow")
   with pytest.raises(ValueError, match="status='summed'"):
-    sw.StackedSpec(plan, 4, 2, status="summed")
+    StackedSpec(plan, 4, 2, status="summed")
   with pytest.raises(ValueError, match="ring_stages=0"):
-    sw.StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
-                   resident=(1, 1, 1, 1), ring_stages=0)
+    StackedPlan(vocab_size=1000, rank=256, num_blocks=1, tiles=16, request_blocks=1,
+                resident=(1, 1, 1, 1), ring_stages=0)
 
 
 # --- the kernel, lowered for CUDA (no GPU needed) ------------------------------------------
-LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
-                   dict(nan_check="witness"),
-                   dict(refill="deferred", ring_issuers="dealt"), dict(w1_order="fragments"),
-                   dict(prefetch_candidates=True), dict(greedy=False),
-                   dict(w1_order="fragments", plan=dict(z_loads="shared")),
+LOWERED_OPTIONS = [dict(), dict(w1_order="fragments"), dict(greedy=False),
                    dict(prefetch_base=True), dict(plan=dict(base_slots=2)),
                    dict(greedy=False, plan=dict(base_slots=2)), dict(plan=dict(base_slots=3)),
                    dict(plan=dict(base_slots=2, base_copies="tma")),
@@ -196,19 +179,12 @@ LOWERED_OPTIONS = [dict(), dict(exchange="pairs"), dict(exchange="warp_pairs"),
                    dict(timing_ablation="base", plan=dict(base_slots=2)),
                    dict(status="kernel", rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2, base_copies="tma")),
-                   dict(mma_parts=2, rotate_warps=True, skip_idle_warps=True,
-                        plan=dict(base_slots=2)),
-                   dict(mma_parts=2, rotate_warps=True, skip_idle_warps=True,
-                        plan=dict(base_slots=2, base_copies="tma")),
-                   dict(mma_parts=2, greedy=False, plan=dict(base_slots=2)),
-                   dict(mma_parts=2, timing_ablation="fold"),
-                   dict(mma_parts=4, rotate_warps=True, skip_idle_warps=True,
-                        plan=dict(base_slots=2, base_copies="tma")),
+                   dict(timing_ablation="fold"),
                    dict(timing_ablation="narrow_mma", rotate_warps=True, skip_idle_warps=True,
                         plan=dict(base_slots=2))]
 
 
-def _lowered_for_cuda(spec: sw.StackedSpec) -> str:
+def _lowered_for_cuda(spec: StackedSpec) -> str:
   """The walk of ``spec`` at the Qwen3-4B shape lowered for CUDA (no GPU needed): the
   StableHLO text, the kernel's Mosaic module in it."""
   import sys
@@ -224,50 +200,32 @@ def _lowered_for_cuda(spec: sw.StackedSpec) -> str:
       jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
       jax.ShapeDtypeStruct((2,), jnp.uint32))
   with cuda_target():
-    return jax.jit(lambda *a: sw.stacked_walk(spec, *a[:6], sampling=a[6])).trace(
+    return jax.jit(lambda *a: stacked_walk(spec, *a[:6], sampling=a[6])).trace(
         *args, sampling).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("batch", [5, 64])
 @pytest.mark.parametrize("options", LOWERED_OPTIONS,
-                         ids=["defaults", "pairs", "warp-pairs", "nan-witness",
-                              "deferred-dealt",
-                              "fragments", "prefetch", "sampled", "staged-z",
-                              "prefetch-base", "async-base", "async-base-sampled",
-                              "async-base-3", "tma-base", "tma-base-3-sampled",
-                              "rotated-skip-tma", "rotated-skip-async-sampled",
-                              "dependent-launch", "no-base-tma", "no-base-async",
-                              "status-in-kernel", "split-mma-async", "split-mma-tma",
-                              "split-mma-sampled", "split-mma-fold-ablation",
-                              "mma-quarters-tma", "narrow-mma-ablation"])
+                         ids=["defaults", "fragments", "sampled", "prefetch-base",
+                              "async-base", "async-base-sampled", "async-base-3",
+                              "tma-base", "tma-base-3-sampled", "rotated-skip-tma",
+                              "rotated-skip-async-sampled", "dependent-launch",
+                              "no-base-tma", "no-base-async", "status-in-kernel",
+                              "fold-ablation", "narrow-mma-ablation"])
 def test_every_option_lowers_for_cuda_at_the_qwen3_shape(options, batch):
-  """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape;
-  the prefetch's PTX is there when asked for and only then."""
+  """Each option's kernel builds (its inline PTX and Mosaic ops) at the Qwen3-4B shape,
+  the lab overlay's (``StackedLab``) too; a dependent launch waits first, and only it."""
   options = dict(options)
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                         smem_per_block=H200_SMEM, **options.pop("plan", {}))
-  spec = sw.StackedSpec(plan, batch, 7, **options)
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                      smem_per_block=H200_SMEM, **options.pop("plan", {}))
+  spec = _spec(plan, batch, 7, **options)
   text = _lowered_for_cuda(spec)
   assert "mosaic_gpu" in text
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
     # (jax 0.10 serializes the kernel's module: its PTX is not in the text)
-    assert ("prefetch.global.L2" in text) == bool(options.get("prefetch_candidates"))
     assert ("griddepcontrol.wait" in text) == bool(options.get("dependent_launch"))
   # The status: one word out of the kernel, or a word a warpgroup reduced after it.
   assert ("reduce" in text.split("mosaic_gpu")[-1]) != (spec.status == "kernel")
-
-
-@pytest.mark.parametrize("batch,warps", [(5, 1), (16, 2), (24, 3)])
-def test_async_slots_of_the_live_warps_lower_for_cuda(batch, warps):
-  """The async base slots of the live request warps only build for the GPU (their
-  copies predicated by the thread's request warp, their reads at the compact stride),
-  greedy and sampled, the WGMMA in parts too."""
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                         smem_per_block=H200_SMEM, base_slots=2, base_warps=warps)
-  for options in (dict(), dict(greedy=False), dict(mma_parts=2)):
-    spec = sw.StackedSpec(plan, batch, 7, rotate_warps=True, skip_idle_warps=True,
-                          **options)
-    assert "mosaic_gpu" in _lowered_for_cuda(spec)
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA's assembler)")
@@ -330,62 +288,56 @@ def test_interpreted_walk_with_the_status_in_the_kernel_equals_the_reference():
                                     spec_options=dict(status="kernel"))
 
 
-# --- through the API: MosaicConfig(kernel="stacked") --------------------------------------
+# --- through the API: MosaicStackedConfig() --------------------------------------
 def test_the_backend_refuses_what_the_stacked_kernel_does_not_run():
-  from wts_jax.pallas import backend, mosaic_backend
+  from wts_jax.pallas import backend, mosaic_stacked_backend
   head, config = planes_head(1000)
   base, first, _ = random_inputs(config, 5, 2, jax.random.key(0))
-  stacked = wts_jax.MosaicConfig(kernel="stacked", interpret=True)
-  sampled = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=False), stacked,
-                                wts_jax.device.H200)
-  assert isinstance(sampled, sw.StackedSpec) and not sampled.greedy
+  stacked = wts_jax.MosaicStackedConfig(interpret=True)
+  sampled = mosaic_stacked_backend.plan(head, backend.WalkShapes.of(base, greedy=False),
+                                        stacked, wts_jax.device.H200)
+  assert isinstance(sampled, StackedSpec) and not sampled.greedy
   bf16_head = wts_jax.make_head(config, seed=0)
-  refusal = mosaic_backend.plan(bf16_head, backend.WalkShapes.of(base, greedy=True), stacked,
-                                wts_jax.device.H200)
+  refusal = mosaic_stacked_backend.plan(bf16_head, backend.WalkShapes.of(base, greedy=True),
+                                        stacked, wts_jax.device.H200)
   assert isinstance(refusal, backend.Refusal) and "int8 planes" in refusal.reason
-  spec = mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=True), stacked,
-                             wts_jax.device.H200)
-  assert isinstance(spec, sw.StackedSpec) and spec.plan.num_blocks == 1
+  spec = mosaic_stacked_backend.plan(head, backend.WalkShapes.of(base, greedy=True),
+                                     stacked, wts_jax.device.H200)
+  assert isinstance(spec, StackedSpec) and spec.plan.num_blocks == 1
 
 
 def test_auto_takes_the_stacked_kernel_for_a_greedy_int8_planes_walk():
-  """``kernel="auto"`` on the GPU (a plan: no kernel runs): the stacked kernel for the
-  greedy int8-planes walk from ``STACKED_MIN_BATCH`` (one) row; the batched kernel
-  when sampled or another kernel's option is set; not in interpret mode."""
-  from wts_jax.pallas import backend, mosaic_backend
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
+  """``impl="mosaic"`` on the GPU (a plan: no kernel runs): the stacked kernel for the
+  greedy int8-planes walk from ``STACKED_MIN_BATCH`` (one) row, its planner's choices;
+  the batched kernel when sampled (the row kernel at one sampled row)."""
+  from wts_jax.pallas import backend, preference
+  from wts_jax.pallas.batched.spec import BatchedSpec
   head, config = planes_head(151936)
-  assert mosaic_backend.STACKED_MIN_BATCH == 1 and not mosaic_backend.STACKED_TAKES_SAMPLED
+  assert preference.STACKED_MIN_BATCH == 1
 
-  def spec(batch, greedy=True, **options):
+  def spec(batch, greedy=True):
     base = jax.ShapeDtypeStruct((batch, 7, 151936), jnp.bfloat16)
-    return mosaic_backend.plan(head, backend.WalkShapes.of(base, greedy=greedy),
-                               wts_jax.MosaicConfig(**options), wts_jax.device.H200)
+    return backend.choose(head, backend.WalkShapes.of(base, greedy=greedy), "mosaic",
+                          require_gpu=False, device=wts_jax.device.H200).plan
   for batch in (1, 2, 5, 16, 40, 64, 70):
     chosen = spec(batch)
-    assert isinstance(chosen, sw.StackedSpec) and chosen.batch == batch
+    assert isinstance(chosen, StackedSpec) and chosen.batch == batch
     assert chosen.plan.num_blocks == 132
-    # The base logits by async copies (NOTES v31), by TMA above 32 rows (NOTES v32); W1
-    # in the threads' load order; the warps rotated, those past the batch idle.
+    # The base logits by async copies, by TMA above 32 rows; W1 in the threads' load
+    # order; the warps rotated, those past the batch idle (``docs/decisions.md``).
     assert chosen.plan.base_slots == 2 and chosen.w1_order == "fragments"
     assert chosen.plan.base_copies == ("tma" if batch > 32 else "threads")
     assert chosen.rotate_warps and chosen.skip_idle_warps
-    assert not chosen.prefetch_base
-  for batch, greedy, options in ((16, False, {}),
-                                 (16, True, dict(warpgroups=2)),
-                                 (16, True, dict(interpret=True, num_blocks=1))):
-    chosen = spec(batch, greedy, **options)
-    # (interpret mode at this V: one block holds no batched plan either, a refusal)
-    assert not isinstance(chosen, sw.StackedSpec), (batch, greedy, options)
-    assert options.get("interpret") or isinstance(chosen, BatchedSpec), (batch, options)
+    assert chosen.lab == StackedLab()
+  assert isinstance(spec(16, greedy=False), BatchedSpec)
   # One sampled row: the row kernel.
-  assert not isinstance(spec(1, greedy=False), (sw.StackedSpec, BatchedSpec))
+  assert not isinstance(spec(1, greedy=False), (StackedSpec, BatchedSpec))
 
 
 @NEEDS_INTERPRETER
 @pytest.mark.parametrize("batch, temperature", [(5, 0.0), (70, 0.0), (5, 0.8), (70, 0.8)])
 def test_the_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperature):
-  """``wts_jax.walk`` with ``mosaic_kernel="stacked"`` (interpret mode): one launch at
+  """``wts_jax.walk`` with ``MosaicStackedConfig`` (interpret mode): one launch at
   B 5, two (64 + 6 rows) at B 70; greedy and sampled (the rows' keys carried across
   the launches)."""
   head, config = planes_head(512, seed=batch)
@@ -421,12 +373,12 @@ def test_gpu_sampled_tokens_equal_the_reference(batch):
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
 @pytest.mark.parametrize("batch, temperature", [(16, 0.0), (70, 0.0), (16, 0.8), (70, 0.8)])
 def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperature):
-  """``wts_jax.walk`` with ``mosaic_kernel="stacked"`` on the GPU: W1 from the head's
+  """``wts_jax.walk`` with ``MosaicStackedConfig`` on the GPU: W1 from the head's
   fragment-ordered copy, two launches at B 70 (64 + 6 rows), greedy and sampled."""
   from mosaic_checks import assert_walk_matches, mosaic_and_xla_walks
   head, config = planes_head(151936, seed=batch)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 400))
-  config = wts_jax.WalkConfig(backend="mosaic", mosaic_kernel="stacked")
+  config = wts_jax.MosaicStackedConfig()
   assert_walk_matches(*mosaic_and_xla_walks(
       head, base, first, None, impl="pallas", config=config, temperature=temperature,
       key=jax.random.key(batch + 500) if temperature else None))
@@ -436,12 +388,7 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
 @pytest.mark.parametrize("batch", [16, 40])
 @pytest.mark.parametrize("options", [
-    dict(exchange="pairs"), dict(auto_barriers=False),
-    dict(nan_check="witness"), dict(refill="deferred"), dict(w1_order="fragments"),
-    dict(ring_issuers="dealt"),
-    dict(refill="deferred", w1_order="fragments", ring_issuers="dealt"),
-    dict(prefetch_candidates=True), dict(exchange="warp_pairs"),
-    dict(w1_order="fragments", plan=dict(z_loads="shared")),
+    dict(w1_order="fragments"),
     dict(w1_order="fragments", prefetch_base=True),
     dict(w1_order="fragments", plan=dict(base_slots=2)),
     dict(w1_order="fragments", plan=dict(base_slots=3)),
@@ -456,20 +403,10 @@ def test_gpu_api_walk_on_the_stacked_kernel_equals_the_reference(batch, temperat
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, status="kernel",
          plan=dict(base_slots=2)),
     dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, status="kernel",
-         plan=dict(base_slots=2, base_copies="tma")),
-    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, mma_parts=2,
-         plan=dict(base_slots=2)),
-    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, mma_parts=2,
-         plan=dict(base_slots=2, base_copies="tma")),
-    dict(w1_order="fragments", mma_parts=2),
-    dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True, mma_parts=4,
          plan=dict(base_slots=2, base_copies="tma"))],
-    ids=["pairs", "no-barriers", "nan-witness", "deferred", "fragments", "dealt",
-         "deferred-fragments-dealt", "prefetch", "warp-pairs", "staged-z",
-         "prefetch-base", "async-base", "async-base-3", "tma-base", "tma-base-3",
-         "rotated-skip", "rotated-skip-tma", "rotated-skip-async", "dependent-launch",
-         "status-in-kernel-async", "status-in-kernel-tma", "split-mma-async",
-         "split-mma-tma", "split-mma-registers", "mma-quarters-tma"])
+    ids=["fragments", "prefetch-base", "async-base", "async-base-3", "tma-base",
+         "tma-base-3", "rotated-skip", "rotated-skip-tma", "rotated-skip-async",
+         "dependent-launch", "status-in-kernel-async", "status-in-kernel-tma"])
 def test_gpu_options_keep_the_tokens(options, batch):
   head, config = planes_head(151936, seed=3)
   base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch))
@@ -480,30 +417,16 @@ def test_gpu_options_keep_the_tokens(options, batch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-@pytest.mark.parametrize("batch,warps,temperature", [(5, 1, 0.0), (12, 2, 0.0), (16, 2, 0.8),
-                                                     (24, 3, 0.0)])
-def test_gpu_async_slots_of_the_live_warps_keep_the_tokens(batch, warps, temperature):
-  head, config = planes_head(151936, seed=batch)
-  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 60))
-  _assert_walk_equals_the_reference(
-      head, base, first, num_blocks=132, interpret=False, base_slots=2, base_warps=warps,
-      temperature=temperature, key=jax.random.key(3) if temperature else None,
-      spec_options=dict(w1_order="fragments", rotate_warps=True, skip_idle_warps=True))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-@pytest.mark.parametrize("nan_check,status", [("witness", "flags"), ("value", "flags"),
-                                              ("value", "kernel")])
+@pytest.mark.parametrize("status", ["flags", "kernel"])
 @pytest.mark.parametrize("batch,row", [(16, 7), (40, 35)], ids=["first-warp", "second-warp"])
-def test_gpu_walk_reports_nan(nan_check, status, batch, row):
+def test_gpu_walk_reports_nan(status, batch, row):
   """A NaN in one block's columns at the last step (and in another's at the first):
   reported, whichever block holds it and whichever warp publishes its request (the
   flag is stored by the request's thread, read by another)."""
   head, config = planes_head(151936)
   base, first, _ = random_inputs(config, batch, 3, jax.random.key(5))
   options = dict(num_blocks=132, interpret=False,
-                 spec_options=dict(nan_check=nan_check, status=status))
+                 spec_options=dict(status=status))
   _, clean, _ = _walk(head, base, first, **options)
   assert clean == 0
   _, status_word, _ = _walk(head, base.at[row, 2, 90001].set(jnp.nan), first, **options)
@@ -530,87 +453,6 @@ def test_gpu_first_tokens_out_of_range_clamped_and_reported(status):
   np.testing.assert_array_equal(tokens, np.asarray(want.tokens))
 
 
-def test_k_halves_plan_takes_its_exchange_from_the_tiles_and_refuses_what_it_cannot_run():
-  halves, dense = (sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                                   smem_per_block=H200_SMEM, base_slots=2, k_halves=k)
-                   for k in (True, False))
-  exchange = sw.WARPGROUPS * sp.K_HALVES_EXCHANGE_BYTES
-  assert sum(dense.resident) - sum(halves.resident) == -(-exchange // sw.tile_bytes(256))
-  assert "K halves" in halves.describe()
-  with pytest.raises(ValueError, match="at most 16 rows"):
-    sw.plan_stacked(vocab_size=151936, rank=256, batch=17, num_blocks=132,
-                    smem_per_block=H200_SMEM, base_slots=2, k_halves=True)
-  with pytest.raises(ValueError, match="k_halves"):
-    sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                    smem_per_block=H200_SMEM, base_slots=2, base_copies="tma", k_halves=True)
-  for options in (dict(w1_order="fragments"), dict(w1_order="k_halves", rotate_warps=True),
-                  dict(w1_order="k_halves", exchange="pairs")):
-    with pytest.raises(ValueError, match="k.halves"):
-      sw.StackedSpec(halves, 16, 7, **options)
-  with pytest.raises(ValueError, match="k_halves"):
-    sw.StackedSpec(dense, 16, 7, w1_order="k_halves")
-  no_slots = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                             smem_per_block=H200_SMEM, k_halves=True)
-  with pytest.raises(ValueError, match="base_slots"):
-    sw.StackedSpec(no_slots, 16, 7, w1_order="k_halves")
-
-
-@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
-def test_k_halves_walk_lowers_for_cuda_with_four_sparse_wgmmas_a_tile(greedy):
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                         smem_per_block=H200_SMEM, base_slots=2, k_halves=True)
-  spec = sw.StackedSpec(plan, 16, 7, w1_order="k_halves", skip_idle_warps=True,
-                        status="kernel", greedy=greedy)
-  text = _lowered_for_cuda(spec)
-  assert "mosaic_gpu" in text
-  if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
-    assert "wgmma.mma_async.sp.sync.aligned.m64n64k64.s32.s8.s8" in text
-
-
-@NEEDS_INTERPRETER
-@pytest.mark.parametrize("batch,temperature", [(5, 0.0), (16, 0.0), (11, 0.8)])
-def test_interpreted_k_halves_walk_equals_the_reference(batch, temperature):
-  """Interpreted, the k-halves operand is the dense [64, r] it stands for (each row's
-  plane, the other half's positions zero) and the fold adds the halves: the stacking of
-  16 requests' planes over two halves of K gives the reference's tokens (V = 1000)."""
-  head, config = planes_head(1000, seed=batch)
-  base, first, _ = random_inputs(config, batch, 3, jax.random.key(batch + 70))
-  _assert_walk_equals_the_reference(
-      head, base, first, num_blocks=1, interpret=True, k_halves=True,
-      temperature=temperature, key=jax.random.key(4) if temperature else None)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-@pytest.mark.parametrize("batch,temperature", [(1, 0.0), (5, 0.0), (12, 0.8), (16, 0.0),
-                                               (16, 0.8)])
-def test_gpu_k_halves_walk_keeps_the_tokens(batch, temperature):
-  """The 2:4-sparse chain, the halves' exchange, the halves' bests merged: the
-  reference's tokens at the Qwen3-4B shape, greedy and sampled (the same key)."""
-  head, config = planes_head(151936, seed=batch + 7)
-  base, first, _ = random_inputs(config, batch, 7, jax.random.key(batch + 80))
-  _assert_walk_equals_the_reference(
-      head, base, first, num_blocks=132, interpret=False, base_slots=2, k_halves=True,
-      temperature=temperature, key=jax.random.key(5) if temperature else None,
-      spec_options=dict(w1_order="k_halves", skip_idle_warps=True, status="kernel"))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs the GPU (WTS_GPU_TESTS=1)")
-def test_gpu_k_halves_walk_reports_nan():
-  head, config = planes_head(151936)
-  base, first, _ = random_inputs(config, 16, 3, jax.random.key(6))
-  options = dict(num_blocks=132, interpret=False, base_slots=2, k_halves=True,
-                 spec_options=dict(w1_order="k_halves", skip_idle_warps=True,
-                                   status="kernel"))
-  _, clean, _ = _walk(head, base, first, **options)
-  assert clean == 0
-  for row, step, column in ((7, 2, 90001), (12, 0, 151000), (3, 1, 40)):
-    _, status_word, _ = _walk(head, base.at[row, step, column].set(jnp.nan), first,
-                              **options)
-    assert status_word & STATUS_NAN_LOGITS, (row, step, column)
-
-
 # --- W2 in thread-rows order: a thread's base logits as two 16-byte copies --------------
 def test_thread_rows_order_gives_each_thread_sixteen_consecutive_rows():
   from wts_jax.int8_state import thread_rows_ordered
@@ -621,23 +463,23 @@ def test_thread_rows_order_gives_each_thread_sixteen_consecutive_rows():
       columns = [8 * j + 2 * t + e for j in range(8) for e in range(2)]
       np.testing.assert_array_equal(ordered[tile * 64 + np.array(columns)],
                                     tile * 64 + 16 * t + np.arange(16))
-  plan = sw.plan_stacked(vocab_size=1000, rank=32, batch=5, num_blocks=1,
-                         smem_per_block=H200_SMEM)
+  plan = plan_stacked(vocab_size=1000, rank=32, batch=5, num_blocks=1,
+                      smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="thread_rows"):
-    sw.StackedSpec(plan, 5, 3, interpret=True, w2_order="thread_rows")   # (V % 64)
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                         smem_per_block=H200_SMEM)
+    StackedSpec(plan, 5, 3, interpret=True, w2_order="thread_rows")   # (V % 64)
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                      smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="thread_rows"):
-    sw.StackedSpec(plan, 16, 7, w2_order="thread_rows")   # (no base slots on the GPU)
+    StackedSpec(plan, 16, 7, w2_order="thread_rows")   # (no base slots on the GPU)
 
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 def test_thread_rows_walk_lowers_for_cuda(greedy):
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
-                         smem_per_block=H200_SMEM, base_slots=2)
-  spec = sw.StackedSpec(plan, 16, 7, w1_order="fragments", w2_order="thread_rows",
-                        rotate_warps=True, skip_idle_warps=True, status="kernel",
-                        greedy=greedy)
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=16, num_blocks=132,
+                      smem_per_block=H200_SMEM, base_slots=2)
+  spec = StackedSpec(plan, 16, 7, w1_order="fragments", w2_order="thread_rows",
+                     rotate_warps=True, skip_idle_warps=True, status="kernel",
+                     greedy=greedy)
   text = _lowered_for_cuda(spec)
   assert "mosaic_gpu" in text
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
@@ -653,16 +495,16 @@ def test_thread_rows_with_tma_slots_or_vector_reads_lowers_for_cuda(batch, optio
   """W2 in its threads' rows with the base logits by TMA (the slot's swizzled chunks read
   as two 16-byte loads) or the async slots read so (``base_vector_reads``)."""
   options = dict(options)
-  plan = sw.plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
-                         smem_per_block=H200_SMEM, **options.pop("plan"))
-  spec = sw.StackedSpec(plan, batch, 7, w1_order="fragments", w2_order="thread_rows",
-                        rotate_warps=True, skip_idle_warps=True, status="kernel", **options)
+  plan = plan_stacked(vocab_size=151936, rank=256, batch=batch, num_blocks=132,
+                      smem_per_block=H200_SMEM, **options.pop("plan"))
+  spec = _spec(plan, batch, 7, w1_order="fragments", w2_order="thread_rows",
+               rotate_warps=True, skip_idle_warps=True, status="kernel", **options)
   text = _lowered_for_cuda(spec)
   assert "mosaic_gpu" in text
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
     assert "ld.shared.v4.b32" in text
   with pytest.raises(ValueError, match="base_vector_reads"):
-    sw.StackedSpec(plan, batch, 7, base_vector_reads=True)
+    _spec(plan, batch, 7, base_vector_reads=True)
 
 
 @NEEDS_INTERPRETER

@@ -85,17 +85,20 @@ def test_real_shapes_match_reference(head_type, batch, temperature):
 @pytest.mark.parametrize("rank", [64, 128])
 def test_other_ranks_and_residency(rank, residency):
   head, inputs = _real_case("vanilla", 4, rank=rank)
-  _assert_matches_reference(head, inputs, config=wts_jax.WalkConfig(residency=residency))
+  _assert_matches_reference(head, inputs,
+                            config=wts_jax.MosaicBatchedConfig(residency=residency))
 
 
 @pytest.mark.parametrize("residency", ["auto", "none", 0.25, 2 * 64])
 @pytest.mark.parametrize("batch", [1, 3, 4])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_mosaic_kernel_matches_reference(residency, batch, temperature):
-  """The Mosaic kernel (132 blocks, shared-memory residency, TMA ring) at the real
-  shape: the reference's tokens, greedy and sampled with the same key."""
+  """The Mosaic kernels (132 blocks, shared-memory residency, TMA ring) at the real
+  shape, the row kernel at one row and the batched one above: the reference's tokens,
+  greedy and sampled with the same key."""
   head, inputs = _real_case("vanilla", batch)
-  config = wts_jax.WalkConfig(backend="mosaic", residency=residency)
+  config = (wts_jax.MosaicRowConfig if batch == 1 else wts_jax.MosaicBatchedConfig)(
+      residency=residency)
   _assert_tokens_match_reference(head, inputs, temperature, config)
 
 
@@ -104,17 +107,17 @@ def test_mosaic_kernel_matches_reference(residency, batch, temperature):
 def test_mosaic_wgmma_gemv_matches_reference(batch, temperature):
   """The tensor-core GEMV (WGMMA against W1 rows staged by TMA) at the real shape."""
   head, inputs = _real_case("vanilla", batch)
-  config = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma")
+  config = wts_jax.MosaicRowConfig(gemv="wgmma")
   _assert_tokens_match_reference(head, inputs, temperature, config)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_mosaic_gated_head_matches_reference(batch, temperature):
-  """The gated head on the Mosaic kernel (G_e resident, the gate per step, register
-  GEMV) at the real shape, confidence included."""
+  """The gated head on the batched Mosaic kernel (its gate split over the blocks) at the
+  real shape, confidence included."""
   head, inputs = _real_case("gated", batch)
-  config = wts_jax.WalkConfig(backend="mosaic")
+  config = wts_jax.MosaicBatchedConfig()
   _assert_tokens_match_reference(head, inputs, temperature, config)
 
 
@@ -125,8 +128,8 @@ def test_mosaic_wgmma_groups_match_reference(batch, temperature, residency, stag
   """Several chunks' WGMMAs in flight before one wait, resident groups among the
   streamed ones, at the real shape."""
   head, inputs = _real_case("vanilla", batch)
-  config = wts_jax.WalkConfig(backend="mosaic", mosaic_gemv="wgmma", residency=residency,
-                              num_stages=stages, mosaic_group=group)
+  config = wts_jax.MosaicRowConfig(gemv="wgmma", residency=residency, ring_stages=stages,
+                                   group=group)
   _assert_tokens_match_reference(head, inputs, temperature, config)
 
 
@@ -140,8 +143,8 @@ def test_mosaic_int8_w2_matches_its_reference(batch, temperature, residency, sta
   with the register GEMV and with the WGMMA on the chunk upcast in registers (which the
   CPU interpreter cannot run: this is its only execution test)."""
   head, inputs = _real_case("vanilla", batch)
-  config = wts_jax.WalkConfig(backend="mosaic", residency=residency, num_stages=stages,
-                              mosaic_gemv=gemv, mosaic_group=group)
+  config = wts_jax.MosaicRowConfig(residency=residency, ring_stages=stages, gemv=gemv,
+                                   group=group)
   _assert_tokens_match_reference(quantize_w2(head, "int8"), inputs, temperature, config)
 
 
@@ -150,8 +153,7 @@ def test_mosaic_kernel_confidence_and_other_ranks():
     config = HeadConfig.qwen3_4b("vanilla", rank=rank, confidence=True)
     head = wts_jax.make_head(config, seed=4)
     base, first, hidden = random_inputs(config, 2, 7, jax.random.key(9))
-    out = wts_jax.walk(head, base, first, hidden, impl="pallas",
-                       config=wts_jax.WalkConfig(backend="mosaic"))
+    out = wts_jax.walk(head, base, first, hidden, impl="mosaic")
     ref = wts_jax.walk(head, base, first, hidden, impl="xla")
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     np.testing.assert_allclose(np.asarray(out.confidence), np.asarray(ref.confidence),
@@ -196,7 +198,8 @@ def test_stress_1000_fresh_walks_equal_reference(backend, batch, gemv, w2, tempe
   head = wts_jax.make_head(config, seed=3)
   if w2 == "int8":   # against the quantized reference
     head = quantize_w2(head, "int8")
-  walk_config = wts_jax.WalkConfig(backend=backend, mosaic_gemv=gemv)
+  walk_config = (wts_jax.MosaicRowConfig(gemv=gemv) if backend == "mosaic"
+                 else wts_jax.TritonConfig())
   kernel = jax.jit(lambda h, b, f, key: wts_jax.walk(
       h, b, f, impl="pallas", config=walk_config, temperature=temperature, key=key).tokens)
   reference = jax.jit(lambda h, b, f, key: wts_jax.walk(
@@ -220,13 +223,20 @@ def test_repeated_runs_are_bit_identical():
     np.testing.assert_array_equal(np.asarray(run.logits), np.asarray(runs[0].logits))
 
 
+def _kernel_config(backend, blocks=None, **options):
+  """The row kernel's config ("mosaic") or the Triton kernel's, ``blocks`` its grid."""
+  if backend == "mosaic":
+    return wts_jax.MosaicRowConfig(num_blocks=blocks, **options)
+  return wts_jax.TritonConfig(num_programs=blocks, **options)
+
+
 @pytest.mark.parametrize("backend", ["mosaic", "triton"])
 def test_one_kernel_launch_in_compiled_hlo(backend):
   """The compiled walk is one kernel: a single custom call, and any fusion around it is
   scalar glue (zero fills of the barrier counters, the status word, the clamp of the
   first tokens) — nothing of vocabulary or weight size."""
   head, (base, first, _) = _real_case("vanilla", 1, confidence=False)
-  config = wts_jax.WalkConfig(backend=backend)
+  config = _kernel_config(backend)
   compiled = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas",
                                                   config=config)).lower(
       head, base, first).compile()
@@ -245,13 +255,13 @@ def test_grid_larger_than_the_device_is_refused(backend):
   sms = jax.devices()[0].core_count
   with pytest.raises(ValueError, match=f"exceeds the {sms} SMs"):
     wts_jax.walk(head, base, first, impl="pallas",
-                 config=wts_jax.WalkConfig(num_programs=sms + 1, backend=backend))
+                 config=_kernel_config(backend, blocks=sms + 1))
 
 
 @pytest.mark.parametrize("backend", ["mosaic", "triton"])
 def test_starved_barrier_reports_timeout_instead_of_hanging(backend):
   head, (base, first, _) = _real_case("vanilla", 1, confidence=False)
-  config = wts_jax.WalkConfig(sync_spin_limit=1, backend=backend)
+  config = _kernel_config(backend, sync_spin_limit=1)
   statuses = []
   for _ in range(20):
     out = jax.jit(lambda h, b, f: wts_jax.walk(h, b, f, impl="pallas", config=config))(

@@ -20,13 +20,17 @@ from flax import nnx
 
 import numpy_oracle
 import wts_jax
-from mosaic_checks import assert_mosaic_matches_xla
+from mosaic_checks import assert_mosaic_matches_xla, interpreted_config
 from wts_jax import sampling
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.device import H200
-from wts_jax.pallas import backend, mosaic_plan, mosaic_walk
+from wts_jax.pallas import backend, mosaic_plan
+from wts_jax.pallas.row.launch import row_walk
+from wts_jax.pallas.row.spec import RowSpec
 from wts_jax.quantize import quantize_w2
+
+pytestmark = pytest.mark.mosaic
 
 H200_SMEM = 232448
 NEEDS_INTERPRETER = pytest.mark.skipif(
@@ -49,10 +53,18 @@ def _case(vocab, rank, batch, steps, seed=0, confidence=False, head_type="vanill
 
 
 def _run(head, base, first, hidden=None, residency="auto", num_stages=None, **kwargs):
-  # The register GEMV (the WGMMA GEMV, "auto"'s choice, has its own tests below).
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              num_stages=num_stages, mosaic_gemv="registers")
-  return wts_jax.walk(head, base, first, hidden, impl="pallas", config=config, **kwargs)
+  # The row kernel's register GEMV (the WGMMA GEMV, "auto"'s choice, has its own tests
+  # below).
+  config = wts_jax.MosaicRowConfig(interpret=True, residency=residency,
+                                   ring_stages=num_stages, gemv="registers")
+  return wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config, **kwargs)
+
+
+def _interpreted(head, base, temperature=0.0, **options):
+  """The interpret-mode config of the Mosaic kernel the planners take for this walk (one
+  block; ``mosaic_checks.interpreted_config``)."""
+  shapes = backend.WalkShapes.of(base, not temperature)
+  return interpreted_config(head, shapes, **options)
 
 
 # --- the plan (no interpreter needed) -----------------------------------------------
@@ -61,7 +73,7 @@ def test_plan_at_the_qwen3_shape_keeps_two_chunks_and_streams_through_two_slots(
                                  smem_per_block=H200_SMEM)
   assert (plan.num_blocks, plan.chunks) == (132, 18)   # 132·18·64 ≥ V
   # 18 chunks do not fit: 2 stay resident, 16 stream through a 2-slot ring (8 whole
-  # rounds), the fastest split measured (NOTES v6); full residency where it fits (r = 64).
+  # rounds), the fastest split measured; full residency where it fits (r = 64).
   assert (plan.resident_chunks, plan.ring_stages) == (2, 2)
   assert plan.gemv == "wgmma" and plan.snake
   assert "2-slot TMA ring" in plan.describe() and "snake" in plan.describe()
@@ -98,15 +110,17 @@ def chosen_backend(head, batch, config, *, return_logits=False, greedy=True):
 
 def test_backend_choice_and_clear_refusals():
   head, (base, first, _) = _case(1000, 64, 2, 3)
-  gpu = wts_jax.WalkConfig()
-  assert chosen_backend(head, 1, gpu) == "mosaic"
-  assert chosen_backend(head, 1, gpu, return_logits=True) == "triton"
-  assert chosen_backend(head, 2, gpu) == "mosaic"    # the row kernel up to 4 rows
-  assert chosen_backend(head, 128, gpu) == "triton"  # two batched launches: unmeasured
-  assert chosen_backend(head, 1, gpu, greedy=False) == "mosaic"   # and when sampling
-  assert chosen_backend(quantize_w2(head, "int8"), 1, gpu) == "mosaic"   # int8 too
-  assert chosen_backend(head, 2, wts_jax.WalkConfig(backend="mosaic")) == "mosaic"
-  assert chosen_backend(head, 1, wts_jax.WalkConfig(interpret=True)) == "triton"
+  assert chosen_backend(head, 1, None) == "mosaic_row"
+  assert chosen_backend(head, 1, None, return_logits=True) == "triton"
+  assert chosen_backend(head, 2, None) == "mosaic_batched"   # the batched kernel from 2
+  assert chosen_backend(head, 128, None) == "triton"  # two batched launches: unmeasured
+  assert chosen_backend(head, 1, None, greedy=False) == "mosaic_row"   # when sampling
+  # int8 too: the batched kernel where it widens W2 in registers (jax >= 0.11), else the
+  # row kernel
+  assert chosen_backend(quantize_w2(head, "int8"), 1, None) in ("mosaic_batched",
+                                                                  "mosaic_row")
+  assert chosen_backend(head, 2, wts_jax.MosaicRowConfig()) == "mosaic_row"
+  assert chosen_backend(head, 1, wts_jax.TritonConfig(interpret=True)) == "triton"
   rnn, (rbase, rfirst, rhidden) = _case(1000, 64, 2, 3, head_type="rnn")
   with pytest.raises(ValueError, match="vanilla and gated heads"):
     _run(rnn, rbase, rfirst, rhidden)
@@ -126,8 +140,8 @@ def test_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
 
 
 def _assert_lowers_at_the_qwen3_shape(plan, batch, greedy, steps=7):
-  spec = mosaic_walk.MosaicSpec(plan=plan, batch=batch, steps=steps, greedy=greedy,
-                                spin_limit=1 << 22, interpret=False)
+  spec = RowSpec(plan=plan, batch=batch, steps=steps, greedy=greedy,
+                 spin_limit=1 << 22, interpret=False)
   shape = jax.ShapeDtypeStruct
   quantized = plan.w2_itemsize == 1
   args = [shape((151936, 256), jnp.int8 if quantized else jnp.bfloat16),
@@ -138,7 +152,7 @@ def _assert_lowers_at_the_qwen3_shape(plan, batch, greedy, steps=7):
   args.append(shape((151936,), jnp.float32) if quantized else None)
   if plan.gated:   # gate_proj.weight [r, d + r] (Qwen3-4B: d = 2560), hoisted [B, K, r]
     args += [shape((256, 2560 + 256), jnp.bfloat16), shape((batch, steps, 256), jnp.float32)]
-  lowered = jax.jit(lambda *a: mosaic_walk.mosaic_walk(spec, *a)).trace(*args).lower(
+  lowered = jax.jit(lambda *a: row_walk(spec, *a)).trace(*args).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
 
@@ -265,7 +279,7 @@ def test_plan_stages_the_base_logits_beside_the_slots():
   assert (split.resident_chunks, split.ring_stages) == (3, 3)
 
 
-# --- the WGMMA GEMV (WalkConfig.mosaic_gemv="wgmma") --------------------------------
+# --- the WGMMA GEMV (MosaicRowConfig.gemv="wgmma") ----------------------------------
 @pytest.mark.parametrize("batch, greedy", [(1, True), (4, False)])
 def test_wgmma_gemv_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
   """z as 8 W1 rows per batch row in shared memory (TMA), one m64 n8B k256 WGMMA per
@@ -277,10 +291,10 @@ def test_wgmma_gemv_lowers_for_cuda_at_the_qwen3_shape(batch, greedy):
 
 
 def test_wgmma_gemv_refusals():
-  with pytest.raises(ValueError, match="mosaic_gemv"):
-    wts_jax.WalkConfig(mosaic_gemv="tensor")
-  with pytest.raises(ValueError, match="mosaic_group=0"):
-    wts_jax.WalkConfig(mosaic_group=0)
+  with pytest.raises(ValueError, match="gemv='tensor'"):
+    wts_jax.MosaicRowConfig(gemv="tensor")
+  with pytest.raises(ValueError, match="group=0"):
+    wts_jax.MosaicRowConfig(group=0)
   args = dict(vocab_size=151936, rank=256, num_sms=132, smem_per_block=H200_SMEM)
   with pytest.raises(ValueError, match="gemv='tensor'"):
     mosaic_plan.plan_mosaic(**args, gemv="tensor")
@@ -318,9 +332,8 @@ def test_wgmma_gemv_matches_reference(vocab, rank, batch, steps, residency, temp
   head, (base, first, _) = _case(vocab, rank, batch, steps, seed=21)
   first = first.at[0].set(vocab - 2)       # the clamped W1 tile (column 6 of 8)
   key = jax.random.key(3) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              mosaic_gemv="wgmma")
-  out = wts_jax.walk(head, base, first, impl="pallas", config=config,
+  config = wts_jax.MosaicRowConfig(interpret=True, residency=residency, gemv="wgmma")
+  out = wts_jax.walk(head, base, first, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
@@ -347,10 +360,9 @@ def test_wgmma_groups_match_reference(vocab, batch, residency, stages, group,
   serial.markov_w2.weight[...] = w2.at[643].set(w2[3])
   base = base.at[:, 0, 643].set(base[:, 0, 3]).at[:, 0, 3].add(50.0).at[:, 0, 643].add(50.0)
   key = jax.random.key(5) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency,
-                              num_stages=stages, mosaic_gemv="wgmma", mosaic_group=group,
-                              mosaic_snake=snake)
-  out = wts_jax.walk(head, base, first, impl="pallas", config=config,
+  config = wts_jax.MosaicRowConfig(interpret=True, residency=residency, ring_stages=stages,
+                                   gemv="wgmma", group=group, snake=snake)
+  out = wts_jax.walk(head, base, first, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
@@ -388,8 +400,9 @@ def test_int8_w2_matches_its_reference(vocab, rank, batch, steps, residency, tem
   head, (base, first, _) = _case(vocab, rank, batch, steps, seed=31)
   head = quantize_w2(head, "int8")
   key = jax.random.key(3) if temperature else None
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=residency)
-  out = wts_jax.walk(head, base, first, impl="pallas", config=config,
+  # (the row kernel at one row; from two the batched kernel, the W2 widened before it)
+  config = _interpreted(head, base, temperature, residency=residency)
+  out = wts_jax.walk(head, base, first, impl="mosaic", config=config,
                      temperature=temperature, key=key)
   ref = wts_jax.walk(head, base, first, impl="xla", temperature=temperature, key=key)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
@@ -401,10 +414,11 @@ def test_int8_w2_refusals():
   int8 = quantize_w2(head, "int8")
   w1 = int8.markov_head.markov_w1
   w1.weight = nnx.Param(w1.weight[...].astype(jnp.float32))
-  reason = backend.refusal_reason("mosaic", int8, 1, wts_jax.MosaicConfig(gemv="wgmma"))
+  reason = backend.refusal_reason("mosaic_row", int8, 1,
+                                  wts_jax.MosaicRowConfig(gemv="wgmma"))
   assert "needs a bf16 W1 (got float32)" in reason
   fp8 = quantize_w2(head, "fp8")
-  reason = backend.refusal_reason("mosaic", fp8, 1, wts_jax.MosaicConfig())
+  reason = backend.refusal_reason("mosaic_row", fp8, 1, wts_jax.MosaicRowConfig())
   assert "bf16 or int8 W2" in reason
 
 
@@ -439,8 +453,8 @@ def test_gated_head_matches_reference(vocab, rank, batch, steps, residency, temp
 def test_gated_head_with_int8_w2_matches_its_reference():
   head, (base, first, hidden) = _case(520, 128, 2, 3, seed=7, head_type="gated")
   head = quantize_w2(head, "int8")
-  config = wts_jax.WalkConfig(backend="mosaic", interpret=True, residency=64)
-  out = wts_jax.walk(head, base, first, hidden, impl="pallas", config=config)
+  config = _interpreted(head, base, residency=64)   # (the batched kernel: a split gate)
+  out = wts_jax.walk(head, base, first, hidden, impl="mosaic", config=config)
   ref = wts_jax.walk(head, base, first, hidden, impl="xla")
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   assert int(out.status) == 0
@@ -448,15 +462,16 @@ def test_gated_head_with_int8_w2_matches_its_reference():
 
 def test_gated_head_refusals_and_auto():
   head, (base, _, _) = _case(1000, 64, 1, 3, head_type="gated")
-  reason = backend.refusal_reason("mosaic", head, 1, wts_jax.MosaicConfig(gemv="wgmma"))
+  reason = backend.refusal_reason("mosaic_row", head, 1,
+                                  wts_jax.MosaicRowConfig(gemv="wgmma"))
   assert "gated head's z = g ⊙ e is fp32" in reason
   with pytest.raises(ValueError, match="use the register GEMV"):
     mosaic_plan.plan_mosaic(vocab_size=151936, rank=256, num_sms=132,
                             smem_per_block=H200_SMEM, gated=True, gemv="wgmma")
   rnn, _ = _case(1000, 64, 1, 3, head_type="rnn")
-  reason = backend.refusal_reason("mosaic", rnn, 1, wts_jax.MosaicConfig(kernel="rows"))
+  reason = backend.refusal_reason("mosaic_row", rnn, 1, wts_jax.MosaicRowConfig())
   assert ("row kernel runs the vanilla and gated heads (not 'rnn'; the batched kernel "
           "runs the rnn head") in reason
   # At one row "auto" runs the gated head on the batched kernel, its gate split over the
   # blocks (measured faster than the Triton kernel there).
-  assert chosen_backend(head, 1, wts_jax.WalkConfig()) == "mosaic"
+  assert chosen_backend(head, 1, None) == "mosaic_batched"

@@ -25,7 +25,7 @@ class TestWalkPallasInterpret(WalkSuite):
   RESIDENCY_SPLITS = ("none", 0.5, "full")
 
   def config(self, residency="auto"):
-    return wts_jax.WalkConfig(residency=residency, interpret=True)
+    return wts_jax.TritonConfig(residency=residency, interpret=True)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "fp8"])
@@ -56,10 +56,9 @@ def test_stepwise_kernel_with_many_programs(head_type, batch=3):
 
 
 def test_plan_shards_cover_the_vocabulary_and_respect_the_budget():
-  config = wts_jax.WalkConfig(num_programs=132)
+  config = wts_jax.TritonConfig(num_programs=132)
   from wts_jax.device import DeviceFacts
-  device = DeviceFacts(kind="H200", num_sms=132, smem_per_block=227 * 1024,
-                       l2_bytes=60 << 20)
+  device = DeviceFacts(kind="H200", num_sms=132, smem_per_block=227 * 1024)
   plan = plan_walk(vocab_size=151936, rank=256, batch=1, w2_itemsize=2, config=config,
                    device=device)
   assert plan.num_programs * plan.rows_per_program >= 151936
@@ -69,12 +68,12 @@ def test_plan_shards_cover_the_vocabulary_and_respect_the_budget():
   assert "resident" in plan.describe()
   with pytest.raises(ValueError, match="exceeds the 132 SMs"):
     plan_walk(vocab_size=151936, rank=256, batch=1, w2_itemsize=2, device=device,
-              config=wts_jax.WalkConfig(num_programs=133))
+              config=wts_jax.TritonConfig(num_programs=133))
   with pytest.raises(ValueError, match="residency='full' needs"):
     plan_walk(vocab_size=151936, rank=256, batch=1, w2_itemsize=2, device=device,
-              config=wts_jax.WalkConfig(num_programs=132, residency="full"))
+              config=wts_jax.TritonConfig(num_programs=132, residency="full"))
   full = plan_walk(vocab_size=151936, rank=64, batch=1, w2_itemsize=1, device=device,
-                   config=wts_jax.WalkConfig(num_programs=132, residency="full"),
+                   config=wts_jax.TritonConfig(num_programs=132, residency="full"),
                    register_budget_bytes=96 * 1024)
   assert full.streamed_tiles == 0 and full.resident_fraction == 1.0
 
@@ -105,7 +104,7 @@ def test_split_serial_update_equals_reference(head_type, temperature, batch=3, s
   suite above runs it over B in {1, 3} x K in {1, 7} against both oracles.)"""
   suite = TestWalkPallasInterpret()
   head, (base, first, hidden) = suite.make_case("small_v1000", head_type, batch, steps)
-  config = wts_jax.WalkConfig(interpret=True, serial_update="split")
+  config = wts_jax.TritonConfig(interpret=True, serial_update="split")
   plan = _split_plan(head, batch, config)
   assert plan.serial_update == "split" and plan.serial_slice_rounds == 2
   key = jax.random.key(5) if temperature else None
@@ -117,7 +116,7 @@ def test_redundant_serial_update_equals_reference(head_type, batch=3):
   """The redundant update (every program computes all of z) stays selectable and exact."""
   suite = TestWalkPallasInterpret()
   head, (base, first, hidden) = suite.make_case("small_v517", head_type, batch, 7)
-  config = wts_jax.WalkConfig(interpret=True, serial_update="redundant")
+  config = wts_jax.TritonConfig(interpret=True, serial_update="redundant")
   assert _split_plan(head, batch, config).serial_update == "redundant"
   for temperature, key in ((0.0, None), (0.8, jax.random.key(6))):
     _assert_kernel_equals_reference(head, base, first, hidden, config, temperature, key)
@@ -130,7 +129,7 @@ def test_split_serial_update_with_streamed_weight_slices(head_type, monkeypatch)
   monkeypatch.setattr(plan_module, "SERIAL_RESIDENT_BYTES", 0)
   suite = TestWalkPallasInterpret()
   head, (base, first, hidden) = suite.make_case("small_v1000", head_type, 3, 7)
-  config = wts_jax.WalkConfig(interpret=True, serial_update="split")
+  config = wts_jax.TritonConfig(interpret=True, serial_update="split")
   assert not _split_plan(head, 3, config).serial_weights_resident
   _assert_kernel_equals_reference(head, base, first, hidden, config, 0.8,
                                   jax.random.key(8))
@@ -138,12 +137,11 @@ def test_split_serial_update_with_streamed_weight_slices(head_type, monkeypatch)
 
 def test_plan_serial_update_slices():
   from wts_jax.device import DeviceFacts
-  device = DeviceFacts(kind="H200", num_sms=132, smem_per_block=227 * 1024,
-                       l2_bytes=60 << 20)
+  device = DeviceFacts(kind="H200", num_sms=132, smem_per_block=227 * 1024)
 
   def plan(rank, **config):
     return plan_walk(vocab_size=151936, rank=rank, batch=1, w2_itemsize=2, device=device,
-                     config=wts_jax.WalkConfig(**config))
+                     config=wts_jax.TritonConfig(**config))
 
   auto = plan(256, num_programs=132)  # one 2-column slice per program, 4 idle
   assert (auto.serial_update, auto.serial_slice_cols, auto.serial_slices,
@@ -158,7 +156,7 @@ def test_plan_serial_update_slices():
   assert redundant.serial_update == "redundant" and redundant.serial_slices == 0
   assert "redundant" in redundant.describe()
   with pytest.raises(ValueError, match="serial_update"):
-    wts_jax.WalkConfig(serial_update="both")
+    wts_jax.TritonConfig(serial_update="both")
 
 
 def test_reduced_index_outside_the_vocabulary_becomes_token_zero():

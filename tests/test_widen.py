@@ -33,7 +33,7 @@ def test_bits_equal_xla_convert(shape):
 
 def test_extremes_exact():
   values = jnp.array([[-128, -127, -1, 0, 1, 127, 64, -64] * 8] * 8, jnp.int8)
-  widened = widen.widen(values, "pallas", interpret=True)
+  widened = widen.widen_to_bf16(values, interpret=True)
   np.testing.assert_array_equal(np.asarray(widened, np.float32),
                                 np.asarray(values, np.float32))
 
@@ -45,32 +45,11 @@ def test_program_blocks_divide_the_array(elements, block):
   assert elements % block == 0
 
 
-def test_ops_agree():
-  values = _int8((16, 128), 7)
-  np.testing.assert_array_equal(_bits(widen.widen(values, "xla")),
-                                _bits(widen.widen(values, "pallas", interpret=True)))
-
-
 def test_bad_inputs_named():
-  with pytest.raises(ValueError, match="op='triton'"):
-    widen.widen(_int8((8, 64), 0), "triton")
   with pytest.raises(ValueError, match="2-D int8 array, got float32"):
     widen.widen_to_bf16(jnp.zeros((8, 64), jnp.float32), interpret=True)
   with pytest.raises(ValueError, match="elements=0"):
     widen.elements_per_program(0)
-
-
-def test_batched_spec_names_a_bad_widen_op():
-  pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
-  from wts_jax.pallas.mosaic_batched_plan import plan_batched
-  from wts_jax.pallas.mosaic_batched_walk import BatchedSpec
-  plan = plan_batched(vocab_size=1000, rank=64, batch=5, num_sms=4,
-                      smem_per_block=227 * 1024)
-  with pytest.raises(ValueError, match="widen_op='cuda'"):
-    BatchedSpec(plan=plan, batch=5, steps=3, greedy=True, spin_limit=1 << 20,
-                interpret=True, widen_op="cuda")
-  assert BatchedSpec(plan=plan, batch=5, steps=3, greedy=True, spin_limit=1 << 20,
-                     interpret=True).widen_op == "pallas"
 
 
 @pytest.mark.gpu

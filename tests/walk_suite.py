@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 import numpy_oracle
 import wts_jax
@@ -34,7 +35,11 @@ class WalkSuite:
   SEED = 0
 
   def config(self, residency="auto"):
-    return None if self.IMPL == "xla" else wts_jax.WalkConfig(residency=residency)
+    """The config ``run`` walks with: None (the implementation's own choice) but for a
+    residency setting (the Triton kernel's)."""
+    if self.IMPL == "xla" or residency == "auto":
+      return None
+    return wts_jax.TritonConfig(residency=residency)
 
   def run(self, head, *args, residency="auto", **kwargs):
     return wts_jax.walk(head, *args, impl=self.IMPL, config=self.config(residency),

@@ -31,8 +31,6 @@ wts with the stacked kernel's W2 in row order (not its threads' rows);
 batched planner's ring preference the vanilla head's for the rnn head too;
 ``wts-joint-ring-shallow`` wts with the rnn joint table's ring preference the split
 update's (2 slots before residency);
-``wts-hoisted-by-step`` wts with a split update's hoisted terms transposed to [K, rows, n]
-before the launch (the layout before ``BatchedSpec.hoisted_rows`` became the default);
 ``wts-ring-refill-late`` wts with the batched kernel's streamed W2 slots refilled after
 each chunk's epilogue (every plan; ``BatchedSpec.ring_refill``);
 ``wts-ring-refill-early`` wts with the batched kernel's streamed W2 slots refilled before
@@ -50,6 +48,8 @@ import jax
 import jax.numpy as jnp
 
 from wts_jax.bench import cli, jax_paths, paths
+from wts_jax.walk_config import (MosaicBatchedConfig, MosaicRowConfig, MosaicStackedConfig,
+                                 TritonConfig)
 
 MOSAIC_VARIANT = re.compile(
     r"wts-m(w?)-r(\d+)s(\d+)(?:g(\d+))?(?:h(\d+))?(?:x(\d+))?(f?)$")
@@ -63,15 +63,14 @@ BATCHED_VARIANT = re.compile(
 
 
 def register_batched(name, on_n, resident, stages, base_stages, warpgroups, update):
-  options = dict(backend="mosaic", mosaic_kernel="batched",
-                 mosaic_batch_axis="n" if on_n else "m",
-                 mosaic_warpgroups=int(warpgroups or 1),
+  options = dict(batch_axis="n" if on_n else "m", warpgroups=int(warpgroups or 1),
                  serial_update=update or "auto")
   if resident is not None:
-    options.update(residency=int(resident) * 64, num_stages=int(stages) or None)
+    options.update(residency=int(resident) * 64, ring_stages=int(stages) or None)
   if base_stages is not None:
-    options["mosaic_base_stages"] = int(base_stages)
-  paths.register_path(name, jax_paths.available_wts, jax_paths.wts_variant(**options),
+    options["base_stages"] = int(base_stages)
+  paths.register_path(name, jax_paths.available_wts,
+                      jax_paths.wts_variant(MosaicBatchedConfig(**options)),
                       description="batched Mosaic kernel" + (", batch on N" if on_n else "")
                       + (f", {resident} resident chunks, {stages}-slot ring"
                          if resident is not None else "")
@@ -83,17 +82,18 @@ def register_batched(name, on_n, resident, stages, base_stages, warpgroups, upda
 def register_variants(names):
   if "wts-triton" not in paths.PATHS:
     paths.register_path("wts-triton", jax_paths.available_wts,
-                        jax_paths.wts_variant(backend="triton"),
+                        jax_paths.wts_variant(TritonConfig()),
                         description="the persistent Triton kernel")
   for update in ("split", "redundant"):   # the gated/rnn serial update (Triton kernel)
     if f"wts-{update}" not in paths.PATHS:
       paths.register_path(f"wts-{update}", jax_paths.available_wts,
-                          jax_paths.wts_variant(backend="triton", serial_update=update),
+                          jax_paths.wts_variant(TritonConfig(serial_update=update)),
                           description=f"the Triton kernel, serial update {update}")
   for kernel in ("stacked", "rows"):   # a Mosaic kernel by name, its planner's choices
     if f"wts-{kernel}" in names and f"wts-{kernel}" not in paths.PATHS:
       paths.register_path(f"wts-{kernel}", jax_paths.available_wts,
-                          jax_paths.wts_variant(backend="mosaic", mosaic_kernel=kernel),
+                          jax_paths.wts_variant(
+                              {"stacked": MosaicStackedConfig, "rows": MosaicRowConfig}[kernel]()),
                           description=f"the Mosaic kernel {kernel!r}, its planner's choices")
   for status in ("flags", "kernel"):   # the stacked kernel's status, either form
     name = f"wts-stacked-status-{status}"
@@ -122,7 +122,7 @@ def register_variants(names):
                                       "last column (an op of the walk's own)")
   if "wts-mb-auto" in names and "wts-mb-auto" not in paths.PATHS:
     paths.register_path("wts-mb-auto", jax_paths.available_wts,
-                        jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched"),
+                        jax_paths.wts_variant(MosaicBatchedConfig()),
                         description="the batched Mosaic kernel, the planner's choices")
   for widening in ("xla", "registers", "smem"):   # an int8 W2 widened before or in the kernel
     for warpgroups in (None, 2):
@@ -130,9 +130,8 @@ def register_variants(names):
       if name in names and name not in paths.PATHS:
         paths.register_path(
             name, jax_paths.available_wts,
-            jax_paths.wts_variant(backend="mosaic", mosaic_kernel="batched",
-                                  mosaic_w2_widening=widening,
-                                  mosaic_warpgroups=warpgroups),
+            jax_paths.wts_variant(MosaicBatchedConfig(w2_widening=widening,
+                                                      warpgroups=warpgroups)),
             description=f"the batched Mosaic kernel, an int8 W2 widened ({widening})"
                         + (", two warpgroups" if warpgroups else ""))
   for name in names:
@@ -147,13 +146,11 @@ def register_variants(names):
     gemv = "wgmma" if wgmma else "registers"
     paths.register_path(
         name, jax_paths.available_wts,
-        jax_paths.wts_variant(backend="mosaic", mosaic_gemv=gemv,
-                              residency=int(resident) * 64,
-                              num_stages=int(stages) or None,   # s0: nothing streamed
-                              mosaic_group=int(group or 1), mosaic_snake=not forward,
-                              mosaic_register_chunks=int(held or 0),
-                              mosaic_resident_group=int(on_chip_group) if on_chip_group
-                              else None),
+        jax_paths.wts_variant(MosaicRowConfig(
+            gemv=gemv, residency=int(resident) * 64,
+            ring_stages=int(stages) or None,   # s0: nothing streamed
+            group=int(group or 1), snake=not forward, register_chunks=int(held or 0),
+            resident_group=int(on_chip_group) if on_chip_group else None)),
         description=f"Mosaic kernel, {gemv} GEMV, {resident} resident chunks, "
                     f"{stages}-slot ring, {group or 1} chunk(s) per WGMMA wait"
                     + (f", {held} chunks in registers" if held else "")
@@ -168,7 +165,8 @@ def _stacked_status(prepare, status: str):
 def _stacked_spec_patch(prepare, **changes):
   """``prepare`` (a wts path) with the stacked kernel's ``StackedSpec`` fields
   ``changes`` set."""
-  return _plan_patch(prepare, "_stacked_plan", "stacked_walk", "StackedSpec", **changes)
+  return _plan_patch(prepare, "mosaic_stacked_backend", "stacked.spec", "StackedSpec",
+                     **changes)
 
 
 def _without_joint_hidden(prepare):
@@ -196,16 +194,10 @@ def _without_joint_table(prepare):
   return prepared
 
 
-def _split_update_patch(prepare, **changes):
-  """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields ``changes``
-  set where its plan splits the head's update over the blocks (elsewhere as planned)."""
-  return _batched_spec_patch(prepare, where=lambda spec: spec.plan.split, **changes)
-
-
 def _batched_spec_patch(prepare, where=None, **changes):
   """``prepare`` (a wts path) with the batched kernel's ``BatchedSpec`` fields
   ``changes`` set (where ``where(spec)``, if given, holds)."""
-  return _plan_patch(prepare, "_batched_plan", "mosaic_batched_walk", "BatchedSpec",
+  return _plan_patch(prepare, "mosaic_batched_backend", "batched.spec", "BatchedSpec",
                      where=where, **changes)
 
 
@@ -221,13 +213,6 @@ def _early_ring_refill(prepare):
   planned)."""
   return _batched_spec_patch(prepare, where=lambda spec: not spec.plan.widened_in_kernel,
                              ring_refill="before_epilogue")
-
-
-def _widen_by_xla(prepare):
-  """``prepare`` (a wts path) with an int8 W2 that the batched kernel meets in bf16
-  widened before the launch by XLA's convert, not ``wts_jax.pallas.widen``'s kernel."""
-  return _batched_spec_patch(prepare, where=lambda spec: spec.plan.w2_row_scale,
-                             widen_op="xla")
 
 
 # The modules that call the hoist's GEMM (``wts_jax.heads.base.hidden_terms``) by name.
@@ -268,32 +253,35 @@ def _batched_status(prepare, status: str):
   return _batched_spec_patch(prepare, status=status)
 
 
-def _plan_patch(prepare, planner: str, module: str, spec_name: str, where=None,
+def _plan_patch(prepare, backend: str, module: str, spec_name: str, where=None,
                 **changes):
   """``prepare`` (a wts path) whose kernel spec (``wts_jax.pallas.<module>.<spec_name>``)
-  has the fields ``changes`` (where ``where(spec)``, if given, holds): the API's planner
-  ``mosaic_backend.<planner>`` patched while this path's walk traces (the harness traces
-  in one thread), so the other paths keep theirs."""
+  has the fields ``changes`` (where ``where(spec)``, if given, holds): the backend's
+  ``wts_jax.pallas.<backend>.plan`` patched while this path's walk traces (the harness
+  traces in one thread), so the other paths keep theirs."""
   def patched_planner(plan_of):
     import dataclasses
     import importlib
+    from wts_jax.pallas.mosaic_launch import WithLogits
     spec_type = getattr(importlib.import_module(f"wts_jax.pallas.{module}"), spec_name)
 
-    def patched(*plan_args, **plan_kwargs):
-      spec = plan_of(*plan_args, **plan_kwargs)
+    def changed(spec):
+      if isinstance(spec, WithLogits):
+        return dataclasses.replace(spec, inner=changed(spec.inner))
       if isinstance(spec, spec_type) and (where is None or where(spec)):
         return dataclasses.replace(spec, **changes)
       return spec
-    return patched
-  return _traced_with(prepare, planner, patched_planner)
+    return lambda *plan_args, **plan_kwargs: changed(plan_of(*plan_args, **plan_kwargs))
+  return _traced_with(prepare, "plan", patched_planner,
+                      modules=(f"wts_jax.pallas.{backend}",))
 
 
 def _shallow_joint_ring(prepare):
   """``prepare`` (a wts path) with the batched planner's ring preference for the rnn
-  head's joint table the split update's (``DEFAULT_RING_STAGES``; the preference before
-  NOTES v40)."""
+  head's joint table the split update's (``DEFAULT_RING_STAGES``: the preference before
+  the joint table's deeper ring, ``docs/decisions.md``)."""
   def shallow(preference):
-    from wts_jax.pallas.mosaic_batched_plan import DEFAULT_RING_STAGES
+    from wts_jax.pallas.batched.plan import DEFAULT_RING_STAGES
     return lambda **kw: (DEFAULT_RING_STAGES if kw.get("joint_table")
                          else preference(**kw))
   return _traced_with(prepare, "auto_ring_preference", shallow)
@@ -304,12 +292,13 @@ def _deep_ring(prepare):
   head's for every head (``AUTO_RING_PREFERENCE`` slots before any chunk stays resident;
   the rnn head takes ``DEFAULT_RING_STAGES``)."""
   def deep(_):
-    from wts_jax.pallas.mosaic_batched_plan import AUTO_RING_PREFERENCE
+    from wts_jax.pallas.batched.auto import AUTO_RING_PREFERENCE
     return lambda **_: AUTO_RING_PREFERENCE
   return _traced_with(prepare, "auto_ring_preference", deep)
 
 
-def _traced_with(prepare, name: str, replace, modules=("wts_jax.pallas.mosaic_backend",)):
+def _traced_with(prepare, name: str, replace,
+                 modules=("wts_jax.pallas.mosaic_batched_backend",)):
   """``prepare`` (a wts path) whose walk traces with each module's ``<name>`` replaced by
   ``replace(original)``, restored after (the harness traces in one thread)."""
   def prepared(*args, **kwargs):
@@ -356,21 +345,12 @@ PATCHED_WTS_PATHS = {
     "wts-rnn-no-joint-table": (
         _without_joint_table,
         "wts, the rnn head without its joint table (its update split, a second barrier)"),
-    "wts-hoisted-by-step": (
-        functools.partial(_split_update_patch, hoisted_rows=False),
-        "wts, a split update's hoisted terms transposed to [K, rows, n] before the launch"),
     "wts-ring-refill-late": (
         _late_ring_refill,
         "wts, the batched kernel's W2 ring slots refilled after each chunk's epilogue"),
     "wts-ring-refill-early": (
         _early_ring_refill,
         "wts, the batched kernel's W2 ring slots refilled before each chunk's epilogue"),
-    "wts-widen-xla": (
-        _widen_by_xla,
-        "wts, an int8 W2 widened to bf16 before the batched launch by XLA's convert"),
-    "wts-gather-padded-rows": (
-        functools.partial(_batched_spec_patch, gather_batch_only=False),
-        "wts, the batched kernel's gather copying every planned row (the padded ones too)"),
     "wts-stacked-w2-rows": (
         functools.partial(_stacked_spec_patch, w2_order="rows"),
         "wts, the stacked kernel's W2 in row order"),

@@ -105,13 +105,20 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=".")
   args = parser.parse_args(argv)
   import wts_jax
-  from wts_jax.bench.runner import make_bench_head
+  from wts_jax.bench.support import make_bench_head
   from wts_jax.heads import HeadConfig
   from wts_jax.inputs import random_inputs
   residency = (args.residency if args.residency in ("auto", "full", "none")
                else int(args.residency))
-  config = wts_jax.WalkConfig(residency=residency, num_stages=args.num_stages,
-                              mosaic_register_chunks=args.register_chunks)
+  if args.impl == "triton":
+    config = wts_jax.TritonConfig(residency=residency, num_stages=args.num_stages)
+  elif args.impl == "mosaic_row" or args.register_chunks:
+    config = wts_jax.MosaicRowConfig(residency=residency, ring_stages=args.num_stages,
+                                     register_chunks=args.register_chunks)
+  elif residency != "auto" or args.num_stages:
+    parser.error("--residency and --num-stages are a kernel's: --impl triton or mosaic_row")
+  else:
+    config = None
   head_config = HeadConfig.qwen3_4b("vanilla", confidence=False)
   rows = []
   for dtype in args.dtype.split(","):

@@ -21,26 +21,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# (batch, StackedSpec options; "plan": plan_stacked's): between them every inline-asm
-# form the kernel has.
-BUILDS = ((16, {}), (64, dict(exchange="pairs")), (40, dict(exchange="warp_pairs")),
-          (64, dict(prefetch_candidates=True, w1_order="fragments", nan_check="witness")),
-          (16, dict(greedy=False)), (40, dict(w1_order="fragments", plan=dict(z_loads="shared"))),
-          (64, dict(prefetch_base=True, plan=dict(base_slots=2))),
+# (batch, StackedSpec options; "plan": plan_stacked's; "lab": StackedLab's): between
+# them every inline-asm form the kernel has.
+BUILDS = ((16, {}), (64, dict(w1_order="fragments")),
+          (16, dict(greedy=False)),
+          (64, dict(lab=dict(prefetch_base=True), plan=dict(base_slots=2))),
           (16, dict(greedy=False, plan=dict(base_slots=2))),
           (40, dict(plan=dict(base_slots=3))),
           (40, dict(plan=dict(base_slots=2, base_copies="tma"))),
           (16, dict(greedy=False, rotate_warps=True, skip_idle_warps=True,
                     plan=dict(base_slots=2, base_copies="tma"))),
-          (64, dict(mma_parts=2, status="kernel", plan=dict(base_slots=2, base_copies="tma"))),
-          (16, dict(mma_parts=2, plan=dict(base_slots=2))),
-          (16, dict(skip_idle_warps=True, rotate_warps=True,
-                    plan=dict(base_slots=2, base_warps=2))),
-          (16, dict(w1_order="k_halves", skip_idle_warps=True, greedy=False,
-                    plan=dict(base_slots=2, k_halves=True))),
+          (64, dict(status="kernel", plan=dict(base_slots=2, base_copies="tma"))),
           (16, dict(w2_order="thread_rows", rotate_warps=True, skip_idle_warps=True,
                     greedy=False, plan=dict(base_slots=2))),
-          (16, dict(w2_order="thread_rows", base_vector_reads=True, plan=dict(base_slots=2))),
+          (16, dict(w2_order="thread_rows", lab=dict(base_vector_reads=True),
+                    plan=dict(base_slots=2))),
           (64, dict(w2_order="thread_rows", plan=dict(base_slots=2, base_copies="tma"))))
 _TYPES = {"r": ".b32", "l": ".b64", "f": ".f32", "h": ".b16"}
 
@@ -51,7 +46,9 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
   import jax.numpy as jnp
   from jax._src.lib.mlir.dialects import llvm
   from lower_for_gpu import cuda_target
-  from wts_jax.pallas import stacked_walk as sw
+  from wts_jax.pallas.stacked.launch import stacked_walk
+  from wts_jax.pallas.stacked.plan import plan_stacked
+  from wts_jax.pallas.stacked.spec import StackedLab, StackedSpec
 
   seen: dict[tuple[str, str], int] = {}
   original = llvm.inline_asm
@@ -65,9 +62,10 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
   try:
     for batch, options in builds:
       options = dict(options)
-      plan = sw.plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
-                             smem_per_block=232448, **options.pop("plan", {}))
-      spec = sw.StackedSpec(plan, batch, 7, **options)
+      plan = plan_stacked(vocab_size=vocab, rank=rank, batch=batch, num_blocks=132,
+                          smem_per_block=232448, **options.pop("plan", {}))
+      spec = StackedSpec(plan, batch, 7, lab=StackedLab(**options.pop("lab", {})),
+                         **options)
       shapes = (((vocab, rank), jnp.int8), ((batch, 7, vocab), jnp.bfloat16),
                 ((2 * vocab, rank), jnp.int8), ((batch,), jnp.int32),
                 ((vocab,), jnp.float32), ((vocab,), jnp.float32))
@@ -76,7 +74,7 @@ def captured_asm(builds=BUILDS) -> dict[tuple[str, str], int]:
           jax.ShapeDtypeStruct((batch,), jnp.float32), jax.ShapeDtypeStruct((batch,), bool),
           jax.ShapeDtypeStruct((2,), jnp.uint32))
       with cuda_target():
-        jax.jit(lambda *a, spec=spec: sw.stacked_walk(spec, *a[:6], sampling=a[6] or None)
+        jax.jit(lambda *a, spec=spec: stacked_walk(spec, *a[:6], sampling=a[6] or None)
                 ).trace(*args, sampling).lower(lowering_platforms=("cuda",))
   finally:
     llvm.inline_asm = original

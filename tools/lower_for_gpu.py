@@ -18,7 +18,6 @@ import wts_jax
 from wts_jax import validation
 from wts_jax.heads import HeadConfig
 from wts_jax.pallas import backend
-from wts_jax.walk_config import WalkConfig
 
 
 def verify_triton_modules():
@@ -54,7 +53,8 @@ def cuda_target():
 
 def lower_walk(head_type, batch, steps, *, temperature=0.0, logits=False, logprobs=False,
                quantize=None, config=None, stepwise=False, rank=None):
-  config = config or WalkConfig(num_programs=132)
+  """The walk's StableHLO for CUDA at the Qwen3-4B shape (``rank`` another), planned as
+  on the H200 with ``config`` (None: the planners' choice among the kernels)."""
   head_config = (HeadConfig.qwen3_4b(head_type) if rank is None
                  else HeadConfig.qwen3_4b(head_type, rank=rank))
   head = jax.eval_shape(lambda: wts_jax.make_head(head_config))

@@ -12,33 +12,18 @@ widened to bf16 on the kernel (``BatchedPlan.w2_row_scale``); mode greedy or sam
 over the blocks:
 ``serial_update="split"``, the rnn head's only way), ``rR`` / ``sS`` / ``bN``
 (resident chunks — a warpgroup's —, ring slots, base-ring slots), ``wW`` (warpgroups a
-block), ``n`` (the batch on the WGMMA's N), ``d`` / ``c`` (a base slot released by
-mbarrier arrivals and refilled a chunk late, or at once after a warpgroup barrier), ``P`` / ``C``
-(a producer warpgroup issues every refill, or the computing warpgroups do), ``q`` (z's two
-halves in two WGMMAs a chunk where the batch is on N, not side by side in one), ``g`` /
+block), ``n`` (the batch on the WGMMA's N), ``P`` / ``C``
+(a producer warpgroup issues every refill, or the computing warpgroups do), ``g`` /
 ``u`` (the z rows gathered by the leader's four warps, or by one thread; unnamed: the
-planner's), ``V`` (greedy on M: the NaN check by its own reduction, not read from the
-rows' maxima), ``p`` (the producer's copies issued by
-one warp), ``L`` (each block's candidates' W1 rows prefetched into L2 during the grid
-barrier), ``S`` / ``Q`` / ``W`` (int8 planes: each row's s_lo by a scalar load, by a
-thread of its own, or in a window of scales copied beside its planes:
-``BatchedPlan.plane_scales``; without windows their shared memory goes to W2), ``oG``
-(each chunk's WGMMA issued before the previous chunk's epilogue, in groups of G chunks), ``hN`` (N of each warpgroup's streamed chunks
-prefetched into L2 as evict_last, the rest evict_first: ``BatchedPlan.l2_keep_chunks``),
-``fN`` (each base tile's copy prefetches the tile N further along into L2:
-``BatchedPlan.base_l2_ahead``),
-``k`` (profiling: a warpgroup barrier, region "skew",
-before each chunk's WGMMA), ``t`` (two computing warpgroups take turns at the tensor
-cores), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
+planner's), ``oG`` (each chunk's WGMMA issued before the previous chunk's epilogue, in
+groups of G chunks), ``k`` (profiling: a warpgroup barrier, region "skew",
+before each chunk's WGMMA), ``M`` / ``N`` (warpgroup 1's bests handed over unreduced, one reduction a step,
 or not; unnamed: the planner's), ``a`` (the planner's batch axis), ``F`` (profiling: the first
 tokens produced by an op of the walk, which otherwise passes them to the kernel as
 given), ``A`` (profiling: ≈ 3 ms of
 device work queued before the timed walks, so the host launches ahead of the device),
-``R`` (int8 planes on M: z loaded into each warpgroup's WGMMA registers, no staging:
-``BatchedPlan.z_registers``), ``E`` / ``e`` (each streamed chunk's ring slot refilled before its
-epilogue, or after it: ``BatchedSpec.ring_refill``; unnamed: the planner's), ``B`` (each
-step's gather copies every planned row, the padded ones too: ``BatchedSpec.gather_batch_only``
-off), ``iN`` (profiling: the profiler's buffer holds N
+``E`` / ``e`` (each streamed chunk's ring slot refilled before its
+epilogue, or after it: ``BatchedSpec.ring_refill``; unnamed: the planner's), ``iN`` (profiling: the profiler's buffer holds N
 regions a warpgroup, default 1200; its shared memory, reserved for three warpgroups, is
 taken from the plan, so a smaller N can keep a plan's second warpgroup), ``T`` (profiling: each row's base logits spiked at one column of its own at every step,
 so a row's token never changes and each step gathers the W1 rows the step before
@@ -62,7 +47,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import functools
 import glob
 import gzip
 import json
@@ -84,8 +68,8 @@ from wts_jax import validation
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.bench import timing
-from wts_jax.pallas import backend, mosaic_backend
-from wts_jax.walk_config import MosaicConfig
+from wts_jax.pallas import backend, mosaic_batched_backend
+from wts_jax.walk_config import MosaicBatchedConfig
 
 PROFILE_SPACE = 1200     # regions a warpgroup: 7 steps × (18 chunks × 4 + 6) + prologue
 STEPS = 7
@@ -111,37 +95,23 @@ class Variant:
   host_ahead: bool = False
   fixed_tokens: bool = False
   ring_refill: str | None = None   # BatchedSpec.ring_refill (None: the planner's)
-  gather_batch_only: bool | None = None   # BatchedSpec.gather_batch_only (None: its default)
   profile_space: int = PROFILE_SPACE   # profiled regions a warpgroup (its buffer's size)
-  # BatchedPlan fields set after planning, and plan_batched arguments: only those the
-  # variant names (the rest stay the planner's).
+  # BatchedPlan fields set after planning: only those the variant names (the rest stay
+  # the planner's).
   plan_options: dict = dataclasses.field(default_factory=dict)
-  planner_options: dict = dataclasses.field(default_factory=dict)
 
 
 # Single-letter options: the Variant field (or plan field, or planner argument) each
 # sets, and to what.
 FLAGS = {"n": ("batch_axis", "n"), "a": ("batch_axis", None),
-         "c": ("deferred_release", False), "d": ("deferred_release", True),
          "x": ("split", True), "y": ("table", True),
-         "q": ("pair_in_one_wgmma", False), "g": ("warp_gather", True),
-         "u": ("warp_gather", False), "V": ("nan_from_top", False),
-         "p": ("warp_producer", True), "L": ("prefetch_candidates", True),
-         "S": ("plane_scales", "scalar"), "Q": ("plane_scales", "threads"),
-         "W": ("plane_scales", "window"), "P": ("producer", True),
-         "C": ("producer", False), "k": ("probe_skew", True),
-         "t": ("alternate_wgmma", True), "M": ("merge_tiles", True),
-         "N": ("merge_tiles", False), "F": ("first_op", True),
-         "A": ("host_ahead", True), "T": ("fixed_tokens", True),
-         "R": ("z_registers", True), "E": ("ring_refill", "before_epilogue"),
-         "e": ("ring_refill", "after_epilogue"), "B": ("gather_batch_only", False)}
-# Plan fields a variant sets after planning (the planner leaves them at their defaults).
-PLAN_OPTIONS = ("deferred_release", "pair_in_one_wgmma", "warp_gather", "warp_producer",
-                "nan_from_top",
-                "prefetch_candidates", "overlap_chunks", "alternate_wgmma",
-                "l2_keep_chunks", "base_l2_ahead")
-# Planner arguments a variant sets (they change the plan's shared-memory split).
-PLANNER_OPTIONS = ("plane_scales", "z_registers")
+         "g": ("warp_gather", True), "u": ("warp_gather", False),
+         "P": ("producer", True), "C": ("producer", False), "k": ("probe_skew", True),
+         "M": ("merge_tiles", True), "N": ("merge_tiles", False),
+         "F": ("first_op", True), "A": ("host_ahead", True), "T": ("fixed_tokens", True),
+         "E": ("ring_refill", "before_epilogue"), "e": ("ring_refill", "after_epilogue")}
+# Plan fields a variant sets after planning (the planner's own choice otherwise).
+PLAN_OPTIONS = ("warp_gather", "overlap_chunks")
 
 
 # dtype -> (head type, W2 quantization: None, "planes", or "int8" widened on the kernel)
@@ -199,21 +169,19 @@ def parse_variant(text: str) -> Variant:
   dtype, batch, mode, *rest = text.split(":")
   if dtype not in DTYPES or mode not in ("greedy", "sample"):
     raise SystemExit(f"error: bad variant {text!r}")
-  options, plan_options, planner_options = {}, {}, {}
+  options, plan_options = {}, {}
   for option in (rest[0].split("+") if rest and rest[0] else []):
     if option in FLAGS:
       key, value = FLAGS[option]
-    elif m := re.fullmatch(r"([rsbwohfi])(\d+)", option):
+    elif m := re.fullmatch(r"([rsbwoi])(\d+)", option):
       key = {"r": "resident", "s": "stages", "b": "base_stages",
-             "w": "warpgroups", "o": "overlap_chunks", "h": "l2_keep_chunks",
-             "f": "base_l2_ahead", "i": "profile_space"}[m.group(1)]
+             "w": "warpgroups", "o": "overlap_chunks", "i": "profile_space"}[m.group(1)]
       value = int(m.group(2))
     else:
       raise SystemExit(f"error: bad option {option!r} in {text!r}")
-    (plan_options if key in PLAN_OPTIONS else planner_options if key in PLANNER_OPTIONS
-     else options)[key] = value
+    (plan_options if key in PLAN_OPTIONS else options)[key] = value
   return Variant(text, dtype, int(batch), mode == "greedy", plan_options=plan_options,
-                 planner_options=planner_options, **options)
+                 **options)
 
 
 class Heads:
@@ -291,41 +259,33 @@ def build(variant: Variant, heads: Heads, *, smem_reserve: int = 0, profile_dir:
   temperature = 0.0 if variant.greedy else 0.8
   key = None if variant.greedy else jax.random.key(7)
   mode = validation.make_sampling(temperature, key, variant.batch)
-  config = MosaicConfig(kernel="batched", ring_stages=variant.stages,
-                        batch_axis=variant.batch_axis, warpgroups=variant.warpgroups,
-                        base_stages=variant.base_stages, producer=variant.producer,
-                        serial_update=("split" if variant.split else
-                                       "table" if variant.table else "auto"),
-                        merge_tiles=variant.merge_tiles,
-                        residency=(variant.resident * 64 * (variant.warpgroups or 1)
-                                   if variant.resident is not None
-                                   else "auto"))
+  config = MosaicBatchedConfig(
+      ring_stages=variant.stages, batch_axis=variant.batch_axis,
+      warpgroups=variant.warpgroups, base_stages=variant.base_stages,
+      producer=variant.producer,
+      serial_update="split" if variant.split else "table" if variant.table else "auto",
+      merge_tiles=variant.merge_tiles,
+      residency=(variant.resident * 64 * (variant.warpgroups or 1)
+                 if variant.resident is not None else "auto"))
   device = device_facts.current()
   device = dataclasses.replace(device, smem_per_block=device.smem_per_block - smem_reserve)
   shapes = backend.WalkShapes.of(base, mode.greedy)
-  planned = mosaic_backend.plan_batched
-  if variant.planner_options:   # the shared memory they free or take is W2's
-    # (The variant's over the backend's own choices, which it passes by keyword too.)
-    mosaic_backend.plan_batched = lambda **kwargs: planned(
-        **{**kwargs, **variant.planner_options})
-  try:
-    spec = mosaic_backend.plan(head, shapes, config, device)
-  finally:
-    mosaic_backend.plan_batched = planned
+  spec = mosaic_batched_backend.plan(head, shapes, config, device)
   if isinstance(spec, backend.Refusal):
     raise ValueError(f"{variant.name}: {spec.reason}")
   spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan,
                                                             **variant.plan_options))
-  spec = dataclasses.replace(spec, profile_dir=profile_dir, probe_skew=variant.probe_skew,
-                             profile_space=variant.profile_space if profile_dir else 0)
+  from wts_jax.pallas.batched.spec import BatchedLab
+  spec = dataclasses.replace(spec, lab=BatchedLab(
+      profile_dir=profile_dir, probe_skew=variant.probe_skew,
+      profile_space=variant.profile_space if profile_dir else 0))
   if variant.ring_refill:
     spec = dataclasses.replace(spec, ring_refill=variant.ring_refill)
-  if variant.gather_batch_only is not None:
-    spec = dataclasses.replace(spec, gather_batch_only=variant.gather_batch_only)
   def walk(head, base, first, hidden):
     if variant.first_op:   # the first tokens produced by an op of the walk (adds 0)
       first = first + (base[0, 0, 0] != base[0, 0, 0]).astype(first.dtype)
-    return mosaic_backend.launch(spec, backend.WalkOperands(head, base, first, hidden, mode))
+    return mosaic_batched_backend.launch(spec, backend.WalkOperands(head, base, first, hidden,
+                                                                    mode))
   run = jax.jit(walk).lower(head, base, first, hidden).compile()
   want = wts_jax.walk(head, base, first, hidden, temperature=temperature, key=key,
                       impl="xla")

@@ -1,5 +1,5 @@
 """Where a Mosaic walk's time goes: Mosaic GPU's on-device profiler over the kernel's
-named regions (``jax.named_scope`` in ``wts_jax/pallas/mosaic_walk.py``), per block and
+named regions (``jax.named_scope`` in ``wts_jax/pallas/row/kernel.py``), per block and
 per step, at the Qwen3-4B shape.
 
   python tools/profile_mosaic.py --out $OUT/profile [--splits 3/3,0/6/3] [--batch 1]
@@ -32,7 +32,8 @@ import wts_jax
 from wts_jax.heads import HeadConfig
 from wts_jax.inputs import random_inputs
 from wts_jax.pallas import mosaic_plan
-from wts_jax.pallas import mosaic_walk as mw
+from wts_jax.pallas.row.launch import row_walk
+from wts_jax.pallas.row.spec import RowSpec
 from wts_jax import device as device_facts
 
 PROFILE_SPACE = 320        # regions per warpgroup: 7 steps × (18 chunks × 2 + 4) + 1
@@ -149,12 +150,12 @@ def main(argv=None):
         args.out,
         f"{args.head}-{args.dtype}-{args.gemv}-r{resident}s{stages}g{group}x{held}")
     os.makedirs(directory, exist_ok=True)
-    spec = mw.MosaicSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
-                         spin_limit=wts_jax.MosaicConfig().sync_spin_limit, interpret=False,
-                         profile_dir=directory, profile_space=PROFILE_SPACE)
+    spec = RowSpec(plan=plan, batch=args.batch, steps=args.steps, greedy=True,
+                   spin_limit=wts_jax.MosaicRowConfig().sync_spin_limit, interpret=False,
+                   profile_dir=directory, profile_space=PROFILE_SPACE)
     gate = (dict(gate_weight=serial.gate_proj.weight[...], gate_hoisted=serial.hoist(hidden))
             if gated else {})
-    run = jax.jit(lambda w2, b, w1, f, s, gate, planes: mw.mosaic_walk(
+    run = jax.jit(lambda w2, b, w1, f, s, gate, planes: row_walk(
         spec, w2, b, w1, f, w2_scale=s, **gate, **planes))
     for _ in range(3):
       flush = (flush + 1).block_until_ready()   # evict W2 from the L2

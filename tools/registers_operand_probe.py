@@ -34,7 +34,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from wts_jax.pallas.mosaic_walk import _load, _w2_transforms
+from wts_jax.pallas.mosaic_gpu_helpers import load as _load
+from wts_jax.pallas.mosaic_gpu_helpers import w2_transforms as _w2_transforms
 from wts_jax.int8_state import fragment_ordered
 from wts_jax.pallas.z_registers import gather_planes, stacked_row
 

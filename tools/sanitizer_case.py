@@ -9,7 +9,9 @@
 
 (A batched case's name + ``-refill-early``: the same walk with each streamed W2 chunk's
 ring slot refilled, or released to the producer, before its epilogue:
-``MosaicConfig.ring_refill="before_epilogue"``.)
+``MosaicBatchedConfig.ring_refill="before_epilogue"``.)
+
+``mosaic``: the Mosaic row kernel (B = 2); ``triton``: the Triton kernel (B = 2);
 
 ``batched``: the batched Mosaic kernel (B = 5, padded to 8 rows; its atomic exchange);
 ``batched-wg2``: the same with two warpgroups a block, the batch on N (their hand-overs);
@@ -55,7 +57,9 @@ from wts_jax.inputs import random_inputs
 def stacked(batch: int, seeds: int, spin_limit: int) -> int:
   sys.path.insert(0, os.path.dirname(__file__))
   from stacked_probe import PLAN_LETTERS, plan_and_spec_options, walk_operands
-  from wts_jax.pallas import stacked_walk as sw
+  from wts_jax.pallas.stacked.launch import stacked_walk
+  from wts_jax.pallas.stacked.plan import plan_stacked
+  from wts_jax.pallas.stacked.spec import StackedSpec
   from wts_jax.pallas.head_operands import serial_operands
   from wts_jax.quantize import quantize_w2
   plan_options, spec_options = plan_and_spec_options(os.environ.get("STACKED_OPTIONS", ""))
@@ -64,12 +68,12 @@ def stacked(batch: int, seeds: int, spin_limit: int) -> int:
   config = HeadConfig(vocab_size=vocab, rank=64, hidden_size=64, head_type="vanilla")
   head = quantize_w2(wts_jax.make_head(config, seed=1), "int8", state="planes")
   plan_names = {name for name, _ in PLAN_LETTERS.values()}   # (its residency is fixed)
-  plan = sw.plan_stacked(vocab_size=vocab, rank=64, batch=batch, num_blocks=2,
-                         smem_per_block=227 * 1024, resident=1,
-                         **{k: v for k, v in plan_options.items() if k in plan_names})
-  spec = sw.StackedSpec(plan, batch, 4, spin_limit=spin_limit, **spec_options)
+  plan = plan_stacked(vocab_size=vocab, rank=64, batch=batch, num_blocks=2,
+                      smem_per_block=227 * 1024, resident=1,
+                      **{k: v for k, v in plan_options.items() if k in plan_names})
+  spec = StackedSpec(plan, batch, 4, spin_limit=spin_limit, **spec_options)
   print(plan.describe(), spec)
-  walk = jax.jit(lambda *a: sw.stacked_walk(spec, *a))
+  walk = jax.jit(lambda *a: stacked_walk(spec, *a))
   cpu = jax.devices("cpu")[0]
   differ = 0
   for seed in range(seeds):
@@ -121,22 +125,10 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   # tool ever ran the blocks one at a time the walk would end with a timeout status
   # instead of spinning 4M polls per step (session 9's mosaic run did not finish in
   # ~450 s; the cause is not known).
-  walk_config = wts_jax.WalkConfig(
-      backend="mosaic" if batched else backend, num_programs=4, residency=64,
-      num_stages=2, sync_spin_limit=spin_limit,
-      **({"mosaic_kernel": "batched"} if batched else {}),
-      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "n"}
-         if backend == "batched-wg2" or producer or widening or table else {}),
-      **({"mosaic_producer": True, "serial_update": "table"} if table else {}),
-      **({"mosaic_w2_widening": widening} if widening else {}),
-      **({"mosaic_producer": True} if producer else {}),
-      **({"mosaic_warpgroups": 2, "mosaic_batch_axis": "m"}
-         if rnn_two_on_m or planes_on_m else {}),
-      **({"serial_update": "split"} if "-split" in backend else {}),
-      **({"serial_update": "table", "mosaic_batch_axis": "n"} if joint else {}))
-  impl, kernel_config = (early_refill_config(walk_config, widening) if refill_early
-                         else ("pallas", walk_config))
-  walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl=impl,
+  kernel_config = case_config(backend, spin_limit)
+  if refill_early:
+    kernel_config = early_refill_config(kernel_config, widening)
+  walk = jax.jit(lambda h, b, f, x: wts_jax.walk(h, b, f, x, impl="pallas",
                                                  config=kernel_config))
   differ = 0
   for seed in range(seeds):
@@ -156,13 +148,41 @@ def main(backend: str, seeds: int = 1, spin_limit: int = 1 << 14) -> int:
   return 1 if differ else 0
 
 
-def early_refill_config(walk_config, widening):
-  """(impl, config) of a ``-refill-early`` case: ``walk_config``'s Mosaic config with
-  ``ring_refill="before_epilogue"`` (``WalkConfig`` has no such field), or as planned
-  where the kernel widens an int8 W2 (its threads read the ring slots)."""
+def case_config(backend: str, spin_limit: int):
+  """The kernel config of a case (``backend`` without ``-refill-early``): 4 blocks, 64
+  resident rows a block, a 2-slot ring, the bounded barrier."""
+  if backend == "triton":
+    return wts_jax.TritonConfig(num_programs=4, residency=64, num_stages=2,
+                                sync_spin_limit=spin_limit)
+  options = dict(num_blocks=4, residency=64, ring_stages=2, sync_spin_limit=spin_limit)
+  if backend == "mosaic":
+    return wts_jax.MosaicRowConfig(**options)
+  widening = backend.removeprefix("batched-widen-") if "-widen-" in backend else None
+  table = backend == "batched-gated-table"
+  producer = backend.startswith("batched-producer")
+  if backend == "batched-wg2" or producer or widening or table:
+    options.update(warpgroups=2, batch_axis="n")
+  if table:
+    options.update(producer=True, serial_update="table")
   if widening:
-    return "pallas", walk_config
-  return "mosaic", dataclasses.replace(walk_config.mosaic(), ring_refill="before_epilogue")
+    options.update(w2_widening=widening)
+  if producer:
+    options.update(producer=True)
+  if backend in ("batched-rnn-split-m2", "batched-int8p-m2"):
+    options.update(warpgroups=2, batch_axis="m")
+  if "-split" in backend:
+    options.update(serial_update="split")
+  if backend == "batched-rnn-joint-table":
+    options.update(serial_update="table", batch_axis="n")
+  return wts_jax.MosaicBatchedConfig(**options)
+
+
+def early_refill_config(config, widening):
+  """A ``-refill-early`` case's config: ``config`` with ``ring_refill="before_epilogue"``,
+  or as planned where the kernel widens an int8 W2 (its threads read the ring slots)."""
+  if widening:
+    return config
+  return dataclasses.replace(config, ring_refill="before_epilogue")
 
 
 if __name__ == "__main__":

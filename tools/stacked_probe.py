@@ -1,35 +1,28 @@
-"""The stacked int8-planes walk (``wts_jax.pallas.stacked_walk``) against the XLA walk
+"""The stacked int8-planes walk (``wts_jax.pallas.stacked``) against the XLA walk
 and the batched kernel's plan, at the Qwen3-4B shape: tokens checked, then each walk's
 device time after an L2 flush (``profile_batched.time_walks``), in one device call.
 
   python tools/stacked_probe.py --out $OUT/stacked [--batches 5,16,32,40,64]
       [--variants r9+s1,...]   (rN: the block's resident tiles, sN: ring slots a phase,
-      uN: the async base slots hold N request warps (with C and V, B <= 8 N),
-      B: Pallas's automatic barriers off, X: the exchange by key-and-count pairs,
-      Y: the pairs a line each, polled by one warp,
-      W: a NaN witness beside the running best, D: a shared ring's refill deferred, F: W1 in fragment order,
-      I: a shared ring's refills dealt to both its warpgroups, P: each block's candidates'
-      W1 rows prefetched into the L2 as their keys are published, Z: z's fragments
-      loaded a share a warpgroup into shared memory and read back by all: with F;
-      timing only, tokens wrong: A a tile's fold cut to one column pair, L no base loads,
-      M no WGMMA issued, N each tile's WGMMA on 16 of its rows (the same chain on the
-      same gathered z, a quarter of the MACs); E each step's base logits prefetched into the L2 a step ahead;
-      C the base logits by cp.async into shared memory, a tile ahead; K the same two
-      tiles ahead, three slots; Q three tiles ahead, four slots; T the slots filled by
-      one TMA copy a tile a warpgroup (with C, K or Q); R the warps' requests rotated
-      over the warp schedulers; V a warp past the batch skips its fold; G a
-      programmatic dependent launch; S the status reduced in the kernel; H each tile's
-      WGMMA in two halves, the first folded under the second; J in four quarters;
-      O (B <= 16, with C) each tile's products as four 2:4-sparse WGMMAs on z's planes
-      over two halves of K, W1 in that order; U (with C) W2's tiles in thread-rows order:
-      a thread's 16 columns 16 consecutive rows, its base logits two 16-byte copies
-      (with T: its TMA slot's words read as two 16-byte loads); U4 (with C + U) the async
-      slots' words read so too)
+      F: W1 in fragment order; C the base logits by cp.async into shared memory, a tile
+      ahead; K the same two tiles ahead, three slots; Q three tiles ahead, four slots;
+      T the slots filled by one TMA copy a tile a warpgroup (with C, K or Q); R the
+      warps' requests rotated over the warp schedulers; V a warp past the batch skips
+      its fold; S the status reduced in the kernel; U (with C) W2's tiles in
+      thread-rows order: a thread's 16 columns 16 consecutive rows, its base logits two
+      16-byte copies (with T: its TMA slot's words read as two 16-byte loads).
+      The lab overlay (``StackedLab``): E each step's base logits prefetched into the
+      L2 a step ahead; G a programmatic dependent launch; U4 (with C + U) the async
+      slots' words read as 16-byte loads too; timing only, tokens wrong: A a tile's
+      fold cut to one column pair, L no base loads, M no WGMMA issued, N each tile's
+      WGMMA on 16 of its rows (the same chain on the same gathered z, a quarter of the
+      MACs))
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -43,58 +36,60 @@ import profile_batched as pb  # noqa: E402
 
 import wts_jax  # noqa: E402
 from wts_jax.inputs import random_inputs  # noqa: E402
-from wts_jax.pallas import stacked_walk as sw  # noqa: E402
+from wts_jax.pallas.stacked.launch import stacked_walk
+from wts_jax.pallas.stacked.plan import WARPGROUPS, plan_stacked, tile_bytes
+from wts_jax.pallas.stacked.spec import StackedLab, StackedSpec, w1_planes_operand, w2_operand
 from wts_jax.pallas.head_operands import serial_operands  # noqa: E402
 
 STEPS = 7
 
 
-# A letter's ``StackedSpec`` option (the rest are the plan's).
-SPEC_LETTERS = {"B": ("auto_barriers", False), "X": ("exchange", "pairs"),
-                "Y": ("exchange", "warp_pairs"),
-                "W": ("nan_check", "witness"),
-                "D": ("refill", "deferred"), "F": ("w1_order", "fragments"),
-                "I": ("ring_issuers", "dealt"), "P": ("prefetch_candidates", True),
-                "A": ("timing_ablation", "fold"), "L": ("timing_ablation", "base"),
-                "M": ("timing_ablation", "mma"), "E": ("prefetch_base", True),
-                "R": ("rotate_warps", True), "V": ("skip_idle_warps", True),
-                "G": ("dependent_launch", True), "S": ("status", "kernel"),
-                "H": ("mma_parts", 2), "J": ("mma_parts", 4),
-                "N": ("timing_ablation", "narrow_mma"), "U": ("w2_order", "thread_rows"),
-                "U4": ("base_vector_reads", True)}
+# A letter's ``StackedSpec`` option, or its lab overlay's (``StackedLab``); the rest are
+# the plan's.
+SPEC_LETTERS = {"F": ("w1_order", "fragments"), "R": ("rotate_warps", True),
+                "V": ("skip_idle_warps", True), "S": ("status", "kernel"),
+                "U": ("w2_order", "thread_rows")}
+LAB_LETTERS = {"A": ("timing_ablation", "fold"), "L": ("timing_ablation", "base"),
+               "M": ("timing_ablation", "mma"), "N": ("timing_ablation", "narrow_mma"),
+               "E": ("prefetch_base", True), "G": ("dependent_launch", True),
+               "U4": ("base_vector_reads", True)}
 SPEC_OPTIONS = [name for name, _ in SPEC_LETTERS.values()]
+LAB_OPTIONS = [name for name, _ in LAB_LETTERS.values()]
 # A letter's ``plan_stacked`` option.
-PLAN_LETTERS = {"Z": ("z_loads", "shared"), "C": ("base_slots", 2), "K": ("base_slots", 3),
-                "Q": ("base_slots", 4), "T": ("base_copies", "tma"), "O": ("k_halves", True)}
+PLAN_LETTERS = {"C": ("base_slots", 2), "K": ("base_slots", 3), "Q": ("base_slots", 4),
+                "T": ("base_copies", "tma")}
 
 
 def variant_options(text: str) -> dict:
   options = {}
   for part in (p for p in text.split("+") if p):
-    if part in SPEC_LETTERS or part in PLAN_LETTERS:
-      name, value = SPEC_LETTERS.get(part) or PLAN_LETTERS[part]
+    letters = SPEC_LETTERS | LAB_LETTERS | PLAN_LETTERS
+    if part in letters:
+      name, value = letters[part]
       options[name] = value
       continue
-    m = re.fullmatch(r"([rsu])(\d+)", part)
+    m = re.fullmatch(r"([rs])(\d+)", part)
     if not m:
       raise SystemExit(f"error: bad variant option {part!r}")
-    options[{"r": "resident", "s": "ring_stages", "u": "base_warps"}[m[1]]] = int(m[2])
+    options[{"r": "resident", "s": "ring_stages"}[m[1]]] = int(m[2])
   return options
 
 
 def plan_and_spec_options(text: str) -> tuple[dict, dict]:
-  """``variant_options`` split into (``plan_stacked``'s, ``StackedSpec``'s)."""
+  """``variant_options`` split into (``plan_stacked``'s, ``StackedSpec``'s), the lab
+  overlay's as the spec's ``lab``."""
   options = variant_options(text)
   spec_options = {k: options.pop(k) for k in SPEC_OPTIONS if k in options}
-  if options.get("k_halves"):   # (the k-halves walk reads W1 in its own order)
-    spec_options["w1_order"] = "k_halves"
+  lab = {k: options.pop(k) for k in LAB_OPTIONS if k in options}
+  if lab:
+    spec_options["lab"] = StackedLab(**lab)
   return options, spec_options
 
 
 def walk_operands(spec, operands, base, first):
   """``stacked_walk``'s operands after the spec: W1's planes in the order it asks for
   (the head carries both)."""
-  return (sw.w2_operand(spec, operands), base, sw.w1_planes_operand(spec, operands), first,
+  return (w2_operand(spec, operands), base, w1_planes_operand(spec, operands), first,
           operands["w2_scale"], operands["w1_plane_scale"])
 
 
@@ -105,28 +100,31 @@ def special_run(kind, batch, head, operands, base, first, device, out, tries: in
   memory from W2's tiles: as much as the compiled kernel says it exceeds."""
   directory = os.path.join(out, f"{kind}-{batch}")
   os.makedirs(directory, exist_ok=True)
-  reserve = pb.PROFILE_SPACE * 2 * 4 * sw.WARPGROUPS + 1024 if kind == "profile" else 0
+  reserve = pb.PROFILE_SPACE * 2 * 4 * WARPGROUPS + 1024 if kind == "profile" else 0
   def prepared(spec):
     return walk_operands(spec, operands, base, first)
   flags = (dict(MOSAIC_GPU_DUMP_TO=directory, MOSAIC_GPU_DUMP_PTXAS="1",
                 MOSAIC_GPU_DUMP_SASS="1") if kind == "dump" else {})
 
   def attempt(reserve):
-    plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                           batch=batch, num_blocks=device.num_sms,
-                           smem_per_block=device.smem_per_block - reserve,
-                           **(plan_options or {}))
-    spec = sw.StackedSpec(plan, batch, STEPS, **(spec_options or {}),
-                          **(dict(profile_dir=directory, profile_space=pb.PROFILE_SPACE)
-                             if kind == "profile" else {}))
-    jax.block_until_ready(jax.jit(lambda *a: sw.stacked_walk(spec, *a))(*prepared(spec)))
+    plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                        batch=batch, num_blocks=device.num_sms,
+                        smem_per_block=device.smem_per_block - reserve,
+                        **(plan_options or {}))
+    spec_options_here = dict(spec_options or {})
+    if kind == "profile":
+      spec_options_here["lab"] = dataclasses.replace(
+          spec_options_here.get("lab", StackedLab()), profile_dir=directory,
+          profile_space=pb.PROFILE_SPACE)
+    spec = StackedSpec(plan, batch, STEPS, **spec_options_here)
+    jax.block_until_ready(jax.jit(lambda *a: stacked_walk(spec, *a))(*prepared(spec)))
     return plan
 
   os.environ.update(flags)
   try:
     # (A tile more than the excess: a plan drops whole tiles.)
     plan = pb.reserving_excess(attempt, reserve, tries=tries,
-                               margin=sw.tile_bytes(head.config.rank))
+                               margin=tile_bytes(head.config.rank))
   finally:
     for name in flags:
       os.environ.pop(name, None)
@@ -176,22 +174,22 @@ def main():
       record = {"variant": name}
       try:
         options, spec_options = plan_and_spec_options(variant)
-        plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                               batch=batch, num_blocks=device.num_sms,
-                               smem_per_block=device.smem_per_block, **options)
-        spec = sw.StackedSpec(plan, batch, STEPS, **spec_options)
+        plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                            batch=batch, num_blocks=device.num_sms,
+                            smem_per_block=device.smem_per_block, **options)
+        spec = StackedSpec(plan, batch, STEPS, **spec_options)
         record["plan"] = plan.describe()
 
         def walk(w2, base, planes, first, w2_scale, s_lo, spec=spec):
-          return sw.stacked_walk(spec, w2, base, planes, first, w2_scale, s_lo)
+          return stacked_walk(spec, w2, base, planes, first, w2_scale, s_lo)
         call = walk_operands(spec, operands, base, first)
         run = jax.jit(walk).lower(*call).compile()
         tokens, status = run(*call)
         tokens = np.asarray(tokens)
         record.update(status=int(status), tokens_equal=bool((tokens == want).all()))
-        if spec.timing_ablation:   # (timing only: its tokens are wrong by design)
+        if spec.lab.timing_ablation:   # (timing only: its tokens are wrong by design)
           per_walk, kernel, _, _ = pb.time_walks(run, call, args.walks)
-          record.update(ablation=spec.timing_ablation,
+          record.update(ablation=spec.lab.timing_ablation,
                         walk_us_median=round(float(np.median(per_walk)), 1),
                         kernel_us_median=round(float(kernel), 1))
         elif not record["tokens_equal"]:

@@ -51,7 +51,7 @@ def api_walk(batch: int, head_type: str = "vanilla", dtype: str = "int8p",
   ``--dtype`` names it (a gated head with its gate table, as wts-bench builds it),
   greedy or sampled at temperature 1."""
   import wts_jax
-  from wts_jax.bench.runner import make_bench_head
+  from wts_jax.bench.support import make_bench_head
   from wts_jax.heads import HeadConfig
   from wts_jax.inputs import random_inputs
   if mode not in ("greedy", "sample"):
@@ -74,20 +74,23 @@ def stacked_walk(batch: int, variant: str):
   letters (``tools/stacked_probe.py``), its tokens and status kept."""
   import stacked_probe
   from wts_jax import device
-  from wts_jax.pallas import stacked_walk as sw
+  from wts_jax.pallas.stacked import launch
+  from wts_jax.pallas.stacked.plan import plan_stacked
+  from wts_jax.pallas.stacked.spec import StackedSpec
   from wts_jax.pallas.head_operands import serial_operands
   walk, (head, base, _, _), first = api_walk(batch)
   facts = device.current()
   plan_options, spec_options = stacked_probe.plan_and_spec_options(variant)
-  plan = sw.plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
-                         batch=batch, num_blocks=facts.num_sms,
-                         smem_per_block=facts.smem_per_block, **plan_options)
-  spec = sw.StackedSpec(plan, batch, 7, **spec_options)
+  plan = plan_stacked(vocab_size=head.config.vocab_size, rank=head.config.rank,
+                      batch=batch, num_blocks=facts.num_sms,
+                      smem_per_block=facts.smem_per_block, **plan_options)
+  spec = StackedSpec(plan, batch, 7, **spec_options)
   operands = stacked_probe.walk_operands(spec, serial_operands(head, None), base, first)
 
   def walk(operands, first_tokens):
     w2, base, planes, _, w2_scale, s_lo = operands
-    tokens, status = sw.stacked_walk(spec, w2, base, planes, first_tokens, w2_scale, s_lo)
+    tokens, status = launch.stacked_walk(spec, w2, base, planes, first_tokens, w2_scale,
+                                         s_lo)
     return {"tokens": tokens, "status": status}
   return walk, operands, first
 
@@ -143,7 +146,7 @@ def trace_chain(walk_fn, operands, first, flush, n_walks, options, carry_form="t
 
 
 def main(argv=None) -> int:
-  from wts_jax.bench.runner import chain_compiler_options
+  from wts_jax.bench.support import chain_compiler_options
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=".")
   parser.add_argument("--batch", default="16,64")

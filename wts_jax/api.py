@@ -7,8 +7,7 @@ import jax
 from wts_jax import sharded, validation
 from wts_jax.heads.engine import uses_w2_kernel
 from wts_jax.output import WalkOutput, check
-from wts_jax.reference import reference_walk
-from wts_jax.walk_config import MosaicConfig, TritonConfig, WalkConfig
+from wts_jax.walk_config import KernelConfig
 
 
 def _backend():
@@ -21,8 +20,7 @@ def _backend():
 def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
          hidden: jax.Array | None = None, *, temperature=0.0, key: jax.Array | None = None,
          return_logits: bool = False, return_logprobs: bool = False,
-         impl: str = "auto",
-         config: TritonConfig | MosaicConfig | WalkConfig | None = None,
+         impl: str = "auto", config: KernelConfig | None = None,
          vocab_axis=None, batch_axis=None, mesh=None) -> WalkOutput:
   """Walk the serial head over a block of K draft positions.
 
@@ -38,14 +36,15 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
       every implementation.
     return_logits / return_logprobs: also return the corrected logits [B, K, V] /
       the log-probability of each drafted token [B, K].
-    impl: ``"mosaic"`` or ``"triton"`` (a Weights-That-Stay kernel, by name; an error
-      gives its reason when it cannot run the walk), ``"xla"`` (the step-wise
-      reference), ``"auto"`` (the kernel the device's tuned table prefers among those
-      that can run the walk, else XLA) or ``"pallas"`` (as ``"auto"`` but never XLA:
-      an error lists every kernel's reason).
-    config: ``None`` (the tuned defaults), or a ``TritonConfig`` / ``MosaicConfig``
-      with that kernel's options (it names that kernel), or a ``WalkConfig`` (the
-      older all-in-one spelling).
+    impl: a Weights-That-Stay kernel by name — ``"mosaic_row"``, ``"mosaic_batched"``,
+      ``"mosaic_stacked"``, ``"triton"`` (an error gives its reason when it cannot run
+      the walk) — or ``"mosaic"`` (the best Mosaic kernel for the walk), ``"xla"`` (the
+      step-wise reference), ``"auto"`` (the kernel the device's tuned table prefers
+      among those that can run the walk, else XLA) or ``"pallas"`` (as ``"auto"`` but
+      never XLA: an error lists every kernel's reason).
+    config: ``None`` (the tuned defaults), or one kernel's config
+      (``TritonConfig``, ``MosaicRowConfig``, ``MosaicBatchedConfig``,
+      ``MosaicStackedConfig``) with its options: it names that kernel.
     vocab_axis, batch_axis, mesh: a walk split across devices (docs/sharded.md). A head
       whose W2 carries a ``NamedSharding`` splitting V over a mesh axis is walked
       sharded without them; ``vocab_axis`` names that axis where the arrays' shardings
@@ -78,13 +77,8 @@ def walk(head, base_logits: jax.Array, first_tokens: jax.Array,
   shapes = backend.WalkShapes.of(base_logits, mode.greedy, return_logits=return_logits,
                                  return_logprobs=return_logprobs)
   choice = backend.choose(head, shapes, impl, config)
-  if choice.impl == "xla":
-    output = reference_walk(head, base_logits, first_tokens, hidden, mode.score_scale,
-                            mode.noise_on, mode.seed, return_logits=return_logits,
-                            return_logprobs=return_logprobs)
-  else:
-    output = choice.launch(backend.WalkOperands(head, base_logits, first_tokens, hidden,
-                                                mode))
+  output = choice.launch(backend.WalkOperands(head, base_logits, first_tokens, hidden,
+                                              mode))
   return _finished(output, mode, base_logits)
 
 
@@ -112,9 +106,10 @@ def _impl_for_layout(head, impl: str) -> str:
 def chosen_implementation(head, base_logits, impl: str = "auto", config=None, *,
                           temperature=0.0, return_logits: bool = False,
                           return_logprobs: bool = False) -> str:
-  """The implementation ``walk(..., impl=impl, config=config)`` would run: a kernel's
-  name (``"mosaic"``, ``"triton"``) or ``"xla"``; for a head split along V (its W2's
-  ``NamedSharding``), ``"xla"`` or ``"pallas"`` (the sharded step kernel)."""
+  """The implementation ``walk(..., impl=impl, config=config)`` would run: a backend's
+  name (``"mosaic_row"``, ``"mosaic_batched"``, ``"mosaic_stacked"``, ``"triton"`` or
+  ``"xla"``); for a head split along V (its W2's ``NamedSharding``), ``"xla"`` or
+  ``"pallas"`` (the sharded step kernel)."""
   head = validation.as_draft_head(head)
   if sharded.placement(head, base_logits) is not None:
     return sharded.implementation(impl, config)

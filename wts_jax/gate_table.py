@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from wts_jax.heads.base import derived_rows, hidden_terms, with_derived_copy
+from wts_jax.heads.base import derived_rows, has_derived, hidden_terms, with_derived_copy
 
 
 def f32_halves(values: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -70,7 +70,7 @@ def gate_rows(w1: jax.Array, gate_e: jax.Array) -> jax.Array:
 class GateTable(nnx.Module):
   """A gated head's ``gate_rows`` [V, 3r] (``with_gate_table``), and G_h [r, d] as its own
   contiguous array, so a walk's hoist reads it without first slicing it out of
-  ``gate_proj.weight`` (an op of ≈ 2 µs on the H200 every walk)."""
+  ``gate_proj.weight`` (an op of its own every walk)."""
 
   def __init__(self, rows: jax.Array, hidden_weight: jax.Array):
     self.rows = nnx.Variable(rows)
@@ -90,6 +90,11 @@ def with_gate_table(head):
   kernel read it; the reference and the other kernels compute the gate as before).
   The table is a function of W1 and ``gate_proj``: rebuild it after changing either."""
   return with_derived_copy(head, "gated", "a gate table", "gate_table", GateTable.of)
+
+
+def has_gate_table(serial) -> bool:
+  """Whether the serial head carries its gate table."""
+  return has_derived(serial, "gate_table")
 
 
 def table_of(serial):

@@ -91,24 +91,6 @@ def fragment_ordered(planes: jax.Array, plane_width: int | None = None) -> jax.A
           .reshape(vocab, width))
 
 
-def k_halves(planes: jax.Array) -> jax.Array:
-  """W1's planes [V, 2r] int8 (as ``fragment_ordered`` takes them) split on K for a
-  2:4-sparse WGMMA: each plane's bytes 4J and 4J + 1 (J = 0 .. r/4 - 1) in order, then
-  its bytes 4J + 2 and 4J + 3, so a token's row is four half-planes of r/2 bytes (hi's
-  first half, hi's second, lo's first, lo's second), each a sparse A operand's
-  compressed row whose metadata names positions 0, 1 (first half) or 2, 3 (second) of
-  every group of four."""
-  vocab, width = planes.shape
-  return (planes.reshape(vocab, 2, width // 8, 2, 2).transpose(0, 1, 3, 2, 4)
-          .reshape(vocab, width))
-
-
-def k_halves_fragment_ordered(planes: jax.Array) -> jax.Array:
-  """``k_halves`` with each half-plane in ``fragment_ordered``'s order (the stacked
-  walk's ``w1_order="k_halves"``)."""
-  return fragment_ordered(k_halves(planes), planes.shape[1] // 4)
-
-
 def thread_rows_ordered(w2):
   """W2 [V, r] (V a multiple of 64) with each 64-row tile's rows in the order the
   WGMMA's accumulator columns meet them when a thread's 16 columns are 16 consecutive

@@ -7,7 +7,7 @@ that term for every token. With it the batched Mosaic kernel needs no second gri
 barrier a step: after the token exchange every block gathers its rows' ``T[x]``, reads
 the ``J_s s_{k-1}`` that the blocks owning the state's units published during the last
 step (riding on that step's barrier), and advances the whole state itself, elementwise
-(``mosaic_batched_walk``'s ``joint_update``). ``T`` is the reference's own contraction
+(``pallas/batched/update_joint_table``). ``T`` is the reference's own contraction
 (``RecurrentHead.advance``: fp32 products summed in fp32), taken over all of W1 at once.
 
 Stored as one row of 16-bit words a token, ``[T's upper 16 bits ; T's lower 16 bits]``
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wts_jax.gate_table import f32_halves, token_terms
-from wts_jax.heads.base import derived_rows, with_derived_copy
+from wts_jax.heads.base import derived_rows, has_derived, with_derived_copy
 
 
 def joint_rows(w1: jax.Array, joint_e: jax.Array) -> jax.Array:
@@ -49,12 +49,17 @@ class JointTable(nnx.Module):
 
 def with_joint_table(head):
   """An rnn head sharing every weight with ``head``, with its joint table beside them
-  (``serial_update="table"``, up to ``mosaic_batched_plan.JOINT_TABLE_MAX_ROWS`` rows,
+  (``serial_update="table"``, up to ``batched.plan.JOINT_TABLE_MAX_ROWS`` rows,
   and ``"auto"``, up to ``AUTO_JOINT_TABLE_MAX_ROWS``, on the batched Mosaic kernel read
   it, the batch on N; the reference and
   the other kernels compute ``J_e e`` as before). The table is a function of W1 and
   ``joint_proj``: rebuild it after changing either (``wts_jax.with_fresh_copies``)."""
   return with_derived_copy(head, "rnn", "a joint table", "joint_table", JointTable.of)
+
+
+def has_joint_table(serial) -> bool:
+  """Whether the serial head carries its joint table."""
+  return has_derived(serial, "joint_table")
 
 
 def joint_table_of(serial):

@@ -2,8 +2,9 @@
 
 Why: XLA's GPU runtime puts custom calls into command buffers (CUDA graphs) by default,
 and records the Mosaic kernel's call into the graph again on every execution of the
-executable; the device waits meanwhile. Measured on the H200 (NOTES.md v8): 60–70 µs of
-host time per walk, more than the int8 walk's whole kernel. Without custom calls in
+executable; the device waits meanwhile: on the H200 that host time per walk exceeded the
+int8 walk's whole kernel (docs/decisions.md, "No custom calls in command buffers").
+Without custom calls in
 command buffers the launch is a plain stream launch.
 
 Pass ``KERNEL_COMPILER_OPTIONS`` to the executable that calls ``wts_jax.walk``:

@@ -27,11 +27,11 @@ from jax import lax
 
 # lowbias32 constants (C. Wellons, "hash prospector"): a bijective 32-bit mixer with
 # very low bias, cheap on GPUs (2 multiplies, 3 xor-shifts).
-_MIX_MUL_1 = 0x21F0AAAD
-_MIX_MUL_2 = 0x735A2D97
+MIX_MUL_1 = 0x21F0AAAD
+MIX_MUL_2 = 0x735A2D97
 
 # How far a Mosaic GPU kernel's noise may be from XLA's (the module docstring): 2^-20,
-# absolute, as measured on the H200 (NOTES v21).
+# absolute (docs/decisions.md, "Kernel choices measured on the H200").
 KERNEL_NOISE_TOLERANCE = 2.0 ** -20
 
 # Steps and rows are packed into one 32-bit counter: step in the low 16 bits.
@@ -46,9 +46,9 @@ def _u32(value) -> jax.Array:
 def mix32(x: jax.Array) -> jax.Array:
   """A bijection of uint32 with full avalanche (lowbias32)."""
   x = x ^ lax.shift_right_logical(x, _u32(16))
-  x = x * _u32(_MIX_MUL_1)
+  x = x * _u32(MIX_MUL_1)
   x = x ^ lax.shift_right_logical(x, _u32(15))
-  x = x * _u32(_MIX_MUL_2)
+  x = x * _u32(MIX_MUL_2)
   x = x ^ lax.shift_right_logical(x, _u32(15))
   return x
 
@@ -85,33 +85,33 @@ def uniform_from_stream(stream: jax.Array, vocab_index: jax.Array) -> jax.Array:
 # log_positive: x = 2^k (1 + f) with 1 + f in [sqrt(1/2), sqrt(2)) (FreeBSD e_logf.c's
 # reduction), then log(1 + f) = f - f^2 / 2 + f^3 P(f) with P a degree-7 polynomial fitted
 # for relative error (5.8e-9 in float64): no divide (the GPU's divide left a warpgroup
-# drawing noise latency-bound, NOTES v21), under an ulp in float32 on every uniform and
+# drawing noise latency-bound), under an ulp in float32 on every uniform and
 # its exponential. ln 2 in two parts so k · ln2_hi is exact.
-_LN2_HI = 6.9313812256e-01
-_LN2_LO = 9.0580006145e-06
-_LOG1P_CUBIC_COEFFICIENTS = (0.3333333134651184, -0.2500081956386566, 0.20001226663589478,
+LN2_HI = 6.9313812256e-01
+LN2_LO = 9.0580006145e-06
+LOG1P_CUBIC_COEFFICIENTS = (0.3333333134651184, -0.2500081956386566, 0.20001226663589478,
                              -0.16623356938362122, 0.14201758801937103,
                              -0.13160184025764465, 0.1276157647371292,
                              -0.07634493708610535)
-_SQRT_HALF_BITS = 0x3F3504F3
-_ONE_BITS = 0x3F800000
+SQRT_HALF_BITS = 0x3F3504F3
+ONE_BITS = 0x3F800000
 
 
 def log_positive(x: jax.Array) -> jax.Array:
   """Natural log of positive normal fp32 ``x`` from integer and IEEE add/multiply ops
   only. Near x = 1 it keeps full relative precision (f = x - 1 exactly)."""
   bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
-  bits = bits + _u32(_ONE_BITS - _SQRT_HALF_BITS)
+  bits = bits + _u32(ONE_BITS - SQRT_HALF_BITS)
   k = lax.shift_right_logical(bits, _u32(23)).astype(jnp.int32) - 0x7F
-  mantissa = (bits & _u32(0x007FFFFF)) + _u32(_SQRT_HALF_BITS)
+  mantissa = (bits & _u32(0x007FFFFF)) + _u32(SQRT_HALF_BITS)
   f = lax.bitcast_convert_type(mantissa, jnp.float32) - 1.0
-  p = jnp.float32(_LOG1P_CUBIC_COEFFICIENTS[-1])
-  for coefficient in reversed(_LOG1P_CUBIC_COEFFICIENTS[:-1]):
+  p = jnp.float32(LOG1P_CUBIC_COEFFICIENTS[-1])
+  for coefficient in reversed(LOG1P_CUBIC_COEFFICIENTS[:-1]):
     p = p * f + coefficient
   f_squared = f * f
   rest = f_squared * f * p - 0.5 * f_squared
   dk = k.astype(jnp.float32)
-  return dk * _LN2_HI + (f + (rest + dk * _LN2_LO))
+  return dk * LN2_HI + (f + (rest + dk * LN2_LO))
 
 
 def gumbel_from_uniform(u: jax.Array) -> jax.Array:

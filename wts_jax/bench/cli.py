@@ -4,9 +4,9 @@ Examples::
 
   wts-bench --quick                                   # a small grid, a few minutes
   wts-bench --shape qwen3_4b --batch 1,4,16,64 --k 4,7,16 --head vanilla,gated,rnn \\
-      --mode greedy,sample --l2 cold,warm --out bench/results/h200.json \\
-      --plot bench/results/h200.png
-  wts-bench --render bench/results/h200.json > BENCHMARKS.md
+      --mode greedy,sample --l2 cold,warm --out bench/results/walk/grid.json \\
+      --plot bench/results/walk/grid.png
+  wts-bench --render bench/results/walk/grid.json > grid.md   # markdown tables
   wts-bench --merge a.json b.json --out all.json --plot all.png   # runs split by head
   bash tools/bench_grid.sh vanilla $OUT     # one head's full grid in one device call
 
@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 
+from wts_jax.bench.options import DTYPES, QUANTIZED, QUANTIZED_PLANES, UsageError
 from wts_jax.command_line import ArgumentParser
 
 QUICK = {"batch": "1,16", "k": "7", "head": "vanilla", "mode": "greedy",
@@ -34,15 +35,6 @@ QUICK_CPU = {**QUICK, "batch": "1,4", "k": "4", "repeats": 3, "walks_per_repeat"
 # N = R = 10 (timing.DEFAULT_WALKS, DEFAULT_REPEATS): 100 walks per figure.
 FULL = {"batch": None, "k": None, "head": "vanilla,gated,rnn", "mode": "greedy,sample",
         "l2": "cold,warm", "repeats": 10, "walks_per_repeat": 10}
-DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
-QUANTIZED = ("int8", "fp8")   # a bf16 head with W2 quantized per row (wts_jax.quantize)
-# int8 W2 meeting z as two int8 planes (quantize_w2(..., state="planes"): int8 tensor cores)
-QUANTIZED_PLANES = "int8p"
-
-
-class UsageError(Exception):
-  """A bad argument found after parsing (argparse's own are one line too, through
-  ``wts_jax.command_line``): ``main`` prints ``error: ...`` on one line and returns 2."""
 
 
 def _ints(text: str, flag: str = "--batch") -> tuple[int, ...]:
@@ -342,7 +334,8 @@ def _main(argv: list[str] | None) -> int:
     return 0
   grid = _resolve(args)
   _check_outputs(args)
-  from wts_jax.bench.runner import Interrupted, Runner, log, stop_on_signals
+  from wts_jax.bench.runner import Runner
+  from wts_jax.bench.support import Interrupted, log, stop_on_signals
   from wts_jax.bench.timing import MIN_WALKS_PER_FIGURE
   if grid["repeats"] * grid["walks"] < MIN_WALKS_PER_FIGURE and not args.quick:
     log(f"warning: N*R = {grid['walks'] * grid['repeats']} < {MIN_WALKS_PER_FIGURE} "

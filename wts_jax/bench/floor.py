@@ -34,11 +34,12 @@ lower bound.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from wts_jax.bench.microbench import median_time
 
 DESIGN_SYNC_US = 2.1             # docs/design.md §4: one grid-wide sync on the H200
 USABLE_SMEM_PER_SM = 200 * 1024  # of 227 KB per block, leaving room for staging buffers
@@ -65,17 +66,6 @@ class Ceilings:
 
 
 # --- ceilings --------------------------------------------------------------------------
-
-def median_time(fn, *args, repeats: int = 5) -> float:
-  """Median wall time of ``fn(*args)`` after one warm-up (seconds)."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
 
 def _chained_sums(passes: int):
   """``passes`` full reductions of x, each forced to re-read it (no CSE, no fusion)."""
@@ -146,8 +136,8 @@ def sync_latency(sync_latency_us: float | None = None) -> tuple[float, str, str 
   if sync_latency_us is not None:
     return float(sync_latency_us), "given", None
   try:
-    from wts_jax import pallas as wts_pallas
-    value = float(wts_pallas.measure_sync_latency_us())
+    from wts_jax.bench.sync_latency import measure_sync_latency_us
+    value = float(measure_sync_latency_us())
     if not np.isfinite(value) or value <= 0:
       raise ValueError(f"measure_sync_latency_us() returned {value}")
     return value, "measured", None

@@ -84,12 +84,11 @@ def prepare_pallas_stepwise(head, base_logits, first_tokens, hidden, mode: Bench
   return jax_prepared(walk_fn, (head, base_logits, hidden, mode.key), first_tokens)
 
 
-def wts_variant(**options):
-  """A tuning variant of the persistent kernel (``WalkConfig`` options), for tools that
+def wts_variant(config):
+  """A tuning variant of the persistent kernel (one kernel's config), for tools that
   time variants beside the default ``wts`` (``tools/bench_variants.py``)."""
   def prepare(*args, **kwargs):
-    from wts_jax.walk_config import WalkConfig
-    return prepare_wts(*args, config=WalkConfig(**options), **kwargs)
+    return prepare_wts(*args, config=config, **kwargs)
   return prepare
 
 

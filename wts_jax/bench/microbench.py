@@ -16,13 +16,25 @@ its XLA reductions and our kernel's exchange) and by ``tools/floor_microbench.py
 from __future__ import annotations
 
 import functools
+import time
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from wts_jax.bench.floor import median_time
-
 STREAM_BLOCK = 4096   # f32 elements per load (16 KB)
+
+
+def median_time(fn, *args, repeats: int = 5) -> float:
+  """Median wall time of ``fn(*args)`` after one warm-up (seconds)."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
 
 
 def _stream_kernel(x_ref, o_ref, *, chunks: int, passes: int):

@@ -238,7 +238,7 @@ def render_table(results: dict) -> str:
 
 
 def render_markdown(results_list) -> str:
-  """Markdown tables for BENCHMARKS.md, one section per results JSON."""
+  """Markdown tables of results JSONs, one section each."""
   if isinstance(results_list, dict):
     results_list = [results_list]
   sections = []

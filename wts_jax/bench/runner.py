@@ -8,8 +8,6 @@ from __future__ import annotations
 import datetime
 import functools
 import gc
-import platform as platform_module
-import signal
 import sys
 import time
 import traceback
@@ -18,90 +16,9 @@ import numpy as np
 
 from wts_jax.bench import flush as l2_flush
 from wts_jax.bench import gate, torch_paths
-from wts_jax.bench.cli import DTYPES, QUANTIZED, QUANTIZED_PLANES, UsageError
-
-
-def make_bench_head(config, dtype_name: str, seed: int, gate_table: bool = True,
-                    joint_table: bool = True):
-  """(head, the bf16 head it was quantized from or None) for ``--dtype dtype_name``; a
-  gated head with its gate table (``wts_jax.with_gate_table``) unless ``gate_table`` is
-  False (``--gate-table off``); an rnn head with its contiguous J_h
-  (``wts_jax.with_joint_hidden``) and, unless ``joint_table`` is False (``--joint-table
-  off``), its joint table (``wts_jax.with_joint_table``)."""
-  import jax.numpy as jnp
-  from wts_jax import make_head, with_gate_table, with_joint_hidden, with_joint_table
-  def tabled(head):
-    if config.head_type == "rnn":
-      head = with_joint_hidden(head)
-      return with_joint_table(head) if joint_table else head
-    return with_gate_table(head) if gate_table and config.head_type == "gated" else head
-  if dtype_name in QUANTIZED + (QUANTIZED_PLANES,):
-    from wts_jax.quantize import quantize_w2
-    bf16_head = make_head(config, seed=seed, param_dtype=jnp.bfloat16)
-    if dtype_name == QUANTIZED_PLANES:
-      return quantize_w2(bf16_head, "int8", state="planes"), bf16_head
-    return tabled(quantize_w2(bf16_head, dtype_name)), bf16_head
-  return tabled(make_head(config, seed=seed, param_dtype=jnp.dtype(DTYPES[dtype_name]))), None
-
-
-def chain_compiler_options(command_buffers: str) -> dict:
-  """The XLA options of every timed JAX chain for ``--command-buffers``."""
-  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS, NO_COMMAND_BUFFERS
-  return {"no-custom-calls": dict(KERNEL_COMPILER_OPTIONS),
-          "off": dict(NO_COMMAND_BUFFERS)}.get(command_buffers, {})
-
-
-def _versions() -> dict:
-  import jax
-  import jaxlib
-  info = {"jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
-          "torch_version": None, "triton_version": None,
-          "python_version": platform_module.python_version()}
-  try:
-    import torch
-    info["torch_version"] = torch.__version__
-    info["torch_cuda"] = torch.version.cuda
-  except Exception:  # noqa: BLE001
-    pass
-  try:
-    import triton
-    info["triton_version"] = triton.__version__
-  except Exception:  # noqa: BLE001
-    pass
-  device = jax.devices()[0]
-  info["device_kind"] = device.device_kind
-  info["platform"] = jax.default_backend()
-  info["device_count"] = jax.device_count()
-  return info
-
-
-def error_text(err: BaseException) -> str:
-  return f"{type(err).__name__}: {err}"[:500]
-
-
-def log(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
-
-
-class Interrupted(BaseException):
-  """SIGTERM (``timeout``'s signal) or SIGINT: the run stops after writing its JSON. A
-  BaseException, like KeyboardInterrupt, so that no ``except Exception`` records it as
-  one path's error and goes on."""
-
-
-_STOP: dict = {"signal": None}   # set by the signal handler, read at safe points
-
-
-def _check_stop() -> None:
-  """Raise ``Interrupted`` if a signal came (its own raise can be swallowed when it
-  lands in a finalizer, so the runner also checks here between steps)."""
-  if _STOP["signal"] is not None:
-    raise Interrupted(_STOP["signal"])
-
-
-def _point_name(point: dict) -> str:
-  return (f"{point['head']} B={point['batch']} K={point['k']} r={point['rank']} "
-          f"{point['w2_dtype']}")
+from wts_jax.bench.options import UsageError
+from wts_jax.bench.support import (Interrupted, chain_compiler_options, check_stop, error_text,
+                                   log, make_bench_head, point_name, progress_line, versions)
 
 
 class Runner:
@@ -130,7 +47,7 @@ class Runner:
     self.flush_impl = None
     self.placed_flush: dict = {}   # the flush buffer on a path's mesh, by device count
     self.results = {
-        **_versions(),
+        **versions(),
         "chain_compiler_options": chain_compiler_options(args.command_buffers),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "command": " ".join(["wts-bench", *argv]),
@@ -213,7 +130,7 @@ class Runner:
         jobs.append((batch, kind, first_tokens, chains, flush_only))
     for batch, kind, first_tokens, chains, flush_only in jobs:
       for l2 in l2s:
-        _check_stop()
+        check_stop()
         entry = {"framework": "jax", "batch": batch, "l2": l2, "kind": kind}
         try:
           entry.update(timing.time_chain(
@@ -319,12 +236,12 @@ class Runner:
       heads: dict = {}   # (config, dtype) -> (head, bf16 head) or the error building it
       size = self.grid["compile_ahead"]
       for first in range(0, len(points), size):
-        _check_stop()
+        check_stop()
         window = list(enumerate(points))[first:first + size]
         refusal = self.budget_refusal(len(window))
         if refusal is not None:
           for index, (point, _) in window:
-            log(f"point {_point_name(point)} not started: {refusal}")
+            log(f"point {point_name(point)} not started: {refusal}")
             self.skip_point(point, refusal)
             state[index] = "skipped"
           continue
@@ -387,7 +304,7 @@ class Runner:
         state[index] = "done"
     pending = [future for _, plan in plans for future in plan["futures"]]
     while concurrent.futures.wait(pending, timeout=0.5).not_done:
-      _check_stop()
+      check_stop()
     compile_s = self.clock() - start
     executables = self.compiler.submitted - submitted
     if len(window) > 1:
@@ -536,7 +453,7 @@ class Runner:
           base_record.update(floor_us=sharded_floor["floor_us"], floor=sharded_floor,
                              stepwise_floor_us=sharded_floor["stepwise_floor_us"])
         for l2 in self.grid["l2"]:
-          _check_stop()
+          check_stop()
           record = {**base_record, "l2": l2, "check": path_plan.get("check"),
                     **path_plan["extra"], "median_us": None, "min_us": None,
                     "p90_us": None, "x_floor": None}
@@ -545,7 +462,7 @@ class Runner:
                                 first_tokens, flush_jax, flush_torch, plan["flush_only"],
                                 times)
           self.records.append(record)
-          log(_progress_line(record))
+          log(progress_line(record))
         log(f"  ({self.clock() - started:.1f} s)")
         for name in ("prepared", "chains", "flush_only", "flush"):
           path_plan.pop(name, None)
@@ -554,7 +471,7 @@ class Runner:
     self.point_times.append(times)
     window = (f", {times['window_points']} points compiled together in "
               f"{times['compile_window_s']:.1f} s" if times["window_points"] > 1 else "")
-    log(f"point {_point_name(point)}: {times['total_s']:.1f} s = compile "
+    log(f"point {point_name(point)}: {times['total_s']:.1f} s = compile "
          f"{times['compile_s']:.1f} s ({times['executables']} executables, "
          f"{self.grid['jobs']} jobs{window}) + reference {times['reference_s']:.1f} s + "
          f"checks {times['check_s']:.1f} s + timing {times['timing_s']:.1f} s; "
@@ -651,28 +568,3 @@ class Runner:
     return passed, check, agreement
 
 
-def _progress_line(record: dict) -> str:
-  where = (f"{record['path']:>16} {record['head']:>7} B={record['batch']:<3} "
-           f"K={record['k']:<2} r={record['rank']} {record['mode']:<6} {record['l2']:<4}")
-  if record.get("median_us") is None:
-    text = (record.get("error") or record["check"]).strip()
-    return f"{where}  {text.splitlines()[0][:300] if text else ''}"
-  floor_text = (f"  {record['x_floor']:.2f}× floor" if record.get("x_floor") else "")
-  return f"{where}  {record['median_us']:9.1f} µs{floor_text}  [{record['check']}]"
-
-
-def stop_on_signals():
-  """SIGTERM (what ``timeout`` sends) raises ``Interrupted`` in the main thread, so the
-  runner writes its JSON before the process ends. Returns a function undoing it."""
-  import threading
-  if threading.current_thread() is not threading.main_thread():
-    return lambda: None
-
-  def handler(signum, frame):
-    del frame
-    _STOP["signal"] = signal.Signals(signum).name
-    raise Interrupted(_STOP["signal"])
-
-  _STOP["signal"] = None
-  previous = signal.signal(signal.SIGTERM, handler)
-  return lambda: signal.signal(signal.SIGTERM, previous)

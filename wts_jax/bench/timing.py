@@ -79,12 +79,11 @@ by `--timing` (the results JSON's `timing.method` and each record's `timing_meth
   (the flush kernel, by name) to its last GPU op's end — the walks' steady state, as
   CUDA events around the N walks on a stream the host keeps fed would read it (the
   torch paths' clock). What the trace shows before the first flush step is the
-  executable's start: its argument copies and a few 1 µs ops, with the device idle
-  between them for 0.2–0.9 ms while the host prepares the run (measured on the H200 with
-  tools/walk_timeline.py, NOTES v33). That idle differs between a chain and its
-  flush-only chain by a roughly fixed amount per run, not per walk (about 0.3 ms for the
-  int8-planes walk at N = 10 and at N = 30), so from the first op it would be added to
-  every walk as (that difference) / N. `span_from_first_op_us` beside it keeps that
+  executable's start: its argument copies and a few tiny ops, with the device idle
+  between them while the host prepares the run (tools/walk_timeline.py shows it). That
+  idle differs between a chain and its flush-only chain by a roughly fixed amount per
+  run, not per walk, so from the first op it would be added to every walk as (that
+  difference) / N (docs/decisions.md, "Walk timing from the first flush step"). `span_from_first_op_us` beside it keeps that
   older reading; with the "static" flush (no flush kernel to find) both start at the
   first op. The runs are told apart by a 5 ms host pause after each (the device is idle
   between them); the trace must hold exactly 2R runs, else the figure is an error.
@@ -105,10 +104,8 @@ in serving), so torch-eager's cold figure can be below its warm one.
 
 Sanity lines: "empty" walks (a 1-element Pallas kernel on the GPU and a 1-element XLA
 op; for torch a 1-element `add_`) timed with exactly this method give the method's own
-per-walk overhead and resolution. On the H200 (jax 0.11.2, torch 2.11, N = 20, R = 15)
-they read about 5-12 us for JAX (one dependent kernel launch inside an XLA executable,
-with a spread of about +-8 us), about 2 us for torch with cold L2 and about 10 us warm
-(host-bound eager launches): differences of a few microseconds between paths are below
+per-walk overhead and resolution (their H200 readings: docs/decisions.md, "Walk timing
+from the first flush step"): differences of a few microseconds between paths are below
 the method's resolution; with N = 10 each repetition's share of the host jitter
 doubles, which the sanity lines of the same run show.
 
@@ -531,7 +528,7 @@ def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False, *,
   walks' are (GPU). Beside the 1-element kernel's line it says what the walks' launch
   costs in the chain, their work apart. ``global_scratch``: the kernel signals a
   ``pl.get_global`` semaphore once, as the walks' exchange does (Pallas zeroes that
-  scratch before every launch; no op of its own shows in a trace: NOTES v33).
+  scratch before every launch; no op of its own shows in a trace).
   ``dependent_launch``: it waits with ``griddepcontrol.wait`` first, which asks XLA for
   a programmatic dependent launch (jax >= 0.11). The rest vary the shape
   (``tools/walk_timeline.py``): shared memory a block (bytes, at most the default),
@@ -541,7 +538,7 @@ def _launch_shape_walk(global_scratch: bool, dependent_launch: bool = False, *,
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from wts_jax import device
   from wts_jax.pallas.mosaic_plan import SMEM_ALIGNMENT, SMEM_RESERVED_BYTES
-  from wts_jax.pallas.stacked_walk import WARPGROUPS
+  from wts_jax.pallas.stacked.plan import WARPGROUPS
   facts = device.current()
   warpgroups, blocks = warpgroups or WARPGROUPS, blocks or facts.num_sms
   most = (facts.smem_per_block - SMEM_RESERVED_BYTES) // SMEM_ALIGNMENT * SMEM_ALIGNMENT

@@ -34,8 +34,8 @@ import ml_dtypes
 import numpy as np
 
 from wts_jax.convert.errors import ConversionError
-from wts_jax.convert.keys import normalize_key
 from wts_jax.convert.progress import format_bytes
+from wts_jax.convert.stored_names import normalize_key
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"

@@ -16,9 +16,6 @@ from wts_jax.convert.drafter_config import DrafterConfig
 HEAD_PART = "head"            # converted by default: what wts_jax.walk runs
 BACKBONE_PART = "backbone"    # converted with --full: the drafter's layers, for later use
 
-# Wrappers that torch.compile, DDP/FSDP and HF-style models put in front of the names.
-WRAPPER_PREFIXES = ("_orig_mod.", "module.", "model.")
-
 # Keys that only the speculators format has (vocabulary maps, verifier weights).
 SPECULATORS_KEYS = ("d2t", "t2d")
 SPECULATORS_PREFIX = "verifier"
@@ -37,18 +34,6 @@ class ExpectedTensor:
   def describe_shape(self) -> str:
     dims = ", ".join(f"{name}={size}" for name, size in zip(self.dim_names, self.shape))
     return f"{list(self.shape)} ([{dims}])"
-
-
-def normalize_key(key: str) -> str:
-  """``key`` without the wrapper prefixes (``_orig_mod.``, ``module.``, ``model.``)."""
-  stripped = True
-  while stripped:
-    stripped = False
-    for prefix in WRAPPER_PREFIXES:
-      if key.startswith(prefix):
-        key = key[len(prefix):]
-        stripped = True
-  return key
 
 
 def is_speculators_key(key: str) -> bool:

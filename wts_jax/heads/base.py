@@ -44,6 +44,12 @@ def with_derived_copy(head, head_type: str, what: str, name: str, build):
   return copied
 
 
+def has_derived(serial, name: str) -> bool:
+  """Whether the serial head carries the derived copy ``name`` (a planner's question:
+  its rows are not read)."""
+  return getattr(serial, name, None) is not None
+
+
 def derived_rows(serial, name: str):
   """The rows of the serial head's derived copy ``name`` (``with_derived_copy``), or None
   where it has none."""

@@ -44,7 +44,7 @@ In interpret mode (CPU) programs run one after another, so the walk runs with a 
 program; the barrier then has nothing to wait for and is compiled out (``num_programs ==
 1``), while the slot store → reduce path is the same code.
 
-== The Mosaic GPU kernel (``signal_and_poll``; ``mosaic_walk``) ==
+== The Mosaic GPU kernel (``signal_and_poll``; the Mosaic kernels) ==
 
 One semaphore for the whole walk (``pl.get_global``: zero at launch) and two exchange
 slot rows, used by parity: step ``k`` writes ``xv/xi[k % 2, b, block]``.
@@ -175,7 +175,7 @@ def key_index(low):
   return (jnp.uint32(0xFFFFFFFF) - low).astype(jnp.int32)
 
 
-def _row_slot_asm(body: str, keys_s, slots_g, rows: int,
+def row_slot_asm(body: str, keys_s, slots_g, rows: int,
                   slot_bytes: int = 4 * KEY_ROW_WORDS):
   """Inline PTX run by threads [0, rows) of the warpgroup, one row each: ``$0`` the row's
   high key word in shared memory (its low word one ``keys_s`` row on), ``$1`` the global
@@ -202,7 +202,7 @@ def publish_keys(keys_s, slots_g, rows: int):
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def publish(_, keys, slots):
-    _row_slot_asm("@p ld.shared.b32 hi, [sa]; @p ld.shared.b32 lo, [sa+{low_offset}];\n"
+    row_slot_asm("@p ld.shared.b32 hi, [sa]; @p ld.shared.b32 lo, [sa+{low_offset}];\n"
                   "mov.b64 key, {{lo, hi}};\n"
                   "@p red.relaxed.gpu.global.max.u64 [g], key;\n", keys, slots, rows)
   publish(keys_s, slots_g)
@@ -215,7 +215,7 @@ def collect_keys(slots_g, keys_s, rows: int):
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def collect(_, keys, slots):
-    _row_slot_asm("@p ld.relaxed.gpu.global.b64 key, [g];\n"
+    row_slot_asm("@p ld.relaxed.gpu.global.b64 key, [g];\n"
                   "mov.b64 {{lo, hi}}, key;\n"
                   "@p st.shared.b32 [sa], hi; @p st.shared.b32 [sa+{low_offset}], lo;\n",
                   keys, slots, rows)
@@ -238,7 +238,7 @@ def prefetch_candidate_rows(keys_s, table_g, rows: int, *, row_bytes: int, num_r
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def prefetch(_, keys, table):
-    _row_slot_asm("@p ld.shared.b32 lo, [sa+{low_offset}];\n"
+    row_slot_asm("@p ld.shared.b32 lo, [sa+{low_offset}];\n"
                   "not.b32 hi, lo;\n"
                   f"and.b32 hi, hi, 0x{-window & 0xFFFFFFFF:08X};\n"
                   f"min.u32 hi, hi, {num_rows - window};\n"

@@ -10,7 +10,7 @@ at once (``SerialHead.hoist``, the same function the reference runs, computed be
 serial loop). A new head type adds its hook here and one per kernel (the kernel's
 ``advance``: the Triton kernel's ``ShardStep.advance`` and ``publish_serial``, the
 Mosaic kernel's ``gated_z``); a backend without a hook for it refuses it in ``plan``
-(``mosaic_backend.HEAD_TYPES``).
+(``mosaic_row_backend.HEAD_TYPES``).
 """
 
 from __future__ import annotations

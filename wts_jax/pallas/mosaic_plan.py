@@ -1,4 +1,4 @@
-"""The plan of a Mosaic GPU walk (``mosaic_walk.py``): how each block's W2 shard is cut
+"""The plan of a Mosaic GPU walk (``row/kernel.py``): how each block's W2 shard is cut
 into 64-row chunks, which stay resident in shared memory and which stream through the TMA
 ring, what else the shared memory holds, and the order of a step's chunks. Pure Python on
 static shapes: the budget checks happen here, before anything is lowered or launched."""
@@ -17,9 +17,9 @@ CHUNK_ROWS = 64            # rows per register GEMV (the WGMMA layout's row tile
 Z_TILE_ROWS = 8            # WGMMA GEMV: W1 rows per batch row in shared memory (n = 8B)
 MAX_BATCH = 4              # rows per launch: per-row candidates, staging and exchange
 AUTO_MAX_BATCH = 1         # where "auto" picks this kernel: from 4 rows the batched kernel
-                           # (batch on N) is faster (v11)
+                           # (batch on N) measured faster
 RING_STAGE_MIN = 1
-DEFAULT_RING_STAGES = 2     # the default split, measured (NOTES v6): 2 resident chunks
+DEFAULT_RING_STAGES = 2     # the default split, measured fastest: 2 resident chunks
 DEFAULT_RESIDENT_CHUNKS = 2  # + a 2-slot ring beat 0/2/4 + 2, 0 + 1/3/6, 3 + 3, 2 + 4
 DEFAULT_PLANES_RESIDENT_GROUP = 1   # int8 planes: on-chip chunks per WGMMA wait (1: rolled)
 SMEM_RESERVED_BYTES = 3072  # 2 KB reduction scratch, barriers
@@ -141,18 +141,18 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   Default split: everything resident when it fits; otherwise a 2-slot ring and 2
   resident chunks (or the nearest count that leaves the streamed ones a whole number of
   ring rounds per step: the ring restarts every step, so every slot index is static) —
-  the fastest split measured at the Qwen3 shape (NOTES v6); filling the spare slots with
+  the fastest split measured at the Qwen3 shape; filling the spare slots with
   resident chunks or ring slots was slower. The staging (``staging_bytes``: base logits
   of ``batch`` rows of ``base_itemsize`` bytes, the WGMMA's z, int8 scales, the gated
   head's G_e) comes out of the same shared memory first. ``group``: with the WGMMA GEMV, how many chunks' WGMMAs are issued before
   one wait (their latencies overlap; a streamed group's slots are refilled after it).
   ``snake``: odd steps stream their chunks last to first, so a step starts on the chunks
-  the previous one read last — still in the L2 (60 MB) when W2 (78 MB bf16) is not.
+  the previous one read last — still in the L2 when the whole W2 is not.
   ``gated``: the gated head (register GEMV: its z = g ⊙ e is fp32); G_e stays in shared
   memory (128 KB at r = 256, which leaves W2 two slots there). ``int8_state``: an int8 W2
   meets z as two int8 planes on the WGMMA (``wts_jax.int8_state``); its default split
   keeps as many chunks resident as leave a 2-slot ring whole rounds (10 + 2 at the
-  Qwen3 shape: measured fastest, NOTES v8). ``register_chunks``: int8 planes only, that
+  Qwen3 shape: measured fastest). ``register_chunks``: int8 planes only, that
   many chunks held in registers as the WGMMA's A operand (staged once through the
   shared-memory slots), taken from the streamed ones. ``resident_group``: with the WGMMA
   GEMV, how many on-chip chunks' WGMMAs are issued before one wait (default: ``group``;
@@ -160,7 +160,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
   if w2_itemsize not in (1, 2):
     raise ValueError(f"w2_itemsize={w2_itemsize}: the Mosaic walk streams bf16 (2) or "
                      "int8 (1) W2 rows")
-  if gemv is None:   # the tensor cores where they apply (measured faster, NOTES v5)
+  if gemv is None:   # the tensor cores where they apply (measured faster)
     gemv = "registers" if (w2_itemsize == 1 and not int8_state) or gated else "wgmma"
   if register_chunks and not int8_state:
     raise ValueError(f"register_chunks={register_chunks}: chunks are held in registers "
@@ -210,8 +210,7 @@ def plan_mosaic(*, vocab_size: int, rank: int, num_sms: int, smem_per_block: int
     # bf16: from DEFAULT_RESIDENT_CHUNKS up (then below it), the first count that leaves
     # a whole number of ring rounds per step (the ring restarts each step, so its slots
     # are static indices). Not "as many as fit": on the H200 more resident chunks and a
-    # deeper ring were slower for bf16 (NOTES v5, v6); for int8 planes the most that fit
-    # was fastest (NOTES v8).
+    # deeper ring were slower for bf16; for int8 planes the most that fit was fastest.
     most = min(shared_chunks, slots - stages)
     order = ([*range(most, -1, -1)] if int8_state else
              [*range(min(DEFAULT_RESIDENT_CHUNKS, most), most + 1),
@@ -268,7 +267,7 @@ def chunk_schedule(resident: int, streamed: int, group: int, registers: int = 0,
   """A step's chunks in order, in groups of ``group``: ("streamed", [j, ...]) in ring
   order with the ("resident", [c, ...]) groups spread evenly among them, so the TMA
   ring keeps streaming while resident chunks are computed (resident chunks first left the
-  full ring idle for their whole duration: 3 + 3 was slower than 0 + 3, NOTES v5).
+  full ring idle for their whole duration: 3 + 3 measured slower than 0 + 3).
   Chunks held in registers (ids ``resident ..``) count as resident here, in groups of
   ``resident_group`` (0: ``group``)."""
   def groups(kind, n, size):
@@ -301,7 +300,7 @@ def mosaic_gemv(head, config) -> str:
 
 def make_plan(head, config, device, *, batch: int = MAX_BATCH, base_itemsize: int = 2
               ) -> MosaicPlan:
-  """The plan of ``head`` under ``config`` (a ``MosaicConfig``) on ``device`` (its
+  """The plan of ``head`` under ``config`` (a ``MosaicRowConfig``) on ``device`` (its
   ``DeviceFacts``; interpret mode runs one block), its base-logit staging sized for
   ``batch`` rows of ``base_itemsize`` bytes."""
   vocab, rank = head.config.vocab_size, head.config.rank

@@ -118,7 +118,7 @@ def plan_walk(*, vocab_size: int, rank: int, batch: int, w2_itemsize: int,
   The Triton backend keeps resident tiles in registers (values live across the step
   loop), so the budget is a quarter of the register file: the streamed tile in flight,
   the lane candidates and the products need the rest. (On the H200, four resident
-  64-row bf16 tiles ran slower than two: NOTES.md, kernel v1.) ``device``: the device's
+  64-row bf16 tiles ran slower than two.) ``device``: the device's
   facts (default: read now; not read in interpret mode).
   """
   if register_budget_bytes is None:
@@ -174,8 +174,8 @@ def serial_split(rank: int, num_programs: int, config: TritonConfig) -> tuple[st
   """(mode, slice columns) of the gated/rnn serial update; ignored by the vanilla head.
 
   ``auto`` splits: the redundant update costs every program the whole serial matvec per
-  step (rnn: 3r x 2r weights from L2, ~786 KB/program/step at r=256), the split one a
-  second grid barrier (~2-4 µs). Slices are as narrow as the grid allows: r=256 over 132
+  step (rnn: 3r x 2r weights from L2 per program and step), the split one a second grid
+  barrier. Slices are as narrow as the grid allows: r=256 over 132
   programs gives 128 slices of 2 columns (one per program, 4 programs idle)."""
   if config.serial_update == "redundant":
     return "redundant", 0

@@ -25,7 +25,7 @@ from jax.experimental.pallas import triton as pl_triton
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.output import STATUS_NAN_LOGITS, STATUS_TOKEN_OUT_OF_RANGE, WalkOutput
 from wts_jax.pallas import triton_backend
-from wts_jax.pallas.backend import WalkShapes
+from wts_jax.pallas.protocol import WalkShapes
 from wts_jax.pallas.plan import WalkPlan, next_power_of_two, padded_batch
 from wts_jax.pallas.shard_step import (KernelSpec, ShardStep, launch,
                                        optional_output_names, status_bit,

@@ -19,17 +19,29 @@ from wts_jax.heads.draft_head import DraftHead
 from wts_jax.output import WalkOutput
 from wts_jax.pallas import triton_walk
 from wts_jax.pallas.head_operands import serial_operands
-from wts_jax.pallas.backend import Refusal, WalkOperands, WalkShapes
+from wts_jax.pallas.protocol import Refusal, WalkOperands, WalkShapes
 from wts_jax.pallas.plan import WalkPlan, plan_walk
 from wts_jax.pallas.shard_step import KernelSpec
 from wts_jax.walk_config import TritonConfig
 
 SUPPORTED_W2_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8))
-# An fp8 W2 runs in interpret mode but disagreed with its reference on the H200 (NOTES
-# v2): the kernel refuses it and "auto" uses XLA.
+# An fp8 W2 runs in interpret mode but disagreed with its reference on the H200: the
+# kernel refuses it and "auto" uses XLA.
 UNVERIFIED_W2_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)
 MAX_RANK = 256
 MAX_BATCH = 128
+# The Triton kernel's bf16 dots and atomics: Ampere or later.
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def supported_on(device: DeviceFacts) -> str | None:
+  """Why ``device`` cannot run the Triton kernel (its compute capability), or None."""
+  capability = device.compute_capability
+  if capability is None or capability < MIN_COMPUTE_CAPABILITY:
+    found = "not a CUDA GPU" if capability is None else f"compute capability {capability}"
+    return (f"the Triton kernel needs compute capability {MIN_COMPUTE_CAPABILITY} or "
+            f"later; {device.kind} is {found}")
+  return None
 
 
 def _scaled(head: DraftHead) -> bool:
@@ -57,9 +69,6 @@ def _refusal(head: DraftHead, batch: int, config: TritonConfig) -> str | None:
             "wts_jax.quantize_w2)")
   if dtype != jnp.dtype(jnp.bfloat16) and not _scaled(head):
     return f"a {dtype} W2 needs per-row scales (use wts_jax.quantize_w2)"
-  if config.serial_update == "table":
-    return ("serial_update='table' (the gated head's gate table) is the batched Mosaic "
-            "kernel's; the Triton kernel splits the update or computes it redundantly")
   rank = head.config.rank
   if rank > MAX_RANK or rank < 16 or rank & (rank - 1):
     return f"rank={rank} must be a power of two in [16, {MAX_RANK}] for the kernel"

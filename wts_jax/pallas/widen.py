@@ -2,8 +2,8 @@
 when its WGMMAs meet it in bf16 (``BatchedPlan.w2_row_scale`` widened before the launch).
 
 The values are exact in bf16 (|q| <= 128), so this is ``values.astype(jnp.bfloat16)``
-bit for bit; it exists because XLA's convert fusion of an int8 array moves its bytes
-about a third slower than a plain kernel does (NOTES v39). The array is converted as one
+bit for bit; it exists because XLA's convert fusion of an int8 array moved its bytes
+about a third slower than this kernel (``docs/decisions.md``: the int8 W2's widening). The array is converted as one
 flat run of elements (Triton's blocks are powers of two; a row of rank 192 is not), each
 program ``ELEMENTS_PER_PROGRAM`` of them, or fewer where the total is not a multiple of
 that (the largest power of two dividing it, so no block reaches past the array).
@@ -18,8 +18,6 @@ import jax.numpy as jnp
 
 ELEMENTS_PER_PROGRAM = 8192
 NUM_WARPS = 4
-# Where the widening runs (``BatchedSpec.widen_op``): this kernel, or XLA's convert.
-WIDEN_OPS = ("pallas", "xla")
 
 
 def elements_per_program(elements: int, most: int = ELEMENTS_PER_PROGRAM) -> int:
@@ -59,12 +57,3 @@ def widen_to_bf16(values: jax.Array, *, interpret: bool = False,
       name="wts_widen_int8",
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1))(flat)
   return widened.reshape(values.shape)
-
-
-def widen(values: jax.Array, op: str, *, interpret: bool = False) -> jax.Array:
-  """``values`` (int8) as bf16 by ``op`` (one of ``WIDEN_OPS``)."""
-  if op == "xla":
-    return values.astype(jnp.bfloat16)
-  if op == "pallas":
-    return widen_to_bf16(values, interpret=interpret)
-  raise ValueError(f"op={op!r} must be one of {WIDEN_OPS}")

@@ -58,8 +58,8 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
         request = arith.addi(arith.muli(arith.divui(row, constant(16)), constant(8)),
                              arith.remui(row, constant(8)))
         return request, arith.remui(arith.divui(row, constant(8)), constant(2))
-      return _fragments(tok, w1_at, shape, source, rank, fragment_order)
-    return tuple(_fragments(tok, w1_at, shape,
+      return fragments(tok, w1_at, shape, source, rank, fragment_order)
+    return tuple(fragments(tok, w1_at, shape,
                             lambda row, plane=plane: (row, constant(plane)), rank,
                             fragment_order)
                  for plane in range(2))
@@ -67,7 +67,7 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
   return gather(tok_ref, w1_ref)
 
 
-def _fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False,
+def fragments(tok, w1_at, shape, source, rank: int, fragment_order: bool = False,
                row_bytes: int | None = None):
   """A ``WGMMA_LAYOUT_8BIT`` array whose register at (row, k) holds the 4 bytes
   ``w1[tok[request], plane * r + k : + 4]`` for (request, plane) = ``source(row)``
@@ -143,18 +143,8 @@ def _four_places(reg):
   return tuple((reg[0], tile + k, *reg[2:]) for k in range(4))
 
 
-def _stage_address(stage_at, thread, number: int):
-  """Where load ``number`` of thread ``thread`` (its index in its warpgroup) is staged:
-  ``stage_at`` + (number · 128 + thread) · 16."""
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith
-  i32 = ir.IntegerType.get_signless(32)
-  return arith.addi(stage_at, arith.muli(arith.addi(thread, arith.constant(i32, 128 * number)),
-                                         arith.constant(i32, 16)))
-
-
 def fragment_loads(tok, w1_at, shape, source, rank: int, row_bytes: int | None = None):
-  """This thread's 16-byte loads of a ``fragment_ordered`` W1 (see ``_fragments``), in a
+  """This thread's 16-byte loads of a ``fragment_ordered`` W1 (see ``fragments``), in a
   fixed order: [(load number, the four register indices it fills, its global
   address)]."""
   import numpy as np
@@ -189,40 +179,6 @@ def _place(registers, places, four):
   i32 = ir.IntegerType.get_signless(32)
   for k, place in enumerate(places):
     registers[place] = llvm.bitcast(_WORD(), llvm.extractvalue(i32, four, [k]))
-
-
-def stage_fragments(tok, w1_at, stage_at, thread, shape, source, rank: int, loads):
-  """The 16-byte loads numbered ``loads`` (``fragment_loads``) of this thread, each
-  stored to shared memory at ``stage_at`` + (load · 128 + ``thread``) · 16 (``thread``
-  the thread's index in its warpgroup, i32): the warpgroups that serve the same requests
-  each stage a share and all read every load back (``fragments_from_stage``)."""
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import llvm
-  wanted = set(loads)
-  for number, _, address in fragment_loads(tok, w1_at, shape, source, rank):
-    if number not in wanted:
-      continue
-    llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [address, _stage_address(stage_at, thread, number)],
-        "{ .reg .b32 a, b, c, d;\n"
-        "ld.global.nc.v4.b32 {a, b, c, d}, [$0];\n"
-        "st.shared.v4.b32 [$1], {a, b, c, d}; }", "l,r", has_side_effects=True)
-
-
-def fragments_from_stage(stage_at, thread, shape):
-  """``_fragments``' array (fragment order) read back from ``stage_fragments``' shared
-  memory: every load of this thread (its index ``thread`` in its warpgroup)."""
-  import numpy as np
-  from jax._src.lib.mlir.dialects import llvm
-  from jax.experimental.mosaic.gpu import fragmented_array as fa
-  registers = _empty_registers(shape)
-  loads = [p for p in map(_four_places, np.ndindex(registers.shape)) if p is not None]
-  for number, places in enumerate(loads):   # (``fragment_loads``' order)
-    _place(registers, places, llvm.inline_asm(
-        _FOUR_WORDS(), [_stage_address(stage_at, thread, number)],
-        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True))
-  return fa.FragmentedArray(_registers=registers, _layout=fa.WGMMA_LAYOUT_8BIT,
-                            _is_signed=True)
 
 
 def _gather_by_loads(tok_ref, w1_ref, *, rank: int, stacked: bool):

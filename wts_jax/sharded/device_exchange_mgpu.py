@@ -92,7 +92,7 @@ def _on_row_slots(body: str, keys_s, slots_g, rows: int):
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def run(_, keys, slots):
-    grid_sync._row_slot_asm(body, keys, slots, rows, slot_bytes=4 * KEY_WORDS)
+    grid_sync.row_slot_asm(body, keys, slots, rows, slot_bytes=4 * KEY_WORDS)
   run(keys_s, slots_g)
 
 

@@ -218,7 +218,7 @@ class DSparkDrafter(nnx.Module):
 
     walk_impl: ``"auto"`` / ``"pallas"`` / ``"xla"`` (``wts_jax.walk``'s ``impl``), or
     ``"none"`` (draft from the base logits alone, also what a drafter without a serial
-    head does). walk_config: the walk's ``WalkConfig`` (kernel options).
+    head does). walk_config: the walk's kernel config (``wts_jax.walk``'s ``config``).
     """
     from wts_jax.api import walk   # the package's public entry point
     sampling = temperature > 0

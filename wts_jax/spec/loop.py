@@ -62,7 +62,7 @@ from wts_jax.spec.policy import (DraftPolicy, FixedDraftLength, MeasuredIteratio
                                   branch_index, draft_lens_of)
 from wts_jax.spec.qwen3 import Qwen3
 from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
-from wts_jax.walk_config import WalkConfig
+from wts_jax.walk_config import KernelConfig
 
 # The named scopes of an iteration's phases and of the prefill (a profile attributes
 # device time by them); what lies outside them is "other".
@@ -92,7 +92,7 @@ class LoopSettings:
   draft_lens: tuple[int, ...]
   walk_impl: str
   cache_len: int
-  walk_config: WalkConfig | None = None
+  walk_config: KernelConfig | None = None
   attention: str = "xla"
   draft_w2: str = "bf16"
   iterations_per_check: int = 1
@@ -395,7 +395,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
              max_new_tokens: int, *, temperature: float = 0.0, key: jax.Array | None = None,
              draft_len: int | DraftPolicy | None = None, walk_impl: str = "auto",
              eos_id: int | Sequence[int] | None = None, cache_len: int | None = None,
-             walk_config: WalkConfig | None = None, attention_impl: str = "auto",
+             walk_config: KernelConfig | None = None, attention_impl: str = "auto",
              draft_w2: str = "auto", iterations_per_check: int = 1,
              check: bool = True, hlo_text: list | None = None) -> GenerateOutput:
   """Speculative decoding of a batch of prompts (token-id lists of any lengths).
@@ -406,7 +406,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   (default: the drafter's block size). walk_impl: ``"auto"``, ``"pallas"``, ``"xla"`` (``wts_jax.walk``'s ``impl``) or
   ``"none"`` (no serial head). eos_id: token id(s) that end a row (kept in its output).
   cache_len: KV-cache positions per row (default: the longest prompt + max_new_tokens +
-  draft_len). walk_config: the walk kernel's options (``wts_jax.WalkConfig``).
+  draft_len). walk_config: the walk kernel's options (one kernel's config, ``wts_jax.walk``'s).
   attention_impl: ``"auto"`` (the decode kernel on a GPU, else XLA), ``"xla"``,
   ``"pallas"``. draft_w2: ``"auto"`` (int8 planes where a walk kernel runs them),
   ``"bf16"`` (as stored), ``"int8_planes"``. iterations_per_check: iterations between

@@ -1,0 +1,97 @@
+"""The README's benchmark tables, built from the committed results JSON.
+
+  python tools/readme_tables.py [--walk bench/results/walk/grid.json]
+                                [--e2e bench/results/h200_e2e_qwen3.json]
+
+Prints two markdown tables: the walk grid (wts-bench: each head's fastest W2 form
+against DeepSpec's loop replayed as a CUDA graph, torch-graph, and the vanilla head's
+int8-planes walk against the public int8 kernel's measured walks that the same run's
+floor check records) and the end-to-end decode iteration (wts-e2e-bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BATCHES = (1, 4, 16, 64)
+W2_NAMES = {"bf16": "bf16", "int8": "int8", "int8p": "int8 planes"}
+MODES = {"greedy": "greedy", "sample": "sampled"}
+
+
+def _median(records, **key) -> float | None:
+  for record in records:
+    if all(record.get(name) == value for name, value in key.items()):
+      return record.get("median_us")
+  return None
+
+
+def walk_table(results: dict) -> str:
+  records = [r for r in results["records"] if str(r.get("check", "")).startswith("ok")]
+  head = "| head | W2 | mode | " + " | ".join(f"B {b}" for b in BATCHES) + " |"
+  lines = [head, "| --- | --- | --- |" + " ---: |" * len(BATCHES)]
+  for head_type in ("vanilla", "gated", "rnn"):
+    for mode in MODES:
+      for w2 in W2_NAMES:
+        cells = []
+        for batch in BATCHES:
+          ours = _median(records, path="wts", head=head_type, w2_dtype=w2, mode=mode,
+                         batch=batch)
+          torch = _median(records, path="torch-graph", head=head_type, w2_dtype="bf16",
+                          mode=mode, batch=batch)
+          if ours is None:
+            cells.append("—")
+          else:
+            ratio = f" ({torch / ours:.2f}×)" if torch else ""
+            cells.append(f"{ours:.1f}{ratio}")
+        if all(cell == "—" for cell in cells):
+          continue
+        lines.append(f"| {head_type} | {W2_NAMES[w2]} | {MODES[mode]} | "
+                     + " | ".join(cells) + " |")
+  public = results.get("ceilings", {}).get("public_int8_check", {})
+  if public:
+    cells = [f"{public[str(b)]['measured_us']:.1f}" if str(b) in public else "—"
+             for b in BATCHES]
+    lines.append("| public int8 kernel (vanilla) | int8 | greedy | " + " | ".join(cells)
+                 + " |")
+  return "\n".join(lines)
+
+
+def e2e_table(results: dict) -> str:
+  rows = {}
+  for r in results["results"]:
+    rows.setdefault((r["model"], r["batch"]), {})[r["walk"]] = r
+  lines = ["| model | B | autoregressive ms | iteration ms: persistent / step-wise / none "
+           "| walk ms: persistent / step-wise | modelled tokens/s (persistent) |",
+           "| --- | ---: | ---: | --- | --- | ---: |"]
+  for (model, batch), walks in sorted(rows.items()):
+    ours, stepwise, none = (walks.get(w) for w in ("pallas", "xla", "none"))
+    if ours is None:
+      continue
+    iteration = " / ".join(f"{w['total_s'] * 1e3:.2f}" if w else "—"
+                           for w in (ours, stepwise, none))
+    walk = " / ".join(f"{w['walk_s'] * 1e3:.3f}" if w else "—" for w in (ours, stepwise))
+    lines.append(f"| {model} | {batch} | {ours['autoregressive_s'] * 1e3:.2f} | {iteration} "
+                 f"| {walk} | {ours['modelled_tokens_per_s']:.0f} |")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--walk", default=str(ROOT / "bench/results/walk/grid.json"))
+  parser.add_argument("--e2e", default=str(ROOT / "bench/results/h200_e2e_qwen3.json"))
+  args = parser.parse_args()
+  walk = json.loads(pathlib.Path(args.walk).read_text())
+  e2e = json.loads(pathlib.Path(args.e2e).read_text())
+  print(f"<!-- walk: {walk['device_kind']}, jax {walk['jax_version']}, "
+        f"{walk['timestamp'][:10]} -->")
+  print(walk_table(walk))
+  print()
+  print(f"<!-- e2e: {e2e['device_kind']}, jax {e2e['jax_version']} -->")
+  print(e2e_table(e2e))
+
+
+if __name__ == "__main__":
+  main()
