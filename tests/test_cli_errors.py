@@ -10,10 +10,10 @@ import pytest
 
 
 def _cli(name: str):
-  module = {"wts-convert": "wts_jax.convert.cli", "wts-generate": "wts_jax.spec.cli",
+  module = {"wts-convert": "wts_jax.convert.cli", "wts-generate": "wts_jax.specdecode.cli",
             "wts-demo": "wts_jax.demo", "wts-bench": "wts_jax.bench.cli",
             "wts-tabletune": "wts_jax.tabletune.cli",
-            "wts-e2e-bench": "wts_jax.spec.bench_e2e"}[name]
+            "wts-e2e-bench": "wts_jax.specdecode.bench_e2e"}[name]
   return importlib.import_module(module).main
 
 
@@ -38,8 +38,8 @@ BAD_COMMAND_LINES = [
      "argument --temperature: nan must be finite and >= 0"),
     ("wts-generate", "wts-generate", [*GENERATE, "--max-new-tokens", "0"],
      "argument --max-new-tokens: 0 must be an integer >= 1"),
-    ("wts-generate", "wts-generate", [*GENERATE, "--draft-len", "0"],
-     "argument --draft-len: 0 must be an integer >= 1"),
+    ("wts-generate", "wts-generate", [*GENERATE, "--draft-len", "-1"],
+     "argument --draft-len: -1 must be an integer >= 0"),
     ("wts-generate", "wts-generate", ["--target", "t", "--drafter", "d", "--ids", "1,x"],
      "argument --ids: '1,x' is not a comma-separated list of token ids"),
     ("wts-demo", "wts-demo", ["--batch", "0"],

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(not hlo_traffic.cuda_available(),
 
 
 def _configs():
-  from wts_jax.spec.dspark import DSparkConfig
-  from wts_jax.spec.qwen3 import Qwen3Config
+  from wts_jax.specdecode.dspark import DSparkConfig
+  from wts_jax.specdecode.qwen3 import Qwen3Config
   target = Qwen3Config.tiny(vocab_size=32_768, num_layers=4, hidden_size=1024,
                             intermediate_size=4096, num_heads=8, num_kv_heads=2,
                             head_dim=128)
@@ -27,8 +27,8 @@ def _configs():
 def test_no_weight_is_copied_and_a_verify_pass_moves_what_it_must_read():
   import decode_bytes
   from flax import nnx
-  from wts_jax.spec.dspark import DSparkDrafter
-  from wts_jax.spec.qwen3 import Qwen3
+  from wts_jax.specdecode.dspark import DSparkDrafter
+  from wts_jax.specdecode.qwen3 import Qwen3
   target_config, drafter_config = _configs()
   target = nnx.eval_shape(lambda: Qwen3(target_config, rngs=nnx.Rngs(0)))
   drafter = nnx.eval_shape(lambda: DSparkDrafter(drafter_config, rngs=nnx.Rngs(1)))

@@ -29,8 +29,8 @@ from convert_fixtures import (HIDDEN, VOCAB, drafter_config, drafter_state_dict,
                               write_target)
 from wts_jax.convert.errors import ConversionError  # noqa: E402
 from wts_jax.convert.formats import open_checkpoint  # noqa: E402
-from wts_jax.spec.cli import main as generate_main  # noqa: E402
-from wts_jax.spec.qwen3 import Qwen3Config, load_qwen3  # noqa: E402
+from wts_jax.specdecode.cli import main as generate_main  # noqa: E402
+from wts_jax.specdecode.qwen3 import Qwen3Config, load_qwen3  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,7 +251,7 @@ def run_python(code: str, *args) -> subprocess.CompletedProcess:
 
 LOAD_AND_CONVERT = """
 import sys
-from wts_jax.spec.qwen3 import load_qwen3
+from wts_jax.specdecode.qwen3 import load_qwen3
 from wts_jax.convert.cli import main
 try:
   load_qwen3(sys.argv[1])

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wts_jax.spec.policy import DraftPolicy, MeasuredIteration, as_policy
+from wts_jax.specdecode.policy import DraftPolicy, MeasuredIteration, as_policy
 from wts_jax.tabletune.controller import TableTuneController
 from wts_jax.tabletune.cost_model import modelled_cost_fn
 from wts_jax.tabletune.cost_table import CostTable

@@ -178,7 +178,7 @@ def test_cli_help_shows_every_default_and_the_targets_spelling(capsys):
 
 def test_cli_loop_profile_refuses_a_model_larger_than_memory(tmp_path, capsys, monkeypatch):
   """Issue 54, item 13: --cost loop counts the weights before drawing them."""
-  pytest.importorskip("wts_jax.spec.bench_e2e")
+  pytest.importorskip("wts_jax.specdecode.bench_e2e")
   monkeypatch.setattr(cli, "_free_memory_bytes", lambda jax: 4.0 * 2**30)
   assert cli.main(["profile", "--cost", "loop", "--target", "qwen3-8b",
                    "--out", str(tmp_path / "c.json")]) == 2

@@ -1,15 +1,15 @@
 """The controller inside the end-to-end decode loop (tiny models, CPU). The loop's own
 tests show that any policy's k and caps keep the output exact; this one shows that the
 controller is such a policy in the real ``lax.while_loop`` and drafts multi-token blocks.
-Skipped where the loop (wts_jax.spec.loop) is absent. About half a minute: the loop
+Skipped where the loop (wts_jax.specdecode.loop) is absent. About half a minute: the loop
 compiles one branch per draft length."""
 
 import numpy as np
 import pytest
 
-loop = pytest.importorskip("wts_jax.spec.loop")
-qwen3 = pytest.importorskip("wts_jax.spec.qwen3")
-dspark = pytest.importorskip("wts_jax.spec.dspark")
+loop = pytest.importorskip("wts_jax.specdecode.loop")
+qwen3 = pytest.importorskip("wts_jax.specdecode.qwen3")
+dspark = pytest.importorskip("wts_jax.specdecode.dspark")
 
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 

@@ -1,7 +1,7 @@
 """Bytes the decode loop's parts move on an H200, beside the bytes they must read.
 
 Compiles, for the H200 without a GPU (``hlo_traffic``; needs ``jax[cuda12]``), the same
-steps that ``wts-e2e-bench`` times (``wts_jax.spec.timing.loop_pieces``): a verify pass
+steps that ``wts-e2e-bench`` times (``wts_jax.specdecode.timing.loop_pieces``): a verify pass
 (the target over k + 1 tokens, the acceptance rule, the cache write), an
 autoregressive step (one token), and a drafter pass (its block, the context keys and
 values of the k + 1 verified positions and their write), at the Qwen3-4B and 8B shapes,
@@ -61,7 +61,7 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
   """``{phase: summary}`` for one batch size (abstract models: nothing allocated)."""
   import jax
   from flax import nnx
-  from wts_jax.spec import attention, timing
+  from wts_jax.specdecode import attention, timing
   sharding = hlo_traffic.h200_sharding()
   steps = {"verify": timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
                                         prompt_len=prompt_len, attention_impl="pallas",
@@ -114,9 +114,9 @@ def main(argv=None) -> int:
     return 2
   import jax
   from flax import nnx
-  from wts_jax.spec.bench_e2e import model_configs
-  from wts_jax.spec.dspark import DSparkDrafter
-  from wts_jax.spec.qwen3 import Qwen3
+  from wts_jax.specdecode.bench_e2e import model_configs
+  from wts_jax.specdecode.dspark import DSparkDrafter
+  from wts_jax.specdecode.qwen3 import Qwen3
   records = []
   began = time.perf_counter()
   for name in args.models.split(","):

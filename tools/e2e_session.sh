@@ -14,11 +14,11 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 if has tests; then
   stamp tests
   timeout ${TESTS_S:-240} python -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_spec_gpu.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -25 | tee "$OUT/e2e_gpu_tests.log"
+    tests/test_specdecode_gpu.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -25 | tee "$OUT/e2e_gpu_tests.log"
 fi
 if has bench; then
   stamp bench
-  timeout ${BENCH_S:-420} python -m wts_jax.spec.bench_e2e --models ${MODELS:-qwen3_4b} \
+  timeout ${BENCH_S:-420} python -m wts_jax.specdecode.bench_e2e --models ${MODELS:-qwen3_4b} \
     --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
     --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} --profile /tmp/e2e_profile \
     ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \

@@ -173,7 +173,7 @@ def parse_config(config: dict, where: str = "config.json") -> DrafterConfig:
   if fields.flag("tie_word_embeddings", False):
     raise fields.error("tie_word_embeddings=True; DeepSpec drafters save embed_tokens and "
                        "lm_head separately (tie_word_embeddings=false)")
-  from wts_jax.spec.qwen3 import Qwen3Config   # the draft layers are Qwen3 layers
+  from wts_jax.specdecode.qwen3 import Qwen3Config   # the draft layers are Qwen3 layers
   layers = Qwen3Config.from_hf(config, where)
   block_size = fields.positive_int("block_size")
 

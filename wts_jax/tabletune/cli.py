@@ -125,10 +125,10 @@ def _loop_cost(args, max_draft_len: int):
     import jax  # pylint: disable=import-outside-toplevel
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
     from flax import nnx  # pylint: disable=import-outside-toplevel
-    from wts_jax.spec import bench_e2e, dspark, qwen3  # pylint: disable=import-outside-toplevel
+    from wts_jax.specdecode import bench_e2e, dspark, qwen3  # pylint: disable=import-outside-toplevel
     from wts_jax.tabletune.profile import loop_cost_fn  # pylint: disable=import-outside-toplevel
   except ImportError as err:
-    raise CliError(f"--cost loop needs the end-to-end loop (wts_jax.spec): {err}") from None
+    raise CliError(f"--cost loop needs the end-to-end loop (wts_jax.specdecode): {err}") from None
   if args.target not in LOOP_TARGETS:
     raise CliError(f"--target={args.target!r} must be one of {list(LOOP_TARGETS)} for "
                    f"--cost loop")

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.spec.policy import MeasuredIteration, check_draft_lens
+from wts_jax.specdecode.policy import MeasuredIteration, check_draft_lens
 from wts_jax.tabletune import acceptance as acc
 from wts_jax.tabletune.cost_table import CostTable, bucket_weights
 

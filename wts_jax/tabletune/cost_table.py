@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wts_jax.result_files import write_json
-from wts_jax.spec.policy import check_draft_lens
+from wts_jax.specdecode.policy import check_draft_lens
 
 SCHEMA = "wts_jax.tabletune.cost_table/1"
 

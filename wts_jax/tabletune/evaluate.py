@@ -27,7 +27,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from wts_jax.spec.policy import FixedDraftLength
+from wts_jax.specdecode.policy import FixedDraftLength
 from wts_jax.tabletune.baselines import (ConfidenceStopPolicy, EntropyStopPolicy,
                                          SGLangAdaptivePolicy, StaticTablePolicy,
                                          VLLMAdaptiveVerifyPolicy)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.spec.policy import FixedDraftLength, MeasuredIteration, max_draft_len
+from wts_jax.specdecode.policy import FixedDraftLength, MeasuredIteration, max_draft_len
 
 
 def _policy_loop(batch: int, iterations: int):

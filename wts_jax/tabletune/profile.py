@@ -1,7 +1,7 @@
 """The profiler: c(B, K) of a device + model pair within a time budget.
 
 It calls any ``cost(batch, draft_len) -> seconds`` (the real loop's
-``wts_jax.spec.timing.iteration_cost`` through ``loop_cost_fn``, or a model) for each
+``wts_jax.specdecode.timing.iteration_cost`` through ``loop_cost_fn``, or a model) for each
 draft length of ``draft_lens`` (default K = 0..max) at a list of batch buckets, bucket
 by bucket in an order that
 keeps the table usable if the budget runs out: the two ends first, then the midpoints
@@ -33,7 +33,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from wts_jax.spec.policy import check_draft_lens
+from wts_jax.specdecode.policy import check_draft_lens
 from wts_jax.tabletune.cost_table import CostTable
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 128)
@@ -179,10 +179,10 @@ def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
 
 def loop_cost_fn(target: Any, drafter: Any, *, prompt_len: int = 512,
                  repeats: int = 5, **kwargs: Any) -> CostFn:
-  """``cost(B, K)`` of the real decode loop: ``wts_jax.spec.timing.iteration_cost``'s
+  """``cost(B, K)`` of the real decode loop: ``wts_jax.specdecode.timing.iteration_cost``'s
   median device time of one whole iteration (imported lazily: it needs the end-to-end
   loop). Only the ``total`` piece is timed: each piece is one more compile."""
-  from wts_jax.spec.timing import iteration_cost  # pylint: disable=import-outside-toplevel
+  from wts_jax.specdecode.timing import iteration_cost  # pylint: disable=import-outside-toplevel
 
   def cost(batch: int, draft_len: int) -> float:
     return iteration_cost(target, drafter, batch=batch, draft_len=draft_len,

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.spec.policy import MeasuredIteration
+from wts_jax.specdecode.policy import MeasuredIteration
 from wts_jax.tabletune.cost_table import CostTable, interpolate_draft_len, interpolate_rows
 from wts_jax.tabletune.traces import Trace
 

@@ -33,11 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wts_jax.spec import loop
-from wts_jax.spec.dspark import DSparkDrafter
-from wts_jax.spec.policy import FixedDraftLength
-from wts_jax.spec.qwen3 import Qwen3
-from wts_jax.spec.verify import verify_greedy
+from wts_jax.specdecode import loop
+from wts_jax.specdecode.dspark import DSparkDrafter
+from wts_jax.specdecode.policy import FixedDraftLength
+from wts_jax.specdecode.qwen3 import Qwen3
+from wts_jax.specdecode.verify import verify_greedy
 
 PIECES = ("total", "verify", "drafter", "walk")
 METHOD = __doc__.split("Method (stated in every ``wts-e2e-bench`` JSON as ``METHOD``): ",
@@ -69,7 +69,7 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
   steps = draft_len
   policy = FixedDraftLength(steps)
   loop.check_models(target, drafter, policy)
-  from wts_jax.spec import attention
+  from wts_jax.specdecode import attention
   settings = loop.LoopSettings(max_new_tokens=1 << 30, temperature=temperature,
                                draft_lens=(steps,), walk_impl=walk_impl,
                                cache_len=prompt_len + steps + 2,

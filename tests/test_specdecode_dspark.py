@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 from convert_fixtures import drafter_config, drafter_state_dict, write_checkpoint
 import wts_jax
 from wts_jax.convert.converter import convert
-from wts_jax.spec.dspark import DSparkConfig, load_dspark
-from wts_jax.spec.qwen3 import Qwen3Config
+from wts_jax.specdecode.dspark import DSparkConfig, load_dspark
+from wts_jax.specdecode.qwen3 import Qwen3Config
 
 
 def _rms(x, weight, eps):

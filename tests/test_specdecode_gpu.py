@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wts_jax.spec import attention
-from wts_jax.spec.dspark import DSparkConfig, make_dspark
-from wts_jax.spec.loop import generate
-from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
-from wts_jax.spec.timing import iteration_cost
+from wts_jax.specdecode import attention
+from wts_jax.specdecode.dspark import DSparkConfig, make_dspark
+from wts_jax.specdecode.loop import generate
+from wts_jax.specdecode.qwen3 import Qwen3Config, make_qwen3
+from wts_jax.specdecode.timing import iteration_cost
 
 pytestmark = [
     pytest.mark.gpu,

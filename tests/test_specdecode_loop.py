@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from wts_jax.spec import autoregressive, generate_output, loop
-from wts_jax.spec.dspark import DSparkConfig, DSparkDrafter, make_dspark
-from wts_jax.spec.loop import generate
-from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
+from wts_jax.specdecode import autoregressive, generate_output, loop
+from wts_jax.specdecode.dspark import DSparkConfig, DSparkDrafter, make_dspark
+from wts_jax.specdecode.loop import generate
+from wts_jax.specdecode.qwen3 import Qwen3Config, make_qwen3
 from wts_jax.walk_config import TritonConfig
 
 F32 = dict(param_dtype=jnp.float32, dtype=jnp.float32)

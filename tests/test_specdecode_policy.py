@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from wts_jax.spec.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
+from wts_jax.specdecode.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
                                  branch_index, draft_lens_of, max_draft_len)
 
 

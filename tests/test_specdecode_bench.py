@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from wts_jax.spec import bench_e2e
+from wts_jax.specdecode import bench_e2e
 
 
 def test_tiny_run_writes_the_json_and_the_plot(tmp_path):

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wts_jax.spec import attention
-from wts_jax.spec.attention import precision
+from wts_jax.specdecode import attention
+from wts_jax.specdecode.attention import precision
 
 QWEN3_VOCAB = 151_936
 
@@ -292,7 +292,7 @@ class Weight(nnx.Module):
 @dataclasses.dataclass(frozen=True)
 class KVCache:
   """Keys and values, one array a layer: ``keys[l]`` [B, Kv, S, h], post-RoPE, in the
-  compute dtype (``wts_jax.spec.attention``'s layout).
+  compute dtype (``wts_jax.specdecode.attention``'s layout).
 
   A row's valid entries are positions ``[0, length)``, with ``length`` kept by the
   caller; what lies beyond is never read. ``S`` is rounded up so that the decode
@@ -379,7 +379,7 @@ class Qwen3(nnx.Module):
     feature_layers: layer ids whose outputs to return concatenated (-1 = the
     embedding output), the drafter's ``target_layer_ids``. logit_positions: [B, n]
     indices into T for which to compute logits (None: all T; prefill wants one).
-    attention_impl: ``wts_jax.spec.attention``'s implementation.
+    attention_impl: ``wts_jax.specdecode.attention``'s implementation.
     """
     c = self.config
     steps = tokens.shape[1]

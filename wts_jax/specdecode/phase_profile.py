@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from wts_jax.spec.loop import PHASES
+from wts_jax.specdecode.loop import PHASES
 
 _OP_NAME = re.compile(r"^\s*(?:ROOT )?%?([\w\.\-]+) = .*?metadata=\{[^}]*op_name=\"([^\"]*)\"")
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wts_jax.spec.dspark import DSparkDrafter
-from wts_jax.spec.policy import DraftPolicy, max_draft_len
-from wts_jax.spec.qwen3 import Qwen3
+from wts_jax.specdecode.dspark import DSparkDrafter
+from wts_jax.specdecode.policy import DraftPolicy, max_draft_len
+from wts_jax.specdecode.qwen3 import Qwen3
 
 
 def check_models(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy) -> None:

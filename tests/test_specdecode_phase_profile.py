@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from wts_jax.spec import phase_profile
+from wts_jax.specdecode import phase_profile
 
 HLO = """
 %fusion.1 = bf16[8,2560]{1,0} fusion(%p0), kind=kLoop, metadata={op_name="jit(run)/while/body/verify/dot_general"}

@@ -19,7 +19,7 @@ Two implementations, one contract (``IMPLS``):
   T·G queries of one kv head share one pass over its keys.
 
 The cache length must suit the kernel's split (``padded_cache_len``); the caches of
-``wts_jax.spec`` are allocated that way.
+``wts_jax.specdecode`` are allocated that way.
 """
 
 from __future__ import annotations

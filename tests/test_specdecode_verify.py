@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
+from wts_jax.specdecode.verify import commit, verify_greedy, verify_sampling
 
 NO_EOS = jnp.array([-1], jnp.int32)
 

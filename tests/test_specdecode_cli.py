@@ -12,7 +12,7 @@ from convert_fixtures import (HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS,
                               TARGET_LAYERS, VOCAB, drafter_config, drafter_state_dict,
                               write_checkpoint)
 from wts_jax.convert.converter import convert
-from wts_jax.spec import cli
+from wts_jax.specdecode import cli
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wts_jax.spec import attention
+from wts_jax.specdecode import attention
 
 
 def _inputs(seed, batch, steps, heads, kv_heads, head_dim, width):

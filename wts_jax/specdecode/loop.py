@@ -22,8 +22,8 @@ Rows are independent: different prompt lengths, acceptance, EOS and finish times
 finished row rides along (static shapes) and changes nothing.
 
 What keeps it at the hardware's speed: every weight is read where it lies (per-layer
-weights, ``wts_jax.spec.qwen3``); attention reads each row's cache up to its length on
-a GPU (``wts_jax.spec.attention``); the caches are loop-carried and written in place;
+weights, ``wts_jax.specdecode.qwen3``); attention reads each row's cache up to its length on
+a GPU (``wts_jax.specdecode.attention``); the caches are loop-carried and written in place;
 the executable is compiled with ``KERNEL_COMPILER_OPTIONS`` (the walk kernel is a plain
 launch, not re-recorded into a CUDA graph each iteration); ``iterations_per_check``
 iterations run between two reads of the loop condition by the host; where a walk kernel
@@ -53,15 +53,15 @@ import numpy as np
 from flax import nnx
 
 from wts_jax.output import STATUS_NAN_LOGITS
-from wts_jax.spec import attention
-from wts_jax.spec.dspark import WALKS, DSparkDrafter
-from wts_jax.spec.generate_output import (PAD, STATUS_DRAFTER_NONFINITE,
+from wts_jax.specdecode import attention
+from wts_jax.specdecode.dspark import WALKS, DSparkDrafter
+from wts_jax.specdecode.generate_output import (PAD, STATUS_DRAFTER_NONFINITE,
                                           STATUS_TARGET_NONFINITE, WALK_BITS, GenerateOutput)
-from wts_jax.spec.inputs import check_models, eos_id_array, prompt_array
-from wts_jax.spec.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
+from wts_jax.specdecode.inputs import check_models, eos_id_array, prompt_array
+from wts_jax.specdecode.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
                                   branch_index, draft_lens_of)
-from wts_jax.spec.qwen3 import Qwen3
-from wts_jax.spec.verify import commit, verify_greedy, verify_sampling
+from wts_jax.specdecode.qwen3 import Qwen3
+from wts_jax.specdecode.verify import commit, verify_greedy, verify_sampling
 from wts_jax.walk_config import KernelConfig
 
 # The named scopes of an iteration's phases and of the prefill (a profile attributes
@@ -74,7 +74,7 @@ DRAFT_W2 = ("auto", "bf16", "int8_planes")
 class LoopSettings:
   """The static settings one compiled loop is specialised to.
 
-  attention: ``"xla"`` or ``"pallas"`` (resolved, ``wts_jax.spec.attention``);
+  attention: ``"xla"`` or ``"pallas"`` (resolved, ``wts_jax.specdecode.attention``);
   draft_w2: ``"bf16"`` (the head as stored), ``"int8_planes"`` (W2 quantized per row,
   walked as int8 planes) or ``"auto"`` (int8 planes where a walk kernel runs them, else
   as stored); iterations_per_check: decode iterations between two host reads of the

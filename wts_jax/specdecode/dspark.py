@@ -33,8 +33,8 @@ from flax import nnx
 
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.spec import attention
-from wts_jax.spec.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
+from wts_jax.specdecode import attention
+from wts_jax.specdecode.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
                                 check_keys, decoder_layers, expected_keys, finish_layer,
                                 linear, output_logits, project_qkv, rms_norm, rotary)
 
@@ -192,7 +192,7 @@ class DSparkDrafter(nnx.Module):
     half the bytes; the walk adds its bias and selects in fp32).
 
     ``last_tokens`` [B] sits at position ``start[b]``; ``context`` holds the context
-    keys of positions ``[0, start[b])``. attention_impl: ``wts_jax.spec.attention``'s.
+    keys of positions ``[0, start[b])``. attention_impl: ``wts_jax.specdecode.attention``'s.
     """
     cfg = self.config
     c = cfg.layers

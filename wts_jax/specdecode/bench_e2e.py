@@ -1,7 +1,7 @@
 """``wts-e2e-bench``: the end-to-end decode iteration on the device, split into parts.
 
 For each model (random weights at the real shapes), batch size and walk, it measures
-with ``wts_jax.spec.timing.iteration_cost`` the device time of one decode iteration
+with ``wts_jax.specdecode.timing.iteration_cost`` the device time of one decode iteration
 (``total``) and of its parts (target ``verify``, ``drafter`` backbone, ``walk``), and
 plain autoregressive decoding (one target token per iteration) beside them.
 
@@ -35,10 +35,10 @@ from flax import nnx
 
 from wts_jax import result_files
 from wts_jax.command_line import ArgumentParser
-from wts_jax.spec import autoregressive, loop, phase_profile, timing
-from wts_jax.spec.dspark import WALKS, DSparkConfig, make_dspark
-from wts_jax.spec.loop import generate
-from wts_jax.spec.qwen3 import Qwen3Config, make_qwen3
+from wts_jax.specdecode import autoregressive, loop, phase_profile, timing
+from wts_jax.specdecode.dspark import WALKS, DSparkConfig, make_dspark
+from wts_jax.specdecode.loop import generate
+from wts_jax.specdecode.qwen3 import Qwen3Config, make_qwen3
 
 MODELS = {
     "qwen3_4b": (Qwen3Config.qwen3_4b, DSparkConfig.for_target),

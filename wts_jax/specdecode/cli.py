@@ -94,7 +94,7 @@ def _target_config(parser: ArgumentParser, target_dir: Path) -> dict:
     raise ValueError(f"{path}: cannot read ({err.strerror or err})") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as err:
     raise ValueError(f"{path}: not valid JSON ({err})") from None
-  from wts_jax.spec.qwen3 import Qwen3Config
+  from wts_jax.specdecode.qwen3 import Qwen3Config
   Qwen3Config.from_hf(config, str(path))
   return config
 
@@ -180,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
   import jax.numpy as jnp
 
   from wts_jax.convert.errors import ConversionError
-  from wts_jax.spec.dspark import load_dspark
-  from wts_jax.spec.generate_output import GenerateError
-  from wts_jax.spec.loop import generate
-  from wts_jax.spec.qwen3 import load_qwen3
+  from wts_jax.specdecode.dspark import load_dspark
+  from wts_jax.specdecode.generate_output import GenerateError
+  from wts_jax.specdecode.loop import generate
+  from wts_jax.specdecode.qwen3 import load_qwen3
   dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
   try:
     target = load_qwen3(args.target, dtype=dtype)

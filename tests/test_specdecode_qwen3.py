@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file
 
-from wts_jax.spec.qwen3 import KVCache, Qwen3Config, load_qwen3
+from wts_jax.specdecode.qwen3 import KVCache, Qwen3Config, load_qwen3
 
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,

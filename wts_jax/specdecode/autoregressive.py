@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wts_jax.spec import attention
-from wts_jax.spec.inputs import prompt_array
-from wts_jax.spec.loop import compiler_options, executable, pick
-from wts_jax.spec.qwen3 import Qwen3
+from wts_jax.specdecode import attention
+from wts_jax.specdecode.inputs import prompt_array
+from wts_jax.specdecode.loop import compiler_options, executable, pick
+from wts_jax.specdecode.qwen3 import Qwen3
 
 
 @functools.lru_cache(maxsize=8)
