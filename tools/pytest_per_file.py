@@ -1,10 +1,12 @@
-"""Run a pytest selection one test file per process: the Mosaic interpret suites.
+"""Run a pytest selection one test file per process: how CI runs the suites.
 
+  python tools/pytest_per_file.py -q                              # CI's first run
   python tools/pytest_per_file.py -q -m "mosaic and not gpu"      # CI's second run
 
-Why: run in one long process, the Mosaic GPU interpret suites have aborted inside an XLA
-CPU compile after hundreds of kernels (never with any file run alone); a process per
-file gives each file a fresh client. The arguments are pytest's; the selection is
+Why: run in one long process, the suites have ended in a crash inside an XLA CPU
+compile late in the run (an abort in the Mosaic interpret suites after hundreds of
+kernels, a segfault at 91 % of the CPU suite), never with the file run alone; a process
+per file gives each file a fresh client. The arguments are pytest's; the selection is
 collected once, then each file that holds selected tests runs in its own
 ``python -m pytest ARGS FILE``. Exit status: 0 when every file passed, else the first
 failing file's status (a file whose process was killed by a signal counts as 1), with
