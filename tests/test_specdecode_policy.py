@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from wts_jax.specdecode.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
-                                 branch_index, draft_lens_of, max_draft_len)
+from wts_jax.specdecode.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration,
+                                       as_policy, branch_index, draft_lens_of, max_draft_len)
 
 
 def test_fixed_draft_length_follows_the_protocol():

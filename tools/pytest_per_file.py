@@ -34,11 +34,10 @@ def selected_files(args: list[str]) -> list[str]:
   files: list[str] = []
   for line in listing.stdout.splitlines():
     # "path::test[id]" lines, or "path: count" ones when the arguments hold -q too
+    path, _, count = line.rpartition(": ")
     if "::" in line:
       path = line.split("::", 1)[0]
-    elif line.rsplit(": ", 1)[-1].isdigit() and line.endswith(".py: " + line.rsplit(": ", 1)[-1]):
-      path = line.rsplit(": ", 1)[0]
-    else:
+    elif not (path.endswith(".py") and count.isdigit()):
       continue
     if path not in files:
       files.append(path)

@@ -11,7 +11,7 @@ from wts_jax.specdecode.timing import iteration_cost
 
 __all__ = [
     "DSparkConfig", "DSparkDrafter", "DraftPolicy", "FixedDraftLength", "GenerateError",
-    "GenerateOutput",
-    "KVCache", "Qwen3", "Qwen3Config", "as_policy", "decode_autoregressive", "generate", "iteration_cost",
-    "load_dspark", "load_qwen3", "make_dspark", "make_qwen3",
+    "GenerateOutput", "KVCache", "Qwen3", "Qwen3Config", "as_policy",
+    "decode_autoregressive", "generate", "iteration_cost", "load_dspark", "load_qwen3",
+    "make_dspark", "make_qwen3",
 ]

@@ -44,8 +44,9 @@ def prompt_array(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     if row.ndim != 1 or row.size == 0 or not np.issubdtype(row.dtype, np.integer):
       raise ValueError(f"prompts[{b}] must be a non-empty list of token ids")
     if row.min() < 0 or row.max() >= vocab_size:
-      raise ValueError(f"prompts[{b}] holds id {int(row.max() if row.max() >= vocab_size else row.min())}"
-                       f", outside [0, vocab_size={vocab_size})")
+      outside = int(row.max() if row.max() >= vocab_size else row.min())
+      raise ValueError(f"prompts[{b}] holds id {outside}, outside [0, vocab_size="
+                       f"{vocab_size})")
     rows.append(row)
   lengths = np.array([row.size for row in rows], np.int32)
   array = np.zeros((len(rows), int(lengths.max())), np.int32)

@@ -8,26 +8,26 @@ launches it and reads the result. One iteration, for all rows at once:
 3. the walk drafts k tokens (``lax.switch`` over one branch per k, so switching k
    never recompiles);
 4. the target verifies ``[last, d_1 … d_k]`` over its KV cache;
+5. each row accepts a prefix plus one target token (``verify``), EOS and the token
+   budget cut it, and the new keys/values of the target and of the drafter's context
+   are written at the row's old length; the new length leaves rejected entries stale.
 
 k = 0 is an iteration without a draft: no block, no walk, the target runs over ``last``
 alone and commits its own token (what a controller picks where drafting loses). The
 policy is an operand of the compiled loop, not a setting: a controller with new numbers
 (a cost table, a prior) runs in the same executable.
 
-5. each row accepts a prefix plus one target token (``verify``), EOS and the token
-   budget cut it, and the new keys/values of the target and of the drafter's context
-   are written at the row's old length; the new length leaves rejected entries stale.
-
 Rows are independent: different prompt lengths, acceptance, EOS and finish times; a
 finished row rides along (static shapes) and changes nothing.
 
 What keeps it at the hardware's speed: every weight is read where it lies (per-layer
-weights, ``wts_jax.specdecode.qwen3``); attention reads each row's cache up to its length on
-a GPU (``wts_jax.specdecode.attention``); the caches are loop-carried and written in place;
-the executable is compiled with ``KERNEL_COMPILER_OPTIONS`` (the walk kernel is a plain
-launch, not re-recorded into a CUDA graph each iteration); ``iterations_per_check``
-iterations run between two reads of the loop condition by the host; where a walk kernel
-runs, the drafter's W2 is walked as int8 planes (``draft_w2``).
+weights, ``wts_jax.specdecode.qwen3``); attention reads each row's cache up to its
+length on a GPU (``wts_jax.specdecode.attention``); the caches are loop-carried and
+written in place; the executable is compiled with ``KERNEL_COMPILER_OPTIONS`` (the walk
+kernel is a plain launch, not re-recorded into a CUDA graph each iteration);
+``iterations_per_check`` iterations run between two reads of the loop condition by the
+host; where a walk kernel runs, the drafter's W2 is walked as int8 planes
+(``draft_w2``).
 
 A policy that reads time (any but a fixed length) gets each iteration's device time
 from the device clock (``wts_jax.pallas.device_clock``: the GPU's global timer, read by
@@ -56,10 +56,11 @@ from wts_jax.output import STATUS_NAN_LOGITS
 from wts_jax.specdecode import attention
 from wts_jax.specdecode.dspark import WALKS, DSparkDrafter
 from wts_jax.specdecode.generate_output import (PAD, STATUS_DRAFTER_NONFINITE,
-                                          STATUS_TARGET_NONFINITE, WALK_BITS, GenerateOutput)
+                                                STATUS_TARGET_NONFINITE, WALK_BITS,
+                                                GenerateOutput)
 from wts_jax.specdecode.inputs import check_models, eos_id_array, prompt_array
-from wts_jax.specdecode.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration, as_policy,
-                                  branch_index, draft_lens_of)
+from wts_jax.specdecode.policy import (DraftPolicy, FixedDraftLength, MeasuredIteration,
+                                       as_policy, branch_index, draft_lens_of)
 from wts_jax.specdecode.qwen3 import Qwen3
 from wts_jax.specdecode.verify import commit, verify_greedy, verify_sampling
 from wts_jax.walk_config import KernelConfig
@@ -83,10 +84,6 @@ class LoopSettings:
   and hand the policy the previous iteration's measured time (``clock_state``).
   """
 
-  @property
-  def max_draft_len(self) -> int:
-    return self.draft_lens[-1]
-
   max_new_tokens: int
   temperature: float
   draft_lens: tuple[int, ...]
@@ -97,6 +94,10 @@ class LoopSettings:
   draft_w2: str = "bf16"
   iterations_per_check: int = 1
   timed: bool = False
+
+  @property
+  def max_draft_len(self) -> int:
+    return self.draft_lens[-1]
 
 
 @jax.tree_util.register_static
@@ -121,9 +122,9 @@ def _as_operand(policy: DraftPolicy):
 
 
 def clock_state() -> dict:
-  """The loop state's clock entries before the first iteration: no stamp yet."""
-  return dict(stamp=jnp.zeros((2,), jnp.uint32), stamped=jnp.bool_(False),
-              stamp_draft_len=jnp.int32(0))
+  """The loop state's clock entries before the first iteration: no stamp yet (a zero
+  stamp; the GPU's global timer never reads zero)."""
+  return dict(stamp=jnp.zeros((2,), jnp.uint32), stamp_draft_len=jnp.int32(0))
 
 
 def _measure(state: dict, last: jax.Array, length: jax.Array, k: jax.Array
@@ -134,11 +135,10 @@ def _measure(state: dict, last: jax.Array, length: jax.Array, k: jax.Array
   from wts_jax.pallas import device_clock
   now = device_clock.stamp(last, length)
   last, length, now = jax.lax.optimization_barrier((last, length, now))
-  seconds = jnp.where(state["stamped"], device_clock.elapsed_seconds(state["stamp"], now),
-                      jnp.float32(jnp.nan))
+  seconds = jnp.where(jnp.any(state["stamp"] != 0),
+                      device_clock.elapsed_seconds(state["stamp"], now), jnp.float32(jnp.nan))
   measured = MeasuredIteration(seconds, state["stamp_draft_len"], jnp.int32(length.shape[0]))
-  return measured, last, length, dict(stamp=now, stamped=jnp.bool_(True),
-                                      stamp_draft_len=k.astype(jnp.int32))
+  return measured, last, length, dict(stamp=now, stamp_draft_len=k.astype(jnp.int32))
 
 
 def _pad_axis(x: jax.Array, axis: int, extra: int) -> jax.Array:
@@ -203,7 +203,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
   # no request mid-run, and computes every row each iteration.
   k, cap, policy_state = policy.choose(state["policy_state"], active,
                                        jnp.zeros_like(active), jnp.int32(batch))
-  measured, clock = None, {name: state[name] for name in clock_state()}
+  measured, clock = None, dict(stamp=state["stamp"], stamp_draft_len=state["stamp_draft_len"])
   if s.timed:
     measured, last, length, clock = _measure(state, last, length, k)
   head = drafter.head
@@ -403,10 +403,11 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   temperature: 0 for greedy (output = the target's greedy decoding in the same compute
   dtype), > 0 for lossless speculative sampling (needs ``key``). draft_len: tokens
   drafted per iteration, an int (0: no drafting, the target alone) or a ``DraftPolicy``
-  (default: the drafter's block size). walk_impl: ``"auto"``, ``"pallas"``, ``"xla"`` (``wts_jax.walk``'s ``impl``) or
-  ``"none"`` (no serial head). eos_id: token id(s) that end a row (kept in its output).
-  cache_len: KV-cache positions per row (default: the longest prompt + max_new_tokens +
-  draft_len). walk_config: the walk kernel's options (one kernel's config, ``wts_jax.walk``'s).
+  (default: the drafter's block size). walk_impl: ``"auto"``, ``"pallas"``, ``"xla"``
+  (``wts_jax.walk``'s ``impl``) or ``"none"`` (no serial head). eos_id: token id(s)
+  that end a row (kept in its output). cache_len: KV-cache positions per row (default:
+  the longest prompt + max_new_tokens + draft_len). walk_config: the walk kernel's
+  options (one kernel's config, ``wts_jax.walk``'s).
   attention_impl: ``"auto"`` (the decode kernel on a GPU, else XLA), ``"xla"``,
   ``"pallas"``. draft_w2: ``"auto"`` (int8 planes where a walk kernel runs them),
   ``"bf16"`` (as stored), ``"int8_planes"``. iterations_per_check: iterations between
