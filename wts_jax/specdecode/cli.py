@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from wts_jax.command_line import ArgumentParser, int_in, number_in, print_error
+from wts_jax.tabletune.traces import REGIMES
 
 TOKENIZER_FILE = "tokenizer.json"
 # jax.random.key keeps 32 bits of a seed without x64: larger seeds would alias smaller ones.
@@ -69,7 +70,7 @@ def build_parser() -> ArgumentParser:
                         help="a wts-tabletune cost table (JSON): TableTune chooses the "
                              "draft length every iteration among the table's")
   parser.add_argument("--acceptance-prior", default="chat",
-                      choices=("chat", "code", "reasoning", "hard", "cliff"),
+                      choices=REGIMES,
                       help="with --cost-table: the acceptance TableTune starts from "
                            "before it has seen any")
   parser.add_argument("--walk", choices=("auto", "pallas", "xla", "none"), default="auto",
