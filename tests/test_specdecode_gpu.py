@@ -72,3 +72,17 @@ def test_the_loop_with_the_decode_kernel_gives_the_xla_loops_tokens():
                          iterations_per_check=3).rows()
           for impl in ("pallas", "xla")}
   assert rows["pallas"] == rows["xla"]
+
+
+def test_the_gpu_loop_equals_the_targets_own_greedy_decode_in_bf16():
+  """Lossless on the device path a user gets by default: bf16 compute, the decode
+  attention kernel, the persistent walk, the drafter's W2 as int8 planes."""
+  from wts_jax.specdecode.autoregressive import decode_autoregressive
+  target_config = Qwen3Config.tiny(vocab_size=512, num_layers=3)
+  target = make_qwen3(target_config, seed=3)
+  drafter = make_dspark(DSparkConfig.tiny(target_config, block_size=7, rank=64), seed=4)
+  prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12], [13]]
+  new_tokens = 32
+  spec = generate(target, drafter, prompts, new_tokens, draft_len=7).rows()
+  plain = np.asarray(decode_autoregressive(target, prompts, new_tokens)).tolist()
+  assert spec == plain

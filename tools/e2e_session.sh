@@ -13,12 +13,12 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 if has tests; then
   stamp tests
-  timeout ${TESTS_S:-240} python -m pytest -q -m gpu -p no:cacheprovider \
+  timeout ${TESTS_S:-240} python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_specdecode_gpu.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -25 | tee "$OUT/e2e_gpu_tests.log"
 fi
 if has bench; then
   stamp bench
-  timeout ${BENCH_S:-420} python -m wts_jax.specdecode.bench_e2e --models ${MODELS:-qwen3_4b} \
+  timeout ${BENCH_S:-420} python3 -m wts_jax.specdecode.bench_e2e --models ${MODELS:-qwen3_4b} \
     --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
     --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} --profile /tmp/e2e_profile \
     ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \
@@ -31,7 +31,7 @@ fi
 if has tabletune; then
   stamp tabletune
   target=${TARGET:-qwen3-4b}
-  timeout ${TABLETUNE_S:-420} python -m wts_jax.tabletune.cli profile --cost loop \
+  timeout ${TABLETUNE_S:-420} python3 -m wts_jax.tabletune.cli profile --cost loop \
     --target "$target" --draft-lens ${DRAFT_LENS:-0,1,2,3,5,7} \
     --batches ${TT_BATCHES:-1,4,16,32,64,128} --budget-s ${TT_BUDGET:-300} \
     --out "$OUT/h200_${target//-/_}_tabletune_costs.json" 2>&1 | tee "$OUT/tabletune_profile.log"
