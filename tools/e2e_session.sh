@@ -6,6 +6,8 @@
 # Writes logs and JSON under $OUT.
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
+# Calls on the same warm machine reuse what earlier ones compiled.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SECTIONS=${SECTIONS:-tests,bench}
 has() { [[ ",$SECTIONS," == *",$1,"* ]]; }

@@ -354,9 +354,16 @@ def run(args) -> dict:
                                    prompt_len=args.prompt_len)
         for r in point:
           r["int8_planes_vs_bf16_token_agreement"] = agreement
+      # Each (model, B) point on disk as it ends: a run cut off by its caller keeps them.
+      result_files.write_json(_report(args, records, began), args.out, indent=2)
     del target, drafter
     gc.collect()
 
+  return _report(args, records, began)
+
+
+def _report(args, records: list[dict], began: float) -> dict:
+  """The run's JSON so far."""
   return dict(
       benchmark="wts-e2e-bench",
       device_kind=jax.devices()[0].device_kind,
