@@ -145,7 +145,13 @@ def model_configs(name: str, head_type: str) -> tuple[Qwen3Config, DSparkConfig]
   return target_config, drafter_preset(target_config, head_type=head_type)
 
 
-HBM_BYTES_PER_S = 4.8e12   # the H200's HBM bandwidth: the rooflines' denominator
+# The rooflines' denominator: the device's HBM bandwidth as its maker states it (the
+# H200's where the device is not listed).
+HBM_BYTES_PER_S = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
+
+
+def hbm_bytes_per_s() -> float:
+  return HBM_BYTES_PER_S.get(jax.devices()[0].device_kind, HBM_BYTES_PER_S["NVIDIA H200"])
 
 
 def weight_bytes(model, *, gathered_table: bool) -> int:
@@ -284,11 +290,11 @@ def run(args) -> dict:
       c = target_config
       roofline = {   # bytes ÷ HBM bandwidth: weights once, the rows' K/V at prompt_len
           "verify": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
-                    / HBM_BYTES_PER_S,
+                    / hbm_bytes_per_s(),
           "autoregressive": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
-                            / HBM_BYTES_PER_S,
+                            / hbm_bytes_per_s(),
           "drafter": (drafter_weights + kv_bytes(drafter_config.layers, batch,
-                                                 args.prompt_len, dtype)) / HBM_BYTES_PER_S}
+                                                 args.prompt_len, dtype)) / hbm_bytes_per_s()}
       common = dict(batch=batch, prompt_len=args.prompt_len, repeats=args.repeats,
                     chain=args.chain)
       if over_budget():
@@ -376,7 +382,7 @@ def _report(args, records: list[dict], began: float) -> dict:
       weights="random (throughput is modelled, see modelled_note)",
       method=timing.METHOD,
       roofline_note=(f"*_roofline_s = bytes the phase must read (weights once, the rows' "
-                     f"K/V at prompt_len) / {HBM_BYTES_PER_S / 1e12:.1f} TB/s"),
+                     f"K/V at prompt_len) / {hbm_bytes_per_s() / 1e12:.2f} TB/s"),
       walk_in_loop_note=("walk_in_loop_s = total_s - total_s(walk=none) + walk_s(none): "
                          "what the walk adds to the measured iteration; walk_s is the walk "
                          "chained alone"),
