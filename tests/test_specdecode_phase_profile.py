@@ -31,7 +31,7 @@ def test_kernels_are_summed_by_the_phase_of_their_hlo_operation(tmp_path):
             {"ph": "X", "pid": 7, "dur": 50.0, "name": "sm90_gemm", "args": {"hlo_op": "gemm.2"}},
             {"ph": "X", "pid": 7, "dur": 20.0, "name": "walk", "args": {"hlo_op": "pallas_call.3"}},
             {"ph": "X", "pid": 7, "dur": 5.0, "name": "s", "args": {"hlo_op": "scatter.4"}},
-            {"ph": "X", "pid": 7, "dur": 3.0, "name": "memcpy", "args": {}},
+            {"ph": "X", "pid": 7, "tid": 9, "dur": 3.0, "name": "memcpy", "args": {}},
             {"ph": "X", "pid": 1, "dur": 999.0, "name": "host", "args": {"hlo_op": "fusion.1"}}]
   seconds = phase_profile.phase_seconds(_trace(tmp_path, events), HLO)
   assert seconds == pytest.approx({"verify": 100e-6, "drafter": 50e-6, "walk": 20e-6,
@@ -41,3 +41,21 @@ def test_kernels_are_summed_by_the_phase_of_their_hlo_operation(tmp_path):
 def test_a_directory_without_a_trace_is_named(tmp_path):
   with pytest.raises(ValueError, match="no perfetto_trace"):
     phase_profile.phase_seconds(tmp_path, HLO)
+
+
+def test_kernels_of_a_cuda_graph_go_by_their_name_or_the_kernel_before_them(tmp_path):
+  """Inside XLA's command buffers hlo_op names the buffer: a fusion's kernel is named
+  after its instruction; a library kernel (cuBLAS) takes its stream's previous phase."""
+  def kernel(name, ts, dur, tid=3):
+    return {"ph": "X", "pid": 7, "tid": tid, "ts": ts, "dur": dur, "name": name,
+            "args": {"hlo_op": "command_buffer_12", "hlo_module": "jit_run"}}
+  events = [kernel("nvjet_sm90_gemm", 0.0, 1.0),            # nothing before it
+            kernel("fusion_1", 10.0, 100.0),                  # verify
+            kernel("nvjet_sm90_gemm", 20.0, 7.0),            # after verify
+            kernel("pallas_call_3", 30.0, 20.0),              # walk
+            kernel("mha_forward", 40.0, 4.0),                 # after the walk
+            kernel("scatter_4", 50.0, 5.0),                   # other
+            kernel("mha_forward", 5.0, 2.0, tid=4)]           # another stream: nothing
+  seconds = phase_profile.phase_seconds(_trace(tmp_path, events), HLO)
+  assert seconds == pytest.approx({"verify": 107e-6, "drafter": 0.0, "walk": 24e-6,
+                                   "prefill": 0.0, "other": 5e-6, "unattributed": 3e-6})

@@ -84,6 +84,15 @@ def stamp(*deps) -> jax.Array:
   return read(*operands)
 
 
+def stamp_between(tree):
+  """``(tree, stamp)``: the clock read after ``tree`` is computed, and ``tree`` back
+  through an optimization barrier with the stamp, so whatever uses the returned ``tree``
+  runs after the read. (A bare ``stamp(x)`` only follows ``x``: XLA may schedule it as
+  late as it likes, e.g. after later work that never reads it.)"""
+  now = stamp(tree)
+  return jax.lax.optimization_barrier((tree, now))
+
+
 def elapsed_seconds(earlier, later) -> jax.Array:
   """float32: the seconds from stamp ``earlier`` to stamp ``later`` (either may be a
   batch of stamps, [..., 2]), to float32's precision (a nanosecond at 16 ms)."""

@@ -55,17 +55,44 @@ def device_kernels(events: list[dict]) -> list[dict]:
   return [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu]
 
 
+def _kernel_name(name: str) -> str:
+  """An HLO instruction's name as its kernel is named (``loop_add_fusion.71`` →
+  ``loop_add_fusion_71``)."""
+  return re.sub(r"[.\-]", "_", name)
+
+
 def phase_seconds(trace_dir: Path, hlo_text: str) -> dict[str, float]:
   """``{phase: device seconds}`` (and ``"other"``, ``"unattributed"`` for kernels whose
-  HLO operation the trace does not name) over every kernel of the profile."""
+  phase nothing tells) over every kernel of the profile.
+
+  A kernel launched alone names its HLO operation (``hlo_op``). Inside a CUDA graph
+  (XLA's command buffers: a loop body's kernels) ``hlo_op`` names the command buffer,
+  and the kernel's own name is its fusion's instruction name, or a library's or a custom
+  call's name (cuBLAS ``nvjet_…``, a Pallas kernel) that several phases may share; such
+  a kernel takes the phase of the kernel before it on its stream (a phase's kernels run
+  in program order, and a phase opens with a fusion that names it)."""
   phases = op_phases(hlo_text)
+  by_kernel_name: dict[str, set[str]] = {}
+  for op, phase in phases.items():
+    by_kernel_name.setdefault(_kernel_name(op), set()).add(phase)
   totals = {phase: 0.0 for phase in (*PHASES, "other", "unattributed")}
-  for event in device_kernels(_trace_events(trace_dir)):
+  previous: dict[tuple, str] = {}
+  kernels = sorted(device_kernels(_trace_events(trace_dir)),
+                   key=lambda e: (str(e.get("pid")), str(e.get("tid")), float(e.get("ts", 0.0))))
+  for event in kernels:
     args = event.get("args", {})
+    stream = (event.get("pid"), event.get("tid"))
     op = args.get("hlo_op") or args.get("name")
     phase = phases.get(op) if op else None
     if phase is None:
+      named = by_kernel_name.get(_kernel_name(str(event.get("name", ""))), set())
+      phase = next(iter(named)) if len(named) == 1 else None
+    if phase is None:
       scoped = [phase_of(str(v)) for v in args.values() if isinstance(v, str)]
-      phase = next((p for p in scoped if p != "other"), "unattributed")
+      phase = next((p for p in scoped if p != "other"), None)
+    if phase is None:
+      phase = previous.get(stream, "unattributed")
+    else:
+      previous[stream] = phase
     totals[phase] += float(event.get("dur", 0.0)) * 1e-6
   return totals
