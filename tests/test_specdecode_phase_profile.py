@@ -59,3 +59,13 @@ def test_kernels_of_a_cuda_graph_go_by_their_name_or_the_kernel_before_them(tmp_
   seconds = phase_profile.phase_seconds(_trace(tmp_path, events), HLO)
   assert seconds == pytest.approx({"verify": 107e-6, "drafter": 0.0, "walk": 24e-6,
                                    "prefill": 0.0, "other": 5e-6, "unattributed": 3e-6})
+
+
+def test_the_top_kernels_by_device_time(tmp_path):
+  events = [{"ph": "X", "pid": 7, "dur": d, "name": n, "args": {"hlo_op": op}}
+            for n, d, op in (("gemm", 10.0, "fusion.1"), ("norm", 1.0, "fusion.1"),
+                             ("gemm", 12.0, "fusion.1"), ("attn", 5.0, "fusion.1"),
+                             ("walk", 50.0, "pallas_call.3"))]
+  events.append({"ph": "X", "pid": 1, "dur": 99.0, "name": "host", "args": {}})
+  top = phase_profile.kernel_seconds(_trace(tmp_path, events), HLO, ("verify",), top=2)
+  assert top == [("gemm", 2, pytest.approx(22e-6)), ("attn", 1, pytest.approx(5e-6))]

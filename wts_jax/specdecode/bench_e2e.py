@@ -224,12 +224,19 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
   autoregressive.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
   wall, tokens = _timed_calls(lambda: autoregressive.decode_autoregressive(target, prompts,
                                                                  new_tokens))
+  folder = profile / f"B{batch}_autoregressive"
   phases = _profiled(lambda: autoregressive.decode_autoregressive(target, prompts, new_tokens),
-                     profile / f"B{batch}_autoregressive", hlo[0])
+                     folder, hlo[0])
   if not phases["verify"] > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
                      "use --method pieces)")
-  return dict(autoregressive_s=phases["verify"] / max(new_tokens - 1, 1),
+  steps = max(new_tokens - 1, 1)
+  kernels = [dict(kernel=name, launches_per_step=launches / steps,
+                  seconds_per_step=seconds / steps)
+             for name, launches, seconds in phase_profile.kernel_seconds(folder, hlo[0],
+                                                                         ("verify",))]
+  return dict(autoregressive_s=phases["verify"] / steps,
+              autoregressive_top_kernels=kernels,
               autoregressive_wall_s=wall,
               autoregressive_tokens_per_s=batch * new_tokens / wall), np.asarray(tokens)
 

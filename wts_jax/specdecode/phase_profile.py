@@ -63,7 +63,15 @@ def _kernel_name(name: str) -> str:
 
 def phase_seconds(trace_dir: Path, hlo_text: str) -> dict[str, float]:
   """``{phase: device seconds}`` (and ``"other"``, ``"unattributed"`` for kernels whose
-  phase nothing tells) over every kernel of the profile.
+  phase nothing tells) over every kernel of the profile (``attributed_kernels``)."""
+  totals = {phase: 0.0 for phase in (*PHASES, "other", "unattributed")}
+  for event, phase in attributed_kernels(trace_dir, hlo_text):
+    totals[phase] += float(event.get("dur", 0.0)) * 1e-6
+  return totals
+
+
+def attributed_kernels(trace_dir: Path, hlo_text: str) -> list[tuple[dict, str]]:
+  """Each GPU kernel of the profile with its phase.
 
   A kernel launched alone names its HLO operation (``hlo_op``). Inside a CUDA graph
   (XLA's command buffers: a loop body's kernels) ``hlo_op`` names the command buffer,
@@ -75,8 +83,8 @@ def phase_seconds(trace_dir: Path, hlo_text: str) -> dict[str, float]:
   by_kernel_name: dict[str, set[str]] = {}
   for op, phase in phases.items():
     by_kernel_name.setdefault(_kernel_name(op), set()).add(phase)
-  totals = {phase: 0.0 for phase in (*PHASES, "other", "unattributed")}
   previous: dict[tuple, str] = {}
+  attributed = []
   kernels = sorted(device_kernels(_trace_events(trace_dir)),
                    key=lambda e: (str(e.get("pid")), str(e.get("tid")), float(e.get("ts", 0.0))))
   for event in kernels:
@@ -94,5 +102,20 @@ def phase_seconds(trace_dir: Path, hlo_text: str) -> dict[str, float]:
       phase = previous.get(stream, "unattributed")
     else:
       previous[stream] = phase
-    totals[phase] += float(event.get("dur", 0.0)) * 1e-6
-  return totals
+    attributed.append((event, phase))
+  return attributed
+
+
+def kernel_seconds(trace_dir: Path, hlo_text: str, phases: tuple[str, ...],
+                   top: int = 10) -> list[tuple[str, int, float]]:
+  """The ``top`` GPU kernels of ``phases`` by total device time: (name, launches,
+  seconds)."""
+  seconds: dict[str, float] = {}
+  launches: dict[str, int] = {}
+  for event, phase in attributed_kernels(trace_dir, hlo_text):
+    if phase in phases:
+      name = str(event.get("name", ""))
+      seconds[name] = seconds.get(name, 0.0) + float(event.get("dur", 0.0)) * 1e-6
+      launches[name] = launches.get(name, 0) + 1
+  ranked = sorted(seconds, key=seconds.get, reverse=True)[:top]
+  return [(name, launches[name], seconds[name]) for name in ranked]
