@@ -65,7 +65,9 @@ def test_a_controller_that_expects_no_acceptance_probes_its_way_back_to_drafting
   costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
                         target="qwen3-8b", drafter="dspark", max_draft_len=3,
                         batches=(1, 4, 16), source="modelled")
-  controller = TableTuneController.from_table(costs, np.zeros(3))
+  # A budget that probes every few iterations (a probe here loses ~ 20 %): 16 tokens
+  # are a handful of iterations.
+  controller = TableTuneController.from_table(costs, np.zeros(3), probe_budget=0.05)
   prompts = [[1, 2, 3]] * 2
   out = loop.generate(target, drafter, prompts, 16, draft_len=controller, walk_impl="xla")
   plain = loop.generate(target, drafter, prompts, 16, draft_len=0, walk_impl="xla")

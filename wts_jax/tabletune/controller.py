@@ -21,11 +21,13 @@ So it runs the runner-up K for one iteration whenever the iterations since that 
 ran, times ``probe_budget``, pass the probe's expected loss (1 - the runner-up's expected
 tokens per second over the current K's; at least the hysteresis margin): probing costs
 about ``probe_budget`` of the throughput and goes where the choice is close. Before
-that, it runs at once any K whose cost the filter is too unsure of to tell from the
-current K's (its expected loss within ``explore_sd`` standard deviations of their
-log-cost difference), so a new or stale table is measured where it decides within a few
-iterations. This is how drafting turns back on after K = 0 at the same batch, and how a
-stale table's costs get measured where they matter.
+that, it runs at once any K one measurement of which could tell its cost from the
+current K's (its expected loss within ``explore_sd`` standard deviations of how far one
+measurement would move their log-cost difference), so a new or stale table is measured
+where it decides within a few iterations, and a K already measured about as well as a
+noisy measurement allows is not run again for a small expected loss. This is how
+drafting turns back on after K = 0 at the same batch, and how a stale table's costs get
+measured where they matter.
 
 Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted)
 drops most of the old acceptance evidence when the traffic changes, so the estimate
@@ -97,8 +99,8 @@ class TableTuneController:
   uncertainty relaxes towards the prior's structure with every spread at most a cell's
   (costs drift — the context grows, the machine changes — by a few per cent);
   explore_sd: a K whose expected loss is within this many standard
-  deviations of the uncertainty of its cost against the current K's is run at once (a
-  new or stale table is measured where it decides). The structured spreads are wide (a
+  deviations of what one measurement would move its log cost against the current K's
+  is run at once (a new or stale table is measured where it decides). The structured spreads are wide (a
   table from another loop version can be off by a factor and in shape); only the cell's
   own is the profiler's noise.
   """
@@ -109,14 +111,14 @@ class TableTuneController:
   draft_lens: tuple[int, ...] = _static((0, 1, 2, 3, 4, 5, 6, 7))
   prior_weight: float = _static(12.0)
   decay: float = _static(0.985)
-  row_decay: float = _static(0.85)
+  row_decay: float = _static(0.95)
   row_prior_weight: float = _static(3.0)
   hysteresis: float = _static(0.02)
   drift_delta: float = _static(0.5)
   drift_threshold: float = _static(8.0)
   residual_weight: float = _static(0.05)
   drift_keep: float = _static(0.05)
-  probe_budget: float = _static(0.0006)
+  probe_budget: float = _static(0.0003)
   cost_level_sd: float = _static(1.0)
   cost_drafting_sd: float = _static(0.3)
   cost_draft_len_sd: float = _static(0.1)
@@ -209,13 +211,16 @@ class TableTuneController:
     switch = (rate[best] > rate[current] * (1.0 + self.hysteresis)) & busy
     index = jnp.where(switch, best, current)
     # The runner-up, probed once its staleness has paid for the probe's expected loss;
-    # before that, any K whose cost is too uncertain to tell it from the current K's
-    # (only while it is the less known of the two: running the current K measures it).
+    # before that, any K one measurement of which could move its cost against the
+    # current K's by more than its expected loss allows (only while it is the less known
+    # of the two: running the current K measures it). What one measurement can tell, not
+    # the whole uncertainty: a K measured often is known to about what the filter lets a
+    # noisy measurement move it, and running it again tells little.
     others = rate.at[index].set(-jnp.inf)
     runner_up = jnp.argmax(others)
     losses = jnp.maximum(1.0 - others / jnp.maximum(rate[index], 1e-30), 0.0)
-    own_sd, difference_sd = self._log_cost_sds(state, rows, index)
-    margin = self.explore_sd * difference_sd - losses
+    own_sd, information = self._log_cost_information(state, rows, index)
+    margin = self.explore_sd * information - losses
     doubtful = (margin > 0) & (own_sd >= own_sd[index]) & (others > -jnp.inf)
     doubt = jnp.argmax(jnp.where(doubtful, margin, -jnp.inf))
     # (A runner-up within the hysteresis margin, even one that looks better, counts as
@@ -331,10 +336,12 @@ class TableTuneController:
     weights = jnp.stack([jnp.broadcast_to(w_lower, (lens,)), jnp.broadcast_to(w_upper, (lens,))])
     return cells, weights
 
-  def _log_cost_sds(self, state: ControllerState, rows, current):
+  def _log_cost_information(self, state: ControllerState, rows, current):
     """At ``rows``, under the cost filter's covariance: the standard deviation of each
-    draft length's log cost, and of its log cost over the ``current`` one's (index into
-    draft_lens): ([len], [len])."""
+    draft length's log cost, and how far one measurement of it would move, in
+    expectation, its log cost over the ``current`` one's (index into draft_lens): the
+    standard deviation of that update, |cov(difference, measurement)| / sd(measurement).
+    ([len], [len])."""
     cells, weights = self._cells(jnp.asarray(rows, jnp.float32))
     believed = weights * self.seconds.reshape(-1)[cells] * jnp.exp(state.cost_error[cells])
     share = believed / jnp.maximum(jnp.sum(believed, axis=0), 1e-9)   # d log cost / d error
@@ -342,10 +349,10 @@ class TableTuneController:
     # [2, 2, len]: the covariance of each K's two cells, and with the current K's two.
     own = cov[cells[:, None, :], cells[None, :, :]]
     cross = cov[cells[:, None, :], cells[None, :, current][..., None]]
-    own_var = jnp.einsum("il,ijl,jl->l", share, own, share)
+    own_var = jnp.maximum(jnp.einsum("il,ijl,jl->l", share, own, share), 0.0)
     covariance = jnp.einsum("il,ijl,j->l", share, cross, share[:, current])
-    difference_var = own_var + own_var[current] - 2.0 * covariance
-    return jnp.sqrt(jnp.maximum(own_var, 0.0)), jnp.sqrt(jnp.maximum(difference_var, 0.0))
+    information = jnp.abs(own_var - covariance) / jnp.sqrt(own_var + self.timing_sd ** 2)
+    return jnp.sqrt(own_var), information
 
   def _cost(self, state: ControllerState, rows) -> jnp.ndarray:
     """Each draft length's believed cost at ``rows``."""
