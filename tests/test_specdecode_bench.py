@@ -103,20 +103,3 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert row["greedy_agreement_with_autoregressive"] == 1.0
   assert row["generate_tokens"] == 12 and row["generate_tokens_per_s"] > 0
 
-
-def test_the_readme_table_gives_the_gain_from_the_iterations(tmp_path, capsys):
-  def record(walk, total):
-    return dict(model="qwen3_4b", batch=16, walk=walk, total_s=total, verify_s=2e-3,
-                drafter_s=5e-4, autoregressive_s=2.5e-3, autoregressive_roofline_s=1.7e-3,
-                verify_roofline_s=1.7e-3, drafter_roofline_s=4e-4, walk_in_loop_s=1e-4,
-                modelled_tokens_per_s=1000.0, modelled_speedup_vs_autoregressive=2.5)
-  report = dict(results=[record("pallas", 3.0e-3), record("xla", 3.3e-3),
-                         record("none", 2.9e-3), dict(model="qwen3_8b", batch=1,
-                                                      skipped="time budget")])
-  path = tmp_path / "e2e.json"
-  path.write_text(json.dumps(report))
-  assert bench_e2e.main(["--table", str(path)]) == 0
-  lines = capsys.readouterr().out.strip().splitlines()
-  assert len(lines) == 3   # header, rule, the one measured point
-  assert "| 3.00 / 3.30 / 2.90 |" in lines[2] and "+10.0 %" in lines[2]
-  assert "| 2.50 (1.70) |" in lines[2]

@@ -59,22 +59,40 @@ def walk_table(results: dict) -> str:
   return "\n".join(lines)
 
 
-def e2e_table(results: dict) -> str:
-  rows = {}
-  for r in results["results"]:
-    rows.setdefault((r["model"], r["batch"]), {})[r["walk"]] = r
-  lines = ["| model | B | autoregressive ms | iteration ms: persistent / step-wise / none "
-           "| walk ms: persistent / step-wise | modelled tokens/s (persistent) |",
-           "| --- | ---: | ---: | --- | --- | ---: |"]
-  for (model, batch), walks in sorted(rows.items()):
-    ours, stepwise, none = (walks.get(w) for w in ("pallas", "xla", "none"))
-    if ours is None:
-      continue
-    iteration = " / ".join(f"{w['total_s'] * 1e3:.2f}" if w else "—"
-                           for w in (ours, stepwise, none))
-    walk = " / ".join(f"{w['walk_s'] * 1e3:.3f}" if w else "—" for w in (ours, stepwise))
-    lines.append(f"| {model} | {batch} | {ours['autoregressive_s'] * 1e3:.2f} | {iteration} "
-                 f"| {walk} | {ours['modelled_tokens_per_s']:.0f} |")
+def e2e_table(report: dict) -> str:
+  """The README's table of a run: per model and B, the autoregressive step, the
+  iteration and its phases beside their rooflines (ms), the persistent walk's gain over
+  the step-wise walk, and modelled tokens/s."""
+  rows = [r for r in report["results"] if "total_s" in r]
+  by_point: dict[tuple, dict] = {}
+  for r in rows:
+    by_point.setdefault((r["model"], r["batch"]), {})[r["walk"]] = r
+  lines = ["| model | B | autoregressive ms (roofline) | verify ms (roofline) | drafter ms "
+           "(roofline) | iteration ms: persistent / step-wise / no walk | walk ms: "
+           "persistent / step-wise | persistent over step-wise | modelled tokens/s "
+           "(× autoregressive) |",
+           "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
+  def ms(value, digits=2):
+    return "–" if value is None else f"{value * 1e3:.{digits}f}"
+  for (model, batch), walks in sorted(by_point.items()):
+    first = next(iter(walks.values()))
+    persistent = walks.get("pallas") or walks.get("auto")
+    stepwise = walks.get("xla")
+    totals = " / ".join(ms(walks[w]["total_s"]) if w in walks else "–"
+                        for w in ("pallas", "xla", "none"))
+    in_loop = " / ".join(ms(walks[w].get("walk_s"), 3) if w in walks else "–"
+                         for w in ("pallas", "xla"))
+    gain = (f"{100.0 * (stepwise['total_s'] / persistent['total_s'] - 1.0):+.1f} %"
+            if persistent and stepwise else "–")
+    tokens = (f"{persistent['modelled_tokens_per_s']:,.0f} "
+              f"({persistent['modelled_speedup_vs_autoregressive']:.2f}×)"
+              if persistent else "–")
+    lines.append(
+        f"| {model} | {batch} | {ms(first['autoregressive_s'])} "
+        f"({ms(first.get('autoregressive_roofline_s'))}) | {ms(first['verify_s'])} "
+        f"({ms(first.get('verify_roofline_s'))}) | {ms(first['drafter_s'])} "
+        f"({ms(first.get('drafter_roofline_s'))}) | {totals} | {in_loop} | {gain} | "
+        f"{tokens} |")
   return "\n".join(lines)
 
 

@@ -120,8 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--out", type=Path, default=Path("e2e.json"))
   parser.add_argument("--plot", type=Path, default=None,
                       help="PNG path (default: --out with .png)")
-  parser.add_argument("--table", type=Path, default=None, metavar="JSON",
-                      help="print an earlier run's JSON as the README's markdown table")
   parser.add_argument("--replot", type=Path, default=None, metavar="JSON",
                       help="only draw the plot of an earlier run's JSON (no measuring)")
   return parser
@@ -485,53 +483,16 @@ def _plot_or_say_why(report: dict, path: Path, results: Path | None = None) -> i
   return 0
 
 
-def markdown_table(report: dict) -> str:
-  """The README's table of a run: per model and B, the autoregressive step, the
-  iteration and its phases beside their rooflines (ms), the persistent walk's gain over
-  the step-wise walk, and modelled tokens/s."""
-  rows = [r for r in report["results"] if "total_s" in r]
-  by_point: dict[tuple, dict] = {}
-  for r in rows:
-    by_point.setdefault((r["model"], r["batch"]), {})[r["walk"]] = r
-  lines = ["| model | B | autoregressive ms (roofline) | verify ms (roofline) | drafter ms "
-           "(roofline) | iteration ms: persistent / step-wise / no walk | walk in loop ms: "
-           "persistent / step-wise | persistent over step-wise | modelled tokens/s "
-           "(× autoregressive) |",
-           "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
-  def ms(value):
-    return "–" if value is None else f"{value * 1e3:.2f}"
-  for (model, batch), walks in sorted(by_point.items()):
-    first = next(iter(walks.values()))
-    persistent = walks.get("pallas") or walks.get("auto")
-    stepwise = walks.get("xla")
-    totals = " / ".join(ms(walks[w]["total_s"]) if w in walks else "–"
-                        for w in ("pallas", "xla", "none"))
-    in_loop = " / ".join(ms(walks[w].get("walk_in_loop_s")) if w in walks else "–"
-                         for w in ("pallas", "xla"))
-    gain = (f"{100.0 * (stepwise['total_s'] / persistent['total_s'] - 1.0):+.1f} %"
-            if persistent and stepwise else "–")
-    tokens = (f"{persistent['modelled_tokens_per_s']:,.0f} "
-              f"({persistent['modelled_speedup_vs_autoregressive']:.2f}×)"
-              if persistent else "–")
-    lines.append(
-        f"| {model} | {batch} | {ms(first['autoregressive_s'])} "
-        f"({ms(first.get('autoregressive_roofline_s'))}) | {ms(first['verify_s'])} "
-        f"({ms(first.get('verify_roofline_s'))}) | {ms(first['drafter_s'])} "
-        f"({ms(first.get('drafter_roofline_s'))}) | {totals} | {in_loop} | {gain} | "
-        f"{tokens} |")
-  return "\n".join(lines)
-
-
-def _read_report(path: Path, flag: str = "--replot") -> dict:
+def _read_report(path: Path) -> dict:
   """An earlier run's JSON, or ValueError naming the file."""
   try:
     report = json.loads(path.read_text())
   except (OSError, json.JSONDecodeError) as err:
-    raise ValueError(f"{flag}={str(path)!r}: {getattr(err, 'strerror', None) or err}") \
+    raise ValueError(f"--replot={str(path)!r}: {getattr(err, 'strerror', None) or err}") \
         from None
   if not (isinstance(report, dict) and isinstance(report.get("results"), list)
           and all(isinstance(r, dict) for r in report["results"])):
-    raise ValueError(f"{flag}={str(path)!r} is not a wts-e2e-bench JSON (no list of "
+    raise ValueError(f"--replot={str(path)!r} is not a wts-e2e-bench JSON (no list of "
                      "results)")
   return report
 
@@ -540,9 +501,6 @@ def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
   try:
-    if args.table is not None:
-      print(markdown_table(_read_report(args.table, "--table")))
-      return 0
     if args.replot is not None:
       plot_path = args.plot or args.replot.with_suffix(".png")
       report = _read_report(args.replot)

@@ -1,0 +1,23 @@
+"""The README's tables from results JSON (tools/readme_tables.py)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import readme_tables  # noqa: E402
+
+
+def test_the_e2e_table_gives_the_gain_from_the_iterations():
+  def record(walk, total):
+    return dict(model="qwen3_4b", batch=16, walk=walk, total_s=total, verify_s=2e-3,
+                drafter_s=5e-4, autoregressive_s=2.5e-3, autoregressive_roofline_s=1.7e-3,
+                verify_roofline_s=1.7e-3, drafter_roofline_s=4e-4, walk_s=1e-4,
+                modelled_tokens_per_s=1000.0, modelled_speedup_vs_autoregressive=2.5)
+  report = dict(results=[record("pallas", 3.0e-3), record("xla", 3.3e-3),
+                         record("none", 2.9e-3), dict(model="qwen3_8b", batch=1,
+                                                      skipped="time budget")])
+  lines = readme_tables.e2e_table(report).splitlines()
+  assert len(lines) == 3   # header, rule, the one measured point
+  assert "| 3.00 / 3.30 / 2.90 |" in lines[2] and "+10.0 %" in lines[2]
+  assert "| 2.50 (1.70) |" in lines[2] and "| 0.100 / 0.100 |" in lines[2]
