@@ -84,13 +84,13 @@ def stamp(*deps) -> jax.Array:
   return read(*operands)
 
 
-def stamp_between(tree):
-  """``(tree, stamp)``: the clock read after ``tree`` is computed, and ``tree`` back
-  through an optimization barrier with the stamp, so whatever uses the returned ``tree``
+def stamp_between(*deps):
+  """``(*deps, stamp)``: the clock read after ``deps`` are computed, and ``deps`` back
+  through an optimization barrier with the stamp, so whatever uses the returned arrays
   runs after the read. (A bare ``stamp(x)`` only follows ``x``: XLA may schedule it as
   late as it likes, e.g. after later work that never reads it.)"""
-  now = stamp(tree)
-  return jax.lax.optimization_barrier((tree, now))
+  now = stamp(*deps)
+  return jax.lax.optimization_barrier((*deps, now))
 
 
 def elapsed_seconds(earlier, later) -> jax.Array:

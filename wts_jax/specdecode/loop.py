@@ -133,7 +133,7 @@ def _measure(state: dict, last: jax.Array, length: jax.Array, k: jax.Array
   committed tokens and lengths), and order this iteration's work after the stamp:
   (the previous iteration's measured time, last, length, the next clock entries)."""
   from wts_jax.pallas import device_clock
-  (last, length), now = device_clock.stamp_between((last, length))
+  last, length, now = device_clock.stamp_between(last, length)
   seconds = jnp.where(jnp.any(state["stamp"] != 0),
                       device_clock.elapsed_seconds(state["stamp"], now), jnp.float32(jnp.nan))
   measured = MeasuredIteration(seconds, state["stamp_draft_len"], jnp.int32(length.shape[0]))
