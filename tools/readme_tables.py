@@ -80,7 +80,7 @@ def e2e_table(report: dict) -> str:
     stepwise = walks.get("xla")
     totals = " / ".join(ms(walks[w]["total_s"]) if w in walks else "–"
                         for w in ("pallas", "xla", "none"))
-    in_loop = " / ".join(ms(walks[w].get("walk_s"), 3) if w in walks else "–"
+    walk = " / ".join(ms(walks[w].get("walk_s"), 3) if w in walks else "–"
                          for w in ("pallas", "xla"))
     gain = (f"{100.0 * (stepwise['total_s'] / persistent['total_s'] - 1.0):+.1f} %"
             if persistent and stepwise else "–")
@@ -91,7 +91,7 @@ def e2e_table(report: dict) -> str:
         f"| {model} | {batch} | {ms(first['autoregressive_s'])} "
         f"({ms(first.get('autoregressive_roofline_s'))}) | {ms(first['verify_s'])} "
         f"({ms(first.get('verify_roofline_s'))}) | {ms(first['drafter_s'])} "
-        f"({ms(first.get('drafter_roofline_s'))}) | {totals} | {in_loop} | {gain} | "
+        f"({ms(first.get('drafter_roofline_s'))}) | {totals} | {walk} | {gain} | "
         f"{tokens} |")
   return "\n".join(lines)
 

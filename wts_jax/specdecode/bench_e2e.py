@@ -281,6 +281,7 @@ def run(args) -> dict:
   def over_budget() -> bool:
     return time.perf_counter() - began > args.time_budget
 
+  bandwidth = hbm_bytes_per_s()
   configs = {model: model_configs(model, args.head_type) for model in args.models}
   for model, (_, drafter_config) in configs.items():
     if steps > drafter_config.block_size:
@@ -295,11 +296,11 @@ def run(args) -> dict:
       c = target_config
       roofline = {   # bytes ÷ HBM bandwidth: weights once, the rows' K/V at prompt_len
           "verify": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
-                    / hbm_bytes_per_s(),
+                    / bandwidth,
           "autoregressive": (target_weights + kv_bytes(c, batch, args.prompt_len, dtype))
-                            / hbm_bytes_per_s(),
+                            / bandwidth,
           "drafter": (drafter_weights + kv_bytes(drafter_config.layers, batch,
-                                                 args.prompt_len, dtype)) / hbm_bytes_per_s()}
+                                                 args.prompt_len, dtype)) / bandwidth}
       common = dict(batch=batch, prompt_len=args.prompt_len, repeats=args.repeats,
                     chain=args.chain)
       if over_budget():

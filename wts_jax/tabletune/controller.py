@@ -98,9 +98,9 @@ class TableTuneController:
   iteration around its cell's cost; cost_relax: per measured iteration, how far the cost
   uncertainty relaxes towards the prior's structure with every spread at most a cell's
   (costs drift — the context grows, the machine changes — by a few per cent);
-  explore_sd: a K whose expected loss is within this many standard
-  deviations of what one measurement would move its log cost against the current K's
-  is run at once (a new or stale table is measured where it decides). The structured spreads are wide (a
+  explore_sd: a K whose expected loss is within this many standard deviations of what
+  one measurement would move its log cost against the current K's is run at once (a
+  new or stale table is measured where it decides). The structured spreads are wide (a
   table from another loop version can be off by a factor and in shape); only the cell's
   own is the profiler's noise.
   """
