@@ -324,3 +324,22 @@ def test_a_cost_measured_as_well_as_a_measurement_tells_is_not_measured_again():
   assert np.mean(draft_len[100:] == 1) > 0.98
   assert 0 < np.sum(draft_len[:100] == 0)         # the new table was measured at K = 0
   assert np.sum(draft_len[100:] == 0) < 10
+
+
+def test_without_a_device_clock_costs_are_not_explored(costs):
+  """A loop that measures no iteration (no device clock) never corrects its table, so
+  a probe to learn a cost only loses tokens, and with no measurement to settle the
+  doubt it would be probed again at every iteration (ungated, these cases ran K = 7 or
+  K = 4 throughout for a best K of 4 or 3). Budgeted probes off: while no timing has
+  arrived the controller runs the table's best K at every iteration."""
+  controller = TableTuneController.from_table(costs, regime_profile("hard", K),
+                                              probe_budget=0.0)
+  for rows in (1, 16):
+    state = controller.init(rows)
+    active = jnp.ones((rows,), bool)
+    chosen = []
+    for _ in range(10):
+      k, _, state = controller.choose(state, active)
+      chosen.append(int(k))
+    assert int(state.timed) == 0
+    assert set(chosen) == {int(state.draft_len)}, (rows, chosen)

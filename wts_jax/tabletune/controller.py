@@ -221,7 +221,10 @@ class TableTuneController:
     losses = jnp.maximum(1.0 - others / jnp.maximum(rate[index], 1e-30), 0.0)
     own_sd, information = self._log_cost_information(state, rows, index)
     margin = self.explore_sd * information - losses
-    doubtful = (margin > 0) & (own_sd >= own_sd[index]) & (others > -jnp.inf)
+    # Exploring costs pays only where measurements arrive: a loop without a device clock
+    # never corrects the table, so it runs the table's best K and probes on schedule.
+    doubtful = ((margin > 0) & (own_sd >= own_sd[index]) & (others > -jnp.inf)
+                & (state.timed > 0))
     doubt = jnp.argmax(jnp.where(doubtful, margin, -jnp.inf))
     # (A runner-up within the hysteresis margin, even one that looks better, counts as
     # a loss of the margin: probed every hysteresis / probe_budget iterations, not at
