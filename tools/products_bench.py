@@ -79,6 +79,7 @@ def run_cases(cases, repeats, hbm):
     except Exception as err:   # a cut Triton cannot compile: recorded, not fatal
       results.append(dict(label=label, impl=impl, rows=rows, n=n, k=k,
                           error=str(err).splitlines()[0][:200]))
+      print(f"{label} rows={rows} n={n} k={k}: {results[-1]['error']}", flush=True)
       continue
     copies = _copies(n, k)
     key = (rows, n, k)
@@ -101,7 +102,9 @@ def run_cases(cases, repeats, hbm):
                         plan=None if plan is None else plan.__dict__,
                         seconds=seconds, tb_per_s=n * k * 2 / seconds / 1e12,
                         of_hbm=n * k * 2 / seconds / hbm, rel_err=err))
-    print(json.dumps(results[-1]), flush=True)
+    r = results[-1]
+    print(f"{label:24s} {impl:6s} rows={rows:<3d} n={n:<6d} k={k:<5d} "
+          f"{seconds * 1e6:8.1f} us {r['of_hbm']:.2f} of HBM err {err:.0e}", flush=True)
   return results
 
 
