@@ -88,8 +88,10 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   output's agreement with the target's own decode (exact in float32)."""
   split = {"verify": 8e-3, "drafter": 2e-3, "walk": 1e-3, "prefill": 5e-3, "other": 1e-3,
            "unattributed": 0.0}
+  monkeypatch.setattr(bench_e2e.phase_profile, "attributed_kernels",
+                      lambda folder, hlo: [])
   monkeypatch.setattr(bench_e2e.phase_profile, "phase_seconds",
-                      lambda folder, hlo: dict(split))
+                      lambda kernels: dict(split))
   out = tmp_path / "e2e.json"
   assert bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "xla",
                          "--prompt-len", "8", "--draft-len", "3", "--new-tokens", "6",

@@ -33,14 +33,15 @@ def test_kernels_are_summed_by_the_phase_of_their_hlo_operation(tmp_path):
             {"ph": "X", "pid": 7, "dur": 5.0, "name": "s", "args": {"hlo_op": "scatter.4"}},
             {"ph": "X", "pid": 7, "tid": 9, "dur": 3.0, "name": "memcpy", "args": {}},
             {"ph": "X", "pid": 1, "dur": 999.0, "name": "host", "args": {"hlo_op": "fusion.1"}}]
-  seconds = phase_profile.phase_seconds(_trace(tmp_path, events), HLO)
+  seconds = phase_profile.phase_seconds(
+      phase_profile.attributed_kernels(_trace(tmp_path, events), HLO))
   assert seconds == pytest.approx({"verify": 100e-6, "drafter": 50e-6, "walk": 20e-6,
                                    "prefill": 0.0, "other": 5e-6, "unattributed": 3e-6})
 
 
 def test_a_directory_without_a_trace_is_named(tmp_path):
   with pytest.raises(ValueError, match="no perfetto_trace"):
-    phase_profile.phase_seconds(tmp_path, HLO)
+    phase_profile.phase_seconds(phase_profile.attributed_kernels(tmp_path, HLO))
 
 
 def test_kernels_of_a_cuda_graph_go_by_their_name_or_the_kernel_before_them(tmp_path):
@@ -56,7 +57,8 @@ def test_kernels_of_a_cuda_graph_go_by_their_name_or_the_kernel_before_them(tmp_
             kernel("mha_forward", 40.0, 4.0),                 # after the walk
             kernel("scatter_4", 50.0, 5.0),                   # other
             kernel("mha_forward", 5.0, 2.0, tid=4)]           # another stream: nothing
-  seconds = phase_profile.phase_seconds(_trace(tmp_path, events), HLO)
+  seconds = phase_profile.phase_seconds(
+      phase_profile.attributed_kernels(_trace(tmp_path, events), HLO))
   assert seconds == pytest.approx({"verify": 107e-6, "drafter": 0.0, "walk": 24e-6,
                                    "prefill": 0.0, "other": 5e-6, "unattributed": 3e-6})
 
@@ -67,5 +69,6 @@ def test_the_top_kernels_by_device_time(tmp_path):
                              ("gemm", 12.0, "fusion.1"), ("attn", 5.0, "fusion.1"),
                              ("walk", 50.0, "pallas_call.3"))]
   events.append({"ph": "X", "pid": 1, "dur": 99.0, "name": "host", "args": {}})
-  top = phase_profile.kernel_seconds(_trace(tmp_path, events), HLO, ("verify",), top=2)
+  top = phase_profile.kernel_seconds(
+      phase_profile.attributed_kernels(_trace(tmp_path, events), HLO), ("verify",), top=2)
   assert top == [("gemm", 2, pytest.approx(22e-6)), ("attn", 1, pytest.approx(5e-6))]

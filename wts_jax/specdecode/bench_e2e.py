@@ -211,11 +211,11 @@ def _timed_calls(call, *, repeats: int = 3) -> tuple[float, object]:
   return float(np.median(seconds)), result
 
 
-def _profiled(call, folder: Path, hlo: str) -> dict[str, float]:
-  """Device seconds by phase of one ``call`` under the profiler."""
+def _profiled(call, folder: Path, hlo: str) -> list[tuple[dict, str]]:
+  """The GPU kernels of one ``call`` under the profiler, each with its phase."""
   with jax.profiler.trace(str(folder), create_perfetto_trace=True):
     jax.block_until_ready(call())
-  return phase_profile.phase_seconds(folder, hlo)
+  return phase_profile.attributed_kernels(folder, hlo)
 
 
 def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
@@ -231,17 +231,17 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
   decode(hlo_text=hlo)
   wall, tokens = _timed_calls(decode)
   folder = profile / f"B{batch}_autoregressive"
-  phases = _profiled(decode, folder, hlo[0])
+  kernels = _profiled(decode, folder, hlo[0])
+  phases = phase_profile.phase_seconds(kernels)
   if not phases["verify"] > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
                      "use --method pieces)")
   steps = max(new_tokens - 1, 1)
-  kernels = [dict(kernel=name, launches_per_step=launches / steps,
-                  seconds_per_step=seconds / steps)
-             for name, launches, seconds in phase_profile.kernel_seconds(folder, hlo[0],
-                                                                         ("verify",))]
+  top = [dict(kernel=name, launches_per_step=launches / steps,
+              seconds_per_step=seconds / steps)
+         for name, launches, seconds in phase_profile.kernel_seconds(kernels, ("verify",))]
   return dict(autoregressive_s=phases["verify"] / steps,
-              autoregressive_top_kernels=kernels,
+              autoregressive_top_kernels=top,
               autoregressive_wall_s=wall,
               autoregressive_tokens_per_s=batch * new_tokens / wall), np.asarray(tokens)
 
@@ -259,8 +259,9 @@ def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: i
   hlo: list[str] = []
   generate(target, drafter, prompts, new_tokens, hlo_text=hlo, **kwargs)
   wall, out = _timed_calls(lambda: generate(target, drafter, prompts, new_tokens, **kwargs))
-  phases = _profiled(lambda: generate(target, drafter, prompts, new_tokens, **kwargs),
-                     profile / f"B{batch}_{walk}", hlo[0])
+  phases = phase_profile.phase_seconds(_profiled(
+      lambda: generate(target, drafter, prompts, new_tokens, **kwargs),
+      profile / f"B{batch}_{walk}", hlo[0]))
   if not sum(phases.values()) > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
                      "use --method pieces)")

@@ -61,11 +61,11 @@ def _kernel_name(name: str) -> str:
   return re.sub(r"[.\-]", "_", name)
 
 
-def phase_seconds(trace_dir: Path, hlo_text: str) -> dict[str, float]:
+def phase_seconds(kernels: list[tuple[dict, str]]) -> dict[str, float]:
   """``{phase: device seconds}`` (and ``"other"``, ``"unattributed"`` for kernels whose
-  phase nothing tells) over every kernel of the profile (``attributed_kernels``)."""
+  phase nothing tells) over a profile's kernels (``attributed_kernels``)."""
   totals = {phase: 0.0 for phase in (*PHASES, "other", "unattributed")}
-  for event, phase in attributed_kernels(trace_dir, hlo_text):
+  for event, phase in kernels:
     totals[phase] += float(event.get("dur", 0.0)) * 1e-6
   return totals
 
@@ -106,13 +106,13 @@ def attributed_kernels(trace_dir: Path, hlo_text: str) -> list[tuple[dict, str]]
   return attributed
 
 
-def kernel_seconds(trace_dir: Path, hlo_text: str, phases: tuple[str, ...],
+def kernel_seconds(kernels: list[tuple[dict, str]], phases: tuple[str, ...],
                    top: int = 10) -> list[tuple[str, int, float]]:
-  """The ``top`` GPU kernels of ``phases`` by total device time: (name, launches,
-  seconds)."""
+  """The ``top`` GPU kernels of ``phases`` by total device time, over a profile's
+  kernels (``attributed_kernels``): (name, launches, seconds)."""
   seconds: dict[str, float] = {}
   launches: dict[str, int] = {}
-  for event, phase in attributed_kernels(trace_dir, hlo_text):
+  for event, phase in kernels:
     if phase in phases:
       name = str(event.get("name", ""))
       seconds[name] = seconds.get(name, 0.0) + float(event.get("dur", 0.0)) * 1e-6
