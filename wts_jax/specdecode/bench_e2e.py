@@ -35,7 +35,7 @@ from flax import nnx
 
 from wts_jax import result_files
 from wts_jax.command_line import ArgumentParser
-from wts_jax.specdecode import autoregressive, loop, phase_profile, products, timing
+from wts_jax.specdecode import autoregressive, loop, phase_profile, timing
 from wts_jax.specdecode.dspark import WALKS, DSparkConfig, make_dspark
 from wts_jax.specdecode.loop import generate
 from wts_jax.specdecode.qwen3 import Qwen3Config, make_qwen3
@@ -95,9 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pallas/auto = the persistent kernel, xla = the step-wise "
                            "walk, none = no serial head")
   parser.add_argument("--head-type", choices=("vanilla", "gated", "rnn"), default="vanilla")
-  parser.add_argument("--products", choices=products.IMPLS, default="auto",
-                      help="the weight products' implementation (auto = the Pallas "
-                           "kernel on a GPU, else XLA)")
   parser.add_argument("--prompt-len", type=int, default=512)
   parser.add_argument("--draft-len", type=int, default=7)
   parser.add_argument("--acceptance", type=_profile, default=DEFAULT_PROFILE,
@@ -175,13 +172,11 @@ def kv_bytes(config: Qwen3Config, batch: int, length: int, dtype) -> int:
           * jnp.dtype(dtype).itemsize)
 
 
-def walk_agreement(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
-                   products_impl: str = "auto") -> float:
+def walk_agreement(target, drafter, *, batch: int, draft_len: int, prompt_len: int) -> float:
   """Fraction of drafted tokens on which the walk with W2 as int8 planes agrees with the
   walk of the stored (bf16) W2, greedy, on the drafter's own block at this point."""
   last, base, hidden = timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
-                                          prompt_len=prompt_len,
-                                          products_impl=products_impl)["walk"].carry()
+                                          prompt_len=prompt_len)["walk"].carry()
   graph, state = nnx.split(drafter)
 
   def draft(state, w2):
@@ -219,19 +214,18 @@ def _profiled(call, folder: Path, hlo: str) -> list[tuple[dict, str]]:
 
 
 def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
-                         profile: Path, products_impl: str = "auto") -> dict:
+                         profile: Path) -> dict:
   """The target's own greedy decode: wall-clock tokens/s, and the device time of one
   decode step from a profile (its steps are scoped "verify")."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
-
-  def decode(**kwargs):
-    return autoregressive.decode_autoregressive(target, prompts, new_tokens,
-                                                products_impl=products_impl, **kwargs)
   hlo: list[str] = []
-  decode(hlo_text=hlo)
-  wall, tokens = _timed_calls(decode)
+  autoregressive.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
+  wall, tokens = _timed_calls(lambda: autoregressive.decode_autoregressive(target, prompts,
+                                                                 new_tokens))
   folder = profile / f"B{batch}_autoregressive"
-  kernels = _profiled(decode, folder, hlo[0])
+  kernels = _profiled(lambda: autoregressive.decode_autoregressive(target, prompts,
+                                                                  new_tokens),
+                      folder, hlo[0])
   phases = phase_profile.phase_seconds(kernels)
   if not phases["verify"] > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
@@ -248,14 +242,14 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
 
 def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
                    walk: str, new_tokens: int, profile: Path,
-                   reference: np.ndarray | None = None, products_impl: str = "auto") -> dict:
+                   reference: np.ndarray | None = None) -> dict:
   """Whole ``generate`` calls with this walk: wall-clock tokens/s (median of three after
   a compiling call, at the acceptance the random weights give) and, from one profiled
   call, the device time of an iteration and of its phases. ``reference``: the target's
   own greedy tokens, against which the output's agreement is reported (the same compute
   dtype, but other shapes of the same products: bf16 near-ties can round apart)."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
-  kwargs = dict(draft_len=draft_len, walk_impl=walk, products_impl=products_impl)
+  kwargs = dict(draft_len=draft_len, walk_impl=walk)
   hlo: list[str] = []
   generate(target, drafter, prompts, new_tokens, hlo_text=hlo, **kwargs)
   wall, out = _timed_calls(lambda: generate(target, drafter, prompts, new_tokens, **kwargs))
@@ -284,7 +278,6 @@ def run(args) -> dict:
   dtype = DTYPES[args.dtype]
   steps = args.draft_len
   per_iteration = tokens_per_iteration(args.acceptance, steps)
-  products_impl = products.resolve(args.products)
   records = []
 
   def over_budget() -> bool:
@@ -311,7 +304,7 @@ def run(args) -> dict:
           "drafter": (drafter_weights + kv_bytes(drafter_config.layers, batch,
                                                  args.prompt_len, dtype)) / bandwidth}
       common = dict(batch=batch, prompt_len=args.prompt_len, repeats=args.repeats,
-                    chain=args.chain, products_impl=products_impl)
+                    chain=args.chain)
       if over_budget():
         records.append(dict(model=model, batch=batch, skipped="time budget"))
         continue
@@ -320,7 +313,7 @@ def run(args) -> dict:
       if args.method == "generate":
         baseline, reference = autoregressive_point(
             target, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-            profile=profile, products_impl=products_impl)
+            profile=profile)
       else:
         # the target alone (the loop's K = 0 iteration also feeds the drafter's cache)
         baseline = {"autoregressive_s": timing.iteration_cost(
@@ -345,7 +338,7 @@ def run(args) -> dict:
             cost = generate_point(target, drafter, batch=batch, draft_len=steps,
                                   prompt_len=args.prompt_len, walk=walk,
                                   new_tokens=args.new_tokens, profile=profile,
-                                  reference=reference, products_impl=products_impl)
+                                  reference=reference)
           else:
             pieces = ("total", "walk") if shared else timing.PIECES
             cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
@@ -374,7 +367,7 @@ def run(args) -> dict:
       add_walk_in_loop(point)
       if args.agreement and any(r["walk"] in ("auto", "pallas") for r in point):
         agreement = walk_agreement(target, drafter, batch=batch, draft_len=steps,
-                                   prompt_len=args.prompt_len, products_impl=products_impl)
+                                   prompt_len=args.prompt_len)
         for r in point:
           r["int8_planes_vs_bf16_token_agreement"] = agreement
       # Each (model, B) point on disk as it ends: a run cut off by its caller keeps them.
@@ -394,7 +387,6 @@ def _report(args, records: list[dict], began: float) -> dict:
       jax_version=jax.__version__,
       dtype=args.dtype,
       head_type=args.head_type,
-      products=products.resolve(args.products),
       weights="random (throughput is modelled, see modelled_note)",
       method=timing.METHOD,
       roofline_note=(f"*_roofline_s = bytes the phase must read (weights once, the rows' "

@@ -34,10 +34,9 @@ from flax import nnx
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.specdecode import attention
-from wts_jax.specdecode.products import linear
 from wts_jax.specdecode.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
                                 check_keys, decoder_layers, expected_keys, finish_layer,
-                                output_logits, project_qkv, rms_norm, rotary)
+                                linear, output_logits, project_qkv, rms_norm, rotary)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).
@@ -169,37 +168,31 @@ class DSparkDrafter(nnx.Module):
     return KVCache.empty(c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim,
                          self.dtype)
 
-  def context_kv(self, features: jax.Array, start: jax.Array, *,
-                 products_impl: str = "xla") -> tuple[jax.Array, jax.Array]:
-    """Keys and values [N, B, Kv, T, h] of target features [B, T, n·d] at ``start + t``.
-    products_impl: ``wts_jax.specdecode.products``'s."""
+  def context_kv(self, features: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys and values [N, B, Kv, T, h] of target features [B, T, n·d] at ``start + t``."""
     c = self.config.layers
     batch, steps, _ = features.shape
-    context = rms_norm(linear(features.astype(self.dtype), self.fc.weight[...],
-                              products_impl),
+    context = rms_norm(linear(features.astype(self.dtype), self.fc.weight[...]),
                        self.hidden_norm.weight[...], c.rms_norm_eps)
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
-    shape = (batch, steps, c.num_kv_heads, c.head_dim)
     keys, values = [], []
     for layer in self.layers:
       w = layer.weights()
-      k = linear(context, w["k_proj"], products_impl).reshape(shape)
-      v = linear(context, w["v_proj"], products_impl).reshape(shape)
+      k = linear(context, w["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+      v = linear(context, w["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
       k = rotary(rms_norm(k, w["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
       keys.append(k.transpose(0, 2, 1, 3))
       values.append(v.transpose(0, 2, 1, 3))
     return jnp.stack(keys), jnp.stack(values)
 
   def block(self, last_tokens: jax.Array, start: jax.Array, context: KVCache, *,
-            attention_impl: str = "xla", products_impl: str = "xla"
-            ) -> tuple[jax.Array, jax.Array]:
+            attention_impl: str = "xla") -> tuple[jax.Array, jax.Array]:
     """The backbone over one block: (base logits [B, bs, V], hidden [B, bs, d]), both in
     the compute dtype (as DeepSpec's lm_head returns them: a bf16 run hands the walk
     half the bytes; the walk adds its bias and selects in fp32).
 
     ``last_tokens`` [B] sits at position ``start[b]``; ``context`` holds the context
-    keys of positions ``[0, start[b])``. attention_impl: ``wts_jax.specdecode.attention``'s;
-    products_impl: ``wts_jax.specdecode.products``'s.
+    keys of positions ``[0, start[b])``. attention_impl: ``wts_jax.specdecode.attention``'s.
     """
     cfg = self.config
     c = cfg.layers
@@ -210,13 +203,13 @@ class DSparkDrafter(nnx.Module):
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
-      q, k, v = project_qkv(h, weights, c, positions, products_impl)
+      q, k, v = project_qkv(h, weights, c, positions)
       attended = attention.attend(q, k, v, causal=False, cache_keys=context.keys[index],
                                   cache_values=context.values[index], cache_len=start,
                                   impl=attention_impl)
-      h = finish_layer(h, attended, weights, c, products_impl)
+      h = finish_layer(h, attended, weights, c)
     hidden = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
-    return output_logits(hidden, self.lm_head.weight[...], products_impl), hidden
+    return output_logits(hidden, self.lm_head.weight[...]), hidden
 
   def draft(self, base: jax.Array, hidden: jax.Array, last_tokens: jax.Array, *,
             temperature: float, key: jax.Array | None, walk_impl: str = "auto",

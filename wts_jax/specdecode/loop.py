@@ -53,7 +53,7 @@ import numpy as np
 from flax import nnx
 
 from wts_jax.output import STATUS_NAN_LOGITS
-from wts_jax.specdecode import attention, products
+from wts_jax.specdecode import attention
 from wts_jax.specdecode.dspark import WALKS, DSparkDrafter
 from wts_jax.specdecode.generate_output import (PAD, STATUS_DRAFTER_NONFINITE,
                                                 STATUS_TARGET_NONFINITE, WALK_BITS,
@@ -76,7 +76,6 @@ class LoopSettings:
   """The static settings one compiled loop is specialised to.
 
   attention: ``"xla"`` or ``"pallas"`` (resolved, ``wts_jax.specdecode.attention``);
-  products: ``"xla"`` or ``"pallas"`` (resolved, ``wts_jax.specdecode.products``);
   draft_w2: ``"bf16"`` (the head as stored), ``"int8_planes"`` (W2 quantized per row,
   walked as int8 planes) or ``"auto"`` (int8 planes where a walk kernel runs them, else
   as stored); iterations_per_check: decode iterations between two host reads of the
@@ -92,7 +91,6 @@ class LoopSettings:
   cache_len: int
   walk_config: KernelConfig | None = None
   attention: str = "xla"
-  products: str = "xla"
   draft_w2: str = "bf16"
   iterations_per_check: int = 1
   timed: bool = False
@@ -213,8 +211,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
 
   def block(_):
     with jax.named_scope("drafter"):
-      return drafter.block(last, length, state["draft_cache"], attention_impl=s.attention,
-                           products_impl=s.products)
+      return drafter.block(last, length, state["draft_cache"], attention_impl=s.attention)
 
   if lens[-1] == 0:
     base = hidden = None
@@ -228,10 +225,9 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
   def target_pass(tokens):
     with jax.named_scope("verify"):
       out = target.forward(tokens, length, state["target_cache"], feature_layers=layer_ids,
-                           attention_impl=s.attention, products_impl=s.products)
+                           attention_impl=s.attention)
     with jax.named_scope("drafter"):
-      context_keys, context_values = drafter.context_kv(out.features, length,
-                                                        products_impl=s.products)
+      context_keys, context_values = drafter.context_kv(out.features, length)
     return out, context_keys, context_values
 
   def padded(steps, draft_tokens, accepted, bonus, out, context_keys, context_values,
@@ -328,10 +324,9 @@ def prefill(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy,
   out = target.forward(prompt_ids, zeros, None,
                        feature_layers=drafter.config.target_layer_ids,
                        logit_positions=(prompt_lengths - 1)[:, None],
-                       attention_impl=s.attention, products_impl=s.products)
+                       attention_impl=s.attention)
   target_cache = target.empty_cache(batch, s.cache_len).write(out.keys, out.values, zeros)
-  context_keys, context_values = drafter.context_kv(out.features, zeros,
-                                                    products_impl=s.products)
+  context_keys, context_values = drafter.context_kv(out.features, zeros)
   draft_cache = drafter.empty_cache(batch, s.cache_len).write(context_keys, context_values,
                                                               zeros)
   key, first_key = jax.random.split(key)
@@ -400,9 +395,8 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
              draft_len: int | DraftPolicy | None = None, walk_impl: str = "auto",
              eos_id: int | Sequence[int] | None = None, cache_len: int | None = None,
              walk_config: KernelConfig | None = None, attention_impl: str = "auto",
-             products_impl: str = "auto", draft_w2: str = "auto",
-             iterations_per_check: int = 1, check: bool = True,
-             hlo_text: list | None = None) -> GenerateOutput:
+             draft_w2: str = "auto", iterations_per_check: int = 1,
+             check: bool = True, hlo_text: list | None = None) -> GenerateOutput:
   """Speculative decoding of a batch of prompts (token-id lists of any lengths).
 
   temperature: 0 for greedy (output = the target's greedy decoding in the same compute
@@ -414,13 +408,12 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   the longest prompt + max_new_tokens + draft_len). walk_config: the walk kernel's
   options (one kernel's config, ``wts_jax.walk``'s).
   attention_impl: ``"auto"`` (the decode kernel on a GPU, else XLA), ``"xla"``,
-  ``"pallas"``. products_impl: ``"auto"`` (the Pallas product kernel on a GPU, else
-  XLA), ``"xla"``, ``"pallas"``. draft_w2: ``"auto"`` (int8 planes where a walk kernel
-  runs them), ``"bf16"`` (as stored), ``"int8_planes"``. iterations_per_check:
-  iterations between two host reads of the loop condition. check: raise
-  ``GenerateError`` when the output's ``status`` reports a problem (else leave it in
-  ``status``). hlo_text: a list to which the optimized HLO of the compiled loop is
-  appended (profiling reads its operations' phases).
+  ``"pallas"``. draft_w2: ``"auto"`` (int8 planes where a walk kernel runs them),
+  ``"bf16"`` (as stored), ``"int8_planes"``. iterations_per_check: iterations between
+  two host reads of the loop condition. check: raise ``GenerateError`` when the
+  output's ``status`` reports a problem (else leave it in ``status``). hlo_text: a
+  list to which the optimized HLO of the compiled loop is appended (profiling reads its
+  operations' phases).
   Every argument is checked before any work; a bad one raises ``ValueError``.
   """
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
@@ -439,7 +432,6 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
       iterations_per_check < 1):
     raise ValueError(f"iterations_per_check={iterations_per_check!r} must be an int >= 1")
   attention_impl = attention.resolve(attention_impl)
-  products_impl = products.resolve(products_impl)
   policy = as_policy(drafter.config.block_size if draft_len is None else draft_len)
   check_models(target, drafter, policy)
   prompt_ids, prompt_lengths = prompt_array(prompts, target.config.vocab_size)
@@ -461,8 +453,8 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
                      f"({prompt_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + "
                      f"draft_len ({lens[-1]}) need {needed}")
   settings = LoopSettings(max_new_tokens, float(temperature), lens, walk_impl,
-                          int(cache_len), walk_config, attention_impl, products_impl,
-                          draft_w2, iterations_per_check, timed=_times_iterations(policy))
+                          int(cache_len), walk_config, attention_impl, draft_w2,
+                          iterations_per_check, timed=_times_iterations(policy))
   target_graph, target_state = nnx.split(target)
   drafter_graph, drafter_state = nnx.split(drafter)
   key = jax.random.key(0) if key is None else key

@@ -31,7 +31,6 @@ from flax import nnx
 
 from wts_jax.specdecode import attention
 from wts_jax.specdecode.attention import precision
-from wts_jax.specdecode.products import linear
 
 QWEN3_VOCAB = 151_936
 
@@ -166,6 +165,13 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return (weight.astype(jnp.float32) * normed).astype(x.dtype)
 
 
+def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
+  """``x Wᵀ`` for a ``[out, in]`` weight, in ``x``'s dtype with fp32 accumulation."""
+  y = jnp.einsum("...i,oi->...o", x, weight.astype(x.dtype),
+                 preferred_element_type=jnp.float32, precision=precision(x.dtype))
+  return y.astype(x.dtype)
+
+
 def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   """RoPE on ``x`` [B, T, heads, h] at ``positions`` [B, T] (rotate-half layout)."""
   half = x.shape[-1] // 2
@@ -179,37 +185,31 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return out.astype(x.dtype)
 
 
-def mlp(x: jax.Array, layer: dict[str, jax.Array], products_impl: str = "xla"
-        ) -> jax.Array:
+def mlp(x: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
   """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
-  gate = linear(x, layer["gate_proj"], products_impl)
-  up = linear(x, layer["up_proj"], products_impl)
-  return linear(jax.nn.silu(gate) * up, layer["down_proj"], products_impl)
+  return linear(jax.nn.silu(linear(x, layer["gate_proj"])) * linear(x, layer["up_proj"]),
+                layer["down_proj"])
 
 
 def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
-                positions: jax.Array, products_impl: str = "xla"
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A layer's queries [B, T, H, h], keys and values [B, Kv, T, h] (normed, rotated;
   the keys and values in the cache's layout)."""
   batch, steps, _ = h.shape
   x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
-
-  def heads(name: str, count: int) -> jax.Array:
-    return linear(x, layer[name], products_impl).reshape(batch, steps, count, c.head_dim)
-  q, k, v = (heads("q_proj", c.num_heads), heads("k_proj", c.num_kv_heads),
-             heads("v_proj", c.num_kv_heads))
+  q = linear(x, layer["q_proj"]).reshape(batch, steps, c.num_heads, c.head_dim)
+  k = linear(x, layer["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  v = linear(x, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
   q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
   k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
   return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
 def finish_layer(h: jax.Array, attended: jax.Array, layer: dict[str, jax.Array],
-                 c: "Qwen3Config", products_impl: str = "xla") -> jax.Array:
+                 c: "Qwen3Config") -> jax.Array:
   """The rest of a pre-norm layer after attention: o_proj, residual, MLP, residual."""
-  h = h + linear(attended, layer["o_proj"], products_impl)
-  return h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer,
-                 products_impl)
+  h = h + linear(attended, layer["o_proj"])
+  return h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer)
 
 
 # ----------------------------------------------------------------------------- modules
@@ -337,12 +337,9 @@ class ForwardOutput:
   features: jax.Array | None
 
 
-def output_logits(h: jax.Array, weight: jax.Array, products_impl: str = "xla"
-                  ) -> jax.Array:
+def output_logits(h: jax.Array, weight: jax.Array) -> jax.Array:
   """``h Wᵀ`` over the vocabulary, accumulated in fp32 and returned in ``h``'s dtype: a
   bf16 run writes (and its argmax reads) half the bytes of fp32 logits."""
-  if products_impl == "pallas":
-    return linear(h, weight, products_impl)
   logits = jnp.einsum("btd,vd->btv", h, weight.astype(h.dtype),
                       preferred_element_type=jnp.float32, precision=precision(h.dtype))
   return logits.astype(h.dtype)
@@ -376,14 +373,13 @@ class Qwen3(nnx.Module):
   def forward(self, tokens: jax.Array, start: jax.Array, cache: KVCache | None, *,
               feature_layers: tuple[int, ...] = (),
               logit_positions: jax.Array | None = None,
-              attention_impl: str = "xla", products_impl: str = "xla") -> ForwardOutput:
+              attention_impl: str = "xla") -> ForwardOutput:
     """Run ``tokens`` [B, T] at positions ``start[b] + t`` over the cache.
 
     feature_layers: layer ids whose outputs to return concatenated (-1 = the
     embedding output), the drafter's ``target_layer_ids``. logit_positions: [B, n]
     indices into T for which to compute logits (None: all T; prefill wants one).
-    attention_impl: ``wts_jax.specdecode.attention``'s implementation. products_impl:
-    ``wts_jax.specdecode.products``'s implementation.
+    attention_impl: ``wts_jax.specdecode.attention``'s implementation.
     """
     c = self.config
     steps = tokens.shape[1]
@@ -393,18 +389,18 @@ class Qwen3(nnx.Module):
     new_keys, new_values = [], []
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
-      q, k, v = project_qkv(h, weights, c, positions, products_impl)
+      q, k, v = project_qkv(h, weights, c, positions)
       cached = {} if cache is None else dict(
           cache_keys=cache.keys[index], cache_values=cache.values[index], cache_len=start)
       attended = attention.attend(q, k, v, causal=True, impl=attention_impl, **cached)
-      h = finish_layer(h, attended, weights, c, products_impl)
+      h = finish_layer(h, attended, weights, c)
       features[index] = h
       new_keys.append(k)
       new_values.append(v)
     if logit_positions is not None:
       h = jnp.take_along_axis(h, logit_positions[..., None], axis=1)
     h = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
-    logits = output_logits(h, self.output_weight(), products_impl)
+    logits = output_logits(h, self.output_weight())
     out_features = None
     if feature_layers:
       out_features = jnp.concatenate([features[layer] for layer in feature_layers], axis=-1)

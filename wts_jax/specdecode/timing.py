@@ -58,8 +58,7 @@ class Piece:
 
 def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len: int,
                 prompt_len: int, walk_impl: str = "auto", temperature: float = 0.0,
-                attention_impl: str = "auto", products_impl: str = "auto",
-                draft_w2: str = "auto") -> dict[str, Piece]:
+                attention_impl: str = "auto", draft_w2: str = "auto") -> dict[str, Piece]:
   """The loop's parts at one point (batch, k, context length) as ``Piece`` s:
   ``{"total", "verify"}`` for ``draft_len = 0``, else ``PIECES``."""
   if draft_len < 0 or draft_len > drafter.config.block_size:
@@ -70,12 +69,11 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
   steps = draft_len
   policy = FixedDraftLength(steps)
   loop.check_models(target, drafter, policy)
-  from wts_jax.specdecode import attention, products
+  from wts_jax.specdecode import attention
   settings = loop.LoopSettings(max_new_tokens=1 << 30, temperature=temperature,
                                draft_lens=(steps,), walk_impl=walk_impl,
                                cache_len=prompt_len + steps + 2,
                                attention=attention.resolve(attention_impl),
-                               products=products.resolve(products_impl),
                                draft_w2=draft_w2)
   layer_ids = drafter.config.target_layer_ids
   length = jnp.full((batch,), prompt_len, jnp.int32)
@@ -109,18 +107,16 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
   def verify(target_, drafter_, carry):
     tokens, cache = carry
     out = target_.forward(tokens, length, cache, feature_layers=layer_ids,
-                          attention_impl=settings.attention,
-                          products_impl=settings.products)
+                          attention_impl=settings.attention)
     _, bonus = verify_greedy(tokens[:, 1:], out.logits, jnp.full((batch,), steps))
     return tokens.at[:, 0].set(bonus), cache.write(out.keys, out.values, length)
 
   def draft_backbone(target_, drafter_, carry):
     tokens, cache = carry
-    base, _ = drafter_.block(tokens, length, cache, attention_impl=settings.attention,
-                             products_impl=settings.products)
+    base, _ = drafter_.block(tokens, length, cache, attention_impl=settings.attention)
     features = jnp.zeros((batch, steps + 1, len(layer_ids) * target.config.hidden_size),
                          drafter_.dtype)
-    keys, values = drafter_.context_kv(features, length, products_impl=settings.products)
+    keys, values = drafter_.context_kv(features, length)
     bump = jnp.argmax(base[:, 0], axis=-1).astype(jnp.int32)
     return bump, cache.write(keys, values, length)
 
@@ -136,8 +132,7 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
 
   def walk_inputs():
     block = jax.jit(lambda d, c: d.block(last(), length, c,
-                                         attention_impl=settings.attention,
-                                         products_impl=settings.products))
+                                         attention_impl=settings.attention))
     base, hidden = block(drafter, draft_cache())
     return last(), base, hidden
 
@@ -190,7 +185,7 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
                    prompt_len: int, walk_impl: str = "auto", repeats: int = 5,
                    chain: int = 8, temperature: float = 0.0,
                    pieces: tuple[str, ...] = PIECES, attention_impl: str = "auto",
-                   products_impl: str = "auto", draft_w2: str = "auto") -> dict[str, float]:
+                   draft_w2: str = "auto") -> dict[str, float]:
   """Device seconds of one decode iteration: ``{"total_s", "verify_s", "drafter_s",
   "walk_s"}`` (see the module docstring for the method). ``pieces`` chooses what to
   measure (each costs a compile); the others come back as NaN."""
@@ -199,8 +194,7 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
     raise ValueError(f"pieces={pieces!r} has {sorted(unknown)}; choose from {PIECES}")
   found = loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
                       prompt_len=prompt_len, walk_impl=walk_impl, temperature=temperature,
-                      attention_impl=attention_impl, products_impl=products_impl,
-                      draft_w2=draft_w2)
+                      attention_impl=attention_impl, draft_w2=draft_w2)
   timed = dict(chain=chain, repeats=repeats)
   result = {f"{piece}_s": float("nan") if piece in found else 0.0 for piece in PIECES}
   for piece in PIECES:
