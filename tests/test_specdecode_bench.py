@@ -83,15 +83,17 @@ def test_duplicate_batches_refused(capsys):
 
 
 def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
-  """--method generate on the CPU, the profile's split stubbed (a CPU records no GPU
-  kernel): the records carry per-iteration phases, wall-clock rates and the greedy
-  output's agreement with the target's own decode (exact in float32)."""
-  split = {"verify": 8e-3, "drafter": 2e-3, "walk": 1e-3, "prefill": 5e-3, "other": 1e-3,
-           "unattributed": 0.0}
+  """--method generate on the CPU, the profile's kernels stubbed (a CPU records no GPU
+  kernel): the records carry per-iteration phases, the verify and drafter phases'
+  costliest kernels, wall-clock rates and the greedy output's agreement with the
+  target's own decode (exact in float32)."""
+  microseconds = {"verify": [("gemm_a", 5000.0), ("gemm_a", 2000.0), ("norm", 1000.0)],
+                  "drafter": [("gemm_b", 2000.0)], "walk": [("walk", 1000.0)],
+                  "prefill": [("gemm_a", 5000.0)], "other": [("copy", 1000.0)]}
+  kernels = [({"name": name, "dur": dur}, phase)
+             for phase, events in microseconds.items() for name, dur in events]
   monkeypatch.setattr(bench_e2e.phase_profile, "attributed_kernels",
-                      lambda folder, hlo: [])
-  monkeypatch.setattr(bench_e2e.phase_profile, "phase_seconds",
-                      lambda kernels: dict(split))
+                      lambda folder, hlo: kernels)
   out = tmp_path / "e2e.json"
   assert bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "xla",
                          "--prompt-len", "8", "--draft-len", "3", "--new-tokens", "6",
@@ -102,6 +104,12 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert row["verify_s"] == pytest.approx(8e-3 / iterations)
   assert row["total_s"] == pytest.approx(12e-3 / iterations)
   assert row["autoregressive_s"] == pytest.approx(8e-3 / 5)
+  first, second = row["verify_top_kernels"]
+  assert first["kernel"] == "gemm_a" and second["kernel"] == "norm"
+  assert first["launches_per_iteration"] == pytest.approx(2 / iterations)
+  assert first["seconds_per_iteration"] == pytest.approx(7e-3 / iterations)
+  assert [k["kernel"] for k in row["drafter_top_kernels"]] == ["gemm_b"]
+  assert row["autoregressive_top_kernels"][0]["launches_per_step"] == pytest.approx(2 / 5)
   assert row["greedy_agreement_with_autoregressive"] == 1.0
   assert row["generate_tokens"] == 12 and row["generate_tokens_per_s"] > 0
 

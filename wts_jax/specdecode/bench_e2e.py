@@ -213,6 +213,14 @@ def _profiled(call, folder: Path, hlo: str) -> list[tuple[dict, str]]:
   return phase_profile.attributed_kernels(folder, hlo)
 
 
+def _top_kernels(kernels, phase: str, count: int, unit: str) -> list[dict]:
+  """The phase's costliest kernels, launches and seconds per ``unit`` (``count`` of
+  them in the profile)."""
+  return [{"kernel": name, f"launches_per_{unit}": launches / count,
+           f"seconds_per_{unit}": seconds / count}
+          for name, launches, seconds in phase_profile.kernel_seconds(kernels, (phase,))]
+
+
 def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
                          profile: Path) -> dict:
   """The target's own greedy decode: wall-clock tokens/s, and the device time of one
@@ -231,11 +239,8 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
                      "use --method pieces)")
   steps = max(new_tokens - 1, 1)
-  top = [dict(kernel=name, launches_per_step=launches / steps,
-              seconds_per_step=seconds / steps)
-         for name, launches, seconds in phase_profile.kernel_seconds(kernels, ("verify",))]
   return dict(autoregressive_s=phases["verify"] / steps,
-              autoregressive_top_kernels=top,
+              autoregressive_top_kernels=_top_kernels(kernels, "verify", steps, "step"),
               autoregressive_wall_s=wall,
               autoregressive_tokens_per_s=batch * new_tokens / wall), np.asarray(tokens)
 
@@ -245,17 +250,18 @@ def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: i
                    reference: np.ndarray | None = None) -> dict:
   """Whole ``generate`` calls with this walk: wall-clock tokens/s (median of three after
   a compiling call, at the acceptance the random weights give) and, from one profiled
-  call, the device time of an iteration and of its phases. ``reference``: the target's
-  own greedy tokens, against which the output's agreement is reported (the same compute
-  dtype, but other shapes of the same products: bf16 near-ties can round apart)."""
+  call, the device time of an iteration and of its phases, and the verify and drafter
+  phases' costliest kernels. ``reference``: the target's own greedy tokens, against
+  which the output's agreement is reported (the same compute dtype, but other shapes of
+  the same products: bf16 near-ties can round apart)."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
   kwargs = dict(draft_len=draft_len, walk_impl=walk)
   hlo: list[str] = []
   generate(target, drafter, prompts, new_tokens, hlo_text=hlo, **kwargs)
   wall, out = _timed_calls(lambda: generate(target, drafter, prompts, new_tokens, **kwargs))
-  phases = phase_profile.phase_seconds(_profiled(
-      lambda: generate(target, drafter, prompts, new_tokens, **kwargs),
-      profile / f"B{batch}_{walk}", hlo[0]))
+  kernels = _profiled(lambda: generate(target, drafter, prompts, new_tokens, **kwargs),
+                      profile / f"B{batch}_{walk}", hlo[0])
+  phases = phase_profile.phase_seconds(kernels)
   if not sum(phases.values()) > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
                      "use --method pieces)")
@@ -266,7 +272,10 @@ def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: i
   if reference is not None:
     agreement["greedy_agreement_with_autoregressive"] = float(
         np.mean(np.asarray(out.tokens) == reference))
+  tops = {f"{phase}_top_kernels": _top_kernels(kernels, phase, iterations, "iteration")
+          for phase in ("verify", "drafter")}
   return dict(total_s=sum(per.values()), **per, prefill_s=phases["prefill"], **agreement,
+              **tops,
               generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
               generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
               generate_iterations=iterations,
