@@ -112,4 +112,3 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert row["autoregressive_top_kernels"][0]["launches_per_step"] == pytest.approx(2 / 5)
   assert row["greedy_agreement_with_autoregressive"] == 1.0
   assert row["generate_tokens"] == 12 and row["generate_tokens_per_s"] > 0
-
