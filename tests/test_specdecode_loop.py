@@ -295,3 +295,19 @@ def test_the_autoregressive_baseline_is_the_targets_greedy_decoding(models):
   target, _ = models
   tokens = np.asarray(autoregressive.decode_autoregressive(target, PROMPTS, 8))
   assert [row.tolist() for row in tokens] == greedy_reference(target, PROMPTS, 8)
+
+
+def test_the_loop_runs_its_products_on_cublas_from_16_rows(monkeypatch):
+  from wts_jax.launch_options import CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS
+  from wts_jax.specdecode import loop
+  asked = []
+  real = loop.compiler_options
+  monkeypatch.setattr(loop, "compiler_options",
+                      lambda **kw: asked.append(kw["cublas_products"]) or real(**kw))
+  for batch in (1, loop.CUBLAS_MIN_BATCH - 1, loop.CUBLAS_MIN_BATCH, 64):
+    loop._compiled.__wrapped__(None, None, None, batch)   # builds the jit, traces nothing
+  assert asked == [False, False, True, True]
+  assert real(cublas_products=True) is None               # not on a CPU
+  monkeypatch.setattr(loop.jax, "default_backend", lambda: "gpu")
+  assert real() == KERNEL_COMPILER_OPTIONS
+  assert real(cublas_products=True) == {**KERNEL_COMPILER_OPTIONS, **CUBLAS_PRODUCTS}

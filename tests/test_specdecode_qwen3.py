@@ -119,3 +119,24 @@ def test_presets_have_the_released_shapes():
       4096, 12288, False)
   with pytest.raises(ValueError, match="num_heads=6"):
     Qwen3Config.tiny(num_heads=6, num_kv_heads=4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_products_are_written_in_the_compute_dtype_and_accumulated_in_fp32(dtype):
+  # Asked for fp32 and converted after, a one-row product became an fp32 GEMV over a
+  # converted copy of the weight on the GPU (docs/decisions.md).
+  import jax
+  from wts_jax.specdecode.qwen3 import linear, output_logits
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((1, 3, 256)), dtype)
+  w = jnp.asarray(rng.standard_normal((96, 256)), jnp.bfloat16)
+  for fn in (linear, output_logits):
+    jaxpr = jax.make_jaxpr(fn)(x, w)
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert [d.params["preferred_element_type"] for d in dots] == [jnp.dtype(dtype)], fn
+    assert fn(x, w).dtype == dtype
+  # fp32 accumulation: within one rounding of the output dtype of the fp32 sum
+  want = np.asarray(x, np.float32) @ np.asarray(w, np.float32).T
+  got = np.asarray(linear(x, w), np.float32)
+  rounding = 2.0 ** -8 if dtype == jnp.bfloat16 else 1e-6
+  np.testing.assert_allclose(got, want, rtol=rounding, atol=rounding)

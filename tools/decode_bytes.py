@@ -5,10 +5,11 @@ steps that ``wts-e2e-bench`` times (``wts_jax.specdecode.timing.loop_pieces``): 
 (the target over k + 1 tokens, the acceptance rule, the cache write), an
 autoregressive step (one token), and a drafter pass (its block, the context keys and
 values of the k + 1 verified positions and their write), at the Qwen3-4B and 8B shapes,
-for each batch size. For each it writes the bytes its optimized HLO moves (the byte
-model of ``hlo_traffic``), the bytes it must read (the weights it uses, once, and the
-rows' cached keys and values at ``prompt_len``), their ratio, and the bytes written by
-copies of a weight (0 when every weight is read where it lies).
+for each batch size, with the XLA options the loop's executable gets at that batch size
+(``specdecode.loop.compiler_options``). For each it writes the bytes its optimized HLO
+moves (the byte model of ``hlo_traffic``), the bytes it must read (the weights it uses,
+once, and the rows' cached keys and values at ``prompt_len``), their ratio, and the
+bytes written by copies of a weight (0 when every weight is read where it lies).
 
   python tools/decode_bytes.py --out bench/results/h200_decode_bytes.json
 """
@@ -61,7 +62,8 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
   """``{phase: summary}`` for one batch size (abstract models: nothing allocated)."""
   import jax
   from flax import nnx
-  from wts_jax.specdecode import attention, timing
+  from wts_jax.launch_options import CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS
+  from wts_jax.specdecode import attention, loop, timing
   sharding = hlo_traffic.h200_sharding()
   steps = {"verify": timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
                                         prompt_len=prompt_len, attention_impl="pallas",
@@ -74,6 +76,9 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
             "autoregressive": steps["autoregressive"]["verify"],
             "drafter": steps["verify"]["drafter"]}
   cache_len = attention.padded_cache_len(prompt_len + max(draft_len, 1) + 2)
+  # the options the loop's executable is compiled with at this batch size on a GPU
+  options = {**KERNEL_COMPILER_OPTIONS,
+             **(CUBLAS_PRODUCTS if batch >= loop.CUBLAS_MIN_BATCH else {})}
   out = {}
   for phase, piece in pieces.items():
     model = drafter if phase == "drafter" else target
@@ -86,7 +91,7 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
               else piece.step(this, None, carry))
 
     carry = hlo_traffic.abstract(jax.eval_shape(piece.carry), sharding)
-    text = hlo_traffic.compile_hlo(jax.jit(step, donate_argnums=1),
+    text = hlo_traffic.compile_hlo(jax.jit(step, donate_argnums=1, compiler_options=options),
                                    hlo_traffic.abstract(state, sharding), carry)
     summary = hlo_traffic.summary(text, cache_fraction=prompt_len / cache_len,
                                   weight_shapes=weight_shapes(model))

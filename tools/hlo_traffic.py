@@ -194,9 +194,10 @@ def summary(hlo_text: str, *, cache_fraction: float = 1.0,
   """Bytes the program's kernels and library calls move (a loop's body as many times as
   its known trip count):
   in all, by kind of operation, and the bytes
-  written by operations that produce an array shaped like a weight (``weight_shapes``,
-  HLO shape strings such as ``bf16[9728,2560]``) other than a library call or a kernel:
-  a weight copied before use."""
+  written by operations other than a library call or a GEMM kernel that produce an
+  array like a weight (``weight_shapes``, HLO shape strings such as
+  ``bf16[9728,2560]``; ``_weight_like``): a weight copied, converted or concatenated
+  before use."""
   found = computations(hlo_text)
   rows = [{**row, "read": row["read"] * times, "written": row["written"] * times}
           for name, times in top_level(found).items()
@@ -209,13 +210,35 @@ def summary(hlo_text: str, *, cache_fraction: float = 1.0,
   copies = sum(row["written"] for row in rows
                if row["op"] not in ("custom-call",) and not row["calls"].startswith("gemm")
                and _SHAPE.search(row["output"])
-               and _shape_text(row["output"]) in weight_shapes)
+               and _weight_like(_shape_text(row["output"]), weight_shapes))
   return dict(moved_bytes=sum(r["read"] + r["written"] for r in rows),
               read_bytes=sum(r["read"] for r in rows),
               written_bytes=sum(r["written"] for r in rows),
               operations=len(rows),
               weight_copy_bytes=int(copies),
               by_kind=dict(sorted(by_kind.items(), key=lambda kv: -kv[1])))
+
+
+def _dims(shape_text: str) -> list[int]:
+  return [int(d) for d in shape_text.split("[", 1)[1].rstrip("]").split(",") if d]
+
+
+def _weight_like(shape_text: str, weight_shapes) -> bool:
+  """Whether an output is a weight's copy: a weight's shape, or (leading 1s dropped) a
+  matrix with a weight's input dimension and at least as many rows as the smallest
+  weight: a weight converted to another dtype, or weights concatenated along their
+  outputs (XLA's merged products read that way)."""
+  if shape_text in weight_shapes:
+    return True
+  weights = [_dims(w) for w in weight_shapes]
+  weights = [w[-2:] for w in weights if len(w) >= 2 and min(w[-2:]) > 1]   # matrices
+  if not weights:
+    return False
+  dims = _dims(shape_text)
+  while len(dims) > 2 and dims[0] == 1:
+    dims = dims[1:]
+  return (len(dims) == 2 and dims[1] in {w[1] for w in weights}
+          and dims[0] >= min(w[0] for w in weights))
 
 
 def _shape_text(out: str) -> str:

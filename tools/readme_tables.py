@@ -1,12 +1,13 @@
 """The README's benchmark tables, built from the committed results JSON.
 
   python tools/readme_tables.py [--walk bench/results/walk/grid.json]
-                                [--e2e bench/results/h200_e2e_qwen3.json]
+                                [--e2e bench/results/h200_e2e_qwen3.json ...]
 
-Prints two markdown tables: the walk grid (wts-bench: each head's fastest W2 form
+Prints markdown tables: the walk grid (wts-bench: each head's fastest W2 form
 against DeepSpec's loop replayed as a CUDA graph, torch-graph, and the vanilla head's
 int8-planes walk against the public int8 kernel's measured walks that the same run's
-floor check records) and the end-to-end decode iteration (wts-e2e-bench).
+floor check records) and the end-to-end decode iteration (wts-e2e-bench), one table per
+results file (the H200 run, then the H100 run).
 """
 
 from __future__ import annotations
@@ -99,16 +100,20 @@ def e2e_table(report: dict) -> str:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--walk", default=str(ROOT / "bench/results/walk/grid.json"))
-  parser.add_argument("--e2e", default=str(ROOT / "bench/results/h200_e2e_qwen3.json"))
+  parser.add_argument("--e2e", nargs="+",
+                      default=[str(ROOT / f"bench/results/{device}_e2e_qwen3.json")
+                               for device in ("h200", "h100")])
   args = parser.parse_args()
   walk = json.loads(pathlib.Path(args.walk).read_text())
-  e2e = json.loads(pathlib.Path(args.e2e).read_text())
   print(f"<!-- walk: {walk['device_kind']}, jax {walk['jax_version']}, "
         f"{walk['timestamp'][:10]} -->")
   print(walk_table(walk))
   print()
-  print(f"<!-- e2e: {e2e['device_kind']}, jax {e2e['jax_version']} -->")
-  print(e2e_table(e2e))
+  for path in args.e2e:
+    e2e = json.loads(pathlib.Path(path).read_text())
+    print()
+    print(f"<!-- e2e: {e2e['device_kind']}, jax {e2e['jax_version']} -->")
+    print(e2e_table(e2e))
 
 
 if __name__ == "__main__":

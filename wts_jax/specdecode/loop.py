@@ -354,14 +354,26 @@ def decode(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state: di
   return jax.lax.while_loop(lambda st: jnp.any(st["active"]), some_iterations, state)
 
 
-def compiler_options() -> dict[str, str] | None:
-  """XLA options for the loop's executable on a GPU (``KERNEL_COMPILER_OPTIONS``)."""
-  from wts_jax.launch_options import KERNEL_COMPILER_OPTIONS
-  return dict(KERNEL_COMPILER_OPTIONS) if jax.default_backend() == "gpu" else None
+# From this many rows on, the speculative loop's products run on cuBLAS (XLA's Triton
+# GEMMs off): measured faster there, slower below (docs/decisions.md, "Products on
+# cuBLAS from 16 rows").
+CUBLAS_MIN_BATCH = 16
+
+
+def compiler_options(*, cublas_products: bool = False) -> dict | None:
+  """XLA options for a decode executable on a GPU (None elsewhere):
+  ``KERNEL_COMPILER_OPTIONS``, with ``cublas_products`` also ``CUBLAS_PRODUCTS``."""
+  from wts_jax.launch_options import CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS
+  if jax.default_backend() != "gpu":
+    return None
+  options = dict(KERNEL_COMPILER_OPTIONS)
+  if cublas_products:
+    options.update(CUBLAS_PRODUCTS)
+  return options
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(target_graph, drafter_graph, settings: LoopSettings):
+def _compiled(target_graph, drafter_graph, settings: LoopSettings, batch: int):
   def run(target_state, drafter_state, policy, prompt_ids, prompt_lengths, eos_ids, key):
     if isinstance(policy, _StaticPolicy):
       policy = policy.policy
@@ -378,7 +390,8 @@ def _compiled(target_graph, drafter_graph, settings: LoopSettings):
                        PAD)
     return GenerateOutput(tokens, count, state["iterations"], state["accepted"],
                           state["steps"], state["status"], state["policy_state"])
-  return jax.jit(run, compiler_options=compiler_options())
+  return jax.jit(run, compiler_options=compiler_options(
+      cublas_products=batch >= CUBLAS_MIN_BATCH))
 
 
 def _times_iterations(policy: DraftPolicy) -> bool:
@@ -467,7 +480,8 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
                                   for x in leaves))
   run = executable((target_graph, drafter_graph, settings, policy_key, prompt_ids.shape,
                      eos_ids.shape),
-                    lambda: _compiled(target_graph, drafter_graph, settings).lower(*args))
+                    lambda: _compiled(target_graph, drafter_graph, settings,
+                                      prompt_ids.shape[0]).lower(*args))
   if hlo_text is not None:
     hlo_text.append(run.as_text())
   out = run(*args)

@@ -166,10 +166,13 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
-  """``x Wᵀ`` for a ``[out, in]`` weight, in ``x``'s dtype with fp32 accumulation."""
-  y = jnp.einsum("...i,oi->...o", x, weight.astype(x.dtype),
-                 preferred_element_type=jnp.float32, precision=precision(x.dtype))
-  return y.astype(x.dtype)
+  """``x Wᵀ`` for a ``[out, in]`` weight, in ``x``'s dtype with fp32 accumulation.
+
+  The product is asked for ``x``'s dtype directly (the GPU's GEMMs accumulate in fp32
+  and round once): asked for fp32 and converted after, XLA ran one-row products as
+  fp32 GEMVs over a converted copy of the weight."""
+  return jnp.einsum("...i,oi->...o", x, weight.astype(x.dtype),
+                    preferred_element_type=x.dtype, precision=precision(x.dtype))
 
 
 def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -338,11 +341,10 @@ class ForwardOutput:
 
 
 def output_logits(h: jax.Array, weight: jax.Array) -> jax.Array:
-  """``h Wᵀ`` over the vocabulary, accumulated in fp32 and returned in ``h``'s dtype: a
-  bf16 run writes (and its argmax reads) half the bytes of fp32 logits."""
-  logits = jnp.einsum("btd,vd->btv", h, weight.astype(h.dtype),
-                      preferred_element_type=jnp.float32, precision=precision(h.dtype))
-  return logits.astype(h.dtype)
+  """``h Wᵀ`` over the vocabulary, accumulated in fp32 and returned in ``h``'s dtype (as
+  ``linear``): a bf16 run writes (and its argmax reads) half the bytes of fp32 logits."""
+  return jnp.einsum("btd,vd->btv", h, weight.astype(h.dtype),
+                    preferred_element_type=h.dtype, precision=precision(h.dtype))
 
 
 class Qwen3(nnx.Module):

@@ -146,14 +146,16 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
           "walk": Piece(walk, walk_inputs)}
 
 
-def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int) -> float:
+def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int,
+                    cublas_products: bool = False) -> float:
   """Median seconds of one ``step(weights, carry) -> carry``, run ``chain`` times a sample.
 
   The carry is donated and each call's result feeds the next call, so a step that
   writes a cache updates it in place instead of copying it at every call.
   """
   run = jax.jit(lambda w, c: jax.lax.fori_loop(0, chain, lambda _, x: step(w, x), c),
-                donate_argnums=1, compiler_options=loop.compiler_options())
+                donate_argnums=1,
+                compiler_options=loop.compiler_options(cublas_products=cublas_products))
   with warnings.catch_warnings():
     # the CPU cannot donate; the figures there are only a check
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -167,8 +169,9 @@ def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int)
 
 
 def piece_seconds(target: Qwen3, drafter: DSparkDrafter, piece: Piece, *, chain: int,
-                  repeats: int) -> float:
-  """``chained_seconds`` of a ``Piece`` with the models' weights as operands."""
+                  repeats: int, cublas_products: bool = False) -> float:
+  """``chained_seconds`` of a ``Piece`` with the models' weights as operands, compiled
+  as the loop is (``cublas_products``: ``loop.compiler_options``)."""
   (target_graph, target_state), (drafter_graph, drafter_state) = (nnx.split(target),
                                                                   nnx.split(drafter))
 
@@ -178,7 +181,7 @@ def piece_seconds(target: Qwen3, drafter: DSparkDrafter, piece: Piece, *, chain:
   # Large operands ride in the carry: closed over, they would become constants baked
   # into the executable.
   return chained_seconds(step, (target_state, drafter_state), piece.carry(), chain=chain,
-                         repeats=repeats)
+                         repeats=repeats, cublas_products=cublas_products)
 
 
 def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len: int,
@@ -195,7 +198,8 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
   found = loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
                       prompt_len=prompt_len, walk_impl=walk_impl, temperature=temperature,
                       attention_impl=attention_impl, draft_w2=draft_w2)
-  timed = dict(chain=chain, repeats=repeats)
+  timed = dict(chain=chain, repeats=repeats,
+               cublas_products=batch >= loop.CUBLAS_MIN_BATCH)
   result = {f"{piece}_s": float("nan") if piece in found else 0.0 for piece in PIECES}
   for piece in PIECES:
     if piece in pieces and piece in found:
