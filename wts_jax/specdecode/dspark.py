@@ -36,11 +36,15 @@ from wts_jax.heads.draft_head import DraftHead
 from wts_jax.specdecode import attention
 from wts_jax.specdecode.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
                                 check_keys, decoder_layers, expected_keys, finish_layer,
-                                linear, output_logits, project_qkv, rms_norm, rotary)
+                                linear, output_logits, project_qkv, projections, rms_norm,
+                                rotary)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).
 WALKS = ("auto", "pallas", "xla", "none")
+# Weights stored fused (``qwen3.FUSED``): q stays apart, as the context's keys and values
+# are products of k and v alone.
+DRAFTER_FUSIONS = ("kv_proj", "gate_up_proj")
 DSPARK_MASK_TOKEN = 151_669
 DSPARK_BLOCK = 7
 DSPARK_TARGET_LAYERS = (1, 9, 17, 25, 33)
@@ -156,7 +160,8 @@ class DSparkDrafter(nnx.Module):
     self.fc = Weight((jax.random.normal(rngs.params(), (c.hidden_size, features))
                       * features ** -0.5).astype(param_dtype))
     self.hidden_norm = Weight(jnp.ones((c.hidden_size,), param_dtype))
-    self.layers = decoder_layers(c, c.num_layers, rngs=rngs, param_dtype=param_dtype)
+    self.layers = decoder_layers(c, c.num_layers, rngs=rngs, param_dtype=param_dtype,
+                                 fusions=DRAFTER_FUSIONS)
     self.norm = Weight(jnp.ones((c.hidden_size,), param_dtype))
     self.lm_head = Weight((jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size))
                            * c.hidden_size ** -0.5).astype(param_dtype))
@@ -178,8 +183,9 @@ class DSparkDrafter(nnx.Module):
     keys, values = [], []
     for layer in self.layers:
       w = layer.weights()
-      k = linear(context, w["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-      v = linear(context, w["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+      p = projections(context, w, ("k_proj", "v_proj"), c)
+      k = p["k_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
+      v = p["v_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
       k = rotary(rms_norm(k, w["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
       keys.append(k.transpose(0, 2, 1, 3))
       values.append(v.transpose(0, 2, 1, 3))

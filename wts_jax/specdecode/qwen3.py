@@ -188,10 +188,26 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return out.astype(x.dtype)
 
 
-def mlp(x: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
+def projections(x: jax.Array, layer: dict[str, jax.Array], wanted: tuple[str, ...],
+                c: "Qwen3Config") -> dict[str, jax.Array]:
+  """``x``'s products with the ``wanted`` weights (``LAYER_WEIGHTS`` names), one product
+  a stored matrix: a fused weight's (``FUSED``) output is split by its parts' rows."""
+  rows = {name: shape[0] for name, shape in layer_weight_shapes(c).items()}
+  out = {}
+  for name, weight in layer.items():
+    parts = FUSED.get(name, (name,))
+    if not any(part in wanted for part in parts):
+      continue
+    y = linear(x, weight)
+    bounds = np.cumsum([rows[part] for part in parts])[:-1].tolist()
+    out.update(zip(parts, jnp.split(y, bounds, axis=-1)))
+  return out
+
+
+def mlp(x: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config") -> jax.Array:
   """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
-  return linear(jax.nn.silu(linear(x, layer["gate_proj"])) * linear(x, layer["up_proj"]),
-                layer["down_proj"])
+  p = projections(x, layer, ("gate_proj", "up_proj"), c)
+  return linear(jax.nn.silu(p["gate_proj"]) * p["up_proj"], layer["down_proj"])
 
 
 def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
@@ -200,9 +216,10 @@ def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
   the keys and values in the cache's layout)."""
   batch, steps, _ = h.shape
   x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
-  q = linear(x, layer["q_proj"]).reshape(batch, steps, c.num_heads, c.head_dim)
-  k = linear(x, layer["k_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
-  v = linear(x, layer["v_proj"]).reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  p = projections(x, layer, ("q_proj", "k_proj", "v_proj"), c)
+  q = p["q_proj"].reshape(batch, steps, c.num_heads, c.head_dim)
+  k = p["k_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  v = p["v_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
   q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
   k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
   return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
@@ -212,7 +229,7 @@ def finish_layer(h: jax.Array, attended: jax.Array, layer: dict[str, jax.Array],
                  c: "Qwen3Config") -> jax.Array:
   """The rest of a pre-norm layer after attention: o_proj, residual, MLP, residual."""
   h = h + linear(attended, layer["o_proj"])
-  return h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer)
+  return h + mlp(rms_norm(h, layer["post_attention_layernorm"], c.rms_norm_eps), layer, c)
 
 
 # ----------------------------------------------------------------------------- modules
@@ -231,6 +248,14 @@ LAYER_WEIGHTS = {
     "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
 }
+
+# Weights a module stores as one matrix, rows in this order: the products that read the
+# same input run as one GEMM over a weight laid out at load time. Left apart, XLA merges
+# them at every call, which cuBLAS reads from a concatenated copy (docs/decisions.md).
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+         "kv_proj": ("k_proj", "v_proj"),
+         "gate_up_proj": ("gate_proj", "up_proj")}
+TARGET_FUSIONS = ("qkv_proj", "gate_up_proj")
 
 
 def layer_weight_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -253,23 +278,36 @@ def _init(rngs: nnx.Rngs, shape, dtype, *, norm: bool | None = None) -> jax.Arra
 
 
 class DecoderLayer(nnx.Module):
-  """One Qwen3 decoder layer's weights, by ``LAYER_WEIGHTS`` name."""
+  """One Qwen3 decoder layer's weights, by ``LAYER_WEIGHTS`` or ``FUSED`` name."""
 
   def __init__(self, weights: dict[str, jax.Array]):
-    for name in LAYER_WEIGHTS:
-      setattr(self, name, nnx.Param(weights[name]))
+    self.names = tuple(weights)
+    for name, value in weights.items():
+      setattr(self, name, nnx.Param(value))
 
   def weights(self) -> dict[str, jax.Array]:
-    return {name: getattr(self, name)[...] for name in LAYER_WEIGHTS}
+    return {name: getattr(self, name)[...] for name in self.names}
+
+
+def fused(weights: dict, fusions: tuple[str, ...], axis: int = 0) -> dict:
+  """``weights`` (``LAYER_WEIGHTS`` names) with each of ``fusions`` made of its parts,
+  concatenated along ``axis`` (the rows; 1 for a stack of layers)."""
+  out = dict(weights)
+  for name in fusions:
+    parts = [out.pop(part) for part in FUSED[name]]
+    concat = np.concatenate if isinstance(parts[0], np.ndarray) else jnp.concatenate
+    out[name] = concat(parts, axis=axis)
+  return out
 
 
 def decoder_layers(config: Qwen3Config, num_layers: int, *, rngs: nnx.Rngs,
-                   param_dtype=jnp.bfloat16) -> nnx.List:
+                   param_dtype=jnp.bfloat16, fusions: tuple[str, ...] = ()) -> nnx.List:
   """``num_layers`` random layers; attribute path ``layers.<i>.<name>``, as the
-  checkpoint's ``layers.<i>.<...>.weight`` keys. Each weight is drawn for all layers at
-  once (one random draw per name keeps the drawing program small), then split."""
-  drawn = {name: _init(rngs, (num_layers, *shape), param_dtype, norm=len(shape) == 1)
-           for name, shape in layer_weight_shapes(config).items()}
+  checkpoint's ``layers.<i>.<...>.weight`` keys, but for the ``fusions`` (``FUSED``
+  names), each stored in place of its parts. Each weight is drawn for all layers at once
+  (one random draw per name keeps the drawing program small), then split."""
+  drawn = fused({name: _init(rngs, (num_layers, *shape), param_dtype, norm=len(shape) == 1)
+                 for name, shape in layer_weight_shapes(config).items()}, fusions, axis=1)
   # Materialise each draw before it is split: fused into the slices, the generator's
   # whole computation would be compiled into every layer's slice (minutes of GPU
   # compilation at the Qwen3-4B shapes).
@@ -358,7 +396,7 @@ class Qwen3(nnx.Module):
     self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, rngs=rngs,
                                   param_dtype=param_dtype)
     self.layers = decoder_layers(config, config.num_layers, rngs=rngs,
-                                 param_dtype=param_dtype)
+                                 param_dtype=param_dtype, fusions=TARGET_FUSIONS)
     self.norm = Weight(jnp.ones((config.hidden_size,), param_dtype))
     self.lm_head = (None if config.tie_word_embeddings else Weight(_init(
         rngs, (config.vocab_size, config.hidden_size), param_dtype)))
@@ -463,6 +501,10 @@ def assemble(module_factory, expected: dict[str, tuple[int, ...]], read, where: 
   nested: dict = {}
   for path, leaf in nnx.to_flat_state(state):
     name = ".".join(str(part) for part in path)
+    prefix, _, last = name.rpartition(".")
+    parts = [f"{prefix}.{part}" for part in FUSED.get(last, ())]
+    if name not in arrays and parts and all(part in arrays for part in parts):
+      arrays[name] = np.concatenate([np.asarray(arrays[part]) for part in parts])
     if name not in arrays:
       raise ValueError(f"{where}: nothing loads {name!r}")
     node = nested
