@@ -146,8 +146,9 @@ class Draft:
 
 
 class DSparkDrafter(nnx.Module):
-  """The DSpark drafter. Backbone attribute paths are DeepSpec's keys; ``head`` is the
-  ``DraftHead`` (``markov_head.*``, ``confidence_head.*``) or None."""
+  """The DSpark drafter. Backbone attribute paths are DeepSpec's keys, but for the fused
+  weights (``DRAFTER_FUSIONS``); ``head`` is the ``DraftHead`` (``markov_head.*``,
+  ``confidence_head.*``) or None."""
 
   def __init__(self, config: DSparkConfig, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16,
                dtype=jnp.bfloat16):

@@ -289,14 +289,12 @@ class DecoderLayer(nnx.Module):
     return {name: getattr(self, name)[...] for name in self.names}
 
 
-def fused(weights: dict, fusions: tuple[str, ...], axis: int = 0) -> dict:
-  """``weights`` (``LAYER_WEIGHTS`` names) with each of ``fusions`` made of its parts,
-  concatenated along ``axis`` (the rows; 1 for a stack of layers)."""
+def _fused(weights: dict, fusions: tuple[str, ...]) -> dict:
+  """Stacked layer weights [L, …] (``LAYER_WEIGHTS`` names) with each of ``fusions``
+  made of its parts, their rows concatenated."""
   out = dict(weights)
   for name in fusions:
-    parts = [out.pop(part) for part in FUSED[name]]
-    concat = np.concatenate if isinstance(parts[0], np.ndarray) else jnp.concatenate
-    out[name] = concat(parts, axis=axis)
+    out[name] = jnp.concatenate([out.pop(part) for part in FUSED[name]], axis=1)
   return out
 
 
@@ -306,8 +304,8 @@ def decoder_layers(config: Qwen3Config, num_layers: int, *, rngs: nnx.Rngs,
   checkpoint's ``layers.<i>.<...>.weight`` keys, but for the ``fusions`` (``FUSED``
   names), each stored in place of its parts. Each weight is drawn for all layers at once
   (one random draw per name keeps the drawing program small), then split."""
-  drawn = fused({name: _init(rngs, (num_layers, *shape), param_dtype, norm=len(shape) == 1)
-                 for name, shape in layer_weight_shapes(config).items()}, fusions, axis=1)
+  drawn = _fused({name: _init(rngs, (num_layers, *shape), param_dtype, norm=len(shape) == 1)
+                  for name, shape in layer_weight_shapes(config).items()}, fusions)
   # Materialise each draw before it is split: fused into the slices, the generator's
   # whole computation would be compiled into every layer's slice (minutes of GPU
   # compilation at the Qwen3-4B shapes).
@@ -387,7 +385,8 @@ def output_logits(h: jax.Array, weight: jax.Array) -> jax.Array:
 
 class Qwen3(nnx.Module):
   """Qwen3 dense decoder. Attribute paths are the Hugging Face keys without ``model.``
-  (``layers.<i>.<name>`` holds ``layers.<i>.<...>.weight``)."""
+  (``layers.<i>.<name>`` holds ``layers.<i>.<...>.weight``), but for the fused weights
+  (``TARGET_FUSIONS``), each made of its parts' keys."""
 
   def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs, param_dtype=jnp.bfloat16,
                dtype=jnp.bfloat16):
@@ -485,8 +484,8 @@ def assemble(module_factory, expected: dict[str, tuple[int, ...]], read, where: 
 
   ``read(key)`` returns a numpy array; ``expected`` the table (key → shape). Every
   expected key is read and its shape checked (``check_keys`` refuses unexpected keys
-  first); a layer key lands in ``layers.<i>.<name>``, and a module weight that no key
-  fills is an error.
+  first); a layer key lands in ``layers.<i>.<name>``, a fused weight (``FUSED``) is
+  its parts' rows concatenated, and a module weight that no key fills is an error.
   """
   abstract = nnx.eval_shape(module_factory)
   graphdef, state = nnx.split(abstract)
