@@ -82,3 +82,23 @@ def test_a_cache_the_kernel_cannot_split_is_refused_by_size():
 def test_unknown_impl_is_named():
   with pytest.raises(ValueError, match="attention_impl='flash'"):
     attention.resolve("flash")
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (8, 8)])
+def test_a_token_written_first_is_attended_over_the_cache_alone(heads, kv_heads):
+  batch, head_dim = 3, 16
+  width = attention.padded_cache_len(40)
+  q, new_k, new_v, cache_k, cache_v = _inputs(heads, batch, 1, heads, kv_heads, head_dim,
+                                              width)
+  cache_len = jnp.array([0, 17, width - 1], jnp.int32)   # empty, partial, to the last slot
+  expected = _reference(q, new_k, new_v, cache_k, cache_v, cache_len, True)
+  put = jax.vmap(lambda c, n, at: jax.lax.dynamic_update_slice(c, n, (0, at, 0)))
+  written_k, written_v = put(cache_k, new_k, cache_len), put(cache_v, new_v, cache_len)
+  for impl, interpret in (("xla", False), ("pallas", True)):
+    out = attention.attend_written(q, written_k, written_v, cache_len, impl=impl,
+                                   interpret=interpret)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5,
+                               err_msg=impl)
+  with pytest.raises(ValueError, match="one new token per row, not 2"):
+    attention.attend_written(jnp.concatenate([q, q], axis=1), written_k, written_v,
+                             cache_len)

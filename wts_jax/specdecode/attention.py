@@ -18,6 +18,10 @@ Two implementations, one contract (``IMPLS``):
   the new tokens' part (T × T scores, small) is merged in by the log-sum-exp rule. The
   T·G queries of one kv head share one pass over its keys.
 
+A single new token (a decode step) is written into the cache first and attended over
+the cache alone (``attend_written``): with the pallas implementation the decode kernel
+is then the whole attention, without the new part's scores, softmax pieces and merge.
+
 The cache length must suit the kernel's split (``padded_cache_len``); the caches of
 ``wts_jax.specdecode`` are allocated that way.
 """
@@ -146,6 +150,30 @@ def attend(q: jax.Array, new_keys: jax.Array, new_values: jax.Array, *, causal: 
     out = _pallas_merged(grouped, new_scores, new_values, cache_keys, cache_values,
                          cache_len, scale)
   return _ungrouped(out, steps).astype(q.dtype)
+
+
+def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,
+                   cache_len: jax.Array, *, impl: str = "xla",
+                   interpret: bool = False) -> jax.Array:
+  """Attention of one new token per row, q [B, 1, H, h], whose key and value the cache
+  already holds at ``cache_len[b]``: over ``[0, cache_len[b] + 1)`` of the cache alone,
+  so that the decode kernel is the whole attention (no new-token part to merge in).
+  Returns [B, 1, H·h] in q's dtype. ``interpret``: the kernel in Pallas interpret mode."""
+  if q.shape[1] != 1:
+    raise ValueError(f"attend_written takes one new token per row, not {q.shape[1]}")
+  head_dim = q.shape[-1]
+  scale = head_dim ** -0.5
+  grouped = _grouped(q, cache_keys.shape[1])
+  length = cache_len + 1
+  if resolve(impl) == "xla":
+    visible = jnp.arange(cache_keys.shape[2])[None, :] < length[:, None]   # [B, S]
+    scores = jnp.where(visible[:, None, None], _scores(grouped, cache_keys, scale), -jnp.inf)
+    out = _weighted(jax.nn.softmax(scores, axis=-1), cache_values)
+  else:
+    out, total, _ = cache_part(grouped, cache_keys, cache_values, length, scale,
+                               interpret=interpret)
+    out = out.astype(jnp.float32) / total[..., None]
+  return _ungrouped(out, 1).astype(q.dtype)
 
 
 def _weighted(weights: jax.Array, values: jax.Array) -> jax.Array:

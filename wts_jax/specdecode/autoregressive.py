@@ -38,7 +38,7 @@ def _compiled_autoregressive(target_graph, max_new_tokens: int, cache_len: int,
         out = target.forward(jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1),
                              length, cache,
                              attention_impl=attention_impl)
-      cache = cache.write(out.keys, out.values, length)
+      cache = out.cache
       return tokens.at[:, i].set(pick(out.logits[:, 0], 0.0, None)), cache
     return jax.lax.fori_loop(1, max_new_tokens, step, (tokens, cache))[0]
   return jax.jit(run, compiler_options=compiler_options())

@@ -233,8 +233,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
   def padded(steps, draft_tokens, accepted, bonus, out, context_keys, context_values,
              confidence, drafter_bad, walk_status):
     extra = k_max - steps
-    return (_pad_axis(draft_tokens, 1, extra), accepted, bonus,
-            _pad_axis(out.keys, 3, extra), _pad_axis(out.values, 3, extra),
+    return (_pad_axis(draft_tokens, 1, extra), accepted, bonus, out.cache,
             _pad_axis(context_keys, 3, extra), _pad_axis(context_values, 3, extra),
             confidence, _nonfinite_rows(out.logits), drafter_bad,
             walk_status.astype(jnp.int32))
@@ -277,7 +276,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
     result = branches[0](None)
   else:
     result = jax.lax.switch(branch_index(lens, k), branches, None)
-  (draft_tokens, accepted, bonus, keys, values, ctx_keys, ctx_values, confidence,
+  (draft_tokens, accepted, bonus, target_cache, ctx_keys, ctx_values, confidence,
    target_bad, drafter_bad, walk_status) = result
 
   # A row whose target logits are bad commits nothing more and stops.
@@ -295,7 +294,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
             | jnp.where(jnp.any(target_bad), STATUS_TARGET_NONFINITE, 0)
             | jnp.where(jnp.any(drafter_bad), STATUS_DRAFTER_NONFINITE, 0))
   return dict(
-      target_cache=state["target_cache"].write(keys, values, length),
+      target_cache=target_cache,
       draft_cache=state["draft_cache"].write(ctx_keys, ctx_values, length),
       length=done.new_length,
       last=jnp.where(committing, bonus, last),

@@ -355,12 +355,17 @@ class KVCache:
   def write(self, new_keys: jax.Array, new_values: jax.Array, start: jax.Array) -> "KVCache":
     """Store ``new_*`` [L, B, Kv, T, h] at positions ``start[b] + t`` of each row, in
     place when the cache is a donated or loop-carried buffer."""
-    def row(cache_row, new_row, at):
-      return jax.lax.dynamic_update_slice(cache_row, new_row.astype(cache_row.dtype),
-                                          (0, at, 0))
-    put = jax.vmap(row)
-    return KVCache(tuple(put(old, new, start) for old, new in zip(self.keys, new_keys)),
-                   tuple(put(old, new, start) for old, new in zip(self.values, new_values)))
+    return KVCache(tuple(write_rows(old, new, start) for old, new in zip(self.keys, new_keys)),
+                   tuple(write_rows(old, new, start)
+                         for old, new in zip(self.values, new_values)))
+
+
+def write_rows(layer_cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+  """One layer's cache [B, Kv, S, h] with ``new`` [B, Kv, T, h] at ``start[b] + t``."""
+  def row(cache_row, new_row, at):
+    return jax.lax.dynamic_update_slice(cache_row, new_row.astype(cache_row.dtype),
+                                        (0, at, 0))
+  return jax.vmap(row)(layer_cache, new, start)
 
 
 @jax.tree_util.register_dataclass
@@ -368,12 +373,14 @@ class KVCache:
 class ForwardOutput:
   """logits [B, T', V] in the compute dtype (T' = T, or the chosen positions);
   keys/values [L, B, Kv, T, h] of the new tokens; features [B, T, n·d] (the requested
-  layers' outputs, concatenated) or None."""
+  layers' outputs, concatenated) or None; cache: the cache given, with the new tokens'
+  keys and values written at ``start[b] + t`` (None without one)."""
 
   logits: jax.Array
   keys: jax.Array
   values: jax.Array
   features: jax.Array | None
+  cache: KVCache | None
 
 
 def output_logits(h: jax.Array, weight: jax.Array) -> jax.Array:
@@ -425,13 +432,23 @@ class Qwen3(nnx.Module):
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
     h = jnp.take(self.embed_tokens.weight[...], tokens, axis=0).astype(self.dtype)
     features = {-1: h}
-    new_keys, new_values = [], []
+    new_keys, new_values, cache_keys, cache_values = [], [], [], []
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
       q, k, v = project_qkv(h, weights, c, positions)
-      cached = {} if cache is None else dict(
-          cache_keys=cache.keys[index], cache_values=cache.values[index], cache_len=start)
-      attended = attention.attend(q, k, v, causal=True, impl=attention_impl, **cached)
+      if cache is None:
+        attended = attention.attend(q, k, v, causal=True, impl=attention_impl)
+      else:
+        keys = write_rows(cache.keys[index], k, start)
+        values = write_rows(cache.values[index], v, start)
+        if steps == 1:   # written first: the cache alone is attended, in one kernel
+          attended = attention.attend_written(q, keys, values, start, impl=attention_impl)
+        else:
+          attended = attention.attend(q, k, v, causal=True, impl=attention_impl,
+                                      cache_keys=cache.keys[index],
+                                      cache_values=cache.values[index], cache_len=start)
+        cache_keys.append(keys)
+        cache_values.append(values)
       h = finish_layer(h, attended, weights, c)
       features[index] = h
       new_keys.append(k)
@@ -443,7 +460,9 @@ class Qwen3(nnx.Module):
     out_features = None
     if feature_layers:
       out_features = jnp.concatenate([features[layer] for layer in feature_layers], axis=-1)
-    return ForwardOutput(logits, jnp.stack(new_keys), jnp.stack(new_values), out_features)
+    written = None if cache is None else KVCache(tuple(cache_keys), tuple(cache_values))
+    return ForwardOutput(logits, jnp.stack(new_keys), jnp.stack(new_values), out_features,
+                         written)
 
 
 def make_qwen3(config: Qwen3Config, *, seed: int = 0, param_dtype=jnp.bfloat16,

@@ -109,7 +109,7 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
     out = target_.forward(tokens, length, cache, feature_layers=layer_ids,
                           attention_impl=settings.attention)
     _, bonus = verify_greedy(tokens[:, 1:], out.logits, jnp.full((batch,), steps))
-    return tokens.at[:, 0].set(bonus), cache.write(out.keys, out.values, length)
+    return tokens.at[:, 0].set(bonus), out.cache
 
   def draft_backbone(target_, drafter_, carry):
     tokens, cache = carry
