@@ -24,8 +24,8 @@ def _configs():
   return target, DSparkConfig.tiny(target, block_size=7, rank=64)
 
 
-# 16 rows: the loop's products run on cuBLAS, which would read XLA's merged products'
-# weights from a copy, were the merger not off (``launch_options.CUBLAS_PRODUCTS``).
+# 16 rows: the loop's products run on cuBLAS (``launch_options.CUBLAS_PRODUCTS``), which
+# reads a weight only from a buffer of its own: a converted or concatenated copy counts.
 @pytest.mark.parametrize("batch", [1, 16])
 def test_no_weight_is_copied_and_a_verify_pass_moves_what_it_must_read(batch):
   import decode_bytes

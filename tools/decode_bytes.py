@@ -62,7 +62,6 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
   """``{phase: summary}`` for one batch size (abstract models: nothing allocated)."""
   import jax
   from flax import nnx
-  from wts_jax.launch_options import CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS
   from wts_jax.specdecode import attention, loop, timing
   sharding = hlo_traffic.h200_sharding()
   steps = {"verify": timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
@@ -77,8 +76,7 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
             "drafter": steps["verify"]["drafter"]}
   cache_len = attention.padded_cache_len(prompt_len + max(draft_len, 1) + 2)
   # the options the loop's executable is compiled with at this batch size on a GPU
-  options = {**KERNEL_COMPILER_OPTIONS,
-             **(CUBLAS_PRODUCTS if batch >= loop.CUBLAS_MIN_BATCH else {})}
+  options = loop.gpu_compiler_options(cublas_products=batch >= loop.CUBLAS_MIN_BATCH)
   out = {}
   for phase, piece in pieces.items():
     model = drafter if phase == "drafter" else target

@@ -207,10 +207,11 @@ def summary(hlo_text: str, *, cache_fraction: float = 1.0,
     kind = row["op"] if row["op"] != "fusion" else re.sub(r"[\._]\d+.*$", "",
                                                            row["calls"] or "fusion")
     by_kind[kind] = by_kind.get(kind, 0) + row["read"] + row["written"]
+  weight_like = _weight_like(weight_shapes)
   copies = sum(row["written"] for row in rows
                if row["op"] not in ("custom-call",) and not row["calls"].startswith("gemm")
                and _SHAPE.search(row["output"])
-               and _weight_like(_shape_text(row["output"]), weight_shapes))
+               and weight_like(_shape_text(row["output"])))
   return dict(moved_bytes=sum(r["read"] + r["written"] for r in rows),
               read_bytes=sum(r["read"] for r in rows),
               written_bytes=sum(r["written"] for r in rows),
@@ -220,25 +221,28 @@ def summary(hlo_text: str, *, cache_fraction: float = 1.0,
 
 
 def _dims(shape_text: str) -> list[int]:
-  return [int(d) for d in shape_text.split("[", 1)[1].rstrip("]").split(",") if d]
+  return [int(d) for d in _SHAPE.search(shape_text).group(2).split(",") if d]
 
 
-def _weight_like(shape_text: str, weight_shapes) -> bool:
-  """Whether an output is a weight's copy: a weight's shape, or (leading 1s dropped) a
-  matrix with a weight's input dimension and at least as many rows as the smallest
-  weight: a weight converted to another dtype, or weights concatenated along their
-  outputs (XLA's merged products read that way)."""
-  if shape_text in weight_shapes:
-    return True
-  weights = [_dims(w) for w in weight_shapes]
-  weights = [w[-2:] for w in weights if len(w) >= 2 and min(w[-2:]) > 1]   # matrices
-  if not weights:
-    return False
-  dims = _dims(shape_text)
-  while len(dims) > 2 and dims[0] == 1:
-    dims = dims[1:]
-  return (len(dims) == 2 and dims[1] in {w[1] for w in weights}
-          and dims[0] >= min(w[0] for w in weights))
+def _weight_like(weight_shapes):
+  """A test of whether an output (HLO shape string) is a weight's copy: a weight's shape,
+  or (leading 1s dropped) a matrix with a weight's input dimension and at least as many
+  rows as the smallest weight: a weight converted to another dtype, or weights
+  concatenated along their outputs (XLA's merged products read that way)."""
+  matrices = [w[-2:] for w in map(_dims, weight_shapes) if len(w) >= 2 and min(w[-2:]) > 1]
+  inputs = {w[1] for w in matrices}
+  fewest_rows = min((w[0] for w in matrices), default=None)
+
+  def test(shape_text: str) -> bool:
+    if shape_text in weight_shapes:
+      return True
+    if fewest_rows is None:
+      return False
+    dims = _dims(shape_text)
+    while len(dims) > 2 and dims[0] == 1:
+      dims = dims[1:]
+    return len(dims) == 2 and dims[1] in inputs and dims[0] >= fewest_rows
+  return test
 
 
 def _shape_text(out: str) -> str:

@@ -103,6 +103,13 @@ def _scores(q: jax.Array, keys: jax.Array, scale: float) -> jax.Array:
                     precision=precision(q.dtype)) * scale
 
 
+def _cache_scores(grouped: jax.Array, cache_keys: jax.Array, cache_len: jax.Array,
+                  scale: float) -> jax.Array:
+  """``_scores`` over the cache, -inf at and past each row's ``cache_len[b]``."""
+  visible = jnp.arange(cache_keys.shape[2])[None, :] < cache_len[:, None]   # [B, S]
+  return jnp.where(visible[:, None, None], _scores(grouped, cache_keys, scale), -jnp.inf)
+
+
 def precision(dtype) -> jax.lax.Precision:
   """Full fp32 products for fp32 runs (exactness checks); bf16 runs need no request, and
   asking HIGHEST of bf16 operands could make a backend upcast them."""
@@ -139,9 +146,7 @@ def attend(q: jax.Array, new_keys: jax.Array, new_values: jax.Array, *, causal: 
     weights = jax.nn.softmax(new_scores, axis=-1)
     out = _weighted(weights, new_values)
   elif resolve(impl) == "xla":
-    visible = jnp.arange(cache_keys.shape[2])[None, :] < cache_len[:, None]   # [B, S]
-    cache_scores = jnp.where(visible[:, None, None], _scores(grouped, cache_keys, scale),
-                             -jnp.inf)
+    cache_scores = _cache_scores(grouped, cache_keys, cache_len, scale)
     weights = jax.nn.softmax(jnp.concatenate([cache_scores, new_scores], axis=-1), axis=-1)
     width = cache_keys.shape[2]
     out = (_weighted(weights[..., :width], cache_values)
@@ -166,8 +171,7 @@ def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,
   grouped = _grouped(q, cache_keys.shape[1])
   length = cache_len + 1
   if resolve(impl) == "xla":
-    visible = jnp.arange(cache_keys.shape[2])[None, :] < length[:, None]   # [B, S]
-    scores = jnp.where(visible[:, None, None], _scores(grouped, cache_keys, scale), -jnp.inf)
+    scores = _cache_scores(grouped, cache_keys, length, scale)
     out = _weighted(jax.nn.softmax(scores, axis=-1), cache_values)
   else:
     out, total, _ = cache_part(grouped, cache_keys, cache_values, length, scale,

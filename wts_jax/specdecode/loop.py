@@ -359,16 +359,18 @@ def decode(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state: di
 CUBLAS_MIN_BATCH = 16
 
 
-def compiler_options(*, cublas_products: bool = False) -> dict | None:
-  """XLA options for a decode executable on a GPU (None elsewhere):
-  ``KERNEL_COMPILER_OPTIONS``, with ``cublas_products`` also ``CUBLAS_PRODUCTS``."""
+def gpu_compiler_options(*, cublas_products: bool = False) -> dict:
+  """XLA options for a decode executable on a GPU: ``KERNEL_COMPILER_OPTIONS``, with
+  ``cublas_products`` also ``CUBLAS_PRODUCTS``."""
   from wts_jax.launch_options import CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS
+  return {**KERNEL_COMPILER_OPTIONS, **(CUBLAS_PRODUCTS if cublas_products else {})}
+
+
+def compiler_options(*, cublas_products: bool = False) -> dict | None:
+  """``gpu_compiler_options`` where the default backend is a GPU, else None."""
   if jax.default_backend() != "gpu":
     return None
-  options = dict(KERNEL_COMPILER_OPTIONS)
-  if cublas_products:
-    options.update(CUBLAS_PRODUCTS)
-  return options
+  return gpu_compiler_options(cublas_products=cublas_products)
 
 
 @functools.lru_cache(maxsize=16)
