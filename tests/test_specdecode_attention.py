@@ -1,12 +1,13 @@
-"""Cached attention: the decode kernel's path (JAX's Pallas GPU decode attention, run in
-interpret mode here) against the XLA oracle, on rows of different lengths."""
+"""Cached attention: the split-K cache kernel (run in interpret mode here) and the XLA
+oracle against a per-row numpy reference, on rows of different lengths, the new tokens
+written into the cache first."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wts_jax.specdecode import attention
+from wts_jax.specdecode import attention, cache_attention
 
 
 def _inputs(seed, batch, steps, heads, kv_heads, head_dim, width):
@@ -39,28 +40,59 @@ def _reference(q, new_k, new_v, cache_k, cache_v, cache_len, causal):
   return out.reshape(batch, steps, heads * head_dim)
 
 
+def _written(cache, new, cache_len):
+  put = jax.vmap(lambda c, n, at: jax.lax.dynamic_update_slice(c, n, (0, at, 0)))
+  return put(cache, new, cache_len)
+
+
 @pytest.mark.parametrize("steps,heads,kv_heads,causal",
-                         [(1, 4, 2, True), (5, 4, 2, True), (8, 8, 2, True),
-                          (4, 4, 4, False)])
-def test_xla_and_the_decode_kernel_match_a_per_row_reference(steps, heads, kv_heads, causal):
+                         [(1, 4, 2, True), (1, 8, 8, True), (5, 4, 2, True),
+                          (8, 8, 2, True), (4, 4, 4, False), (7, 8, 2, False)])
+def test_tokens_written_first_are_attended_over_the_cache_alone(steps, heads, kv_heads,
+                                                                causal):
   batch, head_dim = 3, 16
   width = attention.padded_cache_len(40)
   q, new_k, new_v, cache_k, cache_v = _inputs(steps, batch, steps, heads, kv_heads,
                                               head_dim, width)
-  cache_len = jnp.array([0, 17, width - steps], jnp.int32)   # empty, partial, nearly full
+  # empty, partial, and the new tokens in the cache's last slots
+  cache_len = jnp.array([0, 17, width - steps], jnp.int32)
   expected = _reference(q, new_k, new_v, cache_k, cache_v, cache_len, causal)
-  xla = attention.attend(q, new_k, new_v, causal=causal, cache_keys=cache_k,
-                         cache_values=cache_v, cache_len=cache_len, impl="xla")
-  np.testing.assert_allclose(np.asarray(xla), expected, atol=2e-5, rtol=2e-5)
+  written_k, written_v = _written(cache_k, new_k, cache_len), _written(cache_v, new_v,
+                                                                       cache_len)
+  for impl, interpret in (("xla", False), ("pallas", True)):
+    out = attention.attend_written(q, written_k, written_v, cache_len, causal=causal,
+                                   impl=impl, interpret=interpret)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5,
+                               err_msg=impl)
 
-  grouped = attention._grouped(q, kv_heads)
-  rows = grouped.shape[2]
-  new_scores = jnp.where(attention._new_token_mask(steps, causal, rows)[None, None],
-                         attention._scores(grouped, new_k, head_dim ** -0.5), -jnp.inf)
-  merged = attention._pallas_merged(grouped, new_scores, new_v, cache_k, cache_v,
-                                    cache_len, head_dim ** -0.5, interpret=True)
-  kernel = attention._ungrouped(merged, steps)
-  np.testing.assert_allclose(np.asarray(kernel), expected, atol=2e-5, rtol=2e-5)
+
+def test_the_kernel_stops_each_query_row_at_its_own_length():
+  """Rows whose lengths end inside, at the edge of, and across the kernel's key blocks
+  and splits, against the XLA reference and a numpy one; the keys and values past each
+  row's longest length are huge, so one that leaked into a row would show."""
+  batch, kv_heads, rows, head_dim = 2, 2, 6, 16
+  width = cache_attention.padded_cache_len(300)
+  keys = jax.random.split(jax.random.key(7), 3)
+  grouped = jax.random.normal(keys[0], (batch, kv_heads, rows, head_dim), jnp.float32)
+  cache_k = jax.random.normal(keys[1], (batch, kv_heads, width, head_dim), jnp.float32)
+  cache_v = jax.random.normal(keys[2], (batch, kv_heads, width, head_dim), jnp.float32)
+  lengths = jnp.array([[1, 16, 17, 32, 33, 300], [127, 128, 129, 255, 256, 257]],
+                      jnp.int32)
+  past = jnp.arange(width)[None, None, :, None] >= lengths.max(axis=1)[:, None, None, None]
+  cache_k = jnp.where(past, 1e4, cache_k)
+  cache_v = jnp.where(past, 1e4, cache_v)
+  g, k, v = map(np.asarray, (grouped, cache_k, cache_v))
+  expected = np.zeros(grouped.shape)
+  for b, kv, r in np.ndindex(batch, kv_heads, rows):
+    n = int(lengths[b, r])
+    scores = k[b, kv, :n] @ g[b, kv, r] * 0.25
+    weights = np.exp(scores - scores.max())
+    expected[b, kv, r] = weights @ v[b, kv, :n] / weights.sum()
+  xla = cache_attention.reference(grouped, cache_k, cache_v, lengths, 0.25)
+  np.testing.assert_allclose(np.asarray(xla), expected, atol=2e-5, rtol=2e-5)
+  out = cache_attention.split_k(grouped, cache_k, cache_v, lengths, 0.25, interpret=True)
+  assert np.isfinite(np.asarray(out)).all()
+  np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
 def test_without_a_cache_only_the_new_tokens_are_attended():
@@ -72,11 +104,20 @@ def test_without_a_cache_only_the_new_tokens_are_attended():
 
 
 def test_a_cache_the_kernel_cannot_split_is_refused_by_size():
-  q, new_k, new_v, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 100)
+  q, _, _, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 100)
   grouped = attention._grouped(q, 2)
   with pytest.raises(ValueError, match="100 positions"):
-    attention.cache_part(grouped, cache_k, cache_v, jnp.array([5]), 0.25, interpret=True)
+    cache_attention.split_k(grouped, cache_k, cache_v, jnp.array([[5, 5]]), 0.25,
+                            interpret=True)
   assert attention.padded_cache_len(100) == 256 and attention.padded_cache_len(256) == 256
+
+
+def test_lengths_of_the_wrong_shape_are_refused():
+  q, _, _, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 256)
+  grouped = attention._grouped(q, 2)
+  with pytest.raises(ValueError, match=r"lengths \(1, 3\) must be"):
+    cache_attention.split_k(grouped, cache_k, cache_v, jnp.array([[5, 5, 5]]), 0.25,
+                            interpret=True)
 
 
 def test_unknown_impl_is_named():
@@ -84,21 +125,37 @@ def test_unknown_impl_is_named():
     attention.resolve("flash")
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (8, 8)])
-def test_a_token_written_first_is_attended_over_the_cache_alone(heads, kv_heads):
-  batch, head_dim = 3, 16
-  width = attention.padded_cache_len(40)
-  q, new_k, new_v, cache_k, cache_v = _inputs(heads, batch, 1, heads, kv_heads, head_dim,
-                                              width)
-  cache_len = jnp.array([0, 17, width - 1], jnp.int32)   # empty, partial, to the last slot
-  expected = _reference(q, new_k, new_v, cache_k, cache_v, cache_len, True)
-  put = jax.vmap(lambda c, n, at: jax.lax.dynamic_update_slice(c, n, (0, at, 0)))
-  written_k, written_v = put(cache_k, new_k, cache_len), put(cache_v, new_v, cache_len)
-  for impl, interpret in (("xla", False), ("pallas", True)):
-    out = attention.attend_written(q, written_k, written_v, cache_len, impl=impl,
-                                   interpret=interpret)
-    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5,
-                               err_msg=impl)
-  with pytest.raises(ValueError, match="one new token per row, not 2"):
-    attention.attend_written(jnp.concatenate([q, q], axis=1), written_k, written_v,
-                             cache_len)
+def test_a_batch_that_fills_the_gpu_unsplit_gives_the_same_attention():
+  """From 264 (row, kv head) pairs the kernel does not split the keys (one program a
+  pair), and the merge of splits becomes one division."""
+  batch, kv_heads, rows, head_dim = 33, 8, 4, 16
+  assert cache_attention.num_splits(batch, kv_heads) == 1
+  keys = jax.random.split(jax.random.key(3), 4)
+  grouped = jax.random.normal(keys[0], (batch, kv_heads, rows, head_dim), jnp.float32)
+  cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, 256, head_dim), jnp.float32)
+                      for k in keys[1:3])
+  cache_len = jax.random.randint(keys[3], (batch,), 0, 252)
+  lengths = cache_attention.causal_lengths(cache_len, 4, 1, causal=True)
+  out = cache_attention.split_k(grouped, cache_k, cache_v, lengths, 0.25, interpret=True)
+  expected = cache_attention.reference(grouped, cache_k, cache_v, lengths, 0.25)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
+
+
+def test_the_attention_benchmark_compares_variants_that_agree(tmp_path, capsys):
+  """``tools/attention_bench.py`` in interpret mode at a tiny shape: the cache kernel, JAX's
+  shipped kernel with the new tokens merged in, and XLA give one attention."""
+  import json
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+  import attention_bench
+  out = tmp_path / "attention.json"
+  assert attention_bench.main(["--batches", "2", "--steps", "1,4", "--context", "40",
+                               "--shape", "4,2,16", "--calls", "1", "--interpret",
+                               "--out", str(out)]) == 0
+  results = json.loads(out.read_text())["results"]
+  assert {(r["variant"], r["new_tokens"]) for r in results} == {
+      (v, t) for v in ("cache_kernel", "shipped_kernel", "xla") for t in (1, 4)}
+  assert max(r["max_abs_diff_vs_xla"] for r in results) < 2e-2, results
+  assert attention_bench.main(["--batches", "two", "--out", str(out)]) == 2
+  assert "error: --batches 'two'" in capsys.readouterr().err

@@ -93,7 +93,7 @@ def test_base_logits_match_deepspec_forward(converted):
   cache = drafter.empty_cache(2, 20)
   keys, values = drafter.context_kv(jnp.asarray(features), jnp.zeros(2, jnp.int32))
   cache = cache.write(keys, values, jnp.zeros(2, jnp.int32))
-  base, hidden = drafter.block(jnp.asarray(last), jnp.asarray(starts), cache)
+  base, hidden, _ = drafter.block(jnp.asarray(last), jnp.asarray(starts), cache)
   assert base.shape == (2, cfg.block_size, cfg.vocab_size)
   assert hidden.shape == (2, cfg.block_size, d)
   for row, start in enumerate(starts):

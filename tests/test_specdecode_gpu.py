@@ -44,25 +44,25 @@ def test_one_iteration_at_the_qwen3_4b_shapes():
   assert cost["total_s"] > 0, cost
 
 
-def test_the_decode_kernel_matches_xla_attention_at_the_qwen3_4b_shapes():
-  """Rows at different lengths, k + 1 = 8 new tokens, 32 query heads over 8 kv heads."""
+def test_the_cache_kernel_matches_xla_attention_at_the_qwen3_4b_shapes():
+  """Rows at different lengths, k + 1 = 8 new tokens written first (causal) and the
+  drafter's block of 8 (all visible), 32 query heads over 8 kv heads."""
   batch, steps, heads, kv_heads, head_dim = 4, 8, 32, 8, 128
   width = attention.padded_cache_len(700)
-  keys = jax.random.split(jax.random.key(0), 5)
+  keys = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(keys[0], (batch, steps, heads, head_dim), jnp.bfloat16)
-  new_k, new_v, cache_k, cache_v = (
-      jax.random.normal(k, shape, jnp.bfloat16) for k, shape in zip(
-          keys[1:], [(batch, kv_heads, steps, head_dim)] * 2
-          + [(batch, kv_heads, width, head_dim)] * 2))
-  cache_len = jnp.array([1, 100, 511, width - steps], jnp.int32)
-  outs = {impl: np.asarray(jax.jit(lambda *a, impl=impl: attention.attend(
-      *a[:3], causal=True, cache_keys=a[3], cache_values=a[4], cache_len=a[5],
-      impl=impl))(q, new_k, new_v, cache_k, cache_v, cache_len), np.float32)
-          for impl in ("xla", "pallas")}
-  np.testing.assert_allclose(outs["pallas"], outs["xla"], atol=3e-2, rtol=3e-2)
+  cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, width, head_dim), jnp.bfloat16)
+                      for k in keys[1:])
+  cache_len = jnp.array([0, 100, 511, width - steps], jnp.int32)
+  for causal in (True, False):
+    outs = {impl: np.asarray(jax.jit(lambda *a, impl=impl: attention.attend_written(
+        *a, causal=causal, impl=impl))(q, cache_k, cache_v, cache_len), np.float32)
+            for impl in ("xla", "pallas")}
+    np.testing.assert_allclose(outs["pallas"], outs["xla"], atol=3e-2, rtol=3e-2,
+                               err_msg=f"causal={causal}")
 
 
-def test_the_loop_with_the_decode_kernel_gives_the_xla_loops_tokens():
+def test_the_loop_with_the_cache_kernel_gives_the_xla_loops_tokens():
   target_config = Qwen3Config.tiny(vocab_size=512, num_layers=3)
   target = make_qwen3(target_config, seed=1, param_dtype=jnp.float32, dtype=jnp.float32)
   drafter = make_dspark(DSparkConfig.tiny(target_config, block_size=7, rank=64),

@@ -298,7 +298,8 @@ def test_the_autoregressive_baseline_is_the_targets_greedy_decoding(models):
 
 
 def test_the_loop_runs_its_products_on_cublas_from_16_rows(monkeypatch):
-  from wts_jax.launch_options import CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS
+  from wts_jax.launch_options import (CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS,
+                                      UNMERGED_PRODUCTS)
   from wts_jax.specdecode import loop
   asked = []
   real = loop.compiler_options
@@ -309,5 +310,6 @@ def test_the_loop_runs_its_products_on_cublas_from_16_rows(monkeypatch):
   assert asked == [False, False, True, True]
   assert real(cublas_products=True) is None               # not on a CPU
   monkeypatch.setattr(loop.jax, "default_backend", lambda: "gpu")
-  assert real() == KERNEL_COMPILER_OPTIONS
+  assert real() == {**KERNEL_COMPILER_OPTIONS, **UNMERGED_PRODUCTS}
   assert real(cublas_products=True) == {**KERNEL_COMPILER_OPTIONS, **CUBLAS_PRODUCTS}
+  assert real()["xla_gpu_dot_merger_threshold_mb"] == 0

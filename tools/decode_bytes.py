@@ -9,7 +9,8 @@ for each batch size, with the XLA options the loop's executable gets at that bat
 (``specdecode.loop.compiler_options``). For each it writes the bytes its optimized HLO
 moves (the byte model of ``hlo_traffic``), the bytes it must read (the weights it uses,
 once, and the rows' cached keys and values at ``prompt_len``), their ratio, and the
-bytes written by copies of a weight (0 when every weight is read where it lies).
+bytes written by copies of a weight (0 when every weight is read where it lies) and of
+a cache layer (0 when every cache is written in place).
 
   python tools/decode_bytes.py --out bench/results/h200_decode_bytes.json
 """
@@ -58,7 +59,8 @@ def weight_shapes(model) -> set[str]:
           for leaf in jax.tree.leaves(nnx.state(model)) if leaf.ndim == 2}
 
 
-def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int) -> dict:
+def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
+                phases: tuple[str, ...] = PHASES) -> dict:
   """``{phase: summary}`` for one batch size (abstract models: nothing allocated)."""
   import jax
   from flax import nnx
@@ -78,7 +80,8 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
   # the options the loop's executable is compiled with at this batch size on a GPU
   options = loop.gpu_compiler_options(cublas_products=batch >= loop.CUBLAS_MIN_BATCH)
   out = {}
-  for phase, piece in pieces.items():
+  for phase in phases:
+    piece = pieces[phase]
     model = drafter if phase == "drafter" else target
     graph, state = nnx.split(model)
 
@@ -91,12 +94,15 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int)
     carry = hlo_traffic.abstract(jax.eval_shape(piece.carry), sharding)
     text = hlo_traffic.compile_hlo(jax.jit(step, donate_argnums=1, compiler_options=options),
                                    hlo_traffic.abstract(state, sharding), carry)
+    caches = {hlo_traffic.hlo_shape(leaf.dtype, leaf.shape)
+              for leaf in jax.tree.leaves(jax.eval_shape(piece.carry)) if leaf.ndim == 4}
     summary = hlo_traffic.summary(text, cache_fraction=prompt_len / cache_len,
-                                  weight_shapes=weight_shapes(model))
+                                  weight_shapes=weight_shapes(model), cache_shapes=caches)
     need = must_read(model, batch=batch, prompt_len=prompt_len)
     out[phase] = dict(moved_bytes=summary["moved_bytes"], must_read_bytes=need,
                       moved_over_must_read=summary["moved_bytes"] / need,
                       weight_copy_bytes=summary["weight_copy_bytes"],
+                      cache_copy_bytes=summary["cache_copy_bytes"],
                       roofline_s_at_4p8_tbps=need / 4.8e12,
                       operations=summary["operations"],
                       top_kinds={k: v for k, v in list(summary["by_kind"].items())[:8]})
@@ -135,7 +141,8 @@ def main(argv=None) -> int:
               f"{record['moved_bytes'] / 1e9:.2f} GB, must read "
               f"{record['must_read_bytes'] / 1e9:.2f} GB "
               f"({record['moved_over_must_read']:.2f}x), weight copies "
-              f"{record['weight_copy_bytes'] / 1e6:.1f} MB", file=sys.stderr, flush=True)
+              f"{record['weight_copy_bytes'] / 1e6:.1f} MB, cache copies "
+              f"{record['cache_copy_bytes'] / 1e6:.1f} MB", file=sys.stderr, flush=True)
   report = dict(tool="tools/decode_bytes.py", target_device="NVIDIA H200 (compiled "
                 "without a GPU from tools/h200_device.txtpb)", jax_version=jax.__version__,
                 prompt_len=args.prompt_len, draft_len=args.draft_len,

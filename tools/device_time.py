@@ -48,6 +48,20 @@ def _device_ops(events: list[dict]) -> list[dict]:
           and "dur" in e]
 
 
+def traced_ops(fn, args, calls: int, trace_dir: str) -> tuple[list[dict], dict]:
+  """The device ops of ``calls`` calls of ``fn(*args)`` dispatched back to back under
+  the profiler, and their durations (µs) by op name."""
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    for _ in range(calls):
+      out = fn(*args)
+    jax.block_until_ready(out)
+  ops = _device_ops(_trace_events(trace_dir))
+  by_name: dict[str, list[float]] = {}
+  for e in ops:
+    by_name.setdefault(e["name"], []).append(float(e["dur"]))
+  return ops, by_name
+
+
 def time_point(walk_fn, args, walks: int, trace_dir: str) -> dict:
   out = walk_fn(*args)
   jax.block_until_ready(out)            # compile + warm-up
@@ -71,14 +85,7 @@ def time_point(walk_fn, args, walks: int, trace_dir: str) -> dict:
   start = time.perf_counter()
   jax.block_until_ready(chain(*args))
   chained_host_us = (time.perf_counter() - start) / walks * 1e6
-  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-    for _ in range(walks):
-      out = walk_fn(*args)
-    jax.block_until_ready(out)
-  ops = _device_ops(_trace_events(trace_dir))
-  by_name: dict[str, list[float]] = {}
-  for e in ops:
-    by_name.setdefault(e["name"], []).append(float(e["dur"]))
+  ops, by_name = traced_ops(walk_fn, args, walks, trace_dir)
   summary = {name: {"count_per_walk": len(d) / walks, "median_us": statistics.median(d),
                     "total_us_per_walk": sum(d) / walks}
              for name, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))}

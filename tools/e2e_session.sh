@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the end-to-end loop: its GPU tests, then wts-e2e-bench, then
-# (SECTIONS=tabletune) TableTune's cost table measured through the loop.
+# (SECTIONS=attention) the cached-attention variants alone, then (SECTIONS=tabletune)
+# TableTune's cost table measured through the loop.
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
+#   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
 # Writes logs and JSON under $OUT.
 set -u
@@ -29,6 +31,11 @@ fi
 if has bench; then   # one trace back, to read its events' fields
   f=$(find /tmp/e2e_profile -name perfetto_trace.json.gz | head -1)
   [ -n "$f" ] && cp "$f" "$OUT/trace_sample.json.gz"
+fi
+if has attention; then   # the cache-attention kernel beside JAX's shipped one and XLA
+  stamp attention
+  timeout ${ATTENTION_S:-240} python3 tools/attention_bench.py --batches ${BATCHES:-1,4,16,64} \
+    --out "$OUT/attention_bench.json" 2>&1 | grep -v Warning | tee "$OUT/attention_bench.log"
 fi
 if has tabletune; then
   stamp tabletune

@@ -10,7 +10,7 @@ result bytes written, with four corrections that follow what the GPU does:
 - a dynamic-slice or gather, or a fusion of them, reads only what it writes (the
   slices, the rows taken);
 - a dynamic-update-slice or scatter fusion works in place: it moves its update only;
-- the decode-attention kernel (a Triton custom call whose two largest operands are a
+- the cache-attention kernel (a Triton custom call whose two largest operands are a
   layer's ``[B, Kv, S, h]`` keys and values) stops each row at its length: those two
   count at ``cache_fraction`` of their size;
 - bitcasts, tuples, parameters, constants and control ops move nothing.
@@ -145,7 +145,7 @@ def traffic(found: dict[str, list[str]], name: str, *, cache_fraction: float = 1
       # arrays sliced or gathered from give only the slices or rows taken
       read = written
     elif op == "custom-call" and "triton" in line:
-      # the decode-attention kernel: its two largest operands are a layer's keys and
+      # the cache-attention kernel: its two largest operands are a layer's keys and
       # values, read up to each row's length
       caches = sorted(operand_bytes)[-2:]
       read = sum(operand_bytes) - sum(caches) + cache_fraction * sum(caches)
@@ -190,14 +190,16 @@ def top_level(found: dict[str, list[str]]) -> dict[str, int]:
 
 
 def summary(hlo_text: str, *, cache_fraction: float = 1.0,
-            weight_shapes: set[str] = frozenset()) -> dict:
+            weight_shapes: set[str] = frozenset(),
+            cache_shapes: set[str] = frozenset()) -> dict:
   """Bytes the program's kernels and library calls move (a loop's body as many times as
   its known trip count):
   in all, by kind of operation, and the bytes
   written by operations other than a library call or a GEMM kernel that produce an
   array like a weight (``weight_shapes``, HLO shape strings such as
   ``bf16[9728,2560]``; ``_weight_like``): a weight copied, converted or concatenated
-  before use."""
+  before use; and the bytes written by copies of a cache layer (``cache_shapes``): a
+  cache that could not be written in place."""
   found = computations(hlo_text)
   rows = [{**row, "read": row["read"] * times, "written": row["written"] * times}
           for name, times in top_level(found).items()
@@ -212,11 +214,15 @@ def summary(hlo_text: str, *, cache_fraction: float = 1.0,
                if row["op"] not in ("custom-call",) and not row["calls"].startswith("gemm")
                and _SHAPE.search(row["output"])
                and weight_like(_shape_text(row["output"])))
+  cache_copies = sum(row["written"] for row in rows
+                     if row["op"] == "copy" and _SHAPE.search(row["output"])
+                     and _shape_text(row["output"]) in cache_shapes)
   return dict(moved_bytes=sum(r["read"] + r["written"] for r in rows),
               read_bytes=sum(r["read"] for r in rows),
               written_bytes=sum(r["written"] for r in rows),
               operations=len(rows),
               weight_copy_bytes=int(copies),
+              cache_copy_bytes=int(cache_copies),
               by_kind=dict(sorted(by_kind.items(), key=lambda kv: -kv[1])))
 
 

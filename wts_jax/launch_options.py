@@ -21,9 +21,11 @@ KERNEL_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer":
                            COMMAND_BUFFERS_WITHOUT_CUSTOM_CALLS}
 # No command buffers at all: every op a plain stream launch (measured beside the above).
 NO_COMMAND_BUFFERS = {"xla_gpu_enable_command_buffer": ""}
-# Every weight product on cuBLAS (XLA's Triton GEMMs off), unmerged: XLA's dot merger
-# joins the products that share an input, and cuBLAS can read a merged product's weights
-# only from a concatenated copy made at every call. The speculative loop compiles with
-# these from ``specdecode.loop.CUBLAS_MIN_BATCH`` rows on.
-CUBLAS_PRODUCTS = {"xla_gpu_enable_triton_gemm": False,
-                   "xla_gpu_dot_merger_threshold_mb": 0}
+# Weight products unmerged: XLA's dot merger joins the products that share an input (the
+# drafter's per-layer context keys and values), and a merged product reads its weights
+# from a concatenated copy made at every call, on cuBLAS and Triton alike. The
+# speculative loop compiles with these at every batch size.
+UNMERGED_PRODUCTS = {"xla_gpu_dot_merger_threshold_mb": 0}
+# Every weight product on cuBLAS (XLA's Triton GEMMs off), unmerged. The speculative loop
+# compiles with these from ``specdecode.loop.CUBLAS_MIN_BATCH`` rows on.
+CUBLAS_PRODUCTS = {"xla_gpu_enable_triton_gemm": False, **UNMERGED_PRODUCTS}

@@ -37,7 +37,7 @@ from wts_jax.specdecode import attention
 from wts_jax.specdecode.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
                                 check_keys, decoder_layers, expected_keys, finish_layer,
                                 linear, output_logits, project_qkv, projections, rms_norm,
-                                rotary)
+                                rotary, write_rows)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).
@@ -170,9 +170,11 @@ class DSparkDrafter(nnx.Module):
                  else DraftHead(config.head, rngs=rngs, param_dtype=param_dtype))
 
   def empty_cache(self, batch: int, max_len: int) -> KVCache:
+    """A context cache for ``max_len`` positions and one block past them: ``block``
+    writes its keys and values after the context before it attends."""
     c = self.config.layers
-    return KVCache.empty(c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim,
-                         self.dtype)
+    return KVCache.empty(c.num_layers, batch, max_len + self.config.block_size,
+                         c.num_kv_heads, c.head_dim, self.dtype)
 
   def context_kv(self, features: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Keys and values [N, B, Kv, T, h] of target features [B, T, n·d] at ``start + t``."""
@@ -193,13 +195,16 @@ class DSparkDrafter(nnx.Module):
     return jnp.stack(keys), jnp.stack(values)
 
   def block(self, last_tokens: jax.Array, start: jax.Array, context: KVCache, *,
-            attention_impl: str = "xla") -> tuple[jax.Array, jax.Array]:
-    """The backbone over one block: (base logits [B, bs, V], hidden [B, bs, d]), both in
-    the compute dtype (as DeepSpec's lm_head returns them: a bf16 run hands the walk
-    half the bytes; the walk adds its bias and selects in fp32).
+            attention_impl: str = "xla") -> tuple[jax.Array, jax.Array, KVCache]:
+    """The backbone over one block: (base logits [B, bs, V], hidden [B, bs, d], context).
+    Logits and hidden are in the compute dtype (as DeepSpec's lm_head returns them: a
+    bf16 run hands the walk half the bytes; the walk adds its bias and selects in fp32).
 
     ``last_tokens`` [B] sits at position ``start[b]``; ``context`` holds the context
-    keys of positions ``[0, start[b])``. attention_impl: ``wts_jax.specdecode.attention``'s.
+    keys of positions ``[0, start[b])``. The block's keys and values are written into it
+    at ``start[b] + t`` first, so each layer attends over the cache alone; the context
+    returned holds them there, past every row's context, where the next context write
+    or block overwrites them. attention_impl: ``wts_jax.specdecode.attention``'s.
     """
     cfg = self.config
     c = cfg.layers
@@ -208,15 +213,20 @@ class DSparkDrafter(nnx.Module):
     block_ids = block_ids.at[:, 0].set(last_tokens.astype(jnp.int32))
     h = jnp.take(self.embed_tokens.weight[...], block_ids, axis=0).astype(self.dtype)
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
+    written_keys, written_values = [], []
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
       q, k, v = project_qkv(h, weights, c, positions)
-      attended = attention.attend(q, k, v, causal=False, cache_keys=context.keys[index],
-                                  cache_values=context.values[index], cache_len=start,
-                                  impl=attention_impl)
+      keys = write_rows(context.keys[index], k, start)
+      values = write_rows(context.values[index], v, start)
+      attended = attention.attend_written(q, keys, values, start, causal=False,
+                                          impl=attention_impl)
       h = finish_layer(h, attended, weights, c)
+      written_keys.append(keys)
+      written_values.append(values)
     hidden = rms_norm(h, self.norm.weight[...], c.rms_norm_eps)
-    return output_logits(hidden, self.lm_head.weight[...]), hidden
+    return (output_logits(hidden, self.lm_head.weight[...]), hidden,
+            KVCache(tuple(written_keys), tuple(written_values)))
 
   def draft(self, base: jax.Array, hidden: jax.Array, last_tokens: jax.Array, *,
             temperature: float, key: jax.Array | None, walk_impl: str = "auto",

@@ -215,12 +215,15 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
 
   if lens[-1] == 0:
     base = hidden = None
+    draft_cache = state["draft_cache"]
   elif lens[0] == 0:   # the block only where this iteration drafts
-    shapes = jax.eval_shape(block, None)
-    base, hidden = jax.lax.cond(
-        k > 0, block, lambda _: tuple(jnp.zeros(x.shape, x.dtype) for x in shapes), None)
+    shapes = jax.eval_shape(block, None)[:2]
+    base, hidden, draft_cache = jax.lax.cond(
+        k > 0, block,
+        lambda _: (*(jnp.zeros(x.shape, x.dtype) for x in shapes), state["draft_cache"]),
+        None)
   else:
-    base, hidden = block(None)
+    base, hidden, draft_cache = block(None)
 
   def target_pass(tokens):
     with jax.named_scope("verify"):
@@ -295,7 +298,7 @@ def iteration(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state:
             | jnp.where(jnp.any(drafter_bad), STATUS_DRAFTER_NONFINITE, 0))
   return dict(
       target_cache=target_cache,
-      draft_cache=state["draft_cache"].write(ctx_keys, ctx_values, length),
+      draft_cache=draft_cache.write(ctx_keys, ctx_values, length),
       length=done.new_length,
       last=jnp.where(committing, bonus, last),
       out_tokens=out_tokens,
@@ -360,10 +363,12 @@ CUBLAS_MIN_BATCH = 16
 
 
 def gpu_compiler_options(*, cublas_products: bool = False) -> dict:
-  """XLA options for a decode executable on a GPU: ``KERNEL_COMPILER_OPTIONS``, with
-  ``cublas_products`` also ``CUBLAS_PRODUCTS``."""
-  from wts_jax.launch_options import CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS
-  return {**KERNEL_COMPILER_OPTIONS, **(CUBLAS_PRODUCTS if cublas_products else {})}
+  """XLA options for a decode executable on a GPU: ``KERNEL_COMPILER_OPTIONS`` and
+  ``UNMERGED_PRODUCTS``, with ``cublas_products`` also ``CUBLAS_PRODUCTS``."""
+  from wts_jax.launch_options import (CUBLAS_PRODUCTS, KERNEL_COMPILER_OPTIONS,
+                                      UNMERGED_PRODUCTS)
+  return {**KERNEL_COMPILER_OPTIONS, **UNMERGED_PRODUCTS,
+          **(CUBLAS_PRODUCTS if cublas_products else {})}
 
 
 def compiler_options(*, cublas_products: bool = False) -> dict | None:
@@ -421,7 +426,7 @@ def generate(target: Qwen3, drafter: DSparkDrafter, prompts: Sequence[Sequence[i
   that end a row (kept in its output). cache_len: KV-cache positions per row (default:
   the longest prompt + max_new_tokens + draft_len). walk_config: the walk kernel's
   options (one kernel's config, ``wts_jax.walk``'s).
-  attention_impl: ``"auto"`` (the decode kernel on a GPU, else XLA), ``"xla"``,
+  attention_impl: ``"auto"`` (the cache-attention kernel on a GPU, else XLA), ``"xla"``,
   ``"pallas"``. draft_w2: ``"auto"`` (int8 planes where a walk kernel runs them),
   ``"bf16"`` (as stored), ``"int8_planes"``. iterations_per_check: iterations between
   two host reads of the loop condition. check: raise ``GenerateError`` when the

@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 
 from wts_jax.specdecode import attention
-from wts_jax.specdecode.attention import precision
+from wts_jax.specdecode.cache_attention import precision
 
 QWEN3_VOCAB = 151_936
 
@@ -437,16 +437,13 @@ class Qwen3(nnx.Module):
       weights = layer.weights()
       q, k, v = project_qkv(h, weights, c, positions)
       if cache is None:
-        attended = attention.attend(q, k, v, causal=True, impl=attention_impl)
+        attended = attention.attend(q, k, v, causal=True)
       else:
+        # Written first: the cache alone is attended, in one kernel.
         keys = write_rows(cache.keys[index], k, start)
         values = write_rows(cache.values[index], v, start)
-        if steps == 1:   # written first: the cache alone is attended, in one kernel
-          attended = attention.attend_written(q, keys, values, start, impl=attention_impl)
-        else:
-          attended = attention.attend(q, k, v, causal=True, impl=attention_impl,
-                                      cache_keys=cache.keys[index],
-                                      cache_values=cache.values[index], cache_len=start)
+        attended = attention.attend_written(q, keys, values, start, causal=True,
+                                            impl=attention_impl)
         cache_keys.append(keys)
         cache_values.append(values)
       h = finish_layer(h, attended, weights, c)

@@ -88,6 +88,10 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
   def draft_cache():
     return drafter.empty_cache(batch, settings.cache_len)
 
+  def target_features():   # what the verify pass hands the drafter's context
+    return jnp.zeros((batch, steps + 1, len(layer_ids) * target.config.hidden_size),
+                     drafter.dtype)
+
   def whole_iteration(target_, drafter_, state):
     out = loop.iteration(target_, loop.with_walk_head(drafter_, settings, batch), policy,
                          state, settings)
@@ -112,13 +116,15 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
     return tokens.at[:, 0].set(bonus), out.cache
 
   def draft_backbone(target_, drafter_, carry):
-    tokens, cache = carry
-    base, _ = drafter_.block(tokens, length, cache, attention_impl=settings.attention)
-    features = jnp.zeros((batch, steps + 1, len(layer_ids) * target.config.hidden_size),
-                         drafter_.dtype)
-    keys, values = drafter_.context_kv(features, length)
+    tokens, cache, features = carry
+    base, _, cache = drafter_.block(tokens, length, cache, attention_impl=settings.attention)
     bump = jnp.argmax(base[:, 0], axis=-1).astype(jnp.int32)
-    return bump, cache.write(keys, values, length)
+    # The context comes after the block, as in the loop (there from the verify pass the
+    # draft feeds): written before the block's attention read the cache, it would make
+    # XLA copy the cache to keep the block's keys.
+    keys, values = drafter_.context_kv(
+        jnp.where(bump[:, None, None] < 0, 0, features), length)
+    return bump, cache.write(keys, values, length), features
 
   def walk(target_, drafter_, carry):
     tokens, base, hidden = carry
@@ -133,7 +139,7 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
   def walk_inputs():
     block = jax.jit(lambda d, c: d.block(last(), length, c,
                                          attention_impl=settings.attention))
-    base, hidden = block(drafter, draft_cache())
+    base, hidden, _ = block(drafter, draft_cache())
     return last(), base, hidden
 
   pieces = {"total": Piece(whole_iteration, loop_state),
@@ -142,7 +148,9 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
                                              target_cache()))}
   if draft_len == 0:
     return pieces
-  return {**pieces, "drafter": Piece(draft_backbone, lambda: (last(), draft_cache())),
+  return {**pieces,
+          "drafter": Piece(draft_backbone,
+                           lambda: (last(), draft_cache(), target_features())),
           "walk": Piece(walk, walk_inputs)}
 
 

@@ -1,0 +1,169 @@
+"""Device time of the decode loop's cached attention: the cache-attention kernel against
+JAX's shipped decode-attention kernel and XLA, at the Qwen3 shapes.
+
+  python tools/attention_bench.py --batches 1,4,16,64 --steps 1,8 --out attention.json
+
+Per point (batch, new tokens T, context length): the new tokens' keys and values are in
+the cache already (written first), and each variant attends the T queries of every row
+over it, causal among the new tokens:
+
+- ``cache_kernel``: ``attention.attend_written`` with the Pallas kernel (what the loop
+  runs);
+- ``shipped_kernel``: JAX's ``decode_attention`` kernel over the context (one length per
+  row and kv head), the new tokens' T × T part in XLA, merged by log-sum-exp — the
+  loop's attention before the cache-attention kernel (for T = 1, the kernel alone over
+  ``length + 1``);
+- ``xla``: the XLA reference (masked softmax over the whole allocated cache).
+
+Each variant runs ``--calls`` times back to back under ``jax.profiler``; the JSON holds
+per call the device time summed over its ops (``busy_us``) and per op name, with the
+device kind and the JAX version, and each variant's largest difference from the XLA
+reference's output (bf16 inputs: differences of a few 1e-3 are rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import pallas as pl  # noqa: E402
+
+from device_time import traced_ops  # noqa: E402
+from wts_jax.specdecode import attention, cache_attention  # noqa: E402
+
+
+def _shipped(q, keys, values, cache_len, *, interpret=False):
+  """JAX's decode kernel over ``[0, cache_len)``, the new tokens' part merged in."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas.ops.gpu import decode_attention
+  batch, steps, heads, head_dim = q.shape
+  kv_heads = keys.shape[1]
+  scale = head_dim ** -0.5
+  grouped = attention._grouped(q, kv_heads)
+  rows = grouped.shape[2]
+  width = keys.shape[2]
+  splits = cache_attention.num_splits(batch, kv_heads)
+  block_k = next(b for b in (128, 64, 32, 16) if (width // splits) % b == 0)
+  one = functools.partial(
+      decode_attention.decode_attn_unbatched, start_idx=None, sm_scale=scale,
+      block_h=max(16, pl.next_power_of_2(rows)), block_k=block_k, k_splits=splits,
+      num_warps=None, num_stages=2, grid=None, interpret=interpret, debug=False,
+      return_residuals=True, normalize_output=False)
+  context = cache_len if steps > 1 else cache_len + 1
+  per_head = jax.vmap(lambda q, k, v, n: one(q, k, v, kv_seq_len=n), in_axes=(0, 0, 0, None))
+  out, (total, top) = jax.vmap(per_head)(grouped, keys, values, context)
+  if steps == 1:
+    return attention._ungrouped(out.astype(jnp.float32) / total[..., None], 1)
+  take = jax.vmap(lambda c, at: jax.lax.dynamic_slice_in_dim(c, at, steps, axis=1))
+  new_k, new_v = take(keys, cache_len), take(values, cache_len)
+  visible = attention._new_token_mask(steps, True, rows)[None, None]
+  new_scores = jnp.where(visible, cache_attention.scores(grouped, new_k, scale), -jnp.inf)
+  new_max = new_scores.max(axis=-1)
+  new_exp = jnp.exp(new_scores - new_max[..., None])
+  new_out = cache_attention.weighted(new_exp, new_v)
+  both = jnp.maximum(top, new_max)
+  old_w, new_w = jnp.exp(top - both), jnp.exp(new_max - both)
+  merged = (out.astype(jnp.float32) * old_w[..., None] + new_out * new_w[..., None]) / (
+      total * old_w + new_exp.sum(axis=-1) * new_w)[..., None]
+  return attention._ungrouped(merged, steps)
+
+
+def variants(interpret: bool):
+  return {
+      "cache_kernel": lambda q, k, v, n: attention.attend_written(
+          q, k, v, n, causal=True, impl="pallas", interpret=interpret),
+      "shipped_kernel": functools.partial(_shipped, interpret=interpret),
+      "xla": lambda q, k, v, n: attention.attend_written(q, k, v, n, causal=True,
+                                                         impl="xla"),
+  }
+
+
+def time_variant(fn, args, calls: int) -> tuple[dict, jax.Array]:
+  run = jax.jit(fn)
+  first = jax.block_until_ready(run(*args))
+  with tempfile.TemporaryDirectory() as trace_dir:
+    ops, by_name = traced_ops(run, args, calls, trace_dir)
+  return {"busy_us": sum(e["dur"] for e in ops) / calls,
+          "ops_per_call": len(ops) / calls,
+          "ops": {name: {"per_call": len(d) / calls, "median_us": statistics.median(d)}
+                  for name, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))}}, first
+
+
+def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
+          head_dim: int, calls: int, interpret: bool) -> list[dict]:
+  width = attention.padded_cache_len(context + steps)
+  keys = jax.random.split(jax.random.key(batch * 131 + steps), 3)
+  q = jax.random.normal(keys[0], (batch, steps, heads, head_dim), jnp.bfloat16)
+  cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, width, head_dim),
+                                        jnp.bfloat16) for k in keys[1:])
+  cache_len = jnp.full((batch,), context, jnp.int32)
+  records, outputs = [], {}
+  for name, fn in variants(interpret).items():
+    timed, outputs[name] = time_variant(fn, (q, cache_k, cache_v, cache_len), calls)
+    record = dict(variant=name, batch=batch, new_tokens=steps, context=context,
+                  cache_positions=width, **timed)
+    records.append(record)
+    print(f"B={batch:3d} T={steps} {name:15s} {record['busy_us']:8.1f} us/call "
+          f"({record['ops_per_call']:.0f} ops)", file=sys.stderr, flush=True)
+  for record in records:   # every variant's output beside the XLA reference's
+    record["max_abs_diff_vs_xla"] = float(jnp.max(jnp.abs(
+        outputs[record["variant"]].astype(jnp.float32) - outputs["xla"].astype(jnp.float32))))
+  return records
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="attention_bench",
+                                   description=__doc__.split("\n")[0])
+  parser.add_argument("--batches", default="1,4,16,64", help="rows (default 1,4,16,64)")
+  parser.add_argument("--steps", default="1,8",
+                      help="new tokens a row: 1 a decode step, k + 1 a verify pass "
+                           "(default 1,8)")
+  parser.add_argument("--context", type=int, default=512,
+                      help="cached positions a row (default 512)")
+  parser.add_argument("--shape", default="32,8,128",
+                      help="query heads, kv heads, head dim (default Qwen3-4B/8B: 32,8,128)")
+  parser.add_argument("--calls", type=int, default=50,
+                      help="calls traced per variant (default 50)")
+  parser.add_argument("--interpret", action="store_true",
+                      help="the kernels in Pallas interpret mode (a CPU smoke run)")
+  parser.add_argument("--out", type=Path, default=Path("attention_bench.json"))
+  args = parser.parse_args(argv)
+  try:
+    batches = [int(b) for b in args.batches.split(",")]
+    steps = [int(t) for t in args.steps.split(",")]
+    heads, kv_heads, head_dim = (int(x) for x in args.shape.split(","))
+  except ValueError:
+    print(f"error: --batches {args.batches!r}, --steps {args.steps!r} and --shape "
+          f"{args.shape!r} must be comma-separated integers", file=sys.stderr)
+    return 2
+  if min(batches + steps) < 1 or args.context < 1 or args.calls < 1 or heads % kv_heads:
+    print("error: batches, steps, --context and --calls must be >= 1 and the query heads "
+          "a multiple of the kv heads", file=sys.stderr)
+    return 2
+  records = [r for b in batches for t in steps
+             for r in point(b, t, args.context, heads=heads, kv_heads=kv_heads,
+                            head_dim=head_dim, calls=args.calls, interpret=args.interpret)]
+  report = dict(tool="tools/attention_bench.py", device=jax.devices()[0].device_kind,
+                jax_version=jax.__version__, shape=dict(heads=heads, kv_heads=kv_heads,
+                                                        head_dim=head_dim),
+                calls=args.calls, results=records)
+  tmp = args.out.with_name(args.out.name + ".tmp")
+  tmp.write_text(json.dumps(report, indent=1) + "\n")
+  tmp.replace(args.out)
+  print(f"wrote {args.out}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
