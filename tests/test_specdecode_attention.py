@@ -112,6 +112,13 @@ def test_a_cache_the_kernel_cannot_split_is_refused_by_size():
   assert attention.padded_cache_len(100) == 256 and attention.padded_cache_len(256) == 256
 
 
+def test_a_split_count_the_kernel_cannot_use_is_refused():
+  q, _, _, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 256)
+  with pytest.raises(ValueError, match="splits=3 must be a power of two <= 16"):
+    cache_attention.split_k(attention._grouped(q, 2), cache_k, cache_v,
+                            jnp.array([[5]]), 0.25, splits=3, interpret=True)
+
+
 def test_lengths_of_the_wrong_shape_are_refused():
   q, _, _, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 256)
   grouped = attention._grouped(q, 2)
@@ -151,11 +158,14 @@ def test_the_attention_benchmark_compares_variants_that_agree(tmp_path, capsys):
   import attention_bench
   out = tmp_path / "attention.json"
   assert attention_bench.main(["--batches", "2", "--steps", "1,4", "--context", "40",
-                               "--shape", "4,2,16", "--calls", "1", "--interpret",
-                               "--out", str(out)]) == 0
+                               "--shape", "4,2,16", "--calls", "1", "--splits", "1,4",
+                               "--interpret", "--out", str(out)]) == 0
   results = json.loads(out.read_text())["results"]
   assert {(r["variant"], r["new_tokens"]) for r in results} == {
-      (v, t) for v in ("cache_kernel", "shipped_kernel", "xla") for t in (1, 4)}
+      (v, t) for v in ("cache_kernel", "shipped_kernel", "xla", "cache_kernel_splits_1",
+                       "cache_kernel_splits_4") for t in (1, 4)}
   assert max(r["max_abs_diff_vs_xla"] for r in results) < 2e-2, results
   assert attention_bench.main(["--batches", "two", "--out", str(out)]) == 2
   assert "error: --batches 'two'" in capsys.readouterr().err
+  assert attention_bench.main(["--splits", "3", "--out", str(out)]) == 2
+  assert "error: --splits '3'" in capsys.readouterr().err

@@ -13,7 +13,9 @@ over it, causal among the new tokens:
   row and kv head), the new tokens' T × T part in XLA, merged by log-sum-exp — the
   loop's attention before the cache-attention kernel (for T = 1, the kernel alone over
   ``length + 1``);
-- ``xla``: the XLA reference (masked softmax over the whole allocated cache).
+- ``xla``: the XLA reference (masked softmax over the whole allocated cache);
+- ``cache_kernel_splits_P``: the cache kernel with its keys split into P parts (its own
+  choice is ``cache_attention.num_splits``), to choose that rule by measurement.
 
 Each variant runs ``--calls`` times back to back under ``jax.profiler``; the JSON holds
 per call the device time summed over its ops (``busy_us``) and per op name, with the
@@ -79,14 +81,29 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
   return attention._ungrouped(merged, steps)
 
 
-def variants(interpret: bool):
-  return {
+def _cache_kernel_split(q, keys, values, cache_len, *, splits, interpret=False):
+  """``attend_written``'s kernel path with the keys split into ``splits`` parts."""
+  steps, heads, head_dim = q.shape[1:]
+  kv_heads = keys.shape[1]
+  lengths = cache_attention.causal_lengths(cache_len, steps, heads // kv_heads,
+                                           causal=True)
+  out = cache_attention.split_k(attention._grouped(q, kv_heads), keys, values, lengths,
+                                head_dim ** -0.5, splits=splits, interpret=interpret)
+  return attention._ungrouped(out, steps)
+
+
+def variants(interpret: bool, splits: list[int]):
+  found = {
       "cache_kernel": lambda q, k, v, n: attention.attend_written(
           q, k, v, n, causal=True, impl="pallas", interpret=interpret),
       "shipped_kernel": functools.partial(_shipped, interpret=interpret),
       "xla": lambda q, k, v, n: attention.attend_written(q, k, v, n, causal=True,
                                                          impl="xla"),
   }
+  for parts in splits:
+    found[f"cache_kernel_splits_{parts}"] = functools.partial(
+        _cache_kernel_split, splits=parts, interpret=interpret)
+  return found
 
 
 def time_variant(fn, args, calls: int) -> tuple[dict, jax.Array]:
@@ -101,7 +118,7 @@ def time_variant(fn, args, calls: int) -> tuple[dict, jax.Array]:
 
 
 def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
-          head_dim: int, calls: int, interpret: bool) -> list[dict]:
+          head_dim: int, calls: int, interpret: bool, splits: list[int]) -> list[dict]:
   width = attention.padded_cache_len(context + steps)
   keys = jax.random.split(jax.random.key(batch * 131 + steps), 3)
   q = jax.random.normal(keys[0], (batch, steps, heads, head_dim), jnp.bfloat16)
@@ -109,12 +126,12 @@ def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
                                         jnp.bfloat16) for k in keys[1:])
   cache_len = jnp.full((batch,), context, jnp.int32)
   records, outputs = [], {}
-  for name, fn in variants(interpret).items():
+  for name, fn in variants(interpret, splits).items():
     timed, outputs[name] = time_variant(fn, (q, cache_k, cache_v, cache_len), calls)
     record = dict(variant=name, batch=batch, new_tokens=steps, context=context,
                   cache_positions=width, **timed)
     records.append(record)
-    print(f"B={batch:3d} T={steps} {name:15s} {record['busy_us']:8.1f} us/call "
+    print(f"B={batch:3d} T={steps} {name:26s} {record['busy_us']:8.1f} us/call "
           f"({record['ops_per_call']:.0f} ops)", file=sys.stderr, flush=True)
   for record in records:   # every variant's output beside the XLA reference's
     record["max_abs_diff_vs_xla"] = float(jnp.max(jnp.abs(
@@ -135,6 +152,9 @@ def main(argv=None) -> int:
                       help="query heads, kv heads, head dim (default Qwen3-4B/8B: 32,8,128)")
   parser.add_argument("--calls", type=int, default=50,
                       help="calls traced per variant (default 50)")
+  parser.add_argument("--splits", default="1,2,4,8,16",
+                      help="split counts the cache kernel also runs with, beside its own "
+                           "choice (default 1,2,4,8,16; '' none)")
   parser.add_argument("--interpret", action="store_true",
                       help="the kernels in Pallas interpret mode (a CPU smoke run)")
   parser.add_argument("--out", type=Path, default=Path("attention_bench.json"))
@@ -143,9 +163,15 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     steps = [int(t) for t in args.steps.split(",")]
     heads, kv_heads, head_dim = (int(x) for x in args.shape.split(","))
+    splits = [int(p) for p in args.splits.split(",") if p]
   except ValueError:
-    print(f"error: --batches {args.batches!r}, --steps {args.steps!r} and --shape "
-          f"{args.shape!r} must be comma-separated integers", file=sys.stderr)
+    print(f"error: --batches {args.batches!r}, --steps {args.steps!r}, --shape "
+          f"{args.shape!r} and --splits {args.splits!r} must be comma-separated integers",
+          file=sys.stderr)
+    return 2
+  if any(p not in (1, 2, 4, 8, cache_attention.MAX_SPLITS) for p in splits):
+    print(f"error: --splits {args.splits!r}: each a power of two <= "
+          f"{cache_attention.MAX_SPLITS}", file=sys.stderr)
     return 2
   if min(batches + steps) < 1 or args.context < 1 or args.calls < 1 or heads % kv_heads:
     print("error: batches, steps, --context and --calls must be >= 1 and the query heads "
@@ -153,7 +179,8 @@ def main(argv=None) -> int:
     return 2
   records = [r for b in batches for t in steps
              for r in point(b, t, args.context, heads=heads, kv_heads=kv_heads,
-                            head_dim=head_dim, calls=args.calls, interpret=args.interpret)]
+                            head_dim=head_dim, calls=args.calls, interpret=args.interpret,
+                            splits=splits)]
   report = dict(tool="tools/attention_bench.py", device=jax.devices()[0].device_kind,
                 jax_version=jax.__version__, shape=dict(heads=heads, kv_heads=kv_heads,
                                                         head_dim=head_dim),

@@ -34,7 +34,7 @@ if has bench; then   # one trace back, to read its events' fields
 fi
 if has attention; then   # the cache-attention kernel beside JAX's shipped one and XLA
   stamp attention
-  timeout ${ATTENTION_S:-240} python3 tools/attention_bench.py --batches ${BATCHES:-1,4,16,64} \
+  timeout ${ATTENTION_S:-300} python3 tools/attention_bench.py --batches ${BATCHES:-1,4,16,64} \
     --out "$OUT/attention_bench.json" 2>&1 | grep -v Warning | tee "$OUT/attention_bench.log"
 fi
 if has tabletune; then

@@ -135,9 +135,11 @@ def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, o_ref, sum_ref, max_ref, *,
 
 
 def split_k_partials(grouped: jax.Array, keys: jax.Array, values: jax.Array,
-                     lengths: jax.Array, scale: float, *, interpret: bool = False):
+                     lengths: jax.Array, scale: float, *, splits: int | None = None,
+                     interpret: bool = False):
   """The kernel's per-split (unnormalised out [B, Kv, P, R, h] in q's dtype, sum and max
-  [B, Kv, P, R] fp32)."""
+  [B, Kv, P, R] fp32). splits: P, a power of two ≤ ``MAX_SPLITS`` (None:
+  ``num_splits``)."""
   batch, kv_heads, rows, head_dim = grouped.shape
   width = keys.shape[2]
   if width != padded_cache_len(width):
@@ -147,7 +149,10 @@ def split_k_partials(grouped: jax.Array, keys: jax.Array, values: jax.Array,
   if lengths.shape != (batch, rows):
     raise ValueError(f"lengths {lengths.shape} must be [batch, query rows] = "
                      f"{(batch, rows)}")
-  splits = num_splits(batch, kv_heads)
+  if splits is None:
+    splits = num_splits(batch, kv_heads)
+  elif splits not in [1 << i for i in range(MAX_SPLITS.bit_length())]:
+    raise ValueError(f"splits={splits!r} must be a power of two <= {MAX_SPLITS}")
   split_len = width // splits
   block_k = next(b for b in (128, 64, 32, 16) if split_len % b == 0)
   # A tensor-core product needs ≥ 16 rows; the loads and stores mask the padding.
@@ -180,10 +185,12 @@ def split_k_partials(grouped: jax.Array, keys: jax.Array, values: jax.Array,
 
 
 def split_k(grouped: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
-            scale: float, *, interpret: bool = False) -> jax.Array:
-  """``reference``'s contract by the kernel and a log-sum-exp merge of its splits."""
+            scale: float, *, splits: int | None = None,
+            interpret: bool = False) -> jax.Array:
+  """``reference``'s contract by the kernel and a log-sum-exp merge of its splits
+  (``split_k_partials``' ``splits``)."""
   out, total, top = split_k_partials(grouped, keys, values, lengths, scale,
-                                     interpret=interpret)
+                                     splits=splits, interpret=interpret)
   if out.shape[2] == 1:   # one split: nothing to merge, one division
     return out[:, :, 0].astype(jnp.float32) / total[:, :, 0, :, None]
   weight = jnp.exp(top - top.max(axis=2, keepdims=True))     # [B, Kv, P, R]
