@@ -76,3 +76,64 @@ def test_the_qwen3_4b_drafter_pass_copies_no_weight_and_no_cache():
   record = decode_bytes.phase_bytes(target, drafter, batch=1, draft_len=7, prompt_len=64,
                                     phases=("drafter",))["drafter"]
   assert record["weight_copy_bytes"] == 0 and record["cache_copy_bytes"] == 0, record
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_no_branch_of_the_loops_iteration_copies_a_cache_layer(batch):
+  """The whole decode loop compiled for the H200 with a policy of three branches (no
+  draft, 3, 7): no computation the iteration runs copies a cache layer (at one row the
+  no-draft branch once copied every layer's cache, around JAX's decode kernel). The
+  prefill's zero caches may be copies of one broadcast: they are made once a call."""
+  import dataclasses
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from wts_jax.specdecode import attention, loop
+  from wts_jax.specdecode.dspark import DSparkDrafter
+  from wts_jax.specdecode.qwen3 import Qwen3
+
+  @jax.tree_util.register_dataclass
+  @dataclasses.dataclass(frozen=True)
+  class ThreeBranches:   # drafts 7 every iteration; the switch still has all three
+    draft_lens: tuple = dataclasses.field(default=(0, 3, 7), metadata=dict(static=True))
+
+    def init(self, rows):
+      return jnp.zeros((rows,), jnp.int32)
+
+    def choose(self, state, active, new_request=None, rows=None):
+      return jnp.int32(7), jnp.full(active.shape, 7, jnp.int32), state
+
+    def observe(self, state, k, accepted, *args, **kwargs):
+      return state
+
+  target_config, drafter_config = _configs()
+  target = nnx.eval_shape(lambda: Qwen3(target_config, rngs=nnx.Rngs(0)))
+  drafter = nnx.eval_shape(lambda: DSparkDrafter(drafter_config, rngs=nnx.Rngs(1)))
+  prompt, new = 64, 16
+  settings = loop.LoopSettings(new, 0.0, (0, 3, 7), "xla", prompt + new + 7,
+                               attention="pallas")
+  (target_graph, target_state), (drafter_graph, drafter_state) = (nnx.split(target),
+                                                                  nnx.split(drafter))
+  sharding = hlo_traffic.h200_sharding()
+
+  def arg(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  args = (hlo_traffic.abstract(target_state, sharding),
+          hlo_traffic.abstract(drafter_state, sharding), ThreeBranches(),
+          arg((batch, prompt), jnp.int32), arg((batch,), jnp.int32), arg((1,), jnp.int32),
+          jax.random.key(0))
+  compiled = loop._compiled(target_graph, drafter_graph, settings, batch)
+  with jax.default_device(next(iter(sharding.device_set))):
+    text = compiled.trace(*args).lower().compile().as_text()
+  caches = {hlo_traffic.hlo_shape(leaf.dtype, leaf.shape) for model in (target, drafter)
+            for leaf in jax.tree.leaves(jax.eval_shape(
+                lambda m=model: m.empty_cache(batch, settings.cache_len)))}
+  assert attention.padded_cache_len(settings.cache_len) in {
+      int(shape.split(",")[2]) for shape in caches}
+  found = hlo_traffic.computations(text)
+  entry = hlo_traffic.entry_name(found)
+  copies = [line.strip()[:160] for name in hlo_traffic.top_level(found) if name != entry
+            for line in found[name]
+            if " copy(" in line and any(f" {shape}" in line.split("=")[1][:60]
+                                        for shape in caches)]
+  assert not copies, copies
