@@ -56,7 +56,7 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
   rows = grouped.shape[2]
   width = keys.shape[2]
   splits = cache_attention.num_splits(batch, kv_heads)
-  block_k = next(b for b in (128, 64, 32, 16) if (width // splits) % b == 0)
+  block_k = cache_attention.key_block(width // splits)
   one = functools.partial(
       decode_attention.decode_attn_unbatched, start_idx=None, sm_scale=scale,
       block_h=max(16, pl.next_power_of_2(rows)), block_k=block_k, k_splits=splits,
@@ -81,17 +81,6 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
   return attention._ungrouped(merged, steps)
 
 
-def _cache_kernel_split(q, keys, values, cache_len, *, splits, interpret=False):
-  """``attend_written``'s kernel path with the keys split into ``splits`` parts."""
-  steps, heads, head_dim = q.shape[1:]
-  kv_heads = keys.shape[1]
-  lengths = cache_attention.causal_lengths(cache_len, steps, heads // kv_heads,
-                                           causal=True)
-  out = cache_attention.split_k(attention._grouped(q, kv_heads), keys, values, lengths,
-                                head_dim ** -0.5, splits=splits, interpret=interpret)
-  return attention._ungrouped(out, steps)
-
-
 def variants(interpret: bool, splits: list[int]):
   found = {
       "cache_kernel": lambda q, k, v, n: attention.attend_written(
@@ -102,7 +91,8 @@ def variants(interpret: bool, splits: list[int]):
   }
   for parts in splits:
     found[f"cache_kernel_splits_{parts}"] = functools.partial(
-        _cache_kernel_split, splits=parts, interpret=interpret)
+        attention.attend_written, causal=True, impl="pallas", splits=parts,
+        interpret=interpret)
   return found
 
 

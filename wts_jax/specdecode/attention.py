@@ -82,11 +82,12 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, *, causal: bool) ->
 
 def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,
                    cache_len: jax.Array, *, causal: bool, impl: str = "xla",
-                   interpret: bool = False) -> jax.Array:
+                   splits: int | None = None, interpret: bool = False) -> jax.Array:
   """Attention of T new tokens per row, q [B, T, H, h], whose keys and values the cache
   [B, Kv, S, h] already holds at ``cache_len[b] + t``: over the cache alone, step t up to
   ``cache_len[b] + t + 1`` (causal) or ``cache_len[b] + T``. Returns [B, T, H·h] in q's
-  dtype. ``interpret``: the kernel in Pallas interpret mode."""
+  dtype. ``splits``: the kernel's split count (None: its own rule); ``interpret``: the
+  kernel in Pallas interpret mode."""
   steps, heads, head_dim = q.shape[1:]
   kv_heads = cache_keys.shape[1]
   grouped = _grouped(q, kv_heads)
@@ -97,6 +98,6 @@ def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,
     out = cache_attention.reference(grouped, cache_keys, cache_values, lengths, scale)
   else:
     out = cache_attention.split_k(grouped, cache_keys, cache_values, lengths, scale,
-                                  interpret=interpret)
+                                  splits=splits, interpret=interpret)
   return _ungrouped(out, steps).astype(q.dtype)
 

@@ -60,6 +60,12 @@ def num_splits(batch: int, kv_heads: int) -> int:
   return splits
 
 
+def key_block(split_len: int) -> int:
+  """Keys a program reads per step of its loop: the largest of 128, 64, 32, 16 that
+  divides ``split_len``."""
+  return next(b for b in (128, 64, 32, 16) if split_len % b == 0)
+
+
 def causal_lengths(cache_len: jax.Array, steps: int, group: int, *,
                    causal: bool) -> jax.Array:
   """[B, G·T] keys each grouped query row sees once ``steps`` new tokens are written at
@@ -154,7 +160,7 @@ def split_k_partials(grouped: jax.Array, keys: jax.Array, values: jax.Array,
   elif splits not in [1 << i for i in range(MAX_SPLITS.bit_length())]:
     raise ValueError(f"splits={splits!r} must be a power of two <= {MAX_SPLITS}")
   split_len = width // splits
-  block_k = next(b for b in (128, 64, 32, 16) if split_len % b == 0)
+  block_k = key_block(split_len)
   # A tensor-core product needs ≥ 16 rows; the loads and stores mask the padding.
   block_r = max(16, pl.next_power_of_2(rows))
   kernel = functools.partial(_split_kernel, rows=rows, block_k=block_k, scale=scale,
