@@ -2,6 +2,8 @@
 oracle against a per-row numpy reference, on rows of different lengths, the new tokens
 written into the cache first."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,14 +68,15 @@ def test_tokens_written_first_are_attended_over_the_cache_alone(steps, heads, kv
                                err_msg=impl)
 
 
-def test_the_kernel_stops_each_query_row_at_its_own_length():
-  """Rows whose lengths end inside, at the edge of, and across the kernel's key blocks
-  and splits, against the XLA reference and a numpy one; the keys and values past each
-  row's longest length are huge, so one that leaked into a row would show."""
-  batch, kv_heads, rows, head_dim = 2, 2, 6, 16
+def test_the_kernel_stops_each_step_at_its_own_length():
+  """Steps whose lengths end inside, at the edge of, and across the kernel's key blocks
+  and splits (T = 6, G = 2: neither a power of two nor 16 rows, so the kernel's blocks
+  are padded), against the XLA reference and a numpy one; the keys and values past each
+  row's longest length are huge, so one that leaked into a step would show."""
+  batch, steps, heads, kv_heads, head_dim = 2, 6, 4, 2, 16
   width = cache_attention.padded_cache_len(300)
   keys = jax.random.split(jax.random.key(7), 3)
-  grouped = jax.random.normal(keys[0], (batch, kv_heads, rows, head_dim), jnp.float32)
+  q = jax.random.normal(keys[0], (batch, steps, heads, head_dim), jnp.float32)
   cache_k = jax.random.normal(keys[1], (batch, kv_heads, width, head_dim), jnp.float32)
   cache_v = jax.random.normal(keys[2], (batch, kv_heads, width, head_dim), jnp.float32)
   lengths = jnp.array([[1, 16, 17, 32, 33, 300], [127, 128, 129, 255, 256, 257]],
@@ -81,18 +84,22 @@ def test_the_kernel_stops_each_query_row_at_its_own_length():
   past = jnp.arange(width)[None, None, :, None] >= lengths.max(axis=1)[:, None, None, None]
   cache_k = jnp.where(past, 1e4, cache_k)
   cache_v = jnp.where(past, 1e4, cache_v)
-  g, k, v = map(np.asarray, (grouped, cache_k, cache_v))
-  expected = np.zeros(grouped.shape)
-  for b, kv, r in np.ndindex(batch, kv_heads, rows):
-    n = int(lengths[b, r])
-    scores = k[b, kv, :n] @ g[b, kv, r] * 0.25
+  qs, k, v = map(np.asarray, (q, cache_k, cache_v))
+  expected = np.zeros(q.shape)
+  for b, t, head in np.ndindex(batch, steps, heads):
+    n, kv = int(lengths[b, t]), head // (heads // kv_heads)
+    scores = k[b, kv, :n] @ qs[b, t, head] * 0.25
     weights = np.exp(scores - scores.max())
-    expected[b, kv, r] = weights @ v[b, kv, :n] / weights.sum()
-  xla = cache_attention.reference(grouped, cache_k, cache_v, lengths, 0.25)
+    expected[b, t, head] = weights @ v[b, kv, :n] / weights.sum()
+  xla = cache_attention.reference(q, cache_k, cache_v, lengths, 0.25)
   np.testing.assert_allclose(np.asarray(xla), expected, atol=2e-5, rtol=2e-5)
-  out = cache_attention.split_k(grouped, cache_k, cache_v, lengths, 0.25, interpret=True)
-  assert np.isfinite(np.asarray(out)).all()
-  np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
+  for splits in (None, 1, 2):
+    out = cache_attention.split_k(q, cache_k, cache_v, lengths, 0.25, splits=splits,
+                                  interpret=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5,
+                               err_msg=f"splits={splits}")
 
 
 def test_without_a_cache_only_the_new_tokens_are_attended():
@@ -105,25 +112,22 @@ def test_without_a_cache_only_the_new_tokens_are_attended():
 
 def test_a_cache_the_kernel_cannot_split_is_refused_by_size():
   q, _, _, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 100)
-  grouped = attention._grouped(q, 2)
   with pytest.raises(ValueError, match="100 positions"):
-    cache_attention.split_k(grouped, cache_k, cache_v, jnp.array([[5, 5]]), 0.25,
-                            interpret=True)
+    cache_attention.split_k(q, cache_k, cache_v, jnp.array([[5]]), 0.25, interpret=True)
   assert attention.padded_cache_len(100) == 256 and attention.padded_cache_len(256) == 256
 
 
 def test_a_split_count_the_kernel_cannot_use_is_refused():
   q, _, _, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 256)
   with pytest.raises(ValueError, match="splits=3 must be a power of two <= 16"):
-    cache_attention.split_k(attention._grouped(q, 2), cache_k, cache_v,
-                            jnp.array([[5]]), 0.25, splits=3, interpret=True)
+    cache_attention.split_k(q, cache_k, cache_v, jnp.array([[5]]), 0.25, splits=3,
+                            interpret=True)
 
 
 def test_lengths_of_the_wrong_shape_are_refused():
   q, _, _, cache_k, cache_v = _inputs(0, 1, 1, 2, 2, 16, 256)
-  grouped = attention._grouped(q, 2)
-  with pytest.raises(ValueError, match=r"lengths \(1, 3\) must be"):
-    cache_attention.split_k(grouped, cache_k, cache_v, jnp.array([[5, 5, 5]]), 0.25,
+  with pytest.raises(ValueError, match=r"lengths \(1, 3\) must be \[batch, steps\]"):
+    cache_attention.split_k(q, cache_k, cache_v, jnp.array([[5, 5, 5]]), 0.25,
                             interpret=True)
 
 
@@ -134,17 +138,27 @@ def test_unknown_impl_is_named():
 
 def test_a_batch_that_fills_the_gpu_unsplit_gives_the_same_attention():
   """From 264 (row, kv head) pairs the kernel does not split the keys (one program a
-  pair), and the merge of splits becomes one division."""
-  batch, kv_heads, rows, head_dim = 33, 8, 4, 16
+  pair) and writes the attention itself: no merge kernel."""
+  batch, kv_heads, steps, head_dim = 33, 8, 4, 16
   assert cache_attention.num_splits(batch, kv_heads) == 1
   keys = jax.random.split(jax.random.key(3), 4)
-  grouped = jax.random.normal(keys[0], (batch, kv_heads, rows, head_dim), jnp.float32)
+  q = jax.random.normal(keys[0], (batch, steps, kv_heads, head_dim), jnp.float32)
   cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, 256, head_dim), jnp.float32)
                       for k in keys[1:3])
   cache_len = jax.random.randint(keys[3], (batch,), 0, 252)
-  lengths = cache_attention.causal_lengths(cache_len, 4, 1, causal=True)
-  out = cache_attention.split_k(grouped, cache_k, cache_v, lengths, 0.25, interpret=True)
-  expected = cache_attention.reference(grouped, cache_k, cache_v, lengths, 0.25)
+  lengths = cache_attention.causal_lengths(cache_len, steps, causal=True)
+  run = functools.partial(cache_attention.split_k, interpret=True)
+
+  def kernels(**split):
+    jaxpr = jax.make_jaxpr(functools.partial(run, scale=0.25, **split))(
+        q, cache_k, cache_v, lengths)
+    return [e.params["name"] for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
+
+  assert kernels() == [cache_attention.KERNEL_NAME]
+  assert kernels(splits=2) == [cache_attention.KERNEL_NAME,
+                               cache_attention.MERGE_KERNEL_NAME]
+  out = run(q, cache_k, cache_v, lengths, 0.25)
+  expected = cache_attention.reference(q, cache_k, cache_v, lengths, 0.25)
   np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 

@@ -88,16 +88,13 @@ def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,
   ``cache_len[b] + t + 1`` (causal) or ``cache_len[b] + T``. Returns [B, T, H·h] in q's
   dtype. ``splits``: the kernel's split count (None: its own rule); ``interpret``: the
   kernel in Pallas interpret mode."""
-  steps, heads, head_dim = q.shape[1:]
-  kv_heads = cache_keys.shape[1]
-  grouped = _grouped(q, kv_heads)
-  lengths = cache_attention.causal_lengths(cache_len, steps, heads // kv_heads,
-                                           causal=causal)
+  batch, steps, heads, head_dim = q.shape
+  lengths = cache_attention.causal_lengths(cache_len, steps, causal=causal)
   scale = head_dim ** -0.5
   if resolve(impl) == "xla":
-    out = cache_attention.reference(grouped, cache_keys, cache_values, lengths, scale)
+    out = cache_attention.reference(q, cache_keys, cache_values, lengths, scale)
   else:
-    out = cache_attention.split_k(grouped, cache_keys, cache_values, lengths, scale,
+    out = cache_attention.split_k(q, cache_keys, cache_values, lengths, scale,
                                   splits=splits, interpret=interpret)
-  return _ungrouped(out, steps).astype(q.dtype)
+  return out.reshape(batch, steps, heads * head_dim).astype(q.dtype)
 

@@ -1,24 +1,27 @@
-"""Grouped queries over each row's KV cache, every query row stopping at its own length.
+"""New tokens' queries over each row's KV cache, every step stopping at its own length.
 
 The decode loop writes a forward's new keys and values into the cache before it attends
-(written first), so the whole attention of a forward is over the cache: query row ``r``
-of batch row ``b`` sees keys ``[0, lengths[b, r])``. A verify pass's step ``t`` sees the
+(written first), so the whole attention of a forward is over the cache: step ``t`` of
+batch row ``b`` sees keys ``[0, lengths[b, t])``. A verify pass's step ``t`` sees the
 context and the new keys up to its own (``cache_len + t + 1``), the drafter's block sees
 all of its keys (``cache_len + T``), a decode step is ``T = 1``.
 
-Two implementations, one contract (fp32 output [B, Kv, R, h]):
+Two implementations, one contract (queries [B, T, H, h] in, [B, T, H, h] out; head i
+reads kv head i // G):
 
 - ``reference``: one masked softmax in XLA over the whole allocated cache, fp32 scores;
   the CPU path and the oracle.
-- ``split_k``: flash decoding in one Pallas kernel (Triton lowering). Program
+- ``split_k``: flash decoding in Pallas (Triton lowering). Program
   (row, kv head, split) streams its split's keys block by block up to the longest of its
-  query rows, masks each query row at its own length, and writes its unnormalised output
-  with its running max and sum; XLA merges the splits by the log-sum-exp rule. One pass
-  over a (row, kv head)'s keys serves all of its ``G·T`` queries, and a row reads no key
-  block past its longest query row (the keys past a length in a block it reads are
-  masked out of both products, whatever they hold, if finite). JAX's own decode kernel
-  takes one length per (row, kv head), which cannot express a causal block of new
-  tokens.
+  steps, masks each step at its own length, and keeps a running max and sum; with one
+  split it writes the attention itself, with several a second kernel merges the splits
+  by the log-sum-exp rule. Both read the queries and write the result in the forward's
+  own layout, so the attention of a layer is one or two kernels with nothing around
+  them. One pass over a (row, kv head)'s keys serves all of its ``G·T`` queries, and a
+  row reads no key block past its longest step (the keys past a length in a block it
+  reads are masked out of both products, whatever they hold, if finite). JAX's own
+  decode kernel takes one length per (row, kv head), which cannot express a causal
+  block of new tokens.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ _TARGET_PROGRAMS = 264
 # arithmetic NaN-free; its weight in the merge is exp(_MASKED - max) = 0.
 _MASKED = -1e30
 KERNEL_NAME = "wts_cache_attention"
+MERGE_KERNEL_NAME = "wts_cache_attention_merge"
 
 
 def padded_cache_len(length: int) -> int:
@@ -66,12 +70,11 @@ def key_block(split_len: int) -> int:
   return next(b for b in (128, 64, 32, 16) if split_len % b == 0)
 
 
-def causal_lengths(cache_len: jax.Array, steps: int, group: int, *,
-                   causal: bool) -> jax.Array:
-  """[B, G·T] keys each grouped query row sees once ``steps`` new tokens are written at
-  ``cache_len[b]``: row ``r`` is step ``r % T`` (g major); causal, step t sees
-  ``cache_len + t + 1`` keys, else all ``cache_len + T``."""
-  step = jnp.tile(jnp.arange(steps, dtype=jnp.int32), group)
+def causal_lengths(cache_len: jax.Array, steps: int, *, causal: bool) -> jax.Array:
+  """[B, T] keys each new step sees once ``steps`` new tokens are written at
+  ``cache_len[b]``: causal, step t sees ``cache_len + t + 1``, else all
+  ``cache_len + T``."""
+  step = jnp.arange(steps, dtype=jnp.int32)
   seen = step + 1 if causal else jnp.full_like(step, steps)
   return cache_len.astype(jnp.int32)[:, None] + seen[None, :]
 
@@ -96,22 +99,48 @@ def weighted(weights: jax.Array, values: jax.Array) -> jax.Array:
                     preferred_element_type=jnp.float32, precision=precision(values.dtype))
 
 
-def reference(grouped: jax.Array, keys: jax.Array, values: jax.Array,
-              lengths: jax.Array, scale: float) -> jax.Array:
-  """fp32 [B, Kv, R, h]: grouped queries [B, Kv, R, h] over keys/values [B, Kv, S, h],
-  query row r of row b over ``[0, lengths[b, r])``."""
-  visible = jnp.arange(keys.shape[2])[None, None, :] < lengths[:, :, None]   # [B, R, S]
+def reference(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
+              scale: float) -> jax.Array:
+  """fp32 [B, T, H, h]: queries q [B, T, H, h] over keys/values [B, Kv, S, h] (head i
+  reads kv head i // G), step t of row b over ``[0, lengths[b, t])``."""
+  batch, steps, heads, head_dim = q.shape
+  kv_heads = keys.shape[1]
+  group = heads // kv_heads
+  # [B, Kv, T·G, h], row r = step r // G
+  grouped = (q.reshape(batch, steps, kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+             .reshape(batch, kv_heads, steps * group, head_dim))
+  row_lengths = jnp.repeat(lengths, group, axis=1)                        # [B, T·G]
+  visible = jnp.arange(keys.shape[2])[None, None, :] < row_lengths[:, :, None]
   masked = jnp.where(visible[:, None], scores(grouped, keys, scale), -jnp.inf)
-  return weighted(jax.nn.softmax(masked, axis=-1), values)
+  out = weighted(jax.nn.softmax(masked, axis=-1), values)                 # [B, Kv, T·G, h]
+  return (out.reshape(batch, kv_heads, steps, group, head_dim).transpose(0, 2, 1, 3, 4)
+          .reshape(batch, steps, heads, head_dim))
 
 
-def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, o_ref, sum_ref, max_ref, *,
-                  rows: int, block_k: int, scale: float, exact: bool):
-  block_r, _ = q_ref.shape
+def _blocks(steps: int, group: int) -> tuple[int, int]:
+  """Query steps and heads a program holds: powers of two ≥ T and ≥ G (Triton's tensors
+  are), at least 16 rows in all (the smallest tensor-core product)."""
+  block_g = pl.next_power_of_2(group)
+  block_t = max(pl.next_power_of_2(steps), -(-16 // block_g))
+  return block_t, block_g
+
+
+def _query_rows(ref, steps: int, group: int):
+  """A [block_t, block_g, ...] block's valid (step, head) entries: step < T, head < G."""
+  block_t, block_g = ref.shape[:2]
+  return ((jnp.arange(block_t) < steps)[:, None] & (jnp.arange(block_g) < group)[None, :])
+
+
+def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, *out_refs, steps: int, group: int,
+                  block_k: int, scale: float, exact: bool):
+  block_t, block_g, head_dim = q_ref.shape
+  block_r = block_t * block_g
   split_len = k_ref.shape[0]
-  row_valid = jnp.arange(block_r) < rows
-  q = pl_triton.load(q_ref, mask=row_valid[:, None], other=0)
-  lengths = pl_triton.load(lengths_ref, mask=row_valid, other=0)
+  valid = _query_rows(q_ref, steps, group)                               # [block_t, block_g]
+  # Row r = t·block_g + g: the block's [step, head] entries as the product's rows.
+  q = pl_triton.load(q_ref, mask=valid[:, :, None], other=0).reshape(block_r, head_dim)
+  step_lengths = pl_triton.load(lengths_ref, mask=jnp.arange(block_t) < steps, other=0)
+  lengths = jnp.where(valid, step_lengths[:, None], 0).reshape(block_r)
   first = pl.program_id(2) * split_len
   stop = jnp.minimum(jnp.max(lengths), first + split_len)
   blocks = jnp.maximum((stop - first + block_k - 1) // block_k, 0)
@@ -132,73 +161,109 @@ def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, o_ref, sum_ref, max_ref, *,
                                                     precision=precision)
     return out, new_top, correction * total + weights.sum(axis=-1)
 
-  init = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((block_r,), _MASKED, jnp.float32),
-          jnp.zeros((block_r,), jnp.float32))
+  init = (jnp.zeros((block_r, head_dim), jnp.float32),
+          jnp.full((block_r,), _MASKED, jnp.float32), jnp.zeros((block_r,), jnp.float32))
   out, top, total = lax.fori_loop(0, blocks, block, init)
-  pl_triton.store(o_ref, out.astype(o_ref.dtype), mask=row_valid[:, None])
-  pl_triton.store(sum_ref, total, mask=row_valid)
-  pl_triton.store(max_ref, top, mask=row_valid)
+  if len(out_refs) == 1:   # one split: the attention itself, in the queries' layout
+    [o_ref] = out_refs
+    out = out / jnp.where(total > 0, total, 1.0)[:, None]
+    pl_triton.store(o_ref, out.reshape(block_t, block_g, head_dim).astype(o_ref.dtype),
+                    mask=valid[:, :, None])
+  else:
+    o_ref, sum_ref, max_ref = out_refs
+    o_ref[...] = out.astype(o_ref.dtype)
+    sum_ref[...] = total
+    max_ref[...] = top
 
 
-def split_k_partials(grouped: jax.Array, keys: jax.Array, values: jax.Array,
-                     lengths: jax.Array, scale: float, *, splits: int | None = None,
-                     interpret: bool = False):
-  """The kernel's per-split (unnormalised out [B, Kv, P, R, h] in q's dtype, sum and max
-  [B, Kv, P, R] fp32). splits: P, a power of two ≤ ``MAX_SPLITS`` (None:
-  ``num_splits``)."""
-  batch, kv_heads, rows, head_dim = grouped.shape
-  width = keys.shape[2]
+def _merge_kernel(part_ref, sum_ref, max_ref, o_ref, *, steps: int, group: int):
+  """One (row, kv head)'s splits merged by the log-sum-exp rule, written in the queries'
+  layout."""
+  splits, block_r, head_dim = part_ref.shape
+  block_t, block_g, _ = o_ref.shape
+  top = max_ref[...].max(axis=0)                                          # [block_r]
+  total = jnp.sum(sum_ref[...] * jnp.exp(max_ref[...] - top[None, :]), axis=0)
+
+  def add(p, acc):
+    weight = jnp.exp(max_ref[p, :] - top)
+    return acc + part_ref[p, :, :].astype(jnp.float32) * weight[:, None]
+
+  out = lax.fori_loop(0, splits, add, jnp.zeros((block_r, head_dim), jnp.float32))
+  out = out / jnp.where(total > 0, total, 1.0)[:, None]
+  pl_triton.store(o_ref, out.reshape(block_t, block_g, head_dim).astype(o_ref.dtype),
+                  mask=_query_rows(o_ref, steps, group)[:, :, None])
+
+
+def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
+            scale: float, *, splits: int | None = None, interpret: bool = False
+            ) -> jax.Array:
+  """``reference``'s contract in q's dtype: one kernel over each (row, kv head, split),
+  and, when the keys are split (``splits``: P, a power of two ≤ ``MAX_SPLITS``; None:
+  ``num_splits``), a second that merges the splits. Both read and write the queries'
+  own [B, T, H, h] layout: no grouping copy before, no transpose after."""
+  batch, steps, heads, head_dim = q.shape
+  kv_heads, width = keys.shape[1], keys.shape[2]
+  group = heads // kv_heads
   if width != padded_cache_len(width):
     raise ValueError(f"a cache of {width} positions cannot be split by the attention "
                      f"kernel; allocate padded_cache_len({width}) = "
                      f"{padded_cache_len(width)}")
-  if lengths.shape != (batch, rows):
-    raise ValueError(f"lengths {lengths.shape} must be [batch, query rows] = "
-                     f"{(batch, rows)}")
+  if lengths.shape != (batch, steps):
+    raise ValueError(f"lengths {lengths.shape} must be [batch, steps] = {(batch, steps)}")
   if splits is None:
     splits = num_splits(batch, kv_heads)
   elif splits not in [1 << i for i in range(MAX_SPLITS.bit_length())]:
     raise ValueError(f"splits={splits!r} must be a power of two <= {MAX_SPLITS}")
   split_len = width // splits
-  block_k = key_block(split_len)
-  # A tensor-core product needs ≥ 16 rows; the loads and stores mask the padding.
-  block_r = max(16, pl.next_power_of_2(rows))
-  kernel = functools.partial(_split_kernel, rows=rows, block_k=block_k, scale=scale,
-                             exact=jnp.dtype(grouped.dtype) == jnp.float32)
-  partial_shape = (batch, kv_heads, splits, rows)
-  return pl.pallas_call(
+  block_t, block_g = _blocks(steps, group)
+  block_r = block_t * block_g
+  by_head = q.reshape(batch, steps, kv_heads, group, head_dim)
+  query_block = (None, block_t, None, block_g, head_dim)
+  queries = pl.BlockSpec(query_block, lambda b, k, *_: (b, 0, k, 0, 0))
+  kernel = functools.partial(_split_kernel, steps=steps, group=group,
+                             block_k=key_block(split_len), scale=scale,
+                             exact=jnp.dtype(q.dtype) == jnp.float32)
+  params = pl_triton.CompilerParams(num_warps=4, num_stages=2)
+  in_specs = [
+      queries,
+      pl.BlockSpec((None, block_t), lambda b, k, j: (b, 0)),
+      pl.BlockSpec((None, None, split_len, head_dim), lambda b, k, j: (b, k, j, 0)),
+      pl.BlockSpec((None, None, split_len, head_dim), lambda b, k, j: (b, k, j, 0)),
+  ]
+  args = (by_head, lengths.astype(jnp.int32), keys, values)
+  if splits == 1:
+    out = pl.pallas_call(
+        kernel, grid=(batch, kv_heads, 1), in_specs=in_specs, out_specs=queries,
+        out_shape=jax.ShapeDtypeStruct(by_head.shape, q.dtype),
+        compiler_params=params, interpret=interpret, name=KERNEL_NAME)(*args)
+    return out.reshape(q.shape)
+  # Partials over padded rows (whole blocks: no masks); the padding rows see no key.
+  partial_shape = (batch, kv_heads, splits, block_r)
+  parts, total, top = pl.pallas_call(
       kernel,
       grid=(batch, kv_heads, splits),
-      in_specs=[
-          pl.BlockSpec((None, None, block_r, head_dim), lambda b, k, j: (b, k, 0, 0)),
-          pl.BlockSpec((None, block_r), lambda b, k, j: (b, 0)),
-          pl.BlockSpec((None, None, split_len, head_dim), lambda b, k, j: (b, k, j, 0)),
-          pl.BlockSpec((None, None, split_len, head_dim), lambda b, k, j: (b, k, j, 0)),
-      ],
+      in_specs=in_specs,
       out_specs=[
           pl.BlockSpec((None, None, None, block_r, head_dim),
                        lambda b, k, j: (b, k, j, 0, 0)),
           pl.BlockSpec((None, None, None, block_r), lambda b, k, j: (b, k, j, 0)),
           pl.BlockSpec((None, None, None, block_r), lambda b, k, j: (b, k, j, 0)),
       ],
-      out_shape=[jax.ShapeDtypeStruct((*partial_shape, head_dim), grouped.dtype),
+      out_shape=[jax.ShapeDtypeStruct((*partial_shape, head_dim), q.dtype),
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32),
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32)],
-      compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
-      interpret=interpret,
-      name=KERNEL_NAME,
-  )(grouped, lengths.astype(jnp.int32), keys, values)
-
-
-def split_k(grouped: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
-            scale: float, *, splits: int | None = None,
-            interpret: bool = False) -> jax.Array:
-  """``reference``'s contract by the kernel and a log-sum-exp merge of its splits
-  (``split_k_partials``' ``splits``)."""
-  out, total, top = split_k_partials(grouped, keys, values, lengths, scale,
-                                     splits=splits, interpret=interpret)
-  if out.shape[2] == 1:   # one split: nothing to merge, one division
-    return out[:, :, 0].astype(jnp.float32) / total[:, :, 0, :, None]
-  weight = jnp.exp(top - top.max(axis=2, keepdims=True))     # [B, Kv, P, R]
-  merged = jnp.sum(out.astype(jnp.float32) * weight[..., None], axis=2)
-  return merged / jnp.sum(total * weight, axis=2)[..., None]
+      compiler_params=params, interpret=interpret, name=KERNEL_NAME)(*args)
+  out = pl.pallas_call(
+      functools.partial(_merge_kernel, steps=steps, group=group),
+      grid=(batch, kv_heads),
+      in_specs=[
+          pl.BlockSpec((None, None, splits, block_r, head_dim),
+                       lambda b, k: (b, k, 0, 0, 0)),
+          pl.BlockSpec((None, None, splits, block_r), lambda b, k: (b, k, 0, 0)),
+          pl.BlockSpec((None, None, splits, block_r), lambda b, k: (b, k, 0, 0)),
+      ],
+      out_specs=queries,
+      out_shape=jax.ShapeDtypeStruct(by_head.shape, q.dtype),
+      compiler_params=params, interpret=interpret, name=MERGE_KERNEL_NAME,
+  )(parts, total, top)
+  return out.reshape(q.shape)

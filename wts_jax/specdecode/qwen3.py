@@ -217,11 +217,16 @@ def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
   batch, steps, _ = h.shape
   x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
   p = projections(x, layer, ("q_proj", "k_proj", "v_proj"), c)
-  q = p["q_proj"].reshape(batch, steps, c.num_heads, c.head_dim)
-  k = p["k_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
+  # The query and key heads normed and rotated as one array: their per-head norms are
+  # then one reduction (one kernel), not one each.
+  heads = c.num_heads + c.num_kv_heads
+  qk = jnp.concatenate([p["q_proj"], p["k_proj"]], axis=-1).reshape(
+      batch, steps, heads, c.head_dim)
+  norm = jnp.concatenate([jnp.broadcast_to(layer["q_norm"], (c.num_heads, c.head_dim)),
+                          jnp.broadcast_to(layer["k_norm"], (c.num_kv_heads, c.head_dim))])
+  qk = rotary(rms_norm(qk, norm, c.rms_norm_eps), positions, c.rope_theta)
+  q, k = qk[:, :, :c.num_heads], qk[:, :, c.num_heads:]
   v = p["v_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
-  q = rotary(rms_norm(q, layer["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
-  k = rotary(rms_norm(k, layer["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
   return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
