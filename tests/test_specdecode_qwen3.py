@@ -144,3 +144,28 @@ def test_products_are_written_in_the_compute_dtype_and_accumulated_in_fp32(dtype
   rounding = 2.0 ** -8 if dtype == jnp.bfloat16 else 2.0 ** -24
   bound = rounding * np.abs(want) + xs.shape[-1] * 2.0 ** -24 * (np.abs(xs) @ np.abs(ws).T)
   assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) - bound)
+
+
+def test_the_query_key_norm_keeps_its_scale_apart_from_256_rows():
+  """The norm's scale behind an optimization barrier from ``QK_SCALE_APART_ROWS`` rows
+  (XLA fuses it otherwise, one kernel fewer at few rows, fp32 normed heads written at
+  many), the same values either way."""
+  import jax
+  from wts_jax.specdecode import qwen3
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5, 6, 16)), jnp.bfloat16)
+  w = jnp.asarray(np.random.default_rng(1).standard_normal((6, 16)), jnp.float32)
+  np.testing.assert_array_equal(np.asarray(qwen3.rms_norm(x, w, 1e-6), np.float32),
+                                np.asarray(qwen3.rms_norm(x, w, 1e-6, scale_apart=True),
+                                           np.float32))
+  config = Qwen3Config.tiny()
+  model = qwen3.make_qwen3(config)
+  layer = model.layers[0].weights()
+
+  def barriers(batch, steps):
+    h = jnp.zeros((batch, steps, config.hidden_size), jnp.bfloat16)
+    positions = jnp.zeros((batch, steps), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda h: qwen3.project_qkv(h, layer, config, positions))(h)
+    return sum(e.primitive.name == "optimization_barrier" for e in jaxpr.eqns)
+
+  assert barriers(16, 8) == 0 and barriers(1, 1) == 0
+  assert barriers(32, 8) == 1 and barriers(256, 1) == 1

@@ -158,11 +158,18 @@ class Qwen3Config:
 
 # ----------------------------------------------------------------------------- numerics
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm in fp32 (as transformers' Qwen3RMSNorm), returned in ``x``'s dtype."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *,
+             scale_apart: bool = False) -> jax.Array:
+  """RMSNorm in fp32 (as transformers' Qwen3RMSNorm), returned in ``x``'s dtype.
+
+  scale_apart: the per-row scale is computed by a reduction of its own and applied in
+  the consumers' kernels; otherwise XLA may fuse the norm into one normalization
+  kernel that writes its output in fp32 for the consumers to read."""
   x32 = x.astype(jnp.float32)
-  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+  scale = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if scale_apart:
+    scale = jax.lax.optimization_barrier(scale)
+  return (weight.astype(jnp.float32) * (x32 * scale)).astype(x.dtype)
 
 
 def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
@@ -210,6 +217,12 @@ def mlp(x: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config") -> jax.Arra
   return linear(jax.nn.silu(p["gate_proj"]) * p["up_proj"], layer["down_proj"])
 
 
+# From this many rows (batch × steps) the query/key norm's scale is kept apart: XLA
+# otherwise writes the normed heads in fp32 for the key write and the queries to read
+# (docs/decisions.md); below it, the fused norm is one kernel fewer a layer.
+QK_SCALE_APART_ROWS = 256
+
+
 def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
                 positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A layer's queries [B, T, H, h], keys and values [B, Kv, T, h] (normed, rotated;
@@ -224,7 +237,9 @@ def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
       batch, steps, heads, c.head_dim)
   norm = jnp.concatenate([jnp.broadcast_to(layer["q_norm"], (c.num_heads, c.head_dim)),
                           jnp.broadcast_to(layer["k_norm"], (c.num_kv_heads, c.head_dim))])
-  qk = rotary(rms_norm(qk, norm, c.rms_norm_eps), positions, c.rope_theta)
+  qk = rotary(rms_norm(qk, norm, c.rms_norm_eps,
+                      scale_apart=batch * steps >= QK_SCALE_APART_ROWS),
+              positions, c.rope_theta)
   q, k = qk[:, :, :c.num_heads], qk[:, :, c.num_heads:]
   v = p["v_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
   return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
