@@ -16,10 +16,10 @@ pytestmark = pytest.mark.skipif(not hlo_traffic.cuda_available(),
                                 reason="compiling for the H200 needs jax[cuda12]")
 
 
-def _configs():
+def _configs(num_layers: int = 4):
   from wts_jax.specdecode.dspark import DSparkConfig
   from wts_jax.specdecode.qwen3 import Qwen3Config
-  target = Qwen3Config.tiny(vocab_size=32_768, num_layers=4, hidden_size=1024,
+  target = Qwen3Config.tiny(vocab_size=32_768, num_layers=num_layers, hidden_size=1024,
                             intermediate_size=4096, num_heads=8, num_kv_heads=2,
                             head_dim=128)
   return target, DSparkConfig.tiny(target, block_size=7, rank=64)
@@ -137,3 +137,26 @@ def test_no_branch_of_the_loops_iteration_copies_a_cache_layer(batch):
             if " copy(" in line and any(f" {shape}" in line.split("=")[1][:60]
                                         for shape in caches)]
   assert not copies, copies
+
+
+def test_a_verify_layer_at_one_row_is_fifteen_kernels_its_attention_two():
+  """Kernels a layer of a verify pass at B = 1 (the difference of a 5- and a 3-layer
+  model's counts, halved): the products, the norms, the cache writes, the queries'
+  norm and rotary, and the attention kernel with its merge — nothing around the
+  attention to group the queries or to transpose its result."""
+  import decode_bytes
+  from flax import nnx
+  from wts_jax.specdecode.dspark import DSparkDrafter
+  from wts_jax.specdecode.qwen3 import Qwen3
+  counts = {}
+  for layers in (3, 5):
+    target_config, drafter_config = _configs(layers)
+    target = nnx.eval_shape(lambda: Qwen3(target_config, rngs=nnx.Rngs(0)))
+    drafter = nnx.eval_shape(lambda: DSparkDrafter(drafter_config, rngs=nnx.Rngs(1)))
+    record = decode_bytes.phase_bytes(target, drafter, batch=1, draft_len=7,
+                                      prompt_len=64, phases=("verify",))["verify"]
+    counts[layers] = (record["operations"], record["attention_kernels"])
+  per_layer = (counts[5][0] - counts[3][0]) / 2
+  attention_per_layer = (counts[5][1] - counts[3][1]) / 2
+  assert attention_per_layer == 2, counts
+  assert per_layer <= 15, counts

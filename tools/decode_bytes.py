@@ -10,7 +10,8 @@ for each batch size, with the XLA options the loop's executable gets at that bat
 moves (the byte model of ``hlo_traffic``), the bytes it must read (the weights it uses,
 once, and the rows' cached keys and values at ``prompt_len``), their ratio, and the
 bytes written by copies of a weight (0 when every weight is read where it lies) and of
-a cache layer (0 when every cache is written in place).
+a cache layer (0 when every cache is written in place), its kernels (``operations``) and
+how many of them are the cache-attention kernels.
 
   python tools/decode_bytes.py --out bench/results/h200_decode_bytes.json
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -64,7 +66,7 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
   """``{phase: summary}`` for one batch size (abstract models: nothing allocated)."""
   import jax
   from flax import nnx
-  from wts_jax.specdecode import attention, loop, timing
+  from wts_jax.specdecode import attention, cache_attention, loop, timing
   sharding = hlo_traffic.h200_sharding()
   steps = {"verify": timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
                                         prompt_len=prompt_len, attention_impl="pallas",
@@ -99,12 +101,18 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
     summary = hlo_traffic.summary(text, cache_fraction=prompt_len / cache_len,
                                   weight_shapes=weight_shapes(model), cache_shapes=caches)
     need = must_read(model, batch=batch, prompt_len=prompt_len)
+    attention_kernels = sum(
+        1 for line in text.splitlines()
+        if "custom-call(" in line and re.search(
+            rf'op_name="[^"]*({cache_attention.KERNEL_NAME}|'
+            rf'{cache_attention.MERGE_KERNEL_NAME})/pallas_call', line))
     out[phase] = dict(moved_bytes=summary["moved_bytes"], must_read_bytes=need,
                       moved_over_must_read=summary["moved_bytes"] / need,
                       weight_copy_bytes=summary["weight_copy_bytes"],
                       cache_copy_bytes=summary["cache_copy_bytes"],
                       roofline_s_at_4p8_tbps=need / 4.8e12,
                       operations=summary["operations"],
+                      attention_kernels=attention_kernels,
                       top_kinds={k: v for k, v in list(summary["by_kind"].items())[:8]})
   return out
 
