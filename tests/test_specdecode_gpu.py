@@ -45,21 +45,27 @@ def test_one_iteration_at_the_qwen3_4b_shapes():
 
 
 def test_the_cache_kernel_matches_xla_attention_at_the_qwen3_4b_shapes():
-  """Rows at different lengths, k + 1 = 8 new tokens written first (causal) and the
-  drafter's block of 8 (all visible), 32 query heads over 8 kv heads."""
-  batch, steps, heads, kv_heads, head_dim = 4, 8, 32, 8, 128
+  """Rows at different lengths, k + 1 = 8, 6 (a padded block) and 1 new tokens written
+  first (causal) and the drafter's block (all visible), 32 query heads over 8 kv heads,
+  the kernel's own split count (merged by the second kernel) and one split."""
+  batch, heads, kv_heads, head_dim = 4, 32, 8, 128
   width = attention.padded_cache_len(700)
   keys = jax.random.split(jax.random.key(0), 3)
-  q = jax.random.normal(keys[0], (batch, steps, heads, head_dim), jnp.bfloat16)
   cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, width, head_dim), jnp.bfloat16)
                       for k in keys[1:])
-  cache_len = jnp.array([0, 100, 511, width - steps], jnp.int32)
-  for causal in (True, False):
-    outs = {impl: np.asarray(jax.jit(lambda *a, impl=impl: attention.attend_written(
-        *a, causal=causal, impl=impl))(q, cache_k, cache_v, cache_len), np.float32)
-            for impl in ("xla", "pallas")}
-    np.testing.assert_allclose(outs["pallas"], outs["xla"], atol=3e-2, rtol=3e-2,
-                               err_msg=f"causal={causal}")
+  for steps in (8, 6, 1):
+    q = jax.random.normal(jax.random.fold_in(keys[0], steps),
+                          (batch, steps, heads, head_dim), jnp.bfloat16)
+    cache_len = jnp.array([0, 100, 511, width - steps], jnp.int32)
+    for causal in (True, False):
+      want = np.asarray(jax.jit(lambda *a: attention.attend_written(
+          *a, causal=causal, impl="xla"))(q, cache_k, cache_v, cache_len), np.float32)
+      for splits in (None, 1):
+        got = np.asarray(jax.jit(lambda *a, splits=splits: attention.attend_written(
+            *a, causal=causal, impl="pallas", splits=splits))(q, cache_k, cache_v,
+                                                              cache_len), np.float32)
+        np.testing.assert_allclose(got, want, atol=3e-2, rtol=3e-2,
+                                   err_msg=f"steps={steps} causal={causal} splits={splits}")
 
 
 def test_the_loop_with_the_cache_kernel_gives_the_xla_loops_tokens():
