@@ -49,7 +49,8 @@ def _written(cache, new, cache_len):
 
 @pytest.mark.parametrize("steps,heads,kv_heads,causal",
                          [(1, 4, 2, True), (1, 8, 8, True), (5, 4, 2, True),
-                          (8, 8, 2, True), (4, 4, 4, False), (7, 8, 2, False)])
+                          (8, 8, 2, True), (4, 4, 4, False), (7, 8, 2, False),
+                          (3, 6, 2, True)])
 def test_tokens_written_first_are_attended_over_the_cache_alone(steps, heads, kv_heads,
                                                                 causal):
   batch, head_dim = 3, 16
