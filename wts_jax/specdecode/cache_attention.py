@@ -131,6 +131,16 @@ def _query_rows(ref, steps: int, group: int):
   return ((jnp.arange(block_t) < steps)[:, None] & (jnp.arange(block_g) < group)[None, :])
 
 
+def _store_attention(o_ref, out, total, valid):
+  """Rows [block_r, h] of unnormalised output over their sums, stored into a
+  [block_t, block_g, h] block of the queries' layout at its ``valid`` entries (a row
+  that saw no key, padding, has sum 0 and is not stored)."""
+  block_t, block_g, head_dim = o_ref.shape
+  out = out / jnp.where(total > 0, total, 1.0)[:, None]
+  pl_triton.store(o_ref, out.reshape(block_t, block_g, head_dim).astype(o_ref.dtype),
+                  mask=valid[:, :, None])
+
+
 def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, *out_refs, steps: int, group: int,
                   block_k: int, scale: float, exact: bool):
   block_t, block_g, head_dim = q_ref.shape
@@ -165,10 +175,7 @@ def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, *out_refs, steps: int, group
           jnp.full((block_r,), _MASKED, jnp.float32), jnp.zeros((block_r,), jnp.float32))
   out, top, total = lax.fori_loop(0, blocks, block, init)
   if len(out_refs) == 1:   # one split: the attention itself, in the queries' layout
-    [o_ref] = out_refs
-    out = out / jnp.where(total > 0, total, 1.0)[:, None]
-    pl_triton.store(o_ref, out.reshape(block_t, block_g, head_dim).astype(o_ref.dtype),
-                    mask=valid[:, :, None])
+    _store_attention(out_refs[0], out, total, valid)
   else:
     o_ref, sum_ref, max_ref = out_refs
     o_ref[...] = out.astype(o_ref.dtype)
@@ -180,7 +187,6 @@ def _merge_kernel(part_ref, sum_ref, max_ref, o_ref, *, steps: int, group: int):
   """One (row, kv head)'s splits merged by the log-sum-exp rule, written in the queries'
   layout."""
   splits, block_r, head_dim = part_ref.shape
-  block_t, block_g, _ = o_ref.shape
   top = max_ref[...].max(axis=0)                                          # [block_r]
   total = jnp.sum(sum_ref[...] * jnp.exp(max_ref[...] - top[None, :]), axis=0)
 
@@ -189,9 +195,7 @@ def _merge_kernel(part_ref, sum_ref, max_ref, o_ref, *, steps: int, group: int):
     return acc + part_ref[p, :, :].astype(jnp.float32) * weight[:, None]
 
   out = lax.fori_loop(0, splits, add, jnp.zeros((block_r, head_dim), jnp.float32))
-  out = out / jnp.where(total > 0, total, 1.0)[:, None]
-  pl_triton.store(o_ref, out.reshape(block_t, block_g, head_dim).astype(o_ref.dtype),
-                  mask=_query_rows(o_ref, steps, group)[:, :, None])
+  _store_attention(o_ref, out, total, _query_rows(o_ref, steps, group))
 
 
 def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
@@ -218,8 +222,8 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
   block_t, block_g = _blocks(steps, group)
   block_r = block_t * block_g
   by_head = q.reshape(batch, steps, kv_heads, group, head_dim)
-  query_block = (None, block_t, None, block_g, head_dim)
-  queries = pl.BlockSpec(query_block, lambda b, k, *_: (b, 0, k, 0, 0))
+  queries = pl.BlockSpec((None, block_t, None, block_g, head_dim),
+                         lambda b, k, *_: (b, 0, k, 0, 0))
   kernel = functools.partial(_split_kernel, steps=steps, group=group,
                              block_k=key_block(split_len), scale=scale,
                              exact=jnp.dtype(q.dtype) == jnp.float32)
