@@ -138,10 +138,11 @@ def test_unknown_impl_is_named():
 
 
 def test_a_batch_that_fills_the_gpu_unsplit_gives_the_same_attention():
-  """From 264 (row, kv head) pairs the kernel does not split the keys (one program a
-  pair) and writes the attention itself: no merge kernel."""
-  batch, kv_heads, steps, head_dim = 33, 8, 4, 16
+  """From 128 (row, kv head) pairs the kernel does not split the keys (one program a
+  pair) and writes the attention itself: no merge kernel; below, it splits them."""
+  batch, kv_heads, steps, head_dim = 16, 8, 4, 16
   assert cache_attention.num_splits(batch, kv_heads) == 1
+  assert [cache_attention.num_splits(b, kv_heads) for b in (1, 4, 8, 15)] == [8, 4, 2, 2]
   keys = jax.random.split(jax.random.key(3), 4)
   q = jax.random.normal(keys[0], (batch, steps, kv_heads, head_dim), jnp.float32)
   cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, 256, head_dim), jnp.float32)

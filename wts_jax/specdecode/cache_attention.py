@@ -39,9 +39,13 @@ MAX_SPLITS = 16
 # ... and each part must hold a multiple of 16 keys (the smallest key block of a
 # tensor-core product).
 SPLIT_MULTIPLE = 16
-# Programs to aim for: two waves of an H200's 132 SMs. Fewer splits than that leave SMs
-# idle at small batches; more only add partial outputs to write and merge.
-_TARGET_PROGRAMS = 264
+# Programs to aim for: about one wave of an H200's 132 SMs. Fewer splits leave SMs idle
+# at small batches; more add partial outputs to write and merge, which cost more than
+# the idle SMs (measured: docs/decisions.md).
+_TARGET_PROGRAMS = 128
+# Splits the automatic choice stops at: the merge reads the splits one after another,
+# and past eight its loop costs more than the split kernel saves (measured likewise).
+_MERGED_SPLITS = 8
 # Finite, so that a query row with no visible key in a block or a split keeps exp(0)
 # arithmetic NaN-free; its weight in the merge is exp(_MASKED - max) = 0.
 _MASKED = -1e30
@@ -56,10 +60,10 @@ def padded_cache_len(length: int) -> int:
 
 
 def num_splits(batch: int, kv_heads: int) -> int:
-  """Parts each (row, kv head)'s keys are split into: a power of two ≤ ``MAX_SPLITS``,
-  enough for ``_TARGET_PROGRAMS`` programs in all."""
+  """Parts each (row, kv head)'s keys are split into: a power of two ≤
+  ``_MERGED_SPLITS``, enough for ``_TARGET_PROGRAMS`` programs in all."""
   splits = 1
-  while splits < MAX_SPLITS and batch * kv_heads * splits < _TARGET_PROGRAMS:
+  while splits < _MERGED_SPLITS and batch * kv_heads * splits < _TARGET_PROGRAMS:
     splits *= 2
   return splits
 
