@@ -103,6 +103,37 @@ def test_jittable_inside_while_loop(costs, measured):
   assert int(state.timed) == (20 if measured else 0)
 
 
+def _primitives(jaxpr) -> set[str]:
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for param in eqn.params.values():
+      for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+        inner = getattr(sub, "jaxpr", sub)   # a closed jaxpr holds its jaxpr
+        if hasattr(inner, "eqns"):
+          names |= _primitives(inner)
+  return names
+
+
+def test_an_iteration_of_the_controller_runs_no_loop_of_its_own(costs):
+  """choose + observe (with a timing) and the loop's branch index are straight-line code:
+  a loop inside them (jnp.searchsorted's default search) would run a kernel and a host
+  check a step inside every iteration of the decode loop on a GPU."""
+  from wts_jax.specdecode.policy import branch_index
+  controller = TableTuneController.from_table(costs, regime_profile("chat", K))
+  batch = 6
+  active = jnp.ones((batch,), bool)
+
+  def iteration(controller, state):
+    k, cap, state = controller.choose(state, active, active, jnp.int32(batch))
+    state = controller.observe(state, k, cap, None, active,
+                               MeasuredIteration(jnp.float32(0.01), k, jnp.int32(batch)))
+    return branch_index(controller.draft_lens, k), state
+
+  jaxpr = jax.make_jaxpr(iteration)(controller, controller.init(batch)).jaxpr
+  assert not _primitives(jaxpr) & {"while", "scan"}
+
+
 def test_turns_drafting_off_where_it_loses_and_back_on():
   """Low acceptance at 128 rows: K = 0 wins and is chosen; chat-like traffic at the same
   batch: drafting wins again, found by the probes (an iteration without a draft says

@@ -118,7 +118,10 @@ def branch_index(draft_lens: tuple[int, ...], k: jnp.ndarray) -> jnp.ndarray:
   """The ``lax.switch`` index of draft length ``k`` among ``draft_lens``."""
   if len(draft_lens) == 1:
     return jnp.int32(0)
-  return jnp.clip(jnp.searchsorted(jnp.asarray(draft_lens, jnp.int32), k), 0,
+  # Compared against every label: jnp's default search is a loop of log2(n) steps, on a
+  # GPU a kernel and a host check each, inside every iteration of the decode loop.
+  return jnp.clip(jnp.searchsorted(jnp.asarray(draft_lens, jnp.int32), k,
+                                   method="compare_all"), 0,
                   len(draft_lens) - 1).astype(jnp.int32)
 
 

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.cost_table import CostTable, interpolate_draft_len, interpolate_rows
+from wts_jax.tabletune.cost_table import (CostTable, interpolate_draft_len, interpolate_rows,
+                                         searchsorted)
 from wts_jax.tabletune.table import best_draft_len
 
 
@@ -175,7 +176,7 @@ class VLLMAdaptiveVerifyPolicy:
     caps = jnp.sum(survival >= threshold, axis=-1).astype(jnp.int32)
     caps = jnp.where(active, jnp.maximum(caps, 1), 0)
     lens = jnp.asarray(self.draft_lens, jnp.int32)
-    k = lens[jnp.clip(jnp.searchsorted(lens, jnp.max(caps)), 0, len(self.draft_lens) - 1)]
+    k = lens[jnp.clip(searchsorted(jnp, lens, jnp.max(caps)), 0, len(self.draft_lens) - 1)]
     return k, caps, state._replace(caps=caps)
 
   def observe(self, state, k, accepted, confidence, active, measured=None):

@@ -50,7 +50,7 @@ import numpy as np
 
 from wts_jax.specdecode.policy import MeasuredIteration, check_draft_lens
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.cost_table import CostTable, bucket_weights
+from wts_jax.tabletune.cost_table import CostTable, bucket_weights, searchsorted
 
 NEVER_RUN = 1 << 20   # ``since_run`` of a draft length not run yet
 
@@ -368,7 +368,7 @@ class TableTuneController:
     seconds = jnp.asarray(measured.seconds, jnp.float32)
     k = jnp.asarray(measured.draft_len, jnp.int32)
     lens = self._lens()
-    column = jnp.clip(jnp.searchsorted(lens, k), 0, len(self.draft_lens) - 1)
+    column = jnp.clip(searchsorted(jnp, lens, k), 0, len(self.draft_lens) - 1)
     valid = jnp.isfinite(seconds) & (seconds > 0) & (lens[column] == k)
     cells, weights = self._cells(jnp.asarray(measured.rows, jnp.float32))
     cells, weights = cells[:, column], weights[:, column]

@@ -154,6 +154,15 @@ class CostTable:
     return cls.from_json(json.loads(pathlib.Path(path).read_text()))
 
 
+def searchsorted(xp, sorted_values, values, side: str = "left"):
+  """``xp.searchsorted``; in jax by comparing against every entry: its default search is a
+  loop of log2(n) steps, which inside the decode loop on a GPU is a kernel and a host
+  check a step, where comparing a handful of labels or buckets is one fused operation."""
+  if xp is jnp:
+    return jnp.searchsorted(sorted_values, values, side=side, method="compare_all")
+  return np.searchsorted(sorted_values, values, side=side)
+
+
 def bucket_weights(batches, batch):
   """The two buckets the cost at ``batch`` is interpolated from and their weights:
   (lower index, lower weight, upper weight); linear between buckets, the last segment
@@ -161,7 +170,7 @@ def bucket_weights(batches, batch):
   numpy or jax arrays alike."""
   xp = jnp if isinstance(batches, jax.Array) or isinstance(batch, jax.Array) else np
   batch = xp.maximum(xp.asarray(batch, batches.dtype), batches[0])
-  lower = xp.clip(xp.searchsorted(batches, batch, side="right") - 1, 0, len(batches) - 2)
+  lower = xp.clip(searchsorted(xp, batches, batch, side="right") - 1, 0, len(batches) - 2)
   fraction = (batch - batches[lower]) / (batches[lower + 1] - batches[lower])
   return lower, 1.0 - fraction, fraction
 
@@ -175,7 +184,8 @@ def interpolate_rows(batches, seconds, batch):
 def interpolate_draft_len(draft_lens, row, draft_len):
   """``row`` (cost at each label, last axis) at ``draft_len``, linear in K between labels."""
   xp = jnp if isinstance(row, jax.Array) or isinstance(draft_len, jax.Array) else np
-  upper = xp.clip(xp.searchsorted(draft_lens, draft_len, side="left"), 1, len(draft_lens) - 1)
+  upper = xp.clip(searchsorted(xp, draft_lens, draft_len, side="left"), 1,
+                  len(draft_lens) - 1)
   fraction = ((draft_len - draft_lens[upper - 1])
               / (draft_lens[upper] - draft_lens[upper - 1]))
   lo = xp.take(row, upper - 1, axis=-1)
