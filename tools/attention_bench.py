@@ -52,7 +52,7 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
   batch, steps, heads, head_dim = q.shape
   kv_heads = keys.shape[1]
   scale = head_dim ** -0.5
-  grouped = attention._grouped(q, kv_heads)
+  grouped = cache_attention.grouped(q, kv_heads)
   rows = grouped.shape[2]
   width = keys.shape[2]
   splits = cache_attention.num_splits(batch, kv_heads)
@@ -66,7 +66,8 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
   per_head = jax.vmap(lambda q, k, v, n: one(q, k, v, kv_seq_len=n), in_axes=(0, 0, 0, None))
   out, (total, top) = jax.vmap(per_head)(grouped, keys, values, context)
   if steps == 1:
-    return attention._ungrouped(out.astype(jnp.float32) / total[..., None], 1)
+    return cache_attention.ungrouped(out.astype(jnp.float32) / total[..., None],
+                                     1).reshape(batch, 1, heads * head_dim)
   take = jax.vmap(lambda c, at: jax.lax.dynamic_slice_in_dim(c, at, steps, axis=1))
   new_k, new_v = take(keys, cache_len), take(values, cache_len)
   visible = attention._new_token_mask(steps, True, rows)[None, None]
@@ -78,7 +79,7 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
   old_w, new_w = jnp.exp(top - both), jnp.exp(new_max - both)
   merged = (out.astype(jnp.float32) * old_w[..., None] + new_out * new_w[..., None]) / (
       total * old_w + new_exp.sum(axis=-1) * new_w)[..., None]
-  return attention._ungrouped(merged, steps)
+  return cache_attention.ungrouped(merged, steps).reshape(batch, steps, heads * head_dim)
 
 
 def variants(interpret: bool, splits: list[int]):

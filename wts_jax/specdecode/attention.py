@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from wts_jax.specdecode import cache_attention
 from wts_jax.specdecode.cache_attention import padded_cache_len  # noqa: F401 (the API)
-from wts_jax.specdecode.cache_attention import scores, weighted
+from wts_jax.specdecode.cache_attention import grouped, scores, ungrouped, weighted
 
 IMPLS = ("auto", "xla", "pallas")
 
@@ -42,27 +42,12 @@ def resolve(impl: str) -> str:
   return "pallas" if jax.default_backend() == "gpu" else "xla"
 
 
-def _grouped(q: jax.Array, kv_heads: int) -> jax.Array:
-  """q [B, T, H, h] → [B, Kv, G·T, h], the queries each kv head serves (g major)."""
-  batch, steps, heads, head_dim = q.shape
-  group = heads // kv_heads
-  return (q.reshape(batch, steps, kv_heads, group, head_dim)
-          .transpose(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * steps, head_dim))
-
-
-def _ungrouped(out: jax.Array, steps: int) -> jax.Array:
-  """[B, Kv, G·T, h] → [B, T, H·h]."""
-  batch, kv_heads, rows, head_dim = out.shape
-  group = rows // steps
-  return (out.reshape(batch, kv_heads, group, steps, head_dim)
-          .transpose(0, 3, 1, 2, 4).reshape(batch, steps, kv_heads * group * head_dim))
-
-
 def _new_token_mask(steps: int, causal: bool, rows: int) -> jax.Array:
-  """[R, T] visibility of the new keys to the grouped query rows (row r is step r % T)."""
+  """[R, T] visibility of the new keys to the grouped query rows (``grouped``: row r is
+  step r // G)."""
   if not causal:
     return jnp.ones((rows, steps), bool)
-  query_step = jnp.arange(rows) % steps
+  query_step = jnp.arange(rows) // (rows // steps)
   return query_step[:, None] >= jnp.arange(steps)[None, :]
 
 
@@ -72,12 +57,11 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, *, causal: bool) ->
   in q's dtype."""
   batch, steps, heads, head_dim = q.shape
   kv_heads = keys.shape[1]
-  grouped = _grouped(q, kv_heads)
-  rows = grouped.shape[2]
-  visible = _new_token_mask(steps, causal, rows)[None, None]
+  rows = grouped(q, kv_heads)
+  visible = _new_token_mask(steps, causal, rows.shape[2])[None, None]
   out = weighted(jax.nn.softmax(
-      jnp.where(visible, scores(grouped, keys, head_dim ** -0.5), -jnp.inf), axis=-1), values)
-  return _ungrouped(out, steps).astype(q.dtype)
+      jnp.where(visible, scores(rows, keys, head_dim ** -0.5), -jnp.inf), axis=-1), values)
+  return ungrouped(out, steps).reshape(batch, steps, heads * head_dim).astype(q.dtype)
 
 
 def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,

@@ -103,22 +103,33 @@ def weighted(weights: jax.Array, values: jax.Array) -> jax.Array:
                     preferred_element_type=jnp.float32, precision=precision(values.dtype))
 
 
+def grouped(q: jax.Array, kv_heads: int) -> jax.Array:
+  """q [B, T, H, h] → [B, Kv, T·G, h], the queries each kv head serves; row r is step
+  r // G (head i reads kv head i // G)."""
+  batch, steps, heads, head_dim = q.shape
+  group = heads // kv_heads
+  return (q.reshape(batch, steps, kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+          .reshape(batch, kv_heads, steps * group, head_dim))
+
+
+def ungrouped(out: jax.Array, steps: int) -> jax.Array:
+  """``grouped``'s inverse: [B, Kv, T·G, h] → [B, T, H, h]."""
+  batch, kv_heads, rows, head_dim = out.shape
+  group = rows // steps
+  return (out.reshape(batch, kv_heads, steps, group, head_dim).transpose(0, 2, 1, 3, 4)
+          .reshape(batch, steps, kv_heads * group, head_dim))
+
+
 def reference(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
               scale: float) -> jax.Array:
   """fp32 [B, T, H, h]: queries q [B, T, H, h] over keys/values [B, Kv, S, h] (head i
   reads kv head i // G), step t of row b over ``[0, lengths[b, t])``."""
-  batch, steps, heads, head_dim = q.shape
-  kv_heads = keys.shape[1]
-  group = heads // kv_heads
-  # [B, Kv, T·G, h], row r = step r // G
-  grouped = (q.reshape(batch, steps, kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
-             .reshape(batch, kv_heads, steps * group, head_dim))
+  group = q.shape[2] // keys.shape[1]
   row_lengths = jnp.repeat(lengths, group, axis=1)                        # [B, T·G]
   visible = jnp.arange(keys.shape[2])[None, None, :] < row_lengths[:, :, None]
-  masked = jnp.where(visible[:, None], scores(grouped, keys, scale), -jnp.inf)
-  out = weighted(jax.nn.softmax(masked, axis=-1), values)                 # [B, Kv, T·G, h]
-  return (out.reshape(batch, kv_heads, steps, group, head_dim).transpose(0, 2, 1, 3, 4)
-          .reshape(batch, steps, heads, head_dim))
+  masked = jnp.where(visible[:, None], scores(grouped(q, keys.shape[1]), keys, scale),
+                     -jnp.inf)
+  return ungrouped(weighted(jax.nn.softmax(masked, axis=-1), values), q.shape[1])
 
 
 def _blocks(steps: int, group: int) -> tuple[int, int]:
