@@ -185,3 +185,33 @@ def test_cli_loop_profile_refuses_a_model_larger_than_memory(tmp_path, capsys, m
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "GiB" in err and "--target tiny" in err
   assert not (tmp_path / "c.json").exists()
+
+
+def test_cost_stale_traces_sit_where_the_error_changes_the_choice():
+  """On a table where drafting and not drafting cross, each cost-stale trace runs at the
+  rows and regime where a table 5 % off picks another K than the truth; on a table where
+  not drafting wins by far everywhere, no such place exists and the traces keep their
+  default rows."""
+  from wts_jax.tabletune.cost_table import CostTable
+  from wts_jax.tabletune.table import best_draft_len
+  from wts_jax.tabletune.traces import profiled_prior, stale_cost_factors, stale_cost_point
+  lens = (0, 1, 3, 7)
+  crossing = CostTable("x", "t", "d", (1, 64, 128), lens,
+                       tuple(tuple(0.01 + 1e-3 * (k > 0) + 1e-4 * k * b for k in lens)
+                             for b in (1, 64, 128)), {"source": "test"})
+  for error in (0.05, -0.05):
+    regime, rows, loss = stale_cost_point(crossing, (error, 0.0), 128)
+    stale = crossing.scaled(stale_cost_factors(lens, (error, 0.0)), "stale")
+    profile = profiled_prior(regime, 7)
+    assert 0 < loss < 0.05
+    assert best_draft_len(stale, profile, rows) != best_draft_len(crossing, profile, rows)
+    names = [t.name for t in standard_traces(batch=64, max_draft_len=7, iterations=20,
+                                             costs=crossing) if t.stale == "costs"]
+    assert f"stale_costs_drafting_{'dear' if error > 0 else 'cheap'}_{regime}_b{rows}" in names
+  flat = CostTable("x", "t", "d", (1, 128), lens,
+                   tuple(tuple(0.01 * (1 + 10 * (k > 0)) for k in lens) for _ in (1, 128)),
+                   {"source": "test"})
+  assert stale_cost_point(flat, (0.05, 0.0), 128) is None
+  names = [t.name for t in standard_traces(batch=64, max_draft_len=7, iterations=20,
+                                           costs=flat) if t.stale == "costs"]
+  assert names == ["stale_costs_drafting_dear_hard_b72", "stale_costs_drafting_cheap_hard_b120"]

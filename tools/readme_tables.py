@@ -6,8 +6,9 @@
 Prints markdown tables: the walk grid (wts-bench: each head's fastest W2 form
 against DeepSpec's loop replayed as a CUDA graph, torch-graph, and the vanilla head's
 int8-planes walk against the public int8 kernel's measured walks that the same run's
-floor check records) and the end-to-end decode iteration (wts-e2e-bench), one table per
-results file (the H200 run, then the H100 run).
+floor check records), the end-to-end decode iteration (wts-e2e-bench), one table per
+results file (the H200 run, then the H100 run), and TableTune's evaluation (wts-tabletune
+evaluate), a row per results file.
 """
 
 from __future__ import annotations
@@ -97,12 +98,45 @@ def e2e_table(report: dict) -> str:
   return "\n".join(lines)
 
 
+TABLETUNE_METHODS = ("tabletune", "static_table", "sglang_adaptive", "vllm_adaptive_verify",
+                     "specdecpp_confidence_stop")
+
+
+def tabletune_table(results: list[dict]) -> str:
+  """Per evaluation file: the ratio to the best fixed K (K = 0 included), mean / min
+  over the traces, of TableTune and the baselines, and TableTune's lowest stale
+  recovery on the acceptance-stale and the cost-stale traces (– where the stale table
+  lost nothing)."""
+  lines = ["| true costs | seed | TableTune | static table | SGLang | vLLM | SpecDec++ | "
+           "stale recovery (acc., costs) |",
+           "| --- | --: | --: | --: | --: | --: | --: | --: |"]
+  def recovery(value):
+    return "–" if value is None else f"{value:.3f}"
+  for result in results:
+    methods = result["summary"]["methods"]
+    cells = []
+    for method in TABLETUNE_METHODS:
+      cell = (f"{methods[method]['mean_ratio_to_best_fixed']:.3f} / "
+              f"{methods[method]['min_ratio_to_best_fixed']:.3f}")
+      cells.append(f"**{cell}**" if method == "tabletune" else cell)
+    targets = result["summary"]["targets"]
+    lines.append(f"| {result['device_kind']} {result['target']}, {result['cost_source']} | "
+                 f"{result['seed']} | " + " | ".join(cells) + " | "
+                 f"{recovery(targets['min_stale_recovery_acceptance'])}, "
+                 f"{recovery(targets['min_stale_recovery_costs'])} |")
+  return "\n".join(lines)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--walk", default=str(ROOT / "bench/results/walk/grid.json"))
   parser.add_argument("--e2e", nargs="+",
                       default=[str(ROOT / f"bench/results/{device}_e2e_qwen3.json")
                                for device in ("h200", "h100")])
+  parser.add_argument("--tabletune", nargs="+",
+                      default=[str(ROOT / f"bench/results/h200_{model}_tabletune{seed}.json")
+                               for model in ("qwen3_4b", "qwen3_8b")
+                               for seed in ("", "_seed1", "_seed2")])
   args = parser.parse_args()
   walk = json.loads(pathlib.Path(args.walk).read_text())
   print(f"<!-- walk: {walk['device_kind']}, jax {walk['jax_version']}, "
@@ -114,6 +148,10 @@ def main() -> None:
     print()
     print(f"<!-- e2e: {e2e['device_kind']}, jax {e2e['jax_version']} -->")
     print(e2e_table(e2e))
+  evaluations = [json.loads(pathlib.Path(path).read_text()) for path in args.tabletune]
+  print()
+  print("<!-- tabletune -->")
+  print(tabletune_table(evaluations))
 
 
 if __name__ == "__main__":

@@ -273,7 +273,7 @@ def cmd_evaluate(args) -> int:
     policy_costs = true_costs.with_noise(args.policy_noise, seed=args.seed + 1)
   max_draft_len = true_costs.max_draft_len
   traces = standard_traces(batch=args.batch, max_draft_len=max_draft_len,
-                           iterations=args.iterations, seed=args.seed)
+                           iterations=args.iterations, seed=args.seed, costs=true_costs)
   if args.trace:
     unknown = sorted(set(args.trace) - {t.name for t in traces})
     if unknown:

@@ -25,7 +25,8 @@ A trace may be *stale*: the policies' table was built for acceptance other than 
 traffic's (``stale="acceptance"``, ``profiled_regime`` differs from the running ones), or
 its costs are off (``stale="costs"``, ``cost_error``: the policies' table is the true
 one times ``stale_cost_factors``). The cost-stale traces sit where a 5 % error flips
-the table's choice between drafting and not (the error's costliest place).
+the table's choice (``stale_cost_point``: the rows and regime where it costs most, found
+on the evaluated table; fixed rows of hard traffic when no table is given).
 """
 
 from __future__ import annotations
@@ -56,6 +57,35 @@ def regime_profile(regime: str, max_draft_len: int) -> np.ndarray:
     raise ValueError(f"regime={regime!r} must be one of {sorted(REGIMES)}")
   first, decay = REGIME_RATES[regime]
   return first * decay ** np.arange(max_draft_len)
+
+
+def stale_cost_point(costs, cost_error: tuple[float, float], max_rows: int,
+                     regimes=tuple(REGIME_RATES), seed: int = 0
+                     ) -> tuple[str, int, float] | None:
+  """(regime, rows, loss): where a table off by ``cost_error`` chooses another draft
+  length than the true table for that regime's traffic (its acceptance as measured,
+  ``profiled_prior``), over 1 … ``max_rows`` rows: the middle of a run of such rows at
+  least ``max_rows`` / 16 wide (the traffic's own spread of acceptance must not move the
+  point out of it), the run whose middle loses most (``loss``: there, 1 - the stale
+  choice's tokens/s over the best's). None where the error changes no choice so
+  widely."""
+  from wts_jax.tabletune.table import tokens_per_second  # pylint: disable=import-outside-toplevel
+  stale = costs.scaled(stale_cost_factors(costs.draft_lens, cost_error), "stale")
+  rows = np.arange(1, max_rows + 1)
+  found = None
+  for regime in regimes:
+    profile = profiled_prior(regime, costs.max_draft_len, seed)
+    true_rate = tokens_per_second(costs, profile, rows)                  # [rows, lens]
+    chosen = np.argmax(tokens_per_second(stale, profile, rows), axis=-1)
+    loss = 1.0 - true_rate[rows - 1, chosen] / true_rate.max(axis=-1)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], (loss > 0).astype(int), [0]])))
+    for start, stop in zip(edges[::2], edges[1::2]):    # rows[start:stop] choose wrong
+      if stop - start < max(max_rows // 16, 1):
+        continue
+      at = (start + stop - 1) // 2
+      if found is None or loss[at] > found[2]:
+        found = (regime, int(rows[at]), float(loss[at]))
+  return found
 
 
 def stale_cost_factors(draft_lens, cost_error: tuple[float, float]) -> np.ndarray:
@@ -169,11 +199,13 @@ def make_trace(name: str, description: str, phases: list[Phase], *, batch: int,
 
 
 def standard_traces(*, batch: int = 64, max_draft_len: int = 7, iterations: int = 1200,
-                    seed: int = 0) -> list[Trace]:
+                    seed: int = 0, costs=None) -> list[Trace]:
   """The evaluation's traces: stationary levels, a shift, alternation, batch mixes and
   churn, low acceptance where not drafting wins (a surge, a ramp to 2 x ``batch`` rows),
   a non-geometric profile, tables stale in acceptance and in costs. Row counts are for
-  64 slots, scaled to ``batch``; the large-batch traces have 2 x ``batch`` slots."""
+  64 slots, scaled to ``batch``; the large-batch traces have 2 x ``batch`` slots.
+  ``costs``: the true cost table, whose ``stale_cost_point`` places the cost-stale traces
+  (rows and regime); without it they run hard traffic at 72 and 120 rows (of 64)."""
   n = iterations
   large = 2 * batch
 
@@ -245,17 +277,26 @@ def standard_traces(*, batch: int = 64, max_draft_len: int = 7, iterations: int 
       trace(f"stale_chat_table_hard_traffic_b{large}",
             f"table profiled under chat-like acceptance, traffic hard, {large} rows",
             [Phase(n, large, {"hard": 1})], "chat", 14, large, stale="acceptance"),
-      trace(f"stale_costs_drafting_dear_b{rows(72)}",
-            f"policies' table with every K >= 1 5 % dearer than the truth (drafting got "
-            f"faster since the profile), hard traffic, {rows(72)} rows",
-            [Phase(n, rows(72), {"hard": 1})], "hard", 15, large, stale="costs",
-            cost_error=(0.05, 0.0)),
-      trace(f"stale_costs_drafting_cheap_b{rows(120)}",
-            f"policies' table with every K >= 1 5 % cheaper than the truth, hard "
-            f"traffic, {rows(120)} rows",
-            [Phase(n, rows(120), {"hard": 1})], "hard", 16, large, stale="costs",
-            cost_error=(-0.05, 0.0)),
+      *(stale_cost_trace(functools.partial(trace, offset=offset), error, default, n, large,
+                         costs, seed)
+        for error, default, offset in ((0.05, rows(72), 15), (-0.05, rows(120), 16))),
   ]
+
+
+def stale_cost_trace(trace, error: float, default_rows: int, iterations: int, slots: int,
+                     costs, seed: int) -> Trace:
+  """A trace (``trace``: standard_traces' maker) whose policies' table has every K >= 1
+  ``error`` off (> 0: dearer than the truth, drafting got faster since the profile), at
+  ``stale_cost_point`` of ``costs`` (else hard traffic at ``default_rows``)."""
+  point = None if costs is None else stale_cost_point(costs, (error, 0.0), slots,
+                                                      seed=seed)
+  regime, active = ("hard", default_rows) if point is None else point[:2]
+  name, direction = ("dear", "dearer") if error > 0 else ("cheap", "cheaper")
+  return trace(f"stale_costs_drafting_{name}_{regime}_b{active}",
+               f"policies' table with every K >= 1 {abs(error):.0%} {direction} than the "
+               f"truth, {regime} traffic, {active} rows", [Phase(iterations, active,
+                                                                {regime: 1})],
+               regime, slots=slots, stale="costs", cost_error=(error, 0.0))
 
 
 def measured_profile(trace: Trace) -> np.ndarray:
