@@ -21,3 +21,17 @@ def test_the_e2e_table_gives_the_gain_from_the_iterations():
   assert len(lines) == 3   # header, rule, the one measured point
   assert "| 3.00 / 3.30 / 2.90 |" in lines[2] and "+10.0 %" in lines[2]
   assert "| 2.50 (1.70) |" in lines[2] and "| 0.100 / 0.100 |" in lines[2]
+
+
+def test_the_tabletune_table_gives_each_runs_ratios_and_recoveries():
+  def methods(mean, low):
+    return {m: dict(mean_ratio_to_best_fixed=mean, min_ratio_to_best_fixed=low)
+            for m in readme_tables.TABLETUNE_METHODS}
+  run = dict(device_kind="NVIDIA H200", target="qwen3-4b", cost_source="measured", seed=2,
+             summary=dict(methods=methods(1.0191, 0.9874),
+                          targets=dict(min_stale_recovery_acceptance=0.9961,
+                                       min_stale_recovery_costs=None)))
+  lines = readme_tables.tabletune_table([run]).splitlines()
+  assert len(lines) == 3
+  assert lines[2].startswith("| NVIDIA H200 qwen3-4b, measured | 2 | **1.019 / 0.987** |")
+  assert lines[2].endswith("| 0.996, – |")
