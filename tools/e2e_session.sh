@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One device call for the end-to-end loop: its GPU tests, then wts-e2e-bench, then
 # (SECTIONS=attention) the cached-attention variants alone, then (SECTIONS=tabletune)
-# TableTune's cost table measured through the loop.
+# TableTune's cost table measured through the loop, (SECTIONS=overhead) the controller's
+# cost per iteration, (SECTIONS=agreement) the loop's greedy tokens against the target's
+# own decode in fp32 (where bf16 near-ties cannot round apart).
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
+#   SECTIONS=overhead,agreement bash tools/e2e_session.sh
 # Writes logs and JSON under $OUT.
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -44,5 +47,21 @@ if has tabletune; then
     --target "$target" --draft-lens ${DRAFT_LENS:-0,1,2,3,5,7} \
     --batches ${TT_BATCHES:-1,4,16,32,64,128} --budget-s ${TT_BUDGET:-300} \
     --out "$OUT/h200_${target//-/_}_tabletune_costs.json" 2>&1 | tee "$OUT/tabletune_profile.log"
+fi
+if has overhead; then
+  stamp overhead
+  batches=${OVERHEAD_BATCHES:-1,16,64}
+  for b in ${batches//,/ }; do
+    timeout 120 python3 -m wts_jax.tabletune.cli overhead --batch "$b" \
+      --costs ${COSTS:-bench/results/h200_qwen3_4b_tabletune_costs.json} 2>&1 | grep '^{'
+  done | tee "$OUT/tabletune_overhead.jsonl"
+fi
+if has agreement; then
+  stamp agreement
+  timeout ${AGREEMENT_S:-300} python3 -m wts_jax.specdecode.bench_e2e \
+    --models ${AGREEMENT_MODELS:-qwen3_8b} --batches ${AGREEMENT_BATCHES:-16} --walks pallas \
+    --dtype float32 --repeats 1 --chain 1 --new-tokens ${NEW:-64} --time-budget 240 \
+    --profile /tmp/e2e_profile_fp32 --out "$OUT/e2e_fp32_agreement.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/e2e_fp32_agreement.log"
 fi
 stamp done
