@@ -24,9 +24,9 @@ that serves a busy phase faster is not charged for spending less time in it.
 A trace may be *stale*: the policies' table was built for acceptance other than the
 traffic's (``stale="acceptance"``, ``profiled_regime`` differs from the running ones), or
 its costs are off (``stale="costs"``, ``cost_error``: the policies' table is the true
-one times ``stale_cost_factors``). The cost-stale traces sit where a 5 % error flips
-the table's choice (``stale_cost_point``: the rows and regime where it costs most, found
-on the evaluated table; fixed rows of hard traffic when no table is given).
+one times ``stale_cost_factors``). The cost-stale traces sit where a 5 % error changes
+the evaluated table's choice (``stale_cost_point``: inside a run of such rows, for the
+regime where it costs most; fixed rows of hard traffic when no table is given).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def stale_cost_point(costs, cost_error: tuple[float, float], max_rows: int,
   point out of it), the run whose middle loses most (``loss``: there, 1 - the stale
   choice's tokens/s over the best's). None where the error changes no choice so
   widely."""
+  # Imported here: the table module pulls in jax, and the traces are numpy alone.
   from wts_jax.tabletune.table import tokens_per_second  # pylint: disable=import-outside-toplevel
   stale = costs.scaled(stale_cost_factors(costs.draft_lens, cost_error), "stale")
   rows = np.arange(1, max_rows + 1)
