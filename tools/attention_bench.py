@@ -82,7 +82,8 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
   return cache_attention.ungrouped(merged, steps).reshape(batch, steps, heads * head_dim)
 
 
-def variants(interpret: bool, splits: list[int]):
+def variants(interpret: bool, splits: list[int],
+             launches: list[cache_attention.Launch] = ()):
   found = {
       "cache_kernel": lambda q, k, v, n: attention.attend_written(
           q, k, v, n, causal=True, impl="pallas", interpret=interpret),
@@ -94,6 +95,10 @@ def variants(interpret: bool, splits: list[int]):
     found[f"cache_kernel_splits_{parts}"] = functools.partial(
         attention.attend_written, causal=True, impl="pallas", splits=parts,
         interpret=interpret)
+  for how in launches:
+    found[f"cache_kernel_k{how.block_k}_w{how.num_warps}_s{how.num_stages}"] = (
+        functools.partial(attention.attend_written, causal=True, impl="pallas",
+                          launch_as=how, interpret=interpret))
   return found
 
 
@@ -109,7 +114,8 @@ def time_variant(fn, args, calls: int) -> tuple[dict, jax.Array]:
 
 
 def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
-          head_dim: int, calls: int, interpret: bool, splits: list[int]) -> list[dict]:
+          head_dim: int, calls: int, interpret: bool, splits: list[int],
+          launches: list[cache_attention.Launch] = ()) -> list[dict]:
   width = attention.padded_cache_len(context + steps)
   keys = jax.random.split(jax.random.key(batch * 131 + steps), 3)
   q = jax.random.normal(keys[0], (batch, steps, heads, head_dim), jnp.bfloat16)
@@ -117,16 +123,23 @@ def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
                                         jnp.bfloat16) for k in keys[1:])
   cache_len = jnp.full((batch,), context, jnp.int32)
   records, outputs = [], {}
-  for name, fn in variants(interpret, splits).items():
-    timed, outputs[name] = time_variant(fn, (q, cache_k, cache_v, cache_len), calls)
+  for name, fn in variants(interpret, splits, launches).items():
     record = dict(variant=name, batch=batch, new_tokens=steps, context=context,
-                  cache_positions=width, **timed)
-    records.append(record)
-    print(f"B={batch:3d} T={steps} {name:26s} {record['busy_us']:8.1f} us/call "
-          f"({record['ops_per_call']:.0f} ops)", file=sys.stderr, flush=True)
+                  cache_positions=width)
+    try:
+      timed, outputs[name] = time_variant(fn, (q, cache_k, cache_v, cache_len), calls)
+    except ValueError as error:   # a launch whose key block does not divide this split
+      records.append(dict(record, skipped=str(error)))
+      print(f"B={batch:3d} T={steps} {name:26s} skipped: {error}", file=sys.stderr)
+      continue
+    records.append(dict(record, **timed))
+    print(f"B={batch:3d} T={steps} {name:26s} {timed['busy_us']:8.1f} us/call "
+          f"({timed['ops_per_call']:.0f} ops)", file=sys.stderr, flush=True)
   for record in records:   # every variant's output beside the XLA reference's
-    record["max_abs_diff_vs_xla"] = float(jnp.max(jnp.abs(
-        outputs[record["variant"]].astype(jnp.float32) - outputs["xla"].astype(jnp.float32))))
+    if record["variant"] in outputs:
+      record["max_abs_diff_vs_xla"] = float(jnp.max(jnp.abs(
+          outputs[record["variant"]].astype(jnp.float32)
+          - outputs["xla"].astype(jnp.float32))))
   return records
 
 
@@ -146,6 +159,10 @@ def main(argv=None) -> int:
   parser.add_argument("--splits", default="1,2,4,8,16",
                       help="split counts the cache kernel also runs with, beside its own "
                            "choice (default 1,2,4,8,16; '' none)")
+  parser.add_argument("--launches", default="",
+                      help="the cache kernel's own split count also run with these "
+                           "launches, KEYSxWARPSxSTAGES each (e.g. 64x4x2,64x4x3,128x8x2; "
+                           "default '' none)")
   parser.add_argument("--interpret", action="store_true",
                       help="the kernels in Pallas interpret mode (a CPU smoke run)")
   parser.add_argument("--out", type=Path, default=Path("attention_bench.json"))
@@ -160,6 +177,18 @@ def main(argv=None) -> int:
           f"{args.shape!r} and --splits {args.splits!r} must be comma-separated integers",
           file=sys.stderr)
     return 2
+  try:
+    launches = [cache_attention.Launch(*(int(x) for x in item.split("x")))
+                for item in args.launches.split(",") if item]
+  except (ValueError, TypeError):
+    launches = None
+  if launches is None or any(
+      len(item.split("x")) != 3 for item in args.launches.split(",") if item) or any(
+      how.block_k not in (16, 32, 64, 128, 256) or how.num_warps not in (1, 2, 4, 8, 16)
+      or not 1 <= how.num_stages <= 6 for how in launches):
+    print(f"error: --launches {args.launches!r}: each KEYSxWARPSxSTAGES, keys a power of "
+          f"two in [16, 256], warps one of 1, 2, 4, 8, 16, stages 1-6", file=sys.stderr)
+    return 2
   if any(p not in (1, 2, 4, 8, cache_attention.MAX_SPLITS) for p in splits):
     print(f"error: --splits {args.splits!r}: each a power of two <= "
           f"{cache_attention.MAX_SPLITS}", file=sys.stderr)
@@ -171,7 +200,7 @@ def main(argv=None) -> int:
   records = [r for b in batches for t in steps
              for r in point(b, t, args.context, heads=heads, kv_heads=kv_heads,
                             head_dim=head_dim, calls=args.calls, interpret=args.interpret,
-                            splits=splits)]
+                            splits=splits, launches=launches)]
   report = dict(tool="tools/attention_bench.py", device=jax.devices()[0].device_kind,
                 jax_version=jax.__version__, shape=dict(heads=heads, kv_heads=kv_heads,
                                                         head_dim=head_dim),

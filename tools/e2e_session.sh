@@ -6,6 +6,7 @@
 # own decode in fp32 (where bf16 near-ties cannot round apart).
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
+#   SECTIONS=attention BATCHES=16,64 SPLITS= LAUNCHES=64x4x2,64x4x3,128x8x2 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
 #   SECTIONS=overhead,agreement bash tools/e2e_session.sh
 # Writes logs and JSON under $OUT.
@@ -38,6 +39,7 @@ fi
 if has attention; then   # the cache-attention kernel beside JAX's shipped one and XLA
   stamp attention
   timeout ${ATTENTION_S:-300} python3 tools/attention_bench.py --batches ${BATCHES:-1,4,16,64} \
+    --splits "${SPLITS-1,2,4,8,16}" --launches "${LAUNCHES:-}" \
     --out "$OUT/attention_bench.json" 2>&1 | grep -v Warning | tee "$OUT/attention_bench.log"
 fi
 if has tabletune; then

@@ -66,12 +66,14 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, *, causal: bool) ->
 
 def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,
                    cache_len: jax.Array, *, causal: bool, impl: str = "xla",
-                   splits: int | None = None, interpret: bool = False) -> jax.Array:
+                   splits: int | None = None,
+                   launch_as: cache_attention.Launch | None = None,
+                   interpret: bool = False) -> jax.Array:
   """Attention of T new tokens per row, q [B, T, H, h], whose keys and values the cache
   [B, Kv, S, h] already holds at ``cache_len[b] + t``: over the cache alone, step t up to
   ``cache_len[b] + t + 1`` (causal) or ``cache_len[b] + T``. Returns [B, T, H·h] in q's
-  dtype. ``splits``: the kernel's split count (None: its own rule); ``interpret``: the
-  kernel in Pallas interpret mode."""
+  dtype. ``splits``, ``launch_as``: the kernel's split count and launch (None: its own
+  rules); ``interpret``: the kernel in Pallas interpret mode."""
   batch, steps, heads, head_dim = q.shape
   lengths = cache_attention.causal_lengths(cache_len, steps, causal=causal)
   scale = head_dim ** -0.5
@@ -79,6 +81,7 @@ def attend_written(q: jax.Array, cache_keys: jax.Array, cache_values: jax.Array,
     out = cache_attention.reference(q, cache_keys, cache_values, lengths, scale)
   else:
     out = cache_attention.split_k(q, cache_keys, cache_values, lengths, scale,
-                                  splits=splits, interpret=interpret)
+                                  splits=splits, launch_as=launch_as,
+                                  interpret=interpret)
   return out.reshape(batch, steps, heads * head_dim).astype(q.dtype)
 

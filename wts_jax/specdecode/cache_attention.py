@@ -27,6 +27,7 @@ reads kv head i // G):
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +73,19 @@ def key_block(split_len: int) -> int:
   """Keys a program reads per step of its loop: the largest of 128, 64, 32, 16 that
   divides ``split_len``."""
   return next(b for b in (128, 64, 32, 16) if split_len % b == 0)
+
+
+class Launch(NamedTuple):
+  """How the split kernel runs: keys a step of its loop reads (a power of two ≥ 16 that
+  divides a split), warps a program, stages of its load pipeline."""
+  block_k: int
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+def launch(split_len: int) -> Launch:
+  """The kernel's own launch for splits of ``split_len`` keys."""
+  return Launch(key_block(split_len))
 
 
 def causal_lengths(cache_len: jax.Array, steps: int, *, causal: bool) -> jax.Array:
@@ -214,12 +228,13 @@ def _merge_kernel(part_ref, sum_ref, max_ref, o_ref, *, steps: int, group: int):
 
 
 def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
-            scale: float, *, splits: int | None = None, interpret: bool = False
-            ) -> jax.Array:
+            scale: float, *, splits: int | None = None, launch_as: Launch | None = None,
+            interpret: bool = False) -> jax.Array:
   """``reference``'s contract in q's dtype: one kernel over each (row, kv head, split),
   and, when the keys are split (``splits``: P, a power of two ≤ ``MAX_SPLITS``; None:
   ``num_splits``), a second that merges the splits. Both read and write the queries'
-  own [B, T, H, h] layout: no grouping copy before, no transpose after."""
+  own [B, T, H, h] layout: no grouping copy before, no transpose after. ``launch_as``:
+  the split kernel's launch (None: ``launch``)."""
   batch, steps, heads, head_dim = q.shape
   kv_heads, width = keys.shape[1], keys.shape[2]
   group = heads // kv_heads
@@ -234,15 +249,21 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
   elif splits not in [1 << i for i in range(MAX_SPLITS.bit_length())]:
     raise ValueError(f"splits={splits!r} must be a power of two <= {MAX_SPLITS}")
   split_len = width // splits
+  launch_as = launch(split_len) if launch_as is None else launch_as
+  block_k = launch_as.block_k
+  if block_k not in (16, 32, 64, 128, 256) or split_len % block_k:
+    raise ValueError(f"launch_as.block_k={block_k!r} must be a power of two in [16, 256] "
+                     f"dividing the split's {split_len} keys")
   block_t, block_g = _blocks(steps, group)
   block_r = block_t * block_g
   by_head = q.reshape(batch, steps, kv_heads, group, head_dim)
   queries = pl.BlockSpec((None, block_t, None, block_g, head_dim),
                          lambda b, k, *_: (b, 0, k, 0, 0))
-  kernel = functools.partial(_split_kernel, steps=steps, group=group,
-                             block_k=key_block(split_len), scale=scale,
-                             exact=jnp.dtype(q.dtype) == jnp.float32)
-  params = pl_triton.CompilerParams(num_warps=4, num_stages=2)
+  kernel = functools.partial(_split_kernel, steps=steps, group=group, block_k=block_k,
+                             scale=scale, exact=jnp.dtype(q.dtype) == jnp.float32)
+  params = pl_triton.CompilerParams(num_warps=launch_as.num_warps,
+                                    num_stages=launch_as.num_stages)
+  merge_params = pl_triton.CompilerParams(num_warps=4, num_stages=2)
   in_specs = [
       queries,
       pl.BlockSpec((None, block_t), lambda b, k, j: (b, 0)),
@@ -283,6 +304,6 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
       ],
       out_specs=queries,
       out_shape=jax.ShapeDtypeStruct(by_head.shape, q.dtype),
-      compiler_params=params, interpret=interpret, name=MERGE_KERNEL_NAME,
+      compiler_params=merge_params, interpret=interpret, name=MERGE_KERNEL_NAME,
   )(parts, total, top)
   return out.reshape(q.shape)
