@@ -143,6 +143,21 @@ def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
   return records
 
 
+def _launches(text: str) -> list[cache_attention.Launch] | None:
+  """``--launches``: KEYSxWARPSxSTAGES items, comma-separated; None if one is not."""
+  found = []
+  for item in filter(None, text.split(",")):
+    parts = item.split("x")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+      return None
+    how = cache_attention.Launch(*map(int, parts))
+    if (how.block_k not in cache_attention.KEY_BLOCKS or how.num_warps not in (1, 2, 4, 8, 16)
+        or not 1 <= how.num_stages <= 6):
+      return None
+    found.append(how)
+  return found
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="attention_bench",
                                    description=__doc__.split("\n")[0])
@@ -177,17 +192,11 @@ def main(argv=None) -> int:
           f"{args.shape!r} and --splits {args.splits!r} must be comma-separated integers",
           file=sys.stderr)
     return 2
-  try:
-    launches = [cache_attention.Launch(*(int(x) for x in item.split("x")))
-                for item in args.launches.split(",") if item]
-  except (ValueError, TypeError):
-    launches = None
-  if launches is None or any(
-      len(item.split("x")) != 3 for item in args.launches.split(",") if item) or any(
-      how.block_k not in (16, 32, 64, 128, 256) or how.num_warps not in (1, 2, 4, 8, 16)
-      or not 1 <= how.num_stages <= 6 for how in launches):
-    print(f"error: --launches {args.launches!r}: each KEYSxWARPSxSTAGES, keys a power of "
-          f"two in [16, 256], warps one of 1, 2, 4, 8, 16, stages 1-6", file=sys.stderr)
+  launches = _launches(args.launches)
+  if launches is None:
+    print(f"error: --launches {args.launches!r}: each KEYSxWARPSxSTAGES, keys one of "
+          f"{', '.join(map(str, cache_attention.KEY_BLOCKS))}, warps one of 1, 2, 4, 8, "
+          f"16, stages 1-6", file=sys.stderr)
     return 2
   if any(p not in (1, 2, 4, 8, cache_attention.MAX_SPLITS) for p in splits):
     print(f"error: --splits {args.splits!r}: each a power of two <= "

@@ -75,6 +75,10 @@ def key_block(split_len: int) -> int:
   return next(b for b in (128, 64, 32, 16) if split_len % b == 0)
 
 
+# Keys a step of the split kernel's loop may read (a launch's ``block_k``).
+KEY_BLOCKS = (16, 32, 64, 128, 256)
+
+
 class Launch(NamedTuple):
   """How the split kernel runs: keys a step of its loop reads (a power of two ≥ 16 that
   divides a split), warps a program, stages of its load pipeline."""
@@ -251,7 +255,7 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
   split_len = width // splits
   launch_as = launch(split_len) if launch_as is None else launch_as
   block_k = launch_as.block_k
-  if block_k not in (16, 32, 64, 128, 256) or split_len % block_k:
+  if block_k not in KEY_BLOCKS or split_len % block_k:
     raise ValueError(f"launch_as.block_k={block_k!r} must be a power of two in [16, 256] "
                      f"dividing the split's {split_len} keys")
   block_t, block_g = _blocks(steps, group)

@@ -114,14 +114,20 @@ def max_draft_len(policy: Any) -> int:
   return draft_lens_of(policy)[-1]
 
 
+def searchsorted(xp, sorted_values, values, side: str = "left"):
+  """``xp.searchsorted``; in jax by comparing against every entry: its default search is a
+  loop of log2(n) steps, which inside the decode loop on a GPU is a kernel and a host
+  check a step, where comparing a handful of labels or buckets is one fused operation."""
+  if xp is jnp:
+    return jnp.searchsorted(sorted_values, values, side=side, method="compare_all")
+  return np.searchsorted(sorted_values, values, side=side)
+
+
 def branch_index(draft_lens: tuple[int, ...], k: jnp.ndarray) -> jnp.ndarray:
   """The ``lax.switch`` index of draft length ``k`` among ``draft_lens``."""
   if len(draft_lens) == 1:
     return jnp.int32(0)
-  # Compared against every label: jnp's default search is a loop of log2(n) steps, on a
-  # GPU a kernel and a host check each, inside every iteration of the decode loop.
-  return jnp.clip(jnp.searchsorted(jnp.asarray(draft_lens, jnp.int32), k,
-                                   method="compare_all"), 0,
+  return jnp.clip(searchsorted(jnp, jnp.asarray(draft_lens, jnp.int32), k), 0,
                   len(draft_lens) - 1).astype(jnp.int32)
 
 

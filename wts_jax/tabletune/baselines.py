@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wts_jax.specdecode.policy import searchsorted
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.cost_table import (CostTable, interpolate_draft_len, interpolate_rows,
-                                         searchsorted)
+from wts_jax.tabletune.cost_table import CostTable, interpolate_draft_len, interpolate_rows
 from wts_jax.tabletune.table import best_draft_len
 
 

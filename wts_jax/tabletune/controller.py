@@ -48,9 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wts_jax.specdecode.policy import MeasuredIteration, check_draft_lens
+from wts_jax.specdecode.policy import MeasuredIteration, check_draft_lens, searchsorted
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.cost_table import CostTable, bucket_weights, searchsorted
+from wts_jax.tabletune.cost_table import CostTable, bucket_weights
 
 NEVER_RUN = 1 << 20   # ``since_run`` of a draft length not run yet
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wts_jax.result_files import write_json
-from wts_jax.specdecode.policy import check_draft_lens
+from wts_jax.specdecode.policy import check_draft_lens, searchsorted
 
 SCHEMA = "wts_jax.tabletune.cost_table/1"
 
@@ -152,15 +152,6 @@ class CostTable:
   @classmethod
   def load(cls, path: str | pathlib.Path) -> CostTable:
     return cls.from_json(json.loads(pathlib.Path(path).read_text()))
-
-
-def searchsorted(xp, sorted_values, values, side: str = "left"):
-  """``xp.searchsorted``; in jax by comparing against every entry: its default search is a
-  loop of log2(n) steps, which inside the decode loop on a GPU is a kernel and a host
-  check a step, where comparing a handful of labels or buckets is one fused operation."""
-  if xp is jnp:
-    return jnp.searchsorted(sorted_values, values, side=side, method="compare_all")
-  return np.searchsorted(sorted_values, values, side=side)
 
 
 def bucket_weights(batches, batch):
