@@ -104,6 +104,24 @@ def test_the_kernel_stops_each_step_at_its_own_length():
                                err_msg=f"splits={splits}, launch_as={launch_as}")
 
 
+def test_many_splits_are_merged_in_slices_of_the_head_dimension():
+  """Sixteen splits of eight steps of four heads at a head size of 128: too many
+  partials for one merge program, so each merges a slice of the head dimension; the
+  slices together give the reference's attention, steps ending in different splits."""
+  steps, heads, head_dim, splits = 8, 4, 128, 16
+  assert cache_attention._merge_slice(splits, steps * heads, head_dim) < head_dim
+  width = cache_attention.padded_cache_len(300)
+  keys = jax.random.split(jax.random.key(11), 3)
+  q = jax.random.normal(keys[0], (1, steps, heads, head_dim), jnp.float32)
+  cache_k = jax.random.normal(keys[1], (1, 1, width, head_dim), jnp.float32)
+  cache_v = jax.random.normal(keys[2], (1, 1, width, head_dim), jnp.float32)
+  lengths = jnp.array([[3, 31, 32, 33, 100, 255, 256, 300]], jnp.int32)
+  out = cache_attention.split_k(q, cache_k, cache_v, lengths, 0.1, splits=splits,
+                                interpret=True)
+  expected = cache_attention.reference(q, cache_k, cache_v, lengths, 0.1)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
+
+
 def test_without_a_cache_only_the_new_tokens_are_attended():
   q, new_k, new_v, _, _ = _inputs(0, 2, 6, 4, 2, 16, 16)
   out = attention.attend(q, new_k, new_v, causal=True)

@@ -47,6 +47,9 @@ _TARGET_PROGRAMS = 128
 # Splits the automatic choice stops at: the merge reads the splits one after another,
 # and past eight its loop costs more than the split kernel saves (measured likewise).
 _MERGED_SPLITS = 8
+# Values a merge program holds: its rows' partials of every split over a slice of the
+# head dimension (64 a thread at four warps: registers, no spill).
+_MERGE_VALUES = 8192
 # Finite, so that a query row with no visible key in a block or a split keeps exp(0)
 # arithmetic NaN-free; its weight in the merge is exp(_MASKED - max) = 0.
 _MASKED = -1e30
@@ -217,18 +220,25 @@ def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, *out_refs, steps: int, group
 
 
 def _merge_kernel(part_ref, sum_ref, max_ref, o_ref, *, steps: int, group: int):
-  """One (row, kv head)'s splits merged by the log-sum-exp rule, written in the queries'
-  layout."""
-  splits, block_r, head_dim = part_ref.shape
-  top = max_ref[...].max(axis=0)                                          # [block_r]
-  total = jnp.sum(sum_ref[...] * jnp.exp(max_ref[...] - top[None, :]), axis=0)
-
-  def add(p, acc):
-    weight = jnp.exp(max_ref[p, :] - top)
-    return acc + part_ref[p, :, :].astype(jnp.float32) * weight[:, None]
-
-  out = lax.fori_loop(0, splits, add, jnp.zeros((block_r, head_dim), jnp.float32))
+  """One (row, kv head, slice of the head dimension)'s splits merged by the
+  log-sum-exp rule in one pass over all of them, written in the queries' layout."""
+  tops = max_ref[...]                                                     # [P, block_r]
+  top = tops.max(axis=0)
+  weights = jnp.exp(tops - top[None, :])
+  total = jnp.sum(sum_ref[...] * weights, axis=0)
+  out = jnp.sum(part_ref[...].astype(jnp.float32) * weights[:, :, None], axis=0)
   _store_attention(o_ref, out, total, _query_rows(o_ref, steps, group))
+
+
+def _merge_slice(splits: int, block_r: int, head_dim: int) -> int:
+  """Head-dimension columns one merge program holds: all splits' partials of its rows
+  at once (at most ``_MERGE_VALUES`` values while halving leaves 16 columns or more),
+  so it needs no loop over the splits and more programs share the merge at small
+  batches."""
+  columns = head_dim
+  while columns % 32 == 0 and splits * block_r * columns > _MERGE_VALUES:
+    columns //= 2
+  return columns
 
 
 def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
@@ -297,16 +307,18 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32),
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32)],
       compiler_params=params, interpret=interpret, name=KERNEL_NAME)(*args)
+  columns = _merge_slice(splits, block_r, head_dim)
   out = pl.pallas_call(
       functools.partial(_merge_kernel, steps=steps, group=group),
-      grid=(batch, kv_heads),
+      grid=(batch, kv_heads, head_dim // columns),
       in_specs=[
-          pl.BlockSpec((None, None, splits, block_r, head_dim),
-                       lambda b, k: (b, k, 0, 0, 0)),
-          pl.BlockSpec((None, None, splits, block_r), lambda b, k: (b, k, 0, 0)),
-          pl.BlockSpec((None, None, splits, block_r), lambda b, k: (b, k, 0, 0)),
+          pl.BlockSpec((None, None, splits, block_r, columns),
+                       lambda b, k, c: (b, k, 0, 0, c)),
+          pl.BlockSpec((None, None, splits, block_r), lambda b, k, c: (b, k, 0, 0)),
+          pl.BlockSpec((None, None, splits, block_r), lambda b, k, c: (b, k, 0, 0)),
       ],
-      out_specs=queries,
+      out_specs=pl.BlockSpec((None, block_t, None, block_g, columns),
+                             lambda b, k, c: (b, 0, k, 0, c)),
       out_shape=jax.ShapeDtypeStruct(by_head.shape, q.dtype),
       compiler_params=merge_params, interpret=interpret, name=MERGE_KERNEL_NAME,
   )(parts, total, top)
