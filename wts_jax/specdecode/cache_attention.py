@@ -44,8 +44,8 @@ SPLIT_MULTIPLE = 16
 # at small batches; more add partial outputs to write and merge, which cost more than
 # the idle SMs (measured: docs/decisions.md).
 _TARGET_PROGRAMS = 128
-# Splits the automatic choice stops at: the merge reads the splits one after another,
-# and past eight its loop costs more than the split kernel saves (measured likewise).
+# Splits the automatic choice stops at: past eight, shorter splits gain nothing (their
+# programs are mostly launch and merge), measured likewise.
 _MERGED_SPLITS = 8
 # Values a merge program holds: its rows' partials of every split over a slice of the
 # head dimension (64 a thread at four warps: registers, no spill).
@@ -73,9 +73,10 @@ def num_splits(batch: int, kv_heads: int) -> int:
 
 
 def key_block(split_len: int) -> int:
-  """Keys a program reads per step of its loop: the largest of 128, 64, 32, 16 that
-  divides ``split_len``."""
-  return next(b for b in (128, 64, 32, 16) if split_len % b == 0)
+  """Keys a program reads per step of its loop: the largest of 64, 32, 16 that divides
+  ``split_len``. Not 128: a 128-key block's stages fill an SM's shared memory, so one
+  program runs an SM where 64-key blocks run several (measured: docs/decisions.md)."""
+  return next(b for b in (64, 32, 16) if split_len % b == 0)
 
 
 # Keys a step of the split kernel's loop may read (a launch's ``block_k``).
@@ -87,7 +88,9 @@ class Launch(NamedTuple):
   divides a split), warps a program, stages of its load pipeline."""
   block_k: int
   num_warps: int = 4
-  num_stages: int = 2
+  # Three stages keep two blocks' loads in flight behind the products (measured faster
+  # than two at every batch from 16 rows: docs/decisions.md).
+  num_stages: int = 3
 
 
 def launch(split_len: int) -> Launch:
