@@ -10,6 +10,7 @@ jax 0.10 serializes the kernel's module, so there the test checks less.
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -29,3 +30,12 @@ def test_auto_plan_lowers_at_rank_64(head_type, quantize, batch, temperature):
   text = lower_walk(head_type, batch, 4, quantize=quantize, rank=64,
                     temperature=temperature)
   assert "mosaic_gpu" in text or "triton" in text
+
+
+@pytest.mark.parametrize("quantize", [None, "int8p"], ids=["bf16", "int8p"])
+def test_a_plan_over_fp32_base_logits_lowers(quantize):
+  """fp32 base logits (a decode loop in fp32): the batch on N loads its base tile
+  transposed, which Mosaic GPU lowers for bf16 only, so the planner puts 16 rows on M.
+  (At Qwen3's rank: at a small rank the int8 planes go on M anyway.)"""
+  text = lower_walk("vanilla", 16, 4, quantize=quantize, base_dtype=jnp.float32)
+  assert "mosaic_gpu" in text

@@ -441,9 +441,13 @@ def test_int8_w2_widened_in_the_kernel_plans_and_refusals(n_lowers, monkeypatch)
     return mosaic_batched_backend.plan(head, shapes, MosaicBatchedConfig(**options),
                                        H200_FACTS)
   if not n_lowers:
-    assert "needs the batch on N (the chunk is the WGMMA's A operand) and jax >= 0.11" in (
+    assert "needs the batch on N, which needs jax >= 0.11" in (
         plan(w2_widening="registers").reason)
     return
+  fp32_base = mosaic_batched_backend.plan(
+      head, backend.WalkShapes(batch=16, steps=7, base_itemsize=4),
+      MosaicBatchedConfig(w2_widening="registers"), H200_FACTS)
+  assert "needs the batch on N, which needs bf16 base logits" in fp32_base.reason
   copied, in_registers, through_smem = (plan(w2_widening=w, warpgroups=1).plan
                                         for w in ("xla", "registers", "smem"))
   assert (copied.w2_itemsize, in_registers.w2_itemsize, through_smem.w2_itemsize) == (2, 1, 1)

@@ -52,9 +52,11 @@ def cuda_target():
 
 
 def lower_walk(head_type, batch, steps, *, temperature=0.0, logits=False, logprobs=False,
-               quantize=None, config=None, stepwise=False, rank=None):
+               quantize=None, config=None, stepwise=False, rank=None,
+               base_dtype=jnp.bfloat16):
   """The walk's StableHLO for CUDA at the Qwen3-4B shape (``rank`` another), planned as
-  on the H200 with ``config`` (None: the planners' choice among the kernels)."""
+  on the H200 with ``config`` (None: the planners' choice among the kernels), over base
+  logits and hidden states of ``base_dtype``."""
   head_config = (HeadConfig.qwen3_4b(head_type) if rank is None
                  else HeadConfig.qwen3_4b(head_type, rank=rank))
   head = jax.eval_shape(lambda: wts_jax.make_head(head_config))
@@ -64,9 +66,9 @@ def lower_walk(head_type, batch, steps, *, temperature=0.0, logits=False, logpro
     head = jax.eval_shape(lambda h: quantize_w2(h, "int8", state="planes")
                           if quantize == "int8p" else quantize_w2(h, quantize), head)
   v, d = head_config.vocab_size, head_config.hidden_size
-  base = jax.ShapeDtypeStruct((batch, steps, v), jnp.bfloat16)
+  base = jax.ShapeDtypeStruct((batch, steps, v), base_dtype)
   first = jax.ShapeDtypeStruct((batch,), jnp.int32)
-  hidden = jax.ShapeDtypeStruct((batch, steps, d), jnp.bfloat16)
+  hidden = jax.ShapeDtypeStruct((batch, steps, d), base_dtype)
 
   def run(head, base, first, hidden):
     mode = validation.make_sampling(temperature, jax.random.key(0) if temperature else None,

@@ -77,7 +77,7 @@ def refusal(head, shapes: WalkShapes, config: MosaicBatchedConfig) -> str | None
     return ("the batched Mosaic kernel's gated head runs without a producer warpgroup "
             "unless its gate comes from its table (serial_update='table')")
   if w2_widened(head) and config.w2_widening == "registers":
-    reason = _in_registers_refusal(config)
+    reason = _in_registers_refusal(shapes, config)
     if reason is not None:
       return reason
   if not serial.z_as_int8_planes and (w1 != bf16 or not w2_as_bf16):
@@ -87,9 +87,19 @@ def refusal(head, shapes: WalkShapes, config: MosaicBatchedConfig) -> str | None
   reason = mosaic_launch.interpret_blocks_refusal(config)
   if reason is not None:
     return reason
-  if config.batch_axis == "n" and not BATCH_ON_N_LOWERS:
-    return ("batch_axis='n' needs jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower its "
-            "transposed base-tile load)")
+  if config.batch_axis == "n" and _batch_on_n_refusal(shapes) is not None:
+    return f"batch_axis='n' needs {_batch_on_n_refusal(shapes)}"
+  return None
+
+
+def _batch_on_n_refusal(shapes: WalkShapes) -> str | None:
+  """What the batch on N needs that this walk lacks (its base tile is loaded transposed),
+  or None."""
+  if not BATCH_ON_N_LOWERS:
+    return "jax >= 0.11 (jax 0.10's Mosaic GPU cannot lower the transposed base-tile load)"
+  if shapes.base_itemsize != 2:
+    return ("bf16 base logits (Mosaic GPU cannot lower the transposed load of a "
+            f"{shapes.base_itemsize}-byte base tile)")
   return None
 
 
@@ -101,7 +111,7 @@ def _table_refusal(head, shapes: WalkShapes, config: MosaicBatchedConfig) -> str
     return ("serial_update='table' needs a gated head with its gate table "
             "(wts_jax.with_gate_table(head)) or an rnn head with its joint table "
             "(wts_jax.with_joint_table(head))")
-  reason = _table_axis_refusal(config)
+  reason = _table_axis_refusal(shapes, config)
   if reason is not None:
     return reason
   if shapes.batch > GATE_TABLE_MAX_ROWS:
@@ -122,15 +132,17 @@ def _joint_table_refusal(head, shapes: WalkShapes,
   if config.warpgroups == 2 or config.producer:
     return ("serial_update='table' runs the rnn head on one warpgroup, no producer (got "
             f"warpgroups={config.warpgroups}, producer={config.producer})")
-  return _table_axis_refusal(config)
+  return _table_axis_refusal(shapes, config)
 
 
-def _table_axis_refusal(config: MosaicBatchedConfig) -> str | None:
+def _table_axis_refusal(shapes: WalkShapes, config: MosaicBatchedConfig) -> str | None:
   """Why ``serial_update="table"`` (either table) cannot put this walk's batch on N, or
   None."""
-  if config.batch_axis == "m" or not BATCH_ON_N_LOWERS:
-    return ("serial_update='table' needs the batch on N (batch_axis 'n' or None) and "
-            "jax >= 0.11")
+  if config.batch_axis == "m":
+    return "serial_update='table' needs the batch on N (batch_axis 'n' or None)"
+  reason = _batch_on_n_refusal(shapes)
+  if reason is not None:
+    return f"serial_update='table' needs the batch on N, which needs {reason}"
   return None
 
 
@@ -156,7 +168,7 @@ def gate_table_walk(head, shapes: WalkShapes, config: MosaicBatchedConfig) -> bo
   if config.serial_update == "table":
     return True
   rows = min(shapes.batch, BATCH_TILE)
-  return (config.serial_update == "auto" and BATCH_ON_N_LOWERS
+  return (config.serial_update == "auto" and _batch_on_n_refusal(shapes) is None
           and shapes.batch <= GATE_TABLE_MAX_ROWS
           and (config.batch_axis or auto_batch_axis(rows, int8_state=False,
                                                     greedy=shapes.greedy)) == "n")
@@ -170,16 +182,19 @@ def w2_widened(head) -> bool:
           and not serial.z_as_int8_planes)
 
 
-def _in_registers_refusal(config: MosaicBatchedConfig) -> str | None:
+def _in_registers_refusal(shapes: WalkShapes, config: MosaicBatchedConfig) -> str | None:
   """Why this config cannot widen an int8 W2 in registers, or None: the one condition that
   refuses an explicit ``w2_widening="registers"`` and that ``auto`` checks before
   choosing it."""
   if config.interpret:
     return ("w2_widening='registers' runs on the GPU only (Pallas interpret mode's WGMMA "
             "reads its A operand from shared memory: w2_widening='smem')")
-  if not BATCH_ON_N_LOWERS or config.batch_axis == "m":
+  if config.batch_axis == "m":
     return ("w2_widening='registers' needs the batch on N (the chunk is the WGMMA's A "
-            "operand) and jax >= 0.11")
+            "operand: batch_axis 'n' or None)")
+  reason = _batch_on_n_refusal(shapes)
+  if reason is not None:
+    return f"w2_widening='registers' needs the batch on N, which needs {reason}"
   return None
 
 
@@ -194,7 +209,7 @@ def w2_widening(head, shapes: WalkShapes, config: MosaicBatchedConfig) -> str:
   return auto_w2_widening(
       min(shapes.batch, BATCH_TILE), batch_axis=config.batch_axis,
       gate_split=head.config.head_type != "gated" or config.serial_update != "redundant",
-      in_registers_lowers=_in_registers_refusal(config) is None,
+      in_registers_lowers=_in_registers_refusal(shapes, config) is None,
       recurrent=head.config.head_type == "rnn", greedy=shapes.greedy)
 
 
@@ -229,7 +244,7 @@ def resolve(head, shapes: WalkShapes, config: MosaicBatchedConfig,
   # table gate and a joint table are staged on N.)
   axis = config.batch_axis or ("n" if widening == "registers" or table or joint
                                else auto_batch_axis(
-      rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=BATCH_ON_N_LOWERS,
+      rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=_batch_on_n_refusal(shapes) is None,
       rank=rank))
   # (A table gate's walk is the vanilla head's but for the elementwise gate: the planner's
   # vanilla choices. A joint table's walk runs one warpgroup: ``_joint_table_refusal``.)
