@@ -156,6 +156,32 @@ def test_turns_drafting_off_where_it_loses_and_back_on():
   assert 0 < np.mean(draft_len[50:half] > 0) < 0.1
 
 
+def test_while_no_draft_runs_departing_requests_fade_the_evidence():
+  """At K = 0 no acceptance evidence arrives, but requests leave: the batch's evidence
+  fades by the share of new rows, so its estimate's spread grows (and a drafting K is
+  probed sooner); while drafting, fresh evidence arrives and nothing fades."""
+  controller = TableTuneController.from_table(verify_bound_costs(),
+                                              regime_profile("hard", K))
+  rows = 64
+  active = jnp.ones(rows, bool)
+  state = controller.init(rows)
+  for _ in range(20):
+    state = controller.observe(state, jnp.int32(K), jnp.zeros(rows, jnp.int32), None,
+                               active)
+  off = state._replace(draft_len=jnp.int32(0))
+  quarter = jnp.arange(rows) < rows // 4
+  _, _, kept = controller.choose(off, active, jnp.zeros(rows, bool))
+  _, _, faded = controller.choose(off, active, quarter)
+  _, _, drafting = controller.choose(state._replace(draft_len=jnp.int32(K)), active,
+                                     quarter)
+  np.testing.assert_allclose(kept.counts.reached, state.counts.reached)
+  np.testing.assert_allclose(faded.counts.reached, 0.75 * state.counts.reached, rtol=1e-6)
+  np.testing.assert_allclose(drafting.counts.reached, state.counts.reached)
+  spread = controller._tokens_spread  # pylint: disable=protected-access
+  assert np.all(np.asarray(spread(faded))[1:] > np.asarray(spread(kept))[1:])
+  assert float(spread(kept)[0]) == 0.0   # K = 0: one token, no doubt
+
+
 def test_live_cost_correction_converges_to_the_measured_costs(costs):
   """A table 8 % off (drafting dearer, K = 0 cheaper) and 3 % noisy: measured iterations
   at the true costs pull the table the controller uses to them, cell by cell, with

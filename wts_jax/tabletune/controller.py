@@ -20,7 +20,12 @@ while K = 0 runs, the acceptance (an iteration without a draft says nothing abou
 So it runs the runner-up K for one iteration whenever the iterations since that K last
 ran, times ``probe_budget``, pass the probe's expected loss (1 - the runner-up's expected
 tokens per second over the current K's; at least the hysteresis margin): probing costs
-about ``probe_budget`` of the throughput and goes where the choice is close. Before
+about ``probe_budget`` of the throughput and goes where the choice is close; the loss is
+counted less ``explore_sd`` relative standard deviations of the runner-up's expected
+tokens (the acceptance estimate's binomial spread at its evidence), so a K whose
+acceptance is little known is probed sooner. While K = 0 runs, the batch's evidence
+fades by the share of its rows that are new requests (it was their predecessors'), so
+that spread grows until a probe refreshes it. Before
 that, it runs at once any K one measurement of which could tell its cost from the
 current K's (its expected loss within ``explore_sd`` standard deviations of how far one
 measurement would move their log-cost difference), so a new or stale table is measured
@@ -200,8 +205,17 @@ class TableTuneController:
   def choose(self, state: ControllerState, active, new_request=None, rows=None):
     if new_request is not None:
       keep = jnp.where(new_request, 0.0, 1.0)[:, None]
-      state = state._replace(row_counts=acc.AcceptanceCounts(
-          keep * state.row_counts.survived, keep * state.row_counts.reached))
+      # While no draft runs no evidence arrives, but requests still leave: the batch's
+      # evidence fades by the share of its rows that are new (it was their predecessors'),
+      # so an estimate of departed traffic cannot hold speculation off for good.
+      new = jnp.sum(new_request & active)
+      fade = jnp.where(state.draft_len == 0,
+                       1.0 - new / jnp.maximum(jnp.sum(active), 1), 1.0)
+      state = state._replace(
+          row_counts=acc.AcceptanceCounts(keep * state.row_counts.survived,
+                                          keep * state.row_counts.reached),
+          counts=acc.AcceptanceCounts(fade * state.counts.survived,
+                                      fade * state.counts.reached))
     rows = jnp.sum(active) if rows is None else rows
     rate = self._rates(state, active, jnp.asarray(rows, jnp.float32))
     lens = self._lens()
@@ -229,8 +243,11 @@ class TableTuneController:
     # (A runner-up within the hysteresis margin, even one that looks better, counts as
     # a loss of the margin: probed every hysteresis / probe_budget iterations, not at
     # every one, so the current K keeps running and keeps its estimates fresh.)
+    # The loss counted against the acceptance estimate's own spread: a K whose expected
+    # tokens are uncertain (little or faded evidence) is probed sooner.
+    doubt_tokens = self.explore_sd * self._tokens_spread(state)
     due = ((state.since_run[runner_up] + 1.0) * self.probe_budget
-           >= jnp.maximum(losses[runner_up], self.hysteresis))
+           >= jnp.maximum(losses[runner_up] - doubt_tokens[runner_up], self.hysteresis))
     probe = busy & (jnp.any(doubtful) | due)
     runner_up = jnp.where(jnp.any(doubtful), doubt, runner_up)
     chosen = jnp.where(probe, runner_up, index)
@@ -295,6 +312,21 @@ class TableTuneController:
   def _row_acceptance(self, state: ControllerState) -> jnp.ndarray:
     return acc.conditional_acceptance(state.row_counts, self._batch_acceptance(state)[None],
                                       self.row_prior_weight)
+
+  def _tokens_spread(self, state: ControllerState) -> jnp.ndarray:
+    """Each draft length's relative standard deviation of the batch's expected tokens,
+    from the binomial spread of each position's estimate at its (decayed) evidence."""
+    p = jnp.clip(self._batch_acceptance(state), 0.01, 0.99)
+    var_p = p * (1.0 - p) / (state.counts.reached + self.prior_weight + 1.0)
+    survival = jnp.cumprod(p)                                           # S_j
+    k = self.max_draft_len
+    lens = np.asarray(self.draft_lens)
+    # d E_K / d p_i = sum_{i <= j < K} S_j / p_i: [len, K]
+    upto = (np.arange(k)[None, :] < lens[:, None]).astype(np.float32)   # j < K
+    tail = jnp.cumsum((upto * survival[None, :])[:, ::-1], axis=1)[:, ::-1]
+    grad = upto * tail / p[None, :]
+    tokens = acc.expected_tokens(p)[lens]
+    return jnp.sqrt(jnp.sum(grad ** 2 * var_p[None, :], axis=1)) / tokens
 
   def _rates(self, state: ControllerState, active, rows) -> jnp.ndarray:
     """Expected tokens per second of each draft length for the active rows at an
