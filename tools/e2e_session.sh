@@ -48,7 +48,7 @@ if has tabletune; then
   timeout ${TABLETUNE_S:-420} python3 -m wts_jax.tabletune.cli profile --cost loop \
     --target "$target" --draft-lens ${DRAFT_LENS:-0,1,2,3,5,7} \
     --batches ${TT_BATCHES:-1,4,16,32,64,128} --budget-s ${TT_BUDGET:-300} \
-    --out "$OUT/h200_${target//-/_}_tabletune_costs.json" 2>&1 | tee "$OUT/tabletune_profile.log"
+    --out "$OUT/${target//-/_}_tabletune_costs.json" 2>&1 | tee "$OUT/tabletune_profile.log"
 fi
 if has overhead; then
   stamp overhead
