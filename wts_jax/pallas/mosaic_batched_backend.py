@@ -244,8 +244,8 @@ def resolve(head, shapes: WalkShapes, config: MosaicBatchedConfig,
   # table gate and a joint table are staged on N.)
   axis = config.batch_axis or ("n" if widening == "registers" or table or joint
                                else auto_batch_axis(
-      rows, int8_state=planes, greedy=shapes.greedy, batch_on_n_lowers=_batch_on_n_refusal(shapes) is None,
-      rank=rank))
+      rows, int8_state=planes, greedy=shapes.greedy,
+      batch_on_n_lowers=_batch_on_n_refusal(shapes) is None, rank=rank))
   # (A table gate's walk is the vanilla head's but for the elementwise gate: the planner's
   # vanilla choices. A joint table's walk runs one warpgroup: ``_joint_table_refusal``.)
   wgs = 1 if joint else config.warpgroups or auto_warpgroups(

@@ -105,7 +105,9 @@ class TableTuneController:
   (costs drift — the context grows, the machine changes — by a few per cent);
   explore_sd: a K whose expected loss is within this many standard deviations of what
   one measurement would move its log cost against the current K's is run at once (a
-  new or stale table is measured where it decides). The structured spreads are wide (a
+  new or stale table is measured where it decides), and the probe's expected loss is
+  counted less this many relative standard deviations of the runner-up's expected
+  tokens. The structured spreads are wide (a
   table from another loop version can be off by a factor and in shape); only the cell's
   own is the profiler's noise.
   """
