@@ -73,3 +73,26 @@ def test_a_controller_that_expects_no_acceptance_probes_its_way_back_to_drafting
   plain = loop.generate(target, drafter, prompts, 16, draft_len=0, walk_impl="xla")
   assert out.rows() == plain.rows()
   assert int(out.policy_state.probes) >= 1 and int(np.sum(out.accepted)) > 0
+
+
+def test_the_profilers_loop_cost_compiles_a_point_once():
+  """A contested point is timed again: its compiled iteration is reused (timing it again
+  traces and compiles nothing), and the figure is a positive time."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from wts_jax.tabletune.profile import loop_cost_fn  # pylint: disable=import-outside-toplevel
+  target_config = qwen3.Qwen3Config.tiny(vocab_size=6, num_layers=2)
+  drafter_config = dspark.DSparkConfig.tiny(target_config, block_size=3,
+                                            target_layer_ids=(0, 1))
+  target = qwen3.make_qwen3(target_config, seed=0, param_dtype=jnp.float32, dtype=jnp.float32)
+  drafter = dspark.make_dspark(drafter_config, seed=1, param_dtype=jnp.float32,
+                               dtype=jnp.float32)
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, seconds, **_: compiles.append(event)
+      if event.endswith("backend_compile_duration") else None)
+  cost = loop_cost_fn(target, drafter, prompt_len=8, repeats=1, walk_impl="xla")
+  first = cost(2, 2)
+  compiled = len(compiles)
+  again = cost(2, 2)
+  assert compiled > 0 and len(compiles) == compiled
+  assert first > 0 and again > 0

@@ -14,7 +14,9 @@ labelled (``CostTable.cost`` is linear in K between labels; a controller chooses
 the labels).
 
 Budget arithmetic: a point costs one compile of the iteration (t_c) plus its timed runs
-(with ``iteration_cost``: a warm-up and 5 samples of 8 chained iterations, ~ 50 t_it).
+(with ``iteration_cost``: a warm-up and 5 samples of 8 chained iterations, ~ 50 t_it); a
+contested point measured again costs its timed runs only (``loop_cost_fn`` keeps each
+point's compiled iteration).
 The full default grid is 9 buckets x 8 K = 72 points: at t_c ~ 2.5 s and t_it ~ 10 ms,
 ~ 3 s a point, ~ 215 s. The recommended real-loop grid, buckets 1, 4, 16, 32, 64, 128 and
 K = 0, 1, 2, 3, 5, 7, is 36 points: within 300 s while t_c + 50 t_it <= 8 s (Qwen3-8B on
@@ -181,12 +183,14 @@ def loop_cost_fn(target: Any, drafter: Any, *, prompt_len: int = 512,
                  repeats: int = 5, **kwargs: Any) -> CostFn:
   """``cost(B, K)`` of the real decode loop: ``wts_jax.specdecode.timing.iteration_cost``'s
   median device time of one whole iteration (imported lazily: it needs the end-to-end
-  loop). Only the ``total`` piece is timed: each piece is one more compile."""
+  loop). Only the ``total`` piece is timed: each piece is one more compile. A point timed
+  again (a contested one) reuses its compiled iteration."""
   from wts_jax.specdecode.timing import iteration_cost  # pylint: disable=import-outside-toplevel
+  runs: dict = {}
 
   def cost(batch: int, draft_len: int) -> float:
     return iteration_cost(target, drafter, batch=batch, draft_len=draft_len,
                           prompt_len=prompt_len, repeats=repeats, pieces=("total",),
-                          **kwargs)["total_s"]
+                          runs=runs, **kwargs)["total_s"]
 
   return cost
