@@ -31,6 +31,18 @@ _LOAD_NEEDS_INDEX = (_LOAD_INDEX_PARAMETER is not None
 # bank conflicts (shared memory), and refuses one it cannot prove; earlier versions store
 # untiled refs as given. ``plgpu.store(optimized=False)`` (jax >= 0.12) is that store.
 _HAS_STORE = hasattr(plgpu, "store")
+# jax 0.12.1's ``plgpu.RefType`` says whether inline code writes a ref (by default it
+# may), and a kernel that may write an input passed as an array is refused; earlier
+# versions take the transforms only.
+_REF_TYPE_HAS_WRITE = "write" in getattr(plgpu.RefType, "__dataclass_fields__", {})
+
+
+def read_ref(transforms=()):
+  """``plgpu.RefType`` of a ref that inline Mosaic code only reads (the kernel's inputs:
+  read-only where the jax can say so)."""
+  if _REF_TYPE_HAS_WRITE:
+    return plgpu.RefType(transforms=transforms, write=False)
+  return plgpu.RefType(transforms=transforms)
 
 
 def load(ref, layout, **kwargs):

@@ -34,12 +34,13 @@ def load_row_words(index_s, table_g, out_s, rows: int):
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import llvm
   from jax.experimental.pallas import mosaic_gpu as plgpu
+  from wts_jax.pallas import mosaic_gpu_helpers as gpu
 
   for ref, name in ((index_s, "index_s"), (table_g, "table_g"), (out_s, "out_s")):
     if ref.dtype.itemsize != 4:
       raise ValueError(f"load_row_words: {name} holds {ref.dtype} (32-bit words only)")
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.RefType()))
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(), gpu.read_ref(), plgpu.RefType()))
   def load(_, indices, table, out):
     thread, (indices_at, out_at), (table_at,) = thread_and_addresses((indices, out),
                                                                      (table,))

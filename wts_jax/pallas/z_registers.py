@@ -15,6 +15,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from wts_jax.pallas import mosaic_gpu_helpers as gpu
+
 ROWS = 64   # the WGMMA's M
 
 
@@ -41,7 +43,7 @@ def gather_planes(tok_ref, w1_ref, *, rank: int, stacked: bool = False,
   shape = (ROWS, rank)
   out = plgpu.ShapeDtypeStruct(shape, jnp.int8, layout=plgpu.Layout.WGMMA_8BIT)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()),
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(), gpu.read_ref()),
                      return_type=out if stacked else (out, out))
   def gather(_, tok, w1):
     from jax._src.lib.mlir import ir

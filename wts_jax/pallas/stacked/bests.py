@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from wts_jax.pallas import mosaic_gpu_helpers as gpu
 from wts_jax.pallas.stacked.threads import (REQUESTS, const, request_warp, row_array, scalar,
                                             thread_ids)
 
@@ -171,7 +172,7 @@ def first_tokens(first_g, tok_s, flags_s, *, rows: int, vocab: int, status: int,
     flags_s[1] = jnp.where(outside > 0, status, 0)
     return
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3)
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(), plgpu.RefType(), plgpu.RefType()))
   def load(_, first, tokens, flag):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import llvm

@@ -10,6 +10,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from wts_jax import sampling
 from wts_jax.int8_state import LO_STEPS
+from wts_jax.pallas import mosaic_gpu_helpers as gpu
 from wts_jax.pallas.stacked.threads import (BIG_INDEX, CARRY, REQUESTS, TILE, const, i32,
                                             per_thread, register_element, row_array, scalar,
                                             thread_ids, thread_request)
@@ -35,7 +36,7 @@ def sampling_state(scale_g, noise_g, seed_g, step, *, rows: int, row_offset: int
   types = tuple(plgpu.ShapeDtypeStruct(CARRY, dtype, layout=plgpu.Layout.WGMMA)
                 for dtype in (jnp.float32, jnp.int32, jnp.int32))
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3 + (plgpu.Layout.WGMMA.reduce(1),),
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(),) * 3 + (plgpu.Layout.WGMMA.reduce(1),),
                      return_type=types)
   def load(_, scales, noise, seed, step_rows):
     from jax._src.lib.mlir import ir
@@ -187,7 +188,7 @@ def fold_tile(acc, base, s_lo, scales_s, best, start, *, interpret: bool,
       arg_types=(plgpu.Layout.WGMMA,
                  plgpu.Layout.WGMMA.reduce(1) if staged else plgpu.Layout.WGMMA,
                  plgpu.Layout.WGMMA,
-                 plgpu.RefType(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1))
+                 gpu.read_ref(), (plgpu.Layout.WGMMA,) * 3, plgpu.Layout.WGMMA.reduce(1))
       + extra_types,
       return_type=(carry, carry_i, carry))
   def fold(_, acc, base, s_lo, scales, best, start_rows, *rest):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from wts_jax.pallas import mosaic_gpu_helpers as gpu
 from wts_jax.pallas import z_registers
 from wts_jax.pallas.stacked.threads import (CARRY, REQUESTS, TILE, const, first_request,
                                             i32, per_thread, request_warp, row_array,
@@ -36,7 +37,7 @@ def gather(tok_s, w1_g, s_lo_g, *, rank: int, phases: int, wg, interpret: bool,
                                   layout=plgpu.Layout.WGMMA_8BIT)
   s_type = plgpu.ShapeDtypeStruct(CARRY, jnp.float32, layout=plgpu.Layout.WGMMA)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) * 3, return_type=(a_type, s_type))
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(),) * 3, return_type=(a_type, s_type))
   def load(_, tok, w1, s_lo):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm, memref
@@ -77,7 +78,7 @@ def load_base(base_g, step, block, tile: int, *, tiles: int, vocab: int, batch: 
   starts = row_array(start)   # (scalars pass as arrays: a layout arg)
   steps_at = row_array(step)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WGMMA.reduce(1),
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(), plgpu.Layout.WGMMA.reduce(1),
                                 plgpu.Layout.WGMMA.reduce(1)), return_type=out)
   def load(_, base, start_rows, step_rows):
     import numpy as np
@@ -175,7 +176,7 @@ def copy_base(base_g, base_s, slot, step, block, tile, *, tiles: int, vocab: int
   steps, width = base_g.shape[1], base_g.shape[2]
   slots_at = row_array(slot)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType())
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(), plgpu.RefType())
                      + (plgpu.Layout.WGMMA.reduce(1),) * 3)
   def copy(_, base, staged, start_rows, step_rows, slot_rows):
     from jax._src.lib.mlir import ir
@@ -269,7 +270,7 @@ def prefetch_base(base_g, step, block, *, tiles: int, vocab: int, batch: int):
   columns = jnp.minimum(tiles * TILE, vocab - first)
   firsts, counts, steps_at = row_array(first), row_array(columns), row_array(step)
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),) + (plgpu.Layout.WGMMA.reduce(1),) * 3)
+  @plgpu.inline_mgpu(arg_types=(gpu.read_ref(),) + (plgpu.Layout.WGMMA.reduce(1),) * 3)
   def prefetch(_, base, first_rows, count_rows, step_rows):
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm
