@@ -19,15 +19,21 @@ from wts_jax.tabletune.profile import profile_costs  # pylint: disable=wrong-imp
 from wts_jax.tabletune.traces import regime_profile  # pylint: disable=wrong-import-position
 
 
-def test_controller_drives_generate():
-  # A 6-token vocabulary, so that a random drafter still gets drafts accepted.
+def _tiny_models():
+  """A 6-token vocabulary (so that a random drafter still gets drafts accepted), two
+  layers, blocks of three: the target and the drafter in fp32."""
   target_config = qwen3.Qwen3Config.tiny(vocab_size=6, num_layers=2)
   drafter_config = dspark.DSparkConfig.tiny(target_config, block_size=3,
                                             target_layer_ids=(0, 1))
-  block = drafter_config.block_size
-  target = qwen3.make_qwen3(target_config, seed=0, param_dtype=jnp.float32, dtype=jnp.float32)
-  drafter = dspark.make_dspark(drafter_config, seed=1, param_dtype=jnp.float32,
-                               dtype=jnp.float32)
+  return (qwen3.make_qwen3(target_config, seed=0, param_dtype=jnp.float32,
+                           dtype=jnp.float32),
+          dspark.make_dspark(drafter_config, seed=1, param_dtype=jnp.float32,
+                             dtype=jnp.float32))
+
+
+def test_controller_drives_generate():
+  target, drafter = _tiny_models()
+  block = drafter.config.block_size
   costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
                         target="qwen3-8b", drafter="dspark", max_draft_len=block,
                         batches=(1, 4, 16), source="modelled")
@@ -35,7 +41,7 @@ def test_controller_drives_generate():
   controller = TableTuneController.from_table(costs, regime_profile("code", block))
   assert controller.draft_lens[0] == 0
   rng = np.random.default_rng(0)
-  prompts = [rng.integers(0, target_config.vocab_size, n).tolist() for n in (3, 6, 4)]
+  prompts = [rng.integers(0, target.config.vocab_size, n).tolist() for n in (3, 6, 4)]
   plain = loop.generate(target, drafter, prompts, 12, draft_len=0, walk_impl="xla")
   tuned = loop.generate(target, drafter, prompts, 12, draft_len=controller, walk_impl="xla")
   assert tuned.rows() == plain.rows()
@@ -56,12 +62,7 @@ def test_a_controller_that_expects_no_acceptance_probes_its_way_back_to_drafting
   """A prior of zero acceptance makes every K >= 1 a loss, so the controller starts at
   K = 0 (the target alone); this drafter's blocks do pass, and only its budgeted probes
   can see it: they run, drafts get accepted, and the tokens stay the target's own."""
-  target_config = qwen3.Qwen3Config.tiny(vocab_size=6, num_layers=2)
-  drafter_config = dspark.DSparkConfig.tiny(target_config, block_size=3,
-                                            target_layer_ids=(0, 1))
-  target = qwen3.make_qwen3(target_config, seed=0, param_dtype=jnp.float32, dtype=jnp.float32)
-  drafter = dspark.make_dspark(drafter_config, seed=1, param_dtype=jnp.float32,
-                               dtype=jnp.float32)
+  target, drafter = _tiny_models()
   costs = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
                         target="qwen3-8b", drafter="dspark", max_draft_len=3,
                         batches=(1, 4, 16), source="modelled")
@@ -80,12 +81,7 @@ def test_the_profilers_loop_cost_compiles_a_point_once():
   traces and compiles nothing), and the figure is a positive time."""
   import jax  # pylint: disable=import-outside-toplevel
   from wts_jax.tabletune.profile import loop_cost_fn  # pylint: disable=import-outside-toplevel
-  target_config = qwen3.Qwen3Config.tiny(vocab_size=6, num_layers=2)
-  drafter_config = dspark.DSparkConfig.tiny(target_config, block_size=3,
-                                            target_layer_ids=(0, 1))
-  target = qwen3.make_qwen3(target_config, seed=0, param_dtype=jnp.float32, dtype=jnp.float32)
-  drafter = dspark.make_dspark(drafter_config, seed=1, param_dtype=jnp.float32,
-                               dtype=jnp.float32)
+  target, drafter = _tiny_models()
   compiles = []
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, seconds, **_: compiles.append(event)
