@@ -83,12 +83,18 @@ def test_the_profilers_loop_cost_compiles_a_point_once():
   from wts_jax.tabletune.profile import loop_cost_fn  # pylint: disable=import-outside-toplevel
   target, drafter = _tiny_models()
   compiles = []
-  jax.monitoring.register_event_duration_secs_listener(
-      lambda event, seconds, **_: compiles.append(event)
-      if event.endswith("backend_compile_duration") else None)
-  cost = loop_cost_fn(target, drafter, prompt_len=8, repeats=1, walk_impl="xla")
-  first = cost(2, 2)
-  compiled = len(compiles)
-  again = cost(2, 2)
+
+  def count(event, seconds, **_):
+    del seconds
+    if event.endswith("backend_compile_duration"):
+      compiles.append(event)
+  jax.monitoring.register_event_duration_secs_listener(count)
+  try:
+    cost = loop_cost_fn(target, drafter, prompt_len=8, repeats=1, walk_impl="xla")
+    first = cost(2, 2)
+    compiled = len(compiles)
+    again = cost(2, 2)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count)
   assert compiled > 0 and len(compiles) == compiled
   assert first > 0 and again > 0

@@ -87,8 +87,9 @@ def refusal(head, shapes: WalkShapes, config: MosaicBatchedConfig) -> str | None
   reason = mosaic_launch.interpret_blocks_refusal(config)
   if reason is not None:
     return reason
-  if config.batch_axis == "n" and _batch_on_n_refusal(shapes) is not None:
-    return f"batch_axis='n' needs {_batch_on_n_refusal(shapes)}"
+  on_n = _batch_on_n_refusal(shapes)
+  if config.batch_axis == "n" and on_n is not None:
+    return f"batch_axis='n' needs {on_n}"
   return None
 
 
