@@ -1502,3 +1502,15 @@ def test_gather_of_the_batch_rows_only_keeps_the_tokens(monkeypatch, head_type, 
     _assert_matches_xla(head, batch, 3, "auto", temperature, seed=40 + batch,
                         batch_axis=axis, serial_update=update)
   assert seen and set(seen) == {batch}
+
+
+def test_lab_options_are_a_frozen_value():
+  """The tools set the batched launch's lab options by keyword (``profile_batched``); the
+  spec is a static argument of the launch, so the options compare and hash by value."""
+  from wts_jax.pallas.batched.spec import BatchedLab
+  lab = BatchedLab(profile_dir="/tmp/profile", profile_space=4096, probe_skew=True)
+  assert lab == BatchedLab(profile_dir="/tmp/profile", profile_space=4096, probe_skew=True)
+  assert hash(lab) == hash(BatchedLab(profile_dir="/tmp/profile", profile_space=4096,
+                                      probe_skew=True))
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    lab.probe_skew = False

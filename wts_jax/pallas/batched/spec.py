@@ -16,6 +16,7 @@ PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 
 
+@dataclasses.dataclass(frozen=True)
 class BatchedLab:
   """What only tools/ set on a batched launch: Mosaic GPU's profiler over the kernel's
   named regions (``profile_dir``, ``profile_space``), and for the profile a warpgroup
