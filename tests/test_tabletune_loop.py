@@ -98,3 +98,34 @@ def test_the_profilers_loop_cost_compiles_a_point_once():
     jax.monitoring.unregister_event_duration_listener(count)
   assert compiled > 0 and len(compiles) == compiled
   assert first > 0 and again > 0
+
+
+def test_the_profiler_compiles_a_bucket_before_timing_it():
+  """``profile_costs`` has the loop's cost compile each bucket's draft lengths at once
+  (``LoopCost.prepare``, before the bucket's first timing); the timings then run those
+  executables (a ``Compiled`` cannot compile again) and add none, and every figure is a
+  positive time."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from wts_jax.tabletune.profile import loop_cost_fn, profile_costs  # pylint: disable=import-outside-toplevel
+  target, drafter = _tiny_models()
+  cost = loop_cost_fn(target, drafter, prompt_len=8, repeats=1, walk_impl="xla")
+  calls = []
+
+  class Recorded:
+    def prepare(self, batch, lens):
+      cost.prepare(batch, lens)
+      calls.append(("prepare", batch, dict(cost.runs)))
+
+    def __call__(self, batch, draft_len):
+      calls.append(("time", batch, None))
+      return cost(batch, draft_len)
+  table = profile_costs(Recorded(), device_kind="cpu", target="tiny", drafter="tiny",
+                        max_draft_len=2, batches=(1, 2), draft_lens=(0, 2))
+  assert [c[:2] for c in calls] == [("prepare", 1), ("time", 1), ("time", 1),
+                                    ("prepare", 2), ("time", 2), ("time", 2)]
+  compiled = calls[3][2]
+  assert len(compiled) == 4 and {key[1:3] for key in compiled} == {
+      (1, 0), (1, 2), (2, 0), (2, 2)}
+  assert all(isinstance(run, jax.stages.Compiled) for run in compiled.values())
+  assert cost.runs == compiled   # (the same executables: the timings built none)
+  assert all(s > 0 for row in table.seconds for s in row)

@@ -23,6 +23,7 @@ context keys/values of it; ``drafter`` and ``walk`` are 0.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 import warnings
@@ -154,6 +155,13 @@ def loop_pieces(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len:
           "walk": Piece(walk, walk_inputs)}
 
 
+def _chain(step: Callable, chain: int, cublas_products: bool):
+  """``step`` run ``chain`` times in one jitted executable, the carry donated."""
+  return jax.jit(lambda w, c: jax.lax.fori_loop(0, chain, lambda _, x: step(w, x), c),
+                 donate_argnums=1,
+                 compiler_options=loop.compiler_options(cublas_products=cublas_products))
+
+
 def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int,
                     cublas_products: bool = False, runs: dict | None = None,
                     key=None) -> float:
@@ -161,15 +169,13 @@ def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int,
 
   The carry is donated and each call's result feeds the next call, so a step that
   writes a cache updates it in place instead of copying it at every call. ``runs``: the
-  jitted chains already built, by ``key`` — a step timed again (the profiler's contested
-  points) reuses its trace and compile instead of paying them twice; the carry, which
-  holds the caches, is never kept.
+  jitted chains already built, or compiled (``compile_iterations``), by ``key`` — a step
+  timed again (the profiler's contested points) reuses its trace and compile instead of
+  paying them twice; the carry, which holds the caches, is never kept.
   """
   run = None if runs is None else runs.get(key)
   if run is None:
-    run = jax.jit(lambda w, c: jax.lax.fori_loop(0, chain, lambda _, x: step(w, x), c),
-                  donate_argnums=1,
-                  compiler_options=loop.compiler_options(cublas_products=cublas_products))
+    run = _chain(step, chain, cublas_products)
     if runs is not None:
       runs[key] = run
   with warnings.catch_warnings():
@@ -184,23 +190,65 @@ def chained_seconds(step: Callable, weights, carry, *, chain: int, repeats: int,
   return float(np.median(samples))
 
 
-def piece_seconds(target: Qwen3, drafter: DSparkDrafter, piece: Piece, *, chain: int,
-                  repeats: int, cublas_products: bool = False, runs: dict | None = None,
-                  key=None) -> float:
-  """``chained_seconds`` of a ``Piece`` with the models' weights as operands, compiled
-  as the loop is (``cublas_products``: ``loop.compiler_options``; ``runs``, ``key``: as
-  there)."""
+def _piece_step(target: Qwen3, drafter: DSparkDrafter, piece: Piece):
+  """A ``Piece`` as ``step(weights, carry)`` with the models' weights as its operand, and
+  those weights. (Large operands ride in the carry or the weights: closed over, they
+  would become constants baked into the executable.)"""
   (target_graph, target_state), (drafter_graph, drafter_state) = (nnx.split(target),
                                                                   nnx.split(drafter))
 
   def step(weights, carry):
     return piece.step(nnx.merge(target_graph, weights[0]),
                       nnx.merge(drafter_graph, weights[1]), carry)
-  # Large operands ride in the carry: closed over, they would become constants baked
-  # into the executable.
-  return chained_seconds(step, (target_state, drafter_state), piece.carry(), chain=chain,
-                         repeats=repeats, cublas_products=cublas_products, runs=runs,
-                         key=key)
+  return step, (target_state, drafter_state)
+
+
+def piece_seconds(target: Qwen3, drafter: DSparkDrafter, piece: Piece, *, chain: int,
+                  repeats: int, cublas_products: bool = False, runs: dict | None = None,
+                  key=None) -> float:
+  """``chained_seconds`` of a ``Piece`` with the models' weights as operands, compiled
+  as the loop is (``cublas_products``: ``loop.compiler_options``; ``runs``, ``key``: as
+  there)."""
+  step, weights = _piece_step(target, drafter, piece)
+  return chained_seconds(step, weights, piece.carry(), chain=chain, repeats=repeats,
+                         cublas_products=cublas_products, runs=runs, key=key)
+
+
+def _point_key(piece: str, *, batch: int, draft_len: int, prompt_len: int, walk_impl: str,
+               temperature: float, attention_impl: str, draft_w2: str, chain: int):
+  """``runs``' key of a piece at one point."""
+  return (piece, batch, draft_len, prompt_len, walk_impl, temperature, attention_impl,
+          draft_w2, chain)
+
+
+def compile_iterations(target: Qwen3, drafter: DSparkDrafter, *, batch: int,
+                       draft_lens: tuple[int, ...], prompt_len: int, runs: dict,
+                       walk_impl: str = "auto", chain: int = 8, temperature: float = 0.0,
+                       attention_impl: str = "auto", draft_w2: str = "auto",
+                       threads: int = 8) -> None:
+  """The whole iteration (``total``) at ``batch`` for each of ``draft_lens``, traced one
+  after another and compiled in ``threads`` threads at once (the compiler leaves the
+  interpreter free; a cost table's bucket is otherwise one compile after another),
+  into ``runs`` under the keys ``iteration_cost`` looks up. Points already there are
+  skipped."""
+  lowered = {}
+  for draft_len in draft_lens:
+    key = _point_key("total", batch=batch, draft_len=draft_len, prompt_len=prompt_len,
+                     walk_impl=walk_impl, temperature=temperature,
+                     attention_impl=attention_impl, draft_w2=draft_w2, chain=chain)
+    if key in runs:
+      continue
+    piece = loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
+                        prompt_len=prompt_len, walk_impl=walk_impl, temperature=temperature,
+                        attention_impl=attention_impl, draft_w2=draft_w2)["total"]
+    step, weights = _piece_step(target, drafter, piece)
+    run = _chain(step, chain, batch >= loop.CUBLAS_MIN_BATCH)
+    lowered[key] = run.lower(weights, jax.eval_shape(piece.carry))
+  if not lowered:
+    return
+  with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(lowered)))) as pool:
+    compiled = dict(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
+  runs.update(compiled)
 
 
 def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len: int,
@@ -222,10 +270,11 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
   timed = dict(chain=chain, repeats=repeats,
                cublas_products=batch >= loop.CUBLAS_MIN_BATCH)
   result = {f"{piece}_s": float("nan") if piece in found else 0.0 for piece in PIECES}
-  point = (batch, draft_len, prompt_len, walk_impl, temperature, attention_impl, draft_w2,
-           chain)
+  point = dict(batch=batch, draft_len=draft_len, prompt_len=prompt_len, walk_impl=walk_impl,
+               temperature=temperature, attention_impl=attention_impl, draft_w2=draft_w2,
+               chain=chain)
   for piece in PIECES:
     if piece in pieces and piece in found:
       result[f"{piece}_s"] = piece_seconds(target, drafter, found[piece], **timed,
-                                           runs=runs, key=(piece, *point))
+                                           runs=runs, key=_point_key(piece, **point))
   return result

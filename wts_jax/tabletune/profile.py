@@ -14,9 +14,10 @@ labelled (``CostTable.cost`` is linear in K between labels; a controller chooses
 the labels).
 
 Budget arithmetic: a point costs one compile of the iteration (t_c) plus its timed runs
-(with ``iteration_cost``: a warm-up and 5 samples of 8 chained iterations, ~ 50 t_it); a
-contested point measured again costs its timed runs only (``loop_cost_fn`` keeps each
-point's compiled iteration).
+(with ``iteration_cost``: a warm-up and 5 samples of 8 chained iterations, ~ 50 t_it);
+``LoopCost`` compiles a bucket's points in parallel threads, so a bucket pays about its
+slowest compile; a contested point measured again costs its timed runs only (its
+compiled iteration is kept).
 The full default grid is 9 buckets x 8 K = 72 points: at t_c ~ 2.5 s and t_it ~ 10 ms,
 ~ 3 s a point, ~ 215 s. The recommended real-loop grid, buckets 1, 4, 16, 32, 64, 128 and
 K = 0, 1, 2, 3, 5, 7, is 36 points: within 300 s while t_c + 50 t_it <= 8 s (Qwen3-8B on
@@ -95,6 +96,10 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
       skipped.append(batch)
       continue
     bucket_start = clock()
+    # A cost that can compile a bucket's points at once does so before timing them.
+    prepare = getattr(cost, "prepare", None)
+    if prepare is not None:
+      prepare(batch, measured_lens)
     row = []
     for draft_len in measured_lens:
       seconds = float(cost(batch, draft_len))
@@ -179,18 +184,34 @@ def remeasure_contested(table: CostTable, cost: CostFn, profiles=None, *,
                              provenance=provenance)
 
 
-def loop_cost_fn(target: Any, drafter: Any, *, prompt_len: int = 512,
-                 repeats: int = 5, **kwargs: Any) -> CostFn:
+class LoopCost:
   """``cost(B, K)`` of the real decode loop: ``wts_jax.specdecode.timing.iteration_cost``'s
   median device time of one whole iteration (imported lazily: it needs the end-to-end
-  loop). Only the ``total`` piece is timed: each piece is one more compile. A point timed
-  again (a contested one) reuses its compiled iteration."""
-  from wts_jax.specdecode.timing import iteration_cost  # pylint: disable=import-outside-toplevel
-  runs: dict = {}
+  loop). Only the ``total`` piece is timed: each piece is one more compile. ``prepare``
+  compiles a bucket's draft lengths at once (``timing.compile_iterations``); a point
+  timed again (a contested one) reuses its compiled iteration."""
 
-  def cost(batch: int, draft_len: int) -> float:
-    return iteration_cost(target, drafter, batch=batch, draft_len=draft_len,
-                          prompt_len=prompt_len, repeats=repeats, pieces=("total",),
-                          runs=runs, **kwargs)["total_s"]
+  def __init__(self, target: Any, drafter: Any, *, prompt_len: int = 512, repeats: int = 5,
+               compile_threads: int = 8, **kwargs: Any):
+    self.target, self.drafter = target, drafter
+    self.prompt_len, self.repeats, self.kwargs = prompt_len, repeats, kwargs
+    self.compile_threads = compile_threads
+    self.runs: dict = {}
 
-  return cost
+  def prepare(self, batch: int, draft_lens: tuple[int, ...]) -> None:
+    from wts_jax.specdecode.timing import compile_iterations  # pylint: disable=import-outside-toplevel
+    compile_iterations(self.target, self.drafter, batch=batch, draft_lens=draft_lens,
+                       prompt_len=self.prompt_len, runs=self.runs,
+                       threads=self.compile_threads, **self.kwargs)
+
+  def __call__(self, batch: int, draft_len: int) -> float:
+    from wts_jax.specdecode.timing import iteration_cost  # pylint: disable=import-outside-toplevel
+    return iteration_cost(self.target, self.drafter, batch=batch, draft_len=draft_len,
+                          prompt_len=self.prompt_len, repeats=self.repeats,
+                          pieces=("total",), runs=self.runs, **self.kwargs)["total_s"]
+
+
+def loop_cost_fn(target: Any, drafter: Any, *, prompt_len: int = 512,
+                 repeats: int = 5, **kwargs: Any) -> LoopCost:
+  """The real loop's ``cost(B, K)`` (``LoopCost``)."""
+  return LoopCost(target, drafter, prompt_len=prompt_len, repeats=repeats, **kwargs)
