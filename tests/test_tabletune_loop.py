@@ -113,14 +113,19 @@ def test_the_profiler_compiles_a_bucket_before_timing_it():
 
   class Recorded:
     def prepare(self, batch, lens):
-      cost.prepare(batch, lens)
+      spent = cost.prepare(batch, lens)
       calls.append(("prepare", batch, dict(cost.runs)))
+      assert set(spent) == {"trace_s", "compile_s"} and min(spent.values()) >= 0
+      return spent
 
     def __call__(self, batch, draft_len):
       calls.append(("time", batch, None))
       return cost(batch, draft_len)
+  lines = []
   table = profile_costs(Recorded(), device_kind="cpu", target="tiny", drafter="tiny",
-                        max_draft_len=2, batches=(1, 2), draft_lens=(0, 2))
+                        max_draft_len=2, batches=(1, 2), draft_lens=(0, 2), log=lines.append)
+  assert len(lines) == 2 and all(", trace " in line and ", compile " in line
+                                 for line in lines)
   assert [c[:2] for c in calls] == [("prepare", 1), ("time", 1), ("time", 1),
                                     ("prepare", 2), ("time", 2), ("time", 2)]
   compiled = calls[3][2]

@@ -225,12 +225,13 @@ def compile_iterations(target: Qwen3, drafter: DSparkDrafter, *, batch: int,
                        draft_lens: tuple[int, ...], prompt_len: int, runs: dict,
                        walk_impl: str = "auto", chain: int = 8, temperature: float = 0.0,
                        attention_impl: str = "auto", draft_w2: str = "auto",
-                       threads: int = 8) -> None:
+                       threads: int = 8) -> dict[str, float]:
   """The whole iteration (``total``) at ``batch`` for each of ``draft_lens``, traced one
   after another and compiled in ``threads`` threads at once (the compiler leaves the
   interpreter free; a cost table's bucket is otherwise one compile after another),
   into ``runs`` under the keys ``iteration_cost`` looks up. Points already there are
-  skipped."""
+  skipped. Returns the wall seconds of the tracing and of the compiles."""
+  begin = time.perf_counter()
   lowered = {}
   for draft_len in draft_lens:
     key = _point_key("total", batch=batch, draft_len=draft_len, prompt_len=prompt_len,
@@ -244,11 +245,11 @@ def compile_iterations(target: Qwen3, drafter: DSparkDrafter, *, batch: int,
     step, weights = _piece_step(target, drafter, piece)
     run = _chain(step, chain, batch >= loop.CUBLAS_MIN_BATCH)
     lowered[key] = run.lower(weights, jax.eval_shape(piece.carry))
-  if not lowered:
-    return
-  with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(lowered)))) as pool:
-    compiled = dict(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
-  runs.update(compiled)
+  traced = time.perf_counter()
+  if lowered:
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(lowered)))) as pool:
+      runs.update(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
+  return {"trace_s": traced - begin, "compile_s": time.perf_counter() - traced}
 
 
 def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_len: int,

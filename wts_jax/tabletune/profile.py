@@ -98,8 +98,7 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
     bucket_start = clock()
     # A cost that can compile a bucket's points at once does so before timing them.
     prepare = getattr(cost, "prepare", None)
-    if prepare is not None:
-      prepare(batch, measured_lens)
+    prepared = prepare(batch, measured_lens) if prepare is not None else None
     row = []
     for draft_len in measured_lens:
       seconds = float(cost(batch, draft_len))
@@ -109,8 +108,11 @@ def profile_costs(cost: CostFn, *, device_kind: str, target: str, drafter: str,
     bucket_seconds.append(clock() - bucket_start)
     measured[batch] = row
     if log:
+      # (where the cost compiled the bucket first, how long tracing and compiling took)
+      spent = "".join(f", {name[:-2]} {seconds:.1f} s" for name, seconds
+                      in (prepared or {}).items())
       log(f"B={batch}: " + " ".join(f"{s * 1e3:.3f}" for s in row) + " ms "
-          f"({bucket_seconds[-1]:.1f} s)")
+          f"({bucket_seconds[-1]:.1f} s{spent})")
   order = sorted(measured)
   provenance = {
       "source": source,
@@ -198,9 +200,11 @@ class LoopCost:
     self.compile_threads = compile_threads
     self.runs: dict = {}
 
-  def prepare(self, batch: int, draft_lens: tuple[int, ...]) -> None:
+  def prepare(self, batch: int, draft_lens: tuple[int, ...]) -> dict[str, float]:
+    """Compiles the bucket's iterations; returns the seconds spent tracing and compiling
+    (``trace_s``, ``compile_s``)."""
     from wts_jax.specdecode.timing import compile_iterations  # pylint: disable=import-outside-toplevel
-    compile_iterations(self.target, self.drafter, batch=batch, draft_lens=draft_lens,
+    return compile_iterations(self.target, self.drafter, batch=batch, draft_lens=draft_lens,
                        prompt_len=self.prompt_len, runs=self.runs,
                        threads=self.compile_threads, **self.kwargs)
 
