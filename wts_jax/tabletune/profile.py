@@ -204,9 +204,9 @@ class LoopCost:
     """Compiles the bucket's iterations; returns the seconds spent tracing and compiling
     (``trace_s``, ``compile_s``)."""
     from wts_jax.specdecode.timing import compile_iterations  # pylint: disable=import-outside-toplevel
-    return compile_iterations(self.target, self.drafter, batch=batch, draft_lens=draft_lens,
-                       prompt_len=self.prompt_len, runs=self.runs,
-                       threads=self.compile_threads, **self.kwargs)
+    return compile_iterations(self.target, self.drafter, batch=batch,
+                              draft_lens=draft_lens, prompt_len=self.prompt_len,
+                              runs=self.runs, threads=self.compile_threads, **self.kwargs)
 
   def __call__(self, batch: int, draft_len: int) -> float:
     from wts_jax.specdecode.timing import iteration_cost  # pylint: disable=import-outside-toplevel
