@@ -410,7 +410,11 @@ class TableTuneController:
     predicted = jnp.maximum(jnp.sum(parts), 1e-9)
     share = parts / predicted                     # d log(cost) / d error[cell]
     drift = self._cost_prior(drift=True)
-    cov = (1.0 - self.cost_relax) * state.cost_cov + self.cost_relax * drift
+    # An invalid measurement changes nothing: no relaxation and a zero gain (arithmetic
+    # that leaves the state exact, rather than a select of the old state, which makes
+    # the compiled loop copy it every iteration).
+    relax = jnp.where(valid, self.cost_relax, 0.0)
+    cov = (1.0 - relax) * state.cost_cov + relax * drift
     cov_share = cov[:, cells[0]] * share[0] + cov[:, cells[1]] * share[1]
     innovation_var = share[0] * cov_share[cells[0]] + share[1] * cov_share[cells[1]] + (
         self.timing_sd ** 2)
@@ -418,11 +422,9 @@ class TableTuneController:
     # A measurement far off (a stall, a host hiccup) moves the table by at most 3 spreads.
     innovation = jnp.clip(jnp.log(jnp.where(valid, seconds, 1.0)) - jnp.log(predicted),
                           -3.0 * spread, 3.0 * spread)
-    gain = cov_share / innovation_var
-    error = state.cost_error + gain * innovation
-    cov = cov - gain[:, None] * cov_share[None, :]
-    return state._replace(cost_error=jnp.where(valid, error, state.cost_error),
-                          cost_cov=jnp.where(valid, cov, state.cost_cov),
+    gain = jnp.where(valid, cov_share / innovation_var, 0.0)
+    return state._replace(cost_error=state.cost_error + gain * innovation,
+                          cost_cov=cov - gain[:, None] * cov_share[None, :],
                           timed=state.timed + valid.astype(jnp.int32))
 
 
