@@ -493,6 +493,18 @@ def profile_isolated(text: str, args) -> dict:
   return entry
 
 
+def recorded(results: dict, record: dict) -> None:
+  """A point's record printed as one JSON line as it lands (a timed-out call keeps what
+  came before) and kept in ``results["points"]``."""
+  print(json.dumps(record), flush=True)
+  results["points"].append(record)
+
+
+def write_results(directory: str, results: dict) -> None:
+  with open(os.path.join(directory, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -205,10 +204,8 @@ def main():
         record["kernel_us_median"] = round(float(kernel_us), 1)
     except Exception as err:   # a build's failure is a result too
       record["error"] = f"{type(err).__name__}: {str(err)[:1500]}"
-    print(json.dumps(record), flush=True)
-    results["points"].append(record)
-  with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump(results, f, indent=1)
+    pb.recorded(results, record)
+  pb.write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -167,8 +166,7 @@ def main():
                                       plan_options=special_plan)
         except Exception as err:
           record["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
-        print(json.dumps(record), flush=True)
-        results["points"].append(record)
+        pb.recorded(results, record)
     for variant in [""] + [v for v in args.variants.split(",") if v]:
       name = f"stacked:{batch}:{variant}"
       record = {"variant": name}
@@ -202,8 +200,7 @@ def main():
                         kernel_us_median=round(float(kernel), 1))
       except Exception as err:   # one variant's failure is a result too
         record["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
-      print(json.dumps(record), flush=True)
-      results["points"].append(record)
+      pb.recorded(results, record)
     if args.compare:
       variant = pb.parse_variant(f"int8p:{batch}:greedy:{args.compare}")
       try:
@@ -213,10 +210,8 @@ def main():
                   "kernel_us_median": round(float(kernel), 1)}
       except Exception as err:
         record = {"variant": variant.name, "error": f"{type(err).__name__}: {str(err)[:500]}"}
-      print(json.dumps(record), flush=True)
-      results["points"].append(record)
-  with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump(results, f, indent=1)
+      pb.recorded(results, record)
+  pb.write_results(args.out, results)
 
 
 if __name__ == "__main__":
