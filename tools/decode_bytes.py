@@ -80,7 +80,7 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
             "drafter": steps["verify"]["drafter"]}
   cache_len = attention.padded_cache_len(prompt_len + max(draft_len, 1) + 2)
   # the options the loop's executable is compiled with at this batch size on a GPU
-  options = loop.gpu_compiler_options(cublas_products=batch >= loop.CUBLAS_MIN_BATCH)
+  options = loop.gpu_compiler_options(cublas_products=loop.cublas_products(batch))
   out = {}
   for phase in phases:
     piece = pieces[phase]

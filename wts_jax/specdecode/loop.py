@@ -362,6 +362,11 @@ def decode(target: Qwen3, drafter: DSparkDrafter, policy: DraftPolicy, state: di
 CUBLAS_MIN_BATCH = 16
 
 
+def cublas_products(batch: int) -> bool:
+  """Whether a decode executable over ``batch`` rows runs its products on cuBLAS."""
+  return batch >= CUBLAS_MIN_BATCH
+
+
 def gpu_compiler_options(*, cublas_products: bool = False) -> dict:
   """XLA options for a decode executable on a GPU: ``KERNEL_COMPILER_OPTIONS`` and
   ``UNMERGED_PRODUCTS``, with ``cublas_products`` also ``CUBLAS_PRODUCTS``."""
@@ -397,7 +402,7 @@ def _compiled(target_graph, drafter_graph, settings: LoopSettings, batch: int):
     return GenerateOutput(tokens, count, state["iterations"], state["accepted"],
                           state["steps"], state["status"], state["policy_state"])
   return jax.jit(run, compiler_options=compiler_options(
-      cublas_products=batch >= CUBLAS_MIN_BATCH))
+      cublas_products=cublas_products(batch)))
 
 
 def _times_iterations(policy: DraftPolicy) -> bool:

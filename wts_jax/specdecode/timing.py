@@ -243,7 +243,7 @@ def compile_iterations(target: Qwen3, drafter: DSparkDrafter, *, batch: int,
                         prompt_len=prompt_len, walk_impl=walk_impl, temperature=temperature,
                         attention_impl=attention_impl, draft_w2=draft_w2)["total"]
     step, weights = _piece_step(target, drafter, piece)
-    run = _chain(step, chain, batch >= loop.CUBLAS_MIN_BATCH)
+    run = _chain(step, chain, loop.cublas_products(batch))
     lowered[key] = run.lower(weights, jax.eval_shape(piece.carry))
   traced = time.perf_counter()
   if lowered:
@@ -269,7 +269,7 @@ def iteration_cost(target: Qwen3, drafter: DSparkDrafter, *, batch: int, draft_l
                       prompt_len=prompt_len, walk_impl=walk_impl, temperature=temperature,
                       attention_impl=attention_impl, draft_w2=draft_w2)
   timed = dict(chain=chain, repeats=repeats,
-               cublas_products=batch >= loop.CUBLAS_MIN_BATCH)
+               cublas_products=loop.cublas_products(batch))
   result = {f"{piece}_s": float("nan") if piece in found else 0.0 for piece in PIECES}
   point = dict(batch=batch, draft_len=draft_len, prompt_len=prompt_len, walk_impl=walk_impl,
                temperature=temperature, attention_impl=attention_impl, draft_w2=draft_w2,
