@@ -58,6 +58,7 @@ from wts_jax.tabletune import acceptance as acc
 from wts_jax.tabletune.cost_table import CostTable, bucket_weights
 
 NEVER_RUN = 1 << 20   # ``since_run`` of a draft length not run yet
+IMPLS = ("xla", "pallas", "auto")
 
 
 class ControllerState(NamedTuple):
@@ -110,6 +111,11 @@ class TableTuneController:
   tokens. The structured spreads are wide (a
   table from another loop version can be off by a factor and in shape); only the cell's
   own is the profiler's noise.
+
+  impl: "xla" runs ``choose`` and ``observe`` as the jax.numpy below (the reference, and
+  the CPU path); "pallas" as one Pallas kernel launch each (``controller_kernel``;
+  ``interpret`` runs those kernels in Pallas interpret mode, for CPU tests); "auto" the
+  kernels where JAX's default backend is a GPU, else the jax.numpy.
   """
 
   batches: jax.Array
@@ -135,10 +141,14 @@ class TableTuneController:
   timing_sd: float = _static(0.03)
   cost_relax: float = _static(0.0005)
   explore_sd: float = _static(0.5)
+  impl: str = _static("xla")
+  interpret: bool = _static(False)
 
   def __post_init__(self):
     # Only the static fields: inside a transformation the arrays are tracers.
     lens = check_draft_lens(self.draft_lens)
+    if self.impl not in IMPLS:
+      raise ValueError(f"impl={self.impl!r} must be one of {IMPLS}")
     if len(lens) < 2 or lens[-1] < 1:
       raise ValueError(f"draft_lens={self.draft_lens!r} must hold >= 2 draft lengths, one "
                        f">= 1")
@@ -204,7 +214,16 @@ class TableTuneController:
     rate = self._rates(state, jnp.ones((batch,), bool), jnp.float32(batch))
     return state._replace(draft_len=self._lens()[jnp.argmax(rate)])
 
+  def _kernels(self):
+    """``controller_kernel`` where this controller runs as kernels, else None."""
+    if self.impl == "xla" or (self.impl == "auto" and jax.default_backend() != "gpu"):
+      return None
+    from wts_jax.tabletune import controller_kernel
+    return controller_kernel
+
   def choose(self, state: ControllerState, active, new_request=None, rows=None):
+    if (kernels := self._kernels()) is not None:
+      return kernels.choose(self, state, active, new_request, rows, interpret=self.interpret)
     if new_request is not None:
       keep = jnp.where(new_request, 0.0, 1.0)[:, None]
       # While no draft runs no evidence arrives, but requests still leave: the batch's
@@ -263,6 +282,9 @@ class TableTuneController:
   def observe(self, state: ControllerState, k, accepted, confidence, active,
               measured: MeasuredIteration | None = None):
     del confidence  # the confidence head adds nothing here (docs/decisions.md)
+    if (kernels := self._kernels()) is not None:
+      return kernels.observe(self, state, k, accepted, active, measured,
+                             interpret=self.interpret)
     k = jnp.asarray(k, jnp.int32)
     accepted = jnp.asarray(accepted, jnp.int32)
     max_k = self.max_draft_len
