@@ -58,5 +58,6 @@ def controller_overhead(policy: Any, *, batch: int, iterations: int = 2000,
   fixed = _seconds(loop, FixedDraftLength(max_draft_len(policy)), repeats) / iterations
   return {"policy_s": with_policy, "fixed_s": fixed,
           "overhead_s": max(with_policy - fixed, 0.0),
+          "impl": getattr(policy, "impl", None),
           "device_kind": jax.devices()[0].device_kind, "batch": batch,
           "iterations": iterations}
