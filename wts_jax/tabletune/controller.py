@@ -47,33 +47,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from wts_jax.specdecode.policy import MeasuredIteration, check_draft_lens, searchsorted
 from wts_jax.tabletune import acceptance as acc
+from wts_jax.tabletune.controller_state import NEVER_RUN, ControllerState
 from wts_jax.tabletune.cost_table import CostTable, bucket_weights
 
-NEVER_RUN = 1 << 20   # ``since_run`` of a draft length not run yet
 IMPLS = ("xla", "pallas", "auto")
-
-
-class ControllerState(NamedTuple):
-  counts: acc.AcceptanceCounts       # [K]: the batch's censored counts
-  row_counts: acc.AcceptanceCounts   # [B, K]: each row's (its request's) counts
-  draft_len: jnp.ndarray             # int32: the K in use (a probe does not change it)
-  drift_up: jnp.ndarray              # f32: Page-Hinkley sums (standard errors)
-  drift_down: jnp.ndarray
-  residual_var: jnp.ndarray          # f32: EMA of the squared residual (tokens^2)
-  drifts: jnp.ndarray                # int32: shifts detected so far
-  since_run: jnp.ndarray             # [len(draft_lens)] int32: iterations since each K ran
-  probes: jnp.ndarray                # int32: probe iterations so far
-  cost_error: jnp.ndarray            # [cells] f32: log(true / table) of each cell, mean
-  cost_cov: jnp.ndarray              # [cells, cells] f32: its covariance
-  timed: jnp.ndarray                 # int32: measured iterations folded in
 
 
 def _static(default):
@@ -210,7 +193,7 @@ class TableTuneController:
         residual_var=jnp.float32(1.0), drifts=jnp.int32(0),
         since_run=jnp.full((len(self.draft_lens),), NEVER_RUN, jnp.int32),
         probes=jnp.int32(0), cost_error=jnp.zeros((cells,), jnp.float32),
-        cost_cov=self._cost_prior(), timed=jnp.int32(0))
+        cost_cov=self.cost_prior(), timed=jnp.int32(0))
     rate = self._rates(state, jnp.ones((batch,), bool), jnp.float32(batch))
     return state._replace(draft_len=self._lens()[jnp.argmax(rate)])
 
@@ -362,7 +345,7 @@ class TableTuneController:
 
   # -- costs ----------------------------------------------------------------------------
 
-  def _cost_prior(self, drift: bool = False) -> jnp.ndarray:
+  def cost_prior(self, drift: bool = False) -> jnp.ndarray:
     """The prior covariance of the cells' log errors (cell = bucket * len(draft_lens) + j).
     ``drift``: the same structure with every spread at most a cell's — what the filter
     relaxes towards between measurements (costs drift by a few per cent, not by the
@@ -431,7 +414,7 @@ class TableTuneController:
     parts = weights * self.seconds.reshape(-1)[cells] * jnp.exp(state.cost_error[cells])
     predicted = jnp.maximum(jnp.sum(parts), 1e-9)
     share = parts / predicted                     # d log(cost) / d error[cell]
-    drift = self._cost_prior(drift=True)
+    drift = self.cost_prior(drift=True)
     # An invalid measurement changes nothing: no relaxation and a zero gain (arithmetic
     # that leaves the state exact, rather than a select of the old state, which makes
     # the compiled loop copy it every iteration).

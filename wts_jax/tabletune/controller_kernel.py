@@ -15,6 +15,7 @@ masked — so the two implementations share one state and are checked against ea
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +23,12 @@ import jax.scipy.special
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from wts_jax.tabletune.controller import NEVER_RUN, ControllerState, TableTuneController
 from wts_jax.tabletune import acceptance as acc
+from wts_jax.tabletune.controller_state import NEVER_RUN, ControllerState
 
 NUM_WARPS = 4
+# A ``controller.TableTuneController`` (not imported: that module imports this one).
+Controller = Any
 
 
 def _pow2(n: int) -> int:
@@ -119,7 +122,7 @@ def _cumprod(p, positions: int):
   return out
 
 
-def _batch_acceptance(ctl: TableTuneController, survived, reached, prior):
+def _batch_acceptance(ctl: Controller, survived, reached, prior):
   """``acc.shifted_prior`` then ``acc.conditional_acceptance``: the batch's estimate."""
   w = ctl.prior_weight
   logit = jax.scipy.special.logit
@@ -147,7 +150,7 @@ def _bucket_row(tile, bucket):
   return jnp.sum(jnp.where(_iota(tile.shape[0], 0, 2) == bucket, tile, 0.0), axis=0)
 
 
-def _choose_kernel(ctl: TableTuneController, d: _Dims, has_new: bool, has_rows: bool, *refs):
+def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *refs):
   (batches_ref, seconds_ref, prior_ref, survived_ref, reached_ref, row_survived_ref,
    row_reached_ref, draft_len_ref, since_run_ref, probes_ref, error_ref, cov_ref, timed_ref,
    active_ref, *refs) = refs
@@ -273,12 +276,12 @@ def _choose_kernel(ctl: TableTuneController, d: _Dims, has_new: bool, has_rows: 
   _store2(row_reached_out, (d.rows, big_k), row_reached)
 
 
-def _dims(ctl: TableTuneController, rows: int) -> _Dims:
+def _dims(ctl: Controller, rows: int) -> _Dims:
   return _Dims(rows=rows, positions=ctl.max_draft_len, lens=tuple(ctl.draft_lens),
                buckets=ctl.seconds.shape[0])
 
 
-def choose(ctl: TableTuneController, state: ControllerState, active, new_request=None,
+def choose(ctl: Controller, state: ControllerState, active, new_request=None,
            rows=None, *, interpret: bool = False):
   """``TableTuneController.choose`` in one kernel launch."""
   d = _dims(ctl, active.shape[0])
@@ -313,7 +316,7 @@ def choose(ctl: TableTuneController, state: ControllerState, active, new_request
   return k, jnp.full(active.shape, k, i32), state
 
 
-def _observe_kernel(ctl: TableTuneController, d: _Dims, has_measured: bool, *refs):
+def _observe_kernel(ctl: Controller, d: _Dims, has_measured: bool, *refs):
   (prior_ref, survived_ref, reached_ref, row_survived_ref, row_reached_ref, drift_up_ref,
    drift_down_ref, residual_var_ref, drifts_ref, k_ref, accepted_ref, active_ref,
    *refs) = refs
@@ -406,7 +409,7 @@ def _fold_in_cost(ctl, d: _Dims, batches_ref, seconds_ref, error_ref, cov_ref, d
   timed_out[...] = timed_ref[...] + valid.astype(jnp.int32)
 
 
-def observe(ctl: TableTuneController, state: ControllerState, k, accepted, active,
+def observe(ctl: Controller, state: ControllerState, k, accepted, active,
             measured=None, *, interpret: bool = False) -> ControllerState:
   """``TableTuneController.observe`` in one kernel launch."""
   d = _dims(ctl, active.shape[0])
@@ -424,7 +427,7 @@ def observe(ctl: TableTuneController, state: ControllerState, k, accepted, activ
                scalar_f, scalar_f, scalar_f, scalar_i]
   if measured is not None:
     operands += [ctl.batches, ctl.seconds.reshape(-1), state.cost_error, state.cost_cov,
-                 ctl._cost_prior(drift=True), jnp.asarray(state.timed, i32),
+                 ctl.cost_prior(drift=True), jnp.asarray(state.timed, i32),
                  jnp.asarray(measured.seconds, f32), jnp.asarray(measured.draft_len, i32),
                  jnp.asarray(measured.rows, i32)]
     out_shape += [jax.ShapeDtypeStruct(state.cost_error.shape, f32),
