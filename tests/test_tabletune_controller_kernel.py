@@ -41,7 +41,7 @@ ON_GPU = bool(os.environ.get("WTS_GPU_TESTS")) and jax.default_backend() == "gpu
 
 def _pair(costs, draft_lens, *, interpret=True):
   reference = TableTuneController.from_table(costs, regime_profile("chat", K),
-                                             draft_lens=draft_lens)
+                                             draft_lens=draft_lens, impl="xla")
   return reference, dataclasses.replace(reference, impl="pallas", interpret=interpret)
 
 
@@ -164,7 +164,7 @@ def test_compiled_for_the_h200_the_controller_is_two_kernels_an_iteration(costs)
   into the loop's carry); the rest is the timing loop's own work (random traffic, its
   new-request flags and rows), a few kernels beside the fixed-K loop's."""
   batch = 16
-  reference = TableTuneController.from_table(costs, regime_profile("chat", K))
+  reference = TableTuneController.from_table(costs, regime_profile("chat", K), impl="xla")
   kernel = dataclasses.replace(reference, impl="pallas")
   fixed = _kernels_of_the_loop_body(FixedDraftLength(K), batch)
   fused = _kernels_of_the_loop_body(kernel, batch)

@@ -98,7 +98,7 @@ class TableTuneController:
   impl: "xla" runs ``choose`` and ``observe`` as the jax.numpy below (the reference, and
   the CPU path); "pallas" as one Pallas kernel launch each (``controller_kernel``;
   ``interpret`` runs those kernels in Pallas interpret mode, for CPU tests); "auto" the
-  kernels where JAX's default backend is a GPU, else the jax.numpy.
+  kernels where JAX's default backend is a GPU (the default), else the jax.numpy.
   """
 
   batches: jax.Array
@@ -124,7 +124,7 @@ class TableTuneController:
   timing_sd: float = _static(0.03)
   cost_relax: float = _static(0.0005)
   explore_sd: float = _static(0.5)
-  impl: str = _static("xla")
+  impl: str = _static("auto")
   interpret: bool = _static(False)
 
   def __post_init__(self):
