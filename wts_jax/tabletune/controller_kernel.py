@@ -15,7 +15,7 @@ masked — so the two implementations share one state and are checked against ea
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +150,97 @@ def _bucket_row(tile, bucket):
   return jnp.sum(jnp.where(_iota(tile.shape[0], 0, 2) == bucket, tile, 0.0), axis=0)
 
 
+class _CostRows(NamedTuple):
+  """The two buckets the cost at the batch's rows interpolates: their weights, and each
+  draft length's table seconds and exp(learnt error) in both ([lens] tiles)."""
+
+  lower: jax.Array
+  w_low: jax.Array
+  w_high: jax.Array
+  s_low: jax.Array
+  s_high: jax.Array
+  e_low: jax.Array
+  e_high: jax.Array
+
+
+def _cost_rows(d: _Dims, batches_ref, seconds_ref, error_ref, rows) -> _CostRows:
+  lens_n = len(d.lens)
+  seconds = _load2(seconds_ref, (d.buckets, lens_n), 0.0)              # [buckets, len]
+  b, l = _iota(seconds.shape[0], 0, 2), _iota(seconds.shape[1], 1, 2)
+  error = plgpu.load(error_ref.at[b * lens_n + l], mask=(b < d.buckets) & (l < lens_n),
+                     other=0.0)
+  lower, w_low, w_high = _bucket(d, _load1(batches_ref, d.buckets, 0.0), rows)
+  factor = jnp.exp(error)
+  return _CostRows(lower, w_low, w_high, _bucket_row(seconds, lower),
+                   _bucket_row(seconds, lower + 1), _bucket_row(factor, lower),
+                   _bucket_row(factor, lower + 1))
+
+
+def _rates(ctl: Controller, d: _Dims, upto, batch_p, row_survived, row_reached, active,
+           cost: _CostRows, real_len):
+  """``TableTuneController._rates``: each row's expected tokens at every K, summed over
+  the active rows, over the believed cost (-inf past the real draft lengths)."""
+  w = ctl.row_prior_weight
+  row_p = (row_survived + w * batch_p[None, :]) / (row_reached + w)     # [rows, pos]
+  row_s = _cumprod(row_p, d.positions)
+  row_tokens = 1.0 + jnp.sum(upto[None] * row_s[:, None, :], axis=2)    # [rows, len]
+  tokens = jnp.sum(jnp.where(active[:, None], row_tokens, 0.0), axis=0)
+  seconds = jnp.maximum(cost.w_low * (cost.s_low * cost.e_low)
+                        + cost.w_high * (cost.s_high * cost.e_high), 1e-9)
+  return jnp.where(real_len, tokens / seconds, -jnp.inf)
+
+
+def _log_cost_information(ctl: Controller, d: _Dims, cov_ref, cost: _CostRows, current):
+  """``TableTuneController._log_cost_information`` against the K at index ``current``:
+  (each K's log-cost standard deviation, what one measurement of it would tell)."""
+  lens_n = len(d.lens)
+  believed_low = cost.w_low * cost.s_low * cost.e_low
+  believed_high = cost.w_high * cost.s_high * cost.e_high
+  total = jnp.maximum(believed_low + believed_high, 1e-9)
+  share_low, share_high = believed_low / total, believed_high / total
+  cells, lens_p = _pow2(d.cells), share_low.shape[0]
+  bb, ll, cc = _iota(_pow2(d.buckets), 0, 3), _iota(lens_p, 1, 3), _iota(cells, 2, 3)
+  # The covariance rows of the lower and upper bucket's cells: [len, cells] each.
+  cov = plgpu.load(cov_ref.at[bb * lens_n + ll, cc],
+                   mask=(bb < d.buckets) & (ll < lens_n) & (cc < d.cells), other=0.0)
+  cov_low = jnp.sum(jnp.where(bb == cost.lower, cov, 0.0), axis=0)
+  cov_high = jnp.sum(jnp.where(bb == cost.lower + 1, cov, 0.0), axis=0)
+  column = _iota(cells, 1, 2)
+  own = _iota(lens_p, 0, 2)
+  cell_low, cell_high = cost.lower * lens_n + own, (cost.lower + 1) * lens_n + own
+
+  def at(rows_tile, cell):
+    return jnp.sum(jnp.where(column == cell, rows_tile, 0.0), axis=1)
+
+  own_var = jnp.maximum(
+      share_low * at(cov_low, cell_low) * share_low + share_low * at(cov_low, cell_high)
+      * share_high + share_high * at(cov_high, cell_low) * share_low
+      + share_high * at(cov_high, cell_high) * share_high, 0.0)
+  current_low = cost.lower * lens_n + current
+  current_high = (cost.lower + 1) * lens_n + current
+  share_current_low = _pick(share_low, current)
+  share_current_high = _pick(share_high, current)
+  covariance = (share_low * (at(cov_low, current_low) * share_current_low
+                             + at(cov_low, current_high) * share_current_high)
+                + share_high * (at(cov_high, current_low) * share_current_low
+                                + at(cov_high, current_high) * share_current_high))
+  information = jnp.abs(own_var - covariance) / jnp.sqrt(own_var + ctl.timing_sd ** 2)
+  return jnp.sqrt(own_var), information
+
+
+def _tokens_spread(ctl: Controller, d: _Dims, upto, batch_p, reached):
+  """``TableTuneController._tokens_spread``: the batch estimate's binomial spread carried
+  to each K's expected tokens (relative)."""
+  p = jnp.clip(batch_p, 0.01, 0.99)
+  var_p = p * (1.0 - p) / (reached + ctl.prior_weight + 1.0)
+  survival = _cumprod(p, d.positions)
+  later = _iota(p.shape[0], 2, 3) >= _iota(p.shape[0], 1, 3)            # [1, j, j']
+  tail = jnp.sum(jnp.where(later, (upto * survival[None, :])[:, None, :], 0.0), axis=2)
+  grad = upto * tail / p[None, :]
+  tokens = 1.0 + jnp.sum(upto * survival[None, :], axis=1)
+  return jnp.sqrt(jnp.sum(grad ** 2 * var_p[None, :], axis=1)) / tokens
+
+
 def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *refs):
   (batches_ref, seconds_ref, prior_ref, survived_ref, reached_ref, row_survived_ref,
    row_reached_ref, draft_len_ref, since_run_ref, probes_ref, error_ref, cov_ref, timed_ref,
@@ -161,11 +252,13 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
   lens_n, big_k = len(d.lens), d.positions
   lens = _lens_vector(d)
   real_len = _iota(lens.shape[0]) < lens_n
+  # (every input is read before the first store: the outputs alias them)
   active = _load1(active_ref, d.rows, False)
   survived, reached = _load1(survived_ref, big_k, 0.0), _load1(reached_ref, big_k, 0.0)
   row_survived = _load2(row_survived_ref, (d.rows, big_k), 0.0)
   row_reached = _load2(row_reached_ref, (d.rows, big_k), 0.0)
-  draft_len = draft_len_ref[...]
+  draft_len, since_run = draft_len_ref[...], _load1(since_run_ref, lens_n, 0)
+  probes, timed = probes_ref[...], timed_ref[...]
   if has_new:
     new = _load1(new_ref, d.rows, False)
     keep = _where(new, 0.0, 1.0)[:, None]
@@ -177,28 +270,10 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
     row_survived, row_reached = keep * row_survived, keep * row_reached
     survived, reached = fade * survived, fade * reached
   rows = (rows_ref[...] if has_rows else _count(active)).astype(jnp.float32)
-  prior = _load1(prior_ref, big_k, 0.0)
-  batch_p = _batch_acceptance(ctl, survived, reached, prior)
-
-  # _rates: each row's expected tokens at every K, summed over the active rows, over cost.
-  q = _iota(batch_p.shape[0], 1, 2)
-  upto = _where(q < lens[:, None], 1.0, 0.0)                 # [len, pos]
-  w = ctl.row_prior_weight
-  row_p = (row_survived + w * batch_p[None, :]) / (row_reached + w)     # [rows, pos]
-  row_s = _cumprod(row_p, big_k)
-  row_tokens = 1.0 + jnp.sum(upto[None] * row_s[:, None, :], axis=2)    # [rows, len]
-  tokens = jnp.sum(jnp.where(active[:, None], row_tokens, 0.0), axis=0)
-  seconds = _load2(seconds_ref, (d.buckets, lens_n), 0.0)              # [buckets, len]
-  b, l = _iota(seconds.shape[0], 0, 2), _iota(seconds.shape[1], 1, 2)
-  error = plgpu.load(error_ref.at[b * lens_n + l], mask=(b < d.buckets) & (l < lens_n),
-                     other=0.0)
-  batches = _load1(batches_ref, d.buckets, 0.0)
-  lower, w_low, w_high = _bucket(d, batches, rows)
-  s_low, s_high = _bucket_row(seconds, lower), _bucket_row(seconds, lower + 1)
-  e_low = _bucket_row(jnp.exp(error), lower)
-  e_high = _bucket_row(jnp.exp(error), lower + 1)
-  cost = jnp.maximum(w_low * (s_low * e_low) + w_high * (s_high * e_high), 1e-9)
-  rate = jnp.where(real_len, tokens / cost, -jnp.inf)
+  batch_p = _batch_acceptance(ctl, survived, reached, _load1(prior_ref, big_k, 0.0))
+  upto = _where(_iota(batch_p.shape[0], 1, 2) < lens[:, None], 1.0, 0.0)   # [len, pos]
+  cost = _cost_rows(d, batches_ref, seconds_ref, error_ref, rows)
+  rate = _rates(ctl, d, upto, batch_p, row_survived, row_reached, active, cost, real_len)
 
   busy = _any(active)
   current = _argmax(_where(real_len & (lens == draft_len), 1, 0))
@@ -208,56 +283,12 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
   others = jnp.where(_iota(rate.shape[0]) == index, -jnp.inf, rate)
   runner_up = _argmax(others)
   losses = jnp.maximum(1.0 - others / jnp.maximum(_pick(rate, index), 1e-30), 0.0)
-
-  # _log_cost_information at ``rows`` against the K at ``index``.
-  believed_low = w_low * s_low * e_low
-  believed_high = w_high * s_high * e_high
-  total = jnp.maximum(believed_low + believed_high, 1e-9)
-  share_low, share_high = believed_low / total, believed_high / total
-  cells = _pow2(d.cells)
-  bb, ll, cc = _iota(_pow2(d.buckets), 0, 3), _iota(lens.shape[0], 1, 3), _iota(cells, 2, 3)
-  cov = plgpu.load(cov_ref.at[bb * lens_n + ll, cc],
-                   mask=(bb < d.buckets) & (ll < lens_n) & (cc < d.cells), other=0.0)
-  cov_low = jnp.sum(jnp.where(bb == lower, cov, 0.0), axis=0)           # [len, cells]
-  cov_high = jnp.sum(jnp.where(bb == lower + 1, cov, 0.0), axis=0)
-  column = _iota(cells, 1, 2)
-  own = _iota(lens.shape[0], 0, 2)
-  cell_low, cell_high = lower * lens_n + own, (lower + 1) * lens_n + own  # [len, 1]
-
-  def at(rows_tile, cell):
-    return jnp.sum(jnp.where(column == cell, rows_tile, 0.0), axis=1)
-
-  own_var = jnp.maximum(
-      share_low * at(cov_low, cell_low) * share_low + share_low * at(cov_low, cell_high)
-      * share_high + share_high * at(cov_high, cell_low) * share_low
-      + share_high * at(cov_high, cell_high) * share_high, 0.0)
-  current_low, current_high = lower * lens_n + index, (lower + 1) * lens_n + index
-  share_current_low, share_current_high = _pick(share_low, index), _pick(share_high, index)
-  covariance = (share_low * (at(cov_low, current_low) * share_current_low
-                             + at(cov_low, current_high) * share_current_high)
-                + share_high * (at(cov_high, current_low) * share_current_low
-                                + at(cov_high, current_high) * share_current_high))
-  information = (jnp.abs(own_var - covariance)
-                 / jnp.sqrt(own_var + ctl.timing_sd ** 2))
-  own_sd = jnp.sqrt(own_var)
+  own_sd, information = _log_cost_information(ctl, d, cov_ref, cost, index)
   margin = ctl.explore_sd * information - losses
-  timed = timed_ref[...]
   doubtful = ((margin > 0) & (own_sd >= _pick(own_sd, index)) & (others > -jnp.inf)
               & (timed > 0))
   doubt = _argmax(jnp.where(doubtful, margin, -jnp.inf))
-
-  # _tokens_spread: the batch estimate's binomial spread carried to each K's tokens.
-  p = jnp.clip(batch_p, 0.01, 0.99)
-  var_p = p * (1.0 - p) / (reached + ctl.prior_weight + 1.0)
-  survival = _cumprod(p, big_k)
-  later = (_iota(p.shape[0], 2, 3) >= _iota(p.shape[0], 1, 3))          # [1, j, j']
-  tail = jnp.sum(jnp.where(later, (upto * survival[None, :])[:, None, :], 0.0), axis=2)
-  grad = upto * tail / p[None, :]
-  batch_tokens = 1.0 + jnp.sum(upto * survival[None, :], axis=1)
-  spread = jnp.sqrt(jnp.sum(grad ** 2 * var_p[None, :], axis=1)) / batch_tokens
-  doubt_tokens = ctl.explore_sd * spread
-
-  since_run = _load1(since_run_ref, lens_n, 0)
+  doubt_tokens = ctl.explore_sd * _tokens_spread(ctl, d, upto, batch_p, reached)
   due = ((_pick(since_run, runner_up) + 1.0) * ctl.probe_budget
          >= jnp.maximum(_pick(losses, runner_up) - _pick(doubt_tokens, runner_up),
                         ctl.hysteresis))
@@ -267,7 +298,7 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
   chosen = jnp.where(probe, runner_up, index)
   k_out[...] = _pick(lens, chosen)
   draft_len_out[...] = _pick(lens, index)
-  probes_out[...] = probes_ref[...] + probe.astype(jnp.int32)
+  probes_out[...] = probes + probe.astype(jnp.int32)
   _store1(since_run_out, lens_n, jnp.where(_iota(lens.shape[0]) == chosen, 0,
                                            jnp.minimum(since_run + 1, NEVER_RUN)))
   _store1(survived_out, big_k, survived)
