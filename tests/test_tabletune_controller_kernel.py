@@ -1,5 +1,6 @@
-"""TableTune's controller as two Pallas kernels (``controller_kernel``), run here in
-Pallas interpret mode, against the jax.numpy controller: from the same state each call
+"""TableTune's controller as two Pallas kernels (``controller_kernel``), in Pallas
+interpret mode (and with ``-m gpu`` compiled on the GPU), against the jax.numpy
+controller: from the same state each call
 chooses the same K and leaves the same state (to f32 rounding), over random traffic
 with new requests, idle rows, measured and unmeasured iterations; a replayed trace drafts
 the same K at every iteration; and compiled for the H200, an iteration of the decode
