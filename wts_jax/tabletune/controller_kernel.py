@@ -75,9 +75,11 @@ def _store2(ref, shape, value):
   plgpu.store(ref.at[r, c], value, mask=(r < shape[0]) & (c < shape[1]))
 
 
-def _pick(vector, index):
-  """vector[index] at a traced index (a one-hot sum: exact)."""
-  return jnp.sum(jnp.where(_iota(vector.shape[0]) == index, vector, 0))
+def _take(tile, index, axis: int = 0):
+  """``tile`` at a traced ``index`` along ``axis`` (a one-hot sum: exact); ``index`` may
+  vary along the other axes (broadcast against the tile)."""
+  hit = _iota(tile.shape[axis], axis, tile.ndim) == index
+  return jnp.sum(jnp.where(hit, tile, 0), axis=axis)
 
 
 def _argmax(vector):
@@ -137,17 +139,12 @@ def _batch_acceptance(ctl: Controller, survived, reached, prior):
 def _bucket(d: _Dims, batches, rows):
   """``cost_table.bucket_weights``: (lower bucket, its weight, the next one's)."""
   valid = _iota(batches.shape[0]) < d.buckets
-  batch = jnp.maximum(rows.astype(jnp.float32), _pick(batches, 0))
+  batch = jnp.maximum(rows.astype(jnp.float32), _take(batches, 0))
   at_or_below = _count(valid & (batches <= batch))
   lower = jnp.clip(at_or_below - 1, 0, d.buckets - 2)
-  low, high = _pick(batches, lower), _pick(batches, lower + 1)
+  low, high = _take(batches, lower), _take(batches, lower + 1)
   fraction = (batch - low) / (high - low)
   return lower, 1.0 - fraction, fraction
-
-
-def _bucket_row(tile, bucket):
-  """tile[bucket, :] of a [buckets, lens] tile."""
-  return jnp.sum(jnp.where(_iota(tile.shape[0], 0, 2) == bucket, tile, 0.0), axis=0)
 
 
 class _CostRows(NamedTuple):
@@ -171,9 +168,8 @@ def _cost_rows(d: _Dims, batches_ref, seconds_ref, error_ref, rows) -> _CostRows
                      other=0.0)
   lower, w_low, w_high = _bucket(d, _load1(batches_ref, d.buckets, 0.0), rows)
   factor = jnp.exp(error)
-  return _CostRows(lower, w_low, w_high, _bucket_row(seconds, lower),
-                   _bucket_row(seconds, lower + 1), _bucket_row(factor, lower),
-                   _bucket_row(factor, lower + 1))
+  return _CostRows(lower, w_low, w_high, _take(seconds, lower), _take(seconds, lower + 1),
+                   _take(factor, lower), _take(factor, lower + 1))
 
 
 def _rates(ctl: Controller, d: _Dims, upto, batch_p, row_survived, row_reached, active,
@@ -203,14 +199,12 @@ def _log_cost_information(ctl: Controller, d: _Dims, cov_ref, cost: _CostRows, c
   # The covariance rows of the lower and upper bucket's cells: [len, cells] each.
   cov = plgpu.load(cov_ref.at[bb * lens_n + ll, cc],
                    mask=(bb < d.buckets) & (ll < lens_n) & (cc < d.cells), other=0.0)
-  cov_low = jnp.sum(jnp.where(bb == cost.lower, cov, 0.0), axis=0)
-  cov_high = jnp.sum(jnp.where(bb == cost.lower + 1, cov, 0.0), axis=0)
-  column = _iota(cells, 1, 2)
+  cov_low, cov_high = _take(cov, cost.lower), _take(cov, cost.lower + 1)
   own = _iota(lens_p, 0, 2)
   cell_low, cell_high = cost.lower * lens_n + own, (cost.lower + 1) * lens_n + own
 
   def at(rows_tile, cell):
-    return jnp.sum(jnp.where(column == cell, rows_tile, 0.0), axis=1)
+    return _take(rows_tile, cell, axis=1)
 
   own_var = jnp.maximum(
       share_low * at(cov_low, cell_low) * share_low + share_low * at(cov_low, cell_high)
@@ -218,8 +212,8 @@ def _log_cost_information(ctl: Controller, d: _Dims, cov_ref, cost: _CostRows, c
       + share_high * at(cov_high, cell_high) * share_high, 0.0)
   current_low = cost.lower * lens_n + current
   current_high = (cost.lower + 1) * lens_n + current
-  share_current_low = _pick(share_low, current)
-  share_current_high = _pick(share_high, current)
+  share_current_low = _take(share_low, current)
+  share_current_high = _take(share_high, current)
   covariance = (share_low * (at(cov_low, current_low) * share_current_low
                              + at(cov_low, current_high) * share_current_high)
                 + share_high * (at(cov_high, current_low) * share_current_low
@@ -278,26 +272,26 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
   busy = _any(active)
   current = _argmax(_where(real_len & (lens == draft_len), 1, 0))
   best = _argmax(rate)
-  switch = (_pick(rate, best) > _pick(rate, current) * (1.0 + ctl.hysteresis)) & busy
+  switch = (_take(rate, best) > _take(rate, current) * (1.0 + ctl.hysteresis)) & busy
   index = jnp.where(switch, best, current)
   others = jnp.where(_iota(rate.shape[0]) == index, -jnp.inf, rate)
   runner_up = _argmax(others)
-  losses = jnp.maximum(1.0 - others / jnp.maximum(_pick(rate, index), 1e-30), 0.0)
+  losses = jnp.maximum(1.0 - others / jnp.maximum(_take(rate, index), 1e-30), 0.0)
   own_sd, information = _log_cost_information(ctl, d, cov_ref, cost, index)
   margin = ctl.explore_sd * information - losses
-  doubtful = ((margin > 0) & (own_sd >= _pick(own_sd, index)) & (others > -jnp.inf)
+  doubtful = ((margin > 0) & (own_sd >= _take(own_sd, index)) & (others > -jnp.inf)
               & (timed > 0))
   doubt = _argmax(jnp.where(doubtful, margin, -jnp.inf))
   doubt_tokens = ctl.explore_sd * _tokens_spread(ctl, d, upto, batch_p, reached)
-  due = ((_pick(since_run, runner_up) + 1.0) * ctl.probe_budget
-         >= jnp.maximum(_pick(losses, runner_up) - _pick(doubt_tokens, runner_up),
+  due = ((_take(since_run, runner_up) + 1.0) * ctl.probe_budget
+         >= jnp.maximum(_take(losses, runner_up) - _take(doubt_tokens, runner_up),
                         ctl.hysteresis))
   any_doubt = _any(doubtful)
   probe = busy & (any_doubt | due)
   runner_up = jnp.where(any_doubt, doubt, runner_up)
   chosen = jnp.where(probe, runner_up, index)
-  k_out[...] = _pick(lens, chosen)
-  draft_len_out[...] = _pick(lens, index)
+  k_out[...] = _take(lens, chosen)
+  draft_len_out[...] = _take(lens, index)
   probes_out[...] = probes + probe.astype(jnp.int32)
   _store1(since_run_out, lens_n, jnp.where(_iota(lens.shape[0]) == chosen, 0,
                                            jnp.minimum(since_run + 1, NEVER_RUN)))
@@ -368,7 +362,7 @@ def _observe_kernel(ctl: Controller, d: _Dims, has_measured: bool, *refs):
   active = _load1(active_ref, d.rows, False)
   accepted = _load1(accepted_ref, d.rows, 0)
   shape = (d.rows, big_k)
-  # (every input is read before the first store: the outputs alias them)
+  # (every aliased input is read before its output's store)
   old_row_survived = _load2(row_survived_ref, shape, 0.0)
   old_row_reached = _load2(row_reached_ref, shape, 0.0)
   residual_var = residual_var_ref[...]
@@ -414,23 +408,22 @@ def _fold_in_cost(ctl, d: _Dims, batches_ref, seconds_ref, error_ref, cov_ref, d
   k = measured_k_ref[...]
   real_len = _iota(lens.shape[0]) < lens_n
   column = jnp.clip(_count(real_len & (lens < k)), 0, lens_n - 1)
-  valid = jnp.isfinite(seconds) & (seconds > 0) & (_pick(lens, column) == k)
+  valid = jnp.isfinite(seconds) & (seconds > 0) & (_take(lens, column) == k)
   lower, w_low, w_high = _bucket(d, _load1(batches_ref, d.buckets, 0.0), measured_rows_ref[...])
   cell_low, cell_high = lower * lens_n + column, (lower + 1) * lens_n + column
   table = _load1(seconds_ref, cells, 0.0)
   error = _load1(error_ref, cells, 0.0)
-  part_low = w_low * _pick(table, cell_low) * jnp.exp(_pick(error, cell_low))
-  part_high = w_high * _pick(table, cell_high) * jnp.exp(_pick(error, cell_high))
+  part_low = w_low * _take(table, cell_low) * jnp.exp(_take(error, cell_low))
+  part_high = w_high * _take(table, cell_high) * jnp.exp(_take(error, cell_high))
   predicted = jnp.maximum(part_low + part_high, 1e-9)
   share_low, share_high = part_low / predicted, part_high / predicted
   relax = _where(valid, ctl.cost_relax, 0.0)
   shape = (cells, cells)
   cov = (1.0 - relax) * _load2(cov_ref, shape, 0.0) + relax * _load2(drift_cov_ref, shape, 0.0)
-  column_index = _iota(cov.shape[1], 1, 2)
-  cov_share = (jnp.sum(jnp.where(column_index == cell_low, cov, 0.0), axis=1) * share_low
-               + jnp.sum(jnp.where(column_index == cell_high, cov, 0.0), axis=1) * share_high)
-  innovation_var = (share_low * _pick(cov_share, cell_low)
-                    + share_high * _pick(cov_share, cell_high) + ctl.timing_sd ** 2)
+  cov_share = (_take(cov, cell_low, axis=1) * share_low
+               + _take(cov, cell_high, axis=1) * share_high)
+  innovation_var = (share_low * _take(cov_share, cell_low)
+                    + share_high * _take(cov_share, cell_high) + ctl.timing_sd ** 2)
   spread = jnp.sqrt(innovation_var)
   innovation = jnp.clip(jnp.log(jnp.where(valid, seconds, 1.0)) - jnp.log(predicted),
                         -3.0 * spread, 3.0 * spread)
