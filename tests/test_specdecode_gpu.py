@@ -5,6 +5,7 @@ target's greedy decoding with every walk, and one iteration at the Qwen3-4B shap
 runs with each walk (a smoke run of the benchmark's path).
 """
 
+import functools
 import os
 
 import jax
@@ -92,3 +93,33 @@ def test_the_gpu_loop_equals_the_targets_own_greedy_decode_in_bf16():
   spec = generate(target, drafter, prompts, new_tokens, draft_len=7).rows()
   plain = np.asarray(decode_autoregressive(target, prompts, new_tokens)).tolist()
   assert spec == plain
+
+
+def test_the_fused_qkv_attention_kernel_equals_its_xla_composition_on_the_gpu():
+  """``qkv_attention.fused`` compiled for the device (Qwen3-4B heads, bf16) against the
+  XLA composition: attention, and the caches written in place."""
+  from wts_jax.specdecode import qkv_attention
+  batch, steps, heads, kv_heads, head_dim = 4, 8, 32, 8, 128
+  width = attention.padded_cache_len(700)
+  keys = jax.random.split(jax.random.key(7), 5)
+  qkv = jax.random.normal(keys[0], (batch, steps, (heads + 2 * kv_heads) * head_dim),
+                          jnp.bfloat16)
+  cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, width, head_dim), jnp.bfloat16)
+                      for k in keys[1:3])
+  q_norm, k_norm = (1 + 0.1 * jax.random.normal(k, (head_dim,), jnp.bfloat16)
+                    for k in keys[3:5])
+  for start in ([0, 100, 511, width - steps], [1, 255, 256, 600]):
+    start = jnp.array(start, jnp.int32)
+    cos, sin = qkv_attention.rotation_tables(start[:, None] + jnp.arange(steps)[None],
+                                             head_dim, 1e6)
+    args = (qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start)
+    want = jax.jit(functools.partial(qkv_attention.reference, num_heads=heads, eps=1e-6,
+                                     causal=True))(*args)
+    for splits in (None, 1):
+      got = jax.jit(functools.partial(qkv_attention.fused, num_heads=heads, eps=1e-6,
+                                      causal=True, splits=splits))(*args)
+      np.testing.assert_allclose(np.asarray(got[0], np.float32),
+                                 np.asarray(want[0], np.float32), atol=3e-2, rtol=3e-2)
+      np.testing.assert_array_equal(np.asarray(got[2]), np.asarray(want[2]))
+      np.testing.assert_allclose(np.asarray(got[1], np.float32),
+                                 np.asarray(want[1], np.float32), atol=2e-2, rtol=2e-2)

@@ -149,6 +149,10 @@ def traffic(found: dict[str, list[str]], name: str, *, cache_fraction: float = 1
       # values, read up to each row's length
       caches = sorted(operand_bytes)[-2:]
       read = sum(operand_bytes) - sum(caches) + cache_fraction * sum(caches)
+      if "output_to_operand_aliasing" in line:
+        # the fused q/k/v attention kernel updates those caches in place: it writes
+        # only the new tokens' rows (counted with the kernel's other outputs as nil)
+        written -= sum(caches)
     else:
       read = sum(operand_bytes)
     rows.append(dict(name=op_name, op=op, calls=called, read=int(read), written=int(written),

@@ -184,16 +184,29 @@ def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, *out_refs, steps: int, group
                   block_k: int, scale: float, exact: bool):
   block_t, block_g, head_dim = q_ref.shape
   block_r = block_t * block_g
-  split_len = k_ref.shape[0]
   valid = _query_rows(q_ref, steps, group)                               # [block_t, block_g]
   # Row r = t·block_g + g: the block's [step, head] entries as the product's rows.
   q = pl_triton.load(q_ref, mask=valid[:, :, None], other=0).reshape(block_r, head_dim)
   step_lengths = pl_triton.load(lengths_ref, mask=jnp.arange(block_t) < steps, other=0)
   lengths = jnp.where(valid, step_lengths[:, None], 0).reshape(block_r)
+  precision = lax.Precision.HIGHEST if exact else None
+  init = (jnp.zeros((block_r, head_dim), jnp.float32),
+          jnp.full((block_r,), _MASKED, jnp.float32), jnp.zeros((block_r,), jnp.float32))
+  out, top, total = attend_split(q, k_ref, v_ref, lengths, init, block_k=block_k,
+                                 scale=scale, precision=precision)
+  store_split(out_refs, out, top, total, valid)
+
+
+def attend_split(q, k_ref, v_ref, lengths, carry, *, block_k: int, scale: float,
+                 precision):
+  """Inside a split program: the running (unnormalised output, max, sum) of query rows
+  q [R, h], carried on from ``carry``, over the keys of this program's split
+  (``k_ref``/``v_ref`` [split_len, h], split ``program_id(2)``) before each row's
+  ``lengths`` [R], block by block, reading no block past the longest."""
+  split_len = k_ref.shape[0]
   first = pl.program_id(2) * split_len
   stop = jnp.minimum(jnp.max(lengths), first + split_len)
   blocks = jnp.maximum((stop - first + block_k - 1) // block_k, 0)
-  precision = lax.Precision.HIGHEST if exact else None
 
   def block(i, carry):
     out, top, total = carry
@@ -210,10 +223,13 @@ def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, *out_refs, steps: int, group
                                                     precision=precision)
     return out, new_top, correction * total + weights.sum(axis=-1)
 
-  init = (jnp.zeros((block_r, head_dim), jnp.float32),
-          jnp.full((block_r,), _MASKED, jnp.float32), jnp.zeros((block_r,), jnp.float32))
-  out, top, total = lax.fori_loop(0, blocks, block, init)
-  if len(out_refs) == 1:   # one split: the attention itself, in the queries' layout
+  return lax.fori_loop(0, blocks, block, carry)
+
+
+def store_split(out_refs, out, top, total, valid) -> None:
+  """A split program's result: with one split (one output ref) the attention itself in
+  the queries' layout, else its partials (output, sum, max) for the merge."""
+  if len(out_refs) == 1:
     _store_attention(out_refs[0], out, total, valid)
   else:
     o_ref, sum_ref, max_ref = out_refs
@@ -280,7 +296,6 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
                              scale=scale, exact=jnp.dtype(q.dtype) == jnp.float32)
   params = pl_triton.CompilerParams(num_warps=launch_as.num_warps,
                                     num_stages=launch_as.num_stages)
-  merge_params = pl_triton.CompilerParams(num_warps=4, num_stages=2)
   in_specs = [
       queries,
       pl.BlockSpec((None, block_t), lambda b, k, j: (b, 0)),
@@ -310,8 +325,19 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32),
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32)],
       compiler_params=params, interpret=interpret, name=KERNEL_NAME)(*args)
+  return merge(parts, total, top, steps=steps, group=group, shape=by_head.shape,
+               dtype=q.dtype, interpret=interpret).reshape(q.shape)
+
+
+def merge(parts: jax.Array, total: jax.Array, top: jax.Array, *, steps: int, group: int,
+          shape: tuple[int, ...], dtype, interpret: bool = False) -> jax.Array:
+  """The split kernel's partials (unnormalised outputs [B, Kv, P, R, h], sums and maxima
+  [B, Kv, P, R]) merged by the log-sum-exp rule into the queries' layout ``shape``
+  [B, T, Kv, G, h]."""
+  batch, kv_heads, splits, block_r, head_dim = parts.shape
+  block_t, block_g = _blocks(steps, group)
   columns = _merge_slice(splits, block_r, head_dim)
-  out = pl.pallas_call(
+  return pl.pallas_call(
       functools.partial(_merge_kernel, steps=steps, group=group),
       grid=(batch, kv_heads, head_dim // columns),
       in_specs=[
@@ -322,7 +348,7 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
       ],
       out_specs=pl.BlockSpec((None, block_t, None, block_g, columns),
                              lambda b, k, c: (b, 0, k, 0, c)),
-      out_shape=jax.ShapeDtypeStruct(by_head.shape, q.dtype),
-      compiler_params=merge_params, interpret=interpret, name=MERGE_KERNEL_NAME,
+      out_shape=jax.ShapeDtypeStruct(shape, dtype),
+      compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
+      interpret=interpret, name=MERGE_KERNEL_NAME,
   )(parts, total, top)
-  return out.reshape(q.shape)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wts_jax.specdecode import attention
+from wts_jax.specdecode import attention, qkv_attention
 from wts_jax.specdecode.cache_attention import precision
 
 QWEN3_VOCAB = 151_936
@@ -453,8 +453,35 @@ class Qwen3(nnx.Module):
     h = jnp.take(self.embed_tokens.weight[...], tokens, axis=0).astype(self.dtype)
     features = {-1: h}
     new_keys, new_values, cache_keys, cache_values = [], [], [], []
+    # On the GPU the layer's head norms, rotation and cache write run inside its
+    # attention kernel (``qkv_attention``): four kernels a layer fewer.
+    in_kernel = (cache is not None and attention.resolve(attention_impl) == "pallas"
+                 and qkv_attention.supported(c.num_heads, c.num_kv_heads, c.head_dim)
+                 and "qkv_proj" in self.layers[0].names)
+    if in_kernel:
+      cos, sin = qkv_attention.rotation_tables(positions, c.head_dim, c.rope_theta)
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
+      if in_kernel:
+        qkv = linear(rms_norm(h, weights["input_layernorm"], c.rms_norm_eps),
+                     weights["qkv_proj"])
+        attended, keys, values = qkv_attention.fused(
+            qkv, cos, sin, weights["q_norm"], weights["k_norm"], cache.keys[index],
+            cache.values[index], start, num_heads=c.num_heads, eps=c.rms_norm_eps,
+            causal=True)
+        attended = attended.reshape(*tokens.shape, -1)
+        cache_keys.append(keys)
+        cache_values.append(values)
+        # The new keys and values as ``ForwardOutput`` returns them (XLA drops them
+        # where no one reads them, as the decode loop does not).
+        _, k, v = qkv_attention.heads_of(qkv, cos, sin, weights["q_norm"],
+                                         weights["k_norm"], num_heads=c.num_heads,
+                                         kv_heads=c.num_kv_heads, eps=c.rms_norm_eps)
+        h = finish_layer(h, attended, weights, c)
+        features[index] = h
+        new_keys.append(k.transpose(0, 2, 1, 3))
+        new_values.append(v.transpose(0, 2, 1, 3))
+        continue
       q, k, v = project_qkv(h, weights, c, positions)
       if cache is None:
         attended = attention.attend(q, k, v, causal=True)

@@ -1,0 +1,269 @@
+"""A layer's attention from its q/k/v product: head norms, rotation, cache write and
+attention in one kernel (plus the split merge where the keys are split).
+
+The unfused layer (``qwen3.project_qkv``, ``qwen3.write_rows``,
+``attention.attend_written``) runs, around the attention kernel, a reduction for the
+query and key heads' norms, a kernel writing the keys, one writing the values and one
+laying out the queries: four small kernels a layer whose time is mostly their launch.
+Here program (row, kv head, split) of ``cache_attention``'s split kernel reads its
+queries, its new key and its new value straight from the product ``[B, T, (H + 2·Kv)·h]``,
+norms and rotates them in registers, attends over the cache's context ``[0, start)`` of
+its split and — the first split — over the T new keys from registers (causal among
+themselves, or all visible), and the first split writes the new keys and values into the
+cache in place. No program reads a position it writes, so the splits need no order.
+
+``reference`` is the unfused composition in XLA (the CPU path and the oracle).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from wts_jax.specdecode import cache_attention
+from wts_jax.specdecode.cache_attention import _MASKED, _blocks, _query_rows
+
+KERNEL_NAME = "wts_qkv_attention"
+
+
+def rotation_tables(positions: jax.Array, head_dim: int, theta: float
+                    ) -> tuple[jax.Array, jax.Array]:
+  """cos and sin [B, T, h] in fp32 at ``positions`` [B, T], each half-width table
+  repeated over both halves (RoPE's rotate-half layout), as ``qwen3.rotary`` computes
+  them."""
+  half = head_dim // 2
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / head_dim))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  return (jnp.concatenate([jnp.cos(angles)] * 2, axis=-1),
+          jnp.concatenate([jnp.sin(angles)] * 2, axis=-1))
+
+
+def _rotate_half(head_dim: int) -> np.ndarray:
+  """R [h, h] with ``x R = (-x[h/2:], x[:h/2])``: the rotation's partner of every column,
+  as one exact product (a register tensor cannot be sliced in the kernel); a constant of
+  the program, built on the host."""
+  half = head_dim // 2
+  eye = np.eye(half, dtype=np.float32)
+  zero = np.zeros((half, half), np.float32)
+  return np.block([[zero, eye], [-eye, zero]])
+
+
+def heads_of(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
+             k_norm: jax.Array, *, num_heads: int, kv_heads: int, eps: float
+             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The new tokens' queries [B, T, H, h], keys and values [B, T, Kv, h] from ``qkv``
+  [B, T, (H + 2·Kv)·h] in XLA: each query and key head RMS-normed with its weight
+  (``qwen3.rms_norm``) and rotated by ``cos``/``sin`` (``rotation_tables``), the values
+  as they are."""
+  from wts_jax.specdecode.qwen3 import rms_norm
+  batch, steps, _ = qkv.shape
+  heads = qkv.reshape(batch, steps, num_heads + 2 * kv_heads, -1)
+  half = heads.shape[-1] // 2
+
+  def rotate(x):
+    x32 = x.astype(jnp.float32)
+    first, second = x32[..., :half], x32[..., half:]
+    c, s = cos[:, :, None, :half], sin[:, :, None, :half]
+    return jnp.concatenate([first * c - second * s, second * c + first * s],
+                           axis=-1).astype(x.dtype)
+
+  q = rotate(rms_norm(heads[:, :, :num_heads], q_norm, eps))
+  k = rotate(rms_norm(heads[:, :, num_heads:num_heads + kv_heads], k_norm, eps))
+  return q, k, heads[:, :, num_heads + kv_heads:]
+
+
+def reference(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
+              k_norm: jax.Array, keys: jax.Array, values: jax.Array, start: jax.Array,
+              *, num_heads: int, eps: float, causal: bool
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(attention [B, T, H, h] in qkv's dtype, keys, values): the new tokens' queries,
+  keys and values from ``qkv`` [B, T, (H + 2·Kv)·h] (each head RMS-normed with its
+  weight and rotated; values as they are), the keys and values written into the cache
+  [B, Kv, S, h] at ``start[b] + t``, then ``attention.attend_written``'s XLA path."""
+  from wts_jax.specdecode import attention
+  from wts_jax.specdecode.qwen3 import write_rows
+  q, k, v = heads_of(qkv, cos, sin, q_norm, k_norm, num_heads=num_heads,
+                     kv_heads=keys.shape[1], eps=eps)
+  keys = write_rows(keys, k.transpose(0, 2, 1, 3), start)
+  values = write_rows(values, v.transpose(0, 2, 1, 3), start)
+  out = attention.attend_written(q, keys, values, start, causal=causal, impl="xla")
+  return out.reshape(q.shape), keys, values
+
+
+def _normed_rotated(x, weight, cos, sin, rotate, eps: float, dtype, precision):
+  """Rows [r, h]: RMS-normed with ``weight`` and rounded to ``dtype`` (``qwen3.rms_norm``),
+  then rotated in fp32 and rounded again (``qwen3.rotary``). The rotation's partner
+  columns come from one product with ``rotate`` (±1 and 0 in ``dtype``): each output is
+  one input times ±1, exact, and in bf16 a tensor-core product."""
+  x = x.astype(jnp.float32)
+  scale = lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+  normed = (weight[None, :].astype(jnp.float32) * (x * scale)).astype(dtype)
+  partner = pl_triton.dot(normed, rotate, precision=precision)
+  return (normed.astype(jnp.float32) * cos + partner * sin).astype(dtype)
+
+
+def _kernel(q_ref, k_new_ref, v_new_ref, q_cos_ref, q_sin_ref, k_cos_ref, k_sin_ref,
+            q_norm_ref, k_norm_ref, rotate_ref, start_ref, k_ref, v_ref,
+            keys_out, values_out, *out_refs, steps: int, group: int, block_k: int,
+            scale: float, eps: float, causal: bool, exact: bool):
+  block_t, block_g, head_dim = q_ref.shape
+  block_n = k_new_ref.shape[0]
+  block_r = block_t * block_g
+  dtype = k_ref.dtype
+  precision = lax.Precision.HIGHEST if exact else None
+  valid = _query_rows(q_ref, steps, group)                               # [block_t, block_g]
+  new_rows = jnp.arange(block_n) < steps
+  rotate = rotate_ref[...]
+  # The queries, rows r = t·block_g + g, each with its step's rotation.
+  q = pl_triton.load(q_ref, mask=valid[:, :, None], other=0).reshape(block_r, head_dim)
+  step_rows = jnp.arange(block_t) < steps
+  q_cos = jnp.broadcast_to(pl_triton.load(q_cos_ref, mask=step_rows[:, None], other=0)[:, None],
+                           (block_t, block_g, head_dim)).reshape(block_r, head_dim)
+  q_sin = jnp.broadcast_to(pl_triton.load(q_sin_ref, mask=step_rows[:, None], other=0)[:, None],
+                           (block_t, block_g, head_dim)).reshape(block_r, head_dim)
+  q = _normed_rotated(q, q_norm_ref[...], q_cos, q_sin, rotate, eps, dtype, precision)
+  # The new keys and values, rows n = step (padding rows zero).
+  k_new = pl_triton.load(k_new_ref, mask=new_rows[:, None], other=0)
+  k_new = _normed_rotated(k_new, k_norm_ref[...],
+                          pl_triton.load(k_cos_ref, mask=new_rows[:, None], other=0),
+                          pl_triton.load(k_sin_ref, mask=new_rows[:, None], other=0),
+                          rotate, eps, dtype, precision)
+  v_new = pl_triton.load(v_new_ref, mask=new_rows[:, None], other=0).astype(dtype)
+  start = start_ref[0]
+  split = pl.program_id(2)
+
+  # The new tokens first, in the first split only: row r's step t sees new key n ≤ t
+  # (causal) or every n < T.
+  step_of_row = jnp.broadcast_to(jnp.arange(block_t)[:, None], (block_t, block_g)
+                                 ).reshape(block_r)
+  new_scores = pl_triton.dot(q, k_new, trans_b=True, precision=precision) * scale
+  seen = new_rows[None, :] & (split == 0)
+  if causal:
+    seen = seen & (jnp.arange(block_n)[None, :] <= step_of_row[:, None])
+  new_scores = jnp.where(seen, new_scores, _MASKED)
+  top = new_scores.max(axis=-1)
+  weights = jnp.where(seen, jnp.exp(new_scores - top[:, None]), 0.0)
+  out = pl_triton.dot(weights.astype(dtype), v_new, precision=precision)
+  total = weights.sum(axis=-1)
+
+  # Then the split's part of the context [0, start), read from the cache.
+  out, top, total = cache_attention.attend_split(
+      q, k_ref, v_ref, jnp.full((block_r,), start), (out, top, total), block_k=block_k,
+      scale=scale, precision=precision)
+
+  @pl.when(split == 0)
+  def _write():
+    pl_triton.store(keys_out.at[pl.ds(start, block_n), :], k_new, mask=new_rows[:, None])
+    pl_triton.store(values_out.at[pl.ds(start, block_n), :], v_new, mask=new_rows[:, None])
+
+  cache_attention.store_split(out_refs, out, top, total, valid)
+
+
+def supported(num_heads: int, kv_heads: int, head_dim: int) -> bool:
+  """Whether the kernel serves these heads: a power-of-two group (a program's query
+  block is its kv head's heads, read in place) and an even head dimension ≥ 16."""
+  group = num_heads // kv_heads
+  return group & (group - 1) == 0 and head_dim % 2 == 0 and head_dim >= 16
+
+
+def fused(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
+          k_norm: jax.Array, keys: jax.Array, values: jax.Array, start: jax.Array, *,
+          num_heads: int, eps: float, causal: bool, splits: int | None = None,
+          launch_as: cache_attention.Launch | None = None, interpret: bool = False
+          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``reference``'s contract in one kernel over (row, kv head, split), with the split
+  merge of ``cache_attention`` where the keys are split; the caches are updated in place
+  when donated or loop-carried. ``splits``, ``launch_as``: as ``cache_attention.split_k``.
+  The caller keeps ``start[b] + T`` within the cache."""
+  batch, steps, width = qkv.shape
+  kv_heads, cache_len, head_dim = keys.shape[1], keys.shape[2], keys.shape[3]
+  group = num_heads // kv_heads
+  if width != (num_heads + 2 * kv_heads) * head_dim:
+    raise ValueError(f"qkv width {width} must be (num_heads + 2·kv_heads)·head_dim = "
+                     f"{(num_heads + 2 * kv_heads) * head_dim}")
+  if not supported(num_heads, kv_heads, head_dim):
+    raise ValueError(f"{num_heads} heads over {kv_heads} kv heads of {head_dim} need a "
+                     "power-of-two group and an even head dimension >= 16")
+  if cache_len != cache_attention.padded_cache_len(cache_len):
+    raise ValueError(f"a cache of {cache_len} positions cannot be split by the attention "
+                     f"kernel; allocate padded_cache_len({cache_len}) = "
+                     f"{cache_attention.padded_cache_len(cache_len)}")
+  if splits is None:
+    splits = cache_attention.num_splits(batch, kv_heads)
+  elif splits not in [1 << i for i in range(cache_attention.MAX_SPLITS.bit_length())]:
+    raise ValueError(f"splits={splits!r} must be a power of two <= "
+                     f"{cache_attention.MAX_SPLITS}")
+  split_len = cache_len // splits
+  launch_as = cache_attention.launch(split_len) if launch_as is None else launch_as
+  block_k = launch_as.block_k
+  if block_k not in cache_attention.KEY_BLOCKS or split_len % block_k:
+    raise ValueError(f"launch_as.block_k={block_k!r} must be a power of two in [16, 256] "
+                     f"dividing the split's {split_len} keys")
+  block_t, block_g = _blocks(steps, group)
+  block_n = max(pl.next_power_of_2(steps), 16)
+  block_r = block_t * block_g
+  heads = qkv.reshape(batch, steps, num_heads + 2 * kv_heads, head_dim)
+  kernel = functools.partial(
+      _kernel, steps=steps, group=group, block_k=block_k, scale=head_dim ** -0.5,
+      eps=float(eps), causal=causal, exact=jnp.dtype(keys.dtype) == jnp.float32)
+  row_block = lambda rows: pl.BlockSpec((None, rows, head_dim), lambda b, k, j: (b, 0, 0))
+  vector = pl.BlockSpec((head_dim,), lambda b, k, j: (0,))
+  cache_split = pl.BlockSpec((None, None, split_len, head_dim), lambda b, k, j: (b, k, j, 0))
+  cache_whole = pl.BlockSpec((None, None, cache_len, head_dim), lambda b, k, j: (b, k, 0, 0))
+  in_specs = [
+      pl.BlockSpec((None, block_t, block_g, head_dim), lambda b, k, j: (b, 0, k, 0)),
+      pl.BlockSpec((None, block_n, None, head_dim),
+                   lambda b, k, j: (b, 0, num_heads + k, 0)),
+      pl.BlockSpec((None, block_n, None, head_dim),
+                   lambda b, k, j: (b, 0, num_heads + kv_heads + k, 0)),
+      row_block(block_t), row_block(block_t), row_block(block_n), row_block(block_n),
+      vector, vector,
+      pl.BlockSpec((head_dim, head_dim), lambda b, k, j: (0, 0)),
+      pl.BlockSpec((1,), lambda b, k, j: (b,)),
+      cache_split, cache_split,
+  ]
+  cos, sin = cos.astype(jnp.float32), sin.astype(jnp.float32)
+  args = (heads, heads, heads, cos, sin, cos, sin, q_norm, k_norm,
+          jnp.asarray(_rotate_half(head_dim), keys.dtype),
+          start.astype(jnp.int32), keys, values)
+  cache_shapes = [jax.ShapeDtypeStruct(keys.shape, keys.dtype),
+                  jax.ShapeDtypeStruct(values.shape, values.dtype)]
+  queries = pl.BlockSpec((None, block_t, None, block_g, head_dim),
+                         lambda b, k, j: (b, 0, k, 0, 0))
+  by_head = (batch, steps, kv_heads, group, head_dim)
+  params = pl_triton.CompilerParams(num_warps=launch_as.num_warps,
+                                    num_stages=launch_as.num_stages)
+  aliases = {len(args) - 2: 0, len(args) - 1: 1}
+  if splits == 1:
+    keys, values, out = pl.pallas_call(
+        kernel, grid=(batch, kv_heads, 1), in_specs=in_specs,
+        out_specs=[cache_whole, cache_whole, queries],
+        out_shape=[*cache_shapes, jax.ShapeDtypeStruct(by_head, qkv.dtype)],
+        input_output_aliases=aliases, compiler_params=params, interpret=interpret,
+        name=KERNEL_NAME)(*args)
+    return out.reshape(batch, steps, num_heads, head_dim), keys, values
+  partial_shape = (batch, kv_heads, splits, block_r)
+  keys, values, parts, total, top = pl.pallas_call(
+      kernel, grid=(batch, kv_heads, splits), in_specs=in_specs,
+      out_specs=[
+          cache_whole, cache_whole,
+          pl.BlockSpec((None, None, None, block_r, head_dim),
+                       lambda b, k, j: (b, k, j, 0, 0)),
+          pl.BlockSpec((None, None, None, block_r), lambda b, k, j: (b, k, j, 0)),
+          pl.BlockSpec((None, None, None, block_r), lambda b, k, j: (b, k, j, 0)),
+      ],
+      out_shape=[*cache_shapes,
+                 jax.ShapeDtypeStruct((*partial_shape, head_dim), qkv.dtype),
+                 jax.ShapeDtypeStruct(partial_shape, jnp.float32),
+                 jax.ShapeDtypeStruct(partial_shape, jnp.float32)],
+      input_output_aliases=aliases, compiler_params=params, interpret=interpret,
+      name=KERNEL_NAME)(*args)
+  out = cache_attention.merge(parts, total, top, steps=steps, group=group,
+                              shape=by_head, dtype=qkv.dtype, interpret=interpret)
+  return out.reshape(batch, steps, num_heads, head_dim), keys, values
