@@ -66,7 +66,7 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
   """``{phase: summary}`` for one batch size (abstract models: nothing allocated)."""
   import jax
   from flax import nnx
-  from wts_jax.specdecode import attention, cache_attention, loop, timing
+  from wts_jax.specdecode import attention, cache_attention, loop, qkv_attention, timing
   sharding = hlo_traffic.h200_sharding()
   steps = {"verify": timing.loop_pieces(target, drafter, batch=batch, draft_len=draft_len,
                                         prompt_len=prompt_len, attention_impl="pallas",
@@ -104,7 +104,7 @@ def phase_bytes(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
     attention_kernels = sum(
         1 for line in text.splitlines()
         if "custom-call(" in line and re.search(
-            rf'op_name="[^"]*({cache_attention.KERNEL_NAME}|'
+            rf'op_name="[^"]*({cache_attention.KERNEL_NAME}|{qkv_attention.KERNEL_NAME}|'
             rf'{cache_attention.MERGE_KERNEL_NAME})/pallas_call', line))
     out[phase] = dict(moved_bytes=summary["moved_bytes"], must_read_bytes=need,
                       moved_over_must_read=summary["moved_bytes"] / need,
