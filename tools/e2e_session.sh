@@ -3,12 +3,14 @@
 # (SECTIONS=attention) the cached-attention variants alone, then (SECTIONS=tabletune)
 # TableTune's cost table measured through the loop, (SECTIONS=overhead) the controller's
 # cost per iteration, (SECTIONS=agreement) the loop's greedy tokens against the target's
-# own decode in fp32 (where bf16 near-ties cannot round apart).
+# own decode in fp32 (where bf16 near-ties cannot round apart), (SECTIONS=unfused) the
+# bench with the layer's head norms, rotation and cache write outside its attention kernel.
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=16,64 SPLITS= LAUNCHES=64x4x2,64x4x3,128x8x2 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
 #   SECTIONS=overhead,agreement bash tools/e2e_session.sh
+#   SECTIONS=bench,unfused MODELS=qwen3_4b BATCHES=1,16 WALKS=pallas bash tools/e2e_session.sh
 # Writes logs and JSON under $OUT.
 set -u
 export PYTHONPATH=$PWD WTS_GPU_TESTS=1 PYTHONUNBUFFERED=1
@@ -31,6 +33,18 @@ if has bench; then
     --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} --profile /tmp/e2e_profile \
     ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \
     --out "$OUT/e2e.json" 2>&1 | grep -v Warning | tee "$OUT/e2e.log"
+fi
+if has unfused; then   # the same bench with the layer's norms, rotation and cache write
+  # outside the attention kernel (the alternative of docs/decisions.md's choice)
+  stamp unfused
+  timeout ${BENCH_S:-420} python3 -c "
+import sys
+from wts_jax.specdecode import bench_e2e, qkv_attention
+qkv_attention.supported = lambda *args: False
+sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
+    --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
+    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} \
+    --time-budget ${BUDGET:-360} --out "$OUT/e2e_unfused.json" 2>&1 | grep -v Warning | tee "$OUT/e2e_unfused.log"
 fi
 if has bench; then   # one trace back, to read its events' fields
   f=$(find /tmp/e2e_profile -name perfetto_trace.json.gz | head -1)
