@@ -32,6 +32,19 @@ def _inputs(seed, batch, steps, heads, kv_heads, head_dim, dtype, *, starts=None
   return qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start
 
 
+@pytest.fixture
+def interpreted(monkeypatch):
+  """The kernel path of the models' forwards with the fused kernel interpreted."""
+  monkeypatch.setattr(qkv_attention, "fused",
+                      functools.partial(qkv_attention.fused, interpret=True,
+                                        launch_as=SMALL_BLOCKS))
+
+
+def _assert_caches_close(got, want):
+  for a, b in zip(got.keys + got.values, want.keys + want.values):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("steps,causal,splits", [(8, True, 1), (8, True, 4), (1, True, 2),
                                                  (5, False, 2), (7, False, 1)])
 def test_fused_equals_the_xla_composition_in_fp32(steps, causal, splits):
@@ -65,7 +78,7 @@ def test_fused_refuses_what_it_cannot_serve():
   qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start = _inputs(0, 1, 2, 4, 2, 16,
                                                                    jnp.float32)
   run = functools.partial(qkv_attention.fused, eps=1e-6, causal=True, interpret=True)
-  with pytest.raises(ValueError, match="qkv width"):
+  with pytest.raises(ValueError, match="q/k/v product's width"):
     run(qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start, num_heads=6)
   with pytest.raises(ValueError, match="splits=3"):
     run(qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start, num_heads=4, splits=3)
@@ -73,7 +86,7 @@ def test_fused_refuses_what_it_cannot_serve():
   assert qkv_attention.supported(32, 8, 128)
 
 
-def test_a_forward_through_the_fused_kernel_equals_the_unfused_forward(monkeypatch):
+def test_a_forward_through_the_fused_kernel_equals_the_unfused_forward(interpreted):
   """Qwen3's forward on the GPU path (the fused kernel, interpreted) against its XLA
   path: logits and the written caches, a verify-sized forward over a cache."""
   config = Qwen3Config.tiny(vocab_size=64, num_layers=2)
@@ -85,12 +98,47 @@ def test_a_forward_through_the_fused_kernel_equals_the_unfused_forward(monkeypat
   tokens = jax.random.randint(jax.random.key(2), (batch, steps), 0, 64)
   start = jnp.array([9, 5], jnp.int32)
   want = model.forward(tokens, start, cache, attention_impl="xla")
-  monkeypatch.setattr(qkv_attention, "fused",
-                      functools.partial(qkv_attention.fused, interpret=True,
-                                        launch_as=SMALL_BLOCKS))
   got = model.forward(tokens, start, cache, attention_impl="pallas")
   np.testing.assert_allclose(np.asarray(got.logits), np.asarray(want.logits), atol=1e-4,
                              rtol=1e-4)
   np.testing.assert_allclose(np.asarray(got.keys), np.asarray(want.keys), atol=1e-5)
-  for a, b in zip(got.cache.keys + got.cache.values, want.cache.keys + want.cache.values):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+  _assert_caches_close(got.cache, want.cache)
+
+
+def test_fused_from_a_query_and_a_key_value_product_equals_the_composition():
+  """The drafter's block: queries and keys/values from two products, all visible."""
+  qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start = _inputs(3, 3, 7, 8, 2, 32,
+                                                                   jnp.float32)
+  products = (qkv[..., :8 * 32], qkv[..., 8 * 32:])
+  want = qkv_attention.reference(qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start,
+                                 num_heads=8, eps=1e-6, causal=False)
+  got = qkv_attention.fused(products, cos, sin, q_norm, k_norm, cache_k, cache_v, start,
+                            num_heads=8, eps=1e-6, causal=False, splits=2,
+                            launch_as=SMALL_BLOCKS, interpret=True)
+  for name, a, b in zip(("attention", "keys", "values"), want, got):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5, rtol=2e-5,
+                               err_msg=name)
+  with pytest.raises(ValueError, match="key/value product's width"):
+    qkv_attention.fused((products[0], products[1][..., :-32]), cos, sin, q_norm, k_norm,
+                        cache_k, cache_v, start, num_heads=8, eps=1e-6, causal=False,
+                        interpret=True)
+
+
+def test_a_drafter_block_through_the_fused_kernel_equals_the_unfused_block(interpreted):
+  from wts_jax.specdecode.dspark import DSparkConfig, make_dspark
+  target_config = Qwen3Config.tiny(vocab_size=64, num_layers=2)
+  drafter = make_dspark(DSparkConfig.tiny(target_config, block_size=5, rank=16), seed=3,
+                        param_dtype=jnp.float32, dtype=jnp.float32)
+  batch = 2
+  context = drafter.empty_cache(batch, 40)
+  cfg = drafter.config
+  features = jax.random.normal(
+      jax.random.key(4), (batch, 9, len(cfg.target_layer_ids) * cfg.layers.hidden_size))
+  start = jnp.zeros(batch, jnp.int32)
+  context = context.write(*drafter.context_kv(features, start), start)
+  last = jnp.array([3, 7], jnp.int32)
+  at = jnp.array([9, 6], jnp.int32)
+  want = drafter.block(last, at, context, attention_impl="xla")
+  got = drafter.block(last, at, context, attention_impl="pallas")
+  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), atol=1e-4, rtol=1e-4)
+  _assert_caches_close(got[2], want[2])

@@ -33,11 +33,12 @@ from flax import nnx
 
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.specdecode import attention
+from wts_jax.specdecode import attention, qkv_attention
 from wts_jax.specdecode.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
-                                check_keys, decoder_layers, expected_keys, finish_layer,
-                                linear, output_logits, project_qkv, projections, rms_norm,
-                                rotary, write_rows)
+                                attend_in_kernel, attends_in_kernel, check_keys,
+                                decoder_layers, expected_keys, finish_layer, linear,
+                                output_logits, project_qkv, projections, rms_norm, rotary,
+                                write_rows)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).
@@ -214,13 +215,21 @@ class DSparkDrafter(nnx.Module):
     h = jnp.take(self.embed_tokens.weight[...], block_ids, axis=0).astype(self.dtype)
     positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
     written_keys, written_values = [], []
+    in_kernel = attends_in_kernel(c, self.layers[0].names, attention_impl)
+    if in_kernel:
+      cos, sin = qkv_attention.rotation_tables(positions, c.head_dim, c.rope_theta)
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
-      q, k, v = project_qkv(h, weights, c, positions)
-      keys = write_rows(context.keys[index], k, start)
-      values = write_rows(context.values[index], v, start)
-      attended = attention.attend_written(q, keys, values, start, causal=False,
-                                          impl=attention_impl)
+      if in_kernel:
+        attended, keys, values, _ = attend_in_kernel(
+            h, weights, c, cos, sin, context.keys[index], context.values[index], start,
+            causal=False)
+      else:
+        q, k, v = project_qkv(h, weights, c, positions)
+        keys = write_rows(context.keys[index], k, start)
+        values = write_rows(context.values[index], v, start)
+        attended = attention.attend_written(q, keys, values, start, causal=False,
+                                            impl=attention_impl)
       h = finish_layer(h, attended, weights, c)
       written_keys.append(keys)
       written_values.append(values)

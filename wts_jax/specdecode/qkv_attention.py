@@ -6,7 +6,8 @@ The unfused layer (``qwen3.project_qkv``, ``qwen3.write_rows``,
 query and key heads' norms, a kernel writing the keys, one writing the values and one
 laying out the queries: four small kernels a layer whose time is mostly their launch.
 Here program (row, kv head, split) of ``cache_attention``'s split kernel reads its
-queries, its new key and its new value straight from the product ``[B, T, (H + 2·Kv)·h]``,
+queries, its new key and its new value straight from the product ``[B, T, (H + 2·Kv)·h]``
+(the target's layers) or from a query and a key/value product (the drafter's block),
 norms and rotates them in registers, attends over the cache's context ``[0, start)`` of
 its split and — the first split — over the T new keys from registers (causal among
 themselves, or all visible), and the first split writes the new keys and values into the
@@ -54,17 +55,38 @@ def _rotate_half(head_dim: int) -> np.ndarray:
   return np.block([[zero, eye], [-eye, zero]])
 
 
-def heads_of(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
+def _sources(products, num_heads: int, kv_heads: int, head_dim: int):
+  """(query source, its first query head, key/value source, its first key head), each
+  source [B, T, heads, h]: one product [B, T, (H + 2·Kv)·h] serves both, or a pair of
+  products q [B, T, H·h] and k/v [B, T, 2·Kv·h]."""
+  if isinstance(products, (tuple, list)):
+    q, kv = products
+    widths = ((q.shape[-1], num_heads * head_dim, "the query product"),
+              (kv.shape[-1], 2 * kv_heads * head_dim, "the key/value product"))
+  else:
+    q = kv = products
+    widths = ((q.shape[-1], (num_heads + 2 * kv_heads) * head_dim, "the q/k/v product"),)
+  for width, want, what in widths:
+    if width != want:
+      raise ValueError(f"{what}'s width {width} must be {want} ({num_heads} query heads, "
+                       f"{kv_heads} kv heads of {head_dim})")
+  q_src = q.reshape(*q.shape[:2], -1, head_dim)
+  kv_src = kv.reshape(*kv.shape[:2], -1, head_dim)
+  return q_src, 0, kv_src, (num_heads if kv is q else 0)
+
+
+def heads_of(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
              k_norm: jax.Array, *, num_heads: int, kv_heads: int, eps: float
              ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The new tokens' queries [B, T, H, h], keys and values [B, T, Kv, h] from ``qkv``
-  [B, T, (H + 2·Kv)·h] in XLA: each query and key head RMS-normed with its weight
+  """The new tokens' queries [B, T, H, h], keys and values [B, T, Kv, h] from
+  ``products`` (one q/k/v product [B, T, (H + 2·Kv)·h], or the pair q [B, T, H·h],
+  k/v [B, T, 2·Kv·h]) in XLA: each query and key head RMS-normed with its weight
   (``qwen3.rms_norm``) and rotated by ``cos``/``sin`` (``rotation_tables``), the values
   as they are."""
   from wts_jax.specdecode.qwen3 import rms_norm
-  batch, steps, _ = qkv.shape
-  heads = qkv.reshape(batch, steps, num_heads + 2 * kv_heads, -1)
-  half = heads.shape[-1] // 2
+  head_dim = q_norm.shape[-1]
+  q_src, q_first, kv_src, kv_first = _sources(products, num_heads, kv_heads, head_dim)
+  half = head_dim // 2
 
   def rotate(x):
     x32 = x.astype(jnp.float32)
@@ -73,22 +95,22 @@ def heads_of(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
     return jnp.concatenate([first * c - second * s, second * c + first * s],
                            axis=-1).astype(x.dtype)
 
-  q = rotate(rms_norm(heads[:, :, :num_heads], q_norm, eps))
-  k = rotate(rms_norm(heads[:, :, num_heads:num_heads + kv_heads], k_norm, eps))
-  return q, k, heads[:, :, num_heads + kv_heads:]
+  q = rotate(rms_norm(q_src[:, :, q_first:q_first + num_heads], q_norm, eps))
+  k = rotate(rms_norm(kv_src[:, :, kv_first:kv_first + kv_heads], k_norm, eps))
+  return q, k, kv_src[:, :, kv_first + kv_heads:kv_first + 2 * kv_heads]
 
 
-def reference(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
+def reference(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
               k_norm: jax.Array, keys: jax.Array, values: jax.Array, start: jax.Array,
               *, num_heads: int, eps: float, causal: bool
               ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(attention [B, T, H, h] in qkv's dtype, keys, values): the new tokens' queries,
-  keys and values from ``qkv`` [B, T, (H + 2·Kv)·h] (each head RMS-normed with its
+  """(attention [B, T, H, h] in the products' dtype, keys, values): the new tokens'
+  queries, keys and values from ``products`` (``heads_of``: each head RMS-normed with its
   weight and rotated; values as they are), the keys and values written into the cache
   [B, Kv, S, h] at ``start[b] + t``, then ``attention.attend_written``'s XLA path."""
   from wts_jax.specdecode import attention
   from wts_jax.specdecode.qwen3 import write_rows
-  q, k, v = heads_of(qkv, cos, sin, q_norm, k_norm, num_heads=num_heads,
+  q, k, v = heads_of(products, cos, sin, q_norm, k_norm, num_heads=num_heads,
                      kv_heads=keys.shape[1], eps=eps)
   keys = write_rows(keys, k.transpose(0, 2, 1, 3), start)
   values = write_rows(values, v.transpose(0, 2, 1, 3), start)
@@ -172,21 +194,22 @@ def supported(num_heads: int, kv_heads: int, head_dim: int) -> bool:
   return group & (group - 1) == 0 and head_dim % 2 == 0 and head_dim >= 16
 
 
-def fused(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
+def fused(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
           k_norm: jax.Array, keys: jax.Array, values: jax.Array, start: jax.Array, *,
           num_heads: int, eps: float, causal: bool, splits: int | None = None,
           launch_as: cache_attention.Launch | None = None, interpret: bool = False
           ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """``reference``'s contract in one kernel over (row, kv head, split), with the split
+  """``reference``'s contract in one kernel over (row, kv head, split) — ``products``:
+  one q/k/v product [B, T, (H + 2·Kv)·h] or the pair (q [B, T, H·h], k/v
+  [B, T, 2·Kv·h]) — with the split
   merge of ``cache_attention`` where the keys are split; the caches are updated in place
   when donated or loop-carried. ``splits``, ``launch_as``: as ``cache_attention.split_k``.
   The caller keeps ``start[b] + T`` within the cache."""
-  batch, steps, width = qkv.shape
   kv_heads, cache_len, head_dim = keys.shape[1], keys.shape[2], keys.shape[3]
+  q_src, q_first, kv_src, kv_first = _sources(products, num_heads, kv_heads, head_dim)
+  batch, steps = q_src.shape[:2]
+  dtype = q_src.dtype
   group = num_heads // kv_heads
-  if width != (num_heads + 2 * kv_heads) * head_dim:
-    raise ValueError(f"qkv width {width} must be (num_heads + 2·kv_heads)·head_dim = "
-                     f"{(num_heads + 2 * kv_heads) * head_dim}")
   if not supported(num_heads, kv_heads, head_dim):
     raise ValueError(f"{num_heads} heads over {kv_heads} kv heads of {head_dim} need a "
                      "power-of-two group and an even head dimension >= 16")
@@ -208,7 +231,6 @@ def fused(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   block_t, block_g = _blocks(steps, group)
   block_n = max(pl.next_power_of_2(steps), 16)
   block_r = block_t * block_g
-  heads = qkv.reshape(batch, steps, num_heads + 2 * kv_heads, head_dim)
   kernel = functools.partial(
       _kernel, steps=steps, group=group, block_k=block_k, scale=head_dim ** -0.5,
       eps=float(eps), causal=causal, exact=jnp.dtype(keys.dtype) == jnp.float32)
@@ -217,11 +239,12 @@ def fused(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   cache_split = pl.BlockSpec((None, None, split_len, head_dim), lambda b, k, j: (b, k, j, 0))
   cache_whole = pl.BlockSpec((None, None, cache_len, head_dim), lambda b, k, j: (b, k, 0, 0))
   in_specs = [
-      pl.BlockSpec((None, block_t, block_g, head_dim), lambda b, k, j: (b, 0, k, 0)),
+      # a query block is its kv head's G heads (whole blocks: G is a power of two)
+      pl.BlockSpec((None, block_t, block_g, head_dim),
+                   lambda b, k, j: (b, 0, q_first // block_g + k, 0)),
+      pl.BlockSpec((None, block_n, None, head_dim), lambda b, k, j: (b, 0, kv_first + k, 0)),
       pl.BlockSpec((None, block_n, None, head_dim),
-                   lambda b, k, j: (b, 0, num_heads + k, 0)),
-      pl.BlockSpec((None, block_n, None, head_dim),
-                   lambda b, k, j: (b, 0, num_heads + kv_heads + k, 0)),
+                   lambda b, k, j: (b, 0, kv_first + kv_heads + k, 0)),
       row_block(block_t), row_block(block_t), row_block(block_n), row_block(block_n),
       vector, vector,
       pl.BlockSpec((head_dim, head_dim), lambda b, k, j: (0, 0)),
@@ -229,7 +252,7 @@ def fused(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
       cache_split, cache_split,
   ]
   cos, sin = cos.astype(jnp.float32), sin.astype(jnp.float32)
-  args = (heads, heads, heads, cos, sin, cos, sin, q_norm, k_norm,
+  args = (q_src, kv_src, kv_src, cos, sin, cos, sin, q_norm, k_norm,
           jnp.asarray(_rotate_half(head_dim), keys.dtype),
           start.astype(jnp.int32), keys, values)
   cache_shapes = [jax.ShapeDtypeStruct(keys.shape, keys.dtype),
@@ -244,7 +267,7 @@ def fused(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
     keys, values, out = pl.pallas_call(
         kernel, grid=(batch, kv_heads, 1), in_specs=in_specs,
         out_specs=[cache_whole, cache_whole, queries],
-        out_shape=[*cache_shapes, jax.ShapeDtypeStruct(by_head, qkv.dtype)],
+        out_shape=[*cache_shapes, jax.ShapeDtypeStruct(by_head, dtype)],
         input_output_aliases=aliases, compiler_params=params, interpret=interpret,
         name=KERNEL_NAME)(*args)
     return out.reshape(batch, steps, num_heads, head_dim), keys, values
@@ -259,11 +282,11 @@ def fused(qkv: jax.Array, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
           pl.BlockSpec((None, None, None, block_r), lambda b, k, j: (b, k, j, 0)),
       ],
       out_shape=[*cache_shapes,
-                 jax.ShapeDtypeStruct((*partial_shape, head_dim), qkv.dtype),
+                 jax.ShapeDtypeStruct((*partial_shape, head_dim), dtype),
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32),
                  jax.ShapeDtypeStruct(partial_shape, jnp.float32)],
       input_output_aliases=aliases, compiler_params=params, interpret=interpret,
       name=KERNEL_NAME)(*args)
   out = cache_attention.merge(parts, total, top, steps=steps, group=group,
-                              shape=by_head, dtype=qkv.dtype, interpret=interpret)
+                              shape=by_head, dtype=dtype, interpret=interpret)
   return out.reshape(batch, steps, num_heads, head_dim), keys, values

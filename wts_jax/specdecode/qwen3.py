@@ -245,6 +245,33 @@ def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
   return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
+def attends_in_kernel(c: "Qwen3Config", names: tuple[str, ...], impl: str) -> bool:
+  """Whether a layer with weights ``names`` attends over a cache through
+  ``qkv_attention.fused`` (its head norms, rotation and cache write inside the attention
+  kernel: four kernels a layer fewer than ``project_qkv``, ``write_rows`` and
+  ``attend_written``): on the kernel path (``impl`` resolving to "pallas"), heads the
+  kernel serves, and the queries, keys and values from one product or from a query and
+  a key/value product."""
+  return (attention.resolve(impl) == "pallas"
+          and qkv_attention.supported(c.num_heads, c.num_kv_heads, c.head_dim)
+          and ("qkv_proj" in names or {"q_proj", "kv_proj"} <= set(names)))
+
+
+def attend_in_kernel(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
+                     cos: jax.Array, sin: jax.Array, keys: jax.Array, values: jax.Array,
+                     start: jax.Array, *, causal: bool):
+  """A layer's attention where ``attends_in_kernel``: (attention [B, T, H·h], the cache's
+  keys and values with the new tokens written at ``start[b] + t``, the products it
+  read). ``cos``/``sin``: ``qkv_attention.rotation_tables`` at the tokens' positions."""
+  x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
+  products = (linear(x, layer["qkv_proj"]) if "qkv_proj" in layer
+              else (linear(x, layer["q_proj"]), linear(x, layer["kv_proj"])))
+  attended, keys, values = qkv_attention.fused(
+      products, cos, sin, layer["q_norm"], layer["k_norm"], keys, values, start,
+      num_heads=c.num_heads, eps=c.rms_norm_eps, causal=causal)
+  return attended.reshape(*h.shape[:2], -1), keys, values, products
+
+
 def finish_layer(h: jax.Array, attended: jax.Array, layer: dict[str, jax.Array],
                  c: "Qwen3Config") -> jax.Array:
   """The rest of a pre-norm layer after attention: o_proj, residual, MLP, residual."""
@@ -453,28 +480,21 @@ class Qwen3(nnx.Module):
     h = jnp.take(self.embed_tokens.weight[...], tokens, axis=0).astype(self.dtype)
     features = {-1: h}
     new_keys, new_values, cache_keys, cache_values = [], [], [], []
-    # On the GPU the layer's head norms, rotation and cache write run inside its
-    # attention kernel (``qkv_attention``): four kernels a layer fewer.
-    in_kernel = (cache is not None and attention.resolve(attention_impl) == "pallas"
-                 and qkv_attention.supported(c.num_heads, c.num_kv_heads, c.head_dim)
-                 and "qkv_proj" in self.layers[0].names)
+    in_kernel = (cache is not None
+                 and attends_in_kernel(c, self.layers[0].names, attention_impl))
     if in_kernel:
       cos, sin = qkv_attention.rotation_tables(positions, c.head_dim, c.rope_theta)
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
       if in_kernel:
-        qkv = linear(rms_norm(h, weights["input_layernorm"], c.rms_norm_eps),
-                     weights["qkv_proj"])
-        attended, keys, values = qkv_attention.fused(
-            qkv, cos, sin, weights["q_norm"], weights["k_norm"], cache.keys[index],
-            cache.values[index], start, num_heads=c.num_heads, eps=c.rms_norm_eps,
+        attended, keys, values, products = attend_in_kernel(
+            h, weights, c, cos, sin, cache.keys[index], cache.values[index], start,
             causal=True)
-        attended = attended.reshape(*tokens.shape, -1)
         cache_keys.append(keys)
         cache_values.append(values)
         # The new keys and values as ``ForwardOutput`` returns them (XLA drops them
         # where no one reads them, as the decode loop does not).
-        _, k, v = qkv_attention.heads_of(qkv, cos, sin, weights["q_norm"],
+        _, k, v = qkv_attention.heads_of(products, cos, sin, weights["q_norm"],
                                          weights["k_norm"], num_heads=c.num_heads,
                                          kv_heads=c.num_kv_heads, eps=c.rms_norm_eps)
         h = finish_layer(h, attended, weights, c)
