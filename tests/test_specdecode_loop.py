@@ -313,3 +313,26 @@ def test_the_loop_runs_its_products_on_cublas_from_16_rows(monkeypatch):
   assert real() == {**KERNEL_COMPILER_OPTIONS, **UNMERGED_PRODUCTS}
   assert real(cublas_products=True) == {**KERNEL_COMPILER_OPTIONS, **CUBLAS_PRODUCTS}
   assert real()["xla_gpu_dot_merger_threshold_mb"] == 0
+
+
+def test_greedy_through_the_fused_attention_kernel_equals_the_targets_decode(models,
+                                                                             monkeypatch):
+  """The GPU path's attention (``qkv_attention.fused``: the target's and the drafter's
+  layers norm, rotate and write their keys inside the attention kernel), interpreted,
+  inside the loop: lossless against the target's own greedy decoding."""
+  import functools
+  from wts_jax.specdecode import cache_attention, qkv_attention
+  calls = []
+  fused = qkv_attention.fused
+
+  def interpreted(*args, causal, **kwargs):
+    calls.append(causal)
+    return fused(*args, causal=causal, **kwargs, interpret=True,
+                 launch_as=cache_attention.Launch(16, 2, 3))
+  monkeypatch.setattr(qkv_attention, "fused", interpreted)
+  target, drafter = models
+  out = generate(target, drafter, PROMPTS, 12, draft_len=3, walk_impl="xla",
+                 attention_impl="pallas")
+  assert out.rows() == greedy_reference(target, PROMPTS, 12)
+  assert True in calls and False in calls, "the target's or the drafter's layers bypassed it"
+  assert int(np.sum(out.accepted)) > 0, "no draft was accepted: the test saw no multi-token commit"
