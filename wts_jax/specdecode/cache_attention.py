@@ -51,8 +51,8 @@ _MERGED_SPLITS = 8
 # head dimension (64 a thread at four warps: registers, no spill).
 _MERGE_VALUES = 8192
 # Finite, so that a query row with no visible key in a block or a split keeps exp(0)
-# arithmetic NaN-free; its weight in the merge is exp(_MASKED - max) = 0.
-_MASKED = -1e30
+# arithmetic NaN-free; its weight in the merge is exp(MASKED - max) = 0.
+MASKED = -1e30
 KERNEL_NAME = "wts_cache_attention"
 MERGE_KERNEL_NAME = "wts_cache_attention_merge"
 
@@ -156,7 +156,7 @@ def reference(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Arr
   return ungrouped(weighted(jax.nn.softmax(masked, axis=-1), values), q.shape[1])
 
 
-def _blocks(steps: int, group: int) -> tuple[int, int]:
+def query_blocks(steps: int, group: int) -> tuple[int, int]:
   """Query steps and heads a program holds: powers of two ≥ T and ≥ G (Triton's tensors
   are), at least 16 rows in all (the smallest tensor-core product)."""
   block_g = pl.next_power_of_2(group)
@@ -164,7 +164,7 @@ def _blocks(steps: int, group: int) -> tuple[int, int]:
   return block_t, block_g
 
 
-def _query_rows(ref, steps: int, group: int):
+def query_rows(ref, steps: int, group: int):
   """A [block_t, block_g, ...] block's valid (step, head) entries: step < T, head < G."""
   block_t, block_g = ref.shape[:2]
   return ((jnp.arange(block_t) < steps)[:, None] & (jnp.arange(block_g) < group)[None, :])
@@ -184,14 +184,14 @@ def _split_kernel(q_ref, lengths_ref, k_ref, v_ref, *out_refs, steps: int, group
                   block_k: int, scale: float, exact: bool):
   block_t, block_g, head_dim = q_ref.shape
   block_r = block_t * block_g
-  valid = _query_rows(q_ref, steps, group)                               # [block_t, block_g]
+  valid = query_rows(q_ref, steps, group)                                # [block_t, block_g]
   # Row r = t·block_g + g: the block's [step, head] entries as the product's rows.
   q = pl_triton.load(q_ref, mask=valid[:, :, None], other=0).reshape(block_r, head_dim)
   step_lengths = pl_triton.load(lengths_ref, mask=jnp.arange(block_t) < steps, other=0)
   lengths = jnp.where(valid, step_lengths[:, None], 0).reshape(block_r)
   precision = lax.Precision.HIGHEST if exact else None
   init = (jnp.zeros((block_r, head_dim), jnp.float32),
-          jnp.full((block_r,), _MASKED, jnp.float32), jnp.zeros((block_r,), jnp.float32))
+          jnp.full((block_r,), MASKED, jnp.float32), jnp.zeros((block_r,), jnp.float32))
   out, top, total = attend_split(q, k_ref, v_ref, lengths, init, block_k=block_k,
                                  scale=scale, precision=precision)
   store_split(out_refs, out, top, total, valid)
@@ -214,7 +214,7 @@ def attend_split(q, k_ref, v_ref, lengths, carry, *, block_k: int, scale: float,
     keys = k_ref[pl.ds(at, block_k), :]
     scores = pl_triton.dot(q, keys, trans_b=True, precision=precision) * scale
     visible = (first + at + jnp.arange(block_k))[None, :] < lengths[:, None]
-    scores = jnp.where(visible, scores, _MASKED)
+    scores = jnp.where(visible, scores, MASKED)
     new_top = jnp.maximum(top, scores.max(axis=-1))
     correction = jnp.exp(top - new_top)
     weights = jnp.where(visible, jnp.exp(scores - new_top[:, None]), 0.0)
@@ -246,7 +246,7 @@ def _merge_kernel(part_ref, sum_ref, max_ref, o_ref, *, steps: int, group: int):
   weights = jnp.exp(tops - top[None, :])
   total = jnp.sum(sum_ref[...] * weights, axis=0)
   out = jnp.sum(part_ref[...].astype(jnp.float32) * weights[:, :, None], axis=0)
-  _store_attention(o_ref, out, total, _query_rows(o_ref, steps, group))
+  _store_attention(o_ref, out, total, query_rows(o_ref, steps, group))
 
 
 def _merge_slice(splits: int, block_r: int, head_dim: int) -> int:
@@ -287,7 +287,7 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
   if block_k not in KEY_BLOCKS or split_len % block_k:
     raise ValueError(f"launch_as.block_k={block_k!r} must be a power of two in [16, 256] "
                      f"dividing the split's {split_len} keys")
-  block_t, block_g = _blocks(steps, group)
+  block_t, block_g = query_blocks(steps, group)
   block_r = block_t * block_g
   by_head = q.reshape(batch, steps, kv_heads, group, head_dim)
   queries = pl.BlockSpec((None, block_t, None, block_g, head_dim),
@@ -335,7 +335,7 @@ def merge(parts: jax.Array, total: jax.Array, top: jax.Array, *, steps: int, gro
   [B, Kv, P, R]) merged by the log-sum-exp rule into the queries' layout ``shape``
   [B, T, Kv, G, h]."""
   batch, kv_heads, splits, block_r, head_dim = parts.shape
-  block_t, block_g = _blocks(steps, group)
+  block_t, block_g = query_blocks(steps, group)
   columns = _merge_slice(splits, block_r, head_dim)
   return pl.pallas_call(
       functools.partial(_merge_kernel, steps=steps, group=group),

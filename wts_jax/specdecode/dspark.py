@@ -34,11 +34,11 @@ from flax import nnx
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
 from wts_jax.specdecode import attention, qkv_attention
+from wts_jax.specdecode.numerics import linear, rms_norm, rotary, write_rows
+from wts_jax.specdecode.qkv_attention import attend_in_kernel, attends_in_kernel
 from wts_jax.specdecode.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
-                                attend_in_kernel, attends_in_kernel, check_keys,
-                                decoder_layers, expected_keys, finish_layer, linear,
-                                output_logits, project_qkv, projections, rms_norm, rotary,
-                                write_rows)
+                                check_keys, decoder_layers, expected_keys, finish_layer,
+                                output_logits, project_qkv, projections)
 
 # Walks the decode loop can run: the walk's implementations, or "none" (no serial
 # head: the backbone's own tokens, as a DFlash drafter drafts).

@@ -1,7 +1,7 @@
 """A layer's attention from its q/k/v product: head norms, rotation, cache write and
 attention in one kernel (plus the split merge where the keys are split).
 
-The unfused layer (``qwen3.project_qkv``, ``qwen3.write_rows``,
+The unfused layer (``qwen3.project_qkv``, ``numerics.write_rows``,
 ``attention.attend_written``) runs, around the attention kernel, a reduction for the
 query and key heads' norms, a kernel writing the keys, one writing the values and one
 laying out the queries: four small kernels a layer whose time is mostly their launch.
@@ -27,8 +27,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from wts_jax.specdecode import cache_attention
-from wts_jax.specdecode.cache_attention import _MASKED, _blocks, _query_rows
+from wts_jax.specdecode import attention, cache_attention
+from wts_jax.specdecode.numerics import linear, rms_norm, write_rows
+from wts_jax.specdecode.cache_attention import MASKED, query_blocks, query_rows
 
 KERNEL_NAME = "wts_qkv_attention"
 
@@ -36,7 +37,7 @@ KERNEL_NAME = "wts_qkv_attention"
 def rotation_tables(positions: jax.Array, head_dim: int, theta: float
                     ) -> tuple[jax.Array, jax.Array]:
   """cos and sin [B, T, h] in fp32 at ``positions`` [B, T], each half-width table
-  repeated over both halves (RoPE's rotate-half layout), as ``qwen3.rotary`` computes
+  repeated over both halves (RoPE's rotate-half layout), as ``numerics.rotary`` computes
   them."""
   half = head_dim // 2
   inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / head_dim))
@@ -81,9 +82,8 @@ def heads_of(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   """The new tokens' queries [B, T, H, h], keys and values [B, T, Kv, h] from
   ``products`` (one q/k/v product [B, T, (H + 2·Kv)·h], or the pair q [B, T, H·h],
   k/v [B, T, 2·Kv·h]) in XLA: each query and key head RMS-normed with its weight
-  (``qwen3.rms_norm``) and rotated by ``cos``/``sin`` (``rotation_tables``), the values
+  (``numerics.rms_norm``) and rotated by ``cos``/``sin`` (``rotation_tables``), the values
   as they are."""
-  from wts_jax.specdecode.qwen3 import rms_norm
   head_dim = q_norm.shape[-1]
   q_src, q_first, kv_src, kv_first = _sources(products, num_heads, kv_heads, head_dim)
   half = head_dim // 2
@@ -108,8 +108,6 @@ def reference(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   queries, keys and values from ``products`` (``heads_of``: each head RMS-normed with its
   weight and rotated; values as they are), the keys and values written into the cache
   [B, Kv, S, h] at ``start[b] + t``, then ``attention.attend_written``'s XLA path."""
-  from wts_jax.specdecode import attention
-  from wts_jax.specdecode.qwen3 import write_rows
   q, k, v = heads_of(products, cos, sin, q_norm, k_norm, num_heads=num_heads,
                      kv_heads=keys.shape[1], eps=eps)
   keys = write_rows(keys, k.transpose(0, 2, 1, 3), start)
@@ -119,8 +117,8 @@ def reference(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
 
 
 def _normed_rotated(x, weight, cos, sin, rotate, eps: float, dtype, precision):
-  """Rows [r, h]: RMS-normed with ``weight`` and rounded to ``dtype`` (``qwen3.rms_norm``),
-  then rotated in fp32 and rounded again (``qwen3.rotary``). The rotation's partner
+  """Rows [r, h]: RMS-normed with ``weight`` and rounded to ``dtype`` (``numerics.rms_norm``),
+  then rotated in fp32 and rounded again (``numerics.rotary``). The rotation's partner
   columns come from one product with ``rotate`` (±1 and 0 in ``dtype``): each output is
   one input times ±1, exact, and in bf16 a tensor-core product."""
   x = x.astype(jnp.float32)
@@ -139,7 +137,7 @@ def _kernel(q_ref, k_new_ref, v_new_ref, q_cos_ref, q_sin_ref, k_cos_ref, k_sin_
   block_r = block_t * block_g
   dtype = k_ref.dtype
   precision = lax.Precision.HIGHEST if exact else None
-  valid = _query_rows(q_ref, steps, group)                               # [block_t, block_g]
+  valid = query_rows(q_ref, steps, group)                               # [block_t, block_g]
   new_rows = jnp.arange(block_n) < steps
   rotate = rotate_ref[...]
   # The queries, rows r = t·block_g + g, each with its step's rotation.
@@ -168,7 +166,7 @@ def _kernel(q_ref, k_new_ref, v_new_ref, q_cos_ref, q_sin_ref, k_cos_ref, k_sin_
   seen = new_rows[None, :] & (split == 0)
   if causal:
     seen = seen & (jnp.arange(block_n)[None, :] <= step_of_row[:, None])
-  new_scores = jnp.where(seen, new_scores, _MASKED)
+  new_scores = jnp.where(seen, new_scores, MASKED)
   top = new_scores.max(axis=-1)
   weights = jnp.where(seen, jnp.exp(new_scores - top[:, None]), 0.0)
   out = pl_triton.dot(weights.astype(dtype), v_new, precision=precision)
@@ -228,7 +226,7 @@ def fused(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   if block_k not in cache_attention.KEY_BLOCKS or split_len % block_k:
     raise ValueError(f"launch_as.block_k={block_k!r} must be a power of two in [16, 256] "
                      f"dividing the split's {split_len} keys")
-  block_t, block_g = _blocks(steps, group)
+  block_t, block_g = query_blocks(steps, group)
   block_n = max(pl.next_power_of_2(steps), 16)
   block_r = block_t * block_g
   kernel = functools.partial(
@@ -290,3 +288,30 @@ def fused(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   out = cache_attention.merge(parts, total, top, steps=steps, group=group,
                               shape=by_head, dtype=dtype, interpret=interpret)
   return out.reshape(batch, steps, num_heads, head_dim), keys, values
+
+
+def attends_in_kernel(c: "Qwen3Config", names: tuple[str, ...], impl: str) -> bool:
+  """Whether a layer with weights ``names`` attends over a cache through
+  ``fused`` (its head norms, rotation and cache write inside the attention
+  kernel: four kernels a layer fewer than ``project_qkv``, ``write_rows`` and
+  ``attend_written``): on the kernel path (``impl`` resolving to "pallas"), heads the
+  kernel serves, and the queries, keys and values from one product or from a query and
+  a key/value product."""
+  return (attention.resolve(impl) == "pallas"
+          and supported(c.num_heads, c.num_kv_heads, c.head_dim)
+          and ("qkv_proj" in names or {"q_proj", "kv_proj"} <= set(names)))
+
+
+def attend_in_kernel(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
+                     cos: jax.Array, sin: jax.Array, keys: jax.Array, values: jax.Array,
+                     start: jax.Array, *, causal: bool):
+  """A layer's attention where ``attends_in_kernel``: (attention [B, T, H·h], the cache's
+  keys and values with the new tokens written at ``start[b] + t``, the products it
+  read). ``cos``/``sin``: ``rotation_tables`` at the tokens' positions."""
+  x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
+  products = (linear(x, layer["qkv_proj"]) if "qkv_proj" in layer
+              else (linear(x, layer["q_proj"]), linear(x, layer["kv_proj"])))
+  attended, keys, values = fused(
+      products, cos, sin, layer["q_norm"], layer["k_norm"], keys, values, start,
+      num_heads=c.num_heads, eps=c.rms_norm_eps, causal=causal)
+  return attended.reshape(*h.shape[:2], -1), keys, values, products

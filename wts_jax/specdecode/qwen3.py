@@ -31,6 +31,7 @@ from flax import nnx
 
 from wts_jax.specdecode import attention, qkv_attention
 from wts_jax.specdecode.cache_attention import precision
+from wts_jax.specdecode.numerics import linear, rms_norm, rotary, write_rows  # noqa: F401 (also the API)
 
 QWEN3_VOCAB = 151_936
 
@@ -158,43 +159,6 @@ class Qwen3Config:
 
 # ----------------------------------------------------------------------------- numerics
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *,
-             scale_apart: bool = False) -> jax.Array:
-  """RMSNorm in fp32 (as transformers' Qwen3RMSNorm), returned in ``x``'s dtype.
-
-  scale_apart: the per-row scale is computed by a reduction of its own and applied in
-  the consumers' kernels; otherwise XLA may fuse the norm into one normalization
-  kernel that writes its output in fp32 for the consumers to read."""
-  x32 = x.astype(jnp.float32)
-  scale = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  if scale_apart:
-    scale = jax.lax.optimization_barrier(scale)
-  return (weight.astype(jnp.float32) * (x32 * scale)).astype(x.dtype)
-
-
-def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
-  """``x Wᵀ`` for a ``[out, in]`` weight, in ``x``'s dtype with fp32 accumulation.
-
-  The product is asked for ``x``'s dtype directly (the GPU's GEMMs accumulate in fp32
-  and round once): asked for fp32 and converted after, XLA ran one-row products as
-  fp32 GEMVs over a converted copy of the weight."""
-  return jnp.einsum("...i,oi->...o", x, weight.astype(x.dtype),
-                    preferred_element_type=x.dtype, precision=precision(x.dtype))
-
-
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """RoPE on ``x`` [B, T, heads, h] at ``positions`` [B, T] (rotate-half layout)."""
-  half = x.shape[-1] // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1]))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq      # [B, T, half]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
-  x32 = x.astype(jnp.float32)
-  first, second = x32[..., :half], x32[..., half:]
-  out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-  return out.astype(x.dtype)
-
-
 def projections(x: jax.Array, layer: dict[str, jax.Array], wanted: tuple[str, ...],
                 c: "Qwen3Config") -> dict[str, jax.Array]:
   """``x``'s products with the ``wanted`` weights (``LAYER_WEIGHTS`` names), one product
@@ -243,33 +207,6 @@ def project_qkv(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
   q, k = qk[:, :, :c.num_heads], qk[:, :, c.num_heads:]
   v = p["v_proj"].reshape(batch, steps, c.num_kv_heads, c.head_dim)
   return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-
-
-def attends_in_kernel(c: "Qwen3Config", names: tuple[str, ...], impl: str) -> bool:
-  """Whether a layer with weights ``names`` attends over a cache through
-  ``qkv_attention.fused`` (its head norms, rotation and cache write inside the attention
-  kernel: four kernels a layer fewer than ``project_qkv``, ``write_rows`` and
-  ``attend_written``): on the kernel path (``impl`` resolving to "pallas"), heads the
-  kernel serves, and the queries, keys and values from one product or from a query and
-  a key/value product."""
-  return (attention.resolve(impl) == "pallas"
-          and qkv_attention.supported(c.num_heads, c.num_kv_heads, c.head_dim)
-          and ("qkv_proj" in names or {"q_proj", "kv_proj"} <= set(names)))
-
-
-def attend_in_kernel(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config",
-                     cos: jax.Array, sin: jax.Array, keys: jax.Array, values: jax.Array,
-                     start: jax.Array, *, causal: bool):
-  """A layer's attention where ``attends_in_kernel``: (attention [B, T, H·h], the cache's
-  keys and values with the new tokens written at ``start[b] + t``, the products it
-  read). ``cos``/``sin``: ``qkv_attention.rotation_tables`` at the tokens' positions."""
-  x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
-  products = (linear(x, layer["qkv_proj"]) if "qkv_proj" in layer
-              else (linear(x, layer["q_proj"]), linear(x, layer["kv_proj"])))
-  attended, keys, values = qkv_attention.fused(
-      products, cos, sin, layer["q_norm"], layer["k_norm"], keys, values, start,
-      num_heads=c.num_heads, eps=c.rms_norm_eps, causal=causal)
-  return attended.reshape(*h.shape[:2], -1), keys, values, products
 
 
 def finish_layer(h: jax.Array, attended: jax.Array, layer: dict[str, jax.Array],
@@ -407,14 +344,6 @@ class KVCache:
                          for old, new in zip(self.values, new_values)))
 
 
-def write_rows(layer_cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-  """One layer's cache [B, Kv, S, h] with ``new`` [B, Kv, T, h] at ``start[b] + t``."""
-  def row(cache_row, new_row, at):
-    return jax.lax.dynamic_update_slice(cache_row, new_row.astype(cache_row.dtype),
-                                        (0, at, 0))
-  return jax.vmap(row)(layer_cache, new, start)
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ForwardOutput:
@@ -480,14 +409,14 @@ class Qwen3(nnx.Module):
     h = jnp.take(self.embed_tokens.weight[...], tokens, axis=0).astype(self.dtype)
     features = {-1: h}
     new_keys, new_values, cache_keys, cache_values = [], [], [], []
-    in_kernel = (cache is not None
-                 and attends_in_kernel(c, self.layers[0].names, attention_impl))
+    in_kernel = (cache is not None and qkv_attention.attends_in_kernel(
+        c, self.layers[0].names, attention_impl))
     if in_kernel:
       cos, sin = qkv_attention.rotation_tables(positions, c.head_dim, c.rope_theta)
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
       if in_kernel:
-        attended, keys, values, products = attend_in_kernel(
+        attended, keys, values, products = qkv_attention.attend_in_kernel(
             h, weights, c, cos, sin, cache.keys[index], cache.values[index], start,
             causal=True)
         cache_keys.append(keys)
