@@ -31,7 +31,7 @@ from flax import nnx
 
 from wts_jax.specdecode import attention, qkv_attention
 from wts_jax.specdecode.cache_attention import precision
-from wts_jax.specdecode.numerics import linear, rms_norm, rotary, write_rows  # noqa: F401 (also the API)
+from wts_jax.specdecode.numerics import linear, rms_norm, rotary, write_rows
 
 QWEN3_VOCAB = 151_936
 
@@ -419,27 +419,23 @@ class Qwen3(nnx.Module):
         attended, keys, values, products = qkv_attention.attend_in_kernel(
             h, weights, c, cos, sin, cache.keys[index], cache.values[index], start,
             causal=True)
-        cache_keys.append(keys)
-        cache_values.append(values)
         # The new keys and values as ``ForwardOutput`` returns them (XLA drops them
         # where no one reads them, as the decode loop does not).
         _, k, v = qkv_attention.heads_of(products, cos, sin, weights["q_norm"],
                                          weights["k_norm"], num_heads=c.num_heads,
                                          kv_heads=c.num_kv_heads, eps=c.rms_norm_eps)
-        h = finish_layer(h, attended, weights, c)
-        features[index] = h
-        new_keys.append(k.transpose(0, 2, 1, 3))
-        new_values.append(v.transpose(0, 2, 1, 3))
-        continue
-      q, k, v = project_qkv(h, weights, c, positions)
-      if cache is None:
-        attended = attention.attend(q, k, v, causal=True)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
       else:
-        # Written first: the cache alone is attended, in one kernel.
-        keys = write_rows(cache.keys[index], k, start)
-        values = write_rows(cache.values[index], v, start)
-        attended = attention.attend_written(q, keys, values, start, causal=True,
-                                            impl=attention_impl)
+        q, k, v = project_qkv(h, weights, c, positions)
+        if cache is None:
+          attended = attention.attend(q, k, v, causal=True)
+        else:
+          # Written first: the cache alone is attended, in one kernel.
+          keys = write_rows(cache.keys[index], k, start)
+          values = write_rows(cache.values[index], v, start)
+          attended = attention.attend_written(q, keys, values, start, causal=True,
+                                              impl=attention_impl)
+      if cache is not None:
         cache_keys.append(keys)
         cache_values.append(values)
       h = finish_layer(h, attended, weights, c)
