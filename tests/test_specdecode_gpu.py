@@ -98,7 +98,7 @@ def test_the_gpu_loop_equals_the_targets_own_greedy_decode_in_bf16():
 def test_the_fused_qkv_attention_kernel_equals_its_xla_composition_on_the_gpu():
   """``qkv_attention.fused`` compiled for the device (Qwen3-4B heads, bf16) against the
   XLA composition: attention, and the caches written in place."""
-  from wts_jax.specdecode import qkv_attention
+  from wts_jax.specdecode import numerics, qkv_attention
   batch, steps, heads, kv_heads, head_dim = 4, 8, 32, 8, 128
   width = attention.padded_cache_len(700)
   keys = jax.random.split(jax.random.key(7), 5)
@@ -110,7 +110,7 @@ def test_the_fused_qkv_attention_kernel_equals_its_xla_composition_on_the_gpu():
                     for k in keys[3:5])
   for start in ([0, 100, 511, width - steps], [1, 255, 256, 600]):
     start = jnp.array(start, jnp.int32)
-    cos, sin = qkv_attention.rotation_tables(start[:, None] + jnp.arange(steps)[None],
+    cos, sin = numerics.rotation_tables(start[:, None] + jnp.arange(steps)[None],
                                              head_dim, 1e6)
     args = (qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start)
     want = jax.jit(functools.partial(qkv_attention.reference, num_heads=heads, eps=1e-6,

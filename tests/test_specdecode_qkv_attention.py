@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wts_jax.specdecode import cache_attention, qkv_attention
+from wts_jax.specdecode import cache_attention, numerics, qkv_attention
 from wts_jax.specdecode.qwen3 import Qwen3Config, make_qwen3
 
 SMALL_BLOCKS = cache_attention.Launch(block_k=16, num_warps=2, num_stages=3)
@@ -28,7 +28,7 @@ def _inputs(seed, batch, steps, heads, kv_heads, head_dim, dtype, *, starts=None
   q_norm, k_norm = ((1 + 0.1 * jax.random.normal(k, (head_dim,))).astype(dtype)
                     for k in keys[4:6])
   positions = start[:, None] + jnp.arange(steps)[None]
-  cos, sin = qkv_attention.rotation_tables(positions, head_dim, 10_000.0)
+  cos, sin = numerics.rotation_tables(positions, head_dim, 10_000.0)
   return qkv, cos, sin, q_norm, k_norm, cache_k, cache_v, start
 
 

@@ -260,6 +260,26 @@ def _merge_slice(splits: int, block_r: int, head_dim: int) -> int:
   return columns
 
 
+def split_plan(batch: int, kv_heads: int, width: int, splits: int | None,
+               launch_as: Launch | None) -> tuple[int, int, Launch]:
+  """(splits, keys a split holds, launch) for a cache of ``width`` positions: ``splits``
+  and ``launch_as`` checked, or chosen where None (``num_splits``, ``launch``)."""
+  if width != padded_cache_len(width):
+    raise ValueError(f"a cache of {width} positions cannot be split by the attention "
+                     f"kernel; allocate padded_cache_len({width}) = "
+                     f"{padded_cache_len(width)}")
+  if splits is None:
+    splits = num_splits(batch, kv_heads)
+  elif splits not in [1 << i for i in range(MAX_SPLITS.bit_length())]:
+    raise ValueError(f"splits={splits!r} must be a power of two <= {MAX_SPLITS}")
+  split_len = width // splits
+  launch_as = launch(split_len) if launch_as is None else launch_as
+  if launch_as.block_k not in KEY_BLOCKS or split_len % launch_as.block_k:
+    raise ValueError(f"launch_as.block_k={launch_as.block_k!r} must be a power of two in "
+                     f"[16, 256] dividing the split's {split_len} keys")
+  return splits, split_len, launch_as
+
+
 def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
             scale: float, *, splits: int | None = None, launch_as: Launch | None = None,
             interpret: bool = False) -> jax.Array:
@@ -271,22 +291,10 @@ def split_k(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array
   batch, steps, heads, head_dim = q.shape
   kv_heads, width = keys.shape[1], keys.shape[2]
   group = heads // kv_heads
-  if width != padded_cache_len(width):
-    raise ValueError(f"a cache of {width} positions cannot be split by the attention "
-                     f"kernel; allocate padded_cache_len({width}) = "
-                     f"{padded_cache_len(width)}")
   if lengths.shape != (batch, steps):
     raise ValueError(f"lengths {lengths.shape} must be [batch, steps] = {(batch, steps)}")
-  if splits is None:
-    splits = num_splits(batch, kv_heads)
-  elif splits not in [1 << i for i in range(MAX_SPLITS.bit_length())]:
-    raise ValueError(f"splits={splits!r} must be a power of two <= {MAX_SPLITS}")
-  split_len = width // splits
-  launch_as = launch(split_len) if launch_as is None else launch_as
+  splits, split_len, launch_as = split_plan(batch, kv_heads, width, splits, launch_as)
   block_k = launch_as.block_k
-  if block_k not in KEY_BLOCKS or split_len % block_k:
-    raise ValueError(f"launch_as.block_k={block_k!r} must be a power of two in [16, 256] "
-                     f"dividing the split's {split_len} keys")
   block_t, block_g = query_blocks(steps, group)
   block_r = block_t * block_g
   by_head = q.reshape(batch, steps, kv_heads, group, head_dim)

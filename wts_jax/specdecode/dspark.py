@@ -33,8 +33,8 @@ from flax import nnx
 
 from wts_jax.heads.config import HeadConfig
 from wts_jax.heads.draft_head import DraftHead
-from wts_jax.specdecode import attention, qkv_attention
-from wts_jax.specdecode.numerics import linear, rms_norm, rotary, write_rows
+from wts_jax.specdecode import attention
+from wts_jax.specdecode.numerics import linear, rms_norm, rotary, rotation_tables, write_rows
 from wts_jax.specdecode.qkv_attention import attend_in_kernel, attends_in_kernel
 from wts_jax.specdecode.qwen3 import (Embedding, KVCache, Qwen3Config, Weight, assemble,
                                 check_keys, decoder_layers, expected_keys, finish_layer,
@@ -217,7 +217,7 @@ class DSparkDrafter(nnx.Module):
     written_keys, written_values = [], []
     in_kernel = attends_in_kernel(c, self.layers[0].names, attention_impl)
     if in_kernel:
-      cos, sin = qkv_attention.rotation_tables(positions, c.head_dim, c.rope_theta)
+      cos, sin = rotation_tables(positions, c.head_dim, c.rope_theta)
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
       if in_kernel:

@@ -35,17 +35,32 @@ def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
                     preferred_element_type=x.dtype, precision=precision(x.dtype))
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """RoPE on ``x`` [B, T, heads, h] at ``positions`` [B, T] (rotate-half layout)."""
-  half = x.shape[-1] // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1]))
+def rotation_tables(positions: jax.Array, head_dim: int, theta: float
+                    ) -> tuple[jax.Array, jax.Array]:
+  """RoPE's cos and sin [B, T, h] in fp32 at ``positions`` [B, T], each half-width table
+  repeated over both halves (the rotate-half layout): computed once a forward, read by
+  every layer (and by the fused attention kernel, which cannot slice them)."""
+  half = head_dim // 2
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / head_dim))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq      # [B, T, half]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
+  return (jnp.concatenate([jnp.cos(angles)] * 2, axis=-1),
+          jnp.concatenate([jnp.sin(angles)] * 2, axis=-1))
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """RoPE on ``x`` [B, T, heads, h] by ``rotation_tables``' cos and sin (rotate-half
+  layout), in fp32, returned in ``x``'s dtype."""
+  half = x.shape[-1] // 2
+  c, s = cos[:, :, None, :half], sin[:, :, None, :half]
   x32 = x.astype(jnp.float32)
   first, second = x32[..., :half], x32[..., half:]
-  out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  out = jnp.concatenate([first * c - second * s, second * c + first * s], axis=-1)
   return out.astype(x.dtype)
+
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """RoPE on ``x`` [B, T, heads, h] at ``positions`` [B, T] (rotate-half layout)."""
+  return rotate(x, *rotation_tables(positions, x.shape[-1], theta))
 
 
 def write_rows(layer_cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:

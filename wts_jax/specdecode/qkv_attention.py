@@ -28,22 +28,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from wts_jax.specdecode import attention, cache_attention
-from wts_jax.specdecode.numerics import linear, rms_norm, write_rows
+from wts_jax.specdecode.numerics import linear, rms_norm, rotate, write_rows
 from wts_jax.specdecode.cache_attention import MASKED, query_blocks, query_rows
 
 KERNEL_NAME = "wts_qkv_attention"
-
-
-def rotation_tables(positions: jax.Array, head_dim: int, theta: float
-                    ) -> tuple[jax.Array, jax.Array]:
-  """cos and sin [B, T, h] in fp32 at ``positions`` [B, T], each half-width table
-  repeated over both halves (RoPE's rotate-half layout), as ``numerics.rotary`` computes
-  them."""
-  half = head_dim // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / head_dim))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq
-  return (jnp.concatenate([jnp.cos(angles)] * 2, axis=-1),
-          jnp.concatenate([jnp.sin(angles)] * 2, axis=-1))
 
 
 def _rotate_half(head_dim: int) -> np.ndarray:
@@ -82,21 +70,12 @@ def heads_of(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   """The new tokens' queries [B, T, H, h], keys and values [B, T, Kv, h] from
   ``products`` (one q/k/v product [B, T, (H + 2·Kv)·h], or the pair q [B, T, H·h],
   k/v [B, T, 2·Kv·h]) in XLA: each query and key head RMS-normed with its weight
-  (``numerics.rms_norm``) and rotated by ``cos``/``sin`` (``rotation_tables``), the values
-  as they are."""
+  (``numerics.rms_norm``) and rotated by ``cos``/``sin`` (``numerics.rotation_tables``),
+  the values as they are."""
   head_dim = q_norm.shape[-1]
   q_src, q_first, kv_src, kv_first = _sources(products, num_heads, kv_heads, head_dim)
-  half = head_dim // 2
-
-  def rotate(x):
-    x32 = x.astype(jnp.float32)
-    first, second = x32[..., :half], x32[..., half:]
-    c, s = cos[:, :, None, :half], sin[:, :, None, :half]
-    return jnp.concatenate([first * c - second * s, second * c + first * s],
-                           axis=-1).astype(x.dtype)
-
-  q = rotate(rms_norm(q_src[:, :, q_first:q_first + num_heads], q_norm, eps))
-  k = rotate(rms_norm(kv_src[:, :, kv_first:kv_first + kv_heads], k_norm, eps))
+  q = rotate(rms_norm(q_src[:, :, q_first:q_first + num_heads], q_norm, eps), cos, sin)
+  k = rotate(rms_norm(kv_src[:, :, kv_first:kv_first + kv_heads], k_norm, eps), cos, sin)
   return q, k, kv_src[:, :, kv_first + kv_heads:kv_first + 2 * kv_heads]
 
 
@@ -199,10 +178,10 @@ def fused(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
           ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """``reference``'s contract in one kernel over (row, kv head, split) — ``products``:
   one q/k/v product [B, T, (H + 2·Kv)·h] or the pair (q [B, T, H·h], k/v
-  [B, T, 2·Kv·h]) — with the split
-  merge of ``cache_attention`` where the keys are split; the caches are updated in place
-  when donated or loop-carried. ``splits``, ``launch_as``: as ``cache_attention.split_k``.
-  The caller keeps ``start[b] + T`` within the cache."""
+  [B, T, 2·Kv·h]) — with the split merge of ``cache_attention`` where the keys are
+  split; the caches are updated in place when donated or loop-carried. ``splits``,
+  ``launch_as``: as ``cache_attention.split_k``. The caller keeps ``start[b] + T`` within
+  the cache."""
   kv_heads, cache_len, head_dim = keys.shape[1], keys.shape[2], keys.shape[3]
   q_src, q_first, kv_src, kv_first = _sources(products, num_heads, kv_heads, head_dim)
   batch, steps = q_src.shape[:2]
@@ -211,21 +190,9 @@ def fused(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   if not supported(num_heads, kv_heads, head_dim):
     raise ValueError(f"{num_heads} heads over {kv_heads} kv heads of {head_dim} need a "
                      "power-of-two group and an even head dimension >= 16")
-  if cache_len != cache_attention.padded_cache_len(cache_len):
-    raise ValueError(f"a cache of {cache_len} positions cannot be split by the attention "
-                     f"kernel; allocate padded_cache_len({cache_len}) = "
-                     f"{cache_attention.padded_cache_len(cache_len)}")
-  if splits is None:
-    splits = cache_attention.num_splits(batch, kv_heads)
-  elif splits not in [1 << i for i in range(cache_attention.MAX_SPLITS.bit_length())]:
-    raise ValueError(f"splits={splits!r} must be a power of two <= "
-                     f"{cache_attention.MAX_SPLITS}")
-  split_len = cache_len // splits
-  launch_as = cache_attention.launch(split_len) if launch_as is None else launch_as
+  splits, split_len, launch_as = cache_attention.split_plan(batch, kv_heads, cache_len,
+                                                           splits, launch_as)
   block_k = launch_as.block_k
-  if block_k not in cache_attention.KEY_BLOCKS or split_len % block_k:
-    raise ValueError(f"launch_as.block_k={block_k!r} must be a power of two in [16, 256] "
-                     f"dividing the split's {split_len} keys")
   block_t, block_g = query_blocks(steps, group)
   block_n = max(pl.next_power_of_2(steps), 16)
   block_r = block_t * block_g
@@ -307,7 +274,7 @@ def attend_in_kernel(h: jax.Array, layer: dict[str, jax.Array], c: "Qwen3Config"
                      start: jax.Array, *, causal: bool):
   """A layer's attention where ``attends_in_kernel``: (attention [B, T, H·h], the cache's
   keys and values with the new tokens written at ``start[b] + t``, the products it
-  read). ``cos``/``sin``: ``rotation_tables`` at the tokens' positions."""
+  read). ``cos``/``sin``: ``numerics.rotation_tables`` at the tokens' positions."""
   x = rms_norm(h, layer["input_layernorm"], c.rms_norm_eps)
   products = (linear(x, layer["qkv_proj"]) if "qkv_proj" in layer
               else (linear(x, layer["q_proj"]), linear(x, layer["kv_proj"])))

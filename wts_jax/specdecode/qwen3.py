@@ -31,7 +31,8 @@ from flax import nnx
 
 from wts_jax.specdecode import attention, qkv_attention
 from wts_jax.specdecode.cache_attention import precision
-from wts_jax.specdecode.numerics import linear, rms_norm, rotary, write_rows
+from wts_jax.specdecode.numerics import (linear, rms_norm, rotary, rotation_tables,
+                                        write_rows)
 
 QWEN3_VOCAB = 151_936
 
@@ -412,7 +413,7 @@ class Qwen3(nnx.Module):
     in_kernel = (cache is not None and qkv_attention.attends_in_kernel(
         c, self.layers[0].names, attention_impl))
     if in_kernel:
-      cos, sin = qkv_attention.rotation_tables(positions, c.head_dim, c.rope_theta)
+      cos, sin = rotation_tables(positions, c.head_dim, c.rope_theta)
     for index, layer in enumerate(self.layers):
       weights = layer.weights()
       if in_kernel:
