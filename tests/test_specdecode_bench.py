@@ -59,6 +59,7 @@ def test_bad_arguments_exit_2(capsys):
      "--plot='{file}/e.png': cannot write a file there"),
     (["--replot", "{list}"], "--replot='{list}' is not a wts-e2e-bench JSON"),
     (["--replot", "{empty}"], "--replot='{empty}' is not a wts-e2e-bench JSON"),
+    (["--new-tokens", "1"], "--new-tokens=1 must be >= 2 with --method generate"),
 ])
 def test_refused_before_measuring(argv, message, tmp_path, capsys):
   """One error line naming the value and exit 2 before any measurement; nothing
@@ -94,6 +95,12 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
              for phase, events in microseconds.items() for name, dur in events]
   monkeypatch.setattr(bench_e2e.phase_profile, "attributed_kernels",
                       lambda folder, hlo: kernels)
+  # the autoregressive decode of 6 tokens and of 1 (its prefill): 5 steps between them
+  autoregressive = {"_1": {"gemm_a": (1, 5e-3), "prefill_only": (1, 1e-3)},
+                    "_6": {"gemm_a": (3, 12e-3), "prefill_only": (1, 1e-3),
+                           "norm": (5, 1e-3)}}
+  monkeypatch.setattr(bench_e2e.phase_profile, "kernel_totals",
+                      lambda folder: autoregressive[str(folder)[-2:]])
   out = tmp_path / "e2e.json"
   assert bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "xla",
                          "--prompt-len", "8", "--draft-len", "3", "--new-tokens", "6",
@@ -104,11 +111,13 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert row["verify_s"] == pytest.approx(8e-3 / iterations)
   assert row["total_s"] == pytest.approx(12e-3 / iterations)
   assert row["autoregressive_s"] == pytest.approx(8e-3 / 5)
+  assert [k["kernel"] for k in row["autoregressive_top_kernels"]][:2] == ["gemm_a", "norm"]
   first, second = row["verify_top_kernels"]
   assert first["kernel"] == "gemm_a" and second["kernel"] == "norm"
   assert first["launches_per_iteration"] == pytest.approx(2 / iterations)
   assert first["seconds_per_iteration"] == pytest.approx(7e-3 / iterations)
   assert [k["kernel"] for k in row["drafter_top_kernels"]] == ["gemm_b"]
   assert row["autoregressive_top_kernels"][0]["launches_per_step"] == pytest.approx(2 / 5)
+  assert row["autoregressive_top_kernels"][1]["launches_per_step"] == pytest.approx(1)
   assert row["greedy_agreement_with_autoregressive"] == 1.0
   assert row["generate_tokens"] == 12 and row["generate_tokens_per_s"] > 0

@@ -224,23 +224,37 @@ def _top_kernels(kernels, phase: str, count: int, unit: str) -> list[dict]:
 def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
                          profile: Path) -> dict:
   """The target's own greedy decode: wall-clock tokens/s, and the device time of one
-  decode step from a profile (its steps are scoped "verify")."""
+  decode step: every kernel of a profiled ``new_tokens`` decode less every kernel of a
+  profiled one-token decode (the prefill alone), over the steps between them. The
+  difference needs no phase attribution, which the step's library and custom-call
+  kernels inside a CUDA graph can defeat."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
-  hlo: list[str] = []
-  autoregressive.decode_autoregressive(target, prompts, new_tokens, hlo_text=hlo)
-  wall, tokens = _timed_calls(lambda: autoregressive.decode_autoregressive(target, prompts,
-                                                                 new_tokens))
-  folder = profile / f"B{batch}_autoregressive"
-  kernels = _profiled(lambda: autoregressive.decode_autoregressive(target, prompts,
-                                                                  new_tokens),
-                      folder, hlo[0])
-  phases = phase_profile.phase_seconds(kernels)
-  if not phases["verify"] > 0:
+
+  def decode(count):
+    return autoregressive.decode_autoregressive(target, prompts, count)
+
+  wall, tokens = _timed_calls(lambda: decode(new_tokens))
+  totals = {}
+  for count in (1, new_tokens):
+    jax.block_until_ready(decode(count))
+    folder = profile / f"B{batch}_autoregressive_{count}"
+    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+      jax.block_until_ready(decode(count))
+    totals[count] = phase_profile.kernel_totals(folder)
+  steps = new_tokens - 1
+  per_step = {}
+  for name, (launches, seconds) in totals[new_tokens].items():
+    first_launches, first_seconds = totals[1].get(name, (0, 0.0))
+    per_step[name] = ((launches - first_launches) / steps, (seconds - first_seconds) / steps)
+  step_s = sum(seconds for _, seconds in per_step.values())
+  if not step_s > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
                      "use --method pieces)")
-  steps = max(new_tokens - 1, 1)
-  return dict(autoregressive_s=phases["verify"] / steps,
-              autoregressive_top_kernels=_top_kernels(kernels, "verify", steps, "step"),
+  top = sorted(per_step, key=lambda name: per_step[name][1], reverse=True)[:10]
+  return dict(autoregressive_s=step_s,
+              autoregressive_top_kernels=[
+                  {"kernel": name, "launches_per_step": per_step[name][0],
+                   "seconds_per_step": per_step[name][1]} for name in top],
               autoregressive_wall_s=wall,
               autoregressive_tokens_per_s=batch * new_tokens / wall), np.asarray(tokens)
 
@@ -521,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prompt_len", "draft_len", "repeats", "chain", "new_tokens"):
       if getattr(args, name) < 1:
         raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    if args.method == "generate" and args.new_tokens < 2:
+      raise ValueError(f"--new-tokens={args.new_tokens} must be >= 2 with --method "
+                       "generate (a decode step is timed between two decodes)")
     if not (math.isfinite(args.time_budget) and args.time_budget > 0):
       raise ValueError(f"--time-budget={args.time_budget} must be a finite number > 0")
     plot_path = args.plot or args.out.with_suffix(".png")

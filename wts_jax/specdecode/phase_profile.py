@@ -106,6 +106,17 @@ def attributed_kernels(trace_dir: Path, hlo_text: str) -> list[tuple[dict, str]]
   return attributed
 
 
+def kernel_totals(trace_dir: Path) -> dict[str, tuple[int, float]]:
+  """``{kernel name: (launches, device seconds)}`` over every GPU kernel of a profile,
+  whatever its phase."""
+  totals: dict[str, tuple[int, float]] = {}
+  for event in device_kernels(_trace_events(trace_dir)):
+    name = str(event.get("name", ""))
+    launches, seconds = totals.get(name, (0, 0.0))
+    totals[name] = (launches + 1, seconds + float(event.get("dur", 0.0)) * 1e-6)
+  return totals
+
+
 def kernel_seconds(kernels: list[tuple[dict, str]], phases: tuple[str, ...],
                    top: int = 10) -> list[tuple[str, int, float]]:
   """The ``top`` GPU kernels of ``phases`` by total device time, over a profile's
