@@ -192,7 +192,8 @@ def test_a_batch_that_fills_the_gpu_unsplit_gives_the_same_attention():
 
 def test_the_attention_benchmark_compares_variants_that_agree(tmp_path, capsys):
   """``tools/attention_bench.py`` in interpret mode at a tiny shape: the cache kernel, JAX's
-  shipped kernel with the new tokens merged in, and XLA give one attention."""
+  shipped kernel with the new tokens merged in, and XLA give one attention; the fused
+  kernel gives its XLA reference's."""
   import json
   import sys
   from pathlib import Path
@@ -205,13 +206,15 @@ def test_the_attention_benchmark_compares_variants_that_agree(tmp_path, capsys):
                                "--interpret", "--out", str(out)]) == 0
   results = json.loads(out.read_text())["results"]
   assert {(r["variant"], r["new_tokens"]) for r in results} == {
-      (v, t) for v in ("cache_kernel", "shipped_kernel", "xla", "cache_kernel_splits_1",
-                       "cache_kernel_splits_4", "cache_kernel_k16_w2_s3",
-                       "cache_kernel_k64_w4_s2") for t in (1, 4)}
+      (f"{kernel}{how}", t)
+      for kernel in ("cache_kernel", "fused_kernel")
+      for how in ("", "_splits_1", "_splits_4", "_k16_w2_s3", "_k64_w4_s2")
+      for t in (1, 4)} | {(v, t) for v in ("shipped_kernel", "xla", "fused_reference")
+                         for t in (1, 4)}
   # 64-key blocks do not divide this cache's 32-key splits: skipped, named why.
-  assert all("skipped" in r for r in results if r["variant"] == "cache_kernel_k64_w4_s2")
+  assert all("skipped" in r for r in results if r["variant"].endswith("_k64_w4_s2"))
   timed = [r for r in results if "skipped" not in r]
-  assert len(timed) == 12 and max(r["max_abs_diff_vs_xla"] for r in timed) < 2e-2, results
+  assert len(timed) == 22 and max(r["max_abs_diff_vs_xla"] for r in timed) < 2e-2, results
   assert attention_bench.main(["--launches", "64x4", "--out", str(out)]) == 2
   assert "error: --launches '64x4'" in capsys.readouterr().err
   assert attention_bench.main(["--batches", "two", "--out", str(out)]) == 2

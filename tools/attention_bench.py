@@ -15,12 +15,18 @@ over it, causal among the new tokens:
   ``length + 1``);
 - ``xla``: the XLA reference (masked softmax over the whole allocated cache);
 - ``cache_kernel_splits_P``: the cache kernel with its keys split into P parts (its own
-  choice is ``cache_attention.num_splits``), to choose that rule by measurement.
+  choice is ``cache_attention.num_splits``), to choose that rule by measurement;
+- ``fused_kernel`` (and ``fused_kernel_splits_P``, and each ``--launches``): what the
+  loop's layers run on the GPU, ``qkv_attention.fused`` — the new tokens' queries, keys
+  and values read from a q/k/v product, normed, rotated and written into the cache
+  inside the attention kernel — compared with ``qkv_attention.reference``.
 
 Each variant runs ``--calls`` times back to back under ``jax.profiler``; the JSON holds
-per call the device time summed over its ops (``busy_us``) and per op name, with the
-device kind and the JAX version, and each variant's largest difference from the XLA
-reference's output (bf16 inputs: differences of a few 1e-3 are rounding).
+per call the device time summed over its ops (``busy_us``), that of the attention's own kernels alone
+(``kernels_us``: the fused kernel's call also copies the caches it writes in place, which
+the loop, carrying them, does not) and per op name, with the device kind and the JAX
+version, and each variant's largest difference from its XLA reference's output (bf16
+inputs: differences of a few 1e-3 are rounding).
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ import jax.numpy as jnp  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
 
 from device_time import traced_ops  # noqa: E402
-from wts_jax.specdecode import attention, cache_attention  # noqa: E402
+from wts_jax.specdecode import attention, cache_attention, numerics, qkv_attention  # noqa: E402
+
+# The kernels of the attention itself, by the name their ops carry in a profile.
+_KERNELS = (cache_attention.KERNEL_NAME, qkv_attention.KERNEL_NAME)
 
 
 def _shipped(q, keys, values, cache_len, *, interpret=False):
@@ -84,22 +93,57 @@ def _shipped(q, keys, values, cache_len, *, interpret=False):
 
 def variants(interpret: bool, splits: list[int],
              launches: list[cache_attention.Launch] = ()):
+  """{name: (which inputs, fn)}: "cache" variants attend ``(q, keys, values, lengths)``,
+  "fused" ones take ``fused_inputs``."""
   found = {
-      "cache_kernel": lambda q, k, v, n: attention.attend_written(
-          q, k, v, n, causal=True, impl="pallas", interpret=interpret),
-      "shipped_kernel": functools.partial(_shipped, interpret=interpret),
-      "xla": lambda q, k, v, n: attention.attend_written(q, k, v, n, causal=True,
-                                                         impl="xla"),
+      "cache_kernel": ("cache", lambda q, k, v, n: attention.attend_written(
+          q, k, v, n, causal=True, impl="pallas", interpret=interpret)),
+      "shipped_kernel": ("cache", functools.partial(_shipped, interpret=interpret)),
+      "xla": ("cache", lambda q, k, v, n: attention.attend_written(q, k, v, n, causal=True,
+                                                                   impl="xla")),
+      "fused_reference": ("fused", _fused(qkv_attention.reference)),
+      "fused_kernel": ("fused", _fused(qkv_attention.fused, interpret=interpret)),
   }
   for parts in splits:
-    found[f"cache_kernel_splits_{parts}"] = functools.partial(
+    found[f"cache_kernel_splits_{parts}"] = ("cache", functools.partial(
         attention.attend_written, causal=True, impl="pallas", splits=parts,
-        interpret=interpret)
+        interpret=interpret))
+    found[f"fused_kernel_splits_{parts}"] = ("fused", _fused(
+        qkv_attention.fused, splits=parts, interpret=interpret))
   for how in launches:
-    found[f"cache_kernel_k{how.block_k}_w{how.num_warps}_s{how.num_stages}"] = (
-        functools.partial(attention.attend_written, causal=True, impl="pallas",
-                          launch_as=how, interpret=interpret))
+    name = f"k{how.block_k}_w{how.num_warps}_s{how.num_stages}"
+    found[f"cache_kernel_{name}"] = ("cache", functools.partial(
+        attention.attend_written, causal=True, impl="pallas", launch_as=how,
+        interpret=interpret))
+    found[f"fused_kernel_{name}"] = ("fused", _fused(qkv_attention.fused, launch_as=how,
+                                                     interpret=interpret))
   return found
+
+
+def _fused(fn, **options):
+  """``fn`` (``qkv_attention.fused`` or its reference) over ``fused_inputs``: the
+  attention output alone."""
+  def attend(products, cos, sin, q_norm, k_norm, keys, values, start):
+    num_heads = products.shape[-1] // keys.shape[-1] - 2 * keys.shape[1]
+    return fn(products, cos, sin, q_norm, k_norm, keys, values, start,
+              num_heads=num_heads, eps=1e-6, causal=True, **options)[0]
+  return attend
+
+
+def fused_inputs(q, cache_k, cache_v, cache_len, key):
+  """The fused kernel's inputs at the same point: a q/k/v product [B, T, (H + 2·Kv)·h]
+  whose query part is ``q``, RoPE tables at the new tokens' positions, head norm weights
+  near 1, the caches and their lengths."""
+  batch, steps, heads, head_dim = q.shape
+  kv_heads = cache_k.shape[1]
+  keys = jax.random.split(key, 3)
+  kv = jax.random.normal(keys[0], (batch, steps, 2 * kv_heads * head_dim), q.dtype)
+  products = jnp.concatenate([q.reshape(batch, steps, -1), kv], axis=-1)
+  positions = cache_len[:, None] + jnp.arange(steps)[None]
+  cos, sin = numerics.rotation_tables(positions, head_dim, 1_000_000.0)
+  q_norm, k_norm = ((1 + 0.1 * jax.random.normal(k, (head_dim,))).astype(q.dtype)
+                    for k in keys[1:])
+  return products, cos, sin, q_norm, k_norm, cache_k, cache_v, cache_len
 
 
 def time_variant(fn, args, calls: int) -> tuple[dict, jax.Array]:
@@ -108,38 +152,48 @@ def time_variant(fn, args, calls: int) -> tuple[dict, jax.Array]:
   with tempfile.TemporaryDirectory() as trace_dir:
     ops, by_name = traced_ops(run, args, calls, trace_dir)
   return {"busy_us": sum(e["dur"] for e in ops) / calls,
+          "kernels_us": sum(e["dur"] for e in ops if e["name"].startswith(_KERNELS)) / calls,
           "ops_per_call": len(ops) / calls,
           "ops": {name: {"per_call": len(d) / calls, "median_us": statistics.median(d)}
                   for name, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))}}, first
+
+
+# Each variant's output is compared with its inputs' XLA reference.
+_REFERENCE = {"cache": "xla", "fused": "fused_reference"}
 
 
 def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
           head_dim: int, calls: int, interpret: bool, splits: list[int],
           launches: list[cache_attention.Launch] = ()) -> list[dict]:
   width = attention.padded_cache_len(context + steps)
-  keys = jax.random.split(jax.random.key(batch * 131 + steps), 3)
+  keys = jax.random.split(jax.random.key(batch * 131 + steps), 4)
   q = jax.random.normal(keys[0], (batch, steps, heads, head_dim), jnp.bfloat16)
   cache_k, cache_v = (jax.random.normal(k, (batch, kv_heads, width, head_dim),
-                                        jnp.bfloat16) for k in keys[1:])
+                                        jnp.bfloat16) for k in keys[1:3])
   cache_len = jnp.full((batch,), context, jnp.int32)
-  records, outputs = [], {}
-  for name, fn in variants(interpret, splits, launches).items():
+  inputs = {"cache": (q, cache_k, cache_v, cache_len),
+            "fused": fused_inputs(q, cache_k, cache_v, cache_len, keys[3])}
+  records, outputs, kinds = [], {}, {}
+  for name, (kind, fn) in variants(interpret, splits, launches).items():
     record = dict(variant=name, batch=batch, new_tokens=steps, context=context,
                   cache_positions=width)
     try:
-      timed, outputs[name] = time_variant(fn, (q, cache_k, cache_v, cache_len), calls)
+      timed, outputs[name] = time_variant(fn, inputs[kind], calls)
     except ValueError as error:   # a launch whose key block does not divide this split
       records.append(dict(record, skipped=str(error)))
       print(f"B={batch:3d} T={steps} {name:26s} skipped: {error}", file=sys.stderr)
       continue
+    kinds[name] = kind
     records.append(dict(record, **timed))
-    print(f"B={batch:3d} T={steps} {name:26s} {timed['busy_us']:8.1f} us/call "
-          f"({timed['ops_per_call']:.0f} ops)", file=sys.stderr, flush=True)
-  for record in records:   # every variant's output beside the XLA reference's
-    if record["variant"] in outputs:
+    print(f"B={batch:3d} T={steps} {name:26s} {timed['busy_us']:8.1f} us/call, kernels "
+          f"{timed['kernels_us']:8.1f} ({timed['ops_per_call']:.0f} ops)", file=sys.stderr,
+          flush=True)
+  for record in records:   # every variant's output beside its XLA reference's
+    name = record["variant"]
+    if name in outputs:
+      reference = outputs[_REFERENCE[kinds[name]]]
       record["max_abs_diff_vs_xla"] = float(jnp.max(jnp.abs(
-          outputs[record["variant"]].astype(jnp.float32)
-          - outputs["xla"].astype(jnp.float32))))
+          outputs[name].astype(jnp.float32) - reference.astype(jnp.float32))))
   return records
 
 

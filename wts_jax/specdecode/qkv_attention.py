@@ -22,7 +22,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
@@ -34,14 +33,19 @@ from wts_jax.specdecode.cache_attention import MASKED, query_blocks, query_rows
 KERNEL_NAME = "wts_qkv_attention"
 
 
-def _rotate_half(head_dim: int) -> np.ndarray:
-  """R [h, h] with ``x R = (-x[h/2:], x[:h/2])``: the rotation's partner of every column,
-  as one exact product (a register tensor cannot be sliced in the kernel); a constant of
-  the program, built on the host."""
-  half = head_dim // 2
-  eye = np.eye(half, dtype=np.float32)
-  zero = np.zeros((half, half), np.float32)
-  return np.block([[zero, eye], [-eye, zero]])
+def _partners(ref, rows_mask):
+  """``ref``'s rows [..., h] with the columns permuted to their rotation partners
+  (column j holds column (j + h/2) mod h), read from memory: a register tensor cannot be
+  sliced in the kernel, and a second read of lines just read costs no product."""
+  head_dim = ref.shape[-1]
+  # One index array per axis, each of the ref's rank (Triton broadcasts no rank up).
+  along = lambda axis, values: values.reshape(
+      tuple(values.shape[0] if a == axis else 1 for a in range(ref.ndim)))
+  index = [along(axis, jnp.arange(n)) for axis, n in enumerate(ref.shape[:-1])]
+  partner = along(ref.ndim - 1, (jnp.arange(head_dim) + head_dim // 2) % head_dim)
+  mask = None if rows_mask is None else rows_mask[..., None]
+  return pl_triton.load(ref.at[(*index, partner)], mask=mask,
+                        other=None if mask is None else 0)
 
 
 def _sources(products, num_heads: int, kv_heads: int, head_dim: int):
@@ -95,20 +99,25 @@ def reference(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
   return out.reshape(q.shape), keys, values
 
 
-def _normed_rotated(x, weight, cos, sin, rotate, eps: float, dtype, precision):
-  """Rows [r, h]: RMS-normed with ``weight`` and rounded to ``dtype`` (``numerics.rms_norm``),
-  then rotated in fp32 and rounded again (``numerics.rotary``). The rotation's partner
-  columns come from one product with ``rotate`` (±1 and 0 in ``dtype``): each output is
-  one input times ±1, exact, and in bf16 a tensor-core product."""
+def _normed_rotated(x, x_partners, weight, weight_partners, cos, sin, eps: float, dtype):
+  """Rows [r, h]: RMS-normed with ``weight`` and rounded to ``dtype``
+  (``numerics.rms_norm``), then rotated in fp32 and rounded again (``numerics.rotary``).
+  The rotation's partner of column j is −normed[j + h/2] below h/2 and normed[j − h/2]
+  from it: ``x_partners`` and ``weight_partners`` hold those columns (``_partners``) and
+  are normed with x's own scale, so each partner is the normed value itself, exactly."""
   x = x.astype(jnp.float32)
   scale = lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
   normed = (weight[None, :].astype(jnp.float32) * (x * scale)).astype(dtype)
-  partner = pl_triton.dot(normed, rotate, precision=precision)
-  return (normed.astype(jnp.float32) * cos + partner * sin).astype(dtype)
+  partner = (weight_partners[None, :].astype(jnp.float32)
+             * (x_partners.astype(jnp.float32) * scale)).astype(dtype)
+  half = x.shape[-1] // 2
+  sign = jnp.where(jnp.arange(x.shape[-1]) < half, -1.0, 1.0)[None, :]
+  return (normed.astype(jnp.float32) * cos
+          + sign * partner.astype(jnp.float32) * sin).astype(dtype)
 
 
 def _kernel(q_ref, k_new_ref, v_new_ref, q_cos_ref, q_sin_ref, k_cos_ref, k_sin_ref,
-            q_norm_ref, k_norm_ref, rotate_ref, start_ref, k_ref, v_ref,
+            q_norm_ref, k_norm_ref, start_ref, k_ref, v_ref,
             keys_out, values_out, *out_refs, steps: int, group: int, block_k: int,
             scale: float, eps: float, causal: bool, exact: bool):
   block_t, block_g, head_dim = q_ref.shape
@@ -118,7 +127,6 @@ def _kernel(q_ref, k_new_ref, v_new_ref, q_cos_ref, q_sin_ref, k_cos_ref, k_sin_
   precision = lax.Precision.HIGHEST if exact else None
   valid = query_rows(q_ref, steps, group)                               # [block_t, block_g]
   new_rows = jnp.arange(block_n) < steps
-  rotate = rotate_ref[...]
   # The queries, rows r = t·block_g + g, each with its step's rotation.
   q = pl_triton.load(q_ref, mask=valid[:, :, None], other=0).reshape(block_r, head_dim)
   step_rows = jnp.arange(block_t) < steps
@@ -126,13 +134,15 @@ def _kernel(q_ref, k_new_ref, v_new_ref, q_cos_ref, q_sin_ref, k_cos_ref, k_sin_
                            (block_t, block_g, head_dim)).reshape(block_r, head_dim)
   q_sin = jnp.broadcast_to(pl_triton.load(q_sin_ref, mask=step_rows[:, None], other=0)[:, None],
                            (block_t, block_g, head_dim)).reshape(block_r, head_dim)
-  q = _normed_rotated(q, q_norm_ref[...], q_cos, q_sin, rotate, eps, dtype, precision)
+  q = _normed_rotated(q, _partners(q_ref, valid).reshape(block_r, head_dim),
+                      q_norm_ref[...], _partners(q_norm_ref, None), q_cos, q_sin, eps, dtype)
   # The new keys and values, rows n = step (padding rows zero).
   k_new = pl_triton.load(k_new_ref, mask=new_rows[:, None], other=0)
-  k_new = _normed_rotated(k_new, k_norm_ref[...],
+  k_new = _normed_rotated(k_new, _partners(k_new_ref, new_rows),
+                          k_norm_ref[...], _partners(k_norm_ref, None),
                           pl_triton.load(k_cos_ref, mask=new_rows[:, None], other=0),
                           pl_triton.load(k_sin_ref, mask=new_rows[:, None], other=0),
-                          rotate, eps, dtype, precision)
+                          eps, dtype)
   v_new = pl_triton.load(v_new_ref, mask=new_rows[:, None], other=0).astype(dtype)
   start = start_ref[0]
   split = pl.program_id(2)
@@ -212,13 +222,11 @@ def fused(products, cos: jax.Array, sin: jax.Array, q_norm: jax.Array,
                    lambda b, k, j: (b, 0, kv_first + kv_heads + k, 0)),
       row_block(block_t), row_block(block_t), row_block(block_n), row_block(block_n),
       vector, vector,
-      pl.BlockSpec((head_dim, head_dim), lambda b, k, j: (0, 0)),
       pl.BlockSpec((1,), lambda b, k, j: (b,)),
       cache_split, cache_split,
   ]
   cos, sin = cos.astype(jnp.float32), sin.astype(jnp.float32)
   args = (q_src, kv_src, kv_src, cos, sin, cos, sin, q_norm, k_norm,
-          jnp.asarray(_rotate_half(head_dim), keys.dtype),
           start.astype(jnp.int32), keys, values)
   cache_shapes = [jax.ShapeDtypeStruct(keys.shape, keys.dtype),
                   jax.ShapeDtypeStruct(values.shape, values.dtype)]
