@@ -422,7 +422,9 @@ def _report(args, records: list[dict], began: float) -> dict:
                      "of their HLO operation; prefill apart); generate_*: wall clock of "
                      "whole generate calls at the acceptance the random weights give "
                      "(generate_acceptance_length); autoregressive_s: one step of the "
-                     "target's own decode loop, profiled likewise"),
+                     "target's own decode loop: every kernel of a profiled decode less "
+                     "every kernel of a profiled one-token decode (its prefill), over "
+                     "the steps between them"),
       acceptance_profile=list(args.acceptance),
       modelled_note=(
           "MODELLED, not measured: tokens/s = B * L / total_s with L = 1 + sum_j "
