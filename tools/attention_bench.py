@@ -197,7 +197,7 @@ def point(batch: int, steps: int, context: int, *, heads: int, kv_heads: int,
   return records
 
 
-def _launches(text: str) -> list[cache_attention.Launch] | None:
+def parse_launches(text: str) -> list[cache_attention.Launch] | None:
   """``--launches``: KEYSxWARPSxSTAGES items, comma-separated; None if one is not."""
   found = []
   for item in filter(None, text.split(",")):
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
           f"{args.shape!r} and --splits {args.splits!r} must be comma-separated integers",
           file=sys.stderr)
     return 2
-  launches = _launches(args.launches)
+  launches = parse_launches(args.launches)
   if launches is None:
     print(f"error: --launches {args.launches!r}: each KEYSxWARPSxSTAGES, keys one of "
           f"{', '.join(map(str, cache_attention.KEY_BLOCKS))}, warps one of 1, 2, 4, 8, "
