@@ -38,9 +38,11 @@ def _partners(ref, rows_mask):
   (column j holds column (j + h/2) mod h), read from memory: a register tensor cannot be
   sliced in the kernel, and a second read of lines just read costs no product."""
   head_dim = ref.shape[-1]
-  # One index array per axis, each of the ref's rank (Triton broadcasts no rank up).
-  along = lambda axis, values: values.reshape(
-      tuple(values.shape[0] if a == axis else 1 for a in range(ref.ndim)))
+  def along(axis, values):
+    # One index array per axis, each of the ref's rank (Triton broadcasts no rank up).
+    return values.reshape(tuple(values.shape[0] if a == axis else 1
+                                for a in range(ref.ndim)))
+
   index = [along(axis, jnp.arange(n)) for axis, n in enumerate(ref.shape[:-1])]
   partner = along(ref.ndim - 1, (jnp.arange(head_dim) + head_dim // 2) % head_dim)
   mask = None if rows_mask is None else rows_mask[..., None]
