@@ -22,11 +22,11 @@ over it, causal among the new tokens:
   inside the attention kernel — compared with ``qkv_attention.reference``.
 
 Each variant runs ``--calls`` times back to back under ``jax.profiler``; the JSON holds
-per call the device time summed over its ops (``busy_us``), that of the attention's own kernels alone
-(``kernels_us``: the fused kernel's call also copies the caches it writes in place, which
-the loop, carrying them, does not) and per op name, with the device kind and the JAX
-version, and each variant's largest difference from its XLA reference's output (bf16
-inputs: differences of a few 1e-3 are rounding).
+per call the device time summed over its ops (``busy_us``), that of the attention's own
+kernels alone (``kernels_us``: the fused kernel's call also copies the caches it writes
+in place, which the loop, carrying them, does not) and per op name, with the device kind
+and the JAX version, and each variant's largest difference from its XLA reference's
+output (bf16 inputs: differences of a few 1e-3 are rounding).
 """
 
 from __future__ import annotations
