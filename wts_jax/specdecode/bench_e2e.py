@@ -206,11 +206,16 @@ def _timed_calls(call, *, repeats: int = 3) -> tuple[float, object]:
   return float(np.median(seconds)), result
 
 
-def _profiled(call, folder: Path, hlo: str) -> list[tuple[dict, str]]:
-  """The GPU kernels of one ``call`` under the profiler, each with its phase."""
+def _traced(call, folder: Path) -> Path:
+  """``folder``, holding the profile of one ``call`` (compiled before)."""
   with jax.profiler.trace(str(folder), create_perfetto_trace=True):
     jax.block_until_ready(call())
-  return phase_profile.attributed_kernels(folder, hlo)
+  return folder
+
+
+def _profiled(call, folder: Path, hlo: str) -> list[tuple[dict, str]]:
+  """The GPU kernels of one ``call`` under the profiler, each with its phase."""
+  return phase_profile.attributed_kernels(_traced(call, folder), hlo)
 
 
 def _top_kernels(kernels, phase: str, count: int, unit: str) -> list[dict]:
@@ -234,13 +239,10 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
     return autoregressive.decode_autoregressive(target, prompts, count)
 
   wall, tokens = _timed_calls(lambda: decode(new_tokens))
-  totals = {}
-  for count in (1, new_tokens):
-    jax.block_until_ready(decode(count))
-    folder = profile / f"B{batch}_autoregressive_{count}"
-    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
-      jax.block_until_ready(decode(count))
-    totals[count] = phase_profile.kernel_totals(folder)
+  jax.block_until_ready(decode(1))   # compiled before it is profiled
+  totals = {count: phase_profile.kernel_totals(
+                _traced(lambda: decode(count), profile / f"B{batch}_autoregressive_{count}"))
+            for count in (1, new_tokens)}
   steps = new_tokens - 1
   per_step = {}
   for name, (launches, seconds) in totals[new_tokens].items():
