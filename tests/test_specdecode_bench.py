@@ -95,11 +95,12 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
              for phase, events in microseconds.items() for name, dur in events]
   monkeypatch.setattr(bench_e2e.phase_profile, "attributed_kernels",
                       lambda folder, hlo: kernels)
-  # the autoregressive decode of 6 tokens and of 1 (its prefill): 5 steps between them
-  autoregressive = {"_1": {"gemm_a": (1, 5e-3), "prefill_only": (1, 1e-3)},
-                    "_6": {"gemm_a": (3, 12e-3), "prefill_only": (1, 1e-3),
-                           "norm": (5, 1e-3)}}
-  monkeypatch.setattr(bench_e2e.phase_profile, "kernel_totals",
+  # the autoregressive decode of 6 tokens and of 1 (its prefill): 5 steps between them;
+  # the step is the busy time's difference (a copy beside the kernels counted once)
+  autoregressive = {"_1": ({"gemm_a": (1, 5e-3), "prefill_only": (1, 1e-3)}, 6e-3),
+                    "_6": ({"gemm_a": (3, 12e-3), "prefill_only": (1, 1e-3),
+                            "norm": (5, 1e-3), "MemcpyD2D": (2, 3e-3)}, 14e-3)}
+  monkeypatch.setattr(bench_e2e.phase_profile, "device_time",
                       lambda folder: autoregressive[str(folder)[-2:]])
   out = tmp_path / "e2e.json"
   assert bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "xla",
@@ -111,13 +112,14 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert row["verify_s"] == pytest.approx(8e-3 / iterations)
   assert row["total_s"] == pytest.approx(12e-3 / iterations)
   assert row["autoregressive_s"] == pytest.approx(8e-3 / 5)
-  assert [k["kernel"] for k in row["autoregressive_top_kernels"]][:2] == ["gemm_a", "norm"]
+  assert [k["kernel"] for k in row["autoregressive_top_kernels"]][:3] == [
+      "gemm_a", "MemcpyD2D", "norm"]
   first, second = row["verify_top_kernels"]
   assert first["kernel"] == "gemm_a" and second["kernel"] == "norm"
   assert first["launches_per_iteration"] == pytest.approx(2 / iterations)
   assert first["seconds_per_iteration"] == pytest.approx(7e-3 / iterations)
   assert [k["kernel"] for k in row["drafter_top_kernels"]] == ["gemm_b"]
   assert row["autoregressive_top_kernels"][0]["launches_per_step"] == pytest.approx(2 / 5)
-  assert row["autoregressive_top_kernels"][1]["launches_per_step"] == pytest.approx(1)
+  assert row["autoregressive_top_kernels"][2]["launches_per_step"] == pytest.approx(1)
   assert row["greedy_agreement_with_autoregressive"] == 1.0
   assert row["generate_tokens"] == 12 and row["generate_tokens_per_s"] > 0

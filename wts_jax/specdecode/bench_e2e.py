@@ -229,10 +229,11 @@ def _top_kernels(kernels, phase: str, count: int, unit: str) -> list[dict]:
 def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
                          profile: Path) -> dict:
   """The target's own greedy decode: wall-clock tokens/s, and the device time of one
-  decode step: every kernel of a profiled ``new_tokens`` decode less every kernel of a
-  profiled one-token decode (the prefill alone), over the steps between them. The
-  difference needs no phase attribution, which the step's library and custom-call
-  kernels inside a CUDA graph can defeat."""
+  decode step: the GPU's busy time (``phase_profile.busy_seconds``) in a profiled
+  ``new_tokens`` decode less that of a profiled one-token decode (the prefill alone),
+  over the steps between them. The difference needs no phase attribution, which the
+  step's library and custom-call kernels inside a CUDA graph can defeat; the busy time
+  counts once a copy the copy engines run beside the kernels."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
 
   def decode(count):
@@ -240,15 +241,16 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
 
   wall, tokens = _timed_calls(lambda: decode(new_tokens))
   jax.block_until_ready(decode(1))   # compiled before it is profiled
-  totals = {count: phase_profile.kernel_totals(
-                _traced(lambda: decode(count), profile / f"B{batch}_autoregressive_{count}"))
-            for count in (1, new_tokens)}
+  profiled = {count: phase_profile.device_time(
+                  _traced(lambda: decode(count), profile / f"B{batch}_autoregressive_{count}"))
+              for count in (1, new_tokens)}
+  (totals, busy), (first_totals, first_busy) = profiled[new_tokens], profiled[1]
   steps = new_tokens - 1
   per_step = {}
-  for name, (launches, seconds) in totals[new_tokens].items():
-    first_launches, first_seconds = totals[1].get(name, (0, 0.0))
+  for name, (launches, seconds) in totals.items():
+    first_launches, first_seconds = first_totals.get(name, (0, 0.0))
     per_step[name] = ((launches - first_launches) / steps, (seconds - first_seconds) / steps)
-  step_s = sum(seconds for _, seconds in per_step.values())
+  step_s = (busy - first_busy) / steps
   if not step_s > 0:
     raise ValueError("the profile recorded no GPU kernel (--method generate needs a GPU; "
                      "use --method pieces)")

@@ -106,15 +106,29 @@ def attributed_kernels(trace_dir: Path, hlo_text: str) -> list[tuple[dict, str]]
   return attributed
 
 
-def kernel_totals(trace_dir: Path) -> dict[str, tuple[int, float]]:
-  """``{kernel name: (launches, device seconds)}`` over every GPU kernel of a profile,
-  whatever its phase."""
+def busy_seconds(events: list[dict]) -> float:
+  """The time the GPU was busy with ``events`` (``device_kernels``): the length of the
+  union of their intervals. Not their sum: a copy on a copy engine runs beside the
+  kernels, and summing it with them counts time twice."""
+  busy, end = 0.0, float("-inf")
+  for start, stop in sorted((float(e.get("ts", 0.0)), float(e.get("ts", 0.0))
+                             + float(e.get("dur", 0.0))) for e in events):
+    if stop > end:
+      busy += stop - max(start, end)
+      end = stop
+  return busy * 1e-6
+
+
+def device_time(trace_dir: Path) -> tuple[dict[str, tuple[int, float]], float]:
+  """(``{kernel name: (launches, device seconds)}`` over every GPU event of a profile
+  whatever its phase, ``busy_seconds`` of them all)."""
+  events = device_kernels(_trace_events(trace_dir))
   totals: dict[str, tuple[int, float]] = {}
-  for event in device_kernels(_trace_events(trace_dir)):
+  for event in events:
     name = str(event.get("name", ""))
     launches, seconds = totals.get(name, (0, 0.0))
     totals[name] = (launches + 1, seconds + float(event.get("dur", 0.0)) * 1e-6)
-  return totals
+  return totals, busy_seconds(events)
 
 
 def kernel_seconds(kernels: list[tuple[dict, str]], phases: tuple[str, ...],
