@@ -21,6 +21,16 @@ def test_the_e2e_table_gives_the_gain_from_the_iterations():
   assert len(lines) == 3   # header, rule, the one measured point
   assert "| 3.00 / 3.30 / 2.90 |" in lines[2] and "+10.0 %" in lines[2]
   assert "| 2.50 (1.70) |" in lines[2] and "| 0.100 / 0.100 |" in lines[2]
+  assert lines[2].endswith("| 1,000 (2.50×) |")
+
+
+def test_the_e2e_table_marks_an_autoregressive_step_not_measured():
+  record = dict(model="qwen3_4b", batch=4, walk="pallas", total_s=3e-3, verify_s=2e-3,
+                drafter_s=5e-4, autoregressive_s=None, autoregressive_roofline_s=1.7e-3,
+                walk_s=1e-4, modelled_tokens_per_s=1000.0,
+                modelled_speedup_vs_autoregressive=None)
+  [row] = readme_tables.e2e_table(dict(results=[record])).splitlines()[2:]
+  assert "| – (1.70) |" in row and row.endswith("| 1,000 (–) |")
 
 
 def test_the_tabletune_table_gives_each_runs_ratios_and_recoveries():

@@ -96,10 +96,10 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   monkeypatch.setattr(bench_e2e.phase_profile, "attributed_kernels",
                       lambda folder, hlo: kernels)
   # the autoregressive decode of 6 tokens and of 1 (its prefill): 5 steps between them;
-  # the step is the busy time's difference (a copy beside the kernels counted once)
+  # the step is the difference of the kernels' busy times
   autoregressive = {"_1": ({"gemm_a": (1, 5e-3), "prefill_only": (1, 1e-3)}, 6e-3),
                     "_6": ({"gemm_a": (3, 12e-3), "prefill_only": (1, 1e-3),
-                            "norm": (5, 1e-3), "MemcpyD2D": (2, 3e-3)}, 14e-3)}
+                            "norm": (5, 1e-3), "attn": (2, 3e-3)}, 14e-3)}
   monkeypatch.setattr(bench_e2e.phase_profile, "device_time",
                       lambda folder: autoregressive[str(folder)[-2:]])
   out = tmp_path / "e2e.json"
@@ -113,7 +113,7 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert row["total_s"] == pytest.approx(12e-3 / iterations)
   assert row["autoregressive_s"] == pytest.approx(8e-3 / 5)
   assert [k["kernel"] for k in row["autoregressive_top_kernels"]][:3] == [
-      "gemm_a", "MemcpyD2D", "norm"]
+      "gemm_a", "attn", "norm"]
   first, second = row["verify_top_kernels"]
   assert first["kernel"] == "gemm_a" and second["kernel"] == "norm"
   assert first["launches_per_iteration"] == pytest.approx(2 / iterations)

@@ -74,14 +74,16 @@ def test_the_top_kernels_by_device_time(tmp_path):
   assert top == [("gemm", 2, pytest.approx(22e-6)), ("attn", 1, pytest.approx(5e-6))]
 
 
-def test_device_time_counts_overlapping_events_once(tmp_path):
-  """A copy on a copy engine beside a kernel, a kernel after a gap, a host event: the
-  totals by name sum durations, the busy time is the union of the GPU's intervals."""
+def test_device_time_counts_overlapping_kernels_once_and_no_copy(tmp_path):
+  """Two kernels side by side, one after a gap, a copy whose recorded duration spans
+  idle time, a set, a host event: the totals by name sum the kernels' durations, the
+  busy time is the union of the kernels' intervals."""
   events = [{"ph": "X", "pid": 7, "ts": ts, "dur": d, "name": n, "args": {}}
-            for n, ts, d in (("gemm", 0.0, 10.0), ("MemcpyD2D", 4.0, 12.0),
-                             ("gemm", 30.0, 5.0), ("norm", 31.0, 1.0))]
+            for n, ts, d in (("gemm", 0.0, 10.0), ("attn", 4.0, 12.0),
+                             ("gemm", 30.0, 5.0), ("norm", 31.0, 1.0),
+                             ("MemcpyD2D", 40.0, 5000.0), ("Memset 0", 3.0, 1.0))]
   events.append({"ph": "X", "pid": 1, "ts": 0.0, "dur": 99.0, "name": "host", "args": {}})
   totals, busy = phase_profile.device_time(_trace(tmp_path, events))
-  assert totals == {"gemm": (2, pytest.approx(15e-6)), "MemcpyD2D": (1, pytest.approx(12e-6)),
+  assert totals == {"gemm": (2, pytest.approx(15e-6)), "attn": (1, pytest.approx(12e-6)),
                     "norm": (1, pytest.approx(1e-6))}
   assert busy == pytest.approx(21e-6)

@@ -86,9 +86,9 @@ def e2e_table(report: dict) -> str:
                          for w in ("pallas", "xla"))
     gain = (f"{100.0 * (stepwise['total_s'] / persistent['total_s'] - 1.0):+.1f} %"
             if persistent and stepwise else "–")
+    speedup = persistent and persistent.get("modelled_speedup_vs_autoregressive")
     tokens = (f"{persistent['modelled_tokens_per_s']:,.0f} "
-              f"({persistent['modelled_speedup_vs_autoregressive']:.2f}×)"
-              if persistent else "–")
+              + (f"({speedup:.2f}×)" if speedup else "(–)") if persistent else "–")
     lines.append(
         f"| {model} | {batch} | {ms(first['autoregressive_s'])} "
         f"({ms(first.get('autoregressive_roofline_s'))}) | {ms(first['verify_s'])} "

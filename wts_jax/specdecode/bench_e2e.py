@@ -229,11 +229,10 @@ def _top_kernels(kernels, phase: str, count: int, unit: str) -> list[dict]:
 def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int,
                          profile: Path) -> dict:
   """The target's own greedy decode: wall-clock tokens/s, and the device time of one
-  decode step: the GPU's busy time (``phase_profile.busy_seconds``) in a profiled
+  decode step: the GPU's kernels' busy time (``phase_profile.device_time``) in a profiled
   ``new_tokens`` decode less that of a profiled one-token decode (the prefill alone),
   over the steps between them. The difference needs no phase attribution, which the
-  step's library and custom-call kernels inside a CUDA graph can defeat; the busy time
-  counts once a copy the copy engines run beside the kernels."""
+  step's library and custom-call kernels inside a CUDA graph can defeat."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
 
   def decode(count):
@@ -426,9 +425,10 @@ def _report(args, records: list[dict], began: float) -> dict:
                      "of their HLO operation; prefill apart); generate_*: wall clock of "
                      "whole generate calls at the acceptance the random weights give "
                      "(generate_acceptance_length); autoregressive_s: one step of the "
-                     "target's own decode loop: every kernel of a profiled decode less "
-                     "every kernel of a profiled one-token decode (its prefill), over "
-                     "the steps between them"),
+                     "target's own decode loop: the GPU's kernels' busy time (the union "
+                     "of their intervals; copies left out) in a profiled decode less "
+                     "that of a profiled one-token decode (its prefill), over the steps "
+                     "between them"),
       acceptance_profile=list(args.acceptance),
       modelled_note=(
           "MODELLED, not measured: tokens/s = B * L / total_s with L = 1 + sum_j "
