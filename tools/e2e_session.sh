@@ -46,9 +46,14 @@ sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
     --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} \
     --time-budget ${BUDGET:-360} --out "$OUT/e2e_unfused.json" 2>&1 | grep -v Warning | tee "$OUT/e2e_unfused.log"
 fi
-if has bench; then   # one trace back, to read its events' fields
-  f=$(find /tmp/e2e_profile -name perfetto_trace.json.gz | head -1)
-  [ -n "$f" ] && cp "$f" "$OUT/trace_sample.json.gz"
+if has bench; then   # the traces back: the autoregressive decodes' (each step's time is
+  # theirs, recomputable with phase_profile.device_time) and one of the loop's
+  for d in /tmp/e2e_profile/*; do
+    f=$(find "$d" -name perfetto_trace.json.gz | head -1)
+    case "$(basename "$d")" in
+      *_autoregressive_*|B1_pallas) [ -n "$f" ] && cp "$f" "$OUT/trace_$(basename "$d").json.gz" ;;
+    esac
+  done
 fi
 if has attention; then   # the cache-attention kernel beside JAX's shipped one and XLA
   stamp attention
