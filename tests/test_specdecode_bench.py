@@ -121,5 +121,6 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert [k["kernel"] for k in row["drafter_top_kernels"]] == ["gemm_b"]
   assert row["autoregressive_top_kernels"][0]["launches_per_step"] == pytest.approx(2 / 5)
   assert row["autoregressive_top_kernels"][2]["launches_per_step"] == pytest.approx(1)
+  assert row["idle_s"] == 0.0   # the stubbed kernels carry no start times: no gap
   assert row["greedy_agreement_with_autoregressive"] == 1.0
   assert row["generate_tokens"] == 12 and row["generate_tokens_per_s"] > 0

@@ -292,7 +292,7 @@ def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: i
   tops = {f"{phase}_top_kernels": _top_kernels(kernels, phase, iterations, "iteration")
           for phase in ("verify", "drafter")}
   return dict(total_s=sum(per.values()), **per, prefill_s=phases["prefill"], **agreement,
-              **tops,
+              idle_s=phase_profile.loop_idle_seconds(kernels) / iterations, **tops,
               generate_wall_s=wall, generate_tokens=int(np.sum(out.num_tokens)),
               generate_tokens_per_s=float(np.sum(out.num_tokens)) / wall,
               generate_iterations=iterations,
@@ -422,7 +422,9 @@ def _report(args, records: list[dict], began: float) -> dict:
                          "chained alone"),
       generate_note=("method=generate: total_s and its phases are device time per "
                      "iteration of a profiled generate call (kernels summed by the phase "
-                     "of their HLO operation; prefill apart); generate_*: wall clock of "
+                     "of their HLO operation; prefill apart); idle_s: the GPU's idle "
+                     "time per iteration between the loop's first and last kernels (host "
+                     "condition reads, launches); generate_*: wall clock of "
                      "whole generate calls at the acceptance the random weights give "
                      "(generate_acceptance_length); autoregressive_s: one step of the "
                      "target's own decode loop: the GPU's kernels' busy time (the union "

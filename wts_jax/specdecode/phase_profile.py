@@ -118,6 +118,20 @@ def busy_seconds(events: list[dict]) -> float:
   return busy * 1e-6
 
 
+def loop_idle_seconds(kernels: list[tuple[dict, str]]) -> float:
+  """The GPU's idle time inside a ``generate`` call's loop, over a profile's kernels
+  (``attributed_kernels``): from the first kernel after the prefill to the last, the
+  time no kernel ran — the host's condition reads and the launches it waits on."""
+  events = [event for event, phase in kernels
+            if phase != "prefill" and not str(event.get("name", "")).startswith(
+                ("Memcpy", "Memset"))]
+  if not events:
+    return 0.0
+  start = min(float(e.get("ts", 0.0)) for e in events)
+  stop = max(float(e.get("ts", 0.0)) + float(e.get("dur", 0.0)) for e in events)
+  return max((stop - start) * 1e-6 - busy_seconds(events), 0.0)
+
+
 def device_time(trace_dir: Path) -> tuple[dict[str, tuple[int, float]], float]:
   """(``{kernel name: (launches, device seconds)}`` over every GPU kernel of a profile
   whatever its phase, ``busy_seconds`` of them all). Copies and sets are left out: the
