@@ -60,6 +60,7 @@ def test_bad_arguments_exit_2(capsys):
     (["--replot", "{list}"], "--replot='{list}' is not a wts-e2e-bench JSON"),
     (["--replot", "{empty}"], "--replot='{empty}' is not a wts-e2e-bench JSON"),
     (["--new-tokens", "1"], "--new-tokens=1 must be >= 2 with --method generate"),
+    (["--iterations-per-check", "0"], "--iterations-per-check=0 must be >= 1"),
 ])
 def test_refused_before_measuring(argv, message, tmp_path, capsys):
   """One error line naming the value and exit 2 before any measurement; nothing
@@ -106,8 +107,10 @@ def test_the_generate_method_reads_phases_from_a_profile(tmp_path, monkeypatch):
   assert bench_e2e.main(["--models", "tiny", "--batches", "2", "--walks", "xla",
                          "--prompt-len", "8", "--draft-len", "3", "--new-tokens", "6",
                          "--dtype", "float32", "--profile", str(tmp_path / "profile"),
-                         "--out", str(out)]) == 0
-  [row] = json.loads(out.read_text())["results"]
+                         "--iterations-per-check", "2", "--out", str(out)]) == 0
+  report = json.loads(out.read_text())
+  assert report["iterations_per_check"] == 2
+  [row] = report["results"]
   iterations = row["generate_iterations"]
   assert row["verify_s"] == pytest.approx(8e-3 / iterations)
   assert row["total_s"] == pytest.approx(12e-3 / iterations)

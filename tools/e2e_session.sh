@@ -6,6 +6,7 @@
 # own decode in fp32 (where bf16 near-ties cannot round apart), (SECTIONS=unfused) the
 # bench with the layer's head norms, rotation and cache write outside its attention kernel.
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
+#   SECTIONS=bench BATCHES=1,16 WALKS=pallas ITERS=4 OUT=/tmp/out4 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=16,64 SPLITS= LAUNCHES=64x4x2,64x4x3,128x8x2 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
@@ -31,7 +32,7 @@ if has bench; then
   timeout ${BENCH_S:-420} python3 -m wts_jax.specdecode.bench_e2e --models ${MODELS:-qwen3_4b} \
     --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
     --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} --profile /tmp/e2e_profile \
-    ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \
+    --iterations-per-check ${ITERS:-1} ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \
     --out "$OUT/e2e.json" 2>&1 | grep -v Warning | tee "$OUT/e2e.log"
 fi
 if has unfused; then   # the same bench with the layer's norms, rotation and cache write

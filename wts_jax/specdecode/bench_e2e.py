@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "pieces: each phase chained alone (timing.iteration_cost)")
   parser.add_argument("--new-tokens", type=int, default=64,
                       help="tokens generated per row by each measured generate call")
+  parser.add_argument("--iterations-per-check", type=int, default=1,
+                      help="generate: decode iterations between two host reads of the "
+                           "loop's condition (generate's iterations_per_check)")
   parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                       help="where the profiles go (default: a temporary folder)")
   parser.add_argument("--agreement", action="store_true",
@@ -264,7 +267,8 @@ def autoregressive_point(target, *, batch: int, prompt_len: int, new_tokens: int
 
 def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: int,
                    walk: str, new_tokens: int, profile: Path,
-                   reference: np.ndarray | None = None) -> dict:
+                   reference: np.ndarray | None = None, iterations_per_check: int = 1
+                   ) -> dict:
   """Whole ``generate`` calls with this walk: wall-clock tokens/s (median of three after
   a compiling call, at the acceptance the random weights give) and, from one profiled
   call, the device time of an iteration and of its phases, and the verify and drafter
@@ -272,7 +276,8 @@ def generate_point(target, drafter, *, batch: int, draft_len: int, prompt_len: i
   which the output's agreement is reported (the same compute dtype, but other shapes of
   the same products: bf16 near-ties can round apart)."""
   prompts = _prompts(target.config.vocab_size, batch, prompt_len)
-  kwargs = dict(draft_len=draft_len, walk_impl=walk)
+  kwargs = dict(draft_len=draft_len, walk_impl=walk,
+                iterations_per_check=iterations_per_check)
   hlo: list[str] = []
   generate(target, drafter, prompts, new_tokens, hlo_text=hlo, **kwargs)
   wall, out = _timed_calls(lambda: generate(target, drafter, prompts, new_tokens, **kwargs))
@@ -364,7 +369,8 @@ def run(args) -> dict:
             cost = generate_point(target, drafter, batch=batch, draft_len=steps,
                                   prompt_len=args.prompt_len, walk=walk,
                                   new_tokens=args.new_tokens, profile=profile,
-                                  reference=reference)
+                                  reference=reference,
+                                  iterations_per_check=args.iterations_per_check)
           else:
             pieces = ("total", "walk") if shared else timing.PIECES
             cost = timing.iteration_cost(target, drafter, draft_len=steps, walk_impl=walk,
@@ -413,6 +419,7 @@ def _report(args, records: list[dict], began: float) -> dict:
       jax_version=jax.__version__,
       dtype=args.dtype,
       head_type=args.head_type,
+      iterations_per_check=args.iterations_per_check,
       weights="random (throughput is modelled, see modelled_note)",
       method=timing.METHOD,
       roofline_note=(f"*_roofline_s = bytes the phase must read (weights once, the rows' "
@@ -540,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
       report = _read_report(args.replot)
       result_files.check_writable(plot_path, "--plot")
       return _plot_or_say_why(report, plot_path)
-    for name in ("prompt_len", "draft_len", "repeats", "chain", "new_tokens"):
+    for name in ("prompt_len", "draft_len", "repeats", "chain", "new_tokens",
+                 "iterations_per_check"):
       if getattr(args, name) < 1:
         raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.method == "generate" and args.new_tokens < 2:
