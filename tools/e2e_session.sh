@@ -4,9 +4,11 @@
 # TableTune's cost table measured through the loop, (SECTIONS=overhead) the controller's
 # cost per iteration, (SECTIONS=agreement) the loop's greedy tokens against the target's
 # own decode in fp32 (where bf16 near-ties cannot round apart), (SECTIONS=unfused) the
-# bench with the layer's head norms, rotation and cache write outside its attention kernel.
+# bench with the layer's head norms, rotation and cache write outside its attention kernel,
+# (SECTIONS=options) the bench with XLA options added to the loop's executables.
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
 #   SECTIONS=bench BATCHES=1,16 WALKS=pallas ITERS=4 OUT=/tmp/out4 bash tools/e2e_session.sh
+#   SECTIONS=options BATCHES=1,16 WALKS=pallas XLA_OPTS='{"...": "..."}' bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=16,64 SPLITS= LAUNCHES=64x4x2,64x4x3,128x8x2 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
@@ -46,6 +48,23 @@ sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
     --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
     --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} \
     --time-budget ${BUDGET:-360} --out "$OUT/e2e_unfused.json" 2>&1 | grep -v Warning | tee "$OUT/e2e_unfused.log"
+fi
+if has options; then   # the same bench with XLA options added to the loop's executables
+  # (XLA_OPTS, a JSON object), e.g. the whole loop in one CUDA graph:
+  # XLA_OPTS='{"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"}'
+  stamp "options ${XLA_OPTS:-}"
+  timeout ${BENCH_S:-420} python3 -c "
+import json, os, sys
+from wts_jax.specdecode import bench_e2e, loop
+extra, base = json.loads(os.environ.get('XLA_OPTS') or '{}'), loop.gpu_compiler_options
+loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}
+sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
+    --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
+    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} \
+    --profile /tmp/e2e_profile_options --iterations-per-check ${ITERS:-1} \
+    --time-budget ${BUDGET:-360} --out "$OUT/e2e_options.json" 2>&1 | grep -v Warning | tee "$OUT/e2e_options.log"
+  f=$(find /tmp/e2e_profile_options/B1_pallas -name perfetto_trace.json.gz 2>/dev/null | head -1)
+  [ -n "$f" ] && cp "$f" "$OUT/trace_options_B1_pallas.json.gz"
 fi
 if has bench; then   # the traces back: the autoregressive decodes' (each step's time is
   # theirs, recomputable with phase_profile.device_time) and one of the loop's
