@@ -135,8 +135,8 @@ def loop_idle_seconds(kernels: list[tuple[dict, str]]) -> float:
 def device_time(trace_dir: Path) -> tuple[dict[str, tuple[int, float]], float]:
   """(``{kernel name: (launches, device seconds)}`` over every GPU kernel of a profile
   whatever its phase, ``busy_seconds`` of them all). Copies and sets are left out: the
-  duration recorded for one is from its enqueueing, so a 4-byte argument copy staged
-  before a decode was recorded at 32.6 ms (an H200 trace), idle time counted as busy."""
+  duration recorded for one can run from its enqueueing, across time the GPU was idle
+  (docs/e2e.md)."""
   events = [e for e in device_kernels(_trace_events(trace_dir))
             if not str(e.get("name", "")).startswith(("Memcpy", "Memset"))]
   totals: dict[str, tuple[int, float]] = {}
