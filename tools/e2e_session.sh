@@ -29,40 +29,38 @@ if has tests; then
   timeout ${TESTS_S:-240} python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_specdecode_gpu.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -25 | tee "$OUT/e2e_gpu_tests.log"
 fi
+# wts-e2e-bench as NAME (writes $OUT/NAME.json and .log) with the Python lines PATCH run
+# before it, the rest of the arguments added to the shared ones.
+bench_run() {
+  local name=$1 patch=$2; shift 2
+  timeout ${BENCH_S:-420} python3 -c "
+import sys
+$patch
+from wts_jax.specdecode import bench_e2e
+sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
+    --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
+    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} \
+    --iterations-per-check ${ITERS:-1} --time-budget ${BUDGET:-360} "$@" \
+    --out "$OUT/$name.json" 2>&1 | grep -v Warning | tee "$OUT/$name.log"
+}
 if has bench; then
   stamp bench
-  timeout ${BENCH_S:-420} python3 -m wts_jax.specdecode.bench_e2e --models ${MODELS:-qwen3_4b} \
-    --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
-    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} --profile /tmp/e2e_profile \
-    --iterations-per-check ${ITERS:-1} ${AGREEMENT:+--agreement} --time-budget ${BUDGET:-360} \
-    --out "$OUT/e2e.json" 2>&1 | grep -v Warning | tee "$OUT/e2e.log"
+  bench_run e2e "" --profile /tmp/e2e_profile ${AGREEMENT:+--agreement}
 fi
 if has unfused; then   # the same bench with the layer's norms, rotation and cache write
   # outside the attention kernel (the alternative of docs/decisions.md's choice)
   stamp unfused
-  timeout ${BENCH_S:-420} python3 -c "
-import sys
-from wts_jax.specdecode import bench_e2e, qkv_attention
-qkv_attention.supported = lambda *args: False
-sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
-    --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
-    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} \
-    --time-budget ${BUDGET:-360} --out "$OUT/e2e_unfused.json" 2>&1 | grep -v Warning | tee "$OUT/e2e_unfused.log"
+  bench_run e2e_unfused "from wts_jax.specdecode import qkv_attention
+qkv_attention.supported = lambda *args: False"
 fi
 if has options; then   # the same bench with XLA options added to the loop's executables
   # (XLA_OPTS, a JSON object), e.g. the whole loop in one CUDA graph:
   # XLA_OPTS='{"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"}'
   stamp "options ${XLA_OPTS:-}"
-  timeout ${BENCH_S:-420} python3 -c "
-import json, os, sys
-from wts_jax.specdecode import bench_e2e, loop
+  bench_run e2e_options "import json, os
+from wts_jax.specdecode import loop
 extra, base = json.loads(os.environ.get('XLA_OPTS') or '{}'), loop.gpu_compiler_options
-loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}
-sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
-    --batches ${BATCHES:-1,16,64} --walks ${WALKS:-pallas,xla,none} \
-    --repeats ${REPEATS:-3} --chain ${CHAIN:-4} --method ${METHOD:-generate} --new-tokens ${NEW:-64} \
-    --profile /tmp/e2e_profile_options --iterations-per-check ${ITERS:-1} \
-    --time-budget ${BUDGET:-360} --out "$OUT/e2e_options.json" 2>&1 | grep -v Warning | tee "$OUT/e2e_options.log"
+loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}" --profile /tmp/e2e_profile_options
   f=$(find /tmp/e2e_profile_options/B1_pallas -name perfetto_trace.json.gz 2>/dev/null | head -1)
   [ -n "$f" ] && cp "$f" "$OUT/trace_options_B1_pallas.json.gz"
 fi

@@ -25,7 +25,9 @@ import statistics
 import sys
 from pathlib import Path
 
-COPIES = ("Memcpy", "Memset")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from wts_jax.specdecode.phase_profile import busy_seconds, device_kernels, is_copy  # noqa: E402
 
 
 def read_events(path: Path) -> list[dict]:
@@ -34,22 +36,15 @@ def read_events(path: Path) -> list[dict]:
   return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def _processes(events: list[dict], word: str) -> set:
-  return {e.get("pid") for e in events if e.get("ph") == "M"
-          and e.get("name") == "process_name" and word in str(e.get("args", {}).get("name"))}
-
-
 def gaps(events: list[dict], module: str, min_us: float) -> tuple[list[dict], dict]:
   """(the gaps of ``module``'s kernels, the totals): each gap with its length (µs), its
   start, and the kernel events before and after it."""
-  gpu = _processes(events, "GPU")
-  kernels = sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu
-                    and e.get("args", {}).get("hlo_module") == module
-                    and not str(e.get("name", "")).startswith(COPIES)),
+  kernels = sorted((e for e in device_kernels(events)
+                    if e.get("args", {}).get("hlo_module") == module and not is_copy(e)),
                    key=lambda e: float(e["ts"]))
   if not kernels:
     raise ValueError(f"no GPU kernel of module {module!r} in the trace")
-  found, busy = [], 0.0
+  found = []
   last = kernels[0]
   end = float(last["ts"])
   for event in kernels:
@@ -57,17 +52,17 @@ def gaps(events: list[dict], module: str, min_us: float) -> tuple[list[dict], di
     if start - end >= min_us:
       found.append(dict(us=start - end, at=end, before=last, after=event))
     if stop > end:
-      busy += stop - max(start, end)
       end, last = stop, event
   span = end - float(kernels[0]["ts"])
+  busy = busy_seconds(kernels) * 1e6
   return found, dict(span_us=span, busy_us=busy, idle_us=span - busy, kernels=len(kernels))
 
 
 def grouped(found: list[dict], events: list[dict]) -> list[dict]:
   """The gaps grouped by (kernel before, kernel after), costliest first, each group with
   the host events that began or ended in its longest gap."""
-  host = [e for e in events if e.get("ph") == "X"
-          and e.get("pid") not in _processes(events, "GPU")]
+  gpu = {id(e) for e in device_kernels(events)}
+  host = [e for e in events if e.get("ph") == "X" and id(e) not in gpu]
   groups: dict[tuple, list[dict]] = {}
   for gap in found:
     key = (gap["before"]["name"], gap["after"]["name"])

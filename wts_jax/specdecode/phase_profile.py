@@ -106,6 +106,12 @@ def attributed_kernels(trace_dir: Path, hlo_text: str) -> list[tuple[dict, str]]
   return attributed
 
 
+def is_copy(event: dict) -> bool:
+  """Whether a GPU event is a copy or a set rather than a kernel: the duration recorded
+  for one can run from its enqueueing, across time the GPU was idle (docs/e2e.md)."""
+  return str(event.get("name", "")).startswith(("Memcpy", "Memset"))
+
+
 def busy_seconds(events: list[dict]) -> float:
   """The time the GPU was busy with ``events``: the length of the union of their
   intervals (kernels a CUDA graph runs side by side count once)."""
@@ -122,9 +128,7 @@ def loop_idle_seconds(kernels: list[tuple[dict, str]]) -> float:
   """The GPU's idle time inside a ``generate`` call's loop, over a profile's kernels
   (``attributed_kernels``): from the first kernel after the prefill to the last, the
   time no kernel ran — the host's condition reads and the launches it waits on."""
-  events = [event for event, phase in kernels
-            if phase != "prefill" and not str(event.get("name", "")).startswith(
-                ("Memcpy", "Memset"))]
+  events = [event for event, phase in kernels if phase != "prefill" and not is_copy(event)]
   if not events:
     return 0.0
   start = min(float(e.get("ts", 0.0)) for e in events)
@@ -134,11 +138,9 @@ def loop_idle_seconds(kernels: list[tuple[dict, str]]) -> float:
 
 def device_time(trace_dir: Path) -> tuple[dict[str, tuple[int, float]], float]:
   """(``{kernel name: (launches, device seconds)}`` over every GPU kernel of a profile
-  whatever its phase, ``busy_seconds`` of them all). Copies and sets are left out: the
-  duration recorded for one can run from its enqueueing, across time the GPU was idle
-  (docs/e2e.md)."""
-  events = [e for e in device_kernels(_trace_events(trace_dir))
-            if not str(e.get("name", "")).startswith(("Memcpy", "Memset"))]
+  whatever its phase, ``busy_seconds`` of them all); copies and sets (``is_copy``) left
+  out."""
+  events = [e for e in device_kernels(_trace_events(trace_dir)) if not is_copy(e)]
   totals: dict[str, tuple[int, float]] = {}
   for event in events:
     name = str(event.get("name", ""))
