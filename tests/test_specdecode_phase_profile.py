@@ -90,12 +90,17 @@ def test_device_time_counts_overlapping_kernels_once_and_no_copy(tmp_path):
 
 
 def test_the_loops_idle_time_is_its_span_less_its_kernels():
-  """Prefill kernels and copies are not the loop's; a gap between iterations is idle."""
+  """Prefill kernels, the set-up before them and copies are not the loop's; a gap between
+  the prefill and the loop or between iterations is idle."""
   def kernel(ts, dur, phase, name="k"):
     return {"ts": ts, "dur": dur, "name": name}, phase
-  kernels = [kernel(0.0, 50.0, "prefill"), kernel(80.0, 10.0, "verify"),
+  kernels = [kernel(-900.0, 2.0, "other", "input_concatenate_fusion"),
+             kernel(0.0, 50.0, "prefill"), kernel(80.0, 10.0, "verify"),
              kernel(85.0, 10.0, "drafter"), kernel(95.0, 5.0, "walk"),
              kernel(100.0, 400.0, "other", "MemcpyD2H"), kernel(230.0, 20.0, "verify")]
-  # the loop spans 80 .. 250 µs; its kernels cover 80 .. 100 and 230 .. 250
-  assert phase_profile.loop_idle_seconds(kernels) == pytest.approx(130e-6)
+  # the loop spans 50 .. 250 µs (from the prefill's end); its kernels cover 80 .. 100
+  # and 230 .. 250
+  assert phase_profile.loop_idle_seconds(kernels) == pytest.approx(160e-6)
+  assert phase_profile.loop_idle_seconds(kernels[2:]) == pytest.approx(130e-6)
   assert phase_profile.loop_idle_seconds([kernel(0.0, 5.0, "prefill")]) == 0.0
+

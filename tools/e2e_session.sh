@@ -54,8 +54,8 @@ if has unfused; then   # the same bench with the layer's norms, rotation and cac
 qkv_attention.supported = lambda *args: False"
 fi
 if has options; then   # the same bench with XLA options added to the loop's executables
-  # (XLA_OPTS, a JSON object), e.g. the whole loop in one CUDA graph:
-  # XLA_OPTS='{"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"}'
+  # (XLA_OPTS, a JSON object), e.g. no command buffers at all:
+  # XLA_OPTS='{"xla_gpu_enable_command_buffer": ""}' (every op a stream launch; docs/decisions.md)
   stamp "options ${XLA_OPTS:-}"
   bench_run e2e_options "import json, os
 from wts_jax.specdecode import loop

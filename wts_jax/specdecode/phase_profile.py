@@ -126,12 +126,19 @@ def busy_seconds(events: list[dict]) -> float:
 
 def loop_idle_seconds(kernels: list[tuple[dict, str]]) -> float:
   """The GPU's idle time inside a ``generate`` call's loop, over a profile's kernels
-  (``attributed_kernels``): from the first kernel after the prefill to the last, the
-  time no kernel ran — the host's condition reads and the launches it waits on."""
-  events = [event for event, phase in kernels if phase != "prefill" and not is_copy(event)]
+  (``attributed_kernels``): from the end of the prefill's last kernel (the first kernel
+  where there is no prefill) to the last kernel, the time no kernel ran — the host's
+  condition reads and the launches it waits on. The kernels that set the call up before
+  its prefill are not the loop's: counted from them, the prefill itself read as idle."""
+  kernels = [(event, phase) for event, phase in kernels if not is_copy(event)]
+  start = max((float(e.get("ts", 0.0)) + float(e.get("dur", 0.0))
+               for e, phase in kernels if phase == "prefill"), default=None)
+  events = [event for event, phase in kernels if phase != "prefill"
+            and (start is None or float(event.get("ts", 0.0)) >= start)]
   if not events:
     return 0.0
-  start = min(float(e.get("ts", 0.0)) for e in events)
+  if start is None:
+    start = min(float(e.get("ts", 0.0)) for e in events)
   stop = max(float(e.get("ts", 0.0)) + float(e.get("dur", 0.0)) for e in events)
   return max((stop - start) * 1e-6 - busy_seconds(events), 0.0)
 
