@@ -103,4 +103,3 @@ def test_the_loops_idle_time_is_its_span_less_its_kernels():
   assert phase_profile.loop_idle_seconds(kernels) == pytest.approx(160e-6)
   assert phase_profile.loop_idle_seconds(kernels[2:]) == pytest.approx(130e-6)
   assert phase_profile.loop_idle_seconds([kernel(0.0, 5.0, "prefill")]) == 0.0
-
