@@ -19,7 +19,6 @@ wall clock of the loop does not.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
@@ -27,13 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from wts_jax.specdecode.phase_profile import busy_seconds, device_kernels, is_copy  # noqa: E402
-
-
-def read_events(path: Path) -> list[dict]:
-  with gzip.open(path, "rt") as f:
-    data = json.load(f)
-  return data["traceEvents"] if isinstance(data, dict) else data
+from wts_jax.specdecode.phase_profile import (busy_seconds, device_kernels, is_copy,  # noqa: E402
+                                              read_trace)
 
 
 def gaps(events: list[dict], module: str, min_us: float) -> tuple[list[dict], dict]:
@@ -95,7 +89,7 @@ def main(argv=None) -> int:
   parser.add_argument("--top", type=int, default=10)
   args = parser.parse_args(argv)
   try:
-    events = read_events(args.trace)
+    events = read_trace(args.trace)
     found, totals = gaps(events, args.module, args.min_us)
   except (OSError, ValueError, KeyError) as err:
     print(f"error: {args.trace}: {err}", file=sys.stderr)

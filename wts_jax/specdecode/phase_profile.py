@@ -42,7 +42,12 @@ def _trace_events(trace_dir: Path) -> list[dict]:
   if not files:
     raise ValueError(f"{trace_dir}: no perfetto_trace.json.gz (profile with "
                      "jax.profiler.trace(dir, create_perfetto_trace=True))")
-  with gzip.open(files[-1], "rt") as f:
+  return read_trace(files[-1])
+
+
+def read_trace(path: Path) -> list[dict]:
+  """The events of one Perfetto trace file (``perfetto_trace.json.gz``)."""
+  with gzip.open(path, "rt") as f:
     data = json.load(f)
   return data["traceEvents"] if isinstance(data, dict) else data
 
