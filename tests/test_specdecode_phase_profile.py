@@ -103,3 +103,35 @@ def test_the_loops_idle_time_is_its_span_less_its_kernels():
   assert phase_profile.loop_idle_seconds(kernels) == pytest.approx(160e-6)
   assert phase_profile.loop_idle_seconds(kernels[2:]) == pytest.approx(130e-6)
   assert phase_profile.loop_idle_seconds([kernel(0.0, 5.0, "prefill")]) == 0.0
+
+
+def test_kernels_of_another_executable_are_not_the_loops(tmp_path):
+  """A set-up or check executable's kernels may carry the loop's instruction names (each
+  module numbers its own): they are left out of the phases and of the loop's span."""
+  def kernel(ts, dur, op, module):
+    return {"ph": "X", "pid": 7, "ts": ts, "dur": dur, "name": op.replace(".", "_"),
+            "args": {"hlo_op": op, "hlo_module": module}}
+  hlo = "HloModule jit_run, is_scheduled=true\n" + HLO.replace(
+      "jit(run)/while/body/scatter", "jit(run)/prefill/scatter")
+  events = [kernel(0.0, 10.0, "scatter.4", "jit_run"),        # the prefill
+            kernel(20.0, 100.0, "fusion.1", "jit_run"),       # verify
+            kernel(150.0, 20.0, "pallas_call.3", "jit_run"),  # walk
+            kernel(400.0, 5.0, "scatter.4", "jit_check"),     # another executable
+            kernel(410.0, 5.0, "fusion.1", "jit_check")]
+  kernels = phase_profile.attributed_kernels(_trace(tmp_path, events), hlo)
+  assert phase_profile.phase_seconds(kernels) == pytest.approx(
+      {"verify": 100e-6, "drafter": 0.0, "walk": 20e-6, "prefill": 10e-6, "other": 0.0,
+       "unattributed": 0.0})
+  # the loop spans 10 .. 170 µs; its kernels cover 120 of it
+  assert phase_profile.loop_idle_seconds(kernels) == pytest.approx(40e-6)
+
+
+def test_a_prefill_named_kernel_after_the_loop_does_not_end_the_prefill():
+  """The output assembled after the loop can be a fusion named after a prefill
+  operation: the loop's span still starts at the prefill before its first iteration."""
+  def kernel(ts, dur, phase):
+    return {"ts": ts, "dur": dur, "name": "k"}, phase
+  kernels = [kernel(0.0, 50.0, "prefill"), kernel(80.0, 20.0, "verify"),
+             kernel(200.0, 20.0, "walk"), kernel(240.0, 10.0, "prefill")]
+  # the loop spans 50 .. 250 µs; its kernels cover 50 of it
+  assert phase_profile.loop_idle_seconds(kernels) == pytest.approx(150e-6)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from wts_jax.specdecode.loop import PHASES
 
+_MODULE = re.compile(r"^HloModule ([\w\.\-]+)", re.MULTILINE)
 _OP_NAME = re.compile(r"^\s*(?:ROOT )?%?([\w\.\-]+) = .*?metadata=\{[^}]*op_name=\"([^\"]*)\"")
 
 
@@ -83,7 +84,10 @@ def attributed_kernels(trace_dir: Path, hlo_text: str) -> list[tuple[dict, str]]
   and the kernel's own name is its fusion's instruction name, or a library's or a custom
   call's name (cuBLAS ``nvjet_…``, a Pallas kernel) that several phases may share; such
   a kernel takes the phase of the kernel before it on its stream (a phase's kernels run
-  in program order, and a phase opens with a fusion that names it)."""
+  in program order, and a phase opens with a fusion that names it). A kernel that names
+  another executable (``hlo_module``: the call's set-up, a check after it) is not the
+  loop's: its instruction names may be the loop's too, so it is left out."""
+  module = _MODULE.search(hlo_text)
   phases = op_phases(hlo_text)
   by_kernel_name: dict[str, set[str]] = {}
   for op, phase in phases.items():
@@ -94,6 +98,8 @@ def attributed_kernels(trace_dir: Path, hlo_text: str) -> list[tuple[dict, str]]
                    key=lambda e: (str(e.get("pid")), str(e.get("tid")), float(e.get("ts", 0.0))))
   for event in kernels:
     args = event.get("args", {})
+    if module and args.get("hlo_module") not in (None, module.group(1)):
+      continue
     stream = (event.get("pid"), event.get("tid"))
     op = args.get("hlo_op") or args.get("name")
     phase = phases.get(op) if op else None
@@ -131,21 +137,27 @@ def busy_seconds(events: list[dict]) -> float:
 
 def loop_idle_seconds(kernels: list[tuple[dict, str]]) -> float:
   """The GPU's idle time inside a ``generate`` call's loop, over a profile's kernels
-  (``attributed_kernels``): from the end of the prefill's last kernel (the first kernel
-  where there is no prefill) to the last kernel, the time no kernel ran — the host's
-  condition reads and the launches it waits on. The kernels that set the call up before
-  its prefill are not the loop's: counted from them, the prefill itself read as idle."""
+  (``attributed_kernels``): from the end of the prefill's last kernel before the loop's
+  first (verify, drafter or walk) kernel to the last kernel, the time no kernel ran — the
+  host's condition reads and the launches it waits on. The kernels that set the call up
+  before its prefill are not the loop's (counted from them, the prefill itself read as
+  idle); a kernel attributed to the prefill that runs after the loop's first kernel (a
+  fusion takes its root operation's name, which can be a prefill one) is the loop's:
+  taken for the prefill's end, it would make the loop read as no time."""
   kernels = [(event, phase) for event, phase in kernels if not is_copy(event)]
-  start = max((float(e.get("ts", 0.0)) + float(e.get("dur", 0.0))
-               for e, phase in kernels if phase == "prefill"), default=None)
-  events = [event for event, phase in kernels if phase != "prefill"
-            and (start is None or float(event.get("ts", 0.0)) >= start)]
-  if not events:
+  loop_phases = [phase for phase in PHASES if phase != "prefill"]
+  first = min((_start(e) for e, phase in kernels if phase in loop_phases), default=None)
+  if first is None:
     return 0.0
-  if start is None:
-    start = min(float(e.get("ts", 0.0)) for e in events)
-  stop = max(float(e.get("ts", 0.0)) + float(e.get("dur", 0.0)) for e in events)
+  start = max((_start(e) + float(e.get("dur", 0.0)) for e, phase in kernels
+               if phase == "prefill" and _start(e) < first), default=first)
+  events = [event for event, _ in kernels if _start(event) >= start]
+  stop = max(_start(e) + float(e.get("dur", 0.0)) for e in events)
   return max((stop - start) * 1e-6 - busy_seconds(events), 0.0)
+
+
+def _start(event: dict) -> float:
+  return float(event.get("ts", 0.0))
 
 
 def device_time(trace_dir: Path) -> tuple[dict[str, tuple[int, float]], float]:
