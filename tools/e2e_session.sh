@@ -5,10 +5,13 @@
 # cost per iteration, (SECTIONS=agreement) the loop's greedy tokens against the target's
 # own decode in fp32 (where bf16 near-ties cannot round apart), (SECTIONS=unfused) the
 # bench with the layer's head norms, rotation and cache write outside its attention kernel,
-# (SECTIONS=options) the bench with XLA options added to the loop's executables.
+# (SECTIONS=options) the bench with XLA options added to the loop's executables,
+# (SECTIONS=breaks) the bench with the loop's CUDA graphs broken inside the target's and
+# the drafter's forwards (BREAKS=target/drafter layers, tools/graph_breaks.py).
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
 #   SECTIONS=bench BATCHES=1,16 WALKS=pallas ITERS=4 OUT=/tmp/out4 bash tools/e2e_session.sh
 #   SECTIONS=options BATCHES=1,16 WALKS=pallas XLA_OPTS='{"...": "..."}' bash tools/e2e_session.sh
+#   SECTIONS=bench,breaks BATCHES=1,16 WALKS=pallas BREAKS=17/0 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=16,64 SPLITS= LAUNCHES=64x4x2,64x4x3,128x8x2 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
@@ -63,6 +66,15 @@ extra, base = json.loads(os.environ.get('XLA_OPTS') or '{}'), loop.gpu_compiler_
 loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}" --profile /tmp/e2e_profile_options
   f=$(find /tmp/e2e_profile_options/B1_pallas -name perfetto_trace.json.gz 2>/dev/null | head -1)
   [ -n "$f" ] && cp "$f" "$OUT/trace_options_B1_pallas.json.gz"
+fi
+if has breaks; then   # the same bench with graph breaks after the named layers
+  stamp "breaks ${BREAKS:-17/0}"
+  bench_run e2e_breaks "import sys
+sys.path.insert(0, 'tools')
+import graph_breaks
+graph_breaks.install('${BREAKS:-17/0}')" --profile /tmp/e2e_profile_breaks
+  f=$(find /tmp/e2e_profile_breaks/B1_pallas -name perfetto_trace.json.gz 2>/dev/null | head -1)
+  [ -n "$f" ] && cp "$f" "$OUT/trace_breaks_B1_pallas.json.gz"
 fi
 if has bench; then   # the traces back: the autoregressive decodes' (each step's time is
   # theirs, recomputable with phase_profile.device_time) and one of the loop's
