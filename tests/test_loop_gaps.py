@@ -52,3 +52,29 @@ def test_a_trace_without_the_module_is_one_error_line(tmp_path, capsys):
   assert loop_gaps.main([str(path)]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and "'jit_run'" in err and len(err.splitlines()) == 1
+
+
+def test_each_cuda_graphs_host_launch_time_and_kernels(tmp_path, capsys):
+  """Two graphs launched three times each: the host's launch times by graph id, the
+  kernels a launch from the GPU events that name the graph."""
+  events = []
+  for i in range(3):
+    t = 1000.0 * i
+    events += [{"ph": "X", "pid": 1, "ts": t, "dur": 20.0 + i, "name": "cuGraphLaunch (CudaGraph:5)"},
+               {"ph": "X", "pid": 1, "ts": t + 30.0, "dur": 400.0, "name": "cuGraphLaunch (CudaGraph:9)"}]
+    for j in range(2):
+      events.append({**_kernel("small", t + 25.0 + j, 1.0), "args": {
+          "hlo_module": "jit_run", "hlo_op": "command_buffer_1", "cuda_graph_id": "5"}})
+    for j in range(4):
+      events.append({**_kernel("big", t + 430.0 + 10 * j, 10.0), "args": {
+          "hlo_module": "jit_run", "hlo_op": "command_buffer_2", "cuda_graph_id": "9"}})
+  path = _trace(tmp_path, events)
+  assert loop_gaps.main([str(path)]) == 0
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  rows = [line for line in lines if "graph" in line]
+  assert lines[-1]["kernels"] == 18 and rows == loop_gaps.graph_launches(
+      loop_gaps.read_trace(path))
+  assert [row["graph"] for row in rows] == ["9", "5"]
+  assert rows[0] == {"graph": "9", "launches": 3, "host_median_us": 400.0, "host_max_us": 400.0,
+                     "kernels_per_launch": 4.0, "host_us_per_kernel": 100.0}
+  assert rows[1]["host_median_us"] == 21.0 and rows[1]["kernels_per_launch"] == 2.0

@@ -10,7 +10,10 @@ side (a loop's gaps recur once an iteration) and printed as JSON lines, the cost
 group first: count, median and total µs, the kernel before and after, the HLO operations
 (command buffer or custom call) they ran in, and the host events that began or ended in
 the group's longest gap (what the host did while the GPU waited; a profile taken with
-``jax.profiler.ProfileOptions(host_tracer_level=3)`` names XLA's thunks there). The last
+``jax.profiler.ProfileOptions(host_tracer_level=3)`` names XLA's thunks there). Then a
+line per CUDA graph the host launched: how often, the host's ``cuGraphLaunch`` time
+(median, longest) and the graph's kernels a launch — a graph's kernels start only as its
+launch returns, so a long launch is GPU idle unless earlier work covers it. The last
 line sums it: the span of the program's kernels, their busy time, the idle time.
 Device time summed by phase (``specdecode.phase_profile``) leaves these gaps out; the
 wall clock of the loop does not.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -78,6 +82,32 @@ def grouped(found: list[dict], events: list[dict]) -> list[dict]:
   return sorted(rows, key=lambda row: row["total_us"], reverse=True)
 
 
+_GRAPH_LAUNCH = re.compile(r"cuGraphLaunch \(CudaGraph:(\d+)\)")
+
+
+def graph_launches(events: list[dict]) -> list[dict]:
+  """Per CUDA graph (by id): launches, the host's launch time (median and longest µs),
+  the GPU kernels it ran a launch and the host µs a kernel, longest launches first."""
+  launches: dict[str, list[float]] = {}
+  for event in events:
+    match = _GRAPH_LAUNCH.fullmatch(str(event.get("name", "")))
+    if event.get("ph") == "X" and match:
+      launches.setdefault(match.group(1), []).append(float(event.get("dur", 0.0)))
+  kernels: dict[str, int] = {}
+  for event in device_kernels(events):
+    graph = event.get("args", {}).get("cuda_graph_id")
+    if graph is not None and not is_copy(event):
+      kernels[str(graph)] = kernels.get(str(graph), 0) + 1
+  rows = []
+  for graph, times in launches.items():
+    median = statistics.median(times)
+    per_launch = kernels.get(graph, 0) / len(times)
+    rows.append(dict(graph=graph, launches=len(times), host_median_us=round(median, 1),
+                     host_max_us=round(max(times), 1), kernels_per_launch=round(per_launch, 1),
+                     host_us_per_kernel=round(median / per_launch, 2) if per_launch else None))
+  return sorted(rows, key=lambda row: row["host_median_us"] * row["launches"], reverse=True)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("trace", type=Path)
@@ -95,6 +125,8 @@ def main(argv=None) -> int:
     print(f"error: {args.trace}: {err}", file=sys.stderr)
     return 2
   for row in grouped(found, events)[:args.top]:
+    print(json.dumps(row))
+  for row in graph_launches(events)[:args.top]:
     print(json.dumps(row))
   print(json.dumps({key: round(value, 1) for key, value in totals.items()}))
   return 0
