@@ -135,3 +135,6 @@ def test_a_prefill_named_kernel_after_the_loop_does_not_end_the_prefill():
              kernel(200.0, 20.0, "walk"), kernel(240.0, 10.0, "prefill")]
   # the loop spans 50 .. 250 µs; its kernels cover 50 of it
   assert phase_profile.loop_idle_seconds(kernels) == pytest.approx(150e-6)
+  # a prefill kernel that ends beside the loop's first: the span starts at the loop's
+  assert phase_profile.loop_idle_seconds(
+      [kernel(0.0, 100.0, "prefill"), kernel(80.0, 20.0, "verify")]) == 0.0

@@ -67,7 +67,8 @@ loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}" --profile /tmp
   f=$(find /tmp/e2e_profile_options/B1_pallas -name perfetto_trace.json.gz 2>/dev/null | head -1)
   [ -n "$f" ] && cp "$f" "$OUT/trace_options_B1_pallas.json.gz"
 fi
-if has breaks; then   # the same bench with graph breaks after the named layers
+if has breaks; then   # the same bench with graph breaks after the named layers: the
+  # host's launch of a piece overlaps the GPU's run of the one before (the loop's idle)
   stamp "breaks ${BREAKS:-17/0}"
   bench_run e2e_breaks "import sys
 sys.path.insert(0, 'tools')

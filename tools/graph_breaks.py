@@ -2,9 +2,9 @@
 inside the target's and the drafter's forwards, so that the host's launch of one piece
 overlaps the GPU's run of the one before it.
 
-Why: in a profiled ``generate`` the host's ``cuGraphLaunch`` takes about 2 µs a node (on
-an H100 at B = 1 the verify pass's graph of 495 nodes 0.73-1.14 ms, the drafter's of 78
-0.12-0.27 ms; docs/decisions.md, "No custom calls in command buffers"), and a graph's
+Why: in a profiled ``generate`` the host's ``cuGraphLaunch`` takes 2-3 µs a node (on an
+H100 at B = 1 a median 1.04-1.38 ms for the verify pass's graph of 495 nodes, 0.20-0.28 ms
+for the drafter's of 78; docs/decisions.md, "No custom calls in command buffers"), and a graph's
 kernels start only as its launch returns. So after each read of the loop's condition
 the GPU waits out the first graph's launch, and it waits again wherever the verify
 pass's launch outlasts the drafter and the walk. A Mosaic GPU custom call stays outside
@@ -42,11 +42,15 @@ def parse(spec: str) -> tuple[frozenset[int], frozenset[int]]:
 def with_breaks(finish_layer, after: frozenset[int]):
   """``finish_layer`` that, after the layers in ``after``, passes its output through a
   device-clock stamp. A forward calls it for its layers in order, each trace all of
-  them, so the layer is the count of calls modulo the config's ``num_layers``."""
-  calls = {"n": 0}
+  them, so the layer is the count of calls at the config's depth modulo that depth (a
+  count per depth, should models of other depths pass through the same function)."""
+  calls: dict[int, int] = {}
   def finish(h, attended, layer, c):
-    index = calls["n"] % c.num_layers
-    calls["n"] += 1
+    if after and max(after) >= c.num_layers:
+      raise ValueError(f"a graph break after layer {max(after)}: the model has "
+                       f"{c.num_layers} layers")
+    index = calls.get(c.num_layers, 0) % c.num_layers
+    calls[c.num_layers] = calls.get(c.num_layers, 0) + 1
     h = finish_layer(h, attended, layer, c)
     if index in after:
       h, now = device_clock.stamp_between(h)

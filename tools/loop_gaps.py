@@ -87,7 +87,8 @@ _GRAPH_LAUNCH = re.compile(r"cuGraphLaunch \(CudaGraph:(\d+)\)")
 
 def graph_launches(events: list[dict]) -> list[dict]:
   """Per CUDA graph (by id): launches, the host's launch time (median and longest µs),
-  the GPU kernels it ran a launch and the host µs a kernel, longest launches first."""
+  the GPU kernels it ran a launch and the host µs a kernel; the most host time
+  (median × launches) first."""
   launches: dict[str, list[float]] = {}
   for event in events:
     match = _GRAPH_LAUNCH.fullmatch(str(event.get("name", "")))

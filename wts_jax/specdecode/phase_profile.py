@@ -149,8 +149,9 @@ def loop_idle_seconds(kernels: list[tuple[dict, str]]) -> float:
   first = min((_start(e) for e, phase in kernels if phase in loop_phases), default=None)
   if first is None:
     return 0.0
-  start = max((_start(e) + float(e.get("dur", 0.0)) for e, phase in kernels
-               if phase == "prefill" and _start(e) < first), default=first)
+  # (no later than the loop's first kernel: a prefill kernel may end beside it)
+  start = min(first, max((_start(e) + float(e.get("dur", 0.0)) for e, phase in kernels
+                          if phase == "prefill" and _start(e) < first), default=first))
   events = [event for event, _ in kernels if _start(event) >= start]
   stop = max(_start(e) + float(e.get("dur", 0.0)) for e in events)
   return max((stop - start) * 1e-6 - busy_seconds(events), 0.0)
