@@ -7,11 +7,11 @@
 # bench with the layer's head norms, rotation and cache write outside its attention kernel,
 # (SECTIONS=options) the bench with XLA options added to the loop's executables,
 # (SECTIONS=breaks) the bench with the loop's CUDA graphs broken inside the target's and
-# the drafter's forwards (BREAKS=target/drafter layers, tools/graph_breaks.py).
+# the drafter's forwards (BREAKS: target/drafter layers, tools/graph_breaks.py).
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
 #   SECTIONS=bench BATCHES=1,16 WALKS=pallas ITERS=4 OUT=/tmp/out4 bash tools/e2e_session.sh
 #   SECTIONS=options BATCHES=1,16 WALKS=pallas XLA_OPTS='{"...": "..."}' bash tools/e2e_session.sh
-#   SECTIONS=bench,breaks BATCHES=1,16 WALKS=pallas BREAKS=17/0 bash tools/e2e_session.sh
+#   SECTIONS=bench,breaks BATCHES=1,16 WALKS=pallas BREAKS="17/1 17/0" bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=16,64 SPLITS= LAUNCHES=64x4x2,64x4x3,128x8x2 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
@@ -68,14 +68,18 @@ loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}" --profile /tmp
   [ -n "$f" ] && cp "$f" "$OUT/trace_options_B1_pallas.json.gz"
 fi
 if has breaks; then   # the same bench with graph breaks after the named layers: the
-  # host's launch of a piece overlaps the GPU's run of the one before (the loop's idle)
-  stamp "breaks ${BREAKS:-17/0}"
-  bench_run e2e_breaks "import sys
+  # host's launch of a piece overlaps the GPU's run of the one before (the loop's idle);
+  # BREAKS may list several placements ("17/1 17/0"), each a run of its own
+  for spec in ${BREAKS:-17/1}; do
+    name=${spec//\//_}; name=${name//,/-}
+    stamp "breaks $spec"
+    bench_run "e2e_breaks_$name" "import sys
 sys.path.insert(0, 'tools')
 import graph_breaks
-graph_breaks.install('${BREAKS:-17/0}')" --profile /tmp/e2e_profile_breaks
-  f=$(find /tmp/e2e_profile_breaks/B1_pallas -name perfetto_trace.json.gz 2>/dev/null | head -1)
-  [ -n "$f" ] && cp "$f" "$OUT/trace_breaks_B1_pallas.json.gz"
+graph_breaks.install('$spec')" --profile "/tmp/e2e_profile_breaks_$name"
+    f=$(find "/tmp/e2e_profile_breaks_$name/B1_pallas" -name perfetto_trace.json.gz 2>/dev/null | head -1)
+    [ -n "$f" ] && cp "$f" "$OUT/trace_breaks_${name}_B1_pallas.json.gz"
+  done
 fi
 if has bench; then   # the traces back: the autoregressive decodes' (each step's time is
   # theirs, recomputable with phase_profile.device_time) and one of the loop's
