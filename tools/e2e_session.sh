@@ -46,6 +46,12 @@ sys.exit(bench_e2e.main(sys.argv[1:]))" --models ${MODELS:-qwen3_4b} \
     --iterations-per-check ${ITERS:-1} --time-budget ${BUDGET:-360} "$@" \
     --out "$OUT/$name.json" 2>&1 | grep -v Warning | tee "$OUT/$name.log"
 }
+# The Perfetto trace of profile folder $1 (its first), back as $OUT/$2.
+trace_back() {
+  local f
+  f=$(find "$1" -name perfetto_trace.json.gz 2>/dev/null | head -1)
+  [ -n "$f" ] && cp "$f" "$OUT/$2"
+}
 if has bench; then
   stamp bench
   bench_run e2e "" --profile /tmp/e2e_profile ${AGREEMENT:+--agreement}
@@ -64,8 +70,7 @@ if has options; then   # the same bench with XLA options added to the loop's exe
 from wts_jax.specdecode import loop
 extra, base = json.loads(os.environ.get('XLA_OPTS') or '{}'), loop.gpu_compiler_options
 loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}" --profile /tmp/e2e_profile_options
-  f=$(find /tmp/e2e_profile_options/B1_pallas -name perfetto_trace.json.gz 2>/dev/null | head -1)
-  [ -n "$f" ] && cp "$f" "$OUT/trace_options_B1_pallas.json.gz"
+  trace_back /tmp/e2e_profile_options/B1_pallas trace_options_B1_pallas.json.gz
 fi
 if has breaks; then   # the same bench with graph breaks after the named layers: the
   # host's launch of a piece overlaps the GPU's run of the one before (the loop's idle);
@@ -77,16 +82,14 @@ if has breaks; then   # the same bench with graph breaks after the named layers:
 sys.path.insert(0, 'tools')
 import graph_breaks
 graph_breaks.install('$spec')" --profile "/tmp/e2e_profile_breaks_$name"
-    f=$(find "/tmp/e2e_profile_breaks_$name/B1_pallas" -name perfetto_trace.json.gz 2>/dev/null | head -1)
-    [ -n "$f" ] && cp "$f" "$OUT/trace_breaks_${name}_B1_pallas.json.gz"
+    trace_back "/tmp/e2e_profile_breaks_$name/B1_pallas" "trace_breaks_${name}_B1_pallas.json.gz"
   done
 fi
 if has bench; then   # the traces back: the autoregressive decodes' (each step's time is
   # theirs, recomputable with phase_profile.device_time) and one of the loop's
   for d in /tmp/e2e_profile/*; do
-    f=$(find "$d" -name perfetto_trace.json.gz | head -1)
     case "$(basename "$d")" in
-      *_autoregressive_*|B1_pallas) [ -n "$f" ] && cp "$f" "$OUT/trace_$(basename "$d").json.gz" ;;
+      *_autoregressive_*|B1_pallas) trace_back "$d" "trace_$(basename "$d").json.gz" ;;
     esac
   done
 fi

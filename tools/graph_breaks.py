@@ -71,4 +71,4 @@ def install(spec: str) -> None:
 
 
 if __name__ == "__main__":
-  print(parse(sys.argv[1] if len(sys.argv) > 1 else "17/0"))
+  print(parse(sys.argv[1] if len(sys.argv) > 1 else "17/1"))
