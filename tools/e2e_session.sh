@@ -5,13 +5,10 @@
 # cost per iteration, (SECTIONS=agreement) the loop's greedy tokens against the target's
 # own decode in fp32 (where bf16 near-ties cannot round apart), (SECTIONS=unfused) the
 # bench with the layer's head norms, rotation and cache write outside its attention kernel,
-# (SECTIONS=options) the bench with XLA options added to the loop's executables,
-# (SECTIONS=breaks) the bench with the loop's CUDA graphs broken inside the target's and
-# the drafter's forwards (BREAKS: target/drafter layers, tools/graph_breaks.py).
+# (SECTIONS=options) the bench with XLA options added to the loop's executables.
 #   SECTIONS=tests,bench MODELS=qwen3_4b BATCHES=1,16,64 bash tools/e2e_session.sh
 #   SECTIONS=bench BATCHES=1,16 WALKS=pallas ITERS=4 OUT=/tmp/out4 bash tools/e2e_session.sh
 #   SECTIONS=options BATCHES=1,16 WALKS=pallas XLA_OPTS='{"...": "..."}' bash tools/e2e_session.sh
-#   SECTIONS=bench,breaks BATCHES=1,16 WALKS=pallas BREAKS="17/1 17/0" bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=1,4,16,64 bash tools/e2e_session.sh
 #   SECTIONS=attention BATCHES=16,64 SPLITS= LAUNCHES=64x4x2,64x4x3,128x8x2 bash tools/e2e_session.sh
 #   SECTIONS=tabletune TARGET=qwen3-4b bash tools/e2e_session.sh
@@ -71,19 +68,6 @@ from wts_jax.specdecode import loop
 extra, base = json.loads(os.environ.get('XLA_OPTS') or '{}'), loop.gpu_compiler_options
 loop.gpu_compiler_options = lambda **kw: {**base(**kw), **extra}" --profile /tmp/e2e_profile_options
   trace_back /tmp/e2e_profile_options/B1_pallas trace_options_B1_pallas.json.gz
-fi
-if has breaks; then   # the same bench with graph breaks after the named layers: the
-  # host's launch of a piece overlaps the GPU's run of the one before (the loop's idle);
-  # BREAKS may list several placements ("17/1 17/0"), each a run of its own
-  for spec in ${BREAKS:-17/1}; do
-    name=${spec//\//_}; name=${name//,/-}
-    stamp "breaks $spec"
-    bench_run "e2e_breaks_$name" "import sys
-sys.path.insert(0, 'tools')
-import graph_breaks
-graph_breaks.install('$spec')" --profile "/tmp/e2e_profile_breaks_$name"
-    trace_back "/tmp/e2e_profile_breaks_$name/B1_pallas" "trace_breaks_${name}_B1_pallas.json.gz"
-  done
 fi
 if has bench; then   # the traces back: the autoregressive decodes' (each step's time is
   # theirs, recomputable with phase_profile.device_time) and one of the loop's
