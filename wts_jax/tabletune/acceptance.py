@@ -101,6 +101,15 @@ def expected_tokens(acceptance: jnp.ndarray) -> jnp.ndarray:
   return 1.0 + xp.concatenate([zero, xp.cumsum(survival, axis=-1)], axis=-1)
 
 
+def accepted_variance(acceptance: jnp.ndarray, draft_len) -> jnp.ndarray:
+  """Var[accepted | K = draft_len] of one row under per-position ``acceptance`` [K_max]:
+  accepted = sum_j 1[a > j], so E[a^2] = sum_{j<K} (2j + 1) S_j with S_j the survival."""
+  position = jnp.arange(acceptance.shape[-1])
+  survival = jnp.where(position < draft_len, jnp.cumprod(acceptance, axis=-1), 0.0)
+  mean = jnp.sum(survival, axis=-1)
+  return jnp.sum((2.0 * position + 1.0) * survival, axis=-1) - mean ** 2
+
+
 def fit_profile(accepted, drafted, max_draft_len: int, prior: float = 0.5,
                 prior_weight: float = 1.0) -> np.ndarray:
   """Offline: the per-position acceptance [K] of a recorded set of blocks."""

@@ -3,9 +3,10 @@
 Each iteration it estimates the per-position acceptance of the traffic from the accepted
 lengths it has seen (censored, exponentially forgotten; positions it has not drafted
 lately take the prior's shape at the observed positions' level; per request, shrunk
-towards the batch's estimate), turns it into the expected tokens of every draft length
-K, divides by the cost c(B, K) it currently believes, and drafts the K with the highest
-expected tokens per second, switching only when the gain passes a hysteresis margin.
+towards the traffic's long-run estimate, where a new request starts), turns it into the
+expected tokens of every draft length K, divides by the cost c(B, K) it currently
+believes, and drafts the K with the highest expected tokens per second, switching only
+when the gain passes a hysteresis margin.
 K = 0 (no draft) is a choice like any other.
 
 Costs: the profiled table is where the controller starts, not what it believes forever.
@@ -34,9 +35,11 @@ noisy measurement allows is not run again for a small expected loss. This is how
 drafting turns back on after K = 0 at the same batch, and how a stale table's costs get
 measured where they matter.
 
-Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted)
-drops most of the old acceptance evidence when the traffic changes, so the estimate
-re-converges in a few iterations instead of a forgetting window.
+Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted,
+in units of the residuals' spread per row and never less than the binomial spread the
+estimate predicts) drops most of the old acceptance evidence when the traffic changes,
+and restarts the long-run counts from the recent ones, so the estimate re-converges in a
+few iterations instead of a forgetting window.
 
 The controller is a pytree: the cost table (``batches``, ``seconds``) and the prior are
 its leaves, operands of the compiled loop (new numbers never recompile); the draft
@@ -72,15 +75,18 @@ class TableTuneController:
   Arrays (``from_table`` fills them): batches [buckets] and seconds [buckets,
   len(draft_lens)], the profiled cost table; prior [max K], the per-position acceptance
   assumed before any evidence (e.g. the profile the table was built for), worth
-  ``prior_weight`` blocks.
+  ``prior_weight`` blocks in the batch's estimate and ``population_prior_weight`` in the
+  long-run one.
 
   Options (static): draft_lens, the K it chooses among (0: no draft);
-  decay/row_decay: forgetting of the batch's and each request's counts per iteration
-  that drafted; row_prior_weight: how many blocks of the batch estimate a request's
-  estimate starts from; hysteresis: the relative throughput gain needed to switch K;
+  decay/row_decay/population_decay: forgetting of the batch's (recent), each request's
+  and the traffic's long-run counts per iteration that drafted; row_prior_weight: how
+  many blocks of the long-run estimate a request's estimate starts from; hysteresis:
+  the relative throughput gain needed to switch K;
   drift_delta/drift_threshold: Page-Hinkley tolerance and alarm level, in standard
-  errors of the iteration's mean accepted length (an EMA of the squared residual,
-  weight ``residual_weight``, scales it); drift_keep: the share of the counts kept when a
+  errors of the iteration's mean accepted length (an EMA of rows times the squared
+  residual, weight ``residual_weight``, at least the binomial variance of one row's
+  accepted length, over the active rows); drift_keep: the share of the counts kept when a
   shift is detected; probe_budget: the share of throughput spent probing the runner-up
   K (module docstring); cost_*_sd: the prior spread (log scale) of the table's error —
   one level, one for drafting (every K >= 1 against K = 0), per draft length, per
@@ -125,6 +131,8 @@ class TableTuneController:
   timing_sd: float = _static(0.03)
   cost_relax: float = _static(0.0005)
   explore_sd: float = _static(0.5)
+  population_decay: float = _static(0.998)
+  population_prior_weight: float = _static(50.0)
   impl: str = _static("auto")
   interpret: bool = _static(False)
 
@@ -136,13 +144,13 @@ class TableTuneController:
     if len(lens) < 2 or lens[-1] < 1:
       raise ValueError(f"draft_lens={self.draft_lens!r} must hold >= 2 draft lengths, one "
                        f">= 1")
-    for name in ("decay", "row_decay", "drift_keep"):
+    for name in ("decay", "row_decay", "population_decay", "drift_keep"):
       value = getattr(self, name)
       if not 0.0 < value <= 1.0:
         raise ValueError(f"{name}={value!r} must be in (0, 1]")
     if not 0.0 <= self.cost_relax < 1.0:
       raise ValueError(f"cost_relax={self.cost_relax!r} must be in [0, 1)")
-    for name in ("prior_weight", "row_prior_weight", "timing_sd"):
+    for name in ("prior_weight", "row_prior_weight", "population_prior_weight", "timing_sd"):
       if not getattr(self, name) > 0:
         raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
     for name in ("hysteresis", "probe_budget", "cost_level_sd", "cost_drafting_sd",
@@ -191,10 +199,10 @@ class TableTuneController:
     state = ControllerState(
         counts=acc.empty_counts((k,)), row_counts=acc.empty_counts((batch, k)),
         draft_len=jnp.int32(self.draft_lens[-1]), drift_up=zero, drift_down=zero,
-        residual_var=jnp.float32(1.0), drifts=jnp.int32(0),
+        residual_var=zero, drifts=jnp.int32(0),
         since_run=jnp.full((len(self.draft_lens),), NEVER_RUN, jnp.int32),
         probes=jnp.int32(0), cost_error=jnp.zeros((cells,), jnp.float32),
-        cost_cov=self.cost_prior(), timed=jnp.int32(0))
+        cost_cov=self.cost_prior(), timed=jnp.int32(0), population=acc.empty_counts((k,)))
     rate = self._rates(state, jnp.ones((batch,), bool), jnp.float32(batch))
     return state._replace(draft_len=self._lens()[jnp.argmax(rate)])
 
@@ -280,13 +288,27 @@ class TableTuneController:
     # An iteration without a draft has no residual.
     n_active = jnp.maximum(jnp.sum(active), 1)
     residual = jnp.sum(jnp.where(active, accepted, 0)) / n_active - predicted
-    standardized = residual / jnp.sqrt(state.residual_var + 1e-3)
+    # Standardized by the residuals' recent spread, and never by less than the binomial
+    # spread of the mean accepted length the estimate predicts: before the loop has
+    # drafted enough to learn that spread (a batch that starts at K = 0), one probe far
+    # off the estimate is already an alarm.
+    # (Both per row, divided by the active rows: a spread learnt at 16 rows then holds
+    # at 128.)
+    standardized = residual / jnp.sqrt(jnp.maximum(
+        state.residual_var, acc.accepted_variance(batch_p, k)) / n_active + 1e-6)
     drift_up = jnp.maximum(0.0, state.drift_up + standardized - self.drift_delta)
     drift_down = jnp.maximum(0.0, state.drift_down - standardized - self.drift_delta)
     drift = drafted & ((drift_up > self.drift_threshold) | (drift_down > self.drift_threshold))
     keep = jnp.where(drift, self.drift_keep, 1.0)
     decay = jnp.where(drafted, self.decay, 1.0) * keep
     counts = acc.update(state.counts, k, accepted, active, decay=decay)
+    # The long-run counts forget slowly; after a shift they start again from the
+    # recent evidence.
+    population = acc.update(state.population, k, accepted, active,
+                            decay=jnp.where(drafted, self.population_decay, 1.0))
+    population = acc.AcceptanceCounts(
+        jnp.where(drift, counts.survived, population.survived),
+        jnp.where(drift, counts.reached, population.reached))
     reached, survived = acc.block_outcomes(k, accepted, max_k, active)
     # A row's counts belong to its request: they decay while it drafts, and a new request
     # (``choose``'s new_request) starts them afresh.
@@ -295,11 +317,11 @@ class TableTuneController:
                                       row_decay * state.row_counts.reached + reached)
     residual_var = ((1.0 - self.residual_weight) * state.residual_var
                     + self.residual_weight
-                    * jnp.minimum(residual ** 2, 4.0 * state.residual_var + 1.0))
+                    * jnp.minimum(n_active * residual ** 2, 4.0 * state.residual_var + 1.0))
     def tracked(new, old):  # an iteration without a draft leaves the test as it was
       return jnp.where(drafted, new, old)
     state = state._replace(
-        counts=counts, row_counts=row_counts,
+        counts=counts, row_counts=row_counts, population=population,
         drift_up=jnp.where(drift, 0.0, tracked(drift_up, state.drift_up)),
         drift_down=jnp.where(drift, 0.0, tracked(drift_down, state.drift_down)),
         residual_var=tracked(residual_var, state.residual_var),
@@ -318,8 +340,21 @@ class TableTuneController:
     return acc.conditional_acceptance(state.counts, prior, self.prior_weight)
 
   def _row_acceptance(self, state: ControllerState) -> jnp.ndarray:
-    return acc.conditional_acceptance(state.row_counts, self._batch_acceptance(state)[None],
+    # A request's estimate starts from the traffic's long-run level, not the recent
+    # batch's: the recent rows are a few dozen particular requests (their level drifts
+    # with the mix), and a new request is a fresh draw from the traffic. While K = 0
+    # runs the recent estimate is also the one frozen at the level that turned drafting
+    # off; the long-run one is not.
+    return acc.conditional_acceptance(state.row_counts,
+                                      self._population_acceptance(state)[None],
                                       self.row_prior_weight)
+
+  def _population_acceptance(self, state: ControllerState) -> jnp.ndarray:
+    # Its prior weighs more than the batch's: the long-run counts never fade while K = 0
+    # runs, so a position seen in a few early blocks only (K = 1 probes see position 0
+    # alone) would otherwise keep their chance level for good.
+    prior = acc.shifted_prior(state.population, self.prior, self.population_prior_weight)
+    return acc.conditional_acceptance(state.population, prior, self.population_prior_weight)
 
   def _tokens_spread(self, state: ControllerState) -> jnp.ndarray:
     """Each draft length's relative standard deviation of the batch's expected tokens,

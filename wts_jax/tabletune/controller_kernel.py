@@ -124,9 +124,10 @@ def _cumprod(p, positions: int):
   return out
 
 
-def _batch_acceptance(ctl: Controller, survived, reached, prior):
-  """``acc.shifted_prior`` then ``acc.conditional_acceptance``: the batch's estimate."""
-  w = ctl.prior_weight
+def _batch_acceptance(ctl: Controller, survived, reached, prior, w=None):
+  """``acc.shifted_prior`` then ``acc.conditional_acceptance``: the batch's estimate (or,
+  of the long-run counts with their prior weight ``w``, the population's)."""
+  w = ctl.prior_weight if w is None else w
   logit = jax.scipy.special.logit
   prior = jnp.clip(prior, 0.02, 0.98)
   estimate = jnp.clip((survived + w * prior) / (reached + w), 0.02, 0.98)
@@ -172,12 +173,13 @@ def _cost_rows(d: _Dims, batches_ref, seconds_ref, error_ref, rows) -> _CostRows
                    _take(factor, lower), _take(factor, lower + 1))
 
 
-def _rates(ctl: Controller, d: _Dims, upto, batch_p, row_survived, row_reached, active,
+def _rates(ctl: Controller, d: _Dims, upto, population_p, row_survived, row_reached, active,
            cost: _CostRows, real_len):
-  """``TableTuneController._rates``: each row's expected tokens at every K, summed over
-  the active rows, over the believed cost (-inf past the real draft lengths)."""
+  """``TableTuneController._rates``: each row's expected tokens at every K (its counts
+  shrunk to the long-run estimate), summed over the active rows, over the believed cost
+  (-inf past the real draft lengths)."""
   w = ctl.row_prior_weight
-  row_p = (row_survived + w * batch_p[None, :]) / (row_reached + w)     # [rows, pos]
+  row_p = (row_survived + w * population_p[None, :]) / (row_reached + w)   # [rows, pos]
   row_s = _cumprod(row_p, d.positions)
   row_tokens = 1.0 + jnp.sum(upto[None] * row_s[:, None, :], axis=2)    # [rows, len]
   tokens = jnp.sum(jnp.where(active[:, None], row_tokens, 0.0), axis=0)
@@ -238,7 +240,7 @@ def _tokens_spread(ctl: Controller, d: _Dims, upto, batch_p, reached):
 def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *refs):
   (batches_ref, seconds_ref, prior_ref, survived_ref, reached_ref, row_survived_ref,
    row_reached_ref, draft_len_ref, since_run_ref, probes_ref, error_ref, cov_ref, timed_ref,
-   active_ref, *refs) = refs
+   population_survived_ref, population_reached_ref, active_ref, *refs) = refs
   new_ref = refs.pop(0) if has_new else None
   rows_ref = refs.pop(0) if has_rows else None
   (k_out, draft_len_out, since_run_out, probes_out, survived_out, reached_out,
@@ -264,10 +266,15 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
     row_survived, row_reached = keep * row_survived, keep * row_reached
     survived, reached = fade * survived, fade * reached
   rows = (rows_ref[...] if has_rows else _count(active)).astype(jnp.float32)
-  batch_p = _batch_acceptance(ctl, survived, reached, _load1(prior_ref, big_k, 0.0))
+  prior = _load1(prior_ref, big_k, 0.0)
+  batch_p = _batch_acceptance(ctl, survived, reached, prior)
+  population_p = _batch_acceptance(ctl, _load1(population_survived_ref, big_k, 0.0),
+                                   _load1(population_reached_ref, big_k, 0.0), prior,
+                                   ctl.population_prior_weight)
   upto = _where(_iota(batch_p.shape[0], 1, 2) < lens[:, None], 1.0, 0.0)   # [len, pos]
   cost = _cost_rows(d, batches_ref, seconds_ref, error_ref, rows)
-  rate = _rates(ctl, d, upto, batch_p, row_survived, row_reached, active, cost, real_len)
+  rate = _rates(ctl, d, upto, population_p, row_survived, row_reached, active, cost,
+                real_len)
 
   busy = _any(active)
   current = _argmax(_where(real_len & (lens == draft_len), 1, 0))
@@ -315,6 +322,7 @@ def choose(ctl: Controller, state: ControllerState, active, new_request=None,
               state.row_counts.survived, state.row_counts.reached,
               jnp.asarray(state.draft_len, i32), state.since_run, jnp.asarray(state.probes, i32),
               state.cost_error, state.cost_cov, jnp.asarray(state.timed, i32),
+              state.population.survived, state.population.reached,
               jnp.asarray(active, bool)]
   if new_request is not None:
     operands.append(jnp.asarray(new_request, bool))
@@ -344,12 +352,13 @@ def choose(ctl: Controller, state: ControllerState, active, new_request=None,
 def _observe_kernel(ctl: Controller, d: _Dims, has_measured: bool, *refs):
   (prior_ref, survived_ref, reached_ref, row_survived_ref, row_reached_ref, drift_up_ref,
    drift_down_ref, residual_var_ref, drifts_ref, k_ref, accepted_ref, active_ref,
-   *refs) = refs
+   population_survived_ref, population_reached_ref, *refs) = refs
   if has_measured:
     (batches_ref, seconds_ref, error_ref, cov_ref, drift_cov_ref, timed_ref,
      measured_seconds_ref, measured_k_ref, measured_rows_ref, *refs) = refs
   (survived_out, reached_out, row_survived_out, row_reached_out, drift_up_out,
-   drift_down_out, residual_var_out, drifts_out, *refs) = refs
+   drift_down_out, residual_var_out, drifts_out, population_survived_out,
+   population_reached_out, *refs) = refs
   big_k = d.positions
   k = k_ref[...]
   drafted = k > 0
@@ -371,7 +380,11 @@ def _observe_kernel(ctl: Controller, d: _Dims, has_measured: bool, *refs):
   n_active = jnp.maximum(_count(active), 1).astype(jnp.float32)
   residual = (jnp.sum(jnp.where(active, accepted, 0)).astype(jnp.float32) / n_active
               - predicted)
-  standardized = residual / jnp.sqrt(residual_var + 1e-3)
+  # (``acc.accepted_variance`` of one row at K: the binomial floor of the spread)
+  mean_a = jnp.sum(jnp.where(position < k, survival, 0.0))
+  row_var = (jnp.sum(jnp.where(position < k, (2.0 * position.astype(jnp.float32) + 1.0)
+                               * survival, 0.0)) - mean_a ** 2)
+  standardized = residual / jnp.sqrt(jnp.maximum(residual_var, row_var) / n_active + 1e-6)
   drift_up = jnp.maximum(0.0, drift_up_old + standardized - ctl.drift_delta)
   drift_down = jnp.maximum(0.0, drift_down_old - standardized - ctl.drift_delta)
   drift = drafted & ((drift_up > ctl.drift_threshold) | (drift_down > ctl.drift_threshold))
@@ -382,13 +395,24 @@ def _observe_kernel(ctl: Controller, d: _Dims, has_measured: bool, *refs):
   live = active[:, None]
   row_reached = _where((pos < k) & (pos <= row_accepted) & live, 1.0, 0.0)
   row_survived = _where((pos < jnp.minimum(row_accepted, k)) & live, 1.0, 0.0)
-  _store1(survived_out, big_k, decay * survived + jnp.sum(row_survived, axis=0))
-  _store1(reached_out, big_k, decay * reached + jnp.sum(row_reached, axis=0))
+  new_survived = decay * survived + jnp.sum(row_survived, axis=0)
+  new_reached = decay * reached + jnp.sum(row_reached, axis=0)
+  _store1(survived_out, big_k, new_survived)
+  _store1(reached_out, big_k, new_reached)
+  # (the long-run counts: slow forgetting, and after a shift the recent evidence)
+  population_decay = _where(drafted, ctl.population_decay, 1.0)
+  population_survived = (population_decay * _load1(population_survived_ref, big_k, 0.0)
+                         + jnp.sum(row_survived, axis=0))
+  population_reached = (population_decay * _load1(population_reached_ref, big_k, 0.0)
+                        + jnp.sum(row_reached, axis=0))
+  _store1(population_survived_out, big_k, jnp.where(drift, new_survived, population_survived))
+  _store1(population_reached_out, big_k, jnp.where(drift, new_reached, population_reached))
   row_decay = jnp.where(active & drafted, ctl.row_decay * keep, 1.0)[:, None]
   _store2(row_survived_out, shape, row_decay * old_row_survived + row_survived)
   _store2(row_reached_out, shape, row_decay * old_row_reached + row_reached)
   new_var = ((1.0 - ctl.residual_weight) * residual_var
-             + ctl.residual_weight * jnp.minimum(residual ** 2, 4.0 * residual_var + 1.0))
+             + ctl.residual_weight * jnp.minimum(n_active * residual ** 2,
+                                                 4.0 * residual_var + 1.0))
   drift_up_out[...] = jnp.where(drift, 0.0, jnp.where(drafted, drift_up, drift_up_old))
   drift_down_out[...] = jnp.where(drift, 0.0, jnp.where(drafted, drift_down, drift_down_old))
   residual_var_out[...] = jnp.where(drafted, new_var, residual_var)
@@ -442,13 +466,16 @@ def observe(ctl: Controller, state: ControllerState, k, accepted, active,
               state.row_counts.survived, state.row_counts.reached,
               jnp.asarray(state.drift_up, f32), jnp.asarray(state.drift_down, f32),
               jnp.asarray(state.residual_var, f32), jnp.asarray(state.drifts, i32),
-              jnp.asarray(k, i32), jnp.asarray(accepted, i32), jnp.asarray(active, bool)]
+              jnp.asarray(k, i32), jnp.asarray(accepted, i32), jnp.asarray(active, bool),
+              state.population.survived, state.population.reached]
   scalar_f, scalar_i = jax.ShapeDtypeStruct((), f32), jax.ShapeDtypeStruct((), i32)
   out_shape = [jax.ShapeDtypeStruct(state.counts.survived.shape, f32),
                jax.ShapeDtypeStruct(state.counts.reached.shape, f32),
                jax.ShapeDtypeStruct(state.row_counts.survived.shape, f32),
                jax.ShapeDtypeStruct(state.row_counts.reached.shape, f32),
-               scalar_f, scalar_f, scalar_f, scalar_i]
+               scalar_f, scalar_f, scalar_f, scalar_i,
+               jax.ShapeDtypeStruct(state.population.survived.shape, f32),
+               jax.ShapeDtypeStruct(state.population.reached.shape, f32)]
   if measured is not None:
     operands += [ctl.batches, ctl.seconds.reshape(-1), state.cost_error, state.cost_cov,
                  ctl.cost_prior(drift=True), jnp.asarray(state.timed, i32),
@@ -457,18 +484,19 @@ def observe(ctl: Controller, state: ControllerState, k, accepted, active,
     out_shape += [jax.ShapeDtypeStruct(state.cost_error.shape, f32),
                   jax.ShapeDtypeStruct(state.cost_cov.shape, f32), scalar_i]
   kernel = lambda *refs: _observe_kernel(ctl, d, measured is not None, *refs)
-  aliases = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4, 6: 5, 7: 6, 8: 7}
+  aliases = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4, 6: 5, 7: 6, 8: 7, 12: 8, 13: 9}
   if measured is not None:
-    aliases.update({14: 8, 15: 9, 17: 10})
+    aliases.update({16: 10, 17: 11, 19: 12})
   out = pl.pallas_call(kernel, out_shape=tuple(out_shape), interpret=interpret,
                        name="tabletune_observe", input_output_aliases=aliases,
                        compiler_params=plgpu.CompilerParams(num_warps=NUM_WARPS))(*operands)
   (survived, reached, row_survived, row_reached, drift_up, drift_down, residual_var,
-   drifts) = out[:8]
+   drifts, population_survived, population_reached) = out[:10]
   state = state._replace(
       counts=acc.AcceptanceCounts(survived, reached),
       row_counts=acc.AcceptanceCounts(row_survived, row_reached),
-      drift_up=drift_up, drift_down=drift_down, residual_var=residual_var, drifts=drifts)
+      drift_up=drift_up, drift_down=drift_down, residual_var=residual_var, drifts=drifts,
+      population=acc.AcceptanceCounts(population_survived, population_reached))
   if measured is not None:
-    state = state._replace(cost_error=out[8], cost_cov=out[9], timed=out[10])
+    state = state._replace(cost_error=out[10], cost_cov=out[11], timed=out[12])
   return state
