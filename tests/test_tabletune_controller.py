@@ -286,11 +286,11 @@ def test_a_new_request_starts_from_the_long_run_level_not_the_recent_batch(costs
   assert np.all(np.abs(rows - 0.7) < 0.01) and np.all(np.abs(batch - 0.3) < 0.02)
 
 
-def test_the_residual_spread_is_per_row_and_never_below_the_binomial_one():
+def test_the_residual_spread_is_per_row_and_never_below_the_estimates_own():
   """A batch that starts without drafting has learnt no spread of its residuals: one
-  probe far off the estimate is already an alarm (the binomial spread of the mean at
-  128 rows is small). And the spread learnt at 16 rows holds at 128 (it is kept per
-  row)."""
+  probe far off the estimate is already an alarm (the spread of the mean the estimate
+  predicts at 128 rows is small). And the spread learnt at 16 rows holds at 128 (it is
+  kept per row)."""
   controller = TableTuneController.from_table(verify_bound_costs(), regime_profile("hard", K))
   rows = 128
   active = jnp.ones(rows, bool)

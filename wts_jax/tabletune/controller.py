@@ -36,8 +36,8 @@ drafting turns back on after K = 0 at the same batch, and how a stale table's co
 measured where they matter.
 
 Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted,
-in units of the residuals' spread per row and never less than the binomial spread the
-estimate predicts) drops most of the old acceptance evidence when the traffic changes,
+in units of the residuals' spread per row and never less than the spread of one row's
+accepted length that the estimate predicts) drops most of the old acceptance evidence when the traffic changes,
 and restarts the long-run counts from the recent ones, so the estimate re-converges in a
 few iterations instead of a forgetting window.
 
@@ -85,8 +85,8 @@ class TableTuneController:
   the relative throughput gain needed to switch K;
   drift_delta/drift_threshold: Page-Hinkley tolerance and alarm level, in standard
   errors of the iteration's mean accepted length (an EMA of rows times the squared
-  residual, weight ``residual_weight``, at least the binomial variance of one row's
-  accepted length, over the active rows); drift_keep: the share of the counts kept when a
+  residual, weight ``residual_weight``, at least the variance of one row's accepted
+  length under the estimate, over the active rows); drift_keep: the share of the counts kept when a
   shift is detected; probe_budget: the share of throughput spent probing the runner-up
   K (module docstring); cost_*_sd: the prior spread (log scale) of the table's error —
   one level, one for drafting (every K >= 1 against K = 0), per draft length, per
@@ -288,8 +288,8 @@ class TableTuneController:
     # An iteration without a draft has no residual.
     n_active = jnp.maximum(jnp.sum(active), 1)
     residual = jnp.sum(jnp.where(active, accepted, 0)) / n_active - predicted
-    # Standardized by the residuals' recent spread, and never by less than the binomial
-    # spread of the mean accepted length the estimate predicts: before the loop has
+    # Standardized by the residuals' recent spread, and never by less than the spread of
+    # the mean accepted length that the estimate predicts: before the loop has
     # drafted enough to learn that spread (a batch that starts at K = 0), one probe far
     # off the estimate is already an alarm.
     # (Both per row, divided by the active rows: a spread learnt at 16 rows then holds
@@ -358,7 +358,9 @@ class TableTuneController:
 
   def _tokens_spread(self, state: ControllerState) -> jnp.ndarray:
     """Each draft length's relative standard deviation of the batch's expected tokens,
-    from the binomial spread of each position's estimate at its (decayed) evidence."""
+    from the binomial spread of each position's estimate at its (decayed) evidence.
+    The recent counts', not the long-run ones': they fade with request turnover while
+    K = 0 runs, so this spread grows and the probes come sooner."""
     p = jnp.clip(self._batch_acceptance(state), 0.01, 0.99)
     var_p = p * (1.0 - p) / (state.counts.reached + self.prior_weight + 1.0)
     survival = jnp.cumprod(p)                                           # S_j

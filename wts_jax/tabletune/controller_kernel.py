@@ -124,7 +124,7 @@ def _cumprod(p, positions: int):
   return out
 
 
-def _batch_acceptance(ctl: Controller, survived, reached, prior, w=None):
+def _estimate(ctl: Controller, survived, reached, prior, w=None):
   """``acc.shifted_prior`` then ``acc.conditional_acceptance``: the batch's estimate (or,
   of the long-run counts with their prior weight ``w``, the population's)."""
   w = ctl.prior_weight if w is None else w
@@ -267,8 +267,8 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
     survived, reached = fade * survived, fade * reached
   rows = (rows_ref[...] if has_rows else _count(active)).astype(jnp.float32)
   prior = _load1(prior_ref, big_k, 0.0)
-  batch_p = _batch_acceptance(ctl, survived, reached, prior)
-  population_p = _batch_acceptance(ctl, _load1(population_survived_ref, big_k, 0.0),
+  batch_p = _estimate(ctl, survived, reached, prior)
+  population_p = _estimate(ctl, _load1(population_survived_ref, big_k, 0.0),
                                    _load1(population_reached_ref, big_k, 0.0), prior,
                                    ctl.population_prior_weight)
   upto = _where(_iota(batch_p.shape[0], 1, 2) < lens[:, None], 1.0, 0.0)   # [len, pos]
@@ -363,7 +363,7 @@ def _observe_kernel(ctl: Controller, d: _Dims, has_measured: bool, *refs):
   k = k_ref[...]
   drafted = k > 0
   survived, reached = _load1(survived_ref, big_k, 0.0), _load1(reached_ref, big_k, 0.0)
-  batch_p = _batch_acceptance(ctl, survived, reached, _load1(prior_ref, big_k, 0.0))
+  batch_p = _estimate(ctl, survived, reached, _load1(prior_ref, big_k, 0.0))
   position = _iota(batch_p.shape[0])
   survival = _cumprod(batch_p, big_k)
   predicted = (1.0 + jnp.sum(jnp.where(position < jnp.clip(k, 0, big_k), survival, 0.0))
@@ -380,7 +380,7 @@ def _observe_kernel(ctl: Controller, d: _Dims, has_measured: bool, *refs):
   n_active = jnp.maximum(_count(active), 1).astype(jnp.float32)
   residual = (jnp.sum(jnp.where(active, accepted, 0)).astype(jnp.float32) / n_active
               - predicted)
-  # (``acc.accepted_variance`` of one row at K: the binomial floor of the spread)
+  # (``acc.accepted_variance`` of one row at K: the floor of the spread)
   mean_a = jnp.sum(jnp.where(position < k, survival, 0.0))
   row_var = (jnp.sum(jnp.where(position < k, (2.0 * position.astype(jnp.float32) + 1.0)
                                * survival, 0.0)) - mean_a ** 2)
