@@ -269,8 +269,8 @@ def _choose_kernel(ctl: Controller, d: _Dims, has_new: bool, has_rows: bool, *re
   prior = _load1(prior_ref, big_k, 0.0)
   batch_p = _estimate(ctl, survived, reached, prior)
   population_p = _estimate(ctl, _load1(population_survived_ref, big_k, 0.0),
-                                   _load1(population_reached_ref, big_k, 0.0), prior,
-                                   ctl.population_prior_weight)
+                           _load1(population_reached_ref, big_k, 0.0), prior,
+                           ctl.population_prior_weight)
   upto = _where(_iota(batch_p.shape[0], 1, 2) < lens[:, None], 1.0, 0.0)   # [len, pos]
   cost = _cost_rows(d, batches_ref, seconds_ref, error_ref, rows)
   rate = _rates(ctl, d, upto, population_p, row_survived, row_reached, active, cost,
