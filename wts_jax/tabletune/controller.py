@@ -37,9 +37,9 @@ measured where they matter.
 
 Shifts: a two-sided Page-Hinkley test on the accepted length (observed minus predicted,
 in units of the residuals' spread per row and never less than the spread of one row's
-accepted length that the estimate predicts) drops most of the old acceptance evidence when the traffic changes,
-and restarts the long-run counts from the recent ones, so the estimate re-converges in a
-few iterations instead of a forgetting window.
+accepted length that the estimate predicts) drops most of the old acceptance evidence
+when the traffic changes, and restarts the long-run counts from the recent ones, so the
+estimate re-converges in a few iterations instead of a forgetting window.
 
 The controller is a pytree: the cost table (``batches``, ``seconds``) and the prior are
 its leaves, operands of the compiled loop (new numbers never recompile); the draft
@@ -301,15 +301,17 @@ class TableTuneController:
     drift = drafted & ((drift_up > self.drift_threshold) | (drift_down > self.drift_threshold))
     keep = jnp.where(drift, self.drift_keep, 1.0)
     decay = jnp.where(drafted, self.decay, 1.0) * keep
-    counts = acc.update(state.counts, k, accepted, active, decay=decay)
+    reached, survived = acc.block_outcomes(k, accepted, max_k, active)
+    block = acc.AcceptanceCounts(survived.sum(0), reached.sum(0))
+    counts = acc.AcceptanceCounts(decay * state.counts.survived + block.survived,
+                                  decay * state.counts.reached + block.reached)
     # The long-run counts forget slowly; after a shift they start again from the
     # recent evidence.
-    population = acc.update(state.population, k, accepted, active,
-                            decay=jnp.where(drafted, self.population_decay, 1.0))
+    long_run = jnp.where(drafted, self.population_decay, 1.0)
     population = acc.AcceptanceCounts(
-        jnp.where(drift, counts.survived, population.survived),
-        jnp.where(drift, counts.reached, population.reached))
-    reached, survived = acc.block_outcomes(k, accepted, max_k, active)
+        jnp.where(drift, counts.survived, long_run * state.population.survived
+                  + block.survived),
+        jnp.where(drift, counts.reached, long_run * state.population.reached + block.reached))
     # A row's counts belong to its request: they decay while it drafts, and a new request
     # (``choose``'s new_request) starts them afresh.
     row_decay = jnp.where(active & drafted, self.row_decay * keep, 1.0)[:, None]
