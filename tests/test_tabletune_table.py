@@ -178,6 +178,13 @@ def test_merge_cost_tables_joins_disjoint_buckets_and_refuses_overlaps(modelled,
   np.testing.assert_allclose(merged.array(), modelled.array())
   assert [part["batches"] for part in merged.provenance["parts"]] == [list(BATCHES[3:]),
                                                                       list(BATCHES[:3])]
+  # (parts of one source keep it; each part named by its file, not where it lay)
+  assert merged.provenance["source"] == modelled.provenance["source"]
+  assert merged.provenance["merged"] is True
+  assert [part["path"] for part in merged.provenance["parts"]] == ["high.json", "low.json"]
+  mixed = tool.merge([low, dataclasses.replace(high, provenance={"source": "measured"})],
+                     ["a", "b"])
+  assert mixed.provenance["source"] == "merged"
   with pytest.raises(ValueError, match="batch 1 .* earlier table"):
     tool.merge([low, low], ["a", "b"])
   with pytest.raises(ValueError, match="is for"):

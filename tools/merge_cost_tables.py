@@ -11,6 +11,7 @@ labels), and no bucket may be in two of them. The provenance keeps each part's o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from wts_jax.tabletune.cost_table import CostTable
@@ -29,12 +30,16 @@ def merge(tables: list[CostTable], paths: list[str]) -> CostTable:
       if batch in rows:
         raise ValueError(f"batch {batch} of --table={path!r} is in an earlier table too")
       rows[batch] = row
+  # (parts that were all measured make a measured table; the part's file by its name
+  # only: where it lay on the machine that merged it says nothing)
+  sources = {table.provenance.get("source") for table in tables}
   return CostTable(device_kind=first.device_kind, target=first.target, drafter=first.drafter,
                    batches=tuple(sorted(rows)), draft_lens=first.draft_lens,
                    seconds=tuple(rows[b] for b in sorted(rows)),
-                   provenance={"source": "merged",
-                               "parts": [{"path": path, "batches": list(table.batches),
-                                          **table.provenance}
+                   provenance={"source": sources.pop() if len(sources) == 1 else "merged",
+                               "merged": True,
+                               "parts": [{"path": os.path.basename(path),
+                                          "batches": list(table.batches), **table.provenance}
                                          for path, table in zip(paths, tables)]})
 
 

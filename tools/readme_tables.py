@@ -134,7 +134,7 @@ def main() -> None:
                       default=[str(ROOT / f"bench/results/{device}_e2e_qwen3.json")
                                for device in ("h200", "h100")])
   parser.add_argument("--tabletune", nargs="+",
-                      default=[str(ROOT / f"bench/results/h100_{model}_tabletune{seed}.json")
+                      default=[str(ROOT / f"bench/results/h200_{model}_tabletune{seed}.json")
                                for model in ("qwen3_4b", "qwen3_8b")
                                for seed in ("", "_seed1", "_seed2")])
   args = parser.parse_args()
