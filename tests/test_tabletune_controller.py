@@ -448,3 +448,31 @@ def test_without_a_device_clock_costs_are_not_explored(costs):
       chosen.append(int(k))
     assert int(state.timed) == 0
     assert set(chosen) == {int(state.draft_len)}, (rows, chosen)
+
+
+def test_a_modelled_table_is_measured_where_its_shape_may_be_wrong():
+  """A table that prices K = 7 13 % too dear, so K = 6 is chosen where K = 7 wins: from a
+  profile (its column shape measured) the controller takes it at its word; from a model
+  (provenance "modelled…") the wider column spread gets K = 7 run, its cost learnt, and
+  the throughput of the controller given the true table."""
+  truth = profile_costs(modelled_cost_fn("qwen3-8b"), device_kind="modelled",
+                        target="qwen3-8b", drafter="dspark", max_draft_len=K,
+                        batches=(1, 4, 16, 32, 64), source="measured")
+  dear = truth.scaled(np.where(np.asarray(truth.draft_lens) == K, 1.13, 1.0), "test")
+  trace = make_trace("s", "", [Phase(600, 8, {"chat": 1})], batch=8, max_draft_len=K,
+                     profiled_regime="chat", seed=1)
+  prior = measured_profile(trace)
+  assert int(best_draft_len(truth, prior, 8)) == K
+  assert int(best_draft_len(dear, prior, 8)) == K - 1
+  fresh = replay(TableTuneController.from_table(truth, prior), trace, truth)["tokens_per_s"]
+  rate = {}
+  for source in ("measured", "modelled"):
+    table = dataclasses.replace(dear, provenance={**dear.provenance, "source": source})
+    rate[source] = replay(TableTuneController.from_table(table, prior), trace,
+                          truth)["tokens_per_s"] / fresh
+  assert rate["modelled"] > 0.995 and rate["measured"] < 0.99
+  # An explicit column spread wins over the table's provenance.
+  modelled = dataclasses.replace(dear, provenance={"source": "modelled"})
+  assert TableTuneController.from_table(modelled, prior).cost_draft_len_sd == 0.3
+  assert TableTuneController.from_table(modelled, prior,
+                                        cost_draft_len_sd=0.1).cost_draft_len_sd == 0.1

@@ -185,6 +185,9 @@ def test_merge_cost_tables_joins_disjoint_buckets_and_refuses_overlaps(modelled,
   mixed = tool.merge([low, dataclasses.replace(high, provenance={"source": "measured"})],
                      ["a", "b"])
   assert mixed.provenance["source"] == "merged"
+  # (parts that name no source make a table that says it was merged, not one of none)
+  unnamed = [dataclasses.replace(t, provenance={}) for t in (low, high)]
+  assert tool.merge(unnamed, ["a", "b"]).provenance["source"] == "merged"
   with pytest.raises(ValueError, match="batch 1 .* earlier table"):
     tool.merge([low, low], ["a", "b"])
   with pytest.raises(ValueError, match="is for"):

@@ -33,10 +33,11 @@ def merge(tables: list[CostTable], paths: list[str]) -> CostTable:
   # (parts that were all measured make a measured table; the part's file by its name
   # only: where it lay on the machine that merged it says nothing)
   sources = {table.provenance.get("source") for table in tables}
+  source = sources.pop() if len(sources) == 1 and None not in sources else "merged"
   return CostTable(device_kind=first.device_kind, target=first.target, drafter=first.drafter,
                    batches=tuple(sorted(rows)), draft_lens=first.draft_lens,
                    seconds=tuple(rows[b] for b in sorted(rows)),
-                   provenance={"source": sources.pop() if len(sources) == 1 else "merged",
+                   provenance={"source": source,
                                "merged": True,
                                "parts": [{"path": os.path.basename(path),
                                           "batches": list(table.batches), **table.provenance}

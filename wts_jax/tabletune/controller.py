@@ -61,7 +61,18 @@ from wts_jax.tabletune.controller_state import NEVER_RUN, ControllerState
 from wts_jax.tabletune.cost_table import CostTable, bucket_weights
 
 IMPLS = ("xla", "pallas", "auto")
+#: ``cost_draft_len_sd`` for a table whose costs a model gave rather than the device
+#: (``from_table``): a roofline model's shape in K can be off where a profile's is not,
+#: and with a measured table's narrow column spread a draft length the model prices too
+#: dear would never be run to find out (docs/decisions.md).
+MODELLED_DRAFT_LEN_SD = 0.3
 
+
+
+def is_modelled(table: CostTable) -> bool:
+  """Whether ``table``'s costs came from a model (``wts-tabletune profile --cost
+  modelled``, the CLIs' default without ``--costs``), not from the device."""
+  return str(table.provenance.get("source", "")).startswith("modelled")
 
 def _static(default):
   return dataclasses.field(default=default, metadata={"static": True})
@@ -164,7 +175,11 @@ class TableTuneController:
   def from_table(cls, table: CostTable, prior_acceptance, *, draft_lens=None,
                  **options) -> TableTuneController:
     """The controller for ``table``: it chooses among ``draft_lens`` (default: the
-    table's own; each must be one the table measured)."""
+    table's own; each must be one the table measured). A table a model gave (its
+    provenance's source "modelled…") gets the wider column spread
+    ``MODELLED_DRAFT_LEN_SD`` unless ``cost_draft_len_sd`` is among ``options``."""
+    if is_modelled(table):
+      options = {"cost_draft_len_sd": MODELLED_DRAFT_LEN_SD, **options}
     draft_lens = table.draft_lens if draft_lens is None else check_draft_lens(draft_lens)
     restricted = table.restricted(draft_lens)
     prior = np.asarray(prior_acceptance, np.float64).reshape(-1)
