@@ -10,7 +10,7 @@ import pytest
 
 from wts_jax.specdecode.policy import DraftPolicy, MeasuredIteration, as_policy
 from wts_jax.tabletune import acceptance as acc
-from wts_jax.tabletune.controller import TableTuneController
+from wts_jax.tabletune.controller import MODELLED_DRAFT_LEN_SD, TableTuneController
 from wts_jax.tabletune.cost_model import modelled_cost_fn
 from wts_jax.tabletune.cost_table import CostTable
 from wts_jax.tabletune.profile import profile_costs
@@ -473,6 +473,7 @@ def test_a_modelled_table_is_measured_where_its_shape_may_be_wrong():
   assert rate["modelled"] > 0.995 and rate["measured"] < 0.99
   # An explicit column spread wins over the table's provenance.
   modelled = dataclasses.replace(dear, provenance={"source": "modelled"})
-  assert TableTuneController.from_table(modelled, prior).cost_draft_len_sd == 0.3
+  assert (TableTuneController.from_table(modelled, prior).cost_draft_len_sd
+          == MODELLED_DRAFT_LEN_SD)
   assert TableTuneController.from_table(modelled, prior,
                                         cost_draft_len_sd=0.1).cost_draft_len_sd == 0.1

@@ -68,11 +68,11 @@ IMPLS = ("xla", "pallas", "auto")
 MODELLED_DRAFT_LEN_SD = 0.3
 
 
-
 def is_modelled(table: CostTable) -> bool:
   """Whether ``table``'s costs came from a model (``wts-tabletune profile --cost
-  modelled``, the CLIs' default without ``--costs``), not from the device."""
+  modelled``, and ``wts-tabletune``'s table without ``--costs``), not from the device."""
   return str(table.provenance.get("source", "")).startswith("modelled")
+
 
 def _static(default):
   return dataclasses.field(default=default, metadata={"static": True})
