@@ -63,6 +63,10 @@ if has options; then   # the same bench with XLA options added to the loop's exe
   # (XLA_OPTS, a JSON object), e.g. no command buffers at all:
   # XLA_OPTS='{"xla_gpu_enable_command_buffer": ""}' (every op a stream launch; docs/decisions.md)
   stamp "options ${XLA_OPTS:-}"
+  # A cache of their own: jax keeps XLA's per-fusion autotune results in the compilation
+  # cache's folder, keyed by the fusion alone, so an option that changes the autotuning
+  # (e.g. xla_gpu_exhaustive_tiling_search) would be answered by the baseline's results.
+  JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR}_options_$(echo "${XLA_OPTS:-}" | md5sum | cut -c1-12) \
   bench_run e2e_options "import json, os
 from wts_jax.specdecode import loop
 extra, base = json.loads(os.environ.get('XLA_OPTS') or '{}'), loop.gpu_compiler_options
