@@ -23,7 +23,7 @@ import numpy as np
 
 from wts_jax.command_line import ArgumentParser
 from wts_jax.result_files import check_writable, write_failure, write_json
-from wts_jax.tabletune.cost_model import MODELLED_SHAPES, modelled_cost_fn
+from wts_jax.tabletune.cost_model import MODELLED_SHAPES, modelled_cost_fn, modelled_source
 from wts_jax.tabletune.cost_table import CostTable
 from wts_jax.tabletune.profile import (DEFAULT_BATCHES, DEFAULT_BUDGET_S, profile_costs,
                                       remeasure_contested)
@@ -75,7 +75,7 @@ def _modelled_table(target: str, draft_lens: tuple[int, ...], *, noise: float = 
   return profile_costs(cost, device_kind=MODELLED_DEVICE, target=target,
                        drafter=cost.shape.drafter, max_draft_len=draft_lens[-1],
                        batches=batches, draft_lens=draft_lens,
-                       source="modelled" + (f", noise {noise}" if noise else ""))
+                       source=modelled_source(noise))
 
 
 def _load_table(path: str, option: str = "--costs") -> CostTable:
@@ -174,7 +174,7 @@ def cmd_profile(args) -> int:
                      f"for --cost modelled")
     cost = modelled_cost_fn(args.target, noise=args.noise, seed=args.seed)
     device_kind, drafter = MODELLED_DEVICE, cost.shape.drafter
-    source = "modelled" + (f", noise {args.noise}" if args.noise else "")
+    source = modelled_source(args.noise)
   else:
     cost, device_kind, drafter = _loop_cost(args, draft_lens[-1])
     source = "measured"

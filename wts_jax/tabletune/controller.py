@@ -58,6 +58,7 @@ import numpy as np
 from wts_jax.specdecode.policy import MeasuredIteration, check_draft_lens, searchsorted
 from wts_jax.tabletune import acceptance as acc
 from wts_jax.tabletune.controller_state import NEVER_RUN, ControllerState
+from wts_jax.tabletune.cost_model import MODELLED_SOURCE
 from wts_jax.tabletune.cost_table import CostTable, bucket_weights
 
 IMPLS = ("xla", "pallas", "auto")
@@ -71,7 +72,7 @@ MODELLED_DRAFT_LEN_SD = 0.3
 def is_modelled(table: CostTable) -> bool:
   """Whether ``table``'s costs came from a model (``wts-tabletune profile --cost
   modelled``, and ``wts-tabletune``'s table without ``--costs``), not from the device."""
-  return str(table.provenance.get("source", "")).startswith("modelled")
+  return str(table.provenance.get("source", "")).startswith(MODELLED_SOURCE)
 
 
 def _static(default):

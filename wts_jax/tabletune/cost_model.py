@@ -78,6 +78,16 @@ def modelled_iteration_cost(shape: DecodeShape, batch, draft_len):
   return shape.fixed_s + target_s + np.where(drafting, drafter_s + walk_s, 0.0)
 
 
+#: The provenance source of a cost table this model gave (the prefix ``modelled_source``
+#: writes and ``controller.is_modelled`` reads).
+MODELLED_SOURCE = "modelled"
+
+
+def modelled_source(noise: float = 0.0) -> str:
+  """The provenance source of a table profiled over ``modelled_cost_fn`` with ``noise``."""
+  return MODELLED_SOURCE + (f", noise {noise}" if noise else "")
+
+
 def modelled_cost_fn(target: str = "qwen3-8b", *, noise: float = 0.0, seed: int = 0):
   """``cost(batch, draft_len) -> seconds`` of the modelled H200, with optional
   multiplicative measurement noise (a lognormal of sigma ``noise``)."""
